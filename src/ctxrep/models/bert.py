@@ -1,0 +1,373 @@
+"""The post-LayerNorm Transformer encoder of BERT, RoBERTa and the ELECTRA discriminator.
+
+Vaswani et al. 2017 (attention, eq. 1: softmax(QK^T / sqrt(d_k)) V), Devlin et al. 2019 (BERT),
+Liu et al. 2019 (RoBERTa: same network, positions offset by padding_idx + 1), Clark et al. 2020
+(ELECTRA: same network, token embeddings optionally narrower than the hidden size and projected up).
+
+Reads top to bottom: config, embeddings, attention, feed-forward, layer, encoder, then the loader
+and saver for the Hugging Face folder format (config.json + model.safetensors / pytorch_model.bin).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.models.loading import CheckpointError, read_state_dict, write_safetensors
+from ctxrep.models.outputs import EncoderOutput
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPES = ("bert", "roberta", "electra")
+
+
+@dataclass
+class BertConfig:
+    """Everything needed to rebuild the network; field names are those of transformers' config.json."""
+
+    model_type: str = "bert"  # "bert", "roberta" or "electra"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    embedding_size: int | None = None  # ELECTRA; None means hidden_size
+    add_pooling_layer: bool = True  # BERT/RoBERTa's tanh pooler over [CLS]; ELECTRA has none
+
+    def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        if self.embedding_size is None:
+            self.embedding_size = self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """RoBERTa numbers positions from padding_idx + 1 (fairseq's make_positions); BERT from 0."""
+        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence (special tokens included) the position table can encode."""
+        return self.max_position_embeddings - self.position_offset
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> "BertConfig":
+        if d.get("position_embedding_type", "absolute") != "absolute":
+            raise CheckpointError(
+                f"position_embedding_type={d['position_embedding_type']!r} is not supported: ctxrep's encoder "
+                "implements absolute position embeddings only"
+            )
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if kwargs.get("pad_token_id") is None:
+            kwargs["pad_token_id"] = 1 if d.get("model_type") == "roberta" else 0
+        return cls(**kwargs)
+
+    def to_hf_dict(self) -> dict:
+        d = asdict(self)
+        arch = {"bert": "BertModel", "roberta": "RobertaModel", "electra": "ElectraModel"}[self.model_type]
+        d["architectures"] = [arch]
+        d["position_embedding_type"] = "absolute"
+        if self.model_type == "roberta":
+            d.update(bos_token_id=0, eos_token_id=2)
+        del d["add_pooling_layer"]
+        return d
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# hidden_act strings as transformers' config.json spells them.
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "relu": F.relu}
+
+
+class Embeddings(nn.Module):
+    """word + position + segment embeddings, LayerNorm, dropout (Devlin et al. 2019, fig. 2)."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        e = config.embedding_size
+        self.config = config
+        self.word_embeddings = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, e)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, e)
+        self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        # ELECTRA-small: 128-wide embeddings projected to the 256-wide encoder.
+        self.project = nn.Linear(e, config.hidden_size) if e != config.hidden_size else None
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+        x = x + self.token_type_embeddings(token_type_ids)
+        x = self.dropout(self.norm(x))
+        if self.project is not None:
+            x = self.project(x)
+        return x  # (batch, seq, hidden)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention with a key padding mask."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = h // self.num_heads
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.output = nn.Linear(h, h)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+
+    def forward(
+        self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
+        b, t, h = x.shape
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        dropout_p = self.dropout_p if self.training else 0.0
+        if output_attentions:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
+            if key_mask is not None:
+                scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout_p, self.training) @ v
+        else:
+            probs = None
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
+        context = context.transpose(1, 2).reshape(b, t, h)  # (batch, seq, hidden)
+        return self.output(context), probs
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(h, config.intermediate_size)
+        self.output = nn.Linear(config.intermediate_size, h)
+        self.output_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, probs = self.attention(x, key_mask, output_attentions)
+        x = self.attention_norm(x + self.dropout(a))
+        f = self.output(self.activation(self.intermediate(x)))
+        x = self.output_norm(x + self.dropout(f))
+        return x, probs
+
+
+class BertModel(nn.Module):
+    """The encoder. `forward` follows transformers' BertModel: same arguments, same output fields."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.add_pooling_layer else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                nn.init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.config.model_type == "roberta":
+            # Non-pad tokens count up from padding_idx + 1; pad tokens sit at padding_idx (fairseq).
+            not_pad = input_ids.ne(self.config.pad_token_id).long()
+            return torch.cumsum(not_pad, dim=1) * not_pad + self.config.pad_token_id
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+    ) -> EncoderOutput:
+        """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers."""
+        if input_ids.shape[1] > self.config.max_tokens:
+            raise ValueError(
+                f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
+                "positions; ctxrep.Featurizer splits long texts into windows for you"
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids)
+        key_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        hidden_states = [x]
+        attentions = []
+        for layer in self.layers[: num_layers if num_layers is not None else len(self.layers)]:
+            x, probs = layer(x, key_mask, output_attentions)
+            hidden_states.append(x)
+            attentions.append(probs)
+        pooled = None
+        if self.pooler is not None and num_layers is None:
+            pooled = torch.tanh(self.pooler(x[:, 0]))
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+            pooler_output=pooled,
+        )
+
+    # ---- Hugging Face folder format -------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "BertModel":
+        path = Path(path)
+        hf_config = json.loads((path / "config.json").read_text())
+        state = read_state_dict(path)
+        prefix = _checkpoint_prefix(state, hf_config["model_type"])
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)} | {
+            k: v for k, v in state.items() if not k.startswith(prefix)
+        }
+        config = BertConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
+        model = cls(config)
+        model.load_hf_state_dict(state, source=str(path))
+        model.eval()
+        return model
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
+        names = hf_parameter_names(self.config)  # hf name -> our name
+        ours = self.state_dict()
+        missing = [hf for hf in names if hf not in state]
+        unknown, heads = [], []
+        for k in state:
+            if k in names or k in _BUFFERS:
+                continue
+            (heads if k.startswith(_HEAD_PREFIXES) else unknown).append(k)
+        mis_shaped = [
+            f"{hf} {tuple(state[hf].shape)} (model expects {tuple(ours[names[hf]].shape)})"
+            for hf in names
+            if hf in state and state[hf].shape != ours[names[hf]].shape
+        ]
+        problems = []
+        if missing:
+            problems.append(f"missing {len(missing)} weights: {', '.join(missing)}")
+        if unknown:
+            problems.append(f"{len(unknown)} unknown weights: {', '.join(unknown)}")
+        if mis_shaped:
+            problems.append(f"{len(mis_shaped)} weights with the wrong shape: {', '.join(mis_shaped)}")
+        if problems:
+            raise CheckpointError(f"{source}: cannot load as a {self.config.model_type} encoder: " + "; ".join(problems))
+        if heads:
+            # Pre-training / task heads (MLM, NSP, ELECTRA's discriminator head, ...) are not part of the encoder.
+            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
+        with torch.no_grad():
+            for hf, our in names.items():
+                ours[our].copy_(state[hf].to(ours[our].dtype))
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write config.json + model.safetensors that transformers' AutoModel loads."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        ours = self.state_dict()
+        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
+        write_safetensors(tensors, path / "model.safetensors")
+        (path / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
+
+
+# Buffers some checkpoints carry that are not weights (transformers' precomputed position_ids).
+_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# Weights of heads that sit on top of the encoder in pre-training / task checkpoints.
+_HEAD_PREFIXES = (
+    "cls.", "lm_head.", "discriminator_predictions.", "generator_predictions.", "generator_lm_head.",
+    "classifier.", "qa_outputs.",
+)  # fmt: skip
+
+
+def _checkpoint_prefix(state: dict[str, torch.Tensor], model_type: str) -> str:
+    """BertForMaskedLM etc. store the encoder under 'bert.' / 'roberta.' / 'electra.'; BertModel under ''."""
+    prefix = model_type + "."
+    return prefix if any(k.startswith(prefix + "encoder.") for k in state) else ""
+
+
+def hf_parameter_names(config: BertConfig) -> dict[str, str]:
+    """transformers' name -> ctxrep's name, for every weight of the encoder."""
+    names = {
+        "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+        "embeddings.token_type_embeddings.weight": "embeddings.token_type_embeddings.weight",
+        "embeddings.LayerNorm.weight": "embeddings.norm.weight",
+        "embeddings.LayerNorm.bias": "embeddings.norm.bias",
+    }
+    if config.embedding_size != config.hidden_size:
+        names |= {f"embeddings_project.{p}": f"embeddings.project.{p}" for p in ("weight", "bias")}
+    per_layer = {
+        "attention.self.query": "attention.query",
+        "attention.self.key": "attention.key",
+        "attention.self.value": "attention.value",
+        "attention.output.dense": "attention.output",
+        "attention.output.LayerNorm": "attention_norm",
+        "intermediate.dense": "intermediate",
+        "output.dense": "output",
+        "output.LayerNorm": "output_norm",
+    }
+    for i in range(config.num_hidden_layers):
+        for hf, our in per_layer.items():
+            for p in ("weight", "bias"):
+                names[f"encoder.layer.{i}.{hf}.{p}"] = f"layers.{i}.{our}.{p}"
+    if config.add_pooling_layer:
+        names |= {f"pooler.dense.{p}": f"pooler.{p}" for p in ("weight", "bias")}
+    return names

@@ -1,0 +1,205 @@
+"""Subword tokenization through the `tokenizers` library, with the word alignment kept.
+
+A model folder's tokenizer.json may switch on truncation and fixed padding (MiniLM's truncates at 128
+and pads to 128): `Tokenizer` always switches both off, so nothing is cut and no compute is wasted;
+windowing and padding are the featurizer's job.
+
+Special tokens are not hard-coded per model: the tokenizer's own post-processor is probed once to learn
+the template ([CLS] A [SEP] B [SEP] for BERT, <s> A </s></s> B </s> for RoBERTa, A <sep> <cls> for XLNet).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tokenizers
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be loaded, or input it cannot encode."""
+
+
+@dataclass
+class SpecialTemplate:
+    """Special-token ids and their token_type_ids around segment A (and B)."""
+
+    prefix: list[int]
+    prefix_types: list[int]
+    middle: list[int]  # between A and B (pairs only)
+    middle_types: list[int]
+    suffix: list[int]
+    suffix_types: list[int]
+    type_a: int
+    type_b: int
+    single_suffix: list[int]  # after A when there is no B
+    single_suffix_types: list[int]
+    cls_index: int  # where the classification token sits in a single sequence: 0, or -1 (XLNet: at the end)
+
+    def num_special(self, pair: bool) -> int:
+        return len(self.prefix) + (len(self.middle) + len(self.suffix) if pair else len(self.single_suffix))
+
+
+@dataclass
+class WordPieces:
+    """One text's subword ids (no special tokens) and, for each piece, the index of the word it came from."""
+
+    ids: list[int]
+    word_ids: list[int]
+    tokens: list[str]
+    num_words: int
+
+    def spans(self) -> list[tuple[int, int]]:
+        """(start, end) piece range of every word; every word has at least one piece."""
+        starts = [-1] * self.num_words
+        ends = [0] * self.num_words
+        for i, w in enumerate(self.word_ids):
+            if starts[w] < 0:
+                starts[w] = i
+            ends[w] = i + 1
+        return list(zip(starts, ends))
+
+
+class Tokenizer:
+    """A `tokenizers.Tokenizer` with truncation and padding off, and its special-token template."""
+
+    def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        self.backend = tokenizer
+        self.template = _probe_template(tokenizer)
+        self.unk_token = getattr(tokenizer.model, "unk_token", None)
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> "Tokenizer":
+        """tokenizer.json; or vocab.txt (WordPiece, BERT) / vocab.json + merges.txt (byte-level BPE, RoBERTa)."""
+        path = Path(path)
+        if (path / "tokenizer.json").is_file():
+            try:
+                return cls(tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")))
+            except Exception as e:  # tokenizers raises a bare Exception for malformed files
+                raise TokenizerError(f"{path / 'tokenizer.json'}: cannot load tokenizer ({e})") from e
+        settings = _read_json(path / "tokenizer_config.json")
+        if (path / "vocab.txt").is_file():
+            from tokenizers.implementations import BertWordPieceTokenizer
+
+            tok = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=settings.get("do_lower_case", True))
+            return cls(tok._tokenizer)
+        if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+            from tokenizers import processors
+            from tokenizers.implementations import ByteLevelBPETokenizer
+
+            tok = ByteLevelBPETokenizer(str(path / "vocab.json"), str(path / "merges.txt"), add_prefix_space=True)
+            backend = tok._tokenizer
+            backend.post_processor = processors.RobertaProcessing(
+                ("</s>", backend.token_to_id("</s>")), ("<s>", backend.token_to_id("<s>"))
+            )
+            return cls(backend)
+        raise TokenizerError(
+            f"{path}: no tokenizer found: expected tokenizer.json, vocab.txt, or vocab.json + merges.txt"
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def pad_token_id(self) -> int:
+        for name in ("[PAD]", "<pad>"):
+            i = self.backend.token_to_id(name)
+            if i is not None:
+                return i
+        return 0
+
+    def encode_words(self, texts: Sequence[Sequence[str]]) -> list[WordPieces]:
+        """Encode pre-split words; a word that the tokenizer reduces to nothing is encoded as the unknown token."""
+        encodings = self.backend.encode_batch([list(t) for t in texts], is_pretokenized=True, add_special_tokens=False)
+        out = []
+        for i, (words, enc) in enumerate(zip(texts, encodings)):
+            pieces = WordPieces(list(enc.ids), list(enc.word_ids), list(enc.tokens), len(words))
+            covered = set(pieces.word_ids)
+            if len(covered) < len(words):
+                empty = [w for w in range(len(words)) if w not in covered]
+                if self.unk_token is None:
+                    raise TokenizerError(
+                        f"text {i}: words {[words[w] for w in empty]!r} give no subword pieces and the tokenizer has no "
+                        "unknown token to stand for them; remove or replace these words"
+                    )
+                warnings.warn(
+                    f"text {i}: words {[words[w] for w in empty]!r} give no subword pieces; encoded as "
+                    f"{self.unk_token} so that every word keeps a vector",
+                    stacklevel=2,
+                )
+                fixed = [self.unk_token if w in empty else word for w, word in enumerate(words)]
+                enc = self.backend.encode(fixed, is_pretokenized=True, add_special_tokens=False)
+                pieces = WordPieces(list(enc.ids), list(enc.word_ids), list(enc.tokens), len(words))
+            out.append(pieces)
+        return out
+
+    def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
+        """Add special tokens: (input_ids, token_type_ids, offset of A's first piece in input_ids)."""
+        t = self.template
+        if ids_b is None:
+            ids = t.prefix + ids_a + t.single_suffix
+            types = t.prefix_types + [t.type_a] * len(ids_a) + t.single_suffix_types
+        else:
+            ids = t.prefix + ids_a + t.middle + ids_b + t.suffix
+            types = t.prefix_types + [t.type_a] * len(ids_a) + t.middle_types + [t.type_b] * len(ids_b) + t.suffix_types
+        return ids, types, len(t.prefix)
+
+
+def _read_json(file: Path) -> dict:
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def _probe_template(tok: tokenizers.Tokenizer) -> SpecialTemplate:
+    """Learn where the post-processor puts special tokens by encoding one-word probes."""
+
+    def split(enc: tokenizers.Encoding) -> list[tuple[list[int], list[int], bool]]:
+        # Runs of (ids, type_ids, is_special).
+        runs: list[tuple[list[int], list[int], bool]] = []
+        for i, t, s in zip(enc.ids, enc.type_ids, enc.special_tokens_mask):
+            if not runs or runs[-1][2] != bool(s):
+                runs.append(([], [], bool(s)))
+            runs[-1][0].append(i)
+            runs[-1][1].append(t)
+        return runs
+
+    single = split(tok.encode(["a"], is_pretokenized=True, add_special_tokens=True))
+    pair = split(tok.encode(["a"], ["b"], is_pretokenized=True, add_special_tokens=True))
+
+    def specials(runs, k):  # the k-th gap between content runs (0 = before the first)
+        content = [i for i, r in enumerate(runs) if not r[2]]
+        lo = content[k - 1] + 1 if k > 0 else 0
+        hi = content[k] if k < len(content) else len(runs)
+        ids, types = [], []
+        for r in runs[lo:hi]:
+            ids += r[0]
+            types += r[1]
+        return ids, types
+
+    content_single = [r for r in single if not r[2]]
+    content_pair = [r for r in pair if not r[2]]
+    if len(content_single) != 1 or len(content_pair) != 2:
+        raise TokenizerError("could not learn the tokenizer's special-token template from a one-word probe")
+    prefix, prefix_types = specials(single, 0)
+    single_suffix, single_suffix_types = specials(single, 1)
+    _, _ = specials(pair, 0)
+    middle, middle_types = specials(pair, 1)
+    suffix, suffix_types = specials(pair, 2)
+    return SpecialTemplate(
+        prefix=prefix,
+        prefix_types=prefix_types,
+        middle=middle,
+        middle_types=middle_types,
+        suffix=suffix,
+        suffix_types=suffix_types,
+        type_a=content_pair[0][1][0],
+        type_b=content_pair[1][1][0],
+        single_suffix=single_suffix,
+        single_suffix_types=single_suffix_types,
+        cls_index=0 if prefix else -1,
+    )
