@@ -1,0 +1,24 @@
+"""The `ctxrep` command line. Each command lives in its own module here and is registered below.
+
+Errors the user can fix (bad input, unknown model, ...) exit with status 1 and a one-line message.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ctxrep.cli.common import main
+
+
+def _register() -> None:
+    from ctxrep.cli.embed import embed
+    from ctxrep.cli.demo import demo
+    from ctxrep.cli.info import info
+
+    for command in (embed, demo, info):
+        main.add_command(command)
+
+
+_register()
+
+__all__ = ["main", "click"]

@@ -1,0 +1,37 @@
+"""The click group and the one place that turns user-fixable errors into a one-line message."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+
+import click
+
+from ctxrep.models.loading import CheckpointError
+from ctxrep.tokenize import TokenizerError
+
+# Errors whose message tells the user what to fix: printed on one line, no traceback.
+USER_ERRORS = (CheckpointError, TokenizerError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
+def main(verbose: bool) -> None:
+    """ctxrep: contextual word representations (featurize, fine-tune, pretrain, analyse)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+
+
+def user_errors(func):
+    """Run a command; a user-fixable error becomes `error: <message>` on stderr and exit status 1."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except USER_ERRORS as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            click.echo(f"error: {msg}", err=True)
+            sys.exit(1)
+
+    return wrapper

@@ -1,0 +1,255 @@
+"""`ctxrep embed`: stream texts from a file (or stdin) into shards of word or sentence vectors.
+
+Output directory:
+  manifest.json          what was asked (model, layers, pooling, input) and the finished shards
+  shard-00000.safetensors  (or .npy)  `vectors`: (rows, dim) or (rows, n_layers, dim), float32
+  index-00000.tsv        one line per row: row, text (0-based record number), line (1-based input line), word, token
+
+Memory stays bounded: texts are read and embedded `--shard-size` at a time. A shard is written to a temporary
+name and renamed when complete, and the manifest is rewritten after it, so an interrupted run resumes after the
+last complete shard when run again with the same arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+from tqdm.auto import tqdm
+
+from ctxrep.cli.common import user_errors
+
+FORMATS = ("text", "jsonl", "conll")
+
+
+@dataclass
+class Record:
+    """One input text: its words and the 1-based line where it starts."""
+
+    words: list[str]
+    line: int
+
+
+def _decode(raw: bytes, source: str, line: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{source}:{line}: invalid UTF-8 at byte {e.start} of the line; convert the file to UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8 FILE)"
+        ) from None
+
+
+def _lines(stream, source: str) -> Iterator[tuple[int, str]]:
+    for n, raw in enumerate(stream, start=1):
+        yield n, _decode(raw, source, n).rstrip("\r\n").lstrip("\ufeff" if n == 1 else "")
+
+
+def read_records(stream, source: str, fmt: str, text_field: str, skip_empty: bool) -> Iterator[Record]:
+    """Parse a binary stream into records; bad lines raise ValueError naming source:line and the fix."""
+    if fmt == "conll":
+        from ctxrep.data.conll import iter_conll
+
+        for sentence in iter_conll((text for _, text in _lines(stream, source)), source=source):
+            yield Record(sentence.words, sentence.line)
+        return
+    for n, text in _lines(stream, source):
+        if fmt == "jsonl":
+            if not text.strip() and skip_empty:
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{source}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+            if not isinstance(obj, dict) or text_field not in obj:
+                raise ValueError(f"{source}:{n}: no {text_field!r} field; choose the field with --text-field")
+            value = obj[text_field]
+            words = value.split() if isinstance(value, str) else value
+            if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+                raise ValueError(f"{source}:{n}: field {text_field!r} must be a string or a list of strings")
+        else:
+            words = text.split()
+        if not words:
+            if skip_empty:
+                continue
+            raise ValueError(
+                f"{source}:{n}: empty or whitespace-only text; remove it, or pass --skip-empty to skip such lines "
+                "(the index keeps the true line numbers)"
+            )
+        yield Record(words, n)
+
+
+def parse_layers(value: str) -> int | list[int] | str:
+    if value in ("all", "mix"):
+        return value
+    try:
+        parts = [int(p) for p in value.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give a layer index, a comma-separated list, 'all' or 'mix'") from None
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _fingerprint(path: str) -> dict:
+    if path == "-":
+        return {"input": "-"}
+    st = os.stat(path)
+    return {"input": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _write_json_atomic(file: Path, obj: dict) -> None:
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, file)
+
+
+@click.command()
+@click.option("--model", default="minilm", show_default=True, help="Packaged model name or model folder.")
+@click.option("--input", "input_path", required=True, help="Input file, or - for standard input.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
+              help="text: one text per line; jsonl: one JSON object per line; conll: token columns, blank-line separated.")
+@click.option("--text-field", default="text", show_default=True, help="JSONL field holding the text.")
+@click.option("--level", type=click.Choice(["word", "sentence"]), default="word", show_default=True)
+@click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list, 'all' or 'mix'.")
+@click.option("--pooling", type=click.Choice(["first", "last", "mean", "first_last"]), default="mean", show_default=True,
+              help="How a word's subword pieces become one vector.")
+@click.option("--sentence-pooling", type=click.Choice(["mean", "cls"]), default="mean", show_default=True)
+@click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
+@click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
+@click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
+@click.option("--batch-tokens", default=16384, show_default=True, help="Token budget of one encoder batch.")
+@click.option("--threads", type=int, default=None, help="Torch threads (default: torch's choice).")
+@user_errors
+def embed(model, input_path, out_dir, fmt, text_field, level, layers, pooling, sentence_pooling, shard_size, storage,
+          skip_empty, batch_tokens, threads) -> None:  # fmt: skip
+    """Write word- or sentence-level vectors of every text in INPUT to shards in OUT."""
+    from ctxrep.featurize import Featurizer
+
+    if shard_size < 1:
+        raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
+    out = Path(out_dir)
+    settings = {
+        "model": model, "format": fmt, "text_field": text_field, "level": level, "layers": layers,
+        "pooling": pooling, "sentence_pooling": sentence_pooling, "shard_size": shard_size, "storage": storage,
+        "skip_empty": skip_empty, **_fingerprint(input_path),
+    }  # fmt: skip
+    manifest_file = out / "manifest.json"
+    shards: list[dict] = []
+    if manifest_file.is_file():
+        manifest = json.loads(manifest_file.read_text())
+        if manifest["settings"] != settings:
+            changed = sorted(k for k in settings if manifest["settings"].get(k) != settings[k])
+            raise ValueError(
+                f"{out} holds the output of a different run (differs in: {', '.join(changed)}); "
+                "use another --out directory or delete this one"
+            )
+        if manifest.get("complete"):
+            click.echo(f"{out}: already complete ({manifest['texts']} texts, {manifest['rows']} rows); nothing to do")
+            return
+        shards = manifest["shards"]
+    out.mkdir(parents=True, exist_ok=True)
+    done_texts = sum(s["texts"] for s in shards)
+
+    fz = Featurizer(model, layers=parse_layers(layers), pooling=pooling, sentence_pooling=sentence_pooling,
+                    batch_tokens=batch_tokens, num_threads=threads)  # fmt: skip
+    manifest = {"settings": settings, "dim": fz.dim, "shards": shards, "complete": False}
+    source = "<stdin>" if input_path == "-" else input_path
+    stream = sys.stdin.buffer if input_path == "-" else open(input_path, "rb")
+    total = None if input_path == "-" else os.path.getsize(input_path)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="embed", disable=None)
+    try:
+        records = read_records(_counting(stream, bar), source, fmt, text_field, skip_empty)
+        if done_texts:
+            click.echo(f"resuming after {done_texts} texts in {len(shards)} complete shards", err=True)
+            for _ in zip(range(done_texts), records):
+                pass
+        batch: list[Record] = []
+        for record in records:
+            batch.append(record)
+            if len(batch) == shard_size:
+                _write_shard(fz, batch, done_texts, level, storage, out, shards, manifest, manifest_file)
+                done_texts += len(batch)
+                batch = []
+        if batch:
+            _write_shard(fz, batch, done_texts, level, storage, out, shards, manifest, manifest_file)
+            done_texts += len(batch)
+    finally:
+        bar.close()
+        if stream is not sys.stdin.buffer:
+            stream.close()
+    manifest.update(complete=True, texts=done_texts, rows=sum(s["rows"] for s in shards))
+    _write_json_atomic(manifest_file, manifest)
+    click.echo(f"wrote {manifest['rows']} {level} vectors ({fz.dim} wide) for {done_texts} texts to {out}")
+
+
+def _counting(stream, bar) -> Iterator[bytes]:
+    for raw in stream:
+        bar.update(len(raw))
+        yield raw
+
+
+def _write_shard(fz, batch: list[Record], first_text: int, level: str, storage: str, out: Path, shards: list[dict],
+                 manifest: dict, manifest_file: Path) -> None:  # fmt: skip
+    k = len(shards)
+    words = [r.words for r in batch]
+    if level == "word":
+        per_text = fz.embed_words(words)
+        vectors = np.concatenate(per_text) if per_text else np.zeros((0, fz.dim), np.float32)
+        index = [
+            (first_text + t, r.line, w, word) for t, r in enumerate(batch) for w, word in enumerate(r.words)
+        ]
+    else:
+        vectors = fz.embed_sentences(words)
+        index = [(first_text + t, r.line, -1, "") for t, r in enumerate(batch)]
+    assert len(index) == len(vectors), "one index line per vector row"
+    name = f"shard-{k:05d}.{storage}"
+    tmp = out / (name + ".tmp")
+    if storage == "safetensors":
+        from safetensors.numpy import save_file
+
+        save_file({"vectors": np.ascontiguousarray(vectors)}, str(tmp))
+    else:
+        with open(tmp, "wb") as f:
+            np.save(f, vectors)
+    index_name = f"index-{k:05d}.tsv"
+    index_tmp = out / (index_name + ".tmp")
+    with open(index_tmp, "w", encoding="utf-8") as f:
+        f.write("row\ttext\tline\tword\ttoken\n")
+        for row, (text, line, w, word) in enumerate(index):
+            f.write(f"{row}\t{text}\t{line}\t{w}\t{word}\n")
+    os.replace(tmp, out / name)
+    os.replace(index_tmp, out / index_name)
+    digest = hashlib.sha256((out / name).read_bytes()).hexdigest()[:16]
+    shards.append({"file": name, "index": index_name, "texts": len(batch), "rows": len(index),
+                   "first_line": batch[0].line, "sha256_16": digest})  # fmt: skip
+    _write_json_atomic(manifest_file, manifest)
+
+
+def load_shards(out_dir: str | os.PathLike) -> tuple[np.ndarray, list[dict]]:
+    """Read back all vectors and index rows of an `ctxrep embed` output directory (for tests and users)."""
+    out = Path(out_dir)
+    manifest = json.loads((out / "manifest.json").read_text())
+    vectors, index = [], []
+    for shard in manifest["shards"]:
+        file = out / shard["file"]
+        if file.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            vectors.append(load_file(str(file))["vectors"])
+        else:
+            vectors.append(np.load(file))
+        with open(out / shard["index"], encoding="utf-8") as f:
+            header = f.readline().rstrip("\n").split("\t")
+            for line in f:
+                values = line.rstrip("\n").split("\t")
+                row = dict(zip(header, values))
+                index.append({"text": int(row["text"]), "line": int(row["line"]), "word": int(row["word"]),
+                              "token": row["token"]})  # fmt: skip
+    return (np.concatenate(vectors) if vectors else np.zeros((0, manifest["dim"]), np.float32)), index
