@@ -1,0 +1,169 @@
+"""Train a subword tokenizer on plain-text files with the `tokenizers` library.
+
+Two recipes, each matching the conventions of the model family it is for:
+
+- ``"wordpiece"`` (BERT): BertNormalizer (lowercasing and accent stripping when ``lowercase``),
+  BertPreTokenizer, WordPiece with ``##`` continuations, specials ``[PAD] [UNK] [CLS] [SEP] [MASK]``
+  at ids 0..4, template ``[CLS] $A [SEP]`` / ``[CLS] $A [SEP] $B:1 [SEP]:1``, WordPiece decoder.
+- ``"bpe"`` (RoBERTa / GPT-2): byte-level BPE with ``add_prefix_space``, specials
+  ``<s> <pad> </s> <unk> <mask>`` at ids 0..4, RobertaProcessing (``<s> A </s></s> B </s>``),
+  ByteLevel decoder.
+
+The text is read by `ctxrep.data.corpus` (Gutenberg header and footer removed, BOM and CRLF handled,
+binary files refused) and fed to the trainer line by line. The result is ``out_dir/tokenizer.json``
+(loads with `ctxrep.tokenize.Tokenizer.from_model_dir` and with transformers' ``AutoTokenizer``) and
+``out_dir/tokenizer_config.json`` (special-token names for transformers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+from ctxrep.data.corpus import CorpusConfig, CorpusError, iter_documents, list_text_files
+from ctxrep.tokenize import Tokenizer
+
+WORDPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BPE_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+KINDS = ("wordpiece", "bpe")
+BYTE_ALPHABET_SIZE = 256
+
+
+def train_tokenizer(
+    files: str | Path | Sequence[str | Path],
+    kind: Literal["wordpiece", "bpe"],
+    vocab_size: int,
+    out_dir: str | Path,
+    lowercase: bool = False,
+    min_frequency: int = 2,
+    corpus: CorpusConfig | None = None,
+    show_progress: bool = False,
+) -> Tokenizer:
+    """Train a tokenizer on `files` (a .txt file, a directory of them, or a list) and save it in `out_dir`.
+
+    `lowercase`: BERT-uncased style for WordPiece (lowercase and strip accents); for BPE a Lowercase
+    normalizer (RoBERTa and GPT-2 themselves are cased).
+    `corpus` says how the text files are read (Gutenberg stripping); only its reading options are used.
+    Returns the saved tokenizer loaded back through `ctxrep.tokenize.Tokenizer`.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"tokenizer kind {kind!r} is not known: use 'wordpiece' (BERT) or 'bpe' (RoBERTa/GPT-2)")
+    specials = WORDPIECE_SPECIALS if kind == "wordpiece" else BPE_SPECIALS
+    smallest = len(specials) + 1 if kind == "wordpiece" else len(specials) + BYTE_ALPHABET_SIZE
+    if vocab_size < smallest:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for a {kind} tokenizer: it needs at least {smallest} entries "
+            f"({len(specials)} special tokens" + (" + 256 byte symbols)" if kind == "bpe" else " + 1 piece)")
+        )
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency={min_frequency} must be at least 1")
+    paths = list_text_files(files)
+    corpus = corpus or CorpusConfig()
+
+    if kind == "wordpiece":
+        tok = HFTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+        # strip_accents=None follows `lowercase`, as in BERT's uncased and cased vocabularies.
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+        )
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=specials,
+            continuing_subword_prefix="##",
+            show_progress=show_progress,
+        )
+    else:
+        tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+        if lowercase:
+            tok.normalizer = normalizers.Lowercase()
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            # <mask> eats the space before it, as in RoBERTa, so "a <mask> b" masks the word " b"'s slot.
+            special_tokens=specials[:-1] + [AddedToken("<mask>", lstrip=True, special=True)],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=show_progress,
+        )
+
+    lines = [0]
+    tok.train_from_iterator(_text_batches(paths, corpus, lines), trainer=trainer)
+    if lines[0] == 0:
+        raise CorpusError(
+            f"{files}: the corpus is empty: {len(paths)} file(s) hold no text"
+            + (" after removing Project Gutenberg headers and footers" if corpus.strip_gutenberg else "")
+            + "; check the path and the files' contents"
+        )
+    ids = [tok.token_to_id(t) for t in specials]
+    if ids != list(range(len(specials))):  # the trainers put special tokens first, in order
+        raise RuntimeError(f"special tokens {specials} got ids {ids}, expected 0..{len(specials) - 1}")
+
+    if kind == "wordpiece":
+        cls, sep = ("[CLS]", 2), ("[SEP]", 3)
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[cls, sep]
+        )
+    else:
+        tok.post_processor = processors.RobertaProcessing(
+            ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=True  # (sep, cls)
+        )
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(_transformers_config(kind, lowercase), indent=2) + "\n")
+    return Tokenizer.from_model_dir(out)
+
+
+def _text_batches(
+    paths: list[Path], corpus: CorpusConfig, count: list[int], batch_lines: int = 1000
+) -> Iterator[list[str]]:
+    """Non-blank lines of every document, in batches (the trainer parallelises over a batch); count[0] += lines."""
+    batch: list[str] = []
+    for doc in iter_documents(paths, corpus):
+        for line in doc.text.split("\n"):
+            if line.strip():
+                batch.append(line)
+                count[0] += 1
+                if len(batch) >= batch_lines:
+                    yield batch
+                    batch = []
+    if batch:
+        yield batch
+
+
+def _transformers_config(kind: str, lowercase: bool) -> dict:
+    """tokenizer_config.json: lets transformers load tokenizer.json as it is, with its special-token roles."""
+    if kind == "wordpiece":
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "do_lower_case": lowercase,
+            "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+            "pad_token": "[PAD]",
+            "unk_token": "[UNK]",
+            "cls_token": "[CLS]",
+            "sep_token": "[SEP]",
+            "mask_token": "[MASK]",
+        }
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_prefix_space": True,
+        "do_lower_case": lowercase,
+        "model_input_names": ["input_ids", "attention_mask"],
+        "bos_token": "<s>",
+        "pad_token": "<pad>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "cls_token": "<s>",
+        "sep_token": "</s>",
+        "mask_token": "<mask>",
+    }

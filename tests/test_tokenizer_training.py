@@ -1,0 +1,139 @@
+"""Tokenizer training: BERT WordPiece and RoBERTa byte-level BPE conventions, loading, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxrep.data.corpus import CorpusError
+from ctxrep.tokenize import Tokenizer
+from ctxrep.tokenizer_training import train_tokenizer
+
+BODY = (
+    "The cat sat on the mat. The dog sat on the log.\n"
+    "A cat and a dog met on the mat, and the cat ran.\n\n"
+    "The Cat was happy. The Dog was not happy at all.\n"
+)
+
+
+def write_gutenberg(path, body: str = BODY * 20, header_word: str = "zyxxy") -> None:
+    """A file as Project Gutenberg ships it: BOM, CRLF, header and licence footer around the text."""
+    header = f"The Project Gutenberg eBook {header_word} {header_word} {header_word}\n" * 30
+    text = (
+        header
+        + "*** START OF THE PROJECT GUTENBERG EBOOK TEST ***\n"
+        + body
+        + "*** END OF THE PROJECT GUTENBERG EBOOK TEST ***\n"
+        + f"{header_word} licence {header_word}\n" * 30
+    )
+    path.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "book.txt"
+    write_gutenberg(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def wordpiece_dir(tmp_path_factory, corpus_file):
+    out = tmp_path_factory.mktemp("wp")
+    train_tokenizer(corpus_file, "wordpiece", 200, out, lowercase=True, min_frequency=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory, corpus_file):
+    out = tmp_path_factory.mktemp("bpe")
+    train_tokenizer(corpus_file, "bpe", 300, out, min_frequency=1)
+    return out
+
+
+def test_wordpiece_follows_bert_conventions(wordpiece_dir):
+    tok = Tokenizer.from_model_dir(wordpiece_dir)
+    vocab = tok.backend.get_vocab()
+    assert [vocab[t] for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]] == [0, 1, 2, 3, 4]
+    t = tok.template
+    # [CLS] A [SEP] / [CLS] A [SEP] B [SEP], with B and its [SEP] of type 1.
+    assert (t.prefix, t.single_suffix, t.middle, t.suffix) == ([2], [3], [3], [3])
+    assert (t.prefix_types, t.middle_types, t.suffix_types, t.type_a, t.type_b) == ([0], [0], [1], 0, 1)
+    assert tok.pad_token_id == 0 and tok.unk_token == "[UNK]"
+    enc = tok.backend.encode("The CAT sat on the mat.")
+    assert enc.tokens == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", ".", "[SEP]"]
+    assert tok.backend.decode(enc.ids) == "the cat sat on the mat."
+    # The Gutenberg header and footer were not trained on: their word is not in the vocabulary.
+    assert "zyxxy" not in vocab and "licence" not in vocab
+    config = json.loads((wordpiece_dir / "tokenizer_config.json").read_text())
+    assert config["do_lower_case"] is True and config["mask_token"] == "[MASK]"
+
+
+def test_wordpiece_cased_keeps_case(tmp_path, corpus_file):
+    tok = train_tokenizer(corpus_file, "wordpiece", 200, tmp_path, lowercase=False, min_frequency=1)
+    assert tok.backend.encode("The", add_special_tokens=False).tokens == ["The"]
+    assert tok.backend.encode("the", add_special_tokens=False).tokens == ["the"]
+
+
+def test_bpe_follows_roberta_conventions(bpe_dir):
+    tok = Tokenizer.from_model_dir(bpe_dir)
+    vocab = tok.backend.get_vocab()
+    assert [vocab[t] for t in ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]] == [0, 1, 2, 3, 4]
+    t = tok.template
+    # <s> A </s> / <s> A </s></s> B </s>, all of type 0.
+    assert (t.prefix, t.single_suffix, t.middle, t.suffix) == ([0], [2], [2, 2], [2])
+    assert (t.type_a, t.type_b) == (0, 0)
+    assert tok.pad_token_id == 1
+    # add_prefix_space: the first word is encoded like any other word.
+    first = tok.backend.encode("cat", add_special_tokens=False).ids
+    inner = tok.backend.encode("a cat", add_special_tokens=False).ids
+    assert inner[-len(first):] == first
+    # Byte level: characters never seen in training still round-trip exactly.
+    text = "naïve café ☃ 東京"
+    enc = tok.backend.encode(text)
+    assert vocab["<unk>"] not in enc.ids
+    assert tok.backend.decode(enc.ids) == " " + text  # the added prefix space comes back
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_transformers_loads_the_same_tokenizer(kind, wordpiece_dir, bpe_dir):
+    transformers = pytest.importorskip("transformers")
+    folder = wordpiece_dir if kind == "wordpiece" else bpe_dir
+    ours = Tokenizer.from_model_dir(folder)
+    auto = transformers.AutoTokenizer.from_pretrained(str(folder))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    text, pair = "The cat sat on the mat.", "A dog, a log!"
+    expected = ours.backend.encode(text, pair)
+    for hf in (auto, fast):
+        got = hf(text, pair)
+        assert got["input_ids"] == expected.ids
+    if kind == "wordpiece":  # BERT models take token_type_ids; RoBERTa ones do not
+        assert auto(text, pair)["token_type_ids"] == expected.type_ids
+    else:
+        assert "token_type_ids" not in auto(text, pair)
+    assert auto.mask_token_id == 4 and auto.pad_token_id == ours.pad_token_id
+    assert auto.cls_token_id == ours.template.prefix[0]
+
+
+def test_unknown_kind_is_refused(tmp_path, corpus_file):
+    with pytest.raises(ValueError, match="'sentencepiece' is not known: use 'wordpiece'"):
+        train_tokenizer(corpus_file, "sentencepiece", 200, tmp_path)
+
+
+def test_bpe_vocab_smaller_than_byte_alphabet_is_refused(tmp_path, corpus_file):
+    with pytest.raises(ValueError, match=r"vocab_size=100 is too small for a bpe tokenizer: it needs at least 261"):
+        train_tokenizer(corpus_file, "bpe", 100, tmp_path)
+
+
+def test_empty_corpus_is_refused(tmp_path):
+    book = tmp_path / "empty.txt"
+    write_gutenberg(book, body="\n\n   \n")
+    with pytest.raises(CorpusError, match="the corpus is empty: 1 file.* after removing Project Gutenberg"):
+        train_tokenizer(book, "wordpiece", 200, tmp_path / "out")
+
+
+def test_binary_file_is_refused_with_its_name(tmp_path):
+    (tmp_path / "good.txt").write_text("Some text.\n")
+    (tmp_path / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(CorpusError, match=r"image\.txt: NUL byte at byte offset 8 \(line 3\)"):
+        train_tokenizer(tmp_path, "wordpiece", 200, tmp_path / "out")
