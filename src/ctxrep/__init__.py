@@ -1,16 +1,23 @@
-"""ctxrep: contextual word representations in one PyTorch codebase."""
+"""ctxrep: contextual word representations in one PyTorch codebase.
 
-from ctxrep.models.loading import load_model
-from ctxrep.modules.scalar_mix import ScalarMix
+`import ctxrep` is cheap: torch and tokenizers are imported on first use of these names.
+"""
 
-__all__ = ["load_model", "ScalarMix", "Featurizer"]
+__all__ = ["load_model", "Featurizer", "ScalarMix"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # Featurizer pulls in the tokenizers library; import it on first use.
+    if name == "load_model":
+        from ctxrep.models.loading import load_model
+
+        return load_model
     if name == "Featurizer":
         from ctxrep.featurize import Featurizer
 
         return Featurizer
+    if name == "ScalarMix":
+        from ctxrep.modules.scalar_mix import ScalarMix
+
+        return ScalarMix
     raise AttributeError(f"module 'ctxrep' has no attribute {name!r}")

@@ -11,11 +11,12 @@ from ctxrep.cli.common import main
 
 
 def _register() -> None:
-    from ctxrep.cli.embed import embed
+    from ctxrep.cli.analysis import COMMANDS as ANALYSIS
     from ctxrep.cli.demo import demo
+    from ctxrep.cli.embed import embed
     from ctxrep.cli.info import info
 
-    for command in (embed, demo, info):
+    for command in (embed, demo, info, *ANALYSIS):
         main.add_command(command)
 
 

@@ -124,7 +124,7 @@ def _write_json_atomic(file: Path, obj: dict) -> None:
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
-@click.option("--batch-tokens", default=16384, show_default=True, help="Token budget of one encoder batch.")
+@click.option("--batch-tokens", default=2048, show_default=True, help="Token budget of one encoder batch.")
 @click.option("--threads", type=int, default=None, help="Torch threads (default: torch's choice).")
 @user_errors
 def embed(model, input_path, out_dir, fmt, text_field, level, layers, pooling, sentence_pooling, shard_size, storage,

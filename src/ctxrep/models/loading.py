@@ -99,7 +99,17 @@ def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
 
 
 def load_model(name_or_path: str | os.PathLike) -> torch.nn.Module:
-    """Build the model family named by config.json's model_type and load its weights (eval mode)."""
+    """Build the model family named by config.json's model_type and load its weights (eval mode).
+
+    "elmo:DIR" loads an ELMo biLM from DIR's options.json + weights.hdf5 (AllenNLP / bilm-tf layout).
+    """
+    name = str(name_or_path)
+    if name.startswith("elmo:"):
+        from ctxrep.models.elmo import ElmoBiLM
+
+        model = ElmoBiLM.from_pretrained(Path(name[len("elmo:") :]).expanduser())
+        model.name_or_path = name
+        return model.eval()
     path = resolve_model_path(name_or_path)
     try:
         config = json.loads((path / "config.json").read_text())
@@ -110,10 +120,18 @@ def load_model(name_or_path: str | os.PathLike) -> torch.nn.Module:
         from ctxrep.models.bert import BertModel
 
         model = BertModel.from_pretrained(path)
+    elif model_type == "gpt2":
+        from ctxrep.models.gpt2 import GPT2Model
+
+        model = GPT2Model.from_pretrained(path)
+    elif model_type == "xlnet":
+        from ctxrep.models.xlnet import XLNetModel
+
+        model = XLNetModel.from_pretrained(path)
     else:
         raise CheckpointError(
             f"{path / 'config.json'}: model_type {model_type!r} is not supported "
-            "(supported: bert, roberta, electra)"
+            "(supported: bert, roberta, electra, gpt2, xlnet; ELMo folders load as 'elmo:DIR')"
         )
     model.name_or_path = str(path)
-    return model
+    return model.eval()

@@ -1,0 +1,335 @@
+"""What attention heads look at (Clark et al. 2019, "What Does BERT Look At?").
+
+Per head, averaged over every query token of a corpus (special tokens included, as Clark et al.):
+  cls      attention to the classification token ([CLS], <s>)
+  sep      attention to the other special tokens ([SEP], </s>)
+  prev / next / self   attention to the token one to the left / one to the right / itself
+  punct    attention to the pieces of punctuation words
+  entropy  the entropy -sum_k a_k log a_k of the head's attention distribution (nats)
+
+With a dependency-parsed corpus (CoNLL-U), each head is also used as a parser: token attention becomes word
+attention (sum over the pieces of the attended-to word, average over the pieces of the attending word) and a
+dependent's predicted head is the word it attends to most. For each relation the best head is reported with
+its accuracy, next to the best fixed-offset baseline (always predicting the word k positions away).
+
+Layers are numbered 1..L as in the hidden states (0 is the embedding output, which has no attention); heads
+0..H-1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import unicodedata
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ctxrep.analysis._common import model_name
+from ctxrep.featurize import Featurizer
+
+STATISTICS = ("cls", "sep", "prev", "next", "self", "punct", "entropy")
+
+
+@dataclass
+class _Input:
+    """One sentence ready for the encoder, and what each position is."""
+
+    words: list[str]
+    input_ids: list[int]
+    token_type_ids: list[int]
+    tokens: list[str]
+    word_of: list[int]  # word index of each position, -1 for special tokens
+    cls_position: int
+
+
+def _is_punct(word: str) -> bool:
+    return all(unicodedata.category(c).startswith("P") for c in word)
+
+
+def _words(text: str | Sequence[str]) -> list[str]:
+    words = text.split() if isinstance(text, str) else list(text)
+    if not words:
+        raise ValueError("the sentence is empty (no words)")
+    return words
+
+
+def _encode(fz: Featurizer, words: list[str]) -> _Input | None:
+    """None when the sentence is longer than the model's positions."""
+    pieces = fz.tokenizer.encode_words([words])[0]
+    ids, types, offset = fz.tokenizer.build_inputs(pieces.ids)
+    if len(ids) > fz.model.config.max_tokens:
+        return None
+    word_of = [-1] * len(ids)
+    for k, w in enumerate(pieces.word_ids):
+        word_of[offset + k] = w
+    tokens = [fz.tokenizer.backend.id_to_token(i) or str(i) for i in ids]
+    return _Input(words, ids, types, tokens, word_of, fz.tokenizer.template.cls_index % len(ids))
+
+
+def _attentions(fz: Featurizer, inputs: list[_Input], batch_size: int = 16) -> Iterator[tuple[_Input, torch.Tensor]]:
+    """Each input with its attention probabilities (layers, heads, seq, seq), in input order."""
+    pad = fz.tokenizer.pad_token_id
+    fz.model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(inputs), batch_size):
+            batch = inputs[start : start + batch_size]
+            length = max(len(x.input_ids) for x in batch)
+            input_ids = torch.full((len(batch), length), pad, dtype=torch.long)
+            token_type_ids = torch.zeros((len(batch), length), dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
+            for r, x in enumerate(batch):
+                n = len(x.input_ids)
+                input_ids[r, :n] = torch.tensor(x.input_ids)
+                token_type_ids[r, :n] = torch.tensor(x.token_type_ids)
+                attention_mask[r, :n] = 1
+            out = fz.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           output_attentions=True)  # fmt: skip
+            stacked = torch.stack(out.attentions, dim=1)  # (batch, layers, heads, seq, seq)
+            for r, x in enumerate(batch):
+                n = len(x.input_ids)
+                yield x, stacked[r, :, :, :n, :n]
+
+
+def _encode_all(fz: Featurizer, sentences: Sequence[str | Sequence[str]]) -> tuple[list[_Input], int]:
+    inputs, skipped = [], 0
+    for i, s in enumerate(sentences):
+        try:
+            x = _encode(fz, _words(s))
+        except ValueError as e:
+            raise ValueError(f"sentence {i}: {e}") from None
+        if x is None:
+            skipped += 1
+        else:
+            inputs.append(x)
+    return inputs, skipped
+
+
+# ---- per-head statistics ------------------------------------------------------------------------
+
+
+@dataclass
+class AttentionStats:
+    """Per-head averages over all query tokens; `stats[name][layer - 1][head]`."""
+
+    model: str
+    n_sentences: int
+    n_tokens: int
+    n_skipped: int  # sentences longer than the model's positions
+    stats: dict[str, list[list[float]]]
+
+    def grid(self, name: str) -> np.ndarray:
+        """(layers, heads) array of one statistic."""
+        if name not in self.stats:
+            raise ValueError(f"unknown attention statistic {name!r}; choose one of {', '.join(self.stats)}")
+        return np.array(self.stats[name])
+
+    def table(self) -> str:
+        """Each statistic's per-layer head average, and its top head."""
+        lines = [f"attention | {self.model} | {self.n_sentences} sentences, {self.n_tokens} tokens"
+                 + (f" ({self.n_skipped} too long, skipped)" if self.n_skipped else "")]  # fmt: skip
+        n_layers = len(next(iter(self.stats.values())))
+        lines.append(f"{'':<9}" + "".join(f"{'L' + str(j + 1):>7}" for j in range(n_layers)) + "   top head")
+        for name in self.stats:
+            g = self.grid(name)
+            layer, head = np.unravel_index(int(g.argmax()), g.shape)
+            means = "".join(f"{v:>7.3f}" for v in g.mean(axis=1))
+            lines.append(f"{name:<9}{means}   L{layer + 1}-H{head} {g[layer, head]:.3f}")
+        return "\n".join(lines)
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    def save_grid_png(self, name: str, path: str | os.PathLike) -> None:
+        save_grid_png(self.grid(name), path, title=f"{name} ({self.model.rstrip('/').split('/')[-1]})")
+
+
+def head_statistics(fz: Featurizer, sentences: Sequence[str | Sequence[str]], batch_size: int = 16) -> AttentionStats:
+    """Clark et al.'s per-head averages over `sentences` (strings or word lists)."""
+    if not sentences:
+        raise ValueError("no sentences to compute attention statistics on (empty corpus)")
+    inputs, skipped = _encode_all(fz, sentences)
+    if not inputs:
+        raise ValueError(f"all {len(sentences)} sentences are longer than the model's positions")
+    n_layers, n_heads = fz.model.num_layers, fz.model.config.num_attention_heads
+    sums = {name: torch.zeros(n_layers, n_heads, dtype=torch.float64) for name in STATISTICS}
+    n_tokens = 0
+    for x, a in _attentions(fz, inputs, batch_size):  # a: (layers, heads, seq, seq)
+        n = len(x.input_ids)
+        special = [p for p in range(n) if x.word_of[p] < 0 and p != x.cls_position]
+        punct = [p for p in range(n) if x.word_of[p] >= 0 and _is_punct(x.words[x.word_of[p]])]
+        sums["cls"] += a[..., x.cls_position].sum(-1)
+        sums["sep"] += a[..., special].sum((-1, -2))
+        sums["prev"] += torch.diagonal(a, offset=-1, dim1=-2, dim2=-1).sum(-1)
+        sums["next"] += torch.diagonal(a, offset=1, dim1=-2, dim2=-1).sum(-1)
+        sums["self"] += torch.diagonal(a, dim1=-2, dim2=-1).sum(-1)
+        sums["punct"] += a[..., punct].sum((-1, -2))
+        sums["entropy"] += -(a * torch.log(a.clamp_min(1e-12))).sum((-1, -2))
+        n_tokens += n
+    stats = {name: (s / n_tokens).tolist() for name, s in sums.items()}
+    return AttentionStats(model_name(fz), len(inputs), n_tokens, skipped, stats)
+
+
+# ---- dependency relations -----------------------------------------------------------------------
+
+
+@dataclass
+class RelationHead:
+    relation: str
+    count: int  # dependents with this relation
+    layer: int  # 1-based
+    head: int  # 0-based
+    accuracy: float  # of the best head, dependent -> its syntactic head
+    baseline_offset: int  # the best fixed offset (head position - dependent position)
+    baseline_accuracy: float
+
+
+@dataclass
+class DependencyHeads:
+    model: str
+    n_sentences: int
+    n_skipped: int
+    relations: list[RelationHead] = field(default_factory=list)  # most frequent relation first
+
+    def table(self) -> str:
+        lines = [f"best head per dependency relation | {self.model} | {self.n_sentences} sentences",
+                 f"{'relation':<14}{'count':>7}{'head':>9}{'acc':>7}{'offset':>8}{'base':>7}"]  # fmt: skip
+        for r in self.relations:
+            lines.append(f"{r.relation:<14}{r.count:>7}{'L' + str(r.layer) + '-H' + str(r.head):>9}"
+                         f"{r.accuracy:>7.3f}{r.baseline_offset:>+8d}{r.baseline_accuracy:>7.3f}")  # fmt: skip
+        return "\n".join(lines)
+
+    def save_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def word_attention(x: _Input, a: torch.Tensor) -> torch.Tensor:
+    """(layers, heads, words, words): row d = attention of word d's pieces (averaged) to word j's pieces (summed)."""
+    n_words = len(x.words)
+    m = torch.zeros(len(x.input_ids), n_words, dtype=a.dtype)  # (seq, words) piece -> word membership
+    for p, w in enumerate(x.word_of):
+        if w >= 0:
+            m[p, w] = 1.0
+    summed = a @ m  # (layers, heads, seq, words)
+    return (m.T @ summed) / m.sum(0)[:, None]  # (layers, heads, words, words)
+
+
+def dependency_heads(fz: Featurizer, sentences: Sequence, batch_size: int = 16, min_count: int = 1) -> DependencyHeads:
+    """The best head per relation. `sentences`: parsed sentences with `.words`, `.heads` (1-based, 0 = root) and
+    `.deprels`, e.g. from `ctxrep.data.conllu.read_conllu`."""
+    if not sentences:
+        raise ValueError("no parsed sentences to evaluate attention heads on (empty corpus)")
+    for i, s in enumerate(sentences):
+        if not len(s.words) == len(s.heads) == len(s.deprels):
+            raise ValueError(f"sentence {i}: {len(s.words)} words but {len(s.heads)} heads and {len(s.deprels)} "
+                             "relations")  # fmt: skip
+        for d, h in enumerate(s.heads):
+            if not 0 <= h <= len(s.words):
+                raise ValueError(f"sentence {i}: word {d + 1} has head {h}, outside the sentence's "
+                                 f"{len(s.words)} words")  # fmt: skip
+    encoded = [(s, _encode(fz, list(s.words))) for s in sentences]
+    kept = [s for s, x in encoded if x is not None]
+    inputs = [x for _, x in encoded if x is not None]
+    skipped = len(sentences) - len(inputs)
+    n_layers, n_heads = fz.model.num_layers, fz.model.config.num_attention_heads
+    correct: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(n_layers, n_heads, dtype=torch.long))
+    counts: Counter[str] = Counter()
+    offsets: dict[str, Counter[int]] = defaultdict(Counter)
+    for s, (x, a) in zip(kept, _attentions(fz, inputs, batch_size)):
+        predicted = word_attention(x, a).argmax(-1)  # (layers, heads, words)
+        for d, (h, rel) in enumerate(zip(s.heads, s.deprels)):
+            if h == 0:  # the root has no head word
+                continue
+            correct[rel] += predicted[..., d] == h - 1
+            counts[rel] += 1
+            offsets[rel][h - 1 - d] += 1
+    rows = []
+    for rel, count in counts.most_common():
+        if count < min_count:
+            continue
+        c = correct[rel]
+        layer, head = np.unravel_index(int(c.argmax()), tuple(c.shape))
+        offset, hits = offsets[rel].most_common(1)[0]
+        rows.append(RelationHead(rel, count, int(layer) + 1, int(head), float(c[layer, head]) / count, offset,
+                                 hits / count))  # fmt: skip
+    return DependencyHeads(model_name(fz), len(inputs), skipped, rows)
+
+
+# ---- pictures -----------------------------------------------------------------------------------
+
+
+def _check_head(fz: Featurizer, layer: int, head: int) -> None:
+    n_layers, n_heads = fz.model.num_layers, fz.model.config.num_attention_heads
+    if not isinstance(layer, int) or not 1 <= layer <= n_layers:
+        raise ValueError(f"layer {layer!r} is out of range: the model's attention layers are 1..{n_layers}")
+    if not isinstance(head, int) or not 0 <= head < n_heads:
+        raise ValueError(f"head {head!r} is out of range: each layer has heads 0..{n_heads - 1}")
+
+
+def head_attention(
+    fz: Featurizer, sentence: str | Sequence[str], layer: int, head: int
+) -> tuple[list[str], np.ndarray]:
+    """The tokens of `sentence` and one head's (seq, seq) attention matrix over them (row = query)."""
+    _check_head(fz, layer, head)
+    x = _encode(fz, _words(sentence))
+    if x is None:
+        raise ValueError(f"the sentence is longer than the model's {fz.model.config.max_tokens} positions")
+    _, a = next(_attentions(fz, [x]))
+    return x.tokens, a[layer - 1, head].numpy()
+
+
+def save_heatmap_png(fz: Featurizer, sentence: str | Sequence[str], layer: int, head: int,
+                     path: str | os.PathLike) -> None:  # fmt: skip
+    """A heatmap of one head's attention on one sentence: rows attend (queries), columns are attended to."""
+    tokens, a = head_attention(fz, sentence, layer, head)
+    tokens = [t.replace("$", r"\$") for t in tokens]  # a '$' would start matplotlib's mathtext
+    plt = _pyplot()
+    size = min(12.0, 2.0 + 0.28 * len(tokens))
+    fig, ax = plt.subplots(figsize=(size + 1, size), dpi=100)
+    image = ax.imshow(a, cmap="Blues", vmin=0, vmax=max(1e-6, float(a.max())))
+    ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
+    ax.set_xlabel("attended to")
+    ax.set_ylabel("attending token")
+    ax.set_title(f"layer {layer}, head {head}")
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def save_grid_png(grid: np.ndarray, path: str | os.PathLike, title: str = "") -> None:
+    """A layer x head grid (layers 1..L down, heads 0..H-1 across) of any per-head statistic."""
+    grid = np.asarray(grid, dtype=float)
+    if grid.ndim != 2 or not grid.size:
+        raise ValueError(f"expected a (layers, heads) grid, got shape {grid.shape}")
+    plt = _pyplot()
+    n_layers, n_heads = grid.shape
+    fig, ax = plt.subplots(figsize=(min(12.0, 1.5 + 0.5 * n_heads), min(10.0, 1.2 + 0.45 * n_layers)), dpi=100)
+    image = ax.imshow(grid, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(n_heads))
+    ax.set_yticks(range(n_layers), [str(j + 1) for j in range(n_layers)])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    if n_heads * n_layers <= 144:
+        for (j, h), v in np.ndenumerate(grid):
+            colour = "white" if v < grid.mean() else "black"
+            ax.text(h, j, f"{v:.2f}", ha="center", va="center", fontsize=6, color=colour)
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
