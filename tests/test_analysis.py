@@ -440,11 +440,11 @@ def test_cli_neighbors(tiny_model, data_dir, tmp_path):
 
 
 def test_cli_report_and_help(tiny_model, data_dir, tmp_path):
-    result = _invoke(cli.report, ["--model", tiny_model, "--out-dir", tmp_path, "--ud", data_dir / "tiny.conllu",
+    result = _invoke(cli.report, [tiny_model, "--out", tmp_path, "--ud", data_dir / "tiny.conllu",
                                   "--max-sentences", 5, "--no-control"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert (tmp_path / "report.html").is_file() and "WiC" not in (tmp_path / "report.html").read_text()
-    _one_line_error(_invoke(cli.report, ["--model", tiny_model, "--wic", tmp_path / "nowic"]), "--wic")
+    _one_line_error(_invoke(cli.report, [tiny_model, "--wic", tmp_path / "nowic"]), "--wic")
     for command in cli.COMMANDS:
         result = _invoke(command, ["--help"])
         assert result.exit_code == 0 and "Usage:" in result.output and len(result.output) > 100

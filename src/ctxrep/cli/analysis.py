@@ -179,15 +179,18 @@ def neighbors_wic(model, train_path, dev_path, max_pairs, out_file) -> None:
 
 
 @click.command()
-@click.option("--model", default="minilm", show_default=True, help=MODEL_HELP)
-@click.option("--out-dir", default="report", show_default=True, help="Where report.html and report.json go.")
+@click.argument("model", default="minilm")
+@click.option("--out", "--out-dir", "out_dir", default="report", show_default=True,
+              help="Where report.html and report.json go.")  # fmt: skip
 @click.option("--ud", "ud_path", default=None, help="A CoNLL-U file for the probe and attention sections.")
 @click.option("--wic", "wic_path", default=None, help="A WiC folder with train/ and dev/: WiC by layer.")
 @click.option("--max-sentences", default=300, show_default=True, help="Sentences of --ud to use.")
 @click.option("--control/--no-control", default=True, show_default=True, help="Probe a random-init control too.")
 @user_errors
 def report(model, out_dir, ud_path, wic_path, max_sentences, control) -> None:
-    """Write one self-contained HTML page: probes, attention, sense demos, WiC."""
+    """Write one self-contained HTML page about MODEL: probes, attention, sense demos, WiC.
+
+    MODEL is a packaged model name (minilm) or a model folder."""
     from ctxrep.analysis.report import build_report
 
     if max_sentences < 2:
