@@ -325,11 +325,11 @@ def _prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     """
     if not torch.backends.mkldnn.is_available() or any(p.device.type != "cpu" for p in model.parameters()):
         return model
-    from torch.utils import mkldnn
-
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # to_mkldnn builds TorchScript modules
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.utils.mkldnn builds TorchScript modules
         try:
+            from torch.utils import mkldnn
+
             return mkldnn.to_mkldnn(copy.deepcopy(model))
         except (RuntimeError, AttributeError):  # a torch build without a usable oneDNN path
             return model
