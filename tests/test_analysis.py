@@ -450,3 +450,15 @@ def test_cli_report_and_help(tiny_model, data_dir, tmp_path):
         assert result.exit_code == 0 and "Usage:" in result.output and len(result.output) > 100
     for sub in ("index", "query", "static", "wic"):
         assert _invoke(cli.neighbors, [sub, "--help"]).exit_code == 0
+
+
+def test_random_control_really_runs_a_different_model(fz):
+    from ctxrep.analysis._common import random_control, with_layers
+
+    control = random_control(fz, seed=3)
+    words = [["the", "dog", "runs"]]
+    ours, theirs = fz.embed_words(words)[0], control.embed_words(words)[0]
+    assert not np.allclose(ours[:, 1:], theirs[:, 1:], atol=1e-3), "the control must not reuse the model's weights"
+    np.testing.assert_allclose(fz.embed_words(words)[0], ours)  # the original is untouched
+    top = with_layers(fz, -1).embed_words(words)[0]
+    np.testing.assert_allclose(top, ours[:, -1], atol=1e-6)

@@ -83,7 +83,7 @@ class Featurizer:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.model = load_model(model)
-        self._encoder = _prepack_for_inference(self.model)
+        self._packed: tuple[torch.nn.Module, torch.nn.Module] | None = None  # (model, its inference copy)
         self.tokenizer = Tokenizer.from_model_dir(resolve_model_path(model))
         self.pooling = pooling
         self.sentence_pooling = sentence_pooling
@@ -97,7 +97,21 @@ class Featurizer:
         if not 1 <= self.stride <= self.window_size:
             raise ValueError(f"stride must be between 1 and the window size {self.window_size}, got {stride}")
         self.layer_indices, self.mix = self._parse_layers(layers)
-        self.single_layer = isinstance(layers, int) or self.mix is not None
+        self.single_layer = isinstance(layers, int) or self.mix is not None  # one array per word, no layer axis
+
+    @property
+    def _encoder(self) -> torch.nn.Module:
+        """The inference copy of `self.model` (rebuilt if `self.model` was replaced)."""
+        if self._packed is None or self._packed[0] is not self.model:
+            self._packed = (self.model, _prepack_for_inference(self.model))
+        return self._packed[1]
+
+    def with_layers(self, layers: int | Sequence[int] | str | ScalarMix) -> "Featurizer":
+        """A copy that returns other layers, sharing the model and tokenizer (nothing is reloaded)."""
+        view = copy.copy(self)
+        view.layer_indices, view.mix = view._parse_layers(layers)
+        view.single_layer = isinstance(layers, int) or view.mix is not None
+        return view
 
     @property
     def num_layers(self) -> int:

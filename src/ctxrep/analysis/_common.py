@@ -13,11 +13,8 @@ from ctxrep.featurize import Featurizer
 
 
 def with_layers(fz: Featurizer, layers: int | Sequence[int] | str) -> Featurizer:
-    """A shallow copy of `fz` (same model and tokenizer, nothing reloaded) that returns other layers."""
-    view = copy.copy(fz)
-    view.layer_indices, view.mix = fz._parse_layers(layers)
-    view.single_layer = isinstance(layers, int)
-    return view
+    """A copy of `fz` (same model and tokenizer, nothing reloaded) that returns other layers."""
+    return fz.with_layers(layers)
 
 
 def random_control(fz: Featurizer, seed: int = 0) -> Featurizer:
