@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ctxrep.models.loading import load_model, resolve_model_path
 from ctxrep.modules.scalar_mix import ScalarMix
-from ctxrep.tokenize import Tokenizer, WordPieces
+from ctxrep.tokenize import Tokenizer, WordPieces, WordTokenizer
 
 Text = str | Sequence[str]
 POOLINGS = ("first", "last", "mean", "first_last")
@@ -84,12 +84,17 @@ class Featurizer:
             torch.set_num_threads(num_threads)
         self.model = load_model(model)
         self._packed: tuple[torch.nn.Module, torch.nn.Module] | None = None  # (model, its inference copy)
-        self.tokenizer = Tokenizer.from_model_dir(resolve_model_path(model))
+        # ELMo reads whole words (characters); every other family reads subword pieces.
+        self.word_level = str(model).startswith("elmo:")
+        self.tokenizer = WordTokenizer() if self.word_level else Tokenizer.from_model_dir(resolve_model_path(model))
+        if self.word_level and sentence_pooling == "cls":
+            raise ValueError("ELMo has no classification token: use sentence_pooling='mean'")
         self.pooling = pooling
         self.sentence_pooling = sentence_pooling
         self.batch_tokens = batch_tokens
         self.progress = progress
-        self.max_length = min(max_length or self.model.config.max_tokens, self.model.config.max_tokens)
+        limit = _max_tokens(self.model)
+        self.max_length = min(max_length or limit, limit)
         self.window_size = self.max_length - self.tokenizer.template.num_special(pair=False)
         if self.window_size < 2:
             raise ValueError(f"max_length={self.max_length} leaves no room for text between the special tokens")
@@ -112,6 +117,18 @@ class Featurizer:
         view.layer_indices, view.mix = view._parse_layers(layers)
         view.single_layer = isinstance(layers, int) or view.mix is not None
         return view
+
+    @property
+    def _uses_segments(self) -> bool:
+        """GPT-2 would add token_type_ids as extra *token* embeddings: give it none."""
+        return getattr(self.model.config, "model_type", None) != "gpt2"
+
+    def _char_table(self) -> torch.Tensor:
+        """(distinct words of this call + 1, 50) ELMo character ids; row 0 (padding) is all zeros."""
+        from ctxrep.models.elmo import batch_to_ids
+
+        chars = batch_to_ids([self.tokenizer.words[1:]])[0]  # (words, 50)
+        return torch.cat([torch.zeros_like(chars[:1]), chars])
 
     @property
     def num_layers(self) -> int:
@@ -240,6 +257,7 @@ class Featurizer:
         order = sorted(range(len(windows)), key=lambda i: len(windows[i].input_ids))
         batches = _token_budget_batches([len(windows[i].input_ids) for i in order], self.batch_tokens)
         bar = tqdm(total=sum(len(w.input_ids) for w in windows), unit="tok", disable=not self.progress, desc="embed")
+        char_table = self._char_table() if self.word_level else None
         self.model.eval()
         with torch.inference_mode():
             start = 0
@@ -255,13 +273,16 @@ class Featurizer:
                     input_ids[r, :n] = torch.tensor(w.input_ids)
                     token_type_ids[r, :n] = torch.tensor(w.token_type_ids)
                     attention_mask[r, :n] = 1
-                out = self._encoder(
-                    input_ids,
-                    attention_mask=attention_mask,
-                    token_type_ids=token_type_ids,
-                    output_hidden_states=True,
-                    num_layers=top if top < self.model.num_layers else None,
-                )
+                if self.word_level:  # ELMo: each id is a word of this call; look up its characters
+                    out = self._encoder(char_table[input_ids])
+                else:
+                    out = self._encoder(
+                        input_ids,
+                        attention_mask=attention_mask,
+                        token_type_ids=token_type_ids if self._uses_segments else None,
+                        output_hidden_states=True,
+                        num_layers=top if top < self.model.num_layers else None,
+                    )
                 selected = torch.stack([out.hidden_states[i] for i in self.layer_indices])  # (layers, batch, seq, hidden)
                 if self.mix is not None:
                     selected = self.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
@@ -331,6 +352,17 @@ class Featurizer:
         return out[:, 0] if self.single_layer else out
 
 
+def _max_tokens(model: torch.nn.Module) -> int:
+    """The longest input one window may have."""
+    config = model.config
+    if hasattr(config, "max_tokens"):  # BERT family: the position table (minus RoBERTa's offset)
+        return config.max_tokens
+    if hasattr(config, "n_positions"):  # GPT-2
+        return config.n_positions
+    # XLNet's relative positions and ELMo's LSTMs have no limit; windows keep memory bounded.
+    return 512 if getattr(config, "model_type", None) == "xlnet" else 4096
+
+
 def _prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` whose linear layers run through oneDNN with pre-packed weights.
 
@@ -338,6 +370,8 @@ def _prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     matrix shapes of featurization. Inference only: `self.model` stays the ordinary module.
     """
     if not torch.backends.mkldnn.is_available() or any(p.device.type != "cpu" for p in model.parameters()):
+        return model
+    if not hasattr(model.config, "max_tokens"):  # measured for the BERT family only
         return model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.utils.mkldnn builds TorchScript modules

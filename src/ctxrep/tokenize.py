@@ -42,6 +42,17 @@ class SpecialTemplate:
     def num_special(self, pair: bool) -> int:
         return len(self.prefix) + (len(self.middle) + len(self.suffix) if pair else len(self.single_suffix))
 
+    def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
+        """Add special tokens: (input_ids, token_type_ids, offset of A's first piece in input_ids)."""
+        if ids_b is None:
+            ids = self.prefix + ids_a + self.single_suffix
+            types = self.prefix_types + [self.type_a] * len(ids_a) + self.single_suffix_types
+        else:
+            ids = self.prefix + ids_a + self.middle + ids_b + self.suffix
+            types = (self.prefix_types + [self.type_a] * len(ids_a) + self.middle_types + [self.type_b] * len(ids_b)
+                     + self.suffix_types)  # fmt: skip
+        return ids, types, len(self.prefix)
+
 
 @dataclass
 class WordPieces:
@@ -141,14 +152,32 @@ class Tokenizer:
 
     def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
         """Add special tokens: (input_ids, token_type_ids, offset of A's first piece in input_ids)."""
-        t = self.template
-        if ids_b is None:
-            ids = t.prefix + ids_a + t.single_suffix
-            types = t.prefix_types + [t.type_a] * len(ids_a) + t.single_suffix_types
-        else:
-            ids = t.prefix + ids_a + t.middle + ids_b + t.suffix
-            types = t.prefix_types + [t.type_a] * len(ids_a) + t.middle_types + [t.type_b] * len(ids_b) + t.suffix_types
-        return ids, types, len(t.prefix)
+        return self.template.build_inputs(ids_a, ids_b)
+
+
+class WordTokenizer:
+    """For word-level models (ELMo), which read whole words: every word is its own 'piece'.
+
+    `encode_words` numbers the distinct words of one call from 1 (0 is padding) and keeps them in `words`,
+    so the model's input can be looked up per id. Not thread-safe: one call at a time.
+    """
+
+    def __init__(self) -> None:
+        self.template = SpecialTemplate([], [], [], [], [], [], 0, 0, [], [], cls_index=-1)
+        self.pad_token_id = 0
+        self.words: list[str] = [""]
+
+    def encode_words(self, texts: Sequence[Sequence[str]]) -> list[WordPieces]:
+        table: dict[str, int] = {}
+        out = []
+        for words in texts:
+            ids = [table.setdefault(w, len(table) + 1) for w in words]
+            out.append(WordPieces(ids, list(range(len(words))), list(words), len(words)))
+        self.words = [""] + list(table)
+        return out
+
+    def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
+        return self.template.build_inputs(ids_a, ids_b)
 
 
 def _read_json(file: Path) -> dict:
