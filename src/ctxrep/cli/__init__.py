@@ -15,8 +15,9 @@ def _register() -> None:
     from ctxrep.cli.demo import demo
     from ctxrep.cli.embed import embed
     from ctxrep.cli.info import info
+    from ctxrep.cli.plot_run import plot_run
 
-    for command in (embed, demo, info, *ANALYSIS):
+    for command in (embed, demo, info, plot_run, *ANALYSIS):
         main.add_command(command)
 
 

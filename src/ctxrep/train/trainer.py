@@ -1,0 +1,403 @@
+"""The pretraining loop: AdamW, warm-up + decay, accumulation, clipping, evaluation, logs, exact resume.
+
+    trainer = Trainer(objective, TrainerConfig(lr=5e-4, max_steps=10_000), packer, "runs/bert-small",
+                      eval_data=held_out_packer, save_model=lambda d: model.save_pretrained(d / "model"))
+    metrics = trainer.train()              # Ctrl-C: finishes the step, saves a checkpoint, returns
+    metrics = trainer.train(resume=True)   # continues from runs/bert-small/checkpoint/ exactly
+
+The objective is an nn.Module whose forward(batch) returns an `ObjectiveOutput`; it does its own masking
+with the global torch RNG. The batch source is any object with next_batch(n) -> dict of numpy arrays,
+state_dict() (JSON-serialisable) and load_state_dict(state), such as the packers in ctxrep.data.packing.
+
+One optimizer step sees `batch_size` rows in `accumulation_steps` micro-batches of
+batch_size / accumulation_steps rows each (shared out between processes under torchrun, see
+ctxrep.train.distributed). Each micro-batch's loss is divided by accumulation_steps, so the summed gradient
+is the gradient of the mean over micro-batches: equal to one big batch when the objective's loss is a mean
+over rows of equal weight (fixed-length rows, or a fixed number of predicted tokens per row).
+
+Exact resume: the checkpoint holds the model, AdamW moments, scheduler, the data source's position and
+every RNG state, and evaluation runs on a forked RNG with the same held-out batches each time, so a run
+interrupted at any step and resumed ends with the same parameters as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.train import distributed
+from ctxrep.train.allocator import tune_malloc
+from ctxrep.train.checkpoint import check_fingerprint, fingerprint, load_checkpoint, read_state, save_checkpoint
+from ctxrep.train.schedules import SCHEDULES, warmup_decay
+
+LOG_FILE = "log.jsonl"
+CHECKPOINT_DIR = "checkpoint"
+# Settings that may change when a run is resumed; any other change would make it a different run.
+RESUMABLE_CHANGES = ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "log_every", "device")
+
+
+class TrainerError(ValueError):
+    """A trainer setting or input that cannot work, with what to change."""
+
+
+class BatchSource(Protocol):
+    def next_batch(self, batch_size: int) -> dict[str, np.ndarray]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-4  # peak learning rate
+    weight_decay: float = 0.01  # AdamW, on matrices only (not biases or LayerNorm weights)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    warmup_steps: int = 0
+    max_steps: int = 1000  # optimizer steps
+    schedule: str = "linear"  # decay after the warm-up: "linear" or "cosine", to zero at max_steps
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    batch_size: int = 32  # rows per optimizer step, over all micro-batches and processes
+    accumulation_steps: int = 1  # micro-batches per optimizer step
+    bf16: bool = False  # bfloat16 autocast for forward and loss
+    eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
+    eval_batches: int = 10  # held-out micro-batches per evaluation
+    checkpoint_every: int = 1000  # steps between checkpoints; 0 = only at the end and on Ctrl-C
+    log_every: int = 10  # steps between log records
+    seed: int = 0
+    device: str = "cpu"  # under torchrun, "cuda" means each process's own cuda:LOCAL_RANK
+
+    def validate(self, world_size: int = 1) -> None:
+        positive = ("lr", "max_steps", "batch_size", "accumulation_steps", "eval_batches", "log_every")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise TrainerError(f"TrainerConfig.{name}={getattr(self, name)} must be greater than 0")
+        for name in ("weight_decay", "eps", "warmup_steps", "grad_clip", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise TrainerError(f"TrainerConfig.{name}={getattr(self, name)} must be 0 or more")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise TrainerError(f"TrainerConfig.betas={self.betas} must be two numbers in [0, 1)")
+        if self.schedule not in SCHEDULES:
+            raise TrainerError(
+                f"TrainerConfig.schedule={self.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}"
+            )
+        if self.batch_size % (self.accumulation_steps * world_size):
+            raise TrainerError(
+                f"TrainerConfig.batch_size={self.batch_size} does not split into accumulation_steps="
+                f"{self.accumulation_steps} micro-batches x {world_size} process(es); make batch_size a multiple "
+                f"of {self.accumulation_steps * world_size}"
+            )
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Rows per micro-batch over all processes."""
+        return self.batch_size // self.accumulation_steps
+
+
+def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on every matrix (>= 2-D), none on biases and LayerNorm weights (1-D)."""
+    decay, no_decay = [], []
+    for p in module.parameters():  # tied parameters come once
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    in_decay, in_no_decay = {id(p) for p in decay}, {id(p) for p in no_decay}
+    assert not in_decay & in_no_decay, "parameters in both the decay and the no-decay group"
+    assert in_decay | in_no_decay == trainable, "trainable parameters in neither the decay nor the no-decay group"
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class Trainer:
+    def __init__(
+        self,
+        objective: nn.Module,
+        config: TrainerConfig,
+        train_data: BatchSource,
+        out_dir: str | Path,
+        eval_data: BatchSource | None = None,
+        save_model: Callable[[Path], None] | None = None,
+    ) -> None:
+        self.ctx = distributed.current()
+        config.validate(self.ctx.world_size)
+        self.config = config
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self.out_dir = Path(out_dir)
+        self.save_model = save_model
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and self.ctx.enabled:
+            self.device = torch.device("cuda", self.ctx.local_rank)
+        self.objective = objective.to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            param_groups(objective, config.weight_decay), lr=config.lr, betas=tuple(config.betas), eps=config.eps
+        )
+        schedule = functools.partial(
+            warmup_decay, warmup_steps=config.warmup_steps, max_steps=config.max_steps, kind=config.schedule
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.model = distributed.wrap(objective, self.ctx)  # what the loop calls (DDP under torchrun)
+        self.step = 0  # optimizer steps done
+        self._stop_requested = False
+        self._eval_start: dict | None = None  # the held-out source's state before the first evaluation
+
+    # -- the loop
+
+    def train(self, resume: bool = False) -> dict:
+        """Train to config.max_steps (or until Ctrl-C); returns the last logged and evaluated metrics."""
+        cfg, ctx = self.config, self.ctx
+        tune_malloc()
+        checkpoint_dir = self.out_dir / CHECKPOINT_DIR
+        if resume:
+            self._resume(checkpoint_dir)
+        else:
+            if (checkpoint_dir / "trainer_state.json").exists():
+                raise TrainerError(
+                    f"{checkpoint_dir} already holds a checkpoint; pass resume=True (--resume) to continue that "
+                    "run, or choose another out_dir"
+                )
+            torch.manual_seed(cfg.seed + ctx.rank)  # ranks draw different masks and dropout
+            np.random.seed(cfg.seed + ctx.rank)
+            random.seed(cfg.seed + ctx.rank)
+            if ctx.is_main:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                (self.out_dir / LOG_FILE).write_text("")
+        if self.eval_data is not None and self._eval_start is None:
+            self._eval_start = self.eval_data.state_dict()
+
+        result: dict = {"step": self.step, "interrupted": False}
+        window = _Window()
+        saved_at = self.step if resume else -1  # a resumed run that had already finished saves nothing new
+        evaluated_at = -1
+        previous_handler = self._install_sigint_handler()
+        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not ctx.is_main, desc="train", dynamic_ncols=True)
+        try:
+            while self.step < cfg.max_steps:
+                lr = self.optimizer.param_groups[0]["lr"]
+                out = self._train_step()
+                self.step += 1
+                window.add(out)
+                bar.update(1)
+                stop = self._should_stop()
+                last = stop or self.step == cfg.max_steps
+                if self.step % cfg.log_every == 0 or last:
+                    record = {"step": self.step, **window.summary(ctx), "lr": lr}
+                    result.update(record)
+                    self._log(record)
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
+                    window = _Window()
+                paused = time.perf_counter()  # evaluation and checkpoints do not count against tokens/s
+                if self.eval_data is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                    result.update(self._evaluate_and_log())
+                    evaluated_at = self.step
+                if stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
+                    self._checkpoint(checkpoint_dir)
+                    saved_at = self.step
+                window.start += time.perf_counter() - paused
+                if stop:
+                    result["interrupted"] = True
+                    if ctx.is_main:
+                        tqdm.write(f"stopped at step {self.step}; checkpoint saved in {checkpoint_dir}")
+                    return result
+        finally:
+            bar.close()
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+        if self.eval_data is not None and evaluated_at != self.step:
+            result.update(self._evaluate_and_log())
+        if saved_at != self.step:
+            self._checkpoint(checkpoint_dir)
+        result["step"] = self.step
+        return result
+
+    def _train_step(self) -> "_StepOutput":
+        cfg, ctx = self.config, self.ctx
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        tokens, metrics = 0, {}
+        for i in range(cfg.accumulation_steps):
+            batch = self._to_device(ctx.shard(self.train_data.next_batch(cfg.micro_batch_size)))
+            sync = i == cfg.accumulation_steps - 1 or not ctx.enabled  # DDP all-reduces on the last one only
+            with nullcontext() if sync else self.model.no_sync():
+                with self._autocast():
+                    out: ObjectiveOutput = self.model(batch)
+                (out.loss / cfg.accumulation_steps).backward()
+            loss_sum += out.loss.detach().float()
+            tokens += int(out.num_tokens)
+            for k, v in out.metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v) / cfg.accumulation_steps
+        loss = loss_sum.item() / cfg.accumulation_steps
+        if not math.isfinite(loss):
+            raise TrainerError(
+                f"the training loss is {loss} at step {self.step + 1}; lower lr, add warmup_steps or set grad_clip"
+            )
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), max_norm).item()
+        self.optimizer.step()
+        self.scheduler.step()
+        return _StepOutput(loss, tokens, grad_norm, metrics)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean objective loss over the same eval_batches held-out micro-batches every time, and exp(loss).
+
+        Runs on a forked RNG seeded with config.seed: the same masks each time, and the training RNG (hence
+        exact resume) is left untouched.
+        """
+        if self.eval_data is None:
+            raise TrainerError("evaluate() needs eval_data; pass a held-out batch source to the Trainer")
+        if self._eval_start is None:
+            self._eval_start = self.eval_data.state_dict()
+        self.eval_data.load_state_dict(self._eval_start)
+        self.objective.eval()
+        losses = []
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.config.seed)
+            for _ in range(self.config.eval_batches):
+                batch = self._to_device(self.eval_data.next_batch(self.config.micro_batch_size))
+                with self._autocast():
+                    losses.append(self.objective(batch).loss.float().item())
+        self.objective.train()
+        loss = sum(losses) / len(losses)
+        return {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else float("inf")}
+
+    # -- pieces
+
+    def _evaluate_and_log(self) -> dict:
+        if not self.ctx.is_main:  # rank 0 evaluates alone; the others wait at the next collective
+            return {}
+        record = self.evaluate()
+        self._log({"step": self.step, **record})
+        tqdm.write(f"step {self.step}: eval loss {record['eval_loss']:.4f}, perplexity {record['eval_perplexity']:.2f}")
+        return record
+
+    def _checkpoint(self, directory: Path) -> None:
+        state = {
+            "step": self.step,
+            "config": _jsonable(dataclasses.asdict(self.config)),
+            "fingerprint": fingerprint(self.objective),
+            "data": self.train_data.state_dict(),
+            "eval_data": self._eval_start,
+        }
+        try:
+            json.dumps(state)
+        except TypeError as e:
+            raise TrainerError(
+                f"the batch source's state_dict() must be JSON-serialisable for checkpoints ({e})"
+            ) from None
+        save_checkpoint(directory, self.objective, self.optimizer, self.scheduler, state, self.ctx)
+        if self.save_model is not None and self.ctx.is_main:
+            self.save_model(self.out_dir)
+
+    def _resume(self, directory: Path) -> None:
+        saved = read_state(directory)
+        check_fingerprint(saved["fingerprint"], fingerprint(self.objective), directory)
+        old, new = saved["config"], _jsonable(dataclasses.asdict(self.config))
+        changed = [k for k in new if k not in RESUMABLE_CHANGES and old.get(k) != new[k]]
+        if changed:
+            diff = ", ".join(f"{k}={old.get(k)!r} there, {new[k]!r} here" for k in changed)
+            raise TrainerError(
+                f"{directory} was saved with other training settings ({diff}); resume with the same settings "
+                f"(only {', '.join(RESUMABLE_CHANGES)} may change), or start a new run in another out_dir"
+            )
+        state = load_checkpoint(directory, self.objective, self.optimizer, self.scheduler, self.ctx)
+        self.train_data.load_state_dict(state["data"])
+        self._eval_start = state.get("eval_data")
+        self.step = int(state["step"])
+        # Drop log records written after the checkpoint: those steps are about to run again.
+        log = self.out_dir / LOG_FILE
+        if self.ctx.is_main and log.is_file():
+            lines = [line for line in log.read_text().splitlines() if line.strip()]
+            log.write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= self.step))
+
+    def _log(self, record: dict) -> None:
+        if self.ctx.is_main:
+            with open(self.out_dir / LOG_FILE, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _to_device(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in batch.items()}
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+
+    def _install_sigint_handler(self):
+        """Ctrl-C sets a flag that the loop reads after each step; a second Ctrl-C stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return None  # signal handlers can only be set from the main thread
+        self._stop_requested = False
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handler(signum, frame):
+            if self._stop_requested:
+                signal.signal(signal.SIGINT, previous)
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            if self.ctx.is_main:
+                tqdm.write("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to quit without saving)")
+
+        signal.signal(signal.SIGINT, handler)
+        return previous
+
+    def _should_stop(self) -> bool:
+        if not self.ctx.enabled:
+            return self._stop_requested
+        return self.ctx.all_sum([float(self._stop_requested)])[0] > 0  # all ranks stop after the same step
+
+
+@dataclass
+class _StepOutput:
+    loss: float
+    tokens: int
+    grad_norm: float
+    metrics: dict[str, float]
+
+
+class _Window:
+    """Sums over the steps since the last log record (over all processes at summary time)."""
+
+    def __init__(self) -> None:
+        self.steps, self.loss, self.tokens, self.grad_norm = 0, 0.0, 0, 0.0
+        self.metrics: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    def add(self, out: _StepOutput) -> None:
+        self.steps += 1
+        self.loss += out.loss
+        self.tokens += out.tokens
+        self.grad_norm += out.grad_norm
+        for k, v in out.metrics.items():
+            self.metrics[k] = self.metrics.get(k, 0.0) + v
+
+    def summary(self, ctx: distributed.Distributed) -> dict[str, float]:
+        names = sorted(self.metrics)
+        loss, tokens, *metrics = ctx.all_sum([self.loss, self.tokens, *(self.metrics[k] for k in names)])
+        n = self.steps * ctx.world_size
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        return {
+            "loss": loss / n,
+            "tokens_per_s": tokens / elapsed,
+            "grad_norm": self.grad_norm / self.steps,
+            **{k: v / n for k, v in zip(names, metrics)},
+        }
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value))
