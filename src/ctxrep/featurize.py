@@ -121,7 +121,9 @@ class Featurizer:
     @property
     def _uses_segments(self) -> bool:
         """GPT-2 would add token_type_ids as extra *token* embeddings: give it none."""
-        return getattr(self.model.config, "model_type", None) != "gpt2"
+        from ctxrep.models.gpt2 import GPT2Model
+
+        return not isinstance(self.model, GPT2Model)
 
     def _char_table(self) -> torch.Tensor:
         """(distinct words of this call + 1, 50) ELMo character ids; row 0 (padding) is all zeros."""

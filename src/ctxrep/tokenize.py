@@ -187,48 +187,38 @@ def _read_json(file: Path) -> dict:
 def _probe_template(tok: tokenizers.Tokenizer) -> SpecialTemplate:
     """Learn where the post-processor puts special tokens by encoding one-word probes."""
 
-    def split(enc: tokenizers.Encoding) -> list[tuple[list[int], list[int], bool]]:
-        # Runs of (ids, type_ids, is_special).
-        runs: list[tuple[list[int], list[int], bool]] = []
-        for i, t, s in zip(enc.ids, enc.type_ids, enc.special_tokens_mask):
-            if not runs or runs[-1][2] != bool(s):
-                runs.append(([], [], bool(s)))
-            runs[-1][0].append(i)
-            runs[-1][1].append(t)
-        return runs
+    def layout(enc: tokenizers.Encoding, n_segments: int):
+        """Specials before segment 0, between 0 and 1, after the last: lists of (id, type_id); and segment types."""
+        gaps: list[list[tuple[int, int]]] = [[] for _ in range(n_segments + 1)]
+        types = [0] * n_segments
+        seen = -1
+        for i, t, seq in zip(enc.ids, enc.type_ids, enc.sequence_ids):
+            if seq is None:  # a special token
+                gaps[seen + 1].append((i, t))
+            else:
+                seen = seq
+                types[seq] = t
+        return gaps, types
 
-    single = split(tok.encode(["a"], is_pretokenized=True, add_special_tokens=True))
-    pair = split(tok.encode(["a"], ["b"], is_pretokenized=True, add_special_tokens=True))
+    single, _ = layout(tok.encode(["a"], is_pretokenized=True, add_special_tokens=True), 1)
+    pair, pair_types = layout(tok.encode(["a"], ["b"], is_pretokenized=True, add_special_tokens=True), 2)
 
-    def specials(runs, k):  # the k-th gap between content runs (0 = before the first)
-        content = [i for i, r in enumerate(runs) if not r[2]]
-        lo = content[k - 1] + 1 if k > 0 else 0
-        hi = content[k] if k < len(content) else len(runs)
-        ids, types = [], []
-        for r in runs[lo:hi]:
-            ids += r[0]
-            types += r[1]
-        return ids, types
+    def ids(gap):
+        return [i for i, _ in gap]
 
-    content_single = [r for r in single if not r[2]]
-    content_pair = [r for r in pair if not r[2]]
-    if len(content_single) != 1 or len(content_pair) != 2:
-        raise TokenizerError("could not learn the tokenizer's special-token template from a one-word probe")
-    prefix, prefix_types = specials(single, 0)
-    single_suffix, single_suffix_types = specials(single, 1)
-    _, _ = specials(pair, 0)
-    middle, middle_types = specials(pair, 1)
-    suffix, suffix_types = specials(pair, 2)
+    def types(gap):
+        return [t for _, t in gap]
+
     return SpecialTemplate(
-        prefix=prefix,
-        prefix_types=prefix_types,
-        middle=middle,
-        middle_types=middle_types,
-        suffix=suffix,
-        suffix_types=suffix_types,
-        type_a=content_pair[0][1][0],
-        type_b=content_pair[1][1][0],
-        single_suffix=single_suffix,
-        single_suffix_types=single_suffix_types,
-        cls_index=0 if prefix else -1,
+        prefix=ids(single[0]),
+        prefix_types=types(single[0]),
+        middle=ids(pair[1]),
+        middle_types=types(pair[1]),
+        suffix=ids(pair[2]),
+        suffix_types=types(pair[2]),
+        type_a=pair_types[0],
+        type_b=pair_types[1],
+        single_suffix=ids(single[1]),
+        single_suffix_types=types(single[1]),
+        cls_index=0 if single[0] else -1,
     )

@@ -1,0 +1,141 @@
+"""The Featurizer over the other model families: ELMo (word level), XLNet (specials at the end), GPT-2 (causal)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, processors, trainers
+
+from ctxrep import Featurizer
+from ctxrep.models.elmo import ElmoBiLM, ElmoConfig, batch_to_ids
+
+CORPUS = ["The quick brown fox jumps over the lazy dog .", "A crane lifted the steel beam onto the roof .",
+          "Contextual word vectors depend on the sentence around the word ."] * 30  # fmt: skip
+TEXTS = ["the crane lifted the dog", "a brown fox", "word vectors depend on context and on the sentence"]
+
+
+@pytest.fixture(scope="module")
+def elmo_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = ElmoConfig(filters=[(1, 4), (2, 8), (3, 8)], n_highway=1, lstm_dim=24, projection_dim=8,
+                        cell_clip=3.0, proj_clip=3.0)  # fmt: skip
+    model = ElmoBiLM(config)
+    for p in model.parameters():  # random, not zero, so that context matters
+        torch.nn.init.normal_(p, std=0.3)
+    path = tmp_path_factory.mktemp("elmo")
+    model.save_pretrained(path)
+    return path
+
+
+def test_elmo_word_vectors_equal_a_direct_run(elmo_dir):
+    fz = Featurizer(f"elmo:{elmo_dir}", layers="all")
+    vecs = fz.embed_words(TEXTS)
+    model = ElmoBiLM.from_pretrained(elmo_dir).eval()
+    assert [v.shape for v in vecs] == [(len(t.split()), 3, 16) for t in TEXTS]
+    for text, v in zip(TEXTS, vecs):
+        with torch.no_grad():
+            out = model(batch_to_ids([text.split()]))
+        direct = torch.stack(out.hidden_states, dim=2)[0].numpy()  # (words, layers, dim)
+        np.testing.assert_allclose(v, direct, atol=1e-5)
+    # layer 0 is the context-free token vector, duplicated for both directions
+    np.testing.assert_allclose(vecs[0][:, 0, :8], vecs[0][:, 0, 8:])
+    np.testing.assert_allclose(vecs[0][1, 0], vecs[1][0, 0] * 0 + vecs[0][1, 0])
+    assert not np.allclose(vecs[0][0, 2], vecs[0][3, 2], atol=1e-4), "'the' differs by context at layer 2"
+    np.testing.assert_allclose(vecs[0][0, 0], vecs[0][3, 0], atol=1e-6)  # ...but not at layer 0
+
+
+def test_elmo_sentence_vectors_and_cls_refused(elmo_dir):
+    fz = Featurizer(f"elmo:{elmo_dir}", layers=-1)
+    assert fz.embed_sentences(TEXTS).shape == (3, 16)
+    with pytest.raises(ValueError, match="ELMo has no classification token"):
+        Featurizer(f"elmo:{elmo_dir}", sentence_pooling="cls")
+
+
+def _unigram_tokenizer(specials: list[str]) -> HFTokenizer:
+    tok = HFTokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials,
+                                                            unk_token="<unk>"))  # fmt: skip
+    return tok
+
+
+@pytest.fixture(scope="module")
+def xlnet_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("xlnet")
+    tok = _unigram_tokenizer(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
+    sep, cls = tok.token_to_id("<sep>"), tok.token_to_id("<cls>")
+    tok.post_processor = processors.TemplateProcessing(  # XLNet: A <sep> <cls>, the <cls> in segment 2
+        single="$A:0 <sep>:0 <cls>:2", pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2", special_tokens=[("<sep>", sep), ("<cls>", cls)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    cfg = transformers.XLNetConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layer=2, n_head=4, d_inner=64,
+                                   pad_token_id=tok.token_to_id("<pad>"), dropout=0.0)  # fmt: skip
+    transformers.XLNetModel(cfg).save_pretrained(path)
+    return path
+
+
+def test_xlnet_word_vectors_match_transformers(xlnet_dir):
+    fz = Featurizer(str(xlnet_dir), layers=-1, pooling="last")
+    assert fz.tokenizer.template.cls_index == -1 and fz.tokenizer.template.prefix == []
+    vecs = fz.embed_words(TEXTS)
+    ref = transformers.XLNetModel.from_pretrained(xlnet_dir).eval()
+    for text, v in zip(TEXTS, vecs):
+        enc = fz.tokenizer.backend.encode(text.split(), is_pretokenized=True)
+        with torch.no_grad():
+            h = ref(torch.tensor([enc.ids]), token_type_ids=torch.tensor([enc.type_ids])).last_hidden_state[0]
+        last = [max(i for i, w in enumerate(enc.word_ids) if w == k) for k in range(len(text.split()))]
+        np.testing.assert_allclose(v, h[last].numpy(), atol=1e-5)
+    cls = Featurizer(str(xlnet_dir), layers=-1, sentence_pooling="cls").embed_sentences(TEXTS[:1])[0]
+    enc = fz.tokenizer.backend.encode(TEXTS[0].split(), is_pretokenized=True)
+    with torch.no_grad():
+        h = ref(torch.tensor([enc.ids]), token_type_ids=torch.tensor([enc.type_ids])).last_hidden_state[0]
+    np.testing.assert_allclose(cls, h[-1].numpy(), atol=1e-5)  # XLNet's <cls> is the last token
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = tmp_path_factory.mktemp("gpt2")
+    tok = ByteLevelBPETokenizer(add_prefix_space=True)
+    tok.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
+    tok._tokenizer.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                                  eos_token_id=0)
+    transformers.GPT2Model(cfg).save_pretrained(path)
+    return path
+
+
+def test_gpt2_word_vectors_match_transformers_and_see_only_the_left(gpt2_dir):
+    fz = Featurizer(str(gpt2_dir), layers="all", pooling="first")
+    vecs = fz.embed_words(TEXTS)
+    ref = transformers.GPT2Model.from_pretrained(gpt2_dir).eval()
+    for text, v in zip(TEXTS, vecs):
+        enc = fz.tokenizer.backend.encode(text.split(), is_pretokenized=True)
+        with torch.no_grad():
+            hs = ref(torch.tensor([enc.ids]), output_hidden_states=True).hidden_states
+        first = [enc.word_ids.index(k) for k in range(len(text.split()))]
+        np.testing.assert_allclose(v, torch.stack(hs, 2)[0, first].numpy(), atol=1e-5)
+    # causal: a word's vector does not change when words are added after it
+    longer = fz.embed_words([TEXTS[1] + " jumps over"])[0]
+    np.testing.assert_allclose(longer[:3], vecs[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["elmo", "xlnet", "gpt2"])
+def test_batch_and_alone_agree(family, elmo_dir, xlnet_dir, gpt2_dir):
+    name = {"elmo": f"elmo:{elmo_dir}", "xlnet": str(xlnet_dir), "gpt2": str(gpt2_dir)}[family]
+    fz = Featurizer(name, layers="all")
+    together = fz.embed_words(TEXTS)
+    for text, v in zip(TEXTS, together):
+        np.testing.assert_allclose(fz.embed_words([text])[0], v, atol=1e-5)
+
+
+def test_xlnet_long_text_is_windowed(xlnet_dir):
+    fz = Featurizer(str(xlnet_dir), layers=-1, max_length=16, stride=6)
+    words = " ".join(TEXTS * 4).split()
+    assert fz.embed_words([words])[0].shape == (len(words), 32)
