@@ -14,10 +14,11 @@ def _register() -> None:
     from ctxrep.cli.analysis import COMMANDS as ANALYSIS
     from ctxrep.cli.demo import demo
     from ctxrep.cli.embed import embed
+    from ctxrep.cli.finetune import finetune
     from ctxrep.cli.info import info
     from ctxrep.cli.plot_run import plot_run
 
-    for command in (embed, demo, info, plot_run, *ANALYSIS):
+    for command in (embed, demo, info, finetune, plot_run, *ANALYSIS):
         main.add_command(command)
 
 

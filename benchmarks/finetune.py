@@ -1,0 +1,95 @@
+"""Frozen features vs fine-tuning (Peters, Ruder & Smith 2019) with the default MiniLM on /work/shared/data.
+
+    SST-2 (binary, sentence level) dev accuracy      target fine-tuned >= 0.88
+    CoNLL-2003 eng.testa entity F1 (conlleval)       target fine-tuned >= 0.88
+
+Each run goes through ctxrep.tasks.experiment (read, train, evaluate on dev, save) and is timed.
+Full run (about an hour per fine-tuning run on 2 CPU cores):
+
+    python benchmarks/finetune.py --markdown-out benchmarks/finetune.md
+
+Quick check:  python benchmarks/finetune.py --limit 200 --epochs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DATA = Path("/work/shared/data")
+FILES = {
+    "sst2": (DATA / "sst" / "train.txt", DATA / "sst" / "dev.txt"),
+    "conll2003": (DATA / "conll2003" / "eng.train", DATA / "conll2003" / "eng.testa"),
+}
+# Chosen to reach the targets: MiniLM (6 layers, 384 wide) fine-tunes best near lr 1e-4; 10% linear warm-up.
+SETTINGS = {
+    ("sst2", "finetune"): dict(max_epochs=3, lr=1e-4, batch_size=32, max_length=128, pooling="cls"),
+    ("sst2", "frozen"): dict(max_epochs=10, lr=1e-3, batch_size=32, pooling="concat"),
+    ("conll2003", "finetune"): dict(max_epochs=4, lr=1e-4, batch_size=32, max_length=128, word_pooling="first"),
+    ("conll2003", "frozen"): dict(max_epochs=10, lr=1e-3, batch_size=32, word_pooling="first"),
+}
+TARGETS = {("sst2", "finetune"): 0.88, ("conll2003", "finetune"): 0.88}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=["sst2", "conll2003", "all"], default="all")
+    parser.add_argument("--mode", choices=["finetune", "frozen", "all"], default="all")
+    parser.add_argument("--epochs", type=int, default=None, help="Override the number of epochs of every run.")
+    parser.add_argument("--limit", type=int, default=None, help="Use only the first N train and dev examples.")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--out", default=None, help="Folder for the runs' outputs (default: a temporary folder).")
+    parser.add_argument("--cache-dir", default=None, help="Frozen-feature cache folder.")
+    parser.add_argument("--markdown-out", default=None, help="Write the result table as Markdown here.")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from ctxrep.tasks.experiment import experiment
+
+    tasks = ["sst2", "conll2003"] if args.task == "all" else [args.task]
+    modes = ["finetune", "frozen"] if args.mode == "all" else [args.mode]
+    out_root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ctxrep-finetune-bench-"))
+    rows = []
+    for task in tasks:
+        for mode in modes:
+            params = dict(SETTINGS[(task, mode)])
+            if args.epochs is not None:
+                params["max_epochs"] = args.epochs
+            train, dev = FILES[task]
+            print(f"== {task} {mode} {params}", flush=True)
+            started = time.perf_counter()
+            metrics = experiment(task=task, train=train, dev=dev, model=args.model, mode=mode,
+                                 out_dir=out_root / f"{task}-{mode}", limit=args.limit, random_state=args.seed,
+                                 cache_dir=args.cache_dir, progress=True, **params)  # fmt: skip
+            seconds = time.perf_counter() - started
+            rows.append((task, mode, metrics["score_name"], metrics["score"], TARGETS.get((task, mode)), seconds,
+                         params))  # fmt: skip
+
+    header = "| task | mode | dev metric | score | target | wall clock | settings |\n|---|---|---|---|---|---|---|"
+    lines = [header]
+    for task, mode, name, score, target, seconds, params in rows:
+        target_text = f">= {target:.2f} ({'met' if score >= target else 'missed'})" if target else "-"
+        settings = ", ".join(f"{k}={v}" for k, v in params.items())
+        lines.append(f"| {task} | {mode} | {name} | {score:.4f} | {target_text} | {seconds / 60:.1f} min | {settings} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown_out:
+        command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+        text = (
+            "# Frozen features vs fine-tuning (MiniLM)\n\n"
+            f"Command: `{command}`\n\n"
+            f"Model: {args.model}; limit: {args.limit or 'full data'}; seed {args.seed}; "
+            f"torch threads: {torch.get_num_threads()}.\n\n{table}\n"
+        )
+        Path(args.markdown_out).write_text(text)
+        print(f"wrote {args.markdown_out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""SequenceClassifier: one label per text or per text pair, on top of a contextual encoder.
+
+Heads (over the units of a text: pieces when fine-tuning, words on frozen features):
+  cls     the classification token when fine-tuning; the BiLSTM's final forward and backward states when frozen
+  mean    the mean over the text's units
+  concat  ULMFiT's concat pooling [h_last; maxpool(h); meanpool(h)] (Howard & Ruder 2018, sec. 3.3), h_last being
+          the classification token (fine-tuning) or the BiLSTM's final states (frozen)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features, pad_pieces
+
+POOLINGS = ("cls", "mean", "concat")
+
+
+@dataclass
+class _Example:
+    input_ids: list[int] | None = None
+    token_type_ids: list[int] | None = None
+    cls_position: int = 0
+    features: np.ndarray | None = None
+    label: int = IGNORE
+
+
+class PoolingHead(nn.Module):
+    """Pool a text's unit vectors, then a linear layer to the class logits."""
+
+    def __init__(self, in_dim: int, num_classes: int, pooling: str, bidirectional_states: bool) -> None:
+        super().__init__()
+        self.pooling = pooling
+        self.bidirectional_states = bidirectional_states  # frozen BiLSTM: "last" = [fwd at end; bwd at start]
+        self.linear = nn.Linear(in_dim * (3 if pooling == "concat" else 1), num_classes)
+
+    def _last(self, states: torch.Tensor, batch: dict) -> torch.Tensor:
+        if "cls_position" in batch:  # fine-tuning: the classification token
+            return states[torch.arange(len(states)), batch["cls_position"]]
+        last = batch["mask"].sum(dim=1) - 1
+        at_end = states[torch.arange(len(states)), last]  # (batch, dim)
+        if not self.bidirectional_states:
+            return at_end
+        half = states.shape[-1] // 2
+        return torch.cat([at_end[:, :half], states[:, 0, half:]], dim=-1)
+
+    def forward(self, states: torch.Tensor, batch: dict) -> torch.Tensor:
+        mask = (batch["attention_mask"] if "attention_mask" in batch else batch["mask"]).bool()
+        m = mask.unsqueeze(-1).to(states.dtype)
+        mean = (states * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)
+        if self.pooling == "mean":
+            pooled = mean
+        elif self.pooling == "cls":
+            pooled = self._last(states, batch)
+        else:
+            maxpool = states.masked_fill(~mask.unsqueeze(-1), torch.finfo(states.dtype).min).max(dim=1).values
+            pooled = torch.cat([self._last(states, batch), maxpool, mean], dim=-1)
+        return self.linear(pooled)  # (batch, classes)
+
+
+class SequenceClassifier(TaskEstimator):
+    """Classify texts (X: list of strings) or text pairs (X: list of (text_a, text_b)); texts are split on
+    whitespace into words. Fine-tuning truncates a text (the longer of a pair first) to max_length pieces.
+
+    pooling: "cls", "mean" or "concat" (see the module docstring).
+    Other parameters: see `ctxrep.tasks.base.TaskEstimator`.
+    """
+
+    _estimator_type = "classifier"
+
+    def __init__(
+        self,
+        model: str = "minilm",
+        mode: str = "finetune",
+        pooling: str = "cls",
+        max_epochs: int = 3,
+        batch_size: int = 32,
+        lr: float | None = None,
+        weight_decay: float = 0.01,
+        warmup_fraction: float = 0.1,
+        max_grad_norm: float = 1.0,
+        dropout: float = 0.1,
+        max_length: int | None = None,
+        frozen_head: str = "bilstm",
+        lstm_size: int = 256,
+        validation_fraction: float = 0.1,
+        early_stopping: bool = False,
+        n_iter_no_change: int = 2,
+        tol: float = 1e-4,
+        warm_start: bool = False,
+        discriminative_lr: bool = False,
+        discriminative_lr_factor: float = 2.6,
+        slanted_triangular: bool = False,
+        gradual_unfreezing: bool = False,
+        cache_dir: str | None = None,
+        random_state: int | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.model = model
+        self.mode = mode
+        self.pooling = pooling
+        self.max_epochs = max_epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_fraction = warmup_fraction
+        self.max_grad_norm = max_grad_norm
+        self.dropout = dropout
+        self.max_length = max_length
+        self.frozen_head = frozen_head
+        self.lstm_size = lstm_size
+        self.validation_fraction = validation_fraction
+        self.early_stopping = early_stopping
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.warm_start = warm_start
+        self.discriminative_lr = discriminative_lr
+        self.discriminative_lr_factor = discriminative_lr_factor
+        self.slanted_triangular = slanted_triangular
+        self.gradual_unfreezing = gradual_unfreezing
+        self.cache_dir = cache_dir
+        self.random_state = random_state
+        self.progress = progress
+
+    # ---- data -------------------------------------------------------------------------------------
+
+    def _check_params(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        if self.mode == "frozen" and self.frozen_head == "linear" and self.pooling == "cls":
+            raise ValueError(
+                "pooling='cls' on frozen features needs the BiLSTM's final states: use frozen_head='bilstm', "
+                "or pooling='mean' / 'concat'"
+            )
+
+    @staticmethod
+    def _is_pair(x) -> bool:
+        return isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, str) for t in x)
+
+    def _check_X(self, X) -> tuple[list[list[str]], list[list[str]] | None]:
+        if isinstance(X, str):
+            raise TypeError("X must be a list of texts (or of (text_a, text_b) pairs), got a single string")
+        X = list(X)
+        pair_flags = [self._is_pair(x) for x in X]
+        for i, x in enumerate(X):
+            if not pair_flags[i] and not isinstance(x, str):
+                raise TypeError(f"example {i}: expected a string or a (text_a, text_b) pair, got {type(x).__name__}")
+        if X and any(pair_flags) and not all(pair_flags):
+            first_single = pair_flags.index(False)
+            raise ValueError(
+                f"X mixes single texts and pairs (example {first_single} is a single text, example "
+                f"{pair_flags.index(True)} a pair); give all single texts or all (text_a, text_b) pairs"
+            )
+        pairs = bool(X) and all(pair_flags)
+        if hasattr(self, "pairs_") and X and pairs != self.pairs_:
+            trained, given = ("sentence pairs", "single texts") if self.pairs_ else ("single texts", "sentence pairs")
+            raise ValueError(
+                f"this classifier was trained on {trained} but X holds {given}; give X in the same form as at fit"
+            )
+        a = [x[0] if pairs else x for x in X]
+        b = [x[1] for x in X] if pairs else None
+
+        def words(text: str, i: int, which: str) -> list[str]:
+            w = text.split()
+            if not w:
+                raise ValueError(f"example {i}: {which} is empty; every text needs at least one word")
+            return w
+
+        words_a = [words(t, i, "text_a" if pairs else "the text") for i, t in enumerate(a)]
+        words_b = [words(t, i, "text_b") for i, t in enumerate(b)] if pairs else None
+        return words_a, words_b
+
+    def _check_X_y(self, X, y, fitting: bool):
+        words_a, words_b = self._check_X(X) if not fitting else self._check_X_fit(X)
+        y = list(y)
+        if len(y) != len(words_a):
+            raise ValueError(f"X has {len(words_a)} examples but y has {len(y)} labels; give one label per example")
+        X = list(zip(words_a, words_b)) if words_b is not None else [(w, None) for w in words_a]
+        return X, y
+
+    def _check_X_fit(self, X):
+        if hasattr(self, "pairs_") and not self.warm_start:
+            del self.pairs_
+        words_a, words_b = self._check_X(X)
+        self.pairs_ = words_b is not None
+        return words_a, words_b
+
+    def _learn_targets(self, y) -> None:
+        self.classes_ = np.unique(np.asarray(y))
+
+    def _check_same_targets(self, y) -> None:
+        self._encode_labels(y)
+
+    def _encode_labels(self, y) -> np.ndarray:
+        y = np.asarray(y)
+        unseen = sorted(set(y.tolist()) - set(self.classes_.tolist()), key=str)
+        if unseen:
+            raise ValueError(
+                f"labels {unseen} were not seen at fit time (known: {self.classes_.tolist()}); the classifier "
+                "cannot predict them: refit with examples of every label"
+            )
+        return np.searchsorted(self.classes_, y)
+
+    def _examples(self, X, y) -> list[_Example]:
+        labels = self._encode_labels(y) if y is not None else [IGNORE] * len(X)
+        if self.mode == "frozen":
+            store = self._frozen_store([a for a, _ in X], [b for _, b in X] if self.pairs_ else None)
+            return [_Example(features=store[i], label=int(labels[i])) for i in range(len(X))]
+        tok = self.tokenizer_
+        limit = min(self.max_length or self._encoder.config.max_tokens, self._encoder.config.max_tokens)
+        pieces_a = tok.encode_words([a for a, _ in X])
+        pieces_b = tok.encode_words([b for _, b in X]) if self.pairs_ else [None] * len(X)
+        out = []
+        for i, (pa, pb) in enumerate(zip(pieces_a, pieces_b)):
+            ids_a, ids_b = pa.ids, (pb.ids if pb is not None else None)
+            room = limit - tok.template.num_special(pair=pb is not None)
+            if room < 2:
+                raise ValueError(f"max_length={limit} leaves no room for text between the special tokens")
+            if ids_b is None:
+                ids_a = ids_a[:room]
+            else:  # truncate the longer text first, one piece at a time
+                ids_a, ids_b = list(ids_a), list(ids_b)
+                while len(ids_a) + len(ids_b) > room:
+                    (ids_a if len(ids_a) >= len(ids_b) else ids_b).pop()
+            ids, types, _ = tok.build_inputs(ids_a, ids_b)
+            out.append(_Example(ids, types, tok.template.cls_index % len(ids), label=int(labels[i])))
+        return out
+
+    def _collate(self, examples: list[_Example]) -> dict[str, torch.Tensor]:
+        if self.mode == "frozen":
+            batch = pad_features([e.features for e in examples])
+        else:
+            batch = pad_pieces(examples, self.tokenizer_.pad_token_id)
+            batch["cls_position"] = torch.tensor([e.cls_position for e in examples])
+        batch["labels"] = torch.tensor([e.label for e in examples])
+        return batch
+
+    # ---- head -------------------------------------------------------------------------------------
+
+    def _make_head(self, in_dim: int) -> nn.Module:
+        bidirectional = self.mode == "frozen" and self.frozen_head == "bilstm"
+        return PoolingHead(in_dim, len(self.classes_), self.pooling, bidirectional)
+
+    def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(logits, batch["labels"])
+
+    def _state_to_json(self) -> dict:
+        return super()._state_to_json() | {"pairs": self.pairs_}
+
+    def _state_from_json(self, state: dict) -> None:
+        super()._state_from_json(state)
+        self.pairs_ = state["pairs"]
+
+    # ---- prediction -------------------------------------------------------------------------------
+
+    def predict_proba(self, X) -> np.ndarray:
+        """(n_examples, n_classes) class probabilities, columns in the order of classes_."""
+        self._check_fitted()
+        words_a, words_b = self._check_X(X)
+        X = list(zip(words_a, words_b)) if words_b is not None else [(w, None) for w in words_a]
+        if not X:
+            return np.zeros((0, len(self.classes_)), dtype=np.float32)
+        logits = torch.stack(self._forward_all(self._examples(X, None)))
+        return logits.softmax(dim=-1).numpy()
+
+    def predict(self, X) -> np.ndarray:
+        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+
+    def score(self, X, y) -> float:
+        """Accuracy."""
+        self._check_fitted()
+        y = np.asarray(list(y))
+        self._encode_labels(y)  # unseen labels are an error, not a silent miss
+        predicted = self.predict(X)
+        if len(predicted) != len(y):
+            raise ValueError(f"X has {len(predicted)} examples but y has {len(y)} labels")
+        return float(np.mean(predicted == y)) if len(y) else 0.0
+
+
+__all__ = ["SequenceClassifier", "PoolingHead", "POOLINGS"]

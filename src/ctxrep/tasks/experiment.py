@@ -1,0 +1,202 @@
+"""Read a data set with ctxrep's readers, train a task model, evaluate on dev, write a report.
+
+out_dir/
+  model/            the estimator (model.safetensors + config.json; load with <Class>.load)
+  metrics.json      dev metrics, parameters, per-epoch history, wall-clock seconds
+  report.txt        the printed classification / entity report
+  confusion.png     classification tasks (sst2, sst5, glue-pair, upos)
+  learning_curve.png  per-epoch dev score (every task)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+TASKS = ("sst2", "sst5", "conll2003", "upos", "glue-pair", "squad")
+
+
+@dataclass
+class Dataset:
+    X: list
+    y: list
+
+
+def read_task(task: str, path: str | Path, limit: int | None = None) -> Dataset:
+    """Examples of `task` from one file; `limit` keeps the first N."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    if task in ("sst2", "sst5"):
+        from ctxrep.data.sst import read_sst
+
+        data = read_sst(path, classes=2 if task == "sst2" else 5)
+        X, y = data.texts, data.labels
+    elif task == "conll2003":
+        from ctxrep.data.conll import read_conll
+
+        sentences = read_conll(path)
+        X, y = [s.words for s in sentences], [s.tags for s in sentences]
+    elif task == "upos":
+        from ctxrep.data.conllu import read_conllu
+
+        sentences = read_conllu(path)
+        X, y = [s.words for s in sentences], [s.upos for s in sentences]
+    elif task == "glue-pair":
+        from ctxrep.data.glue import read_glue_tsv
+
+        examples = read_glue_tsv(path, text_a="sentence1", text_b="sentence2", label="label")
+        X, y = [(e.text_a, e.text_b) for e in examples], [e.label for e in examples]
+    elif task == "squad":
+        from ctxrep.data.squad import read_squad
+
+        examples = [e for e in read_squad(path) if e.answers]
+        X = [(e.question, e.context) for e in examples]
+        y = [[(a.text, a.start) for a in e.answers] for e in examples]
+    else:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if limit is not None:
+        X, y = X[:limit], y[:limit]
+    if not X:
+        raise ValueError(f"{path}: no examples for task {task!r}")
+    return Dataset(list(X), list(y))
+
+
+def make_estimator(task: str, **params):
+    from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
+
+    if task in ("sst2", "sst5", "glue-pair"):
+        return SequenceClassifier(**params)
+    if task == "conll2003":
+        return TokenTagger(**({"tag_scheme": "iob1"} | params))
+    if task == "upos":
+        return TokenTagger(**({"tag_scheme": "none"} | params))
+    if task == "squad":
+        return SpanExtractor(**params)
+    raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+
+
+def classification_report(gold: list, predicted: list, labels: list) -> tuple[dict, str]:
+    """Per-class precision/recall/F1/support, macro F1 and accuracy; and the same as text."""
+    gold, predicted = np.asarray(gold), np.asarray(predicted)
+    rows, lines = {}, [f"{'class':>12} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}"]
+    for label in labels:
+        tp = int(np.sum((predicted == label) & (gold == label)))
+        n_pred, n_gold = int(np.sum(predicted == label)), int(np.sum(gold == label))
+        p = tp / n_pred if n_pred else 0.0
+        r = tp / n_gold if n_gold else 0.0
+        f = 2 * p * r / (p + r) if p + r else 0.0
+        rows[str(label)] = {"precision": p, "recall": r, "f1": f, "support": n_gold}
+        lines.append(f"{str(label):>12} {p:9.4f} {r:9.4f} {f:9.4f} {n_gold:8d}")
+    macro = float(np.mean([r["f1"] for r in rows.values()])) if rows else 0.0
+    accuracy = float(np.mean(gold == predicted)) if len(gold) else 0.0
+    lines += [f"{'macro f1':>12} {macro:9.4f}", f"{'accuracy':>12} {accuracy:9.4f}"]
+    return {"per_class": rows, "macro_f1": macro, "accuracy": accuracy}, "\n".join(lines)
+
+
+def confusion_matrix(gold: list, predicted: list, labels: list) -> np.ndarray:
+    index = {str(label): i for i, label in enumerate(labels)}
+    m = np.zeros((len(labels), len(labels)), dtype=np.int64)
+    for g, p in zip(gold, predicted):
+        m[index[str(g)], index[str(p)]] += 1
+    return m
+
+
+def _plot_confusion(matrix: np.ndarray, labels: list, file: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 + 0.5 * len(labels), 1 + 0.5 * len(labels)))
+    ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(len(labels)), [str(x) for x in labels], rotation=90)
+    ax.set_yticks(range(len(labels)), [str(x) for x in labels])
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("gold")
+    for i in range(len(labels)):
+        for j in range(len(labels)):
+            ax.text(j, i, str(matrix[i, j]), ha="center", va="center", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(file, dpi=100)
+    plt.close(fig)
+
+
+def _plot_curve(history: list[dict], metric: str, file: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    epochs = [h["epoch"] for h in history if "dev_score" in h]
+    ax.plot(epochs, [h["dev_score"] for h in history if "dev_score" in h], marker="o")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"dev {metric}")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(file, dpi=100)
+    plt.close(fig)
+
+
+def experiment(
+    task: str,
+    train: str | Path,
+    dev: str | Path,
+    model: str = "minilm",
+    mode: str = "finetune",
+    out_dir: str | Path = "finetune-out",
+    limit: int | None = None,
+    echo=print,
+    **params,
+) -> dict:
+    """Train `task` on `train`, evaluate on `dev`, write model, metrics and plots to out_dir; return the metrics."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    train_data, dev_data = read_task(task, train, limit), read_task(task, dev, limit)
+    estimator = make_estimator(task, model=model, mode=mode, **params)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    estimator.fit(train_data.X, train_data.y, eval_set=(dev_data.X, dev_data.y))
+    train_seconds = time.perf_counter() - started
+    metrics: dict = {"task": task, "model": model, "mode": mode, "train_examples": len(train_data.X),
+                     "dev_examples": len(dev_data.X), "train_seconds": train_seconds}  # fmt: skip
+    if task in ("sst2", "sst5", "glue-pair", "upos"):
+        predicted = estimator.predict(dev_data.X)
+        gold = dev_data.y
+        if task == "upos":
+            gold = [t for tags in gold for t in tags]
+            predicted = [t for tags in predicted for t in tags]
+        labels = estimator.classes_.tolist()
+        report, text = classification_report(gold, list(predicted), labels)
+        metrics |= report
+        metrics["score_name"], metrics["score"] = "accuracy", report["accuracy"]
+        _plot_confusion(confusion_matrix(gold, predicted, labels), labels, out / "confusion.png")
+    elif task == "conll2003":
+        result = estimator.evaluate(dev_data.X, dev_data.y)
+        metrics |= result
+        lines = [f"{'type':>8} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}"]
+        for t, s in result["by_type"].items():
+            lines.append(f"{t:>8} {s['precision']:9.4f} {s['recall']:9.4f} {s['f1']:9.4f} {s['support']:8d}")
+        lines.append(f"{'overall':>8} {result['precision']:9.4f} {result['recall']:9.4f} {result['f1']:9.4f}")
+        text = "\n".join(lines)
+        metrics["score_name"], metrics["score"] = "entity_f1", result["f1"]
+    else:
+        result = estimator.evaluate(dev_data.X, dev_data.y)
+        metrics |= result
+        text = f"exact match {result['exact_match']:.4f}\nf1          {result['f1']:.4f}"
+        metrics["score_name"], metrics["score"] = "f1", result["f1"]
+    metrics["seconds"] = time.perf_counter() - started
+    metrics["params"] = estimator.get_params()
+    metrics["history"] = estimator.history_
+    echo(text)
+    (out / "report.txt").write_text(text + "\n")
+    estimator.save(out / "model")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    _plot_curve(estimator.history_, metrics["score_name"], out / "learning_curve.png")
+    return metrics

@@ -1,0 +1,309 @@
+"""TokenTagger: one label per word (NER, POS), predicted from each word's first or mean subword piece.
+
+A sentence with more pieces than the model's positions is cut into overlapping windows on word boundaries
+(the same rule as ctxrep.Featurizer: each word is predicted from the window where it has the most context
+on its poorer side); nothing is truncated. On frozen features the Featurizer does this windowing itself.
+
+`score` is entity-level F1 with conlleval semantics (ctxrep.data.tags) when the labels are an entity tag
+scheme (BIO / IOB1 / IOBES), and token accuracy otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.data.tags import entity_scores
+from ctxrep.featurize import _window_words
+from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features, pad_pieces
+
+TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
+_ENTITY_TAG = re.compile(r"^(O|[BIES]-.+)$")
+
+
+@dataclass
+class _Window:
+    sentence: int
+    input_ids: list[int] | None = None
+    token_type_ids: list[int] | None = None
+    words: list[tuple[int, int, int]] = field(default_factory=list)  # (word index, first piece, last piece + 1)
+    features: np.ndarray | None = None
+    labels: list[int] = field(default_factory=list)  # one per entry of `words` (or per word when frozen)
+
+
+class WordHead(nn.Module):
+    """Pool each word's pieces (a (batch, words, pieces) weight matrix from the batch), then a linear layer."""
+
+    def __init__(self, in_dim: int, num_labels: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_dim, num_labels)
+
+    def forward(self, states: torch.Tensor, batch: dict) -> torch.Tensor:
+        if "pool" in batch:
+            states = batch["pool"] @ states  # (batch, words, hidden)
+        return self.linear(states)  # (batch, words, labels)
+
+
+class TokenTagger(TaskEstimator):
+    """Tag words: X is a list of word lists, y a list of label lists of the same lengths.
+
+    word_pooling: "first" or "mean" subword piece of each word (also the Featurizer pooling when frozen).
+    tag_scheme: "auto" (entity scoring when every label is O or B-/I-/E-/S-TYPE), "iob1", "bio", "iobes"
+        (entity scoring; labels are checked against the scheme) or "none" (token accuracy).
+    stride: pieces a window advances for long sentences (default: half a window).
+    Other parameters: see `ctxrep.tasks.base.TaskEstimator`.
+    """
+
+    def __init__(
+        self,
+        model: str = "minilm",
+        mode: str = "finetune",
+        word_pooling: str = "first",
+        tag_scheme: str = "auto",
+        max_epochs: int = 3,
+        batch_size: int = 32,
+        lr: float | None = None,
+        weight_decay: float = 0.01,
+        warmup_fraction: float = 0.1,
+        max_grad_norm: float = 1.0,
+        dropout: float = 0.1,
+        max_length: int | None = None,
+        stride: int | None = None,
+        frozen_head: str = "bilstm",
+        lstm_size: int = 256,
+        validation_fraction: float = 0.1,
+        early_stopping: bool = False,
+        n_iter_no_change: int = 2,
+        tol: float = 1e-4,
+        warm_start: bool = False,
+        discriminative_lr: bool = False,
+        discriminative_lr_factor: float = 2.6,
+        slanted_triangular: bool = False,
+        gradual_unfreezing: bool = False,
+        cache_dir: str | None = None,
+        random_state: int | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.model = model
+        self.mode = mode
+        self.word_pooling = word_pooling
+        self.tag_scheme = tag_scheme
+        self.max_epochs = max_epochs
+        self.batch_size = batch_size
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_fraction = warmup_fraction
+        self.max_grad_norm = max_grad_norm
+        self.dropout = dropout
+        self.max_length = max_length
+        self.stride = stride
+        self.frozen_head = frozen_head
+        self.lstm_size = lstm_size
+        self.validation_fraction = validation_fraction
+        self.early_stopping = early_stopping
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.warm_start = warm_start
+        self.discriminative_lr = discriminative_lr
+        self.discriminative_lr_factor = discriminative_lr_factor
+        self.slanted_triangular = slanted_triangular
+        self.gradual_unfreezing = gradual_unfreezing
+        self.cache_dir = cache_dir
+        self.random_state = random_state
+        self.progress = progress
+
+    # ---- data -------------------------------------------------------------------------------------
+
+    def _check_params(self) -> None:
+        if self.word_pooling not in ("first", "mean"):
+            raise ValueError(f"word_pooling must be 'first' or 'mean', got {self.word_pooling!r}")
+        if self.tag_scheme not in TAG_SCHEMES:
+            raise ValueError(f"tag_scheme must be one of {TAG_SCHEMES}, got {self.tag_scheme!r}")
+
+    def _frozen_pooling(self) -> str:
+        return self.word_pooling
+
+    @staticmethod
+    def _check_X(X) -> list[list[str]]:
+        if isinstance(X, str):
+            raise TypeError("X must be a list of word lists, got a single string")
+        X = list(X)
+        for i, words in enumerate(X):
+            if isinstance(words, str):
+                raise TypeError(
+                    f"sentence {i} is a string; TokenTagger takes pre-split words: give a list of word lists "
+                    f"(e.g. {words.split()[:3]!r})"
+                )
+            if not all(isinstance(w, str) and w and not w.isspace() for w in words):
+                raise ValueError(f"sentence {i}: every word must be a non-empty string")
+            if len(words) == 0:
+                raise ValueError(f"sentence {i} has no words; remove it")
+        return [list(w) for w in X]
+
+    def _check_X_y(self, X, y, fitting: bool):
+        X = self._check_X(X)
+        y = [list(labels) for labels in y]
+        if len(y) != len(X):
+            raise ValueError(f"X has {len(X)} sentences but y has {len(y)} label lists; give one per sentence")
+        for i, (words, labels) in enumerate(zip(X, y)):
+            if len(words) != len(labels):
+                raise ValueError(
+                    f"sentence {i}: {len(words)} words but {len(labels)} labels; give exactly one label per word"
+                )
+        return X, y
+
+    def _learn_targets(self, y) -> None:
+        self.classes_ = np.array(sorted({label for labels in y for label in labels}))
+        scheme = self.tag_scheme
+        entity_like = all(_ENTITY_TAG.match(str(c)) for c in self.classes_) and any(c != "O" for c in self.classes_)
+        if scheme == "auto":
+            self.entity_scoring_ = entity_like
+        elif scheme == "none":
+            self.entity_scoring_ = False
+        else:
+            allowed = "BIES" if scheme == "iobes" else "BI"
+            bad = [c for c in self.classes_ if not re.match(rf"^(O|[{allowed}]-.+)$", str(c))]
+            if bad:
+                raise ValueError(
+                    f"tag_scheme={scheme!r} but labels {bad[:5]} are not O or {', '.join(allowed)}- tags; "
+                    "fix the labels or pass tag_scheme='auto' / 'none'"
+                )
+            self.entity_scoring_ = True
+
+    def _check_same_targets(self, y) -> None:
+        self._encode_labels(y)
+
+    def _encode_labels(self, y) -> list[list[int]]:
+        index = {label: i for i, label in enumerate(self.classes_.tolist())}
+        out = []
+        for i, labels in enumerate(y):
+            unseen = sorted({str(label) for label in labels if label not in index})
+            if unseen:
+                raise ValueError(
+                    f"sentence {i}: labels {unseen} were not seen at fit time (known: {self.classes_.tolist()}); "
+                    "refit with examples of every label"
+                )
+            out.append([index[label] for label in labels])
+        return out
+
+    def _examples(self, X, y) -> list[_Window]:
+        labels = self._encode_labels(y) if y is not None else [[IGNORE] * len(words) for words in X]
+        if self.mode == "frozen":
+            store = self._frozen_store(X)
+            return [_Window(i, features=store[i], labels=labels[i]) for i in range(len(X))]
+        tok = self.tokenizer_
+        limit = min(self.max_length or self._encoder.config.max_tokens, self._encoder.config.max_tokens)
+        size = limit - tok.template.num_special(pair=False)
+        if size < 2:
+            raise ValueError(f"max_length={limit} leaves no room for words between the special tokens")
+        stride = self.stride or max(1, size // 2)
+        if not 1 <= stride <= size:
+            raise ValueError(f"stride must be between 1 and the window size {size}, got {self.stride}")
+        out = []
+        for i, pieces in enumerate(tok.encode_words(X)):
+            spans = pieces.spans()
+            windows = []
+            for w0, w1 in _window_words(spans, size, stride):
+                p0, p1 = spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + size)
+                windows.append((w0, w1, p0, p1))
+            # each word belongs to the window where min(left context, right context) is largest
+            owner, best = [0] * len(spans), [-1] * len(spans)
+            for k, (w0, w1, p0, p1) in enumerate(windows):
+                for w in range(w0, w1):
+                    context = min(spans[w][0] - p0, p1 - spans[w][1])
+                    if context > best[w]:
+                        best[w], owner[w] = context, k
+            for k, (w0, w1, p0, p1) in enumerate(windows):
+                ids, types, offset = tok.build_inputs(pieces.ids[p0:p1])
+                owned = [w for w in range(w0, w1) if owner[w] == k]
+                words = [(w, offset + spans[w][0] - p0, offset + min(spans[w][1], p1) - p0) for w in owned]
+                out.append(_Window(i, ids, types, words, labels=[labels[i][w] for w in owned]))
+        return out
+
+    def _collate(self, windows: list[_Window]) -> dict[str, torch.Tensor]:
+        if self.mode == "frozen":
+            batch = pad_features([w.features for w in windows])
+        else:
+            batch = pad_pieces(windows, self.tokenizer_.pad_token_id)
+            n_words = max(1, max(len(w.words) for w in windows))
+            pool = torch.zeros((len(windows), n_words, batch["input_ids"].shape[1]))  # (batch, words, pieces)
+            for r, w in enumerate(windows):
+                for j, (_, s, e) in enumerate(w.words):
+                    if self.word_pooling == "first":
+                        pool[r, j, s] = 1.0
+                    else:
+                        pool[r, j, s:e] = 1.0 / (e - s)
+            batch["pool"] = pool
+        n = batch["pool"].shape[1] if "pool" in batch else batch["mask"].shape[1]
+        labels = torch.full((len(windows), n), IGNORE, dtype=torch.long)
+        for r, w in enumerate(windows):
+            labels[r, : len(w.labels)] = torch.tensor(w.labels, dtype=torch.long)
+        batch["labels"] = labels
+        return batch
+
+    # ---- head -------------------------------------------------------------------------------------
+
+    def _make_head(self, in_dim: int) -> nn.Module:
+        return WordHead(in_dim, len(self.classes_))
+
+    def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
+
+    def _split_outputs(self, logits, windows) -> list:
+        n = [len(w.words) if self.mode == "finetune" else len(w.features) for w in windows]
+        return [logits[r, : n[r]] for r in range(len(windows))]
+
+    def _state_to_json(self) -> dict:
+        return super()._state_to_json() | {"entity_scoring": self.entity_scoring_}
+
+    def _state_from_json(self, state: dict) -> None:
+        super()._state_from_json(state)
+        self.entity_scoring_ = state["entity_scoring"]
+
+    # ---- prediction -------------------------------------------------------------------------------
+
+    def predict(self, X) -> list[list[str]]:
+        """One label list per sentence."""
+        self._check_fitted()
+        X = self._check_X(X)
+        if not X:
+            return []
+        windows = self._examples(X, None)
+        out = [[None] * len(words) for words in X]
+        for w, logits in zip(windows, self._forward_all(windows)):
+            best = logits.argmax(dim=-1).tolist()
+            positions = [word for word, _, _ in w.words] if self.mode == "finetune" else range(len(best))
+            for word, label in zip(positions, best):
+                out[w.sentence][word] = self.classes_[label].item()
+        return out
+
+    def evaluate(self, X, y) -> dict:
+        """Entity-level P/R/F1 overall and per type (entity scoring), or token accuracy."""
+        self._check_fitted()
+        X, y = self._check_X_y(X, y, fitting=False)
+        self._encode_labels(y)
+        predicted = self.predict(X)
+        correct = sum(p == g for ps, gs in zip(predicted, y) for p, g in zip(ps, gs))
+        total = sum(len(gs) for gs in y)
+        result = {"token_accuracy": correct / total if total else 0.0}
+        if self.entity_scoring_:
+            scores = entity_scores(y, predicted)
+            result |= {"precision": scores.overall.precision, "recall": scores.overall.recall, "f1": scores.overall.f1}
+            result["by_type"] = {
+                t: {"precision": s.precision, "recall": s.recall, "f1": s.f1, "support": s.gold}
+                for t, s in scores.by_type.items()
+            }
+        return result
+
+    def score(self, X, y) -> float:
+        """Entity-level F1 (conlleval semantics) for entity tag schemes, else token accuracy."""
+        result = self.evaluate(X, y)
+        return result["f1"] if self.entity_scoring_ else result["token_accuracy"]
+
+
+__all__ = ["TokenTagger", "TAG_SCHEMES"]

@@ -1,0 +1,262 @@
+"""Task estimators on tiny random encoders: both modes, sklearn's contract, save/load, cache, ULMFiT options."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
+
+X_CLS = ["good great fine nice"] * 6 + ["bad awful poor sad"] * 6
+Y_CLS = ["pos"] * 6 + ["neg"] * 6
+X_TAG = [["john", "lives", "in", "paris"], ["mary", "visited", "london", "today"]] * 4
+Y_TAG = [["B-PER", "O", "O", "B-LOC"], ["B-PER", "O", "B-LOC", "O"]] * 4
+CTX = "the weather is nice . " * 12 + "paris is the capital of france ."
+X_SPAN = [("what is the capital ?", CTX), ("where was the meeting ?", "the meeting was in london yesterday .")] * 4
+Y_SPAN = [("paris", CTX.index("paris")), ("london", 19)] * 4
+
+
+def common(tiny_models, tmp_path, mode="finetune", **kw):
+    params = dict(model=str(tiny_models["bert"]), mode=mode, batch_size=4, lr=3e-3, random_state=0,
+                  cache_dir=str(tmp_path / "cache"), lstm_size=8, dropout=0.0)  # fmt: skip
+    return params | kw
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- the three estimators in both modes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_classifier_learns_toy_task(tiny_models, tmp_path, mode):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, mode, max_epochs=15, lstm_size=16, pooling="concat"))
+    assert clf.fit(X_CLS, Y_CLS) is clf
+    assert clf.classes_.tolist() == ["neg", "pos"]
+    proba = clf.predict_proba(["fine good", "sad bad", "nice"])
+    assert proba.shape == (3, 2) and np.allclose(proba.sum(axis=1), 1, atol=1e-5)
+    assert clf.predict(["fine good", "sad bad"]).tolist() == ["pos", "neg"]
+    assert clf.score(X_CLS, Y_CLS) == 1.0
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_classifier_pairs(tiny_models, tmp_path, pooling):
+    X = [("the cat", "good great"), ("the dog", "bad awful")] * 6
+    y = [1, 0] * 6
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=8, pooling=pooling)).fit(X, y)
+    assert clf.predict(X[:2]).tolist() == [1, 0]
+    with pytest.raises(ValueError, match="trained on sentence pairs but X holds single texts"):
+        clf.predict(["the cat good great"])
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_tagger_learns_toy_task_and_windows_long_sentences(tiny_models, tmp_path, mode):
+    long = ["the", "cat"] * 50  # 100 words: more pieces than the tiny model's 64 positions
+    X, y = X_TAG + [long], Y_TAG + [["O"] * 100]
+    params = common(tiny_models, tmp_path, mode, max_epochs=12 if mode == "finetune" else 30, lr=1e-2, lstm_size=16)
+    tagger = TokenTagger(**params, word_pooling="mean").fit(X, y)
+    predicted = tagger.predict(X_TAG[:2] + [long])
+    assert predicted[:2] == Y_TAG[:2]
+    assert len(predicted[2]) == 100 and all(isinstance(t, str) for t in predicted[2])
+    assert tagger.entity_scoring_ and tagger.score(X_TAG, Y_TAG) == 1.0
+
+
+def test_tagger_scores_token_accuracy_for_pos_tags(tiny_models, tmp_path):
+    X = [["the", "cat", "runs"], ["a", "dog", "sleeps"]] * 4
+    y = [["DET", "NOUN", "VERB"]] * 8
+    tagger = TokenTagger(**common(tiny_models, tmp_path, max_epochs=3)).fit(X, y)
+    assert not tagger.entity_scoring_
+    wrong = [["DET", "DET", "DET"]] * 8
+    assert tagger.score(X, y) == 1.0 and tagger.score(X, wrong) == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_span_extractor_learns_toy_task(tiny_models, tmp_path, mode):
+    span = SpanExtractor(**common(tiny_models, tmp_path, mode, max_epochs=25, doc_stride=16))
+    span.fit(X_SPAN, Y_SPAN)  # the first context is longer than one window
+    assert span.predict(X_SPAN[:2]) == ["paris", "london"]
+    s, e = span.predict_offsets(X_SPAN[:1])[0]
+    assert CTX[s:e] == "paris"
+    assert span.evaluate(X_SPAN, Y_SPAN) == {"exact_match": 1.0, "f1": 1.0}
+
+
+def test_squad_normalisation_and_f1():
+    from ctxrep.tasks.span import exact_match, f1, normalize_answer
+
+    assert normalize_answer("The  Eiffel Tower!") == "eiffel tower"
+    assert exact_match("the Eiffel tower", "Eiffel Tower.") == 1.0
+    assert f1("Eiffel tower in Paris", "the Eiffel Tower") == pytest.approx(2 * 0.5 * 1 / 1.5)
+
+
+# ---- scikit-learn's contract ------------------------------------------------------------------------
+
+
+def test_clone_and_grid_search(tiny_models, tmp_path):
+    from sklearn.base import clone
+    from sklearn.model_selection import GridSearchCV
+
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=2))
+    copy = clone(clf)
+    assert copy.get_params() == clf.get_params() and not hasattr(copy, "model_")
+    search = GridSearchCV(clf, {"lr": [1e-5, 3e-3]}, cv=2).fit(X_CLS, Y_CLS)
+    assert search.best_params_["lr"] in (1e-5, 3e-3)
+    assert search.predict(["good"]).shape == (1,)
+    with pytest.raises(ValueError, match="no parameter 'nope'"):
+        clf.set_params(nope=1)
+
+
+def test_warm_start_continues(tiny_models, tmp_path):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, warm_start=True)).fit(X_CLS, Y_CLS)
+    first = {k: v.clone() for k, v in clf.model_.state_dict().items()}
+    network = clf.model_
+    clf.fit(X_CLS, Y_CLS)
+    assert clf.model_ is network and clf.n_epochs_ == 2 and len(clf.history_) == 2
+    assert any(not torch.equal(first[k], v) for k, v in clf.model_.state_dict().items())
+    cold = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_CLS, Y_CLS)
+    network = cold.model_
+    cold.fit(X_CLS, Y_CLS)
+    assert cold.model_ is not network and cold.n_epochs_ == 1
+
+
+def test_early_stopping_stops(tiny_models, tmp_path):
+    # a learning rate too small to change the held-out accuracy: no improvement after the first epoch
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=20, lr=1e-12, early_stopping=True,
+                                      n_iter_no_change=1, validation_fraction=0.25))  # fmt: skip
+    clf.fit(X_CLS, Y_CLS)
+    assert clf.n_epochs_ == 2 and all("validation_score" in h for h in clf.history_)
+    with pytest.raises(ValueError, match="validation_fraction > 0"):
+        SequenceClassifier(early_stopping=True, validation_fraction=0.0).fit(X_CLS, Y_CLS)
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_save_load_round_trip(tiny_models, tmp_path, mode):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, mode, max_epochs=1)).fit(X_CLS, Y_CLS)
+    clf.save(tmp_path / "clf")
+    assert json.loads((tmp_path / "clf" / "config.json").read_text())["estimator"] == "SequenceClassifier"
+    loaded = SequenceClassifier.load(tmp_path / "clf")
+    assert np.array_equal(loaded.predict_proba(X_CLS), clf.predict_proba(X_CLS))
+    tagger = TokenTagger(**common(tiny_models, tmp_path, mode, max_epochs=1)).fit(X_TAG, Y_TAG)
+    tagger.save(tmp_path / "tagger")
+    assert TokenTagger.load(tmp_path / "tagger").predict(X_TAG) == tagger.predict(X_TAG)
+    with pytest.raises(ValueError, match="holds a 'TokenTagger'"):
+        SequenceClassifier.load(tmp_path / "tagger")
+
+
+def test_span_save_load_round_trip(tiny_models, tmp_path):
+    span = SpanExtractor(**common(tiny_models, tmp_path, max_epochs=1, doc_stride=16)).fit(X_SPAN, Y_SPAN)
+    span.save(tmp_path / "span")
+    assert SpanExtractor.load(tmp_path / "span").predict_offsets(X_SPAN) == span.predict_offsets(X_SPAN)
+
+
+def test_frozen_feature_cache_hit(tiny_models, tmp_path, monkeypatch):
+    params = common(tiny_models, tmp_path, "frozen", max_epochs=1)
+    first = SequenceClassifier(**params).fit(X_CLS, Y_CLS)
+    assert first.cache_hits_ == 0
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+
+    def no_encoder(*args, **kwargs):
+        raise AssertionError("the encoder ran although the features are cached")
+
+    monkeypatch.setattr("ctxrep.featurize.Featurizer.embed_words", no_encoder)
+    second = SequenceClassifier(**params).fit(X_CLS, Y_CLS)
+    assert second.cache_hits_ == 1
+    assert np.array_equal(second.predict_proba(X_CLS), first.predict_proba(X_CLS))
+
+
+# ---- ULMFiT options and schedules -------------------------------------------------------------------
+
+
+def test_discriminative_lr_param_groups(tiny_models, tmp_path):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, lr=1e-3, discriminative_lr=True,
+                                      discriminative_lr_factor=2.0))  # fmt: skip
+    clf.fit(X_CLS, Y_CLS)
+    groups = clf._param_groups(clf.model_)
+    lr_by_depth = {g["depth"]: g["lr"] for g in groups}
+    assert lr_by_depth == pytest.approx({0: 2.5e-4, 1: 5e-4, 2: 1e-3})  # tiny model: L = 2
+    head = {id(p) for p in clf.model_.head.parameters()}
+    assert all(g["lr"] == 1e-3 for g in groups if any(id(p) in head for p in g["params"]))
+    n = sum(len(g["params"]) for g in groups)
+    assert n == len(list(clf.model_.parameters()))
+    biases = [g for g in groups if g["weight_decay"] == 0.0]
+    assert biases and all(p.ndim == 1 for g in biases for p in g["params"])
+
+
+def test_gradual_unfreezing_trains_only_the_head_in_the_first_epoch(tiny_models, tmp_path):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, gradual_unfreezing=True))
+    clf.fit(X_CLS, Y_CLS)
+    from ctxrep.models.loading import load_model
+
+    original = load_model(tiny_models["bert"]).state_dict()
+    tuned = clf.model_.representation.encoder.state_dict()
+    assert all(torch.equal(original[k], tuned[k]) for k in original)
+    with pytest.raises(ValueError, match="mode='frozen'"):
+        SequenceClassifier(mode="frozen", gradual_unfreezing=True).fit(X_CLS, Y_CLS)
+
+
+# ---- errors that speak to the user ---------------------------------------------------------------------
+
+
+def test_bad_input_errors(tiny_models, tmp_path):
+    params = common(tiny_models, tmp_path, max_epochs=1)
+    with pytest.raises(ValueError, match="training set is empty"):
+        SequenceClassifier(**params).fit([], [])
+    with pytest.raises(ValueError, match="sentence 1: 4 words but 3 labels"):
+        TokenTagger(**params).fit(X_TAG[:2], [Y_TAG[0], Y_TAG[1][:3]])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        SequenceClassifier(mode="frozen-ish").fit(X_CLS, Y_CLS)
+    clf = SequenceClassifier(**params).fit(X_CLS, Y_CLS)
+    with pytest.raises(ValueError, match=r"labels \['meh'\] were not seen at fit time"):
+        clf.score(["good"], ["meh"])
+    with pytest.raises(ValueError, match="trained on single texts but X holds sentence pairs"):
+        clf.predict([("good", "bad")])
+    tagger = TokenTagger(**params).fit(X_TAG, Y_TAG)
+    with pytest.raises(ValueError, match=r"sentence 0: labels \['B-ORG'\] were not seen"):
+        tagger.score([["acme", "inc"]], [["B-ORG", "O"]])
+    with pytest.raises(ValueError, match="single text; SpanExtractor needs"):
+        SpanExtractor(**params).fit(["what is this"], [("this", 0)])
+    with pytest.raises(ValueError, match="is not at character"):
+        SpanExtractor(**params).fit([("q ?", "a b c")], [("c", 0)])
+    with pytest.raises(ValueError, match="not fitted yet"):
+        TokenTagger().predict(X_TAG)
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+
+
+def test_cli_finetune_sst2_and_conll(tiny_models, tmp_path):
+    from ctxrep.cli.finetune import finetune
+
+    sst = tmp_path / "sst.txt"
+    sst.write_text("(4 (3 good) (4 great))\n(0 (0 bad) (1 awful))\n(2 (2 so) (2 so))\n" * 4)
+    conll = tmp_path / "eng.train"
+    conll.write_text("John NNP I-NP I-PER\nlives VBZ I-VP O\nin IN I-PP O\nParis NNP I-NP I-LOC\n\n" * 4)
+    runner = CliRunner()
+    model = str(tiny_models["bert"])
+    base = ["--model", model, "--max-epochs", "2", "--batch-size", "4", "--lr", "3e-3", "--no-progress",
+            "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    out = tmp_path / "sst-out"
+    result = runner.invoke(finetune, ["--task", "sst2", "--train", str(sst), "--dev", str(sst), "--out", str(out)] + base)
+    assert result.exit_code == 0, result.output
+    assert "macro f1" in result.output and "accuracy" in result.output
+    for name in ("metrics.json", "confusion.png", "learning_curve.png", "model/config.json", "model/model.safetensors"):
+        assert (out / name).is_file(), name
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["dev_examples"] == 8 and len(metrics["history"]) == 2
+    out = tmp_path / "ner-out"
+    args = ["--task", "conll2003", "--train", str(conll), "--dev", str(conll), "--out", str(out), "--mode", "frozen"]
+    result = runner.invoke(finetune, args + base)
+    assert result.exit_code == 0, result.output
+    assert "PER" in result.output and (out / "learning_curve.png").is_file()
+    assert json.loads((out / "metrics.json").read_text())["score_name"] == "entity_f1"
+    result = runner.invoke(finetune, ["--task", "sst2", "--train", str(tmp_path / "missing"), "--dev", str(sst),
+                                      "--out", str(out)] + base)  # fmt: skip
+    assert result.exit_code == 1 and "error:" in result.output
