@@ -378,10 +378,9 @@ class TaskEstimator:
         for epoch in range(self.max_epochs):
             self._unfreeze(network, epoch)
             network.train()
-            order = rng.permutation(len(examples))
             epoch_loss, n = 0.0, 0
-            for start in range(0, len(order), self.batch_size):
-                batch = self._collate([examples[i] for i in order[start : start + self.batch_size]])
+            for rows in length_bucketed_batches(examples, self.batch_size, rng):
+                batch = self._collate([examples[i] for i in rows])
                 loss = self._head_loss(network(batch), batch)
                 optimizer.zero_grad()
                 loss.backward()
@@ -563,6 +562,22 @@ class TaskEstimator:
 
     def _check_same_targets(self, y) -> None:
         pass
+
+
+def length_bucketed_batches(examples: list, batch_size: int, rng: np.random.Generator, pool_batches: int = 50):
+    """Random batches of similar length: shuffle, sort each pool of `pool_batches` batches by length, cut it into
+    batches, shuffle the batches. Far less padding than plain random batches, and still a random order."""
+    order = rng.permutation(len(examples))
+    pool = batch_size * pool_batches
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = sorted(order[start : start + pool].tolist(), key=lambda i: _example_length(examples[i]))
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    return [batches[k] for k in rng.permutation(len(batches))]
+
+
+def _example_length(example) -> int:
+    return len(example.input_ids) if example.input_ids is not None else len(example.features)
 
 
 def pad_pieces(examples: list, pad_id: int) -> dict[str, torch.Tensor]:
