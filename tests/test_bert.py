@@ -139,7 +139,7 @@ def test_unknown_missing_and_misshaped_weights_are_all_named(tiny_models, tmp_pa
     msg = str(e.value)
     assert "encoder.layer.0.attention.self.extra.weight" in msg
     assert "missing 1 weights: encoder.layer.1.output.dense.bias" in msg
-    assert "embeddings.LayerNorm.weight (5,) (model expects (32,))" in msg
+    assert "embeddings.LayerNorm.weight (5,) (expected (32,))" in msg
 
 
 def test_corrupt_or_missing_weights_give_a_clear_error(tiny_models, tmp_path):

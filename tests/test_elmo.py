@@ -382,8 +382,8 @@ def test_options_that_do_not_match_the_weights_name_dataset_and_shapes(tmp_path)
     with pytest.raises(CheckpointError) as err:
         ElmoBiLM.from_pretrained(write_model_dir(tmp_path, options, a))
     msg = str(err.value)
-    assert "CNN/W_cnn_1: file has (1, 2, 4, 4), options imply (1, 2, 4, 7)" in msg
-    assert "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0: file has (8, 5), options imply (8, 6)" in msg
+    assert "CNN/W_cnn_1 (1, 2, 4, 4) (expected (1, 2, 4, 7))" in msg
+    assert "RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0 (8, 5) (expected (8, 6))" in msg
     assert "options.json" in msg
 
 

@@ -9,7 +9,7 @@ import transformers
 
 import ctxrep
 from ctxrep import Featurizer, ScalarMix
-from ctxrep.featurize import _token_budget_batches, _window_words
+from ctxrep.featurize import _token_budget_batches, window_words
 from ctxrep.models.loading import CheckpointError
 
 TEXTS = ["The vase broke .", "Unbelievably, the newscaster broke into the broadcast!", ["Pre", "tokenized", "words"]]
@@ -145,7 +145,7 @@ def test_long_text_words_take_the_window_with_most_context():
     vecs = fz.embed_words([words])[0]
     pieces = fz.tokenizer.encode_words([words])[0]
     spans = pieces.spans()
-    windows = _window_words(spans, fz.window_size, fz.stride)
+    windows = window_words(spans, fz.window_size, fz.stride)
     assert len(windows) > 3 and windows[0][0] == 0 and windows[-1][1] == len(words)
     for (a0, a1), (b0, _) in zip(windows, windows[1:]):
         assert b0 <= a1, "consecutive windows leave no word uncovered"
@@ -164,7 +164,7 @@ def test_window_words_never_skip_a_word():
         pos += n
     for window in (7, 8, 12):
         for stride in range(1, window + 1):
-            windows = _window_words(spans, window, stride)
+            windows = window_words(spans, window, stride)
             covered = sorted({w for w0, w1 in windows for w in range(w0, w1)})
             assert covered == list(range(len(spans)))
             assert all(spans[w1 - 1][1] - spans[w0][0] <= window for w0, w1 in windows)

@@ -235,7 +235,7 @@ def test_loader_names_every_missing_unknown_and_misshaped_weight(tmp_path):
     msg = str(e.value)
     assert "missing 2 weights: mask_emb, layer.1.rel_attn.r_s_bias" in msg
     assert "1 unknown weights: layer.0.rel_attn.extra" in msg
-    assert "layer.0.ff.layer_1.weight (10, 32) (model expects (64, 32))" in msg
+    assert "layer.0.ff.layer_1.weight (10, 32) (expected (64, 32))" in msg
 
 
 def test_loader_refuses_an_untied_lm_head(tmp_path):

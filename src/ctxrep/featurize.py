@@ -221,7 +221,7 @@ class Featurizer:
         """Windows of at most window_size pieces, starting on word boundaries, about `stride` pieces apart."""
         spans = pieces.spans()
         bounds = []  # (first piece, last piece + 1) of each window
-        for w0, w1 in _window_words(spans, self.window_size, self.stride):
+        for w0, w1 in window_words(spans, self.window_size, self.stride):
             if spans[w1 - 1][1] - spans[w0][0] > self.window_size:  # one word longer than a whole window
                 warnings.warn(
                     f"text {text}: word {w0} has {spans[w0][1] - spans[w0][0]} subword pieces, more than a window "
@@ -266,15 +266,10 @@ class Featurizer:
             for size in batches:
                 batch = [windows[i] for i in order[start : start + size]]
                 start += size
-                length = max(len(w.input_ids) for w in batch)
-                input_ids = torch.full((len(batch), length), pad, dtype=torch.long)
-                token_type_ids = torch.zeros((len(batch), length), dtype=torch.long)
-                attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
-                for r, w in enumerate(batch):
-                    n = len(w.input_ids)
-                    input_ids[r, :n] = torch.tensor(w.input_ids)
-                    token_type_ids[r, :n] = torch.tensor(w.token_type_ids)
-                    attention_mask[r, :n] = 1
+                inputs = pad_inputs(batch, pad)
+                input_ids, token_type_ids, attention_mask = (
+                    inputs["input_ids"], inputs["token_type_ids"], inputs["attention_mask"]
+                )  # fmt: skip
                 if self.word_level:  # ELMo: each id is a word of this call; look up its characters
                     out = self._encoder(char_table[input_ids])
                 else:
@@ -354,6 +349,21 @@ class Featurizer:
         return out[:, 0] if self.single_layer else out
 
 
+def pad_inputs(rows: Sequence, pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows that have .input_ids and .token_type_ids: input_ids, token_type_ids, attention_mask
+    (batch, longest)."""
+    length = max(len(r.input_ids) for r in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    token_type_ids = torch.zeros((len(rows), length), dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r.input_ids)
+        input_ids[i, :n] = torch.tensor(r.input_ids)
+        token_type_ids[i, :n] = torch.tensor(r.token_type_ids)
+        attention_mask[i, :n] = 1
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+
+
 def _max_tokens(model: torch.nn.Module) -> int:
     """The longest input one window may have."""
     config = model.config
@@ -391,7 +401,7 @@ def _as_list(texts) -> list:
     return list(texts)
 
 
-def _window_words(spans: list[tuple[int, int]], window: int, stride: int) -> list[tuple[int, int]]:
+def window_words(spans: list[tuple[int, int]], window: int, stride: int) -> list[tuple[int, int]]:
     """(first word, last word + 1) of each window: as many whole words as fit in `window` pieces; the next
     window starts at the first word at least `stride` pieces further on (never past the previous window's end,
     so no word is left out), until a window reaches the last word."""

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ctxrep.analysis._common import model_name
-from ctxrep.featurize import Featurizer
+from ctxrep.featurize import Featurizer, pad_inputs
 
 STATISTICS = ("cls", "sep", "prev", "next", "self", "punct", "entropy")
 
@@ -78,17 +78,7 @@ def _attentions(fz: Featurizer, inputs: list[_Input], batch_size: int = 16) -> I
     with torch.inference_mode():
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size]
-            length = max(len(x.input_ids) for x in batch)
-            input_ids = torch.full((len(batch), length), pad, dtype=torch.long)
-            token_type_ids = torch.zeros((len(batch), length), dtype=torch.long)
-            attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
-            for r, x in enumerate(batch):
-                n = len(x.input_ids)
-                input_ids[r, :n] = torch.tensor(x.input_ids)
-                token_type_ids[r, :n] = torch.tensor(x.token_type_ids)
-                attention_mask[r, :n] = 1
-            out = fz.model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           output_attentions=True)  # fmt: skip
+            out = fz.model(**pad_inputs(batch, pad), output_attentions=True)
             stacked = torch.stack(out.attentions, dim=1)  # (batch, layers, heads, seq, seq)
             for r, x in enumerate(batch):
                 n = len(x.input_ids)

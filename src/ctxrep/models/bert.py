@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError, read_state_dict, write_safetensors
+from ctxrep.models.loading import CheckpointError, check_weights, read_state_dict, write_safetensors
 from ctxrep.models.outputs import EncoderOutput
 
 logger = logging.getLogger(__name__)
@@ -291,28 +291,13 @@ class BertModel(nn.Module):
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
         names = hf_parameter_names(self.config)  # hf name -> our name
         ours = self.state_dict()
-        missing = [hf for hf in names if hf not in state]
-        unknown, heads = [], []
-        for k in state:
-            if k in names or k in _BUFFERS:
-                continue
-            (heads if k.startswith(_HEAD_PREFIXES) else unknown).append(k)
-        mis_shaped = [
-            f"{hf} {tuple(state[hf].shape)} (model expects {tuple(ours[names[hf]].shape)})"
-            for hf in names
-            if hf in state and state[hf].shape != ours[names[hf]].shape
-        ]
-        problems = []
-        if missing:
-            problems.append(f"missing {len(missing)} weights: {', '.join(missing)}")
-        if unknown:
-            problems.append(f"{len(unknown)} unknown weights: {', '.join(unknown)}")
-        if mis_shaped:
-            problems.append(f"{len(mis_shaped)} weights with the wrong shape: {', '.join(mis_shaped)}")
-        if problems:
-            raise CheckpointError(f"{source}: cannot load as a {self.config.model_type} encoder: " + "; ".join(problems))
+        # Pre-training / task heads (MLM, NSP, ELECTRA's discriminator head, ...) are not part of the encoder;
+        # the buffers are transformers' precomputed position ids, not weights.
+        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]
+        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in _BUFFERS}
+        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
+        check_weights(found, expected, source, f"a {self.config.model_type} encoder")
         if heads:
-            # Pre-training / task heads (MLM, NSP, ELECTRA's discriminator head, ...) are not part of the encoder.
             logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
         with torch.no_grad():
             for hf, our in names.items():

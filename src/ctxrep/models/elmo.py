@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError
+from ctxrep.models.loading import CheckpointError, check_weights
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.char_cnn import ACTIVATIONS, CharCNN
 from ctxrep.modules.projected_lstm import ProjectedLSTM
@@ -361,26 +361,11 @@ class ElmoBiLM(nn.Module):
 
     def load_official_arrays(self, arrays: dict[str, np.ndarray], source: str = "weight file") -> None:
         """Copy bilm-tf datasets into this model; refuse anything missing, unknown or mis-shaped."""
-        expected = official_shapes(self.config)
-        missing = [name for name in expected if name not in arrays]
-        unknown = [name for name in arrays if name not in expected]
-        mis_shaped = [
-            f"{name}: file has {tuple(arrays[name].shape)}, options imply {expected[name]}"
-            for name in expected
-            if name in arrays and tuple(arrays[name].shape) != expected[name]
-        ]
-        problems = []
-        if missing:
-            problems.append(f"missing {len(missing)} datasets: {', '.join(missing)}")
-        if unknown:
-            problems.append(f"{len(unknown)} unknown datasets: {', '.join(unknown)}")
-        if mis_shaped:
-            problems.append(f"{len(mis_shaped)} datasets with the wrong shape: {'; '.join(mis_shaped)}")
-        if problems:
-            raise CheckpointError(
-                f"{source}: the weights do not match the options: " + "; ".join(problems)
-                + ". Use the options.json published with this weight file."
-            )
+        check_weights(
+            {k: tuple(v.shape) for k, v in arrays.items()}, official_shapes(self.config), source,
+            "the weights of these options", hint="Use the options.json published with this weight file",
+            noun="datasets",
+        )  # fmt: skip
         state = _from_official(self.config, arrays)
         self.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in state.items()})
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError, read_state_dict, write_safetensors
+from ctxrep.models.loading import CheckpointError, check_weights, read_state_dict, write_safetensors
 from ctxrep.models.outputs import EncoderOutput
 
 logger = logging.getLogger(__name__)
@@ -319,23 +319,9 @@ class GPT2Model(nn.Module):
             shape = tuple(ours[names[hf]].shape)
             return shape[::-1] if hf.endswith(TRANSPOSED) else shape
 
-        missing = [hf for hf in names if hf not in state]
         buffers = {f"h.{i}.attn.{b}" for i in range(self.config.n_layer) for b in _BUFFERS}
-        unknown = [k for k in state if k not in names and k not in buffers]
-        mis_shaped = [
-            f"{hf} {tuple(state[hf].shape)} (expected {expected_shape(hf)})"
-            for hf in names
-            if hf in state and tuple(state[hf].shape) != expected_shape(hf)
-        ]
-        problems = []
-        if missing:
-            problems.append(f"missing {len(missing)} weights: {', '.join(missing)}")
-        if unknown:
-            problems.append(f"{len(unknown)} unknown weights: {', '.join(unknown)}")
-        if mis_shaped:
-            problems.append(f"{len(mis_shaped)} weights with the wrong shape: {', '.join(mis_shaped)}")
-        if problems:
-            raise CheckpointError(f"{source}: cannot load as a GPT-2 model: " + "; ".join(problems))
+        found = {k: tuple(v.shape) for k, v in state.items() if k not in buffers}
+        check_weights(found, {hf: expected_shape(hf) for hf in names}, source, "a GPT-2 model")
         with torch.no_grad():
             for hf, our in names.items():
                 w = state[hf]

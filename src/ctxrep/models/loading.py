@@ -93,6 +93,34 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{path}: no weights found: expected model.safetensors or pytorch_model.bin")
 
 
+def check_weights(
+    found: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    source: str,
+    what: str,
+    hint: str = "",
+    noun: str = "weights",
+) -> None:
+    """Refuse a checkpoint that does not fit the model: one error naming every missing, unknown and mis-shaped
+    entry. `found` and `expected` map checkpoint names to shapes (in the checkpoint's own layout)."""
+    missing = [k for k in expected if k not in found]
+    unknown = [k for k in found if k not in expected]
+    mis_shaped = [
+        f"{k} {tuple(found[k])} (expected {tuple(expected[k])})"
+        for k in expected
+        if k in found and tuple(found[k]) != tuple(expected[k])
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} {noun}: {', '.join(missing)}")
+    if unknown:
+        problems.append(f"{len(unknown)} unknown {noun}: {', '.join(unknown)}")
+    if mis_shaped:
+        problems.append(f"{len(mis_shaped)} {noun} with the wrong shape: {', '.join(mis_shaped)}")
+    if problems:
+        raise CheckpointError(f"{source}: cannot load as {what}: " + "; ".join(problems) + (f". {hint}" if hint else ""))
+
+
 def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
     """safetensors refuses shared or non-contiguous storage: give it a contiguous copy of each tensor."""
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, file, metadata={"format": "pt"})

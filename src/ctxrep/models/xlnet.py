@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError, read_state_dict, write_safetensors
+from ctxrep.models.loading import CheckpointError, check_weights, read_state_dict, write_safetensors
 from ctxrep.models.outputs import EncoderOutput
 
 logger = logging.getLogger(__name__)
@@ -659,25 +659,10 @@ def _copy_weights(
 ) -> None:
     """Copy state[hf] into model[names[hf]]; refuse anything missing, unknown or mis-shaped, naming them all."""
     ours = model.state_dict()
-    missing = [hf for hf in names if hf not in state]
-    unknown = [k for k in state if k not in names]
-    mis_shaped = [
-        f"{hf} {tuple(state[hf].shape)} (model expects {tuple(ours[names[hf]].shape)})"
-        for hf in names
-        if hf in state and state[hf].shape != ours[names[hf]].shape
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing {len(missing)} weights: {', '.join(missing)}")
-    if unknown:
-        problems.append(f"{len(unknown)} unknown weights: {', '.join(unknown)}")
-    if mis_shaped:
-        problems.append(f"{len(mis_shaped)} weights with the wrong shape: {', '.join(mis_shaped)}")
-    if problems:
-        raise CheckpointError(
-            f"{source}: cannot load as {what}: " + "; ".join(problems)
-            + "; check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights"
-        )
+    check_weights(
+        {k: tuple(v.shape) for k, v in state.items()}, {hf: tuple(ours[our].shape) for hf, our in names.items()},
+        source, what, hint="Check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights",
+    )  # fmt: skip
     with torch.no_grad():
         for hf, our in names.items():
             ours[our].copy_(state[hf].to(ours[our].dtype))

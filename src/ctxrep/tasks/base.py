@@ -580,20 +580,6 @@ def _example_length(example) -> int:
     return len(example.input_ids) if example.input_ids is not None else len(example.features)
 
 
-def pad_pieces(examples: list, pad_id: int) -> dict[str, torch.Tensor]:
-    """input_ids, token_type_ids, attention_mask (batch, longest) from examples with .input_ids/.token_type_ids."""
-    length = max(len(e.input_ids) for e in examples)
-    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
-    token_type_ids = torch.zeros((len(examples), length), dtype=torch.long)
-    attention_mask = torch.zeros((len(examples), length), dtype=torch.long)
-    for r, e in enumerate(examples):
-        n = len(e.input_ids)
-        input_ids[r, :n] = torch.tensor(e.input_ids)
-        token_type_ids[r, :n] = torch.tensor(e.token_type_ids)
-        attention_mask[r, :n] = 1
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
-
-
 def pad_features(arrays: list[np.ndarray]) -> dict[str, torch.Tensor]:
     """features (batch, longest, layers, dim) and mask (batch, longest) from per-text (words, layers, dim)."""
     length = max(len(a) for a in arrays)

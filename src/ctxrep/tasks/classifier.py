@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features, pad_pieces
+from ctxrep.featurize import pad_inputs
+from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features
 
 POOLINGS = ("cls", "mean", "concat")
 
@@ -235,7 +236,7 @@ class SequenceClassifier(TaskEstimator):
         if self.mode == "frozen":
             batch = pad_features([e.features for e in examples])
         else:
-            batch = pad_pieces(examples, self.tokenizer_.pad_token_id)
+            batch = pad_inputs(examples, self.tokenizer_.pad_token_id)
             batch["cls_position"] = torch.tensor([e.cls_position for e in examples])
         batch["labels"] = torch.tensor([e.label for e in examples])
         return batch

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.featurize import _window_words
-from ctxrep.tasks.base import TaskEstimator, pad_features, pad_pieces
+from ctxrep.featurize import pad_inputs, window_words
+from ctxrep.tasks.base import TaskEstimator, pad_features
 
 
 @dataclass
@@ -277,7 +277,7 @@ class SpanExtractor(TaskEstimator):
                 room = self._max_tokens() - len(q_pieces.ids) - tok.template.num_special(pair=True)
                 if room < 2:
                     raise ValueError(f"example {i}: the question leaves no room for the context")
-                windows = _window_words(c_pieces.spans(), room, min(self.doc_stride, room))
+                windows = window_words(c_pieces.spans(), room, min(self.doc_stride, room))
             for w0, w1 in windows:
                 start = end = -1
                 if y is not None and y[i][0][1] is not None:
@@ -298,7 +298,7 @@ class SpanExtractor(TaskEstimator):
         if self.mode == "frozen":
             batch = pad_features([w.features for w in windows])
         else:
-            batch = pad_pieces(windows, self.tokenizer_.pad_token_id)
+            batch = pad_inputs(windows, self.tokenizer_.pad_token_id)
         allowed = torch.zeros(batch["features" if self.mode == "frozen" else "input_ids"].shape[:2], dtype=torch.bool)
         for r, w in enumerate(windows):
             allowed[r, w.context_start : w.context_start + len(w.spans)] = True

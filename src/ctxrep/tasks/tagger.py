@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.data.tags import entity_scores
-from ctxrep.featurize import _window_words
-from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features, pad_pieces
+from ctxrep.featurize import pad_inputs, window_words
+from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features
 
 TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
 _ENTITY_TAG = re.compile(r"^(O|[BIES]-.+)$")
@@ -208,7 +208,7 @@ class TokenTagger(TaskEstimator):
         for i, pieces in enumerate(tok.encode_words(X)):
             spans = pieces.spans()
             windows = []
-            for w0, w1 in _window_words(spans, size, stride):
+            for w0, w1 in window_words(spans, size, stride):
                 p0, p1 = spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + size)
                 windows.append((w0, w1, p0, p1))
             # each word belongs to the window where min(left context, right context) is largest
@@ -229,7 +229,7 @@ class TokenTagger(TaskEstimator):
         if self.mode == "frozen":
             batch = pad_features([w.features for w in windows])
         else:
-            batch = pad_pieces(windows, self.tokenizer_.pad_token_id)
+            batch = pad_inputs(windows, self.tokenizer_.pad_token_id)
             n_words = max(1, max(len(w.words) for w in windows))
             pool = torch.zeros((len(windows), n_words, batch["input_ids"].shape[1]))  # (batch, words, pieces)
             for r, w in enumerate(windows):
