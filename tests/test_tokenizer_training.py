@@ -137,3 +137,40 @@ def test_binary_file_is_refused_with_its_name(tmp_path):
     (tmp_path / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
     with pytest.raises(CorpusError, match=r"image\.txt: NUL byte at byte offset 8 \(line 3\)"):
         train_tokenizer(tmp_path, "wordpiece", 200, tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def word_dir(tmp_path_factory, corpus_file):
+    out = tmp_path_factory.mktemp("word")
+    train_tokenizer(corpus_file, "word", 12, out)
+    return out
+
+
+def test_word_level_keeps_the_most_frequent_words_after_the_elmo_specials(word_dir):
+    tok = Tokenizer.from_model_dir(word_dir)
+    vocab = tok.backend.get_vocab()
+    assert [vocab[t] for t in ["<pad>", "<unk>", "<S>", "</S>"]] == [0, 1, 2, 3]
+    assert len(vocab) == 12 and tok.pad_token_id == 0 and tok.unk_token == "<unk>"
+    # Per copy of BODY: "." 5 times, "The" and "the" 4, "cat" and "on" 3, six words 2: most frequent first
+    # (ties in the trainer's order), cased, and only 8 of the 2-or-more words fit.
+    assert vocab["."] == 4 and {vocab["The"], vocab["the"]} == {5, 6} and {vocab["cat"], vocab["on"]} == {7, 8}
+    assert "log" not in vocab and "Cat" not in vocab
+    assert "zyxxy" not in vocab  # the Gutenberg header was not trained on
+    # Whitespace and every punctuation character split words; words outside the vocabulary are <unk>.
+    enc = tok.backend.encode("the cat,on the zebra.")  # "," is not in the 12 words
+    assert enc.tokens == ["the", "cat", "<unk>", "on", "the", "<unk>", "."]
+    # No template: ELMo adds its own <S> and </S>.
+    assert tok.template.prefix == [] and tok.template.single_suffix == []
+    config = json.loads((word_dir / "tokenizer_config.json").read_text())
+    assert config["unk_token"] == "<unk>" and config["bos_token"] == "<S>" and config["eos_token"] == "</S>"
+
+
+def test_word_level_lowercase(tmp_path, corpus_file):
+    tok = train_tokenizer(corpus_file, "word", 40, tmp_path, lowercase=True)
+    assert tok.backend.encode("The CAT").tokens == ["the", "cat"]
+    assert "The" not in tok.backend.get_vocab()
+
+
+def test_word_level_vocab_without_room_for_a_word_is_refused(tmp_path, corpus_file):
+    with pytest.raises(ValueError, match=r"vocab_size=4 is too small for a word tokenizer: it needs at least 5 .*1 word"):
+        train_tokenizer(corpus_file, "word", 4, tmp_path)

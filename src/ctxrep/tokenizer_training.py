@@ -1,6 +1,6 @@
-"""Train a subword tokenizer on plain-text files with the `tokenizers` library.
+"""Train a subword (or word-level) tokenizer on plain-text files with the `tokenizers` library.
 
-Two recipes, each matching the conventions of the model family it is for:
+Three recipes, each matching the conventions of the model family it is for:
 
 - ``"wordpiece"`` (BERT): BertNormalizer (lowercasing and accent stripping when ``lowercase``),
   BertPreTokenizer, WordPiece with ``##`` continuations, specials ``[PAD] [UNK] [CLS] [SEP] [MASK]``
@@ -8,6 +8,10 @@ Two recipes, each matching the conventions of the model family it is for:
 - ``"bpe"`` (RoBERTa / GPT-2): byte-level BPE with ``add_prefix_space``, specials
   ``<s> <pad> </s> <unk> <mask>`` at ids 0..4, RobertaProcessing (``<s> A </s></s> B </s>``),
   ByteLevel decoder.
+- ``"word"`` (ELMo's biLM softmax vocabulary, bilm-tf's vocab file): WordLevel over the ``vocab_size``
+  entries ``<pad> <unk> <S> </S>`` (ids 0..3) + the most frequent words, most frequent first (the order
+  the biLM's log-uniform candidate sampler assumes); words are split at whitespace and every punctuation
+  character is a word of its own; no template (ELMo adds <S> and </S> itself). Optional Lowercase.
 
 The text is read by `ctxrep.data.corpus` (Gutenberg header and footer removed, BOM and CRLF handled,
 binary files refused) and fed to the trainer line by line. The result is ``out_dir/tokenizer.json``
@@ -30,13 +34,16 @@ from ctxrep.tokenize import Tokenizer
 
 WORDPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 BPE_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-KINDS = ("wordpiece", "bpe")
+# <pad> first so that id 0 is padding, as ctxrep's word-id inputs assume; <S> and </S> are bilm-tf's names.
+WORD_SPECIALS = ["<pad>", "<unk>", "<S>", "</S>"]
+SPECIALS = {"wordpiece": WORDPIECE_SPECIALS, "bpe": BPE_SPECIALS, "word": WORD_SPECIALS}
+KINDS = ("wordpiece", "bpe", "word")
 BYTE_ALPHABET_SIZE = 256
 
 
 def train_tokenizer(
     files: str | Path | Sequence[str | Path],
-    kind: Literal["wordpiece", "bpe"],
+    kind: Literal["wordpiece", "bpe", "word"],
     vocab_size: int,
     out_dir: str | Path,
     lowercase: bool = False,
@@ -47,18 +54,23 @@ def train_tokenizer(
     """Train a tokenizer on `files` (a .txt file, a directory of them, or a list) and save it in `out_dir`.
 
     `lowercase`: BERT-uncased style for WordPiece (lowercase and strip accents); for BPE a Lowercase
-    normalizer (RoBERTa and GPT-2 themselves are cased).
+    normalizer (RoBERTa and GPT-2 themselves are cased); for word a Lowercase normalizer.
+    For ``kind="word"`` the vocabulary holds the specials and the vocab_size - 4 most frequent words that
+    occur at least `min_frequency` times (fewer when the corpus has fewer).
     `corpus` says how the text files are read (Gutenberg stripping); only its reading options are used.
     Returns the saved tokenizer loaded back through `ctxrep.tokenize.Tokenizer`.
     """
     if kind not in KINDS:
-        raise ValueError(f"tokenizer kind {kind!r} is not known: use 'wordpiece' (BERT) or 'bpe' (RoBERTa/GPT-2)")
-    specials = WORDPIECE_SPECIALS if kind == "wordpiece" else BPE_SPECIALS
-    smallest = len(specials) + 1 if kind == "wordpiece" else len(specials) + BYTE_ALPHABET_SIZE
+        raise ValueError(
+            f"tokenizer kind {kind!r} is not known: use 'wordpiece' (BERT), 'bpe' (RoBERTa/GPT-2) or 'word' (ELMo)"
+        )
+    specials = SPECIALS[kind]
+    smallest = len(specials) + BYTE_ALPHABET_SIZE if kind == "bpe" else len(specials) + 1
     if vocab_size < smallest:
         raise ValueError(
             f"vocab_size={vocab_size} is too small for a {kind} tokenizer: it needs at least {smallest} entries "
-            f"({len(specials)} special tokens" + (" + 256 byte symbols)" if kind == "bpe" else " + 1 piece)")
+            f"({len(specials)} special tokens"
+            + {"bpe": " + 256 byte symbols)", "word": " + 1 word)"}.get(kind, " + 1 piece)")
         )
     if min_frequency < 1:
         raise ValueError(f"min_frequency={min_frequency} must be at least 1")
@@ -79,6 +91,16 @@ def train_tokenizer(
             special_tokens=specials,
             continuing_subword_prefix="##",
             show_progress=show_progress,
+        )
+    elif kind == "word":
+        tok = HFTokenizer(models.WordLevel(unk_token="<unk>"))
+        if lowercase:
+            tok.normalizer = normalizers.Lowercase()
+        # "said," -> "said" ","; "don't" -> "don" "'" "t": each punctuation character is its own word.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+        # WordLevelTrainer keeps the vocab_size - len(specials) most frequent words, most frequent first.
+        trainer = trainers.WordLevelTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials, show_progress=show_progress
         )
     else:
         tok = HFTokenizer(models.BPE(unk_token="<unk>"))
@@ -112,7 +134,7 @@ def train_tokenizer(
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[cls, sep]
         )
-    else:
+    elif kind == "bpe":
         tok.post_processor = processors.RobertaProcessing(
             ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=True  # (sep, cls)
         )
@@ -153,6 +175,16 @@ def _transformers_config(kind: str, lowercase: bool) -> dict:
             "cls_token": "[CLS]",
             "sep_token": "[SEP]",
             "mask_token": "[MASK]",
+        }
+    if kind == "word":
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "do_lower_case": lowercase,
+            "model_input_names": ["input_ids", "attention_mask"],
+            "pad_token": "<pad>",
+            "unk_token": "<unk>",
+            "bos_token": "<S>",
+            "eos_token": "</S>",
         }
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
