@@ -69,8 +69,10 @@ class ProjectedLSTM(nn.Module):
         h = x.new_zeros(batch, self.projection_size)
         c = x.new_zeros(batch, self.cell_size)
         outputs = []
+        # unbind once: indexing x_gates[:, t] per step would add a full-size zero tensor per step in backward
+        steps = x_gates.unbind(1)  # seq x (batch, 4*cell)
         for t in range(seq) if self.go_forward else reversed(range(seq)):
-            h_new, c_new = self.step(x_gates[:, t], h, c)
+            h_new, c_new = self.step(steps[t], h, c)
             m = mask[:, t, None]  # (batch, 1)
             h = torch.where(m, h_new, h)
             c = torch.where(m, c_new, c)
