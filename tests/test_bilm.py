@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -326,3 +327,21 @@ def test_unknown_config_settings_are_refused(tmp_path, text_dir):
     config["elmo"]["n_tokens_vocab"] = 8  # set by the objective from the vocabulary
     with pytest.raises(ValueError, match=r"\[elmo\] has unknown setting\(s\) n_tokens_vocab"):
         build_bilm_run(config, text_dir, tmp_path / "run", progress=False)
+
+
+def test_pretrain_cli_trains_a_bilm_that_the_featurizer_reads(tmp_path, text_dir):
+    """`ctxrep pretrain --objective bilm --config tiny` end to end: the shipped config's [elmo] (options.json
+    layout, 20 characters per word) trains, and the folder works as `elmo:DIR` in the Featurizer."""
+    from click.testing import CliRunner
+
+    from ctxrep import Featurizer
+    from ctxrep.cli import main
+
+    out = tmp_path / "elmo-run"
+    result = CliRunner().invoke(main, ["pretrain", "--objective", "bilm", "--config", "tiny", "--corpus",
+                                       str(text_dir), "--out", str(out), "--max-steps", "6"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert any("forward_ppl" in r for r in records)
+    fz = Featurizer(f"elmo:{out}", layers="all")
+    assert fz.embed_words(["the cat sat on the mat"])[0].shape == (6, 3, 2 * fz.model.config.projection_dim)

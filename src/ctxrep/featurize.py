@@ -126,10 +126,11 @@ class Featurizer:
         return not isinstance(self.model, GPT2Model)
 
     def _char_table(self) -> torch.Tensor:
-        """(distinct words of this call + 1, 50) ELMo character ids; row 0 (padding) is all zeros."""
+        """(distinct words of this call + 1, max characters) ELMo character ids; row 0 (padding) is all zeros."""
         from ctxrep.models.elmo import batch_to_ids
 
-        chars = batch_to_ids([self.tokenizer.words[1:]])[0]  # (words, 50)
+        width = self.model.config.max_characters_per_token  # 50 in the published models
+        chars = batch_to_ids([self.tokenizer.words[1:]], max_characters_per_token=width)[0]  # (words, width)
         return torch.cat([torch.zeros_like(chars[:1]), chars])
 
     @property

@@ -17,8 +17,10 @@ def _register() -> None:
     from ctxrep.cli.finetune import finetune
     from ctxrep.cli.info import info
     from ctxrep.cli.plot_run import plot_run
+    from ctxrep.cli.pretrain import pretrain
+    from ctxrep.cli.tokenizer import tokenizer
 
-    for command in (embed, demo, info, finetune, plot_run, *ANALYSIS):
+    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, *ANALYSIS):
         main.add_command(command)
 
 

@@ -322,12 +322,14 @@ class BiLMDataConfig:
 _ELMO_FIELDS_SET_BY_THE_OBJECTIVE = ("n_tokens_vocab", "has_softmax")
 
 
-def _section(config: dict, name: str, cls, exclude: tuple[str, ...] = ()):
-    """Build dataclass `cls` from config[name], refusing keys it does not have."""
+def _section(config: dict, name: str, cls, exclude: tuple[str, ...] = (), ignore_others: bool = False):
+    """Build dataclass `cls` from config[name], refusing keys it does not have (or skipping them)."""
     values = dict(config.get(name) or {})
     known = [f.name for f in dataclasses.fields(cls) if f.name not in exclude]
     unknown = sorted(set(values) - set(known))
-    if unknown:
+    if ignore_others:
+        values = {k: v for k, v in values.items() if k in known}
+    elif unknown:
         raise ValueError(f"[{name}] has unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
     return cls(**values)
 
@@ -343,10 +345,27 @@ def build_bilm_run(config: dict, corpus: Path, out_dir: Path, progress: bool = T
     from ctxrep.tokenizer_training import train_tokenizer
 
     corpus, out_dir = Path(corpus), Path(out_dir)
-    elmo_config = _section(config, "elmo", ElmoConfig, exclude=_ELMO_FIELDS_SET_BY_THE_OBJECTIVE)
-    tok_config = _section(config, "tokenizer", WordTokenizerConfig)
-    data = _section(config, "data", BiLMDataConfig)
-    objective_config = _section(config, "objective", BiLMObjectiveConfig)
+    elmo = dict(config.get("elmo") or {})
+    if "char_cnn" in elmo or "lstm" in elmo:
+        # The layout of ELMo's options.json, as in ctxrep pretrain's shipped configs; other keys of [elmo] are
+        # the biLM objective's own settings (softmax, num_samples, dropout).
+        if "n_tokens_vocab" in elmo:
+            raise ValueError("[elmo] has unknown setting(s) n_tokens_vocab (set by the objective from the vocabulary)")
+        objective_keys = {f.name for f in dataclasses.fields(BiLMObjectiveConfig)}
+        elmo_config = ElmoConfig.from_options(elmo, source="[elmo]")
+        objective_config = BiLMObjectiveConfig(**{k: v for k, v in elmo.items() if k in objective_keys})
+        unknown = sorted(set(elmo) - objective_keys - {"char_cnn", "lstm"})
+        if unknown:
+            raise ValueError(f"[elmo] has unknown setting(s) {', '.join(unknown)}; known: char_cnn, lstm, "
+                             f"{', '.join(sorted(objective_keys))}")  # fmt: skip
+        # The shared [tokenizer] / [data] sections also hold the subword objectives' settings: take ours.
+        tok_config = _section(config, "tokenizer", WordTokenizerConfig, ignore_others=True)
+        data = _section(config, "data", BiLMDataConfig, ignore_others=True)
+    else:
+        elmo_config = _section(config, "elmo", ElmoConfig, exclude=_ELMO_FIELDS_SET_BY_THE_OBJECTIVE)
+        tok_config = _section(config, "tokenizer", WordTokenizerConfig)
+        data = _section(config, "data", BiLMDataConfig)
+        objective_config = _section(config, "objective", BiLMObjectiveConfig)
     reading = CorpusConfig(document_boundary=data.document_boundary, num_workers=data.num_workers)
 
     tokenizer_file = out_dir / TOKENIZER_FILE

@@ -1,0 +1,169 @@
+"""Equal-compute comparison of pretraining objectives: MLM, ELECTRA, CLM, PLM on the same text and clock.
+
+    python benchmarks/objectives.py --minutes 30 --markdown-out benchmarks/results/objectives.md
+
+Each objective trains a model of the same (discriminator) shape, the `small` config's unless --config says
+otherwise, on /work/shared/data/gutenberg/train for the same wall-clock budget (--minutes; tokenizer
+training and corpus packing come first and are not counted), in its own subprocess: the budget ends with
+SIGINT, which makes the Trainer finish its step and save the model. Then, in the same process:
+- held-out loss: the objective's own loss on gutenberg/valid (--eval-batches batches with a fixed seed);
+  losses of different objectives measure different tasks and are not comparable with each other;
+- SST-2: frozen sentence features (mean over the words of the last layer, ctxrep.Featurizer) and a
+  scikit-learn logistic regression trained on the SST-2 train sentences, accuracy on SST-2 dev.
+The results are a Markdown table with the exact command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DATA = Path("/work/shared/data")
+OBJECTIVES = ("mlm", "electra", "clm", "plm")
+
+
+def worker(args) -> dict:
+    """Prepare, print READY, train until SIGINT, evaluate; return the results."""
+    import numpy as np
+    import torch
+    from sklearn.linear_model import LogisticRegression
+
+    from ctxrep.data.corpus import pack_corpus
+    from ctxrep.data.sst import read_sst
+    from ctxrep.featurize import Featurizer
+    from ctxrep.train.pretrain import (
+        CORPUS_DIR,
+        _corpus_config,
+        _packer,
+        build_run,
+        load_config,
+        prepare_tokenizer,
+    )
+    from ctxrep.train.trainer import Trainer
+
+    torch.set_num_threads(args.threads)
+    objective, out = args.worker, Path(args.out_root) / args.worker
+    overrides = [("trainer.max_steps", "10000000"), ("trainer.eval_every", "0"), ("data.eval_fraction", "0"),
+                 ("trainer.checkpoint_every", "0"), ("tokenizer.vocab_size", str(args.vocab_size)),
+                 ("trainer.warmup_steps", str(args.lr_warmup))]  # fmt: skip
+    config = load_config(args.config, overrides)
+    shutil.rmtree(out / "checkpoint", ignore_errors=True)  # a fresh run; the tokenizer and packed text are reused
+    tok = prepare_tokenizer(objective, config, args.train, out)
+    packed = pack_corpus(args.train, out, out / CORPUS_DIR, _corpus_config(config.data), progress=False)
+    torch.manual_seed(config.trainer.seed)
+    run = build_run(objective, config, packed, tok)
+    trainer = Trainer(run.objective, config.trainer, run.train_data, out, None, run.save_model)
+    print("READY", flush=True)
+    started = time.perf_counter()
+    metrics = trainer.train(resume=False)
+    train_s = time.perf_counter() - started
+
+    valid = pack_corpus(args.valid, out, out / "valid", _corpus_config(config.data), progress=False)
+    source = _packer(objective == "mlm+nsp", valid, config, tok, warmup=False)
+    losses = []
+    model = run.objective.eval()
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(0)
+        for _ in range(args.eval_batches):
+            batch = {k: torch.from_numpy(v) for k, v in source.next_batch(config.trainer.batch_size).items()}
+            losses.append(float(model(batch).loss))
+
+    train_sst = read_sst(DATA / "sst" / "train.txt", classes=2)
+    dev_sst = read_sst(DATA / "sst" / "dev.txt", classes=2)
+    if args.limit_sst:  # a seeded random sample: the files are ordered by label
+        for data in (train_sst, dev_sst):
+            keep = np.random.default_rng(0).permutation(len(data.texts))[: args.limit_sst]
+            data.texts, data.labels = [data.texts[i] for i in keep], [data.labels[i] for i in keep]
+    featurizer = Featurizer(out, layers=-1, pooling="mean", sentence_pooling="mean")
+    x_train, x_dev = featurizer.embed_sentences(train_sst.texts), featurizer.embed_sentences(dev_sst.texts)
+    probe = LogisticRegression(max_iter=2000).fit(x_train, train_sst.labels)
+    accuracy = float(np.mean(probe.predict(x_dev) == np.array(dev_sst.labels)))
+    return {
+        "objective": objective,
+        "steps": metrics["step"],
+        "train_minutes": train_s / 60,
+        "tokens_per_s": metrics.get("tokens_per_s", float("nan")),
+        "train_loss": metrics.get("loss", float("nan")),
+        "valid_loss": sum(losses) / len(losses),
+        "sst2_dev_accuracy": accuracy,
+        "sst2_sizes": [len(train_sst.texts), len(dev_sst.texts)],
+        "sst2_majority": max(np.mean(dev_sst.labels), 1 - np.mean(dev_sst.labels)),
+    }
+
+
+def run_objective(objective: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", objective, *sys.argv[1:]]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:  # tokenizer training and packing are not timed
+        if line.strip() == "READY":
+            break
+    else:
+        raise SystemExit(f"{objective}: the worker stopped before training (exit {proc.wait()})")
+    deadline = time.monotonic() + args.minutes * 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)  # the Trainer finishes the step, saves the model and returns
+    output = proc.stdout.read()
+    if proc.wait():
+        raise SystemExit(f"{objective}: the worker failed (exit {proc.returncode})")
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=30.0, help="training wall-clock per objective")
+    p.add_argument("--objectives", default=",".join(OBJECTIVES))
+    p.add_argument("--config", default="small", help="model shape and training settings (a pretrain config)")
+    p.add_argument("--vocab-size", type=int, default=16000, help="tokenizer entries (gutenberg/train is ~16 MB)")
+    p.add_argument("--lr-warmup", type=int, default=200, help="learning-rate warm-up steps")
+    p.add_argument("--train", default=str(DATA / "gutenberg" / "train"))
+    p.add_argument("--valid", default=str(DATA / "gutenberg" / "valid"))
+    p.add_argument("--eval-batches", type=int, default=20)
+    p.add_argument("--limit-sst", type=int, default=None, help="use only the first N SST-2 train and dev sentences")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out-root", default="runs/objectives", help="one run folder per objective under this")
+    p.add_argument("--markdown-out", default=None)
+    p.add_argument("--worker", choices=OBJECTIVES, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)), flush=True)
+        return
+
+    rows = []
+    for objective in args.objectives.split(","):
+        r = run_objective(objective, args)
+        rows.append(r)
+        print(f"{objective}: {r['steps']} steps, valid loss {r['valid_loss']:.3f}, SST-2 dev {r['sst2_dev_accuracy']:.3f}",
+              flush=True)  # fmt: skip
+    n_train, n_dev = rows[0]["sst2_sizes"]
+    lines = [
+        f"Equal wall-clock pretraining ({args.minutes:g} min each, {args.threads} threads), `{args.config}` shape, "
+        f"vocab {args.vocab_size}, on gutenberg/train; held-out loss on gutenberg/valid (each objective's own "
+        f"loss: not comparable across rows); SST-2 dev accuracy of a logistic regression on frozen mean-pooled "
+        f"last-layer features ({n_train} train / {n_dev} dev sentences; majority class "
+        f"{rows[0]['sst2_majority']:.3f}).",
+        "",
+        "| objective | steps | tokens/s | train loss | valid loss | SST-2 dev acc |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['objective']} | {r['steps']} | {r['tokens_per_s']:.0f} | {r['train_loss']:.3f} | "
+                     f"{r['valid_loss']:.3f} | {r['sst2_dev_accuracy']:.3f} |")  # fmt: skip
+    lines += ["", "Command: `python benchmarks/objectives.py " + " ".join(sys.argv[1:]) + "`"]
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if args.markdown_out:
+        Path(args.markdown_out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

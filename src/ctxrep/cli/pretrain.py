@@ -1,0 +1,67 @@
+"""`ctxrep pretrain`: train a tokenizer, pack a corpus and pretrain one objective into a model folder."""
+
+from __future__ import annotations
+
+import click
+
+from ctxrep.cli.common import user_errors
+
+OBJECTIVES = ("mlm", "mlm+nsp", "electra", "clm", "plm", "bilm")  # as ctxrep.train.pretrain.OBJECTIVES
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """["--trainer.lr", "1e-3", "--warmup_steps=5"] -> [("trainer.lr", "1e-3"), ("warmup_steps", "5")]."""
+    pairs, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ValueError(f"unexpected argument {arg!r}; config fields are given as --section.field VALUE")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(args):
+            value = args[i + 1]
+            i += 2
+        else:
+            raise ValueError(f"{arg} needs a value: {arg} VALUE")
+        pairs.append((key, value))
+    return pairs
+
+
+@click.command(
+    "pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True}
+)
+@click.option("--objective", type=click.Choice(OBJECTIVES), required=True, help="Pretraining objective.")
+@click.option("--config", "config_name", default="small", show_default=True,
+              help="A shipped config (tiny, small, bert-base, roberta-base, electra-small) or a TOML file.")
+@click.option("--corpus", type=click.Path(), required=True, help="A .txt file or a folder of .txt files.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Run folder; becomes the model folder.")
+@click.option("--max-steps", type=int, default=None, help="Optimizer steps (overrides [trainer] max_steps).")
+@click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
+@click.option("--tokenizer", type=click.Path(), default=None,
+              help="Use this tokenizer.json (or its folder) instead of training one.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.pass_context
+@user_errors
+def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, tokenizer, progress) -> None:  # fmt: skip
+    """Pretrain --objective on --corpus with --config into --out.
+
+    Any config field can be overridden as --section.field VALUE (e.g. --trainer.lr 5e-4), or --field VALUE
+    when only one section has it.
+    """
+    from ctxrep.train import distributed
+    from ctxrep.train.pretrain import load_config
+    from ctxrep.train.pretrain import pretrain as run_pretraining
+
+    dist = distributed.init_distributed()  # first: under torchrun every process joins before any work
+    try:
+        config = load_config(config_name, parse_overrides(ctx.args))
+        metrics = run_pretraining(objective, config, corpus, out_dir, max_steps, resume, tokenizer, progress)
+    finally:
+        distributed.shutdown()
+    if dist.is_main:
+        loss = f"loss {metrics['loss']:.4f}" if "loss" in metrics else "no new steps"
+        held_out = f", eval loss {metrics['eval_loss']:.4f}" if "eval_loss" in metrics else ""
+        click.echo(f"step {metrics['step']}: {loss}{held_out}; wrote {out_dir}")

@@ -1,0 +1,384 @@
+"""`ctxrep pretrain` and `ctxrep tokenizer train`: every objective trains from the command line on a tiny
+corpus and its folder loads in ctxrep and transformers; resume, held-out split, configs, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+import ctxrep
+from ctxrep.cli.pretrain import parse_overrides, pretrain
+from ctxrep.cli.tokenizer import tokenizer as tokenizer_group
+from ctxrep.data.corpus import CorpusConfig, pack_corpus
+from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.tokenize import Tokenizer
+from ctxrep.train.pretrain import (
+    CONFIG_DIR,
+    DataSection,
+    PretrainError,
+    load_config,
+    split_held_out,
+)
+from ctxrep.train.run import PretrainRun
+from ctxrep.train.trainer import Trainer
+
+SENTENCES = ["Kalo mitu ren sava.", "Dar ulgor feshi na bel torqui."]
+
+
+def write_corpus(folder: Path, documents: int = 8, sentences: int = 60, seed: int = 0) -> Path:
+    """A made-up language (Zipfian words, frequent word-to-word transitions) with enough distinct words to
+    fill a 1000-entry WordPiece or BPE vocabulary; one document per file."""
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "tu", "ren", "sa", "vo", "pi", "dar", "en", "ul", "gor", "fe", "shi", "na",
+                 "bel", "tor", "qui", "as", "mun", "ze", "ri", "pol", "ha", "ost", "ny", "cle", "wa", "jo", "ix"]  # fmt: skip
+    words = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(900)})
+    weights = [1.0 / (i + 1) for i in range(len(words))]
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in range(documents):
+        lines = []
+        for _ in range(sentences):
+            w = rng.choices(range(len(words)), weights)[0]
+            out = []
+            for _ in range(rng.randint(6, 14)):
+                out.append(words[w])
+                w = (w * 7 + 3) % len(words) if rng.random() < 0.6 else rng.choices(range(len(words)), weights)[0]
+            lines.append(" ".join(out).capitalize() + ".")
+        (folder / f"doc{d}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def run(command, args):
+    return CliRunner().invoke(command, [str(a) for a in args])
+
+
+def train(corpus: Path, out: Path, objective: str, *extra) -> None:
+    args = ["--objective", objective, "--config", "tiny", "--corpus", corpus, "--out", out, "--no-progress", *extra]
+    result = run(pretrain, args)
+    assert result.exit_code == 0, result.output
+
+
+def fails(args, *fragments: str, command=pretrain) -> str:
+    result = run(command, args)
+    assert result.exit_code == 1, result.output
+    message = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(message) == 1 and "Traceback" not in result.output, result.output
+    for fragment in fragments:
+        assert fragment in message[0], message[0]
+    return message[0]
+
+
+def logged_losses(out: Path) -> list[float]:
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    for r in records:
+        if "loss" in r:
+            assert {"step", "loss", "lr", "tokens_per_s"} <= set(r) and r["tokens_per_s"] > 0
+    return [r["loss"] for r in records if "loss" in r]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models gain nothing from a second thread, and on a busy machine the threads wait for each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "text")
+
+
+@pytest.fixture(scope="module")
+def mlm_run(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "mlm"
+    train(corpus, out, "mlm", "--max-steps", 20)
+    return out
+
+
+# ------------------------------------------------------------------------------ every objective
+
+
+HF_CLASS = {"mlm": "AutoModel", "mlm+nsp": "AutoModel", "electra": "AutoModel", "clm": "AutoModelForCausalLM",
+            "plm": "AutoModel"}  # fmt: skip
+MODEL_TYPE = {"mlm": "bert", "mlm+nsp": "bert", "electra": "electra", "clm": "gpt2", "plm": "xlnet"}
+
+
+@pytest.mark.parametrize("objective", ["mlm", "mlm+nsp", "electra", "clm", "plm"])
+def test_objective_trains_from_the_cli_and_loads_everywhere(objective, corpus, tmp_path):
+    import transformers
+
+    out = tmp_path / "run"
+    train(corpus, out, objective, "--max-steps", 30, "--trainer.log_every", 5)
+    losses = logged_losses(out)
+    assert len(losses) == 6
+    assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.1, losses
+    assert (out / "corpus" / "manifest.json").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == MODEL_TYPE[objective]
+    assert json.loads((out / "pretrain.json").read_text())["objective"] == objective
+
+    tok = Tokenizer.from_model_dir(out)
+    assert tok.vocab_size == 1000
+    model = ctxrep.load_model(out)
+    ids = torch.tensor([tok.build_inputs(tok.backend.encode(SENTENCES[0], add_special_tokens=False).ids)[0]])
+    with torch.no_grad():
+        ours = model(ids).last_hidden_state
+        hf_model = getattr(transformers, HF_CLASS[objective]).from_pretrained(out).eval()
+        hf_out = hf_model(ids, output_hidden_states=True)
+    # A causal-LM output has no last_hidden_state; its last hidden state is after the final LayerNorm, as ours.
+    theirs = hf_out.hidden_states[-1] if objective == "clm" else hf_out.last_hidden_state
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tok(SENTENCES[0])["input_ids"] == ids[0].tolist()
+
+    vectors = ctxrep.Featurizer(out).embed_sentences(SENTENCES)
+    assert vectors.shape == (2, 64) and np.isfinite(vectors).all()
+
+
+def test_plm_tokenizer_follows_xlnets_template(corpus, tmp_path):
+    out = tmp_path / "plm"
+    train(corpus, out, "plm", "--max-steps", 2)
+    tok = Tokenizer.from_model_dir(out)
+    sep, cls = tok.backend.token_to_id("<sep>"), tok.backend.token_to_id("<cls>")
+    enc = tok.backend.encode("kalo mitu", "ren sava")
+    assert enc.ids[-1] == cls and enc.ids.count(sep) == 2 and enc.ids[0] != cls
+    assert enc.type_ids[-1] == 2
+    assert tok.template.cls_index == -1
+
+
+# ----------------------------------------------------------------------------------------- resume
+
+
+def test_resumed_run_ends_where_an_uninterrupted_one_does(corpus, mlm_run, tmp_path, monkeypatch):
+    out = tmp_path / "resumed"
+    with monkeypatch.context() as m:  # as if Ctrl-C were pressed during step 10 of 20
+        m.setattr(Trainer, "_should_stop", lambda self: self.step == 10)
+        # mlm_run's tokenizer: the tokenizers library's trainers may break frequency ties differently per process
+        train(corpus, out, "mlm", "--max-steps", 20, "--tokenizer", mlm_run)
+    assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 10
+    train(corpus, out, "mlm", "--max-steps", 20, "--resume")
+    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert max(steps) == 20 and steps == sorted(steps)
+    resumed, straight = load_file(out / "model.safetensors"), load_file(mlm_run / "model.safetensors")
+    assert resumed.keys() == straight.keys()
+    for name in straight:
+        torch.testing.assert_close(resumed[name], straight[name], atol=0, rtol=0, msg=name)
+
+
+def test_resume_with_another_objective_is_refused(corpus, mlm_run):
+    args = ["--objective", "clm", "--config", "tiny", "--corpus", corpus, "--out", mlm_run, "--resume"]
+    fails(args, "holds a mlm run, not clm", "--objective mlm")
+
+
+def test_a_fresh_run_does_not_overwrite_a_checkpoint(corpus, mlm_run):
+    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", mlm_run]
+    fails(args, "already holds a checkpoint", "--resume")
+    assert json.loads((mlm_run / "pretrain.json").read_text())["objective"] == "mlm"
+
+
+def test_resume_needs_a_run(corpus, tmp_path):
+    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "none", "--resume"]
+    fails(args, "nothing to resume")
+
+
+# -------------------------------------------------------------------------------------- bad input
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    fails(["--objective", "mlm", "--config", "tiny", "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "o"],
+          "corpus is empty")  # fmt: skip
+
+
+def test_binary_corpus(tmp_path):
+    (tmp_path / "data.txt").write_bytes(b"some text\x00\x01\x02 more")
+    fails(["--objective", "clm", "--config", "tiny", "--corpus", tmp_path / "data.txt", "--out", tmp_path / "o"],
+          "data.txt", "NUL")  # fmt: skip
+
+
+def test_corpus_smaller_than_one_sequence(mlm_run, tmp_path):
+    (tmp_path / "short.txt").write_text("Kalo mitu ren sava.\n")
+    args = ["--objective", "mlm", "--config", "tiny", "--corpus", tmp_path / "short.txt", "--out", tmp_path / "o",
+            "--tokenizer", mlm_run, "--data.eval_fraction", 0]  # fmt: skip
+    fails(args, "fewer than one sequence", "max_length=64")
+
+
+def test_tokenizer_and_model_vocabulary_sizes_must_match(corpus, mlm_run, tmp_path):
+    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
+            "--tokenizer", mlm_run / "tokenizer.json", "--tokenizer.vocab_size", 1200]  # fmt: skip
+    fails(args, "has 1000 entries", "vocab_size is 1200", "tiny.toml")
+
+
+def test_corpus_too_small_to_hold_out_an_evaluation_slice(mlm_run, tmp_path):
+    line = "Kalo mitu ren sava dar ulgor feshi na bel torqui.\n"
+    per_line = len(Tokenizer.from_model_dir(mlm_run).backend.encode(line, add_special_tokens=False).ids)
+    lines = -(-100 // per_line)  # about 100 tokens: more than one 64-token sequence, less than two
+    (tmp_path / "small.txt").write_text(line * lines)
+    args = ["--objective", "mlm", "--config", "tiny", "--corpus", tmp_path / "small.txt", "--out", tmp_path / "o",
+            "--tokenizer", mlm_run]  # fmt: skip
+    fails(args, "too small to hold out", "--data.eval_fraction 0")
+
+
+def test_unknown_config_key_names_the_key_and_the_file(corpus, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text((CONFIG_DIR / "tiny.toml").read_text().replace("hidden_size = 64", "hiden_size = 64"))
+    fails(["--objective", "mlm", "--config", bad, "--corpus", corpus, "--out", tmp_path / "o"],
+          "unknown key 'hiden_size'", "[encoder]", str(bad))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["--trainer.lrr", "1"], "[trainer] in"),
+        (["--no_such_field", "1"], "no config section has a key 'no_such_field'"),
+        (["--trainer.lr", "fast"], "expected float, got 'fast'"),
+        (["--decoder.layers", "3"], "unknown section 'decoder'"),
+        (["--trainer.lr"], "needs a value"),
+    ],
+)
+def test_bad_overrides(corpus, tmp_path, override, message):
+    fails(["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o", *override], message)
+
+
+def test_unknown_config_name_lists_the_shipped_ones(corpus, tmp_path):
+    fails(["--objective", "mlm", "--config", "huge", "--corpus", corpus, "--out", tmp_path / "o"],
+          "'huge'", "bert-base", "electra-small", "roberta-base", "small", "tiny")  # fmt: skip
+
+
+def test_sequence_longer_than_the_positions(corpus, tmp_path):
+    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
+            "--max_length", 128]  # fmt: skip
+    fails(args, "max_length=128 is longer than the model's 64 positions")
+
+
+# ----------------------------------------------------------------------------------------- configs
+
+
+def test_shipped_configs_load_with_their_published_shapes():
+    small = load_config("small")
+    e, t = small.encoder, small.trainer
+    assert (e.hidden_size, e.num_hidden_layers, e.num_attention_heads, e.intermediate_size) == (256, 4, 4, 1024)
+    assert (small.data.max_length, t.batch_size, small.tokenizer.vocab_size) == (128, 32, 30522)
+    assert "elmo" in small.raw and "elmo" in load_config("tiny").raw
+    base = load_config("bert-base").encoder
+    assert (base.hidden_size, base.num_hidden_layers, base.num_attention_heads, base.intermediate_size) == (
+        768, 12, 12, 3072)  # fmt: skip
+    roberta = load_config("roberta-base")
+    assert roberta.encoder.max_position_embeddings == 514 and roberta.tokenizer.vocab_size == 50265
+    assert roberta.trainer.betas == (0.9, 0.98)
+    electra = load_config("electra-small")
+    assert (electra.encoder.hidden_size, electra.encoder.embedding_size, electra.encoder.num_hidden_layers) == (
+        256, 128, 12)  # fmt: skip
+
+
+def test_overrides_are_typed_and_reach_every_section():
+    config = load_config("tiny", [("trainer.lr", "3e-3"), ("batch_size", "16"), ("betas", "[0.9, 0.98]"),
+                                  ("lowercase", "false"), ("elmo.lstm.dim", "32"), ("trainer.warmup_steps", "2")])  # fmt: skip
+    assert config.trainer.lr == 3e-3 and config.trainer.batch_size == 16 and config.trainer.betas == (0.9, 0.98)
+    assert config.tokenizer.lowercase is False and config.trainer.warmup_steps == 2
+    assert config.raw["elmo"]["lstm"]["dim"] == 32
+    with pytest.raises(PretrainError, match="has no key 'lstm.nope' in \\[elmo\\]"):
+        load_config("tiny", [("elmo.lstm.nope", "1")])
+
+
+def test_a_key_in_two_sections_needs_its_section(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text((CONFIG_DIR / "tiny.toml").read_text().replace("[elmo.char_cnn]", "lr = 1\n[elmo.char_cnn]"))
+    with pytest.raises(PretrainError, match="--lr is ambiguous: .* use --trainer.lr or --elmo.lr"):
+        load_config(config, [("lr", "1e-3")])
+    assert load_config(config, [("trainer.lr", "1e-3")]).trainer.lr == 1e-3
+
+
+def test_parse_overrides_accepts_both_spellings():
+    assert parse_overrides(["--trainer.lr", "1e-3", "--k=7"]) == [("trainer.lr", "1e-3"), ("k", "7")]
+    with pytest.raises(ValueError, match="unexpected argument 'stray'"):
+        parse_overrides(["stray"])
+
+
+# --------------------------------------------------------------------------------- held-out split
+
+
+def test_held_out_split_is_the_tail_and_keeps_every_sentence(corpus, mlm_run):
+    packed = pack_corpus(corpus, mlm_run, mlm_run / "corpus", CorpusConfig(num_workers=1), progress=False)
+    train_part, held_out = split_held_out(packed, DataSection(max_length=64, eval_fraction=0.1), min_documents=2)
+    assert train_part.num_tokens + held_out.num_tokens == packed.num_tokens
+    assert held_out.num_tokens >= 0.1 * packed.num_tokens
+    assert held_out.num_documents >= 2 and train_part.num_documents >= 2
+    assert train_part.num_sentences + held_out.num_sentences == packed.num_sentences
+    np.testing.assert_array_equal(held_out.sentence(held_out.num_sentences - 1), packed.sentence(packed.num_sentences - 1))
+    np.testing.assert_array_equal(held_out.sentence(0), packed.sentence(train_part.num_sentences))
+    assert split_held_out(packed, DataSection(eval_fraction=0.0)) == (packed, None)
+
+
+# ---------------------------------------------------------------------------------------- bilm hook
+
+
+def test_bilm_is_built_by_the_elmo_objective_with_the_whole_config(corpus, tmp_path, monkeypatch):
+    calls = {}
+
+    class Objective(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, batch):
+            return ObjectiveOutput(loss=((self.w - 3) ** 2).sum(), num_tokens=1)
+
+    class Source:
+        def next_batch(self, n):
+            return {"x": np.zeros((n, 1), np.int64)}
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    def build_bilm_run(config: dict, corpus_path: Path, out_dir: Path) -> PretrainRun:
+        calls.update(config=config, corpus=corpus_path, out=out_dir)
+        return PretrainRun(Objective(), Source(), None, lambda d: (d / "options.json").write_text("{}"))
+
+    monkeypatch.setitem(sys.modules, "ctxrep.objectives.bilm", types.SimpleNamespace(build_bilm_run=build_bilm_run))
+    out = tmp_path / "elmo"
+    train(corpus, out, "bilm", "--max-steps", 3, "--elmo.lstm.dim", 16)
+    assert calls["config"]["elmo"]["lstm"]["dim"] == 16 and "tokenizer" in calls["config"]
+    assert calls["corpus"] == corpus and calls["out"] == out
+    assert (out / "options.json").is_file() and not (out / "tokenizer.json").exists()
+
+
+# ------------------------------------------------------------------------------------ tokenizer CLI
+
+
+@pytest.mark.parametrize("kind, size", [("wordpiece", 300), ("bpe", 400)])
+def test_tokenizer_train_cli(corpus, tmp_path, kind, size):
+    result = run(tokenizer_group, ["train", corpus / "doc0.txt", corpus / "doc1.txt", "--kind", kind,
+                                   "--vocab-size", size, "--out", tmp_path / "tok", "--lowercase"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"{size} entries" in result.output
+    tok = Tokenizer.from_model_dir(tmp_path / "tok")
+    assert tok.vocab_size == size and (tmp_path / "tok" / "tokenizer_config.json").is_file()
+
+
+def test_tokenizer_train_cli_bad_input(tmp_path):
+    (tmp_path / "a.txt").write_text("Kalo mitu.\n")
+    fails(["train", tmp_path / "a.txt", "--kind", "bpe", "--vocab-size", 100, "--out", tmp_path / "tok"],
+          "vocab_size=100 is too small", command=tokenizer_group)  # fmt: skip
+    fails(["train", tmp_path / "missing.txt", "--kind", "wordpiece", "--vocab-size", 100, "--out", tmp_path / "t"],
+          "no such file", command=tokenizer_group)  # fmt: skip
+
+
+def test_the_cli_offers_every_objective_of_the_library():
+    from ctxrep.cli import pretrain as cli_module
+    from ctxrep.train import pretrain as library
+
+    assert cli_module.OBJECTIVES == library.OBJECTIVES
