@@ -35,6 +35,16 @@ SETTINGS = {
 TARGETS = {("sst2", "finetune"): 0.88, ("conll2003", "finetune"): 0.88}
 
 
+def _literal(value: str):
+    """'5e-5' -> 5e-05, '4' -> 4, 'true' -> True, anything else stays a string."""
+    for convert in (int, float):
+        try:
+            return convert(value)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(value.lower(), value)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["sst2", "conll2003", "all"], default="all")
@@ -46,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", default=None, help="Frozen-feature cache folder.")
     parser.add_argument("--markdown-out", default=None, help="Write the result table as Markdown here.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="Override one estimator setting of every run, e.g. --set lr=5e-5 --set pooling=mean.")
     args = parser.parse_args(argv)
 
     import torch
@@ -61,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
             params = dict(SETTINGS[(task, mode)])
             if args.epochs is not None:
                 params["max_epochs"] = args.epochs
+            for item in args.set:
+                key, _, value = item.partition("=")
+                params[key] = _literal(value)
             train, dev = FILES[task]
             print(f"== {task} {mode} {params}", flush=True)
             started = time.perf_counter()
