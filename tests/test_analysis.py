@@ -462,3 +462,25 @@ def test_random_control_really_runs_a_different_model(fz):
     np.testing.assert_allclose(fz.embed_words(words)[0], ours)  # the original is untouched
     top = with_layers(fz, -1).embed_words(words)[0]
     np.testing.assert_allclose(top, ours[:, -1], atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def tiny_elmo(tmp_path_factory) -> str:
+    from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
+
+    torch.manual_seed(0)
+    model = ElmoBiLM(ElmoConfig(filters=[(1, 4), (2, 8)], n_highway=1, lstm_dim=16, projection_dim=8))
+    path = tmp_path_factory.mktemp("elmo")
+    model.save_pretrained(path)
+    return f"elmo:{path}"
+
+
+def test_elmo_models_get_probes_and_a_report_but_no_attention(tiny_elmo, data_dir, tmp_path):
+    fz = Featurizer(tiny_elmo, layers="all")
+    with pytest.raises(ValueError, match="ElmoBiLM has no attention heads"):
+        attention.head_statistics(fz, [["the", "dog", "runs"]])
+    with pytest.raises(ValueError, match="ELMo has no table of static word vectors"):
+        neighbors.static_neighbors(fz, "play")
+    page = build_report(fz, tmp_path / "report", ud_path=data_dir / "tiny.conllu", max_sentences=20, control=False)
+    text = page.read_text()
+    assert "biLSTM layers (no attention)" in text and "UPOS probe by layer" in text

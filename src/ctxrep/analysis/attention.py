@@ -71,6 +71,17 @@ def _encode(fz: Featurizer, words: list[str]) -> _Input | None:
     return _Input(words, ids, types, tokens, word_of, fz.tokenizer.template.cls_index % len(ids))
 
 
+def has_attention(fz: Featurizer) -> bool:
+    """ELMo (word level, LSTMs) has no attention heads; the Transformer families do."""
+    return not fz.word_level
+
+
+def _require_attention(fz: Featurizer) -> None:
+    if not has_attention(fz):
+        raise ValueError(f"{type(fz.model).__name__} has no attention heads (it is a biLSTM); attention statistics "
+                         "need a Transformer model")  # fmt: skip
+
+
 def _attentions(fz: Featurizer, inputs: list[_Input], batch_size: int = 16) -> Iterator[tuple[_Input, torch.Tensor]]:
     """Each input with its attention probabilities (layers, heads, seq, seq), in input order."""
     pad = fz.tokenizer.pad_token_id
@@ -86,6 +97,7 @@ def _attentions(fz: Featurizer, inputs: list[_Input], batch_size: int = 16) -> I
 
 
 def _encode_all(fz: Featurizer, sentences: Sequence[str | Sequence[str]]) -> tuple[list[_Input], int]:
+    _require_attention(fz)
     inputs, skipped = [], 0
     for i, s in enumerate(sentences):
         try:
@@ -264,6 +276,7 @@ def head_attention(
     fz: Featurizer, sentence: str | Sequence[str], layer: int, head: int
 ) -> tuple[list[str], np.ndarray]:
     """The tokens of `sentence` and one head's (seq, seq) attention matrix over them (row = query)."""
+    _require_attention(fz)
     _check_head(fz, layer, head)
     x = _encode(fz, _words(sentence))
     if x is None:

@@ -199,7 +199,14 @@ def _is_special(token: str) -> bool:
     return (token.startswith("[") and token.endswith("]")) or (token.startswith("<") and token.endswith(">"))
 
 
+def _require_embedding_table(fz: Featurizer) -> None:
+    if fz.word_level:
+        raise ValueError("ELMo has no table of static word vectors (its layer 0 is computed from characters); "
+                         "static neighbours need a model with a subword embedding matrix")  # fmt: skip
+
+
 def _embedding_matrix(fz: Featurizer) -> np.ndarray:
+    _require_embedding_table(fz)
     return fz.model.embeddings.word_embeddings.weight.detach().float().numpy()
 
 
@@ -214,6 +221,7 @@ def static_vector(fz: Featurizer, word: str) -> np.ndarray:
 def static_neighbors(fz: Featurizer, word: str, k: int = 10, vocabulary: StaticVocabulary | None = None
                      ) -> list[tuple[str, float]]:  # fmt: skip
     """The k vocabulary words whose input embeddings are closest (cosine) to `word`'s, the word itself left out."""
+    _require_embedding_table(fz)
     vocabulary = vocabulary or StaticVocabulary.from_featurizer(fz)
     v = static_vector(fz, word)
     sims = vocabulary.vectors @ (v / max(float(np.linalg.norm(v)), 1e-12))

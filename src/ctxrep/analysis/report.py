@@ -109,59 +109,8 @@ def sense_similarities(fz: Featurizer, demo: SenseDemo, layers: list[int]) -> li
     return rows
 
 
-def build_report(
-    model: str | os.PathLike | Featurizer,
-    out_dir: str | os.PathLike,
-    ud_path: str | os.PathLike | None = None,
-    wic_path: str | os.PathLike | None = None,
-    max_sentences: int = 300,
-    max_wic_pairs: int = 1000,
-    control: bool = True,
-    seed: int = 0,
-) -> Path:
-    """Run the battery and write out_dir/report.html (self-contained) and out_dir/report.json; return the page path.
-
-    ud_path: a CoNLL-U file (its first `max_sentences` sentences are probed, 80% train / 20% dev, and used for
-        the attention statistics); without it the attention section uses a few built-in sentences.
-    wic_path: a WiC folder with train/ and dev/ (each holding *.data.txt and *.gold.txt).
-    """
-    fz = as_featurizer(model)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cfg = fz.model.config
-    name = model_name(fz)
-    numbers: dict = {"model": name, "layers": fz.num_layers, "hidden": fz.model.hidden_size,
-                     "heads": cfg.num_attention_heads}  # fmt: skip
-    body = [f"<h1>ctxrep analysis report</h1><p>model <code>{html.escape(name)}</code>: {fz.num_layers} layers, "
-            f"hidden size {fz.model.hidden_size}, {cfg.num_attention_heads} heads per layer.</p>"]  # fmt: skip
-
-    # -- probing
-    parsed = None
-    if ud_path is not None:
-        from ctxrep.data.conllu import read_conllu
-
-        parsed = read_conllu(ud_path)[:max_sentences]
-        if not parsed:
-            raise ValueError(f"{ud_path}: no sentences (empty corpus)")
-        data = probe.load_probe_data("upos", ud_path, max_sentences)
-        train, dev = probe.split_data(data)
-        result = probe.run_probe(fz, train, dev, control=control, seed=seed)
-        numbers["probe"] = result.to_dict()
-        header = ["", *[f"L{j}" for j in range(fz.num_layers + 1)], "mix", "E[layer]"]
-        rows = [[r.name, *r.layer_accuracy, r.mix_accuracy, r.expected_layer] for r in result.rows]
-        rows += [[r.name + " mix weights", *r.mix_weights, "", ""] for r in result.rows]
-        body.append(
-            "<h2>UPOS probe by layer</h2>"
-            f"<p>Softmax-regression probes on frozen word vectors of {html.escape(str(ud_path))}: "
-            f"{result.n_train} train / {result.n_dev} dev words, {len(result.labels)} tags, majority baseline "
-            f"{result.majority_accuracy:.3f}. The mix probe learns a ScalarMix of all layers (Tenney et al. 2019); "
-            "the random-init row is the same network with untrained weights.</p>"
-            + _table(header, rows, "dev accuracy")
-            + _img(_png(result.save_plot), "probe accuracy by layer")
-        )
-
-    # -- attention
-    sentences = [s.words for s in parsed] if parsed else [s.split() for s in DEFAULT_SENTENCES]
+def _attention_sections(fz: Featurizer, sentences: list[list[str]], parsed, body: list[str], numbers: dict) -> None:
+    """Head statistics, grids, one heatmap and (with a parsed corpus) the best head per dependency relation."""
     stats = attention.head_statistics(fz, sentences)
     numbers["attention"] = asdict(stats)
     images = "".join(
@@ -194,16 +143,75 @@ def build_report(
                        r.baseline_accuracy] for r in deps.relations])  # fmt: skip
         )
 
+
+def build_report(
+    model: str | os.PathLike | Featurizer,
+    out_dir: str | os.PathLike,
+    ud_path: str | os.PathLike | None = None,
+    wic_path: str | os.PathLike | None = None,
+    max_sentences: int = 300,
+    max_wic_pairs: int = 1000,
+    control: bool = True,
+    seed: int = 0,
+) -> Path:
+    """Run the battery and write out_dir/report.html (self-contained) and out_dir/report.json; return the page path.
+
+    ud_path: a CoNLL-U file (its first `max_sentences` sentences are probed, 80% train / 20% dev, and used for
+        the attention statistics); without it the attention section uses a few built-in sentences.
+    wic_path: a WiC folder with train/ and dev/ (each holding *.data.txt and *.gold.txt).
+    """
+    fz = as_featurizer(model)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = model_name(fz)
+    heads = getattr(fz.model.config, "num_attention_heads", None)  # None: ELMo, a biLSTM
+    numbers: dict = {"model": name, "layers": fz.num_layers, "hidden": fz.model.hidden_size, "heads": heads}
+    shape = f"{heads} heads per layer" if heads else "biLSTM layers (no attention)"
+    body = [f"<h1>ctxrep analysis report</h1><p>model <code>{html.escape(name)}</code>: {fz.num_layers} layers, "
+            f"hidden size {fz.model.hidden_size}, {shape}.</p>"]  # fmt: skip
+
+    # -- probing
+    parsed = None
+    if ud_path is not None:
+        from ctxrep.data.conllu import read_conllu
+
+        parsed = read_conllu(ud_path)[:max_sentences]
+        if not parsed:
+            raise ValueError(f"{ud_path}: no sentences (empty corpus)")
+        data = probe.load_probe_data("upos", ud_path, max_sentences)
+        train, dev = probe.split_data(data)
+        result = probe.run_probe(fz, train, dev, control=control, seed=seed)
+        numbers["probe"] = result.to_dict()
+        header = ["", *[f"L{j}" for j in range(fz.num_layers + 1)], "mix", "E[layer]"]
+        rows = [[r.name, *r.layer_accuracy, r.mix_accuracy, r.expected_layer] for r in result.rows]
+        rows += [[r.name + " mix weights", *r.mix_weights, "", ""] for r in result.rows]
+        body.append(
+            "<h2>UPOS probe by layer</h2>"
+            f"<p>Softmax-regression probes on frozen word vectors of {html.escape(str(ud_path))}: "
+            f"{result.n_train} train / {result.n_dev} dev words, {len(result.labels)} tags, majority baseline "
+            f"{result.majority_accuracy:.3f}. The mix probe learns a ScalarMix of all layers (Tenney et al. 2019); "
+            "the random-init row is the same network with untrained weights.</p>"
+            + _table(header, rows, "dev accuracy")
+            + _img(_png(result.save_plot), "probe accuracy by layer")
+        )
+
+    # -- attention
+    sentences = [s.words for s in parsed] if parsed else [s.split() for s in DEFAULT_SENTENCES]
+    if attention.has_attention(fz):
+        _attention_sections(fz, sentences, parsed, body, numbers)
+    else:
+        body.append("<h2>Attention heads</h2><p>This model has no attention heads (ELMo's layers are biLSTMs).</p>")
+
     # -- sense demos
     shown = sorted({1, max(1, fz.num_layers // 2), fz.num_layers})
     layers = [0, *shown]
-    vocabulary = neighbors.StaticVocabulary.from_featurizer(fz)
+    vocabulary = None if fz.word_level else neighbors.StaticVocabulary.from_featurizer(fz)  # ELMo: no word table
     body.append("<h2>One word, several senses</h2><p>Cosine of the word's vectors in two sentences at layer 0 "
                 "(embeddings) and higher layers: contextual vectors should separate the senses.</p>")  # fmt: skip
     numbers["senses"] = {}
     for demo in SENSE_DEMOS:
         pairs = sense_similarities(fz, demo, layers)
-        static = neighbors.static_neighbors(fz, demo.word, 6, vocabulary)
+        static = neighbors.static_neighbors(fz, demo.word, 6, vocabulary) if vocabulary else []
         numbers["senses"][demo.word] = {"pairs": pairs, "static_neighbors": static}
         listing = "".join(
             f"<li>{html.escape(s)} <small>({html.escape(demo.senses[i])})</small></li>"
@@ -213,8 +221,8 @@ def build_report(
             f"<h3>{html.escape(demo.word)}</h3><ol start=0>{listing}</ol>"
             + _table(["pair", "same sense", *[f"cos L{j}" for j in layers]],
                      [[f"{p['a']}-{p['b']}", "yes" if p["same_sense"] else "no", *p["cosine"]] for p in pairs])
-            + "<p>Static neighbours (input embeddings): "
-            + html.escape(", ".join(f"{w} ({s:.2f})" for w, s in static)) + "</p>"
+            + ("<p>Static neighbours (input embeddings): "
+               + html.escape(", ".join(f"{w} ({s:.2f})" for w, s in static)) + "</p>" if static else "")
         )  # fmt: skip
 
     # -- WiC
