@@ -260,3 +260,15 @@ def test_cli_finetune_sst2_and_conll(tiny_models, tmp_path):
     result = runner.invoke(finetune, ["--task", "sst2", "--train", str(tmp_path / "missing"), "--dev", str(sst),
                                       "--out", str(out)] + base)  # fmt: skip
     assert result.exit_code == 1 and "error:" in result.output
+
+
+@pytest.mark.parametrize("kind", ["roberta", "electra"])
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_estimators_work_with_other_encoder_families(tiny_models, tmp_path, kind, mode):
+    model = str(tiny_models[kind])
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, mode, model=model, max_epochs=15, lstm_size=16))
+    assert clf.fit(X_CLS, Y_CLS).score(X_CLS, Y_CLS) == 1.0
+    tagger = TokenTagger(**common(tiny_models, tmp_path, mode, model=model, max_epochs=25, lstm_size=16))
+    predicted = tagger.fit(X_TAG, Y_TAG).predict(X_TAG[:2])
+    assert [len(p) for p in predicted] == [4, 4]
+    assert tagger.score(X_TAG, Y_TAG) > 0.5

@@ -93,7 +93,7 @@ class Featurizer:
         self.sentence_pooling = sentence_pooling
         self.batch_tokens = batch_tokens
         self.progress = progress
-        limit = _max_tokens(self.model)
+        limit = max_tokens(self.model)
         self.max_length = min(max_length or limit, limit)
         self.window_size = self.max_length - self.tokenizer.template.num_special(pair=False)
         if self.window_size < 2:
@@ -365,7 +365,7 @@ def pad_inputs(rows: Sequence, pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
 
 
-def _max_tokens(model: torch.nn.Module) -> int:
+def max_tokens(model: torch.nn.Module) -> int:
     """The longest input one window may have."""
     config = model.config
     if hasattr(config, "max_tokens"):  # BERT family: the position table (minus RoBERTa's offset)

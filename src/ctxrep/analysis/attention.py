@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ctxrep.analysis._common import model_name
-from ctxrep.featurize import Featurizer, pad_inputs
+from ctxrep.featurize import Featurizer, max_tokens, pad_inputs
 
 STATISTICS = ("cls", "sep", "prev", "next", "self", "punct", "entropy")
 
@@ -62,7 +62,7 @@ def _encode(fz: Featurizer, words: list[str]) -> _Input | None:
     """None when the sentence is longer than the model's positions."""
     pieces = fz.tokenizer.encode_words([words])[0]
     ids, types, offset = fz.tokenizer.build_inputs(pieces.ids)
-    if len(ids) > fz.model.config.max_tokens:
+    if len(ids) > max_tokens(fz.model):
         return None
     word_of = [-1] * len(ids)
     for k, w in enumerate(pieces.word_ids):
@@ -280,7 +280,7 @@ def head_attention(
     _check_head(fz, layer, head)
     x = _encode(fz, _words(sentence))
     if x is None:
-        raise ValueError(f"the sentence is longer than the model's {fz.model.config.max_tokens} positions")
+        raise ValueError(f"the sentence is longer than the model's {max_tokens(fz.model)} positions")
     _, a = next(_attentions(fz, [x]))
     return x.tokens, a[layer - 1, head].numpy()
 

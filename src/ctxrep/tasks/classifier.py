@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.featurize import pad_inputs
+from ctxrep.featurize import max_tokens, pad_inputs
 from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features
 
 POOLINGS = ("cls", "mean", "concat")
@@ -213,7 +213,7 @@ class SequenceClassifier(TaskEstimator):
             store = self._frozen_store([a for a, _ in X], [b for _, b in X] if self.pairs_ else None)
             return [_Example(features=store[i], label=int(labels[i])) for i in range(len(X))]
         tok = self.tokenizer_
-        limit = min(self.max_length or self._encoder.config.max_tokens, self._encoder.config.max_tokens)
+        limit = min(self.max_length or max_tokens(self._encoder), max_tokens(self._encoder))
         pieces_a = tok.encode_words([a for a, _ in X])
         pieces_b = tok.encode_words([b for _, b in X]) if self.pairs_ else [None] * len(X)
         out = []

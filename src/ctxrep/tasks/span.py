@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.featurize import pad_inputs, window_words
+from ctxrep.featurize import max_tokens, pad_inputs, window_words
 from ctxrep.tasks.base import TaskEstimator, pad_features
 
 
@@ -212,7 +212,7 @@ class SpanExtractor(TaskEstimator):
 
     def _max_tokens(self) -> int:
         if self.mode == "finetune":
-            limit = self._encoder.config.max_tokens
+            limit = max_tokens(self._encoder)
         else:
             if not hasattr(self, "max_tokens_"):
                 from ctxrep.models.loading import load_model

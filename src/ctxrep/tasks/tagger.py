@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.data.tags import entity_scores
-from ctxrep.featurize import pad_inputs, window_words
+from ctxrep.featurize import max_tokens, pad_inputs, window_words
 from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features
 
 TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
@@ -197,7 +197,7 @@ class TokenTagger(TaskEstimator):
             store = self._frozen_store(X)
             return [_Window(i, features=store[i], labels=labels[i]) for i in range(len(X))]
         tok = self.tokenizer_
-        limit = min(self.max_length or self._encoder.config.max_tokens, self._encoder.config.max_tokens)
+        limit = min(self.max_length or max_tokens(self._encoder), max_tokens(self._encoder))
         size = limit - tok.template.num_special(pair=False)
         if size < 2:
             raise ValueError(f"max_length={limit} leaves no room for words between the special tokens")
