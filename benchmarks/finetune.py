@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", default=None, help="Frozen-feature cache folder.")
     parser.add_argument("--markdown-out", default=None, help="Write the result table as Markdown here.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-phrases", action="store_true",
+                        help="SST: train on every labelled phrase (GLUE's SST-2 training set), score on sentences.")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="Override one estimator setting of every run, e.g. --set lr=5e-5 --set pooling=mean.")
     args = parser.parse_args(argv)
@@ -77,11 +79,14 @@ def main(argv: list[str] | None = None) -> None:
                 key, _, value = item.partition("=")
                 params[key] = _literal(value)
             train, dev = FILES[task]
-            print(f"== {task} {mode} {params}", flush=True)
+            phrases = args.train_phrases and task == "sst2"
+            print(f"== {task} {mode} {params}" + (" (trained on all phrases)" if phrases else ""), flush=True)
             started = time.perf_counter()
             metrics = experiment(task=task, train=train, dev=dev, model=args.model, mode=mode,
                                  out_dir=out_root / f"{task}-{mode}", limit=args.limit, random_state=args.seed,
-                                 cache_dir=args.cache_dir, progress=True, **params)  # fmt: skip
+                                 cache_dir=args.cache_dir, progress=True, train_phrases=phrases, **params)  # fmt: skip
+            if phrases:
+                params = params | {"train": "all phrases"}
             seconds = time.perf_counter() - started
             rows.append((task, mode, metrics["score_name"], metrics["score"], TARGETS.get((task, mode)), seconds,
                          params))  # fmt: skip

@@ -272,3 +272,21 @@ def test_estimators_work_with_other_encoder_families(tiny_models, tmp_path, kind
     predicted = tagger.fit(X_TAG, Y_TAG).predict(X_TAG[:2])
     assert [len(p) for p in predicted] == [4, 4]
     assert tagger.score(X_TAG, Y_TAG) > 0.5
+
+
+def test_sst_phrases_for_training(tmp_path):
+    from ctxrep.tasks.experiment import experiment, read_task
+
+    sst = tmp_path / "sst.txt"
+    sst.write_text("(4 (3 good) (4 (4 great) (2 film)))\n(0 (0 bad) (1 awful))\n")
+    assert read_task("sst2", sst).X == ["good great film", "bad awful"]
+    phrases = read_task("sst2", sst, phrases=True)
+    # every distinct labelled phrase except the neutral ones (label 2): "film" is dropped
+    assert sorted(zip(phrases.X, phrases.y)) == sorted(
+        [("good great film", 1), ("good", 1), ("great film", 1), ("great", 1), ("bad awful", 0), ("bad", 0),
+         ("awful", 0)]
+    )  # fmt: skip
+    conll = tmp_path / "x.conll"
+    conll.write_text("EU I-ORG\n")
+    with pytest.raises(ValueError, match="train_phrases is for the SST tasks"):
+        experiment(task="conll2003", train=conll, dev=conll, out_dir=tmp_path / "o", train_phrases=True)

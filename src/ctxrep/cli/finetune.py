@@ -28,10 +28,12 @@ from ctxrep.tasks.experiment import TASKS
 @click.option("--cache-dir", default=None, help="Frozen-feature cache (default ~/.cache/ctxrep/features).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--train-phrases", is_flag=True,
+              help="SST: train on every labelled phrase of the trees (GLUE's SST-2 training set).")  # fmt: skip
 @user_errors
 def finetune(task, train, dev, model, mode, out_dir, max_epochs, batch_size, lr, max_length, limit, early_stopping,
              validation_fraction, slanted_triangular, discriminative_lr, gradual_unfreezing, cache_dir, seed,
-             progress) -> None:  # fmt: skip
+             progress, train_phrases) -> None:  # fmt: skip
     """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots)."""
     from ctxrep.tasks.experiment import experiment
 
@@ -40,6 +42,6 @@ def finetune(task, train, dev, model, mode, out_dir, max_epochs, batch_size, lr,
         max_epochs=max_epochs, batch_size=batch_size, lr=lr, max_length=max_length, early_stopping=early_stopping,
         validation_fraction=validation_fraction, slanted_triangular=slanted_triangular,
         discriminative_lr=discriminative_lr, gradual_unfreezing=gradual_unfreezing, cache_dir=cache_dir,
-        random_state=seed, progress=progress,
+        random_state=seed, progress=progress, train_phrases=train_phrases,
     )  # fmt: skip
     click.echo(f"dev {metrics['score_name']} {metrics['score']:.4f}; wrote {out_dir}")

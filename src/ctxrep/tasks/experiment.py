@@ -26,15 +26,16 @@ class Dataset:
     y: list
 
 
-def read_task(task: str, path: str | Path, limit: int | None = None) -> Dataset:
-    """Examples of `task` from one file; `limit` keeps the first N."""
+def read_task(task: str, path: str | Path, limit: int | None = None, phrases: bool = False) -> Dataset:
+    """Examples of `task` from one file; `limit` keeps the first N. For SST, `phrases=True` gives every distinct
+    labelled phrase of the trees (as GLUE's SST-2 training set does), not only the sentences."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     if task in ("sst2", "sst5"):
         from ctxrep.data.sst import read_sst
 
-        data = read_sst(path, classes=2 if task == "sst2" else 5)
+        data = read_sst(path, classes=2 if task == "sst2" else 5, phrases=phrases, dedup=phrases)
         X, y = data.texts, data.labels
     elif task == "conll2003":
         from ctxrep.data.conll import read_conll
@@ -151,13 +152,16 @@ def experiment(
     mode: str = "finetune",
     out_dir: str | Path = "finetune-out",
     limit: int | None = None,
+    train_phrases: bool = False,
     echo=print,
     **params,
 ) -> dict:
     """Train `task` on `train`, evaluate on `dev`, write model, metrics and plots to out_dir; return the metrics."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
-    train_data, dev_data = read_task(task, train, limit), read_task(task, dev, limit)
+    if train_phrases and task not in ("sst2", "sst5"):
+        raise ValueError(f"train_phrases is for the SST tasks (sst2, sst5), not {task!r}")
+    train_data, dev_data = read_task(task, train, limit, phrases=train_phrases), read_task(task, dev, limit)
     estimator = make_estimator(task, model=model, mode=mode, **params)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
