@@ -109,6 +109,10 @@ def wrap(objective: nn.Module, ctx: Distributed) -> nn.Module:
 
 
 def shutdown() -> None:
-    """Leave the process group (call once at the end of a torchrun script)."""
+    """Leave the process group (call once at the end of a torchrun script).
+
+    All ranks meet at a barrier first: a rank that tears down gloo while another still works (rank 0 saving)
+    can abort at exit ("terminate called without an active exception")."""
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
