@@ -1,11 +1,14 @@
 """Equal-compute comparison of pretraining objectives: MLM, ELECTRA, CLM, PLM on the same text and clock.
 
-    python benchmarks/objectives.py --minutes 30 --markdown-out benchmarks/results/objectives.md
+    python benchmarks/objectives.py --minutes 30 --parallel 2 --threads 1 --markdown-out benchmarks/results/objectives.md
 
 Each objective trains a model of the same (discriminator) shape, the `small` config's unless --config says
-otherwise, on /work/shared/data/gutenberg/train for the same wall-clock budget (--minutes; tokenizer
-training and corpus packing come first and are not counted), in its own subprocess: the budget ends with
-SIGINT, which makes the Trainer finish its step and save the model. Then, in the same process:
+otherwise, on /work/shared/data/gutenberg/train for the same compute budget (--minutes; tokenizer training
+and corpus packing come first and are not counted), in its own subprocess: the budget ends with SIGINT,
+which makes the Trainer finish its step and save the model. The budget is the worker's CPU time divided by
+its threads (on Linux; wall-clock elsewhere): on an idle machine that is the wall-clock time, and when
+something else takes a core for a while, every objective still gets the same compute.
+Then, in the same process:
 - held-out loss: the objective's own loss on gutenberg/valid (--eval-batches batches with a fixed seed);
   losses of different objectives measure different tasks and are not comparable with each other;
 - SST-2: frozen sentence features (mean over the words of the last layer, ctxrep.Featurizer) and a
@@ -61,6 +64,7 @@ def worker(args) -> dict:
     run = build_run(objective, config, packed, tok)
     trainer = Trainer(run.objective, config.trainer, run.train_data, out, None, run.save_model)
     print("READY", flush=True)
+    sys.stdin.readline()  # "GO": objectives run side by side start their clocks together
     started = time.perf_counter()
     metrics = trainer.train(resume=False)
     train_s = time.perf_counter() - started
@@ -98,29 +102,59 @@ def worker(args) -> dict:
     }
 
 
-def run_objective(objective: str, args) -> dict:
+def start_objective(objective: str, args) -> subprocess.Popen:
+    """Start a worker and wait until its tokenizer and packed corpus are ready (not timed)."""
     cmd = [sys.executable, __file__, "--worker", objective, *sys.argv[1:]]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    for line in proc.stdout:  # tokenizer training and packing are not timed
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:
         if line.strip() == "READY":
-            break
-    else:
-        raise SystemExit(f"{objective}: the worker stopped before training (exit {proc.wait()})")
-    deadline = time.monotonic() + args.minutes * 60
-    while proc.poll() is None and time.monotonic() < deadline:
+            return proc
+    raise SystemExit(f"{objective}: the worker stopped before training (exit {proc.wait()})")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux /proc), or None where /proc is not available."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def run_group(objectives: list[str], args) -> list[dict]:
+    """Train these objectives side by side for the same compute budget, then collect their results."""
+    procs = [start_objective(objective, args) for objective in objectives]
+    used0 = [cpu_seconds(p.pid) for p in procs]
+    for proc in procs:
+        proc.stdin.write("GO\n")
+        proc.stdin.flush()
+    started, budget = time.monotonic(), args.minutes * 60
+    running = list(procs)
+    while running:
         time.sleep(1)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)  # the Trainer finishes the step, saves the model and returns
-    output = proc.stdout.read()
-    if proc.wait():
-        raise SystemExit(f"{objective}: the worker failed (exit {proc.returncode})")
-    return json.loads(output.strip().splitlines()[-1])
+        for proc, u0 in zip(procs, used0):
+            if proc not in running:
+                continue
+            used = cpu_seconds(proc.pid)
+            spent = (used - u0) / args.threads if used is not None and u0 is not None else time.monotonic() - started
+            if proc.poll() is not None or spent >= budget:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)  # the Trainer finishes the step, saves the model and returns
+                running.remove(proc)
+    results = []
+    for objective, proc in zip(objectives, procs):
+        output = proc.stdout.read()
+        if proc.wait():
+            raise SystemExit(f"{objective}: the worker failed (exit {proc.returncode})")
+        results.append(json.loads(output.strip().splitlines()[-1]))
+    return results
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=30.0, help="training wall-clock per objective")
+    p.add_argument("--minutes", type=float, default=30.0,
+                   help="training budget per objective: CPU minutes per thread (= wall-clock on an idle machine)")
     p.add_argument("--objectives", default=",".join(OBJECTIVES))
     p.add_argument("--config", default="small", help="model shape and training settings (a pretrain config)")
     p.add_argument("--vocab-size", type=int, default=16000, help="tokenizer entries (gutenberg/train is ~16 MB)")
@@ -129,7 +163,10 @@ def main() -> None:
     p.add_argument("--valid", default=str(DATA / "gutenberg" / "valid"))
     p.add_argument("--eval-batches", type=int, default=20)
     p.add_argument("--limit-sst", type=int, default=None, help="use only the first N SST-2 train and dev sentences")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per objective")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="objectives trained side by side (their clocks start together); "
+                        "threads x parallel should not exceed the cores")
     p.add_argument("--out-root", default="runs/objectives", help="one run folder per objective under this")
     p.add_argument("--markdown-out", default=None)
     p.add_argument("--worker", choices=OBJECTIVES, default=None, help=argparse.SUPPRESS)
@@ -138,25 +175,28 @@ def main() -> None:
         print(json.dumps(worker(args)), flush=True)
         return
 
-    rows = []
-    for objective in args.objectives.split(","):
-        r = run_objective(objective, args)
-        rows.append(r)
-        print(f"{objective}: {r['steps']} steps, valid loss {r['valid_loss']:.3f}, SST-2 dev {r['sst2_dev_accuracy']:.3f}",
-              flush=True)  # fmt: skip
+    rows, objectives = [], args.objectives.split(",")
+    for start in range(0, len(objectives), args.parallel):
+        group = run_group(objectives[start : start + args.parallel], args)
+        rows += group
+        for r in group:
+            print(f"{r['objective']}: {r['steps']} steps, valid loss {r['valid_loss']:.3f}, SST-2 dev {r['sst2_dev_accuracy']:.3f}",
+                  flush=True)  # fmt: skip
     n_train, n_dev = rows[0]["sst2_sizes"]
     lines = [
-        f"Equal wall-clock pretraining ({args.minutes:g} min each, {args.threads} threads), `{args.config}` shape, "
+        f"Equal-compute pretraining ({args.minutes:g} CPU minutes per thread each, {args.threads} thread(s), "
+        f"{args.parallel} objective(s) at a time), `{args.config}` shape, "
         f"vocab {args.vocab_size}, on gutenberg/train; held-out loss on gutenberg/valid (each objective's own "
         f"loss: not comparable across rows); SST-2 dev accuracy of a logistic regression on frozen mean-pooled "
         f"last-layer features ({n_train} train / {n_dev} dev sentences; majority class "
         f"{rows[0]['sst2_majority']:.3f}).",
         "",
-        "| objective | steps | tokens/s | train loss | valid loss | SST-2 dev acc |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| objective | steps | wall min | tokens/s | train loss | valid loss | SST-2 dev acc |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['objective']} | {r['steps']} | {r['tokens_per_s']:.0f} | {r['train_loss']:.3f} | "
+        lines.append(f"| {r['objective']} | {r['steps']} | {r['train_minutes']:.1f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['train_loss']:.3f} | "
                      f"{r['valid_loss']:.3f} | {r['sst2_dev_accuracy']:.3f} |")  # fmt: skip
     lines += ["", "Command: `python benchmarks/objectives.py " + " ".join(sys.argv[1:]) + "`"]
     text = "\n".join(lines) + "\n"

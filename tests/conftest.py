@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, processors, trainers
 
+from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 from ctxrep.models.loading import resolve_model_path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
@@ -46,8 +50,6 @@ def _roberta_tokenizer(dst: Path) -> None:
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Random bert / roberta / electra encoders saved with transformers' save_pretrained (safetensors)."""
-    import transformers
-
     torch.manual_seed(0)
     common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
@@ -68,3 +70,62 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     transformers.ElectraForPreTraining(electra_cfg).save_pretrained(out["electra"])
     _copy_bert_tokenizer(out["electra"])
     return out
+
+
+# ---- the other families: ELMo (word level), XLNet (specials at the end), GPT-2 (causal) ----------------------
+
+CORPUS = ["The quick brown fox jumps over the lazy dog .", "A crane lifted the steel beam onto the roof .",
+          "Contextual word vectors depend on the sentence around the word .",
+          "john lives in paris , mary visited london today : good great fine nice , bad awful poor sad ."] * 30  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def elmo_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = ElmoConfig(filters=[(1, 4), (2, 8), (3, 8)], n_highway=1, lstm_dim=24, projection_dim=8,
+                        cell_clip=3.0, proj_clip=3.0)  # fmt: skip
+    model = ElmoBiLM(config)
+    for p in model.parameters():  # random, not zero, so that context matters
+        torch.nn.init.normal_(p, std=0.3)
+    path = tmp_path_factory.mktemp("elmo")
+    model.save_pretrained(path)
+    return path
+
+
+def _unigram_tokenizer(specials: list[str]) -> HFTokenizer:
+    tok = HFTokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials,
+                                                            unk_token="<unk>"))  # fmt: skip
+    return tok
+
+
+@pytest.fixture(scope="session")
+def xlnet_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("xlnet")
+    tok = _unigram_tokenizer(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
+    sep, cls = tok.token_to_id("<sep>"), tok.token_to_id("<cls>")
+    tok.post_processor = processors.TemplateProcessing(  # XLNet: A <sep> <cls>, the <cls> in segment 2
+        single="$A:0 <sep>:0 <cls>:2", pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2", special_tokens=[("<sep>", sep), ("<cls>", cls)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    cfg = transformers.XLNetConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layer=2, n_head=4, d_inner=64,
+                                   pad_token_id=tok.token_to_id("<pad>"), dropout=0.0)  # fmt: skip
+    transformers.XLNetModel(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpt2_dir(tmp_path_factory):
+    from tokenizers import ByteLevelBPETokenizer
+
+    path = tmp_path_factory.mktemp("gpt2")
+    tok = ByteLevelBPETokenizer(add_prefix_space=True)
+    tok.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
+    tok._tokenizer.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
+                                  eos_token_id=0)
+    transformers.GPT2Model(cfg).save_pretrained(path)
+    return path

@@ -6,28 +6,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers, processors, trainers
 
 from ctxrep import Featurizer
-from ctxrep.models.elmo import ElmoBiLM, ElmoConfig, batch_to_ids
+from ctxrep.models.elmo import ElmoBiLM, batch_to_ids
 
-CORPUS = ["The quick brown fox jumps over the lazy dog .", "A crane lifted the steel beam onto the roof .",
-          "Contextual word vectors depend on the sentence around the word ."] * 30  # fmt: skip
 TEXTS = ["the crane lifted the dog", "a brown fox", "word vectors depend on context and on the sentence"]
-
-
-@pytest.fixture(scope="module")
-def elmo_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    config = ElmoConfig(filters=[(1, 4), (2, 8), (3, 8)], n_highway=1, lstm_dim=24, projection_dim=8,
-                        cell_clip=3.0, proj_clip=3.0)  # fmt: skip
-    model = ElmoBiLM(config)
-    for p in model.parameters():  # random, not zero, so that context matters
-        torch.nn.init.normal_(p, std=0.3)
-    path = tmp_path_factory.mktemp("elmo")
-    model.save_pretrained(path)
-    return path
 
 
 def test_elmo_word_vectors_equal_a_direct_run(elmo_dir):
@@ -54,30 +37,6 @@ def test_elmo_sentence_vectors_and_cls_refused(elmo_dir):
         Featurizer(f"elmo:{elmo_dir}", sentence_pooling="cls")
 
 
-def _unigram_tokenizer(specials: list[str]) -> HFTokenizer:
-    tok = HFTokenizer(models.Unigram())
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials,
-                                                            unk_token="<unk>"))  # fmt: skip
-    return tok
-
-
-@pytest.fixture(scope="module")
-def xlnet_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("xlnet")
-    tok = _unigram_tokenizer(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
-    sep, cls = tok.token_to_id("<sep>"), tok.token_to_id("<cls>")
-    tok.post_processor = processors.TemplateProcessing(  # XLNet: A <sep> <cls>, the <cls> in segment 2
-        single="$A:0 <sep>:0 <cls>:2", pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2", special_tokens=[("<sep>", sep), ("<cls>", cls)]
-    )
-    tok.save(str(path / "tokenizer.json"))
-    torch.manual_seed(0)
-    cfg = transformers.XLNetConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layer=2, n_head=4, d_inner=64,
-                                   pad_token_id=tok.token_to_id("<pad>"), dropout=0.0)  # fmt: skip
-    transformers.XLNetModel(cfg).save_pretrained(path)
-    return path
-
-
 def test_xlnet_word_vectors_match_transformers(xlnet_dir):
     fz = Featurizer(str(xlnet_dir), layers=-1, pooling="last")
     assert fz.tokenizer.template.cls_index == -1 and fz.tokenizer.template.prefix == []
@@ -94,21 +53,6 @@ def test_xlnet_word_vectors_match_transformers(xlnet_dir):
     with torch.no_grad():
         h = ref(torch.tensor([enc.ids]), token_type_ids=torch.tensor([enc.type_ids])).last_hidden_state[0]
     np.testing.assert_allclose(cls, h[-1].numpy(), atol=1e-5)  # XLNet's <cls> is the last token
-
-
-@pytest.fixture(scope="module")
-def gpt2_dir(tmp_path_factory):
-    from tokenizers import ByteLevelBPETokenizer
-
-    path = tmp_path_factory.mktemp("gpt2")
-    tok = ByteLevelBPETokenizer(add_prefix_space=True)
-    tok.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
-    tok._tokenizer.save(str(path / "tokenizer.json"))
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
-                                  eos_token_id=0)
-    transformers.GPT2Model(cfg).save_pretrained(path)
-    return path
 
 
 def test_gpt2_word_vectors_match_transformers_and_see_only_the_left(gpt2_dir):

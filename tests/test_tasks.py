@@ -262,16 +262,62 @@ def test_cli_finetune_sst2_and_conll(tiny_models, tmp_path):
     assert result.exit_code == 1 and "error:" in result.output
 
 
-@pytest.mark.parametrize("kind", ["roberta", "electra"])
+@pytest.fixture
+def family_model(request, tiny_models, elmo_dir, xlnet_dir, gpt2_dir):
+    paths = dict(tiny_models, elmo=f"elmo:{elmo_dir}", xlnet=xlnet_dir, gpt2=gpt2_dir)
+    return str(paths[request.param])
+
+
+@pytest.mark.parametrize("family_model", ["roberta", "electra", "xlnet", "gpt2", "elmo"], indirect=True)
 @pytest.mark.parametrize("mode", ["finetune", "frozen"])
-def test_estimators_work_with_other_encoder_families(tiny_models, tmp_path, kind, mode):
-    model = str(tiny_models[kind])
-    clf = SequenceClassifier(**common(tiny_models, tmp_path, mode, model=model, max_epochs=15, lstm_size=16))
+def test_estimators_work_with_every_encoder_family(family_model, tiny_models, tmp_path, mode):
+    kw = dict(model=family_model, lstm_size=16, lr=1e-2 if mode == "frozen" else 3e-3)
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, mode, max_epochs=15, **kw))
     assert clf.fit(X_CLS, Y_CLS).score(X_CLS, Y_CLS) == 1.0
-    tagger = TokenTagger(**common(tiny_models, tmp_path, mode, model=model, max_epochs=25, lstm_size=16))
+    assert SequenceClassifier.load(clf.save(tmp_path / "clf")).score(X_CLS, Y_CLS) == 1.0
+    pairs = SequenceClassifier(**common(tiny_models, tmp_path, mode, max_epochs=40, **kw))
+    assert pairs.fit([(x, "and so on") for x in X_CLS], Y_CLS).score([(x, "and so on") for x in X_CLS], Y_CLS) == 1.0
+    tagger = TokenTagger(**common(tiny_models, tmp_path, mode, max_epochs=40, **kw))
     predicted = tagger.fit(X_TAG, Y_TAG).predict(X_TAG[:2])
     assert [len(p) for p in predicted] == [4, 4]
     assert tagger.score(X_TAG, Y_TAG) > 0.5
+    spans = SpanExtractor(**common(tiny_models, tmp_path, mode, max_epochs=60, doc_stride=16, **kw))
+    answers = spans.fit(X_SPAN, Y_SPAN).predict(X_SPAN[:2])
+    assert answers == ["paris", "london"]
+
+
+def test_gpt2_classifier_reads_the_last_token_and_no_segments(gpt2_dir, tiny_models, tmp_path):
+    """GPT-2 has no classification token: "cls" pooling reads the last token, the only one that saw the whole
+    text; and its token_type_ids would be extra token embeddings, so none are passed."""
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, model=str(gpt2_dir), max_epochs=1))
+    clf.fit(X_CLS[:4], Y_CLS[:4])
+    example = clf._examples([(X_CLS[0].split(), None)], None)[0]
+    assert example.cls_position == len(example.input_ids) - 1
+    seen = {}
+    encoder = clf.model_.representation.encoder
+    handle = encoder.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
+    clf.predict(X_CLS[:2])
+    handle.remove()
+    assert seen["token_type_ids"] is None
+
+
+def test_elmo_finetune_trains_the_bilm_and_the_mix(elmo_dir, tiny_models, tmp_path):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, model=f"elmo:{elmo_dir}", max_epochs=2,
+                                      discriminative_lr=True))  # fmt: skip
+    encoder = SequenceClassifier(**common(tiny_models, tmp_path, model=f"elmo:{elmo_dir}"))
+    encoder._prepare_backbone()
+    before = {k: v.clone() for k, v in encoder._encoder.state_dict().items()}
+    clf.fit(X_CLS, Y_CLS)
+    after = clf.model_.representation.encoder.state_dict()
+    assert before.keys() == after.keys()
+    changed = [k for k in after if not torch.equal(before[k], after[k])]
+    for part in ("bilm.char_cnn.", "bilm.forward_layers.1.", "bilm.backward_layers.0.", "scalar_mixes.0."):
+        assert any(k.startswith(part) for k in changed), f"{part} did not train"
+    groups = clf._param_groups(clf.model_)
+    depths = {g["depth"] for g in groups}
+    assert depths == {0, 1, 2}, "char CNN at depth 0, the LSTM layers at 1 and 2 (the mixes with the top)"
+    # words seen in separate calls keep their ids: predicting unseen words after fit works
+    assert clf.predict(["good splendid words never seen"]).shape == (1,)
 
 
 def test_sst_phrases_for_training(tmp_path):

@@ -119,21 +119,6 @@ class Featurizer:
         return view
 
     @property
-    def _uses_segments(self) -> bool:
-        """GPT-2 would add token_type_ids as extra *token* embeddings: give it none."""
-        from ctxrep.models.gpt2 import GPT2Model
-
-        return not isinstance(self.model, GPT2Model)
-
-    def _char_table(self) -> torch.Tensor:
-        """(distinct words of this call + 1, max characters) ELMo character ids; row 0 (padding) is all zeros."""
-        from ctxrep.models.elmo import batch_to_ids
-
-        width = self.model.config.max_characters_per_token  # 50 in the published models
-        chars = batch_to_ids([self.tokenizer.words[1:]], max_characters_per_token=width)[0]  # (words, width)
-        return torch.cat([torch.zeros_like(chars[:1]), chars])
-
-    @property
     def num_layers(self) -> int:
         return self.model.num_layers
 
@@ -189,6 +174,8 @@ class Featurizer:
 
     def _windows(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None) -> tuple[list[_Window], list[int]]:
         texts = _as_list(texts)
+        if self.word_level:
+            self.tokenizer.reset()  # number only this call's words: memory stays bounded over a corpus
         words_a = [self._words(t, i) for i, t in enumerate(texts)]
         if text_pairs is None:
             pieces = self.tokenizer.encode_words(words_a)
@@ -260,7 +247,9 @@ class Featurizer:
         order = sorted(range(len(windows)), key=lambda i: len(windows[i].input_ids))
         batches = _token_budget_batches([len(windows[i].input_ids) for i in order], self.batch_tokens)
         bar = tqdm(total=sum(len(w.input_ids) for w in windows), unit="tok", disable=not self.progress, desc="embed")
-        char_table = self._char_table() if self.word_level else None
+        char_table = (
+            self.tokenizer.char_table(self.model.config.max_characters_per_token) if self.word_level else None
+        )
         self.model.eval()
         with torch.inference_mode():
             start = 0
@@ -277,7 +266,7 @@ class Featurizer:
                     out = self._encoder(
                         input_ids,
                         attention_mask=attention_mask,
-                        token_type_ids=token_type_ids if self._uses_segments else None,
+                        token_type_ids=token_type_ids if uses_segments(self.model) else None,
                         output_hidden_states=True,
                         num_layers=top if top < self.model.num_layers else None,
                     )
@@ -363,6 +352,13 @@ def pad_inputs(rows: Sequence, pad_id: int) -> dict[str, torch.Tensor]:
         token_type_ids[i, :n] = torch.tensor(r.token_type_ids)
         attention_mask[i, :n] = 1
     return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+
+
+def uses_segments(model: torch.nn.Module) -> bool:
+    """Whether the model reads token_type_ids as segments. GPT-2 would add them as extra *token* embeddings."""
+    from ctxrep.models.gpt2 import GPT2Model
+
+    return not isinstance(model, GPT2Model)
 
 
 def max_tokens(model: torch.nn.Module) -> int:

@@ -158,26 +158,51 @@ class Tokenizer:
 class WordTokenizer:
     """For word-level models (ELMo), which read whole words: every word is its own 'piece'.
 
-    `encode_words` numbers the distinct words of one call from 1 (0 is padding) and keeps them in `words`,
-    so the model's input can be looked up per id. Not thread-safe: one call at a time.
+    `encode_words` numbers distinct words from 1 (0 is padding) and keeps them in `words`, so the model's
+    input can be looked up per id; `char_table` gives their character ids. The numbering holds until
+    `reset()` (a streaming featurizer resets per call so that memory stays bounded; a task estimator keeps
+    it, so ids from separate calls can share a batch). Not thread-safe.
     """
 
     def __init__(self) -> None:
         self.template = SpecialTemplate([], [], [], [], [], [], 0, 0, [], [], cls_index=-1)
         self.pad_token_id = 0
+        self.reset()
+
+    def reset(self) -> None:
         self.words: list[str] = [""]
+        self._ids: dict[str, int] = {}
+        self._chars = None  # char_table's rows so far (a torch.Tensor)
 
     def encode_words(self, texts: Sequence[Sequence[str]]) -> list[WordPieces]:
-        table: dict[str, int] = {}
         out = []
         for words in texts:
-            ids = [table.setdefault(w, len(table) + 1) for w in words]
+            ids = []
+            for w in words:
+                if w not in self._ids:
+                    self._ids[w] = len(self.words)
+                    self.words.append(w)
+                ids.append(self._ids[w])
             out.append(WordPieces(ids, list(range(len(words))), list(words), len(words)))
-        self.words = [""] + list(table)
         return out
 
     def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
         return self.template.build_inputs(ids_a, ids_b)
+
+    def char_table(self, max_characters_per_token: int) -> "torch.Tensor":
+        """(len(words), max_characters_per_token) ELMo character ids of every word so far; row 0 (padding) is 0."""
+        import torch
+
+        from ctxrep.models.elmo import batch_to_ids
+
+        width = max_characters_per_token
+        if self._chars is None or self._chars.shape[1] != width:
+            self._chars = torch.zeros((1, width), dtype=torch.long)
+        known = len(self._chars)
+        if known < len(self.words):  # only the words added since the last call
+            new = batch_to_ids([self.words[known:]], max_characters_per_token=width)[0]
+            self._chars = torch.cat([self._chars, new.to(torch.long)])
+        return self._chars
 
 
 def _read_json(file: Path) -> dict:

@@ -428,6 +428,18 @@ class Elmo(nn.Module):
     def output_dim(self) -> int:
         return self.bilm.hidden_size
 
+    @property
+    def hidden_size(self) -> int:  # the encoders' name for it, for code that takes any of them
+        return self.bilm.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.bilm.num_layers
+
+    @property
+    def config(self) -> ElmoConfig:
+        return self.bilm.config
+
     def forward(self, char_ids: torch.Tensor) -> ElmoRepresentations:
         out = self.bilm(char_ids, keep_boundaries=True)
         mask = out.mask  # (batch, words + 2)

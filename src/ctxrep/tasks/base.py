@@ -15,6 +15,7 @@ and turn outputs into predictions:
 
 Two modes share the head:
   finetune  encoder pieces -> (batch, pieces, hidden) from the encoder's top layer; encoder and head trained;
+            ELMo ("elmo:DIR"): words -> the biLM's layers under a trainable ScalarMix (Peters et al. 2018, eq. 1);
   frozen    word vectors of every layer from ctxrep.Featurizer (cached on disk, keyed by a content hash)
             -> ScalarMix (gamma * sum_j softmax(s)_j h_j) -> BiLSTM or nothing ("linear") -> head.
 
@@ -46,6 +47,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ctxrep.featurize import uses_segments
 from ctxrep.models.loading import load_model, resolve_model_path, write_safetensors
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.train.schedules import slanted_triangular, warmup_decay
@@ -67,7 +69,8 @@ IGNORE = -100  # label of positions that carry no loss
 class Representation(nn.Module):
     """Vectors for the units of each batch row: subword pieces (finetune) or words (frozen).
 
-    finetune: batch["input_ids"], ["attention_mask"], ["token_type_ids"] -> encoder top layer.
+    finetune: batch["input_ids"], ["attention_mask"], ["token_type_ids"] -> encoder top layer;
+              ELMo: batch["char_ids"] -> ctxrep.models.elmo.Elmo (a ScalarMix over the biLM's layers).
     frozen:   batch["features"] (batch, words, layers, dim), batch["mask"] -> ScalarMix -> BiLSTM (or not).
     """
 
@@ -96,9 +99,10 @@ class Representation(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.mode == "finetune":
-            out = self.encoder(
-                batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
-            )
+            if "char_ids" in batch:  # ELMo: one unit per word
+                return self.dropout(self.encoder(batch["char_ids"]).representations[0])  # (batch, words, hidden)
+            types = batch["token_type_ids"] if uses_segments(self.encoder) else None
+            out = self.encoder(batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types)
             return self.dropout(out.last_hidden_state)  # (batch, pieces, hidden)
         features = batch["features"].permute(2, 0, 1, 3)  # (layers, batch, words, dim)
         x = self.dropout(self.mix(features, mask=batch["mask"]))  # (batch, words, dim)
@@ -123,22 +127,20 @@ class TaskNetwork(nn.Module):
         return self.head(self.representation(batch), batch)
 
 
+BLOCK_LISTS = ("layers", "layer", "h", "forward_layers", "backward_layers")  # BERT, XLNet, GPT-2, ELMo
+ABOVE_BLOCKS = ("pooler", "ln_f", "scalar_mixes")  # BERT's pooler, GPT-2's final LayerNorm, ELMo's mixes
+
+
 def encoder_layer_of(encoder: nn.Module) -> dict[str, int]:
-    """Depth of every encoder parameter: 0 = embeddings (and anything below the first layer), l = layer l,
-    L = the top layer (and a pooler above it)."""
-    blocks = None
-    for name in ("layers", "h", "layer"):
-        m = getattr(encoder, name, None)
-        if isinstance(m, nn.ModuleList):
-            blocks = name
-            break
+    """Depth of every encoder parameter: 0 = embeddings (or ELMo's char CNN), l = layer l, L = the top layer
+    (and what sits above it: a pooler, a final LayerNorm, ELMo's scalar mixes)."""
     num_layers = encoder.num_layers
     depth = {}
     for name, _ in encoder.named_parameters():
-        parts = name.split(".")
-        if blocks is not None and parts[0] == blocks:
+        parts = name.removeprefix("bilm.").split(".")  # ctxrep.models.elmo.Elmo wraps the biLM
+        if parts[0] in BLOCK_LISTS and parts[1].isdigit():
             depth[name] = int(parts[1]) + 1
-        elif parts[0] == "pooler":
+        elif parts[0] in ABOVE_BLOCKS:
             depth[name] = num_layers
         else:
             depth[name] = 0
@@ -380,7 +382,7 @@ class TaskEstimator:
             network.train()
             epoch_loss, n = 0.0, 0
             for rows in length_bucketed_batches(examples, self.batch_size, rng):
-                batch = self._collate([examples[i] for i in rows])
+                batch = self._batch([examples[i] for i in rows])
                 loss = self._head_loss(network(batch), batch)
                 optimizer.zero_grad()
                 loss.backward()
@@ -453,11 +455,32 @@ class TaskEstimator:
 
     def _prepare_backbone(self) -> None:
         """Load the encoder (finetune) or learn the feature shape (frozen) and the tokenizer."""
-        if self.mode == "finetune":
+        if self.mode != "finetune":
+            return
+        if self._word_level:  # ELMo: the biLM trains under a ScalarMix; the Representation applies dropout
+            from ctxrep.models.elmo import Elmo
+            from ctxrep.tokenize import WordTokenizer
+
+            self._encoder = Elmo(load_model(self.model), dropout=0.0, freeze=False)
+            self.tokenizer_ = WordTokenizer()  # keeps its word numbering for the estimator's life
+        else:
             from ctxrep.tokenize import Tokenizer
 
             self._encoder = load_model(self.model)
             self.tokenizer_ = Tokenizer.from_model_dir(resolve_model_path(self.model))
+
+    @property
+    def _word_level(self) -> bool:
+        """ELMo reads whole words (as characters); every other family reads subword pieces."""
+        return str(self.model).startswith("elmo:")
+
+    def _batch(self, examples: list) -> dict[str, torch.Tensor]:
+        """The subclass's batch, plus ELMo's character ids when fine-tuning ELMo."""
+        batch = self._collate(examples)
+        if self.mode == "finetune" and self._word_level:
+            width = self._encoder.config.max_characters_per_token
+            batch["char_ids"] = self.tokenizer_.char_table(width)[batch["input_ids"]]
+        return batch
 
     def _lr(self) -> float:
         """The peak learning rate: lr, or 5e-5 to fine-tune and 1e-3 for a head on frozen features."""
@@ -496,7 +519,7 @@ class TaskEstimator:
         with torch.no_grad():
             for start in range(0, len(examples), self.batch_size):
                 part = examples[start : start + self.batch_size]
-                logits = self.model_(self._collate(part))
+                logits = self.model_(self._batch(part))
                 outputs.extend(self._split_outputs(logits, part))
         return outputs
 

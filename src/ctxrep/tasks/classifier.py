@@ -1,7 +1,8 @@
 """SequenceClassifier: one label per text or per text pair, on top of a contextual encoder.
 
 Heads (over the units of a text: pieces when fine-tuning, words on frozen features):
-  cls     the classification token when fine-tuning; the BiLSTM's final forward and backward states when frozen
+  cls     the classification token when fine-tuning; the final forward and backward states (forward at the last
+          word, backward at the first) of the frozen BiLSTM, or of ELMo's biLM when fine-tuning ELMo
   mean    the mean over the text's units
   concat  ULMFiT's concat pooling [h_last; maxpool(h); meanpool(h)] (Howard & Ruder 2018, sec. 3.3), h_last being
           the classification token (fine-tuning) or the BiLSTM's final states (frozen)
@@ -43,7 +44,8 @@ class PoolingHead(nn.Module):
     def _last(self, states: torch.Tensor, batch: dict) -> torch.Tensor:
         if "cls_position" in batch:  # fine-tuning: the classification token
             return states[torch.arange(len(states)), batch["cls_position"]]
-        last = batch["mask"].sum(dim=1) - 1
+        mask = batch["mask"] if "mask" in batch else batch["attention_mask"]
+        last = mask.sum(dim=1) - 1
         at_end = states[torch.arange(len(states)), last]  # (batch, dim)
         if not self.bidirectional_states:
             return at_end
@@ -237,14 +239,15 @@ class SequenceClassifier(TaskEstimator):
             batch = pad_features([e.features for e in examples])
         else:
             batch = pad_inputs(examples, self.tokenizer_.pad_token_id)
-            batch["cls_position"] = torch.tensor([e.cls_position for e in examples])
+            if not self._word_level:  # ELMo has no classification token: the head uses its final states
+                batch["cls_position"] = torch.tensor([e.cls_position for e in examples])
         batch["labels"] = torch.tensor([e.label for e in examples])
         return batch
 
     # ---- head -------------------------------------------------------------------------------------
 
     def _make_head(self, in_dim: int) -> nn.Module:
-        bidirectional = self.mode == "frozen" and self.frozen_head == "bilstm"
+        bidirectional = self.frozen_head == "bilstm" if self.mode == "frozen" else self._word_level
         return PoolingHead(in_dim, len(self.classes_), self.pooling, bidirectional)
 
     def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:

@@ -217,8 +217,7 @@ class SpanExtractor(TaskEstimator):
             if not hasattr(self, "max_tokens_"):
                 from ctxrep.models.loading import load_model
 
-                config = getattr(load_model(self.model), "config", None)
-                self.max_tokens_ = getattr(config, "max_tokens", 512)
+                self.max_tokens_ = max_tokens(load_model(self.model))
             limit = self.max_tokens_
         return min(self.max_length or limit, limit)
 
@@ -229,9 +228,8 @@ class SpanExtractor(TaskEstimator):
         tok = self.tokenizer_
         out = []
         for i, (question, context) in enumerate(X):
-            q_ids = tok.backend.encode(question, add_special_tokens=False).ids[: self.max_query_length]
-            enc = tok.backend.encode(context, add_special_tokens=False)
-            ids, offsets = list(enc.ids), list(enc.offsets)
+            q_ids = self._encode(question)[0][: self.max_query_length]
+            ids, offsets = self._encode(context)
             room = self._max_tokens() - len(q_ids) - tok.template.num_special(pair=True)
             if room < 1:
                 raise ValueError(f"example {i}: the question leaves no room for the context; lower max_query_length")
@@ -253,6 +251,14 @@ class SpanExtractor(TaskEstimator):
                 if c1 == len(ids):
                     break
         return out
+
+    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of a text and each token's (start, end) characters; ELMo's tokens are its words."""
+        if self._word_level:
+            found = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+            return self.tokenizer_.encode_words([[text[s:e] for s, e in found]])[0].ids, found
+        enc = self.tokenizer_.backend.encode(text, add_special_tokens=False)
+        return list(enc.ids), list(enc.offsets)
 
     def _frozen_windows(self, X, y) -> list[_Window]:
         from ctxrep.models.loading import resolve_model_path
@@ -351,7 +357,7 @@ class SpanExtractor(TaskEstimator):
             value = float(scores[s, e])
             if value > best[w.example][0]:
                 best[w.example] = (value, w.spans[s][0], w.spans[e][1])
-        return [(s, e) for _, s, e in best]
+        return [_strip_space(context, s, e) for (_, context), (_, s, e) in zip(X, best)]
 
     def evaluate(self, X, y) -> dict:
         """{"exact_match", "f1"} in [0, 1], each prediction against its best gold answer (SQuAD v1.1)."""
@@ -367,6 +373,15 @@ class SpanExtractor(TaskEstimator):
 
     def _split_outputs(self, logits, windows) -> list:
         return list(logits.unbind(0))
+
+
+def _strip_space(text: str, start: int, end: int) -> tuple[int, int]:
+    """Narrow (start, end) to exclude surrounding whitespace (byte-level BPE offsets include a word's space)."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
 
 
 __all__ = ["SpanExtractor", "normalize_answer", "exact_match", "f1"]
