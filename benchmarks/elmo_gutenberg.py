@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/elmo-gutenberg"),
                         help="Run folder (a new one: the Trainer refuses a folder holding a checkpoint).")
     parser.add_argument("--minutes", type=float, default=60.0, help="Training time budget.")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="Train exactly this many steps instead of what --minutes buys (for a machine shared "
+                             "with other jobs, where the measured step time would not hold).")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-batches", type=int, default=40,
@@ -139,11 +142,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"prepared in {prepared:.0f}s: vocabulary {len(run.objective.vocab_words)} words, "
           f"{run.train_data.corpus.num_tokens:,} training words, {n_params / 1e6:.1f}M parameters")  # fmt: skip
 
-    step_seconds = calibrate_step_seconds(run, args.batch_size, args.lr)
-    budget = args.minutes * 60
-    max_steps = max(10, int(budget / step_seconds))
-    print(f"{step_seconds:.2f}s per step of {args.batch_size} x {config['data']['max_length']} words: "
-          f"{max_steps} steps in {args.minutes:g} minutes")  # fmt: skip
+    if args.steps is None:
+        step_seconds = calibrate_step_seconds(run, args.batch_size, args.lr)
+        budget = args.minutes * 60
+        max_steps = max(10, int(budget / step_seconds))
+        print(f"{step_seconds:.2f}s per step of {args.batch_size} x {config['data']['max_length']} words: "
+              f"{max_steps} steps in {args.minutes:g} minutes")  # fmt: skip
+    else:
+        max_steps, budget = args.steps, math.inf
     trainer_config = TrainerConfig(
         lr=args.lr, weight_decay=0.0, warmup_steps=min(200, max_steps // 10), max_steps=max_steps,
         schedule="linear", grad_clip=1.0, batch_size=args.batch_size, eval_every=0, eval_batches=10,
@@ -153,13 +159,14 @@ def main(argv: list[str] | None = None) -> None:
     # A safety net, not the plan: if the steps get slower than measured, stop (as Ctrl-C does) at +10%.
     timer = threading.Timer(budget * 1.1 + 30, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.daemon = True
-    train_start = time.perf_counter()
-    timer.start()
+    train_start, cpu_start = time.perf_counter(), time.process_time()
+    if math.isfinite(budget):
+        timer.start()
     try:
         result = trainer.train()
     finally:
         timer.cancel()
-    train_seconds = time.perf_counter() - train_start
+    train_seconds, train_cpu_seconds = time.perf_counter() - train_start, time.process_time() - cpu_start
     steps = result["step"]
     words_seen = steps * args.batch_size * config["data"]["max_length"]  # an upper bound: rows may be shorter
 
@@ -218,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"Training: {steps} steps of {args.batch_size} x <= {config['data']['max_length']} words "
             f"(<= {words_seen:,} words, {run.train_data.corpus.num_tokens:,} in the training text), AdamW lr {args.lr:g}, "
-            f"{train_seconds / 60:.1f} min on {args.threads} threads (+ {prepared:.0f}s tokenizer and packing)"
+            f"{train_seconds / 60:.1f} min on {args.threads} thread(s), {train_cpu_seconds / 60:.1f} CPU minutes "
+            f"(+ {prepared:.0f}s tokenizer and packing)"
             + (", stopped early by the time limit" if result.get("interrupted") else "") + ".",
             "",
             "| held-out (gutenberg/valid, full softmax) | forward | backward |",

@@ -317,7 +317,7 @@ def test_a_sentence_gets_the_same_vectors_alone_in_a_batch_and_after_other_batch
         model(batch_to_ids([["Something", "else", "entirely"]] * 4))
         later = model(batch_to_ids([target])).hidden_states
     for j in range(3):
-        torch.testing.assert_close(batched.hidden_states[j][1, :4], alone[j][0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(batched.hidden_states[j][1, :4], alone[j][0], rtol=1e-5, atol=1e-5)  # GEMM blocking
         assert torch.equal(later[j], alone[j])
 
 

@@ -12,13 +12,17 @@ evaluates and writes files. gloo on CPU, nccl on GPU (one GPU per rank, cuda:LOC
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +56,25 @@ class Distributed:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+    def main_first(self, prepare: Callable[[], T], load: Callable[[], T]) -> T:
+        """Rank 0 runs `prepare` (e.g. trains a tokenizer and packs a corpus into a shared folder); the other
+        ranks wait, then run `load` to read what it wrote. When rank 0 fails, every rank stops with its error
+        instead of waiting forever."""
+        if not self.enabled:
+            return prepare()
+        result, status = None, [None]
+        if self.is_main:
+            try:
+                result = prepare()
+            except BaseException as err:
+                status = [f"{type(err).__name__}: {err}"]
+                dist.broadcast_object_list(status, src=0)
+                raise
+        dist.broadcast_object_list(status, src=0)
+        if status[0] is not None:
+            raise RuntimeError(f"rank 0 failed while preparing the data, so rank {self.rank} stops too: {status[0]}")
+        return result if self.is_main else load()
 
     def all_sum(self, values: list[float]) -> list[float]:
         """Element-wise sum of `values` over all ranks (every rank must call it)."""

@@ -275,15 +275,16 @@ def pretrain(
     if objective == "bilm":
         from ctxrep.objectives.bilm import build_bilm_run
 
-        run = build_bilm_run(config.raw, corpus, out)
+        # rank 0 builds the vocabulary and packs the text; the others then find both in `out` and reuse them
+        run = ctx.main_first(lambda: build_bilm_run(config.raw, corpus, out),
+                             lambda: build_bilm_run(config.raw, corpus, out, progress=False))  # fmt: skip
     else:
-        if ctx.is_main:
+
+        def prepare():
             tok = prepare_tokenizer(objective, config, corpus, out, tokenizer)
-            packed = pack_corpus(corpus, out, out / CORPUS_DIR, _corpus_config(config.data), progress=progress)
-        ctx.barrier()
-        if not ctx.is_main:
-            tok = Tokenizer.from_model_dir(out)
-            packed = PackedCorpus.open(out / CORPUS_DIR)
+            return tok, pack_corpus(corpus, out, out / CORPUS_DIR, _corpus_config(config.data), progress=progress)
+
+        tok, packed = ctx.main_first(prepare, lambda: (Tokenizer.from_model_dir(out), PackedCorpus.open(out / CORPUS_DIR)))
         run = build_run(objective, config, packed, tok)
     trainer = Trainer(run.objective, config.trainer, run.train_data, out, run.eval_data, run.save_model)
     return trainer.train(resume=resume)
