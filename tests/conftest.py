@@ -18,6 +18,14 @@ from ctxrep.models.loading import resolve_model_path
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 
 
+def first_pieces(enc, num_words: int) -> list[int]:
+    """Each word's first piece in a `tokenizers` Encoding, skipping a bare word-start marker ("▁", "Ġ") that the
+    word has more pieces after: what ctxrep's "first" pooling reads (WordPieces.pooling_spans)."""
+    first = [enc.word_ids.index(w) for w in range(num_words)]
+    return [f + 1 if enc.tokens[f] in ("\u2581", "\u0120") and f + 1 < len(enc.word_ids) and enc.word_ids[f + 1] == w
+            else f for w, f in enumerate(first)]  # fmt: skip
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
     # 2 on this 2-core machine; CTXREP_TEST_THREADS=1 beside another job (threads that wait on each other crawl)

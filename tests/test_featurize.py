@@ -8,8 +8,10 @@ import torch
 import transformers
 
 import ctxrep
+from conftest import first_pieces
 from ctxrep import Featurizer, ScalarMix
-from ctxrep.featurize import _token_budget_batches, window_words
+from ctxrep.featurize import _token_budget_batches, split_windows, window_words
+from ctxrep.tokenize import WordPieces
 from ctxrep.models.loading import CheckpointError
 
 TEXTS = ["The vase broke .", "Unbelievably, the newscaster broke into the broadcast!", ["Pre", "tokenized", "words"]]
@@ -56,7 +58,8 @@ def test_roberta_word_vectors_match_transformers(tiny_models):
     ref = transformers.RobertaModel.from_pretrained(path).eval()
     with torch.no_grad():
         h = ref(torch.tensor([enc.ids])).last_hidden_state[0]
-    first = [enc.word_ids.index(w) for w in range(len(words))]
+    first = first_pieces(enc, len(words))  # this small vocabulary has no "ĠThe": "Ġ" "T" "he", pooled from "T"
+    assert enc.tokens[1] == "\u0120" and first[0] == 2
     np.testing.assert_allclose(fz.embed_words([words])[0], h[first].numpy(), atol=1e-5)
     assert enc.ids[0] == 0 and enc.ids[-1] == 2  # <s> ... </s>
 
@@ -168,6 +171,24 @@ def test_window_words_never_skip_a_word():
             covered = sorted({w for w0, w1 in windows for w in range(w0, w1)})
             assert covered == list(range(len(spans)))
             assert all(spans[w1 - 1][1] - spans[w0][0] <= window for w0, w1 in windows)
+
+
+def test_split_windows_gives_every_word_to_exactly_one_window():
+    spans, pos = [], 0
+    for n in [1, 3, 2, 7, 1, 1, 4, 2, 2, 5, 1, 3]:
+        spans.append((pos, pos + n))
+        pos += n
+    windows = split_windows(spans, 8, 4)
+    owned = [w for _, _, words in windows for w in words]
+    assert sorted(owned) == list(range(len(spans)))
+    assert all(p1 - p0 <= 8 and all(p0 <= spans[w][0] and spans[w][1] <= p1 for w in words) for p0, p1, words in windows)
+
+
+def test_pooling_spans_skip_a_bare_word_start_marker():
+    pieces = WordPieces([7, 40, 10, 8, 9, 7], [0, 0, 0, 1, 2, 3], ["\u2581", "j", "o", "\u2581in", "\u0120", "\u2581"], 4)
+    assert pieces.spans() == [(0, 3), (3, 4), (4, 5), (5, 6)]
+    # "▁" + "j" + "o": pool from "j"; a word that is only a marker keeps it
+    assert pieces.pooling_spans() == [(1, 3), (3, 4), (4, 5), (5, 6)]
 
 
 def test_token_budget_batches():

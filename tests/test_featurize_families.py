@@ -7,6 +7,8 @@ import pytest
 import torch
 import transformers
 
+from conftest import first_pieces
+
 from ctxrep import Featurizer
 from ctxrep.models.elmo import ElmoBiLM, batch_to_ids
 
@@ -48,6 +50,14 @@ def test_xlnet_word_vectors_match_transformers(xlnet_dir):
             h = ref(torch.tensor([enc.ids]), token_type_ids=torch.tensor([enc.type_ids])).last_hidden_state[0]
         last = [max(i for i, w in enumerate(enc.word_ids) if w == k) for k in range(len(text.split()))]
         np.testing.assert_allclose(v, h[last].numpy(), atol=1e-5)
+    # "first" skips a word's bare "▁" piece (the same piece for every word this small vocabulary splits)
+    first = Featurizer(str(xlnet_dir), layers=-1, pooling="first").embed_words(TEXTS[:1])[0]
+    enc = fz.tokenizer.backend.encode(TEXTS[0].split(), is_pretokenized=True)
+    with torch.no_grad():
+        h = ref(torch.tensor([enc.ids]), token_type_ids=torch.tensor([enc.type_ids])).last_hidden_state[0]
+    starts = first_pieces(enc, len(TEXTS[0].split()))
+    assert starts != [enc.word_ids.index(k) for k in range(len(starts))], "the test needs a word split as '▁' + pieces"
+    np.testing.assert_allclose(first, h[starts].numpy(), atol=1e-5)
     cls = Featurizer(str(xlnet_dir), layers=-1, sentence_pooling="cls").embed_sentences(TEXTS[:1])[0]
     enc = fz.tokenizer.backend.encode(TEXTS[0].split(), is_pretokenized=True)
     with torch.no_grad():
@@ -63,7 +73,7 @@ def test_gpt2_word_vectors_match_transformers_and_see_only_the_left(gpt2_dir):
         enc = fz.tokenizer.backend.encode(text.split(), is_pretokenized=True)
         with torch.no_grad():
             hs = ref(torch.tensor([enc.ids]), output_hidden_states=True).hidden_states
-        first = [enc.word_ids.index(k) for k in range(len(text.split()))]
+        first = first_pieces(enc, len(text.split()))
         np.testing.assert_allclose(v, torch.stack(hs, 2)[0, first].numpy(), atol=1e-5)
     # causal: a word's vector does not change when words are added after it
     longer = fz.embed_words([TEXTS[1] + " jumps over"])[0]

@@ -58,6 +58,8 @@ class Featurizer:
         "all" (every layer, embedding output first), "mix" (the plain average of all layers), or a
         `ScalarMix` over all num_layers + 1 layers (e.g. `ScalarMix.from_weights([...])`).
     pooling: how a word's subword pieces become one vector: "first", "last", "mean" or "first_last"
+        (a word's leading piece that is only a word-start marker, "▁" or "Ġ", is left out when the word has
+        other pieces: it is the same piece for every such word)
         (the first and last piece concatenated, 2 x hidden wide).
     sentence_pooling: "mean" (over the text's word vectors) or "cls" (the classification token).
     stride: how many pieces each window of a long text advances (default: half a window).
@@ -196,8 +198,8 @@ class Featurizer:
                     "not windowed: shorten the texts or embed them separately"
                 )
             offset_b = offset + len(a.ids) + len(self.tokenizer.template.middle)
-            spans = [(w, offset + s, offset + e) for w, (s, e) in enumerate(a.spans())]
-            spans += [(a.num_words + w, offset_b + s, offset_b + e) for w, (s, e) in enumerate(b.spans())]
+            spans = [(w, offset + s, offset + e) for w, (s, e) in enumerate(a.pooling_spans())]
+            spans += [(a.num_words + w, offset_b + s, offset_b + e) for w, (s, e) in enumerate(b.pooling_spans())]
             windows.append(_Window(i, ids, types, spans, self._cls_position(len(ids))))
             counts.append(a.num_words + b.num_words)
         return windows, counts
@@ -208,29 +210,18 @@ class Featurizer:
     def _split_long(self, text: int, pieces: WordPieces) -> list[_Window]:
         """Windows of at most window_size pieces, starting on word boundaries, about `stride` pieces apart."""
         spans = pieces.spans()
-        bounds = []  # (first piece, last piece + 1) of each window
-        for w0, w1 in window_words(spans, self.window_size, self.stride):
-            if spans[w1 - 1][1] - spans[w0][0] > self.window_size:  # one word longer than a whole window
+        for w, (s, e) in enumerate(spans):
+            if e - s > self.window_size:
                 warnings.warn(
-                    f"text {text}: word {w0} has {spans[w0][1] - spans[w0][0]} subword pieces, more than a window "
-                    f"({self.window_size}); its vector is pooled from the first {self.window_size} pieces",
+                    f"text {text}: word {w} has {e - s} subword pieces, more than a window ({self.window_size}); "
+                    f"its vector is pooled from the first {self.window_size} pieces",
                     stacklevel=3,
                 )
-            bounds.append((w0, w1, spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + self.window_size)))
-        # Each word goes to the window where min(left context, right context) is largest.
-        owner = [-1] * len(spans)
-        best = [-1] * len(spans)
-        for k, (w0, w1, p0, p1) in enumerate(bounds):
-            for w in range(w0, w1):
-                context = min(spans[w][0] - p0, p1 - spans[w][1])
-                if context > best[w]:
-                    best[w], owner[w] = context, k
+        pool = pieces.pooling_spans()
         windows = []
-        for k, (w0, w1, p0, p1) in enumerate(bounds):
+        for p0, p1, owned in split_windows(spans, self.window_size, self.stride):
             ids, types, offset = self.tokenizer.build_inputs(pieces.ids[p0:p1])
-            words = [
-                (w, offset + spans[w][0] - p0, offset + min(spans[w][1], p1) - p0) for w in range(w0, w1) if owner[w] == k
-            ]
+            words = [(w, offset + pool[w][0] - p0, offset + min(pool[w][1], p1) - p0) for w in owned]
             windows.append(_Window(text, ids, types, words, self._cls_position(len(ids))))
         return windows
 
@@ -415,6 +406,21 @@ def window_words(spans: list[tuple[int, int]], window: int, stride: int) -> list
         while nxt < end and spans[nxt][0] < spans[first][0] + stride:
             nxt += 1
         first = nxt
+
+
+def split_windows(spans: list[tuple[int, int]], size: int, stride: int) -> list[tuple[int, int, list[int]]]:
+    """(first piece, last piece + 1, the words it owns) of each window over one text (see window_words). Each word
+    is owned by the window where min(left context, right context) is largest. A word longer than a whole window
+    is cut to the window's `size` pieces."""
+    bounds = [(w0, w1, spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + size))
+              for w0, w1 in window_words(spans, size, stride)]  # fmt: skip
+    owner, best = [-1] * len(spans), [-1] * len(spans)
+    for k, (w0, w1, p0, p1) in enumerate(bounds):
+        for w in range(w0, w1):
+            context = min(spans[w][0] - p0, p1 - spans[w][1])
+            if context > best[w]:
+                best[w], owner[w] = context, k
+    return [(p0, p1, [w for w in range(w0, w1) if owner[w] == k]) for k, (w0, w1, p0, p1) in enumerate(bounds)]
 
 
 def _token_budget_batches(lengths: list[int], budget: int) -> list[int]:

@@ -54,6 +54,9 @@ class SpecialTemplate:
         return ids, types, len(self.prefix)
 
 
+WORD_START_MARKERS = ("\u2581", "\u0120")  # SentencePiece's "▁", byte-level BPE's "Ġ"
+
+
 @dataclass
 class WordPieces:
     """One text's subword ids (no special tokens) and, for each piece, the index of the word it came from."""
@@ -72,6 +75,17 @@ class WordPieces:
                 starts[w] = i
             ends[w] = i + 1
         return list(zip(starts, ends))
+
+    def pooling_spans(self) -> list[tuple[int, int]]:
+        """spans() without a word's first piece when that piece is a bare word-start marker ("▁" alone, as a small
+        SentencePiece vocabulary often splits a rare word; "Ġ" alone in byte-level BPE) and the word has other
+        pieces: the marker is the same piece for every such word, so "first" pooling would read it, not the word."""
+        out = []
+        for s, e in self.spans():
+            if e - s > 1 and self.tokens[s] in WORD_START_MARKERS:
+                s += 1
+            out.append((s, e))
+        return out
 
 
 class Tokenizer:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.data.tags import entity_scores
-from ctxrep.featurize import max_tokens, pad_inputs, window_words
+from ctxrep.featurize import max_tokens, pad_inputs, split_windows
 from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features
 
 TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
@@ -206,22 +206,10 @@ class TokenTagger(TaskEstimator):
             raise ValueError(f"stride must be between 1 and the window size {size}, got {self.stride}")
         out = []
         for i, pieces in enumerate(tok.encode_words(X)):
-            spans = pieces.spans()
-            windows = []
-            for w0, w1 in window_words(spans, size, stride):
-                p0, p1 = spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + size)
-                windows.append((w0, w1, p0, p1))
-            # each word belongs to the window where min(left context, right context) is largest
-            owner, best = [0] * len(spans), [-1] * len(spans)
-            for k, (w0, w1, p0, p1) in enumerate(windows):
-                for w in range(w0, w1):
-                    context = min(spans[w][0] - p0, p1 - spans[w][1])
-                    if context > best[w]:
-                        best[w], owner[w] = context, k
-            for k, (w0, w1, p0, p1) in enumerate(windows):
+            pool = pieces.pooling_spans()
+            for p0, p1, owned in split_windows(pieces.spans(), size, stride):
                 ids, types, offset = tok.build_inputs(pieces.ids[p0:p1])
-                owned = [w for w in range(w0, w1) if owner[w] == k]
-                words = [(w, offset + spans[w][0] - p0, offset + min(spans[w][1], p1) - p0) for w in owned]
+                words = [(w, offset + pool[w][0] - p0, offset + min(pool[w][1], p1) - p0) for w in owned]
                 out.append(_Window(i, ids, types, words, labels=[labels[i][w] for w in owned]))
         return out
 
