@@ -58,9 +58,8 @@ class Featurizer:
         "all" (every layer, embedding output first), "mix" (the plain average of all layers), or a
         `ScalarMix` over all num_layers + 1 layers (e.g. `ScalarMix.from_weights([...])`).
     pooling: how a word's subword pieces become one vector: "first", "last", "mean" or "first_last"
-        (a word's leading piece that is only a word-start marker, "▁" or "Ġ", is left out when the word has
-        other pieces: it is the same piece for every such word)
-        (the first and last piece concatenated, 2 x hidden wide).
+        (the first and last piece concatenated, 2 x hidden wide). A word's leading piece that is only a
+        word-start marker ("▁" or "Ġ") is left out when the word has other pieces: it is the same for every such word.
     sentence_pooling: "mean" (over the text's word vectors) or "cls" (the classification token).
     stride: how many pieces each window of a long text advances (default: half a window).
     batch_tokens: the token budget of one batch (padded batch size x longest sequence).
