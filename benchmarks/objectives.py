@@ -30,6 +30,7 @@ from pathlib import Path
 
 DATA = Path("/work/shared/data")
 OBJECTIVES = ("mlm", "electra", "clm", "plm")
+CONTROL = "random"  # the MLM model and tokenizer, saved untrained: what the features give with no pretraining
 
 
 def worker(args) -> dict:
@@ -52,7 +53,8 @@ def worker(args) -> dict:
     from ctxrep.train.trainer import Trainer
 
     torch.set_num_threads(args.threads)
-    objective, out = args.worker, Path(args.out_root) / args.worker
+    out = Path(args.out_root) / args.worker
+    objective = "mlm" if args.worker == CONTROL else args.worker
     overrides = [("trainer.max_steps", "10000000"), ("trainer.eval_every", "0"), ("data.eval_fraction", "0"),
                  ("trainer.checkpoint_every", "0"), ("tokenizer.vocab_size", str(args.vocab_size)),
                  ("trainer.warmup_steps", str(args.lr_warmup))]  # fmt: skip
@@ -66,7 +68,11 @@ def worker(args) -> dict:
     print("READY", flush=True)
     sys.stdin.readline()  # "GO": objectives run side by side start their clocks together
     started = time.perf_counter()
-    metrics = trainer.train(resume=False)
+    if args.worker == CONTROL:
+        run.save_model(out)
+        metrics = {"step": 0, "tokens_per_s": 0.0}
+    else:
+        metrics = trainer.train(resume=False)
     train_s = time.perf_counter() - started
 
     valid = pack_corpus(args.valid, out, out / "valid", _corpus_config(config.data), progress=False)
@@ -90,7 +96,7 @@ def worker(args) -> dict:
     probe = LogisticRegression(max_iter=2000).fit(x_train, train_sst.labels)
     accuracy = float(np.mean(probe.predict(x_dev) == np.array(dev_sst.labels)))
     return {
-        "objective": objective,
+        "objective": args.worker,
         "steps": metrics["step"],
         "train_minutes": train_s / 60,
         "tokens_per_s": metrics.get("tokens_per_s", float("nan")),
@@ -155,7 +161,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=30.0,
                    help="training budget per objective: CPU minutes per thread (= wall-clock on an idle machine)")
-    p.add_argument("--objectives", default=",".join(OBJECTIVES))
+    p.add_argument("--objectives", default=",".join(OBJECTIVES),
+                   help=f"comma-separated, from {', '.join(OBJECTIVES)} and {CONTROL!r} (an untrained control)")
     p.add_argument("--config", default="small", help="model shape and training settings (a pretrain config)")
     p.add_argument("--vocab-size", type=int, default=16000, help="tokenizer entries (gutenberg/train is ~16 MB)")
     p.add_argument("--lr-warmup", type=int, default=200, help="learning-rate warm-up steps")
@@ -169,7 +176,7 @@ def main() -> None:
                         "threads x parallel should not exceed the cores")
     p.add_argument("--out-root", default="runs/objectives", help="one run folder per objective under this")
     p.add_argument("--markdown-out", default=None)
-    p.add_argument("--worker", choices=OBJECTIVES, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=(*OBJECTIVES, CONTROL), default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
