@@ -35,13 +35,9 @@ CONTROL = "random"  # the MLM model and tokenizer, saved untrained: what the fea
 
 def worker(args) -> dict:
     """Prepare, print READY, train until SIGINT, evaluate; return the results."""
-    import numpy as np
     import torch
-    from sklearn.linear_model import LogisticRegression
 
     from ctxrep.data.corpus import pack_corpus
-    from ctxrep.data.sst import read_sst
-    from ctxrep.featurize import Featurizer
     from ctxrep.train.pretrain import (
         CORPUS_DIR,
         _corpus_config,
@@ -85,16 +81,6 @@ def worker(args) -> dict:
             batch = {k: torch.from_numpy(v) for k, v in source.next_batch(config.trainer.batch_size).items()}
             losses.append(float(model(batch).loss))
 
-    train_sst = read_sst(DATA / "sst" / "train.txt", classes=2)
-    dev_sst = read_sst(DATA / "sst" / "dev.txt", classes=2)
-    if args.limit_sst:  # a seeded random sample: the files are ordered by label
-        for data in (train_sst, dev_sst):
-            keep = np.random.default_rng(0).permutation(len(data.texts))[: args.limit_sst]
-            data.texts, data.labels = [data.texts[i] for i in keep], [data.labels[i] for i in keep]
-    featurizer = Featurizer(out, layers=-1, pooling="mean", sentence_pooling="mean")
-    x_train, x_dev = featurizer.embed_sentences(train_sst.texts), featurizer.embed_sentences(dev_sst.texts)
-    probe = LogisticRegression(max_iter=2000).fit(x_train, train_sst.labels)
-    accuracy = float(np.mean(probe.predict(x_dev) == np.array(dev_sst.labels)))
     return {
         "objective": args.worker,
         "steps": metrics["step"],
@@ -102,7 +88,37 @@ def worker(args) -> dict:
         "tokens_per_s": metrics.get("tokens_per_s", float("nan")),
         "train_loss": metrics.get("loss", float("nan")),
         "valid_loss": sum(losses) / len(losses),
-        "sst2_dev_accuracy": accuracy,
+        **sst2_probe(out, args.limit_sst),
+    }
+
+
+def sst2_probe(model_dir: Path, limit_sst: int | None) -> dict:
+    """SST-2 dev accuracy of logistic regressions on frozen mean-pooled last-layer sentence features: on the raw
+    features, and on standardized ones (zero mean, unit variance per dimension, fitted on train). Pretrained
+    features are anisotropic (a few large shared directions), which the raw probe's L2 penalty handles badly."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from ctxrep.data.sst import read_sst
+    from ctxrep.featurize import Featurizer
+
+    train_sst = read_sst(DATA / "sst" / "train.txt", classes=2)
+    dev_sst = read_sst(DATA / "sst" / "dev.txt", classes=2)
+    if limit_sst:  # a seeded random sample: the files are ordered by label
+        for data in (train_sst, dev_sst):
+            keep = np.random.default_rng(0).permutation(len(data.texts))[:limit_sst]
+            data.texts, data.labels = [data.texts[i] for i in keep], [data.labels[i] for i in keep]
+    featurizer = Featurizer(model_dir, layers=-1, pooling="mean", sentence_pooling="mean")
+    x_train, x_dev = featurizer.embed_sentences(train_sst.texts), featurizer.embed_sentences(dev_sst.texts)
+    accuracy = {}
+    for name, probe in (("sst2_dev_accuracy", LogisticRegression(max_iter=2000)),
+                        ("sst2_dev_accuracy_standardized", make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))):  # fmt: skip
+        probe.fit(x_train, train_sst.labels)
+        accuracy[name] = float(np.mean(probe.predict(x_dev) == np.array(dev_sst.labels)))
+    return {
+        **accuracy,
         "sst2_sizes": [len(train_sst.texts), len(dev_sst.texts)],
         "sst2_majority": max(np.mean(dev_sst.labels), 1 - np.mean(dev_sst.labels)),
     }
@@ -176,10 +192,24 @@ def main() -> None:
                         "threads x parallel should not exceed the cores")
     p.add_argument("--out-root", default="runs/objectives", help="one run folder per objective under this")
     p.add_argument("--markdown-out", default=None)
+    p.add_argument("--probe-only", action="store_true",
+                   help="only rerun the SST-2 probes on the models already saved under --out-root")
     p.add_argument("--worker", choices=(*OBJECTIVES, CONTROL), default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
+        return
+    if args.probe_only:
+        lines = ["| objective | SST-2 dev acc (LR) | SST-2 dev acc (standardized LR) |", "|---|---:|---:|"]
+        for objective in args.objectives.split(","):
+            r = sst2_probe(Path(args.out_root) / objective, args.limit_sst)
+            lines.append(f"| {objective} | {r['sst2_dev_accuracy']:.3f} | {r['sst2_dev_accuracy_standardized']:.3f} |")
+            print(lines[-1], flush=True)
+        lines += ["", "Command: `python benchmarks/objectives.py " + " ".join(sys.argv[1:]) + "`"]
+        text = "\n".join(lines) + "\n"
+        print("\n" + text)
+        if args.markdown_out:
+            Path(args.markdown_out).write_text(text)
         return
 
     rows, objectives = [], args.objectives.split(",")
@@ -195,16 +225,16 @@ def main() -> None:
         f"{args.parallel} objective(s) at a time), `{args.config}` shape, "
         f"vocab {args.vocab_size}, on gutenberg/train; held-out loss on gutenberg/valid (each objective's own "
         f"loss: not comparable across rows); SST-2 dev accuracy of a logistic regression on frozen mean-pooled "
-        f"last-layer features ({n_train} train / {n_dev} dev sentences; majority class "
+        f"last-layer features, raw and standardized ({n_train} train / {n_dev} dev sentences; majority class "
         f"{rows[0]['sst2_majority']:.3f}).",
         "",
-        "| objective | steps | wall min | tokens/s | train loss | valid loss | SST-2 dev acc |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| objective | steps | wall min | tokens/s | train loss | valid loss | SST-2 dev acc | (standardized) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(f"| {r['objective']} | {r['steps']} | {r['train_minutes']:.1f} | {r['tokens_per_s']:.0f} | "
-                     f"{r['train_loss']:.3f} | "
-                     f"{r['valid_loss']:.3f} | {r['sst2_dev_accuracy']:.3f} |")  # fmt: skip
+                     f"{r['train_loss']:.3f} | {r['valid_loss']:.3f} | {r['sst2_dev_accuracy']:.3f} | "
+                     f"{r['sst2_dev_accuracy_standardized']:.3f} |")  # fmt: skip
     lines += ["", "Command: `python benchmarks/objectives.py " + " ".join(sys.argv[1:]) + "`"]
     text = "\n".join(lines) + "\n"
     print("\n" + text)
