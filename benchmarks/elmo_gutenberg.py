@@ -87,11 +87,15 @@ def calibrate_step_seconds(run, batch_size: int, lr: float, steps: int = 3) -> f
     return float(np.median(times[1:]))
 
 
-def sense_gaps(fz, sentences: list[str], senses: list[str], word: str) -> list[tuple[float, float]]:
-    """Per layer: (mean cosine over same-sense pairs, mean cosine over different-sense pairs)."""
+def sense_gaps(fz, sentences: list[str], senses: list[str], word: str, half: str | None = None) -> list[tuple[float, float]]:
+    """Per layer: (mean cosine over same-sense pairs, mean cosine over different-sense pairs); half="forward" or
+    "backward" uses only that direction's half of each vector (the left or the right context)."""
     from ctxrep.cli.demo import cosine_matrix, target_vectors
 
     vectors = target_vectors(fz, sentences, word)  # (sentences, layers, dim)
+    if half is not None:
+        d = vectors.shape[-1] // 2
+        vectors = vectors[..., :d] if half == "forward" else vectors[..., d:]
     same = np.array([[a == b for b in senses] for a in senses]) & ~np.eye(len(senses), dtype=bool)
     different = np.array([[a != b for b in senses] for a in senses])
     gaps = []
@@ -99,6 +103,53 @@ def sense_gaps(fz, sentences: list[str], senses: list[str], word: str) -> list[t
         sims = cosine_matrix(vectors[:, layer])
         gaps.append((float(sims[same].mean()), float(sims[different].mean())))
     return gaps
+
+
+def sense_test(fz) -> tuple[list[str], list[list[str]], list[str]]:
+    """The sense test: (header, one row per layer and per direction, verdicts on the whole vectors)."""
+    from ctxrep.cli.demo import BROKE, CRANE
+
+    header = ["layer", "crane same", "crane diff", "crane gap", "broke same", "broke diff", "broke gap"]
+    rows, whole = [], {}
+    for half in (None, "forward", "backward"):
+        crane = sense_gaps(fz, [s for s, _ in CRANE], [sense for _, sense in CRANE], "crane", half)
+        broke = sense_gaps(fz, BROKE, [BROKE_SENSES[s] for s in BROKE], "broke", half)
+        if half is None:
+            whole = {"crane": crane, "broke": broke}
+        for layer, (c, b) in enumerate(zip(crane, broke)):
+            if half is not None and layer == 0:
+                continue  # layer 0 is the same context-free vector in both halves
+            name = str(layer) if half is None else f"{layer} ({half} half)"
+            rows.append([name, f"{c[0]:.4f}", f"{c[1]:.4f}", f"{c[0] - c[1]:+.4f}",
+                         f"{b[0]:.4f}", f"{b[1]:.4f}", f"{b[0] - b[1]:+.4f}"])  # fmt: skip
+
+    def separated(gaps, layer):
+        return gaps[layer][0] - gaps[layer][1] > 1e-4
+
+    verdicts = []
+    for word, gaps in whole.items():
+        upper = [layer for layer in range(1, len(gaps)) if separated(gaps, layer)]
+        ok = bool(upper) and not separated(gaps, 0)
+        where = ", ".join(map(str, upper)) or "none"
+        verdicts.append(f"{word}: same-sense pairs closer at layer(s) {where}; at layer 0 "
+                        f"{'not' if not separated(gaps, 0) else 'also'} -> {'PASS' if ok else 'FAIL'}")  # fmt: skip
+    return header, rows, verdicts
+
+
+def sense_markdown(header: list[str], rows: list[list[str]], verdicts: list[str]) -> list[str]:
+    return [
+        "Sense test (sentences of `ctxrep demo`): mean cosine similarity of the target word's vectors over "
+        "same-sense and different-sense sentence pairs; the whole vector, then its forward (left-context) and "
+        "backward (right-context) halves. crane: the demo's [bird]/[machine] labels; broke: our grouping "
+        + "; ".join(f"{s!r} = {v}" for s, v in BROKE_SENSES.items()) + ".",
+        "",
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" for _ in header) + " |",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+        *(f"- {v} (whole vector)" for v in verdicts),
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,12 +170,22 @@ def main(argv: list[str] | None = None) -> None:
                         help="Torch threads. On a machine shared with other jobs, 2 threads on 2 cores ran 20x "
                              "slower than 1 (threads wait for each other): use 2 only on an idle machine.")
     parser.add_argument("--markdown-out", type=Path, default=None, help="Write the results as Markdown here.")
+    parser.add_argument("--senses-only", action="store_true", help="Only rerun the sense test on the model in --out.")
     args = parser.parse_args(argv)
     command = shlex.join(["python", "benchmarks/elmo_gutenberg.py", *(sys.argv[1:] if argv is None else argv)])
+    if args.senses_only:
+        from ctxrep.featurize import Featurizer
+
+        header, rows, verdicts = sense_test(Featurizer(f"elmo:{args.out}", layers="all", pooling="mean"))
+        md = [f"## Sense test of the ELMo in {args.out}", "", f"Command: `{command}`", "",
+              *sense_markdown(header, rows, verdicts)]  # fmt: skip
+        print("\n".join(md))
+        if args.markdown_out:
+            args.markdown_out.write_text("\n".join(md))
+        return
 
     import torch
 
-    from ctxrep.cli.demo import BROKE, CRANE
     from ctxrep.data.corpus import CorpusConfig, pack_corpus
     from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker
     from ctxrep.featurize import Featurizer
@@ -188,25 +249,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # The sense test, on the saved folder as a user would load it.
     fz = Featurizer(f"elmo:{args.out}", layers="all", pooling="mean")
-    crane = sense_gaps(fz, [s for s, _ in CRANE], [sense for _, sense in CRANE], "crane")
-    broke = sense_gaps(fz, BROKE, [BROKE_SENSES[s] for s in BROKE], "broke")
-    rows = []
-    for layer, (c, b) in enumerate(zip(crane, broke)):
-        rows.append([str(layer), f"{c[0]:.4f}", f"{c[1]:.4f}", f"{c[0] - c[1]:+.4f}",
-                     f"{b[0]:.4f}", f"{b[1]:.4f}", f"{b[0] - b[1]:+.4f}"])  # fmt: skip
-    header = ["layer", "crane same", "crane diff", "crane gap", "broke same", "broke diff", "broke gap"]
-
-    def separated(gaps, layer):
-        return gaps[layer][0] - gaps[layer][1] > 1e-4
-
-    verdicts = []
-    for word, gaps in (("crane", crane), ("broke", broke)):
-        upper = [layer for layer in range(1, len(gaps)) if separated(gaps, layer)]
-        ok = bool(upper) and not separated(gaps, 0)
-        where = ", ".join(map(str, upper)) or "none"
-        verdicts.append(f"{word}: same-sense pairs closer at layer(s) {where}; at layer 0 "
-                        f"{'not' if not separated(gaps, 0) else 'also'} -> {'PASS' if ok else 'FAIL'}")  # fmt: skip
-
+    header, rows, verdicts = sense_test(fz)
     print("\n" + "  ".join(f"{h:>11}" for h in header))
     for row in rows:
         print("  ".join(f"{c:>11}" for c in row))
@@ -234,16 +277,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| perplexity ({int(ppl['tokens']):,} words, {eval_seconds:.0f}s) | {ppl['forward_ppl']:.1f} "
             f"| {ppl['backward_ppl']:.1f} |",
             "",
-            "Sense test (sentences of `ctxrep demo`): mean cosine similarity of the target word's vectors over "
-            "same-sense and different-sense sentence pairs. crane: the demo's [bird]/[machine] labels; broke: "
-            "our grouping " + "; ".join(f"{s!r} = {v}" for s, v in BROKE_SENSES.items()) + ".",
-            "",
-            "| " + " | ".join(header) + " |",
-            "| " + " | ".join("---" for _ in header) + " |",
-            *("| " + " | ".join(row) + " |" for row in rows),
-            "",
-            *(f"- {v}" for v in verdicts),
-            "",
+            *sense_markdown(header, rows, verdicts),
         ]
         args.markdown_out.parent.mkdir(parents=True, exist_ok=True)
         args.markdown_out.write_text("\n".join(md))
