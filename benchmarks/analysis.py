@@ -16,6 +16,7 @@ Run:  .venv/bin/python benchmarks/analysis.py --markdown-out benchmarks/results/
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -96,7 +97,7 @@ def main() -> int:
         f"- WiC: {wic.n_train} train / {wic.n_dev} dev pairs; layer 0 is the static baseline.",
         f"- {verdict}",
         f"- torch threads {args.threads}; torch {torch.__version__}.",
-        f"- command: `.venv/bin/python benchmarks/analysis.py --train-sentences {args.train_sentences}`",
+        f"- command: `.venv/bin/python benchmarks/analysis.py {shlex.join(sys.argv[1:])}`",
     ]
     text = "\n".join(lines + [""] + notes) + "\n"
     print(text)
