@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> None:
                              "slower than 1 (threads wait for each other): use 2 only on an idle machine.")
     parser.add_argument("--markdown-out", type=Path, default=None, help="Write the results as Markdown here.")
     parser.add_argument("--senses-only", action="store_true", help="Only rerun the sense test on the model in --out.")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="Continue training the biLM saved in this folder (its tokenizer and weights; the text is "
+                             "drawn in a new order) instead of starting from random weights.")
     args = parser.parse_args(argv)
     command = shlex.join(["python", "benchmarks/elmo_gutenberg.py", *(sys.argv[1:] if argv is None else argv)])
     if args.senses_only:
@@ -196,8 +200,19 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     config = json.loads(json.dumps(CONFIG))
     config["data"]["num_workers"] = args.threads
+    if args.init_from is not None:  # the same vocabulary (tokenizer training is not bit-reproducible), new order
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (args.init_from / name).is_file():
+                shutil.copy(args.init_from / name, args.out / name)
+        config["data"]["seed"] = 1
     started = time.perf_counter()
     run = build_bilm_run(config, args.train, args.out)
+    if args.init_from is not None:
+        from ctxrep.models.elmo import ElmoBiLM
+
+        run.objective.bilm.load_state_dict(ElmoBiLM.from_pretrained(args.init_from).state_dict())
+        print(f"continuing from the weights in {args.init_from}")
     prepared = time.perf_counter() - started
     n_params = sum(p.numel() for p in run.objective.parameters())
     print(f"prepared in {prepared:.0f}s: vocabulary {len(run.objective.vocab_words)} words, "
