@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ctxrep.models.loading import load_model, resolve_model_path
+from ctxrep.models.loading import elmo_folder, load_model, resolve_model_path
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.tokenize import Tokenizer, WordPieces, WordTokenizer
 
@@ -86,7 +86,7 @@ class Featurizer:
         self.model = load_model(model)
         self._packed: tuple[torch.nn.Module, torch.nn.Module] | None = None  # (model, its inference copy)
         # ELMo reads whole words (characters); every other family reads subword pieces.
-        self.word_level = str(model).startswith("elmo:")
+        self.word_level = elmo_folder(model) is not None
         self.tokenizer = WordTokenizer() if self.word_level else Tokenizer.from_model_dir(resolve_model_path(model))
         if self.word_level and sentence_pooling == "cls":
             raise ValueError("ELMo has no classification token: use sentence_pooling='mean'")

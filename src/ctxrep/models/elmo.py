@@ -425,11 +425,7 @@ class Elmo(nn.Module):
         return cls(ElmoBiLM.from_pretrained(path), **kwargs)
 
     @property
-    def output_dim(self) -> int:
-        return self.bilm.hidden_size
-
-    @property
-    def hidden_size(self) -> int:  # the encoders' name for it, for code that takes any of them
+    def hidden_size(self) -> int:  # each representation's width, by the name every encoder uses
         return self.bilm.hidden_size
 
     @property

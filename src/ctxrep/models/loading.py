@@ -126,17 +126,23 @@ def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, file, metadata={"format": "pt"})
 
 
+def elmo_folder(name_or_path: str | os.PathLike) -> Path | None:
+    """The folder of an "elmo:DIR" model name (ELMo reads words, not subword pieces), or None for other models."""
+    name = str(name_or_path)
+    return Path(name[len("elmo:") :]).expanduser() if name.startswith("elmo:") else None
+
+
 def load_model(name_or_path: str | os.PathLike) -> torch.nn.Module:
     """Build the model family named by config.json's model_type and load its weights (eval mode).
 
     "elmo:DIR" loads an ELMo biLM from DIR's options.json + weights.hdf5 (AllenNLP / bilm-tf layout).
     """
-    name = str(name_or_path)
-    if name.startswith("elmo:"):
+    folder = elmo_folder(name_or_path)
+    if folder is not None:
         from ctxrep.models.elmo import ElmoBiLM
 
-        model = ElmoBiLM.from_pretrained(Path(name[len("elmo:") :]).expanduser())
-        model.name_or_path = name
+        model = ElmoBiLM.from_pretrained(folder)
+        model.name_or_path = str(name_or_path)
         return model.eval()
     path = resolve_model_path(name_or_path)
     try:

@@ -48,7 +48,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ctxrep.featurize import uses_segments
-from ctxrep.models.loading import load_model, resolve_model_path, write_safetensors
+from ctxrep.models.loading import elmo_folder, load_model, resolve_model_path, write_safetensors
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.train.schedules import slanted_triangular, warmup_decay
 
@@ -156,11 +156,7 @@ def _no_decay(name: str, param: nn.Parameter) -> bool:
 
 def _model_identity(model: str) -> dict:
     """What identifies a model's weights: its folder plus the size and mtime of its files."""
-    name = str(model)
-    if name.startswith("elmo:"):
-        folder = Path(name[len("elmo:") :]).expanduser()
-    else:
-        folder = resolve_model_path(model)
+    folder = elmo_folder(model) or resolve_model_path(model)
     files = sorted(p for p in folder.iterdir() if p.is_file())
     return {"path": str(folder.resolve()), "files": [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]}
 
@@ -472,7 +468,7 @@ class TaskEstimator:
     @property
     def _word_level(self) -> bool:
         """ELMo reads whole words (as characters); every other family reads subword pieces."""
-        return str(self.model).startswith("elmo:")
+        return elmo_folder(self.model) is not None
 
     def _batch(self, examples: list) -> dict[str, torch.Tensor]:
         """The subclass's batch, plus ELMo's character ids when fine-tuning ELMo."""

@@ -271,7 +271,7 @@ class SpanExtractor(TaskEstimator):
             spans.append(found)
             contexts.append([context[s:e] for s, e in found])
         pair_q, pair_c, meta = [], [], []
-        elmo = str(self.model).startswith("elmo:")
+        elmo = self._word_level
         tok = None if elmo else Tokenizer.from_model_dir(resolve_model_path(self.model))
         for i in range(len(X)):
             q = questions[i]
