@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="Train exactly this many steps instead of what --minutes buys (for a machine shared "
                              "with other jobs, where the measured step time would not hold).")
+    parser.add_argument("--projection-dim", type=int, default=CONFIG["elmo"]["projection_dim"],
+                        help="Width of each direction's LSTM output (and of the token vector).")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-batches", type=int, default=40,
@@ -200,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     config = json.loads(json.dumps(CONFIG))
     config["data"]["num_workers"] = args.threads
+    config["elmo"]["projection_dim"] = args.projection_dim
     if args.init_from is not None:  # the same vocabulary (tokenizer training is not bit-reproducible), new order
         args.out.mkdir(parents=True, exist_ok=True)
         for name in ("tokenizer.json", "tokenizer_config.json"):

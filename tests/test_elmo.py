@@ -207,7 +207,8 @@ def test_char_cnn_highway_projection_match_numpy(tmp_path, activation):
     options = tiny_options(activation)
     a = official_arrays(options, seed=1)
     model = ElmoBiLM.from_pretrained(write_model_dir(tmp_path, options, a))
-    ids = batch_to_ids([["The", "cat", "ÉLAN", "x" * 40]])[0]  # (4, 50)
+    # repeated words: the CNN encodes each distinct word once and must put the vectors back in order
+    ids = batch_to_ids([["The", "cat", "ÉLAN", "x" * 40, "cat", "The", "cat"]])[0]  # (7, 50)
     z_np, high_np, proj_np = np_char_cnn(a, options, ids.numpy())
     with torch.no_grad():
         z = model.char_cnn.convolve(ids)

@@ -57,5 +57,11 @@ class CharCNN(nn.Module):
         return z.reshape(*lead, self.n_filters)  # (..., n_filters)
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        x = self.highway(self.convolve(char_ids))
-        return self.projection(x) if self.projection is not None else x
+        # Running text repeats most of its words (and padding rows): encode each distinct word once and
+        # scatter the vectors back. Same result, and the convolutions, the bulk of the cost, run on fewer rows.
+        lead, n_chars = char_ids.shape[:-1], char_ids.shape[-1]
+        words, inverse = torch.unique(char_ids.reshape(-1, n_chars), dim=0, return_inverse=True)
+        x = self.highway(self.convolve(words))
+        if self.projection is not None:
+            x = self.projection(x)
+        return x[inverse].reshape(*lead, x.shape[-1])
