@@ -10,7 +10,8 @@
    Layer 0 (the character CNN) is context-free, so its two means are equal; a contextual layer should give
    same-sense pairs the higher mean.
 
-Full run (about 70 minutes, of which 60 are training; about 3.5 s per step on one thread: ~1000 steps):
+Full run (about 65 minutes, of which 60 are training; about 1.1 s per step of 32 x 48 words on one thread of an
+idle machine, 0.76 s on two: ~3,000 or ~4,700 steps):
 
     .venv/bin/python benchmarks/elmo_gutenberg.py --out runs/elmo-gutenberg \\
         --markdown-out benchmarks/results/elmo_gutenberg.md
