@@ -54,12 +54,12 @@ def test_nll_is_minus_the_log_probability_of_the_path_averaged_over_the_batch():
     for b in range(2):
         log_z, _ = _brute_force(crf, emissions[b])
         want.append(log_z - _path_score(crf, emissions[b], tags[b].tolist()))
-    assert float(crf.nll(emissions, tags)) == pytest.approx(sum(want) / 2, abs=1e-4)
+    assert crf.nll(emissions, tags).item() == pytest.approx(sum(want) / 2, abs=1e-4)
     # the probabilities of all paths sum to one
     paths = torch.tensor(list(itertools.product(range(3), repeat=4)))
     e = emissions[:1].expand(len(paths), -1, -1)
     total = torch.exp(crf.score(e, paths) - crf.log_partition(e)).sum()
-    assert float(total) == pytest.approx(1.0, abs=1e-4)
+    assert total.item() == pytest.approx(1.0, abs=1e-4)
 
 
 def test_transitions_can_overrule_emissions_in_viterbi():
