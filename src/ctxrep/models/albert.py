@@ -1,0 +1,521 @@
+"""ALBERT: BERT's post-LayerNorm encoder with factorised embeddings and cross-layer parameter sharing.
+
+Lan et al. 2019, "ALBERT: A Lite BERT for Self-supervised Learning of Language Representations":
+- sec. 3.1, factorised embedding parameterisation: tokens are embedded in E dimensions and projected to the
+  hidden size H (embedding_hidden_mapping_in), so the vocabulary costs V x E + E x H instead of V x H;
+- sec. 3.1, cross-layer parameter sharing: one set of layer weights applied num_hidden_layers times ("all"),
+  or only the attention ("attention") or only the feed-forward network ("ffn") shared (the paper's Table 4);
+- sec. 4.1 / 3.1, sentence-order prediction: the SOP head here, the objective in ctxrep.objectives.sentence_order.
+Attention is Vaswani et al. 2017, eq. 1: softmax(QK^T / sqrt(d_k)) V.
+
+How layers are shared. A layer is an attention block (with its LayerNorm) followed by a feed-forward block
+(with its LayerNorm). transformers' format stores num_hidden_groups groups of inner_group_num layers; layer run
+i (of num_hidden_layers) applies group g = floor(i / (num_hidden_layers / num_hidden_groups)), i.e. its
+inner_group_num layers in turn, so a forward pass runs num_hidden_layers * inner_group_num layers. Here each
+component has a list of weight *slots*: with share="all" both components use slot g * inner_group_num + j
+(transformers' layout exactly); a component that is not shared gets its own slot in every layer run.
+    share="all"        attention and FFN shared (ALBERT; transformers' format)
+    share="attention"  attention shared, one FFN per layer run (ctxrep's format)
+    share="ffn"        FFN shared, one attention per layer run (ctxrep's format)
+    share="none"       nothing shared (like BERT; saved in transformers' format with one group per layer run)
+
+Reads top to bottom: config, embeddings, attention, feed-forward, encoder, pretraining heads, then the loader
+and saver (config.json + model.safetensors; transformers' names, or ctxrep's own for attention/ffn sharing).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.outputs import EncoderOutput
+
+logger = logging.getLogger(__name__)
+
+HF_MODEL_TYPE = "albert"
+CTXREP_MODEL_TYPE = "ctxrep-albert"  # attention- or FFN-only sharing: transformers cannot express it
+MODEL_TYPES = (HF_MODEL_TYPE, CTXREP_MODEL_TYPE)
+SHARING = ("all", "attention", "ffn", "none")
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# hidden_act strings as transformers' config.json spells them; ALBERT's default is gelu_new (the tanh form).
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "relu": F.relu}
+
+
+@dataclass
+class AlbertConfig:
+    """Everything needed to rebuild the network; field names are transformers' AlbertConfig's, plus `share`."""
+
+    vocab_size: int = 30000
+    embedding_size: int = 128  # E
+    hidden_size: int = 4096  # H
+    num_hidden_layers: int = 12  # layer runs (of inner_group_num layers each)
+    num_hidden_groups: int = 1
+    inner_group_num: int = 1
+    num_attention_heads: int = 64
+    intermediate_size: int = 16384
+    hidden_act: str = "gelu_new"
+    hidden_dropout_prob: float = 0.0
+    attention_probs_dropout_prob: float = 0.0
+    classifier_dropout_prob: float = 0.1  # the SOP head's dropout
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    share: str = "all"  # ctxrep's: "all", "attention", "ffn" or "none" (see the module docstring)
+
+    def __post_init__(self) -> None:
+        if self.share not in SHARING:
+            raise ValueError(f"share must be one of {SHARING}, got {self.share!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        if self.num_hidden_groups < 1 or self.inner_group_num < 1 or self.num_hidden_layers < 1:
+            raise ValueError(
+                f"num_hidden_layers ({self.num_hidden_layers}), num_hidden_groups ({self.num_hidden_groups}) and "
+                f"inner_group_num ({self.inner_group_num}) must all be at least 1"
+            )
+        if self.num_hidden_groups > self.num_hidden_layers:
+            raise ValueError(
+                f"num_hidden_groups ({self.num_hidden_groups}) exceeds num_hidden_layers ({self.num_hidden_layers}): "
+                "some groups would never run; use at most one group per layer"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        """Layers a forward pass runs: each of the num_hidden_layers runs applies inner_group_num layers."""
+        return self.num_hidden_layers * self.inner_group_num
+
+    def group_of_run(self, i: int) -> int:
+        """transformers' AlbertTransformer: group_idx = int(i / (num_hidden_layers / num_hidden_groups))."""
+        return int(i / (self.num_hidden_layers / self.num_hidden_groups))
+
+    def slots(self, component: str) -> list[int]:
+        """The weight slot of `component` ("attention" or "ffn") in each of the num_layers layers, in order."""
+        k = self.inner_group_num
+        grouped = [self.group_of_run(i) * k + j for i in range(self.num_hidden_layers) for j in range(k)]
+        shared = self.share == "all" or self.share == component
+        return grouped if shared else list(range(self.num_layers))
+
+    @property
+    def transformers_compatible(self) -> bool:
+        """transformers' format shares whole layers: "all" (any groups), or "none" (one group per layer run)."""
+        return self.share in ("all", "none")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AlbertConfig":
+        """From config.json: transformers' AlbertConfig fields, or ctxrep's format with `ctxrep_share`."""
+        names = {f.name for f in fields(cls)} - {"share"}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if kwargs.get("pad_token_id") is None:
+            kwargs["pad_token_id"] = 0
+        share = d.get("ctxrep_share", "all")
+        if d.get("model_type") == HF_MODEL_TYPE and share not in ("all", "none"):
+            raise CheckpointError(
+                f"config.json says model_type 'albert' (transformers' format) but ctxrep_share={share!r}, which "
+                f"only model_type {CTXREP_MODEL_TYPE!r} can hold; re-save the model with ctxrep"
+            )
+        return cls(**kwargs, share=share)
+
+    def to_dict(self) -> dict:
+        """config.json: transformers' AlbertConfig for "all" / "none" sharing, else ctxrep's own model_type."""
+        d = asdict(self)
+        del d["share"]
+        if self.share == "none":  # one group of weights per layer run: transformers' format can say that
+            d["num_hidden_groups"] = self.num_hidden_layers
+        if self.transformers_compatible:
+            return d | {"model_type": HF_MODEL_TYPE, "architectures": ["AlbertModel"], "bos_token_id": 2,
+                        "eos_token_id": 3}  # fmt: skip
+        return d | {"model_type": CTXREP_MODEL_TYPE, "ctxrep_share": self.share, "architectures": ["ctxrep.AlbertModel"]}
+
+
+class Embeddings(nn.Module):
+    """word + segment + position embeddings in E dimensions, LayerNorm, dropout (Devlin et al. 2019, fig. 2)."""
+
+    def __init__(self, config: AlbertConfig) -> None:
+        super().__init__()
+        e = config.embedding_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, e)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, e)
+        self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        # transformers' summation order (word + segment, then + position), so float rounding matches too.
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.norm(x))  # (batch, seq, embedding_size)
+
+
+class AttentionBlock(nn.Module):
+    """x = LN(x + Dropout(W_o MultiHead(x))): self-attention with its residual and LayerNorm (AlbertAttention)."""
+
+    def __init__(self, config: AlbertConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = h // self.num_heads
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.dense = nn.Linear(h, h)
+        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.output_dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+
+    def forward(
+        self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
+        b, t, h = x.shape
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        dropout_p = self.dropout_p if self.training else 0.0
+        if output_attentions:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
+            if key_mask is not None:
+                scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout_p, self.training) @ v  # (batch, heads, seq, head_dim)
+        else:
+            probs = None
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
+        context = context.transpose(1, 2).reshape(b, t, h)  # (batch, seq, hidden)
+        return self.norm(x + self.output_dropout(self.dense(context))), probs
+
+
+class FeedForwardBlock(nn.Module):
+    """x = LN(x + W_2 act(W_1 x + b_1) + b_2) (AlbertLayer's ffn, ffn_output, full_layer_layer_norm).
+
+    transformers' ALBERT applies no dropout to the feed-forward output; neither does this block.
+    """
+
+    def __init__(self, config: AlbertConfig) -> None:
+        super().__init__()
+        self.ffn = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.ffn_output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.activation = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.ffn_output(self.activation(self.ffn(x))))
+
+
+class AlbertModel(Encoder):
+    """The encoder. `forward` follows transformers' AlbertModel: same arguments, same output fields.
+
+    hidden_states[0] is the embedding output projected to H (transformers' convention), then one entry per layer
+    run (num_hidden_layers * inner_group_num of them).
+    """
+
+    family = "albert"
+    reads_segments = True
+
+    def __init__(self, config: AlbertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.embedding_hidden_mapping_in = nn.Linear(config.embedding_size, config.hidden_size)  # E -> H
+        self.attention_slots = config.slots("attention")
+        self.ffn_slots = config.slots("ffn")
+        self.attention_blocks = nn.ModuleList(AttentionBlock(config) for _ in range(max(self.attention_slots) + 1))
+        self.ffn_blocks = nn.ModuleList(FeedForwardBlock(config) for _ in range(max(self.ffn_slots) + 1))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                nn.init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    # ---- the Encoder interface --------------------------------------------------------------------
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_position_embeddings
+
+    def input_embeddings(self) -> torch.Tensor:
+        """The (vocab, embedding_size) token table: E wide, before the projection to H."""
+        return self.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+    ) -> EncoderOutput:
+        """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers
+        (and leaves out the pooler, which reads the last layer)."""
+        if input_ids.shape[1] > self.max_tokens:
+            raise ValueError(
+                f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.max_tokens} positions; "
+                "ctxrep.Featurizer splits long texts into windows for you"
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        key_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        x = self.embedding_hidden_mapping_in(self.embeddings(input_ids, token_type_ids, position_ids))  # (batch, seq, H)
+        hidden_states = [x]
+        attentions = []
+        n = self.num_layers if num_layers is None else num_layers
+        for a, f in zip(self.attention_slots[:n], self.ffn_slots[:n]):
+            x, probs = self.attention_blocks[a](x, key_mask, output_attentions)
+            x = self.ffn_blocks[f](x)
+            hidden_states.append(x)
+            attentions.append(probs)
+        pooled = torch.tanh(self.pooler(x[:, 0])) if num_layers is None else None
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+            pooler_output=pooled,
+        )
+
+    # ---- checkpoint folders -----------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "AlbertModel":
+        """An AlbertModel / AlbertForPreTraining / AlbertForMaskedLM folder saved by transformers, or a folder that
+        ctxrep saved (either format). Pretraining-head weights are named in a log message and not loaded."""
+        path = Path(path)
+        config = AlbertConfig.from_dict(read_config(path, MODEL_TYPES))
+        model = cls(config)
+        state = read_state_dict(path)
+        if any(k.startswith("albert.") for k in state):  # AlbertFor*: the encoder under 'albert.'
+            state = {k.removeprefix("albert."): v for k, v in state.items()}
+        model.load_state(state, source=str(path))
+        return model.eval()
+
+    def checkpoint_names(self) -> dict[str, str]:
+        """Checkpoint name -> our name: transformers' names where the sharing allows, else our own."""
+        if self.config.transformers_compatible:
+            return hf_parameter_names(self.config)
+        return {k: k for k in self.state_dict()}
+
+    def load_state(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy a checkpoint's weights into this model; refuse anything missing, unknown or mis-shaped."""
+        names = self.checkpoint_names()
+        ours = self.state_dict()
+        # Pretraining / task heads sit on top of the encoder; the buffers are transformers' precomputed ids.
+        heads = [k for k in state if k not in names and k.startswith(HEAD_PREFIXES)]
+        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in BUFFERS}
+        expected = {ckpt: tuple(ours[our].shape) for ckpt, our in names.items()}
+        check_weights(
+            found, expected, source, f"an ALBERT encoder (share={self.config.share!r})",
+            hint="check that config.json (num_hidden_groups, inner_group_num, sizes) belongs to these weights",
+        )  # fmt: skip
+        if heads:
+            logger.info("%s: not loading %d pretraining-head weights: %s", source, len(heads), ", ".join(heads))
+        with torch.no_grad():
+            for ckpt, our in names.items():
+                ours[our].copy_(state[ckpt].to(ours[our].dtype))
+
+    def save_pretrained(self, path: str | Path, transformers_compatible: bool = False) -> Path:
+        """config.json + model.safetensors. share "all" / "none": transformers' AutoModel loads it;
+        "attention" / "ffn": ctxrep's format (model_type 'ctxrep-albert'), which only ctxrep loads, and with
+        transformers_compatible=True an error instead."""
+        if transformers_compatible and not self.config.transformers_compatible:
+            raise CheckpointError(
+                f"share={self.config.share!r} cannot be saved in transformers' ALBERT format, which shares whole "
+                "layers only; save without transformers_compatible=True to get ctxrep's format (ctxrep.load_model "
+                "reads it)"
+            )
+        ours = self.state_dict()
+        tensors = {ckpt: ours[our] for ckpt, our in self.checkpoint_names().items()}
+        return write_folder(path, self.config.to_dict(), tensors)
+
+
+# Buffers transformers' checkpoints may carry that are not weights.
+BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# Weights of the heads on top of the encoder in AlbertForPreTraining / AlbertForMaskedLM / task checkpoints.
+HEAD_PREFIXES = ("predictions.", "sop_classifier.", "classifier.", "qa_outputs.")
+
+
+def hf_parameter_names(config: AlbertConfig) -> dict[str, str]:
+    """transformers' name -> ctxrep's name, for every weight of an encoder whose sharing transformers can hold."""
+    names = {
+        "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+        "embeddings.token_type_embeddings.weight": "embeddings.token_type_embeddings.weight",
+        "embeddings.LayerNorm.weight": "embeddings.norm.weight",
+        "embeddings.LayerNorm.bias": "embeddings.norm.bias",
+        "encoder.embedding_hidden_mapping_in.weight": "embedding_hidden_mapping_in.weight",
+        "encoder.embedding_hidden_mapping_in.bias": "embedding_hidden_mapping_in.bias",
+        "pooler.weight": "pooler.weight",
+        "pooler.bias": "pooler.bias",
+    }
+    attention = {"attention.query": "query", "attention.key": "key", "attention.value": "value",
+                 "attention.dense": "dense", "attention.LayerNorm": "norm"}  # fmt: skip
+    ffn = {"ffn": "ffn", "ffn_output": "ffn_output", "full_layer_layer_norm": "norm"}
+    k = config.inner_group_num
+    groups = config.num_hidden_layers if config.share == "none" else config.num_hidden_groups
+    for g in range(groups):
+        for j in range(k):
+            slot = g * k + j  # the slot both components use in transformers' layout
+            hf = f"encoder.albert_layer_groups.{g}.albert_layers.{j}"
+            for p in ("weight", "bias"):
+                names |= {f"{hf}.{a}.{p}": f"attention_blocks.{slot}.{b}.{p}" for a, b in attention.items()}
+                names |= {f"{hf}.{a}.{p}": f"ffn_blocks.{slot}.{b}.{p}" for a, b in ffn.items()}
+    return names
+
+
+# ---- pretraining heads (AlbertForPreTraining's layout) ------------------------------------------------
+
+
+class MaskedLMHead(nn.Module):
+    """logits = LayerNorm(act(W h + b)) E^T + bias: H -> E, then the (tied) word embeddings (AlbertMLMHead)."""
+
+    def __init__(self, config: AlbertConfig, word_embeddings: nn.Embedding) -> None:
+        super().__init__()
+        e = config.embedding_size
+        self.dense = nn.Linear(config.hidden_size, e)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
+        self.decoder = nn.Linear(e, config.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied: one Parameter, two names
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (..., hidden_size) -> logits (..., vocab)."""
+        return self.decoder(self.norm(self.activation(self.dense(hidden)))) + self.bias
+
+
+class SentenceOrderHead(nn.Module):
+    """logits = W Dropout(pooled) + b over (in order, swapped); transformers' sop_classifier (AlbertSOPHead)."""
+
+    def __init__(self, config: AlbertConfig) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(config.classifier_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        """pooled: (batch, hidden) -> logits (batch, 2)."""
+        return self.classifier(self.dropout(pooled))
+
+
+@dataclass
+class AlbertPreTrainingOutput:
+    """prediction_logits: (batch, seq, vocab) or (n, vocab) at the positions asked for; sop_logits: (batch, 2)."""
+
+    prediction_logits: torch.Tensor
+    sop_logits: torch.Tensor
+    encoder_output: EncoderOutput
+
+
+class AlbertForPreTraining(nn.Module):
+    """AlbertModel + masked-LM head + sentence-order head, saved in transformers' AlbertForPreTraining layout.
+
+    The losses are in ctxrep.objectives.sentence_order (L = L_MLM + L_SOP, Lan et al. 2019, sec. 4.1).
+    """
+
+    def __init__(self, config: AlbertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.albert = AlbertModel(config)
+        self.predictions = MaskedLMHead(config, self.albert.embeddings.word_embeddings)
+        self.sop_classifier = SentenceOrderHead(config)
+        # Only the heads' own layers: the decoder weight is the (already initialised) word embedding matrix.
+        for module in (self.predictions.dense, self.predictions.norm, self.sop_classifier):
+            module.apply(self.albert._init_weights)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        predict: torch.Tensor | None = None,
+    ) -> AlbertPreTrainingOutput:
+        """predict: (batch, seq) bool; when given, the vocabulary projection runs at those positions only and
+        prediction_logits is (n, vocab) in row-major order of the True entries."""
+        out = self.albert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        hidden = out.last_hidden_state if predict is None else out.last_hidden_state[predict]
+        return AlbertPreTrainingOutput(self.predictions(hidden), self.sop_classifier(out.pooler_output), out)
+
+    def checkpoint_names(self) -> dict[str, str]:
+        """AlbertForPreTraining's names -> ours. The decoder weight is the word embedding matrix, left out as
+        transformers leaves out tied weights; predictions.decoder.bias is the same tensor as predictions.bias."""
+        names = {"albert." + ckpt: "albert." + our for ckpt, our in self.albert.checkpoint_names().items()}
+        head = {"predictions.dense": "predictions.dense", "predictions.LayerNorm": "predictions.norm",
+                "sop_classifier.classifier": "sop_classifier.classifier"}  # fmt: skip
+        names |= {f"{ckpt}.{p}": f"{our}.{p}" for ckpt, our in head.items() for p in ("weight", "bias")}
+        names["predictions.bias"] = "predictions.bias"
+        return names
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "AlbertForPreTraining":
+        """An AlbertForPreTraining folder (transformers' or this class's save_pretrained), heads included."""
+        path = Path(path)
+        model = cls(AlbertConfig.from_dict(read_config(path, MODEL_TYPES)))
+        state = {k: v for k, v in read_state_dict(path).items() if k.removeprefix("albert.") not in BUFFERS}
+        state.pop("predictions.decoder.weight", None)  # tied to the word embeddings, when a file stores it
+        decoder_bias = state.pop("predictions.decoder.bias", None)  # tied to predictions.bias
+        if decoder_bias is not None and "predictions.bias" not in state:
+            state["predictions.bias"] = decoder_bias
+        names = model.checkpoint_names()
+        ours = model.state_dict()
+        expected = {ckpt: tuple(ours[our].shape) for ckpt, our in names.items()}
+        check_weights({k: tuple(v.shape) for k, v in state.items()}, expected, str(path), "an ALBERT pretraining model")
+        with torch.no_grad():
+            for ckpt, our in names.items():
+                ours[our].copy_(state[ckpt].to(ours[our].dtype))
+        return model.eval()
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """An AlbertForPreTraining folder (ctxrep's format for attention / ffn sharing); ctxrep.load_model and
+        AlbertModel.from_pretrained load its encoder, transformers' AutoModelForPreTraining all of it."""
+        ours = self.state_dict()
+        tensors = {ckpt: ours[our] for ckpt, our in self.checkpoint_names().items()}
+        tensors["predictions.decoder.bias"] = ours["predictions.bias"]
+        config = self.config.to_dict()
+        if self.config.transformers_compatible:
+            config["architectures"] = ["AlbertForPreTraining"]
+        return write_folder(path, config, tensors)
