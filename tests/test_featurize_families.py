@@ -35,7 +35,7 @@ def test_elmo_word_vectors_equal_a_direct_run(elmo_dir):
 def test_elmo_sentence_vectors_and_cls_refused(elmo_dir):
     fz = Featurizer(f"elmo:{elmo_dir}", layers=-1)
     assert fz.embed_sentences(TEXTS).shape == (3, 16)
-    with pytest.raises(ValueError, match="ELMo has no classification token"):
+    with pytest.raises(ValueError, match="elmo has no classification token"):
         Featurizer(f"elmo:{elmo_dir}", sentence_pooling="cls")
 
 

@@ -19,7 +19,7 @@ from ctxrep.models.gpt2 import (  # noqa: E402
     filter_logits,
     hf_parameter_names,
 )
-from ctxrep.models.loading import CheckpointError, read_state_dict, write_safetensors  # noqa: E402
+from ctxrep.models.folders import CheckpointError, read_state_dict, write_safetensors  # noqa: E402
 
 VOCAB, POSITIONS, EOS = 97, 24, 96
 TOL = 1e-5

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ctxrep.models.loading import CheckpointError, write_safetensors
+from ctxrep.models.folders import CheckpointError, write_safetensors
 from ctxrep.models.xlnet import XLNetConfig, XLNetLMHeadModel, XLNetModel
 
 transformers = pytest.importorskip("transformers")
@@ -262,7 +262,7 @@ def test_wrong_model_type_is_refused(tmp_path):
     make_hf(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "bert"}))
-    with pytest.raises(CheckpointError, match="model_type is 'bert', not 'xlnet'"):
+    with pytest.raises(CheckpointError, match="model_type is 'bert', expected 'xlnet'"):
         XLNetModel.from_pretrained(tmp_path)
 
 

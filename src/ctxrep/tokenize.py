@@ -91,6 +91,8 @@ class WordPieces:
 class Tokenizer:
     """A `tokenizers.Tokenizer` with truncation and padding off, and its special-token template."""
 
+    word_level = False  # subword pieces
+
     def __init__(self, tokenizer: tokenizers.Tokenizer) -> None:
         tokenizer.no_truncation()
         tokenizer.no_padding()
@@ -178,9 +180,12 @@ class WordTokenizer:
     it, so ids from separate calls can share a batch). Not thread-safe.
     """
 
-    def __init__(self) -> None:
+    word_level = True
+
+    def __init__(self, max_characters_per_token: int = 50) -> None:
         self.template = SpecialTemplate([], [], [], [], [], [], 0, 0, [], [], cls_index=-1)
         self.pad_token_id = 0
+        self.max_characters_per_token = max_characters_per_token
         self.reset()
 
     def reset(self) -> None:
@@ -203,13 +208,13 @@ class WordTokenizer:
     def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
         return self.template.build_inputs(ids_a, ids_b)
 
-    def char_table(self, max_characters_per_token: int) -> "torch.Tensor":
+    def char_table(self) -> "torch.Tensor":
         """(len(words), max_characters_per_token) ELMo character ids of every word so far; row 0 (padding) is 0."""
         import torch
 
         from ctxrep.models.elmo import batch_to_ids
 
-        width = max_characters_per_token
+        width = self.max_characters_per_token
         if self._chars is None or self._chars.shape[1] != width:
             self._chars = torch.zeros((1, width), dtype=torch.long)
         known = len(self._chars)

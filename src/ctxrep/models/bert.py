@@ -10,7 +10,6 @@ and saver for the Hugging Face folder format (config.json + model.safetensors / 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import asdict, dataclass, fields
@@ -20,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError, check_weights, read_state_dict, write_safetensors
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class EncoderLayer(nn.Module):
         return x, probs
 
 
-class BertModel(nn.Module):
+class BertModel(Encoder):
     """The encoder. `forward` follows transformers' BertModel: same arguments, same output fields."""
 
     def __init__(self, config: BertConfig) -> None:
@@ -215,13 +215,31 @@ class BertModel(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
+    # ---- the encoder interface (models/encoder.py) ----
+    prepack_for_inference = True  # oneDNN pre-packed linear layers: measured 1.4-2x faster here
+
+    @property
+    def family(self) -> str:
+        return self.config.model_type
+
     @property
     def num_layers(self) -> int:
         return self.config.num_hidden_layers
 
     @property
+    def num_heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_tokens
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.embeddings.word_embeddings.weight
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.config.model_type == "roberta":
@@ -275,7 +293,7 @@ class BertModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path) -> "BertModel":
         path = Path(path)
-        hf_config = json.loads((path / "config.json").read_text())
+        hf_config = read_config(path, MODEL_TYPES)
         state = read_state_dict(path)
         prefix = _checkpoint_prefix(state, hf_config["model_type"])
         state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)} | {
@@ -305,12 +323,9 @@ class BertModel(nn.Module):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' AutoModel loads."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         ours = self.state_dict()
         tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        write_safetensors(tensors, path / "model.safetensors")
-        (path / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
+        write_folder(path, self.config.to_hf_dict(), tensors)
 
 
 # Buffers some checkpoints carry that are not weights (transformers' precomputed position_ids).

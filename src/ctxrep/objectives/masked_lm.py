@@ -22,7 +22,6 @@ is the input word embedding matrix (tied) plus a bias per token.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.bert import ACTIVATIONS, BertConfig, BertModel, hf_parameter_names
-from ctxrep.models.loading import write_safetensors
+from ctxrep.models.folders import write_folder
 from ctxrep.objectives.next_sentence import NextSentenceHead, next_sentence_loss
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.tokenize import Tokenizer, TokenizerError
@@ -366,7 +365,7 @@ class MaskedLMObjective(nn.Module):
         if self.nsp_head is not None:
             tensors |= {f"cls.seq_relationship.{p}": w for p, w in self.nsp_head.seq_relationship.state_dict().items()}
         arch = {"bert": "BertForPreTraining" if self.nsp else "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}
-        write_hf_folder(path, c.to_hf_dict() | {"architectures": [arch[c.model_type]]}, tensors)
+        write_folder(path, c.to_hf_dict() | {"architectures": [arch[c.model_type]]}, tensors)
 
 
 def prefixed_encoder_tensors(encoder: BertModel) -> dict[str, torch.Tensor]:
@@ -390,10 +389,3 @@ def head_tensors(head: MaskedLMHead, prefix: str, model_type: str) -> dict[str, 
         tensors[f"{prefix}.bias"] = head.bias
         tensors[f"{prefix}.decoder.bias"] = head.bias
     return tensors
-
-
-def write_hf_folder(path: str | Path, hf_config: dict, tensors: dict[str, torch.Tensor]) -> None:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    write_safetensors(tensors, path / "model.safetensors")
-    (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")

@@ -1,0 +1,196 @@
+"""The one input layer between texts and an encoder: words, windows, records, padding, batches.
+
+The featurizer, the estimators and the attention tool all build their encoder inputs here:
+
+  words_of(text, i)            a text (string: split on whitespace; list: taken as given) -> its words, or an
+                               error naming text i
+  WindowPlan(tokenizer, max_length, stride)
+      .single(text, pieces)    -> EncoderInput records: a text cut into windows on word boundaries; every word
+                               is owned by the window where it has the most context on its poorer side
+      .pair(text, a, b)        -> one EncoderInput ([CLS] A [SEP] B [SEP]) or an error if it does not fit
+      .truncated(a, b)         -> one EncoderInput cut to fit (longer text first), for sequence classification
+  collate(records, tokenizer)  -> input_ids, token_type_ids, attention_mask (batch, longest), and char_ids for a
+                               word-level tokenizer (ELMo): what `Encoder.encode` reads
+  token_budget_batches(lengths, budget)  batch sizes over length-sorted records: rows x longest <= budget
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+Text = str | Sequence[str]
+
+
+@dataclass
+class EncoderInput:
+    """One encoder input row: a window of one text (or a whole pair) and the words it is responsible for.
+
+    words: (word index in the text's output, first piece position, last piece position + 1), positions within
+    input_ids; cls_position: where the classification token sits (0, or the last position for XLNet/GPT-2/ELMo).
+    """
+
+    text: int
+    input_ids: list[int]
+    token_type_ids: list[int]
+    cls_position: int
+    words: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def words_of(text: Text, index: int) -> list[str]:
+    """The words of one text; errors name the text (and word) index."""
+    if isinstance(text, str):
+        words = text.split()
+    elif isinstance(text, Sequence) and all(isinstance(w, str) for w in text):
+        words = list(text)
+        for j, w in enumerate(words):
+            if not w or w.isspace():
+                raise ValueError(f"text {index}: word {j} is empty or whitespace; remove it from the word list")
+    else:
+        raise TypeError(f"text {index}: expected a string or a list of word strings, got {type(text).__name__}")
+    if not words:
+        raise ValueError(f"text {index} is empty (no words); remove it or give it some text")
+    return words
+
+
+def as_list(texts) -> list:
+    if isinstance(texts, str):
+        raise TypeError("expected a list of texts, got a single string; wrap it in a list: [text]")
+    return list(texts)
+
+
+class WindowPlan:
+    """How texts become windows for one tokenizer and window limit (max_length pieces, special tokens included)."""
+
+    def __init__(self, tokenizer, max_length: int, stride: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.window_size = max_length - tokenizer.template.num_special(pair=False)
+        if self.window_size < 2:
+            raise ValueError(f"max_length={max_length} leaves no room for text between the special tokens")
+        self.stride = stride if stride is not None else max(1, self.window_size // 2)
+        if not 1 <= self.stride <= self.window_size:
+            raise ValueError(f"stride must be between 1 and the window size {self.window_size}, got {stride}")
+
+    def cls_position(self, length: int) -> int:
+        return self.tokenizer.template.cls_index % length
+
+    def single(self, text: int, pieces) -> list[EncoderInput]:
+        """Windows of at most window_size pieces, starting on word boundaries, about `stride` pieces apart. A
+        word longer than a whole window is pooled from its first window_size pieces (with a warning)."""
+        import warnings
+
+        spans = pieces.spans()
+        for w, (s, e) in enumerate(spans):
+            if e - s > self.window_size:
+                warnings.warn(
+                    f"text {text}: word {w} has {e - s} subword pieces, more than a window ({self.window_size}); "
+                    f"its vector is pooled from the first {self.window_size} pieces",
+                    stacklevel=3,
+                )
+        pool = pieces.pooling_spans()
+        windows = []
+        for p0, p1, owned in split_windows(spans, self.window_size, self.stride):
+            ids, types, offset = self.tokenizer.build_inputs(pieces.ids[p0:p1])
+            words = [(w, offset + pool[w][0] - p0, offset + min(pool[w][1], p1) - p0) for w in owned]
+            windows.append(EncoderInput(text, ids, types, self.cls_position(len(ids)), words))
+        return windows
+
+    def pair(self, text: int, a, b) -> EncoderInput:
+        """[CLS] A [SEP] B [SEP] as one window (A's words, then B's); pairs are not windowed."""
+        ids, types, offset = self.tokenizer.build_inputs(a.ids, b.ids)
+        if len(ids) > self.max_length:
+            raise ValueError(
+                f"pair {text} is {len(ids)} tokens long, more than the model's {self.max_length}; sentence pairs are "
+                "not windowed: shorten the texts or embed them separately"
+            )
+        offset_b = offset + len(a.ids) + len(self.tokenizer.template.middle)
+        words = [(w, offset + s, offset + e) for w, (s, e) in enumerate(a.pooling_spans())]
+        words += [(a.num_words + w, offset_b + s, offset_b + e) for w, (s, e) in enumerate(b.pooling_spans())]
+        return EncoderInput(text, ids, types, self.cls_position(len(ids)), words)
+
+    def truncated(self, text: int, a, b=None) -> EncoderInput:
+        """One window cut to fit: a single text keeps its first pieces; a pair loses pieces from the end of the
+        longer text first, one at a time (transformers' "longest_first"). No word spans."""
+        room = self.max_length - self.tokenizer.template.num_special(pair=b is not None)
+        if room < 2:
+            raise ValueError(f"max_length={self.max_length} leaves no room for text between the special tokens")
+        ids_a, ids_b = list(a.ids), (list(b.ids) if b is not None else None)
+        if ids_b is None:
+            ids_a = ids_a[:room]
+        else:
+            while len(ids_a) + len(ids_b) > room:
+                (ids_a if len(ids_a) >= len(ids_b) else ids_b).pop()
+        ids, types, _ = self.tokenizer.build_inputs(ids_a, ids_b)
+        return EncoderInput(text, ids, types, self.cls_position(len(ids)))
+
+
+def collate(records: Sequence, tokenizer) -> dict[str, torch.Tensor]:
+    """Right-pad records with .input_ids and .token_type_ids: input_ids, token_type_ids, attention_mask
+    (batch, longest); for a word-level tokenizer (ELMo) also char_ids (batch, longest, max_characters)."""
+    length = max(len(r.input_ids) for r in records)
+    input_ids = torch.full((len(records), length), tokenizer.pad_token_id, dtype=torch.long)
+    token_type_ids = torch.zeros((len(records), length), dtype=torch.long)
+    attention_mask = torch.zeros((len(records), length), dtype=torch.long)
+    for i, r in enumerate(records):
+        n = len(r.input_ids)
+        input_ids[i, :n] = torch.tensor(r.input_ids)
+        token_type_ids[i, :n] = torch.tensor(r.token_type_ids)
+        attention_mask[i, :n] = 1
+    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    if tokenizer.word_level:  # each id is a word the tokenizer has numbered; look up its characters
+        batch["char_ids"] = tokenizer.char_table()[input_ids]
+    return batch
+
+
+def window_words(spans: list[tuple[int, int]], window: int, stride: int) -> list[tuple[int, int]]:
+    """(first word, last word + 1) of each window: as many whole words as fit in `window` pieces; the next
+    window starts at the first word at least `stride` pieces further on (never past the previous window's end,
+    so no word is left out), until a window reaches the last word."""
+    out = []
+    first = 0
+    while True:
+        end = first + 1
+        while end < len(spans) and spans[end][1] - spans[first][0] <= window:
+            end += 1
+        out.append((first, end))
+        if end == len(spans):
+            return out
+        nxt = first + 1
+        while nxt < end and spans[nxt][0] < spans[first][0] + stride:
+            nxt += 1
+        first = nxt
+
+
+def split_windows(spans: list[tuple[int, int]], size: int, stride: int) -> list[tuple[int, int, list[int]]]:
+    """(first piece, last piece + 1, the words it owns) of each window over one text (see window_words). Each word
+    is owned by the window where min(left context, right context) is largest. A word longer than a whole window
+    is cut to the window's `size` pieces."""
+    bounds = [(w0, w1, spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + size))
+              for w0, w1 in window_words(spans, size, stride)]  # fmt: skip
+    owner, best = [-1] * len(spans), [-1] * len(spans)
+    for k, (w0, w1, p0, p1) in enumerate(bounds):
+        for w in range(w0, w1):
+            context = min(spans[w][0] - p0, p1 - spans[w][1])
+            if context > best[w]:
+                best[w], owner[w] = context, k
+    return [(p0, p1, [w for w in range(w0, w1) if owner[w] == k]) for k, (w0, w1, p0, p1) in enumerate(bounds)]
+
+
+def token_budget_batches(lengths: list[int], budget: int) -> list[int]:
+    """Sizes of consecutive batches over length-sorted sequences so that size x longest <= budget."""
+    sizes, size, longest = [], 0, 0
+    for n in lengths:
+        if size and max(longest, n) * (size + 1) > budget:
+            sizes.append(size)
+            size, longest = 0, 0
+        size += 1
+        longest = max(longest, n)
+    if size:
+        sizes.append(size)
+    return sizes

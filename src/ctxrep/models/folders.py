@@ -1,0 +1,101 @@
+"""Reading and writing checkpoint folders safely: the bottom of models/, imported by every family file.
+
+Weights are read from safetensors, or from pytorch_model.bin with `torch.load(weights_only=True)`: nothing here
+unpickles arbitrary objects. Folders are written as config.json + model.safetensors (Hugging Face's layout).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+
+class CheckpointError(ValueError):
+    """A model folder or weight file that cannot be used, with what is wrong and what to do."""
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors if present, else pytorch_model.bin (tensors only: weights_only=True)."""
+    st, pt = path / "model.safetensors", path / "pytorch_model.bin"
+    if st.is_file():
+        try:
+            return load_file(st)
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{st}: corrupt or unreadable safetensors file ({e}); re-download or re-save it") from e
+    if pt.is_file():
+        try:
+            state = torch.load(pt, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several types for a truncated or foreign pickle
+            raise CheckpointError(
+                f"{pt}: cannot read it as a tensors-only PyTorch checkpoint ({type(e).__name__}: {e}); "
+                "ctxrep never unpickles arbitrary objects: convert it to model.safetensors"
+            ) from e
+        if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise CheckpointError(f"{pt}: expected a dict of tensors")
+        return state
+    raise CheckpointError(f"{path}: no weights found: expected model.safetensors or pytorch_model.bin")
+
+
+def check_weights(
+    found: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    source: str,
+    what: str,
+    hint: str = "",
+    noun: str = "weights",
+) -> None:
+    """Refuse a checkpoint that does not fit the model: one error naming every missing, unknown and mis-shaped
+    entry. `found` and `expected` map checkpoint names to shapes (in the checkpoint's own layout)."""
+    missing = [k for k in expected if k not in found]
+    unknown = [k for k in found if k not in expected]
+    mis_shaped = [
+        f"{k} {tuple(found[k])} (expected {tuple(expected[k])})"
+        for k in expected
+        if k in found and tuple(found[k]) != tuple(expected[k])
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} {noun}: {', '.join(missing)}")
+    if unknown:
+        problems.append(f"{len(unknown)} unknown {noun}: {', '.join(unknown)}")
+    if mis_shaped:
+        problems.append(f"{len(mis_shaped)} {noun} with the wrong shape: {', '.join(mis_shaped)}")
+    if problems:
+        raise CheckpointError(f"{source}: cannot load as {what}: " + "; ".join(problems) + (f". {hint}" if hint else ""))
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """safetensors refuses shared or non-contiguous storage: give it a contiguous copy of each tensor."""
+    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, file, metadata={"format": "pt"})
+
+
+def read_config(path: Path, model_types: tuple[str, ...] | None = None) -> dict:
+    """config.json of a model folder as a dict; with `model_types`, refuse another model_type in one line."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise CheckpointError(f"{path}: not a model folder: config.json is missing")
+    try:
+        config = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: not valid JSON (line {e.lineno}): {e.msg}") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    if model_types is not None and config.get("model_type") not in model_types:
+        raise CheckpointError(
+            f"{file}: model_type is {config.get('model_type')!r}, expected {' or '.join(map(repr, model_types))}; "
+            "ctxrep.load_model picks the right model family for any folder"
+        )
+    return config
+
+
+def write_folder(path: str | Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    """Write config.json + model.safetensors (Hugging Face's layout) into `path`, creating it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    write_safetensors(tensors, path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
