@@ -1,0 +1,189 @@
+"""Sentence-order prediction (Lan et al. 2019, sec. 4.1) with masked-LM: ALBERT's pretraining loss.
+
+NSP's negatives come from another document, so a model can solve NSP by topic alone. SOP takes two consecutive
+segments of one document for every example: in order (label 0) or swapped (label 1), so only discourse
+coherence tells them apart. The label convention is transformers' AlbertForPreTraining `sentence_order_label`.
+The classifier reads ALBERT's pooled output p = tanh(W_p h_[CLS] + b_p):
+    logits = W Dropout(p) + b,    L_SOP = -log softmax(logits)[label]
+    L = L_MLM + L_SOP             (L_MLM as in ctxrep.objectives.masked_lm: gathered at the selected positions)
+
+`SentenceOrderPacker` makes the pairs from a PackedCorpus like `SegmentPairPacker` (same chunking, targets,
+truncation, plan / resume machinery) but never draws B from another document; its batches carry
+`sentence_order_label` instead of `next_sentence_label`. `SentenceOrderObjective` is the module the Trainer runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.data.corpus import PackedCorpus
+from ctxrep.data.packing import PackingError, SegmentPairConfig, SegmentPairPacker, _truncate_pair
+from ctxrep.models.albert import AlbertConfig, AlbertForPreTraining
+from ctxrep.objectives.masked_lm import BatchMasker, MaskedLMConfig, mlm_loss
+from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.tokenize import Tokenizer
+
+IN_ORDER, SWAPPED = 0, 1
+
+
+class SentenceOrderPacker(SegmentPairPacker):
+    """[CLS] A [SEP] B [SEP] with A, B consecutive segments of one document, swapped half of the time.
+
+    As ALBERT's create_pretraining_data (sentence-order mode): sentences are gathered into a chunk until it reaches
+    the target length (max_length - 3, or with probability short_seq_prob a random shorter one); A is the chunk's
+    first k sentences (k random), B the rest; with probability 0.5 the two are swapped (label 1). A one-sentence
+    chunk takes the document's following sentence as B, or at the document's end is cut in two at a random token;
+    a one-token sentence left alone at a document's end is not used. The longer segment is then cut one token at
+    a time from a random end until the pair fits. One document is enough (no random segments are drawn).
+
+    Instances: input_ids, token_type_ids, sentence_order_label (0 = in order, 1 = swapped).
+    """
+
+    kind = "sentence_order"
+
+    def __init__(self, corpus: PackedCorpus, config: SegmentPairConfig, tokenizer: Tokenizer | None = None) -> None:
+        super().__init__(corpus, config, tokenizer)
+
+    def _check_corpus(self, max_length: int) -> None:
+        need = max_length - self._num_special()
+        if self.corpus.num_tokens < need:
+            raise PackingError(
+                f"{self.corpus.path}: the corpus has {self.corpus.num_tokens} tokens, fewer than one sequence of "
+                f"max_length={max_length} ({need} tokens besides the special tokens); use more text or a smaller "
+                "max_length"
+            )
+
+    def _build_plan(self, max_length: int, rng: np.random.Generator) -> np.ndarray:
+        """Rows of (first_start, first_end, second_start, second_end, label): token offsets, shuffled."""
+        doc_off = self.corpus.document_offsets.tolist()
+        sent_off = self.corpus.sentence_offsets.tolist()
+        max_tokens = max_length - self._num_special()
+        short_prob = self.config.short_seq_prob
+
+        def target_length() -> int:
+            if rng.random() < short_prob:
+                return int(rng.integers(2, max_tokens + 1))
+            return max_tokens
+
+        rows = []
+        for d in range(len(doc_off) - 1):
+            first, last = doc_off[d], doc_off[d + 1]  # sentence range of the document
+            chunk_start, i = first, first
+            target = target_length()
+            while i < last:
+                if i == last - 1 or sent_off[i + 1] - sent_off[chunk_start] >= target:
+                    n = i + 1 - chunk_start  # sentences in the chunk
+                    a_end = chunk_start + (int(rng.integers(1, n)) if n >= 2 else 1)
+                    a = [sent_off[chunk_start], sent_off[a_end]]
+                    b = [sent_off[a_end], sent_off[i + 1]]
+                    usable = True
+                    if n == 1:  # B must come from beyond the one-sentence chunk
+                        if i + 1 < last:
+                            i += 1  # B = the document's following sentence
+                            b = [sent_off[i], sent_off[i + 1]]
+                        elif a[1] - a[0] >= 2:  # the document's last sentence: A and B are its two parts
+                            a[1] = b[0] = a[0] + int(rng.integers(1, a[1] - a[0]))
+                            b[1] = sent_off[i + 1]
+                        else:
+                            usable = False
+                    if usable:
+                        _truncate_pair(a, b, max_tokens, rng)
+                        swapped = rng.random() < 0.5  # Lan et al. 2019, sec. 4.1: the negative is the same pair swapped
+                        rows.append((*b, *a, SWAPPED) if swapped else (*a, *b, IN_ORDER))
+                    chunk_start = i + 1
+                    target = target_length()
+                i += 1
+        if not rows:
+            raise PackingError(
+                f"{self.corpus.path}: no sentence-order pair can be made (every document is one sentence of one "
+                "token); use more text"
+            )
+        plan = np.array(rows, np.int64).reshape(-1, 5)
+        return plan[rng.permutation(len(plan))]
+
+    def _materialise(self, position: int) -> dict[str, np.ndarray]:
+        instance = super()._materialise(position)
+        instance["sentence_order_label"] = instance.pop("next_sentence_label")
+        return instance
+
+    def _collate(self, instances: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        batch = super()._collate(instances)
+        batch["sentence_order_label"] = np.array([x["sentence_order_label"] for x in instances], np.int64)
+        return batch
+
+
+def sentence_order_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of (batch, 2) logits against labels (batch,) in {0 = in order, 1 = swapped}."""
+    if labels.shape != logits.shape[:1]:
+        raise ValueError(
+            f"sentence_order_label must have one label per sequence, shape {tuple(logits.shape[:1])}, "
+            f"got {tuple(labels.shape)}"
+        )
+    if bool(((labels != IN_ORDER) & (labels != SWAPPED)).any()):
+        raise ValueError(
+            f"sentence_order_label must be 0 (A then B) or 1 (swapped), got values {labels.unique().tolist()}"
+        )
+    return F.cross_entropy(logits.float(), labels.long())
+
+
+class SentenceOrderObjective(nn.Module):
+    """ALBERT + masked-LM head + sentence-order head: loss = L_MLM + L_SOP (Lan et al. 2019, sec. 4.1).
+
+    forward(batch) reads input_ids, attention_mask, token_type_ids and sentence_order_label (SentenceOrderPacker's
+    batches); masks with the global torch RNG. word_start: the (vocab,) table of
+    `masked_lm.word_start_table(tokenizer)`, needed for whole-word masking (ALBERT used n-gram masking; not here).
+    """
+
+    def __init__(self, encoder_config: AlbertConfig, mlm: MaskedLMConfig, word_start: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config = encoder_config
+        self.mlm = mlm
+        self.masker = BatchMasker(mlm, encoder_config.vocab_size, word_start)
+        self.model = AlbertForPreTraining(encoder_config)
+
+    @property
+    def encoder(self) -> nn.Module:
+        return self.model.albert
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
+        input_ids = batch["input_ids"]
+        attention_mask = batch.get("attention_mask")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if batch.get("sentence_order_label") is None:
+            raise ValueError(
+                "the batch has no sentence_order_label: mlm+sop trains on SentenceOrderPacker batches "
+                "(ctxrep.objectives.sentence_order), not on NSP pairs or full sentences"
+            )
+        masked, labels = self.masker(input_ids, attention_mask)
+        return self.loss(masked, labels, attention_mask, batch.get("token_type_ids"), batch["sentence_order_label"])
+
+    def loss(
+        self,
+        masked_input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        sentence_order_label: torch.Tensor,
+    ) -> ObjectiveOutput:
+        """The loss on an already masked batch (labels: (batch, seq), -100 where not predicted)."""
+        if labels.shape != masked_input_ids.shape:
+            raise ValueError(f"labels have shape {tuple(labels.shape)}, expected {tuple(masked_input_ids.shape)}")
+        out = self.model.albert(masked_input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        mlm, logits, targets = mlm_loss(self.model.predictions, out.last_hidden_state, labels)
+        sop_logits = self.model.sop_classifier(out.pooler_output)  # (batch, 2)
+        sop = sentence_order_loss(sop_logits, sentence_order_label)
+        metrics = {"mlm_loss": float(mlm.detach()), "masked_tokens": float(targets.numel()), "sop_loss": float(sop.detach()),
+                   "sop_accuracy": float((sop_logits.argmax(-1) == sentence_order_label).float().mean())}  # fmt: skip
+        if targets.numel():
+            metrics["mlm_accuracy"] = float((logits.argmax(-1) == targets).float().mean())
+        return ObjectiveOutput(loss=mlm + sop, num_tokens=int(attention_mask.sum()), metrics=metrics)
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """An AlbertForPreTraining folder: transformers' AutoModel and ctxrep's AlbertModel load its encoder."""
+        return self.model.save_pretrained(path)
