@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ctxrep.models.albert import AlbertModel
 from ctxrep.models.bert import BertModel
 from ctxrep.models.elmo import OPTIONS_FILE, WEIGHTS_FILE, ElmoBiLM
 from ctxrep.models.encoder import Encoder
@@ -41,6 +42,7 @@ FAMILIES: dict[str, type[Encoder]] = {
     "electra": BertModel,
     "gpt2": GPT2Model,
     "xlnet": XLNetModel,
+    "albert": AlbertModel,
 }
 
 
