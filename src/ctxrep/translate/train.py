@@ -1,0 +1,429 @@
+"""Train a Transformer translation model on parallel text with the shared Trainer.
+
+    config = load_config("multi30k", [("trainer.max_steps", "2000")])
+    metrics = train_mt(config, "train.en", "train.de", "val.en", "val.de", "runs/en-de")
+
+What a run does (`ctxrep mt train` runs exactly this):
+1. reads the aligned training and validation files (ctxrep.translate.data: UTF-8 checked per line, empty pairs
+   skipped and counted, unequal lengths refused);
+2. trains a joint BPE / unigram vocabulary on both sides of the training data into OUT/tokenizer.json (kept
+   from an earlier run in OUT; under torchrun rank 0 trains it, the others load it);
+3. builds a MarianMTModel of the [model] shape with a shared source/target vocabulary, tied embeddings;
+4. trains it with the Trainer: Adam (weight_decay 0, betas (0.9, 0.98), eps 1e-9; with no decay AdamW is Adam),
+   the paper's inverse-square-root schedule (`inverse_sqrt`, eq. 3), label-smoothed cross-entropy
+   (epsilon 0.1, sec. 5.4), dropout, token-budget batches ([trainer] batch_size counts target-side tokens of
+   rows x longest side per optimizer step, not rows), the validation loss over every validation pair and BLEU /
+   chrF of greedy translations of the first [training] bleu_sentences validation sentences at each evaluation;
+5. at every checkpoint saves the weights as OUT/snapshots/step-NNNNNNN.safetensors, keeps the last
+   [training] average_last of them, and writes their mean into OUT as the model (Vaswani et al. averaged the
+   last 5 checkpoints, written at 10-minute intervals, for the base models): OUT is a Marian-format folder
+   (config.json, model.safetensors, tokenizer.json) that ctxrep.load_model and transformers' MarianMTModel load.
+
+Configs are TOML files with the sections [model] (MarianConfig's shape), [tokenizer], [data], [training] and
+[trainer] (TrainerConfig's fields; lr is the factor in front of the schedule: 1.0 is the paper's). Shipped
+configs live in ctxrep/configs/mt/ (tiny, multi30k, base) and are named without ".toml".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.nn import functional as F
+
+from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.train import distributed
+from ctxrep.train.pretrain import _coerce, _field_types, _parse_value
+from ctxrep.train.trainer import CHECKPOINT_DIR, Trainer, TrainerConfig
+from ctxrep.translate import data as mtdata
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "mt"
+RUN_FILE = "mt_train.json"
+SNAPSHOT_DIR = "snapshots"
+
+
+class MTTrainError(ValueError):
+    """A config, data set or output folder that cannot be used for training, with what to change."""
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+@dataclass
+class ModelSection:
+    """The network's shape, in transformers' MarianConfig names (the paper's base: 512, 6 + 6, 8 heads, 2048)."""
+
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    dropout: float = 0.1  # P_drop: on each sub-layer's output and on the embedding sums (sec. 5.4)
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation_function: str = "relu"
+    max_position_embeddings: int = 256
+    scale_embedding: bool = True  # embeddings x sqrt(d_model) (sec. 3.4)
+    init_std: float = 0.02
+
+
+@dataclass
+class TokenizerSection:
+    kind: str = "bpe"  # "bpe" or "unigram", one vocabulary for both languages
+    vocab_size: int = 8000
+    min_frequency: int = 2
+
+
+@dataclass
+class DataSection:
+    skip_long: bool = False  # leave out training pairs longer than max_position_embeddings (else: an error)
+    eval_batch_tokens: int = 4096  # token budget of the validation-loss batches
+
+
+@dataclass
+class TrainingSection:
+    label_smoothing: float = 0.1  # epsilon_ls (sec. 5.4)
+    average_last: int = 5  # the model written to OUT is the mean of the last K snapshots; 1 = the current weights
+    bleu_sentences: int = 200  # validation sentences translated (greedy) for BLEU/chrF at each evaluation; 0 = none
+    bleu_beam: int = 1
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "tokenizer": TokenizerSection,
+    "data": DataSection,
+    "training": TrainingSection,
+    "trainer": TrainerConfig,
+}
+
+
+@dataclass
+class MTConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
+    data: DataSection = field(default_factory=DataSection)
+    training: TrainingSection = field(default_factory=TrainingSection)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    source: str = ""
+
+    def validate(self) -> None:
+        t, tr = self.tokenizer, self.training
+        if t.kind not in mtdata.TOKENIZER_KINDS:
+            raise MTTrainError(f"{self.source}: [tokenizer] kind={t.kind!r}; use 'bpe' or 'unigram'")
+        if not 0.0 <= tr.label_smoothing < 1.0:
+            raise MTTrainError(f"{self.source}: [training] label_smoothing={tr.label_smoothing} must be in [0, 1)")
+        if tr.average_last < 1:
+            raise MTTrainError(f"{self.source}: [training] average_last={tr.average_last} must be 1 or more")
+        if tr.bleu_sentences < 0 or tr.bleu_beam < 1:
+            raise MTTrainError(f"{self.source}: [training] bleu_sentences must be >= 0 and bleu_beam >= 1")
+        if self.model.d_model % self.model.encoder_attention_heads or self.model.d_model % self.model.decoder_attention_heads:
+            raise MTTrainError(f"{self.source}: [model] d_model={self.model.d_model} must be a multiple of the heads")
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """A shipped config name ("tiny", "multi30k", "base") or the path of a TOML file."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    shipped = CONFIG_DIR / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
+    raise MTTrainError(f"config {str(name_or_path)!r} is neither a TOML file nor a shipped MT config ({names})")
+
+
+def load_config(name_or_path: str | Path, overrides: Sequence[tuple[str, str]] = ()) -> MTConfig:
+    """Read a TOML config and apply `overrides` ((key, text value): "trainer.lr", or "lr" when unambiguous)."""
+    path = config_path(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise MTTrainError(f"{path}: not valid TOML ({e})") from None
+    for section, table in raw.items():
+        if section not in SECTIONS:
+            raise MTTrainError(f"{path}: unknown section [{section}]; the sections are "
+                               + ", ".join(f"[{s}]" for s in SECTIONS))  # fmt: skip
+        unknown = [k for k in table if k not in _field_types(SECTIONS[section])]
+        if unknown:
+            known = ", ".join(_field_types(SECTIONS[section]))
+            raise MTTrainError(f"{path}: unknown key {unknown[0]!r} in [{section}]; known: {known}")
+    for key, text in overrides:
+        key = key.replace("-", "_")
+        if "." in key:
+            section, name = key.split(".", 1)
+            if section not in SECTIONS or name not in _field_types(SECTIONS[section]):
+                raise MTTrainError(f"--{key}: no such config field; fields are --section.name with sections "
+                                   + ", ".join(SECTIONS))  # fmt: skip
+        else:
+            owners = [s for s, cls in SECTIONS.items() if key in _field_types(cls)]
+            if len(owners) != 1:
+                problem = "no config section has it" if not owners else f"sections {', '.join(owners)} all have it"
+                raise MTTrainError(f"--{key}: {problem}; use --section.{key} (sections: {', '.join(SECTIONS)})")
+            section, name = owners[0], key
+        raw.setdefault(section, {})[name] = _coerce(_parse_value(text), _field_types(SECTIONS[section])[name],
+                                                    f"--{key}")  # fmt: skip
+    sections = {}
+    for name, cls in SECTIONS.items():
+        hints = _field_types(cls)
+        values = {k: _coerce(v, hints[k], f"{path}: [{name}] {k}") for k, v in raw.get(name, {}).items()}
+        sections[name] = cls(**values)
+    config = MTConfig(**sections, source=str(path))
+    config.validate()
+    return config
+
+
+# ------------------------------------------------------------------------------ schedule, loss, average
+
+
+def inverse_sqrt(step: int, d_model: int, warmup_steps: int) -> float:
+    """lrate = d_model^-0.5 * min(step_num^-0.5, step_num * warmup_steps^-1.5)   (Vaswani et al. 2017, eq. 3)
+
+    `step` is the number of optimizer steps already taken (LambdaLR's count), so step_num = step + 1: the
+    rate rises linearly for warmup_steps steps, peaks at (d_model * warmup_steps)^-0.5, then falls as 1/sqrt.
+    """
+    if warmup_steps < 1:
+        raise MTTrainError(f"warmup_steps={warmup_steps}: the inverse-square-root schedule needs warmup_steps >= 1")
+    t = step + 1
+    return d_model**-0.5 * min(t**-0.5, t * warmup_steps**-1.5)
+
+
+def label_smoothed_loss(
+    logits: torch.Tensor, labels: torch.Tensor, epsilon: float, ignore_index: int = mtdata.IGNORE_INDEX
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(smoothed loss, NLL, tokens), both losses summed over the positions whose label is not ignore_index.
+
+    Label smoothing (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4) trains towards
+    q'(k) = (1 - eps) * [k = y] + eps / V, so per token
+        loss = (1 - eps) * (-log p_y) + (eps / V) * sum_k (-log p_k)
+    (torch's cross_entropy(label_smoothing=eps) is the same). logits: (..., V); labels: (...).
+    """
+    keep = labels != ignore_index
+    logits, labels = logits[keep], labels[keep]  # (tokens, V), (tokens,)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    nll = -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1).sum()
+    if epsilon == 0:
+        return nll, nll.detach(), int(labels.numel())
+    smooth = -logp.sum()
+    loss = (1.0 - epsilon) * nll + (epsilon / logits.size(-1)) * smooth
+    return loss, nll.detach(), int(labels.numel())
+
+
+def average_state_dicts(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of safetensors state dicts with the same keys and shapes (checkpoint averaging)."""
+    if not paths:
+        raise MTTrainError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    first = Path(paths[0])
+    for path in paths:
+        state = load_file(str(path))
+        if not total:
+            total = {k: v.double().clone() for k, v in state.items()}
+            continue
+        if set(state) != set(total):
+            diff = sorted(set(state) ^ set(total))[:3]
+            raise MTTrainError(f"{path} and {first} hold different tensors ({', '.join(diff)}); average checkpoints "
+                               "of one run only")  # fmt: skip
+        for k, v in state.items():
+            if v.shape != total[k].shape:
+                raise MTTrainError(f"{path}: {k} is {tuple(v.shape)}, {tuple(total[k].shape)} in {first}; average "
+                                   "checkpoints of one model shape only")  # fmt: skip
+            total[k] += v.double()
+    dtypes = {k: v.dtype for k, v in load_file(str(first)).items()}
+    return {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
+
+
+# -------------------------------------------------------------------------------------- the objective
+
+
+class TranslationObjective(nn.Module):
+    """A MarianMTModel trained with label-smoothed cross-entropy, mean over the batch's target tokens."""
+
+    def __init__(self, model: nn.Module, label_smoothing: float = 0.1) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config  # the trainer's checkpoint fingerprint reads it
+        self.label_smoothing = label_smoothing
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
+        out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                         decoder_input_ids=batch["decoder_input_ids"])  # fmt: skip
+        loss, nll, tokens = label_smoothed_loss(out.logits, batch["labels"], self.label_smoothing)
+        tokens = max(tokens, 1)
+        num_tokens = int(batch["attention_mask"].sum()) + tokens  # source + target tokens, for tokens/s
+        return ObjectiveOutput(loss / tokens, num_tokens, {"nll": float(nll) / tokens})
+
+    @torch.no_grad()
+    def evaluate_loss(self, batches) -> dict[str, float]:
+        """Token-weighted label-smoothed loss, NLL and perplexity exp(NLL) over every batch of `batches`."""
+        loss_sum = nll_sum = 0.0
+        count = 0
+        for batch in batches:
+            batch = {k: torch.from_numpy(v).to(next(self.parameters()).device) for k, v in batch.items()}
+            out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                             decoder_input_ids=batch["decoder_input_ids"])  # fmt: skip
+            loss, nll, n = label_smoothed_loss(out.logits, batch["labels"], self.label_smoothing)
+            loss_sum, nll_sum, count = loss_sum + float(loss), nll_sum + float(nll), count + n
+        nll = nll_sum / max(count, 1)
+        return {"eval_loss": loss_sum / max(count, 1), "eval_nll": nll,
+                "eval_perplexity": math.exp(nll) if nll < 700 else float("inf")}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+def marian_config(config: MTConfig, vocab_size: int):
+    """The MarianConfig of the [model] section, with the vocabulary's special ids (<pad> 0, </s> 1)."""
+    from ctxrep.models.marian import MarianConfig
+
+    shape = dataclasses.asdict(config.model)
+    try:
+        return MarianConfig(**shape, vocab_size=vocab_size, pad_token_id=mtdata.PAD_ID, eos_token_id=mtdata.EOS_ID,
+                            decoder_start_token_id=mtdata.PAD_ID)  # fmt: skip
+    except (TypeError, ValueError) as e:
+        raise MTTrainError(f"{config.source}: [model] does not make a MarianConfig ({e})") from None
+
+
+def train_mt(
+    config: MTConfig,
+    src: str | Path,
+    tgt: str | Path,
+    valid_src: str | Path | None,
+    valid_tgt: str | Path | None,
+    out_dir: str | Path,
+    max_steps: int | None = None,
+    resume: bool = False,
+) -> dict:
+    """Train a translation model from `src` to `tgt` into `out_dir`; returns the trainer's last metrics.
+
+    Call `distributed.init_distributed()` first under torchrun: rank 0 trains the tokenizer, the others load it.
+    """
+    from ctxrep.models.marian import MarianMTModel
+
+    if max_steps is not None:
+        config.trainer.max_steps = max_steps
+    if (valid_src is None) != (valid_tgt is None):
+        raise MTTrainError("give both --valid-src and --valid-tgt, or neither")
+    out = Path(out_dir)
+    ctx = distributed.current()
+    _check_out_dir(out, config, resume, ctx)
+
+    train_text = mtdata.read_parallel(src, tgt)
+    valid_text = mtdata.read_parallel(valid_src, valid_tgt) if valid_src is not None else None
+    tok = ctx.main_first(lambda: _prepare_tokenizer(config, train_text, out), lambda: mtdata.load_tokenizer(out))
+    positions = config.model.max_position_embeddings
+    train_pairs = mtdata.encode_pairs(train_text, tok, positions, config.data.skip_long)
+    valid_pairs = mtdata.encode_pairs(valid_text, tok, positions, skip_long=True) if valid_text else None
+
+    torch.manual_seed(config.trainer.seed)  # the same initial weights on every process and every run
+    model = MarianMTModel(marian_config(config, tok.get_vocab_size()))
+    objective = TranslationObjective(model, config.training.label_smoothing)
+    batches = mtdata.TokenBatches(train_pairs, seed=config.trainer.seed, row_multiple=ctx.world_size)
+    holder: dict[str, Trainer] = {}
+    save = SnapshotSaver(objective, config.training.average_last, lambda: holder["trainer"].step)
+    evaluate = None
+    if valid_pairs is not None:
+        evaluate = validation(objective, valid_pairs, valid_text, tok, config)
+    trainer = Trainer(
+        objective, config.trainer, batches, out, save_model=save, evaluate=evaluate,
+        schedule=lambda step: inverse_sqrt(step, config.model.d_model, config.trainer.warmup_steps),
+    )  # fmt: skip
+    holder["trainer"] = trainer
+    return trainer.train(resume=resume)
+
+
+def _prepare_tokenizer(config: MTConfig, text: mtdata.ParallelCorpus, out: Path):
+    if (out / "tokenizer.json").is_file():  # an earlier run's (or a resumed run's) vocabulary
+        tok = mtdata.load_tokenizer(out)
+    else:
+        t = config.tokenizer
+        tok = mtdata.train_joint_tokenizer([text.src, text.tgt], t.vocab_size, out, t.kind, t.min_frequency)
+    if [tok.token_to_id(s) for s in mtdata.SPECIALS] != [mtdata.PAD_ID, mtdata.EOS_ID, mtdata.UNK_ID]:
+        raise MTTrainError(f"{out}/tokenizer.json does not have <pad>, </s>, <unk> at ids 0, 1, 2; remove it to "
+                           "train a new one")  # fmt: skip
+    return tok
+
+
+def _check_out_dir(out: Path, config: MTConfig, resume: bool, ctx) -> None:
+    has_checkpoint = (out / CHECKPOINT_DIR / "trainer_state.json").is_file()
+    if resume:
+        if not has_checkpoint:
+            raise MTTrainError(f"{out}: nothing to resume (no checkpoint); start the run without --resume")
+        return
+    if has_checkpoint:
+        raise MTTrainError(f"{out} already holds a checkpoint; pass --resume to continue that run, or choose "
+                           "another --out folder")  # fmt: skip
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        settings = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
+        (out / RUN_FILE).write_text(json.dumps({"config": config.source, "settings": settings}, indent=2) + "\n")
+
+
+class SnapshotSaver:
+    """The Trainer's save_model: OUT/snapshots/step-NNNNNNN.safetensors (the last K kept), and their mean
+    written into OUT as the Marian folder (save_pretrained of a model holding the averaged weights)."""
+
+    def __init__(self, objective: TranslationObjective, average_last: int, step: Callable[[], int]) -> None:
+        self.objective, self.average_last, self.step = objective, average_last, step
+
+    def __call__(self, out: Path) -> None:
+        snapshots = Path(out) / SNAPSHOT_DIR
+        snapshots.mkdir(parents=True, exist_ok=True)
+        model = self.objective.model
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        _save_untied(state, snapshots / f"step-{self.step():07d}.safetensors")
+        kept = sorted(snapshots.glob("step-*.safetensors"))
+        for old in kept[: -self.average_last]:
+            old.unlink()
+        kept = kept[-self.average_last :]
+        if len(kept) == 1:
+            model.save_pretrained(out)
+            return
+        averaged = type(model)(model.config)
+        averaged.load_state_dict(average_state_dicts(kept))
+        averaged.save_pretrained(out)
+
+
+def _save_untied(state: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors refuses tensors that share memory (tied embeddings): store each name's own copy."""
+    seen: set[int] = set()
+    flat = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr()
+        flat[k] = v.clone() if ptr in seen else v
+        seen.add(ptr)
+    save_file(flat, str(path))
+
+
+def validation(objective: TranslationObjective, pairs: mtdata.EncodedPairs, text: mtdata.ParallelCorpus, tokenizer,
+               config: MTConfig) -> Callable[[], dict[str, float]]:  # fmt: skip
+    """The Trainer's evaluate=: validation loss over every pair, BLEU / chrF of the first bleu_sentences."""
+    budget, n = config.data.eval_batch_tokens, config.training.bleu_sentences
+
+    def evaluate() -> dict[str, float]:
+        metrics = objective.evaluate_loss(mtdata.iter_batches(pairs, budget))
+        if n:
+            from ctxrep.translate.score import score
+
+            hyps = translate_sentences(objective.model, tokenizer, text.src[:n], config.training.bleu_beam)
+            s = score(hyps, text.tgt[:n])
+            metrics.update(eval_bleu=s.bleu, eval_chrf=s.chrf)
+        return metrics
+
+    return evaluate
+
+
+def translate_sentences(model: nn.Module, tokenizer, sentences: Sequence[str], beam: int) -> list[str]:
+    """Detokenized translations of `sentences` with ctxrep.translate.search (greedy when beam == 1)."""
+    from ctxrep.translate.search import translate
+
+    return [str(t) for t in translate(model, tokenizer, list(sentences), beam=beam)]
