@@ -132,7 +132,12 @@ class Trainer:
         out_dir: str | Path,
         eval_data: BatchSource | None = None,
         save_model: Callable[[Path], None] | None = None,
+        schedule: Callable[[int], float] | None = None,
+        evaluate: Callable[[], dict[str, float]] | None = None,
     ) -> None:
+        """`schedule(steps_done)`: the learning-rate multiplier of config.lr, instead of warm-up + decay.
+        `evaluate()`: more held-out metrics (e.g. BLEU), run with the objective in eval mode under no_grad on a
+        forked RNG at every evaluation; its metrics join the evaluation's log record (eval_data may be None)."""
         self.ctx = distributed.current()
         config.validate(self.ctx.world_size)
         self.config = config
@@ -147,9 +152,10 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             param_groups(objective, config.weight_decay), lr=config.lr, betas=tuple(config.betas), eps=config.eps
         )
-        schedule = functools.partial(
+        schedule = schedule or functools.partial(
             warmup_decay, warmup_steps=config.warmup_steps, max_steps=config.max_steps, kind=config.schedule
         )
+        self.extra_evaluate = evaluate
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.model = distributed.wrap(objective, self.ctx)  # what the loop calls (DDP under torchrun)
         self.step = 0  # optimizer steps done
@@ -202,7 +208,7 @@ class Trainer:
                     bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
                     window = _Window()
                 paused = time.perf_counter()  # evaluation and checkpoints do not count against tokens/s
-                if self.eval_data is not None and cfg.eval_every and self.step % cfg.eval_every == 0:
+                if self._evaluates and cfg.eval_every and self.step % cfg.eval_every == 0:
                     result.update(self._evaluate_and_log())
                     evaluated_at = self.step
                 if stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
@@ -218,7 +224,7 @@ class Trainer:
             bar.close()
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
-        if self.eval_data is not None and evaluated_at != self.step:
+        if self._evaluates and evaluated_at != self.step:
             result.update(self._evaluate_and_log())
         if saved_at != self.step:
             self._checkpoint(checkpoint_dir)
@@ -260,8 +266,10 @@ class Trainer:
         Runs on a forked RNG seeded with config.seed: the same masks each time, and the training RNG (hence
         exact resume) is left untouched.
         """
+        if not self._evaluates:
+            raise TrainerError("evaluate() needs eval_data or evaluate=; pass a held-out batch source to the Trainer")
         if self.eval_data is None:
-            raise TrainerError("evaluate() needs eval_data; pass a held-out batch source to the Trainer")
+            return self._extra_metrics()
         if self._eval_start is None:
             self._eval_start = self.eval_data.state_dict()
         self.eval_data.load_state_dict(self._eval_start)
@@ -276,7 +284,23 @@ class Trainer:
                     losses.append(self.objective(batch).loss.float().item())
         self.objective.train()
         loss = sum(losses) / len(losses)
-        return {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else float("inf")}
+        return {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else float("inf"),
+                **self._extra_metrics()}  # fmt: skip
+
+    @property
+    def _evaluates(self) -> bool:
+        return self.eval_data is not None or self.extra_evaluate is not None
+
+    def _extra_metrics(self) -> dict[str, float]:
+        if self.extra_evaluate is None:
+            return {}
+        self.objective.eval()
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(self.config.seed)
+            metrics = self.extra_evaluate()
+        self.objective.train()
+        return metrics
 
     # -- pieces
 
@@ -285,7 +309,7 @@ class Trainer:
             return {}
         record = self.evaluate()
         self._log({"step": self.step, **record})
-        tqdm.write(f"step {self.step}: eval loss {record['eval_loss']:.4f}, perplexity {record['eval_perplexity']:.2f}")
+        tqdm.write(f"step {self.step}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in record.items()))
         return record
 
     def _checkpoint(self, directory: Path) -> None:

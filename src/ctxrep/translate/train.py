@@ -74,7 +74,7 @@ class ModelSection:
     activation_function: str = "relu"
     max_position_embeddings: int = 256
     scale_embedding: bool = True  # embeddings x sqrt(d_model) (sec. 3.4)
-    init_std: float = 0.02
+    normalize_before: bool = False  # pre-LayerNorm; such a model is saved in ctxrep's own format, not Marian's
 
 
 @dataclass
@@ -380,7 +380,7 @@ class SnapshotSaver:
         snapshots.mkdir(parents=True, exist_ok=True)
         model = self.objective.model
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        _save_untied(state, snapshots / f"step-{self.step():07d}.safetensors")
+        save_file(state, str(snapshots / f"step-{self.step():07d}.safetensors"))
         kept = sorted(snapshots.glob("step-*.safetensors"))
         for old in kept[: -self.average_last]:
             old.unlink()
@@ -391,17 +391,6 @@ class SnapshotSaver:
         averaged = type(model)(model.config)
         averaged.load_state_dict(average_state_dicts(kept))
         averaged.save_pretrained(out)
-
-
-def _save_untied(state: dict[str, torch.Tensor], path: Path) -> None:
-    """safetensors refuses tensors that share memory (tied embeddings): store each name's own copy."""
-    seen: set[int] = set()
-    flat = {}
-    for k, v in state.items():
-        ptr = v.untyped_storage().data_ptr()
-        flat[k] = v.clone() if ptr in seen else v
-        seen.add(ptr)
-    save_file(flat, str(path))
 
 
 def validation(objective: TranslationObjective, pairs: mtdata.EncodedPairs, text: mtdata.ParallelCorpus, tokenizer,
