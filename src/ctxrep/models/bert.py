@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -48,6 +49,9 @@ class BertConfig:
     pad_token_id: int = 0
     embedding_size: int | None = None  # ELECTRA; None means hidden_size
     add_pooling_layer: bool = True  # BERT/RoBERTa's tanh pooler over [CLS]; ELECTRA has none
+    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (transformers 4.x's field;
+    # string keys in config.json). Such a layer is built with the remaining heads only (BertModel.prune_heads).
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -60,6 +64,12 @@ class BertConfig:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
+        self.pruned_heads = _check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads of `layer` that remain after pruning, in the original numbering."""
+        pruned = set(self.pruned_heads.get(layer, ()))
+        return [h for h in range(self.num_attention_heads) if h not in pruned]
 
     @property
     def position_offset(self) -> int:
@@ -92,7 +102,35 @@ class BertConfig:
         if self.model_type == "roberta":
             d.update(bos_token_id=0, eos_token_id=2)
         del d["add_pooling_layer"]
+        d["pruned_heads"] = {str(k): v for k, v in sorted(self.pruned_heads.items()) if v}
+        if not d["pruned_heads"]:
+            del d["pruned_heads"]
         return d
+
+
+def _check_pruned_heads(pruned: Mapping, num_layers: int, num_heads: int) -> dict[int, list[int]]:
+    """{layer: [heads]} with int keys (config.json has strings), sorted unique heads; refuse what cannot be built."""
+    if not isinstance(pruned, Mapping):
+        raise ValueError(f"pruned_heads must map a layer index to a list of heads, got {type(pruned).__name__}")
+    out = {}
+    for key, heads in pruned.items():
+        try:
+            layer = int(key)
+            heads = sorted({int(h) for h in heads})
+        except (TypeError, ValueError):
+            raise ValueError(f"pruned_heads: {key!r}: {heads!r} is not a layer index and a list of head indices") from None
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"pruned_heads names layer {layer}, but the model has layers 0..{num_layers - 1}")
+        bad = [h for h in heads if not 0 <= h < num_heads]
+        if bad:
+            raise ValueError(f"pruned_heads: layer {layer} has heads 0..{num_heads - 1}, not {bad}")
+        if len(heads) == num_heads:
+            raise ValueError(
+                f"pruned_heads removes all {num_heads} heads of layer {layer}; keep at least one head per layer"
+            )
+        if heads:
+            out[layer] = heads
+    return out
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -130,17 +168,27 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head scaled dot-product attention with a key padding mask."""
+    """Multi-head scaled dot-product attention with a key padding mask.
 
-    def __init__(self, config: BertConfig) -> None:
+    Each head h reads its own head_dim rows of query/key/value and writes through its own head_dim columns of
+    `output`. A pruned layer keeps only the rows and columns of its remaining heads (`kept_heads`, in the original
+    numbering), so its matrices are (kept * head_dim, hidden) and (hidden, kept * head_dim).
+
+    A head mask xi (Michel et al. 2019, sec. 2.1: MHAtt(x) = sum_h xi_h Att_h(x)) multiplies each head's output
+    before the output projection; the output bias is added once, unmasked.
+    """
+
+    def __init__(self, config: BertConfig, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.head_dim = h // self.num_heads
-        self.query = nn.Linear(h, h)
-        self.key = nn.Linear(h, h)
-        self.value = nn.Linear(h, h)
-        self.output = nn.Linear(h, h)
+        self.kept_heads = config.kept_heads(layer)
+        self.num_heads = len(self.kept_heads)
+        self.head_dim = h // config.num_attention_heads
+        inner = self.num_heads * self.head_dim
+        self.query = nn.Linear(h, inner)
+        self.key = nn.Linear(h, inner)
+        self.value = nn.Linear(h, inner)
+        self.output = nn.Linear(inner, h)
         self.dropout_p = config.attention_probs_dropout_prob
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,10 +196,15 @@ class SelfAttention(nn.Module):
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool
+        self,
+        x: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        output_attentions: bool,
+        head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
-        b, t, h = x.shape
+        # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
+        b, t, _ = x.shape
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
@@ -163,17 +216,51 @@ class SelfAttention(nn.Module):
         else:
             probs = None
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
-        context = context.transpose(1, 2).reshape(b, t, h)  # (batch, seq, hidden)
+        if head_mask is not None:
+            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
+            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
         return self.output(context), probs
+
+    def prune(self, heads: Iterable[int]) -> None:
+        """Remove `heads` (original numbering; ones already removed are ignored): drop their rows of
+        query/key/value and their columns of output, so the layer computes less, not just zeros."""
+        gone = set(heads)
+        keep = [h for h in self.kept_heads if h not in gone]
+        positions = [self.kept_heads.index(h) for h in keep]  # where the kept heads sit now
+        d = self.head_dim
+        rows = torch.tensor([p * d + i for p in positions for i in range(d)], dtype=torch.long)
+        self.query = _linear_subset(self.query, rows, dim=0)
+        self.key = _linear_subset(self.key, rows, dim=0)
+        self.value = _linear_subset(self.value, rows, dim=0)
+        self.output = _linear_subset(self.output, rows, dim=1)
+        self.kept_heads, self.num_heads = keep, len(keep)
+
+
+def _linear_subset(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+    """A new Linear with the output rows (dim=0) or input columns (dim=1) of `linear` at `index`; the bias follows
+    the rows (a column subset keeps the whole bias)."""
+    weight = linear.weight.detach().index_select(dim, index.to(linear.weight.device))  # (out, in) subset
+    bias = linear.bias.detach()
+    if dim == 0:
+        bias = bias.index_select(0, index.to(bias.device))
+    new = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        new.bias.copy_(bias)
+    new.weight.requires_grad_(linear.weight.requires_grad)
+    new.bias.requires_grad_(linear.bias.requires_grad)
+    new.train(linear.training)
+    return new
 
 
 class EncoderLayer(nn.Module):
     """Post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
 
-    def __init__(self, config: BertConfig) -> None:
+    def __init__(self, config: BertConfig, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
-        self.attention = SelfAttention(config)
+        self.attention = SelfAttention(config, layer)
         self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         self.intermediate = nn.Linear(h, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, h)
@@ -182,9 +269,13 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool = False
+        self,
+        x: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        output_attentions: bool = False,
+        head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.attention(x, key_mask, output_attentions)
+        a, probs = self.attention(x, key_mask, output_attentions, head_mask)
         x = self.attention_norm(x + self.dropout(a))
         f = self.output(self.activation(self.intermediate(x)))
         x = self.output_norm(x + self.dropout(f))
@@ -198,7 +289,7 @@ class BertModel(Encoder):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.add_pooling_layer else None
         self.apply(self._init_weights)
 
@@ -228,7 +319,39 @@ class BertModel(Encoder):
 
     @property
     def num_heads(self) -> int:
+        """Heads per layer before any pruning: the most a layer has, and the width of `head_mask` and of head
+        importance arrays (head indices everywhere are in this original numbering). A pruned model's layers may
+        have fewer: see `heads_per_layer()`."""
         return self.config.num_attention_heads
+
+    def heads_per_layer(self) -> list[int]:
+        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
+        return [layer.attention.num_heads for layer in self.layers]
+
+    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
+        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
+        are ignored). Query/key/value lose those heads' rows and the output projection their columns, so the
+        model is smaller and faster; the result equals the unpruned model run with those heads' mask set to 0.
+        config.pruned_heads records every removed head, so save_pretrained / from_pretrained rebuild it."""
+        heads = {layer: list(removed) for layer, removed in heads.items()}
+        merged = {layer: list(removed) for layer, removed in self.config.pruned_heads.items()}
+        for layer, removed in heads.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+                raise ValueError(f"prune_heads: no layer {layer!r}; this model has layers 0..{self.num_layers - 1}")
+            bad = [h for h in removed if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.num_heads]
+            if bad:
+                raise ValueError(
+                    f"prune_heads: layer {layer} has heads 0..{self.num_heads - 1} (original numbering), not {bad}"
+                )
+            merged[layer] = sorted(set(merged.get(layer, [])) | set(removed))
+            if len(merged[layer]) == self.num_heads:
+                raise ValueError(
+                    f"prune_heads: that would remove all {self.num_heads} heads of layer {layer}; "
+                    "keep at least one head per layer"
+                )
+        for layer, removed in heads.items():  # every request checked before any layer changes
+            self.layers[layer].attention.prune(removed)
+        self.config.pruned_heads = {layer: merged[layer] for layer in sorted(merged) if merged[layer]}
 
     @property
     def hidden_size(self) -> int:
@@ -257,8 +380,14 @@ class BertModel(Encoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        head_mask: torch.Tensor | None = None,
     ) -> EncoderOutput:
-        """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers."""
+        """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers.
+
+        head_mask: Michel et al.'s mask variables xi, (num_layers, num_heads) or (num_heads,) for every layer, in
+        the original head numbering; head h of layer l contributes xi[l, h] times its output (1 keeps it, 0
+        silences it; entries of pruned heads are not read). It may require grad (head importance).
+        `attentions` hold each layer's remaining heads, unmasked: (batch, heads_per_layer()[l], seq, seq)."""
         if input_ids.shape[1] > self.config.max_tokens:
             raise ValueError(
                 f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
@@ -271,11 +400,13 @@ class BertModel(Encoder):
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        if head_mask is not None:
+            head_mask = self._check_head_mask(head_mask)  # (layers, heads)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         hidden_states = [x]
         attentions = []
-        for layer in self.layers[: num_layers if num_layers is not None else len(self.layers)]:
-            x, probs = layer(x, key_mask, output_attentions)
+        for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
+            x, probs = layer(x, key_mask, output_attentions, head_mask[i] if head_mask is not None else None)
             hidden_states.append(x)
             attentions.append(probs)
         pooled = None
@@ -288,6 +419,17 @@ class BertModel(Encoder):
             pooler_output=pooled,
         )
 
+    def _check_head_mask(self, head_mask: torch.Tensor) -> torch.Tensor:
+        shape = (self.num_layers, self.num_heads)
+        if head_mask.dim() == 1 and head_mask.shape[0] == self.num_heads:
+            return head_mask.expand(shape)  # (layers, heads)
+        if tuple(head_mask.shape) != shape:
+            raise ValueError(
+                f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or "
+                f"({self.num_heads},), in the original head numbering even after pruning"
+            )
+        return head_mask
+
     # ---- Hugging Face folder format -------------------------------------------------------------
 
     @classmethod
@@ -299,7 +441,12 @@ class BertModel(Encoder):
         state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)} | {
             k: v for k, v in state.items() if not k.startswith(prefix)
         }
-        config = BertConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
+        try:
+            config = BertConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
+        except CheckpointError:
+            raise
+        except ValueError as e:  # a config that cannot be built (e.g. pruned_heads naming a missing layer)
+            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
         model.eval()
