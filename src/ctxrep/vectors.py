@@ -1,0 +1,247 @@
+"""Read what `ctxrep embed` wrote: `load_vectors(DIR)`, memory-mapped, one array per input text.
+
+    vectors = load_vectors("out/")
+    len(vectors)            # texts
+    vectors[0]              # (words, dim) or (words, layers, dim) for word level; (dim,) or (layers, dim) for sentences
+    vectors.words(0)        # the words of text 0, as embedded (word level)
+    vectors.line(0)         # the 1-based input line where text 0 starts
+    vectors.index()         # every row: text, line, word, token (numpy arrays)
+    for array in vectors: ...
+
+Each shard is mapped, not read: .npy shards with np.load(mmap_mode="r"); .safetensors shards by mapping the
+tensor's bytes at the offset its header gives (safetensors' own layout: an 8-byte little-endian header length, a
+JSON header, then the raw data), so that both storages give the same np.memmap and a text costs only its rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import struct
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class VectorsError(ValueError):
+    """A folder that is not (complete, readable) `ctxrep embed` output."""
+
+
+@dataclass(frozen=True)
+class VectorIndex:
+    """One entry per vector row: its text (0-based), input line (1-based), word position (-1 for sentences)
+    and word."""
+
+    text: np.ndarray
+    line: np.ndarray
+    word: np.ndarray
+    token: list[str]
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+
+@dataclass
+class _Shard:
+    file: Path
+    index_file: Path
+    first_text: int
+    texts: int
+    rows: int
+    _vectors: np.ndarray | None = None
+    _index: VectorIndex | None = None
+    _starts: np.ndarray | None = None  # row where each of the shard's texts starts, plus the end
+
+
+class Vectors:
+    """The vectors of one `ctxrep embed` output folder; see the module docstring."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        manifest_file = self.path / "manifest.json"
+        if not self.path.is_dir():
+            raise VectorsError(f"{self.path}: no such folder; pass the --out folder of a `ctxrep embed` run")
+        if not manifest_file.is_file():
+            raise VectorsError(
+                f"{self.path}: not the output of `ctxrep embed` (no manifest.json); pass the --out folder of an embed run"
+            )
+        try:
+            manifest = json.loads(manifest_file.read_text())
+            settings, shards, self.dim = manifest["settings"], manifest["shards"], int(manifest["dim"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise VectorsError(
+                f"{manifest_file}: not a manifest written by `ctxrep embed` ({type(e).__name__}: {e}); "
+                "run ctxrep embed again into an empty folder"
+            ) from None
+        self.manifest = manifest
+        self.settings: dict = settings
+        self.level: str = settings.get("level", "word")
+        self.complete = bool(manifest.get("complete"))
+        if not self.complete:
+            warnings.warn(
+                f"{self.path}: an unfinished `ctxrep embed` run ({sum(s['texts'] for s in shards)} texts in "
+                f"{len(shards)} complete shards); run the same command again to finish it",
+                stacklevel=3,
+            )
+        self._shards: list[_Shard] = []
+        first = 0
+        for s in shards:
+            shard = _Shard(self.path / s["file"], self.path / s["index"], first, int(s["texts"]), int(s["rows"]))
+            for f in (shard.file, shard.index_file):
+                if not f.is_file():
+                    raise VectorsError(f"{f}: listed in {manifest_file} but missing; run ctxrep embed again into an empty folder")
+            self._shards.append(shard)
+            first += shard.texts
+        self._firsts = [s.first_text for s in self._shards]
+        self.num_texts = first
+
+    # ---- shape ------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.num_texts
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s.rows for s in self._shards)
+
+    def __repr__(self) -> str:
+        return f"Vectors({str(self.path)!r}, texts={len(self)}, rows={self.num_rows}, level={self.level!r}, dim={self.dim})"
+
+    # ---- access -----------------------------------------------------------------------------------------
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Text i's vectors: a read-only view into the mapped shard."""
+        shard, t = self._locate(i)
+        if self.level == "sentence":
+            return self._vectors(shard)[t]
+        starts = self._starts(shard)
+        return self._vectors(shard)[starts[t] : starts[t + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def words(self, i: int) -> list[str]:
+        """The words of text i (word-level output), in the order of its vector rows."""
+        if self.level != "word":
+            raise VectorsError(f"{self.path}: holds sentence vectors, which keep no words; embed with --level word")
+        shard, t = self._locate(i)
+        starts = self._starts(shard)
+        return self._index(shard).token[starts[t] : starts[t + 1]]
+
+    def line(self, i: int) -> int:
+        """The 1-based input line where text i starts."""
+        shard, t = self._locate(i)
+        return int(self._index(shard).line[self._starts(shard)[t]])
+
+    def index(self) -> VectorIndex:
+        """Every row of every shard (read from the index files; the vectors stay mapped)."""
+        parts = [self._index(s) for s in self._shards]
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return VectorIndex(empty, empty, empty, [])
+        return VectorIndex(
+            np.concatenate([p.text for p in parts]), np.concatenate([p.line for p in parts]),
+            np.concatenate([p.word for p in parts]), [t for p in parts for t in p.token],
+        )  # fmt: skip
+
+    def array(self) -> np.ndarray:
+        """All rows in one in-memory array (rows, ...) in index order: reads every shard."""
+        if not self._shards:
+            return np.zeros((0, self.dim), np.float32)
+        return np.concatenate([np.asarray(self._vectors(s)) for s in self._shards])
+
+    # ---- internals --------------------------------------------------------------------------------------
+
+    def _locate(self, i: int) -> tuple[_Shard, int]:
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"Vectors index must be an integer text number, got {type(i).__name__}")
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"text {i} out of range: {self.path} holds {n} texts")
+        i = int(i) % n
+        k = bisect.bisect_right(self._firsts, i) - 1
+        return self._shards[k], i - self._shards[k].first_text
+
+    def _vectors(self, shard: _Shard) -> np.ndarray:
+        if shard._vectors is None:
+            array = _map_npy(shard.file) if shard.file.suffix == ".npy" else _map_safetensors(shard.file)
+            if len(array) != shard.rows or array.shape[-1] != self.dim:
+                raise VectorsError(
+                    f"{shard.file}: {array.shape} does not match the manifest ({shard.rows} rows of width {self.dim}); "
+                    "the folder was changed after ctxrep embed wrote it: run it again into an empty folder"
+                )
+            shard._vectors = array
+        return shard._vectors
+
+    def _index(self, shard: _Shard) -> VectorIndex:
+        if shard._index is None:
+            shard._index = _read_index(shard.index_file, shard.rows)
+        return shard._index
+
+    def _starts(self, shard: _Shard) -> np.ndarray:
+        if shard._starts is None:
+            local = self._index(shard).text - shard.first_text
+            # rows are grouped by text in order: text t's rows are [starts[t], starts[t + 1])
+            shard._starts = np.searchsorted(local, np.arange(shard.texts + 1), side="left")
+        return shard._starts
+
+
+def _map_npy(file: Path) -> np.ndarray:
+    try:
+        return np.load(file, mmap_mode="r")
+    except (ValueError, OSError) as e:
+        raise VectorsError(f"{file}: not a readable .npy shard ({e}); run ctxrep embed again into an empty folder") from None
+
+
+_SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
+
+
+def _map_safetensors(file: Path) -> np.ndarray:
+    """The `vectors` tensor of a safetensors file as a read-only np.memmap (no copy)."""
+    try:
+        with open(file, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        entry = header["vectors"]
+        dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+    except (struct.error, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+        raise VectorsError(
+            f"{file}: not a safetensors shard with a float `vectors` tensor ({type(e).__name__}: {e}); "
+            "run ctxrep embed again into an empty folder"
+        ) from None
+    if end - begin != int(np.prod(shape)) * np.dtype(dtype).itemsize:
+        raise VectorsError(f"{file}: header says {shape} but holds {end - begin} bytes; the file is damaged")
+    if begin == end:
+        return np.zeros(shape, dtype)
+    return np.memmap(file, dtype=dtype, mode="r", offset=8 + n + begin, shape=shape)
+
+
+def _read_index(file: Path, rows: int) -> VectorIndex:
+    text, line, word, token = [], [], [], []
+    with open(file, encoding="utf-8") as f:
+        header = f.readline().rstrip("\n").split("\t")
+        if header[:5] != ["row", "text", "line", "word", "token"]:
+            raise VectorsError(f"{file}: not an index written by ctxrep embed (header {header[:5]})")
+        for n, raw in enumerate(f, start=2):
+            values = raw.rstrip("\n").split("\t", 4)
+            try:
+                text.append(int(values[1]))
+                line.append(int(values[2]))
+                word.append(int(values[3]))
+                token.append(values[4])
+            except (IndexError, ValueError):
+                raise VectorsError(f"{file}:{n}: malformed index line; run ctxrep embed again into an empty folder") from None
+    if len(text) != rows:
+        raise VectorsError(f"{file}: {len(text)} index lines but the manifest lists {rows} rows; the folder is damaged")
+    return VectorIndex(np.array(text, np.int64), np.array(line, np.int64), np.array(word, np.int64), token)
+
+
+def load_vectors(path: str | Path) -> Vectors:
+    """Open the output folder of `ctxrep embed` (memory-mapped); see the module docstring."""
+    return Vectors(path)
