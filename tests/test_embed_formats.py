@@ -1,0 +1,154 @@
+"""`ctxrep embed` input formats: CSV / TSV columns, --text-column (and its alias --text-field), gzip input,
+advice when plain text looks structured, and a warning for an empty input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ctxrep.cli.embed import embed, load_shards
+
+TEXTS = ["The vase broke .", "Dawn broke , slowly .", "A crane lifted the beam"]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models):
+    return str(tiny_models["bert"])
+
+
+def run(model, src, out, *args, input=None):
+    return CliRunner().invoke(embed, ["--model", model, "--input", str(src), "--out", str(out), *args], input=input)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, model):
+    """The three texts embedded from a plain text file: what every other format must give."""
+    tmp = tmp_path_factory.mktemp("ref")
+    (tmp / "in.txt").write_text("\n".join(TEXTS) + "\n")
+    result = run(model, tmp / "in.txt", tmp / "out")
+    assert result.exit_code == 0, result.output
+    return load_shards(tmp / "out")
+
+
+def _same_vectors(out, reference, lines):
+    vectors, index = load_shards(out)
+    np.testing.assert_array_equal(vectors, reference[0])
+    assert [r["token"] for r in index] == [r["token"] for r in reference[1]]
+    assert sorted({(r["text"], r["line"]) for r in index}) == list(enumerate(lines))
+
+
+def test_csv_by_column_name_with_quoted_commas_and_newlines(tmp_path, model, reference):
+    src = tmp_path / "in.csv"
+    # the second record's text holds a comma and is quoted; the first record's note spans two lines
+    src.write_text('id,text,note\n1,The vase broke .,"two\nlines"\n2,"Dawn broke , slowly .",x\n3,A crane lifted the beam,\n')
+    result = run(model, src, tmp_path / "out", "--format", "csv", "--text-column", "text")
+    assert result.exit_code == 0, result.output
+    _same_vectors(tmp_path / "out", reference, [2, 4, 5])  # the line where each record starts
+
+
+def test_tsv_by_column_number_and_the_text_field_alias(tmp_path, model, reference):
+    src = tmp_path / "in.tsv"
+    src.write_text("label\tsentence\n" + "".join(f"pos\t{t}\n" for t in TEXTS))
+    result = run(model, src, tmp_path / "a", "--format", "tsv", "--text-column", "2")
+    assert result.exit_code == 0, result.output
+    _same_vectors(tmp_path / "a", reference, [2, 3, 4])
+    result = run(model, src, tmp_path / "b", "--format", "tsv", "--text-field", "sentence")
+    assert result.exit_code == 0, result.output
+    _same_vectors(tmp_path / "b", reference, [2, 3, 4])
+
+
+def test_jsonl_text_column(tmp_path, model, reference):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(TEXTS)))
+    result = run(model, src, tmp_path / "out", "--format", "jsonl", "--text-column", "body")
+    assert result.exit_code == 0, result.output
+    _same_vectors(tmp_path / "out", reference, [1, 2, 3])
+
+
+def test_gzip_input_is_read_as_is_from_a_file_and_from_stdin(tmp_path, model, reference):
+    src = tmp_path / "in.txt.gz"
+    src.write_bytes(gzip.compress(("\n".join(TEXTS) + "\n").encode()))
+    result = run(model, src, tmp_path / "file")
+    assert result.exit_code == 0, result.output
+    _same_vectors(tmp_path / "file", reference, [1, 2, 3])
+    tsv_gz = gzip.compress(("text\n" + "\n".join(TEXTS) + "\n").encode())
+    result = run(model, "-", tmp_path / "stdin", "--format", "tsv", input=tsv_gz)
+    assert result.exit_code == 0, result.output
+    _same_vectors(tmp_path / "stdin", reference, [2, 3, 4])
+
+
+@pytest.mark.parametrize(
+    "first_line, advice",
+    [
+        ("id,text,label", "looks like a CSV header (id, text, label); to read it as such pass --format csv"),
+        ("label\ttext", "looks like a TSV header (label, text); to read it as such pass --format tsv"),
+        ('{"text": "a b"}', "looks like JSON Lines; to read it as such pass --format jsonl --text-column FIELD"),
+    ],
+)
+def test_plain_text_that_looks_structured_gets_advice_on_stderr(tmp_path, model, first_line, advice):
+    src = tmp_path / "in.txt"
+    src.write_text(f"{first_line}\nsome words here\n")
+    result = run(model, src, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert f"warning: {src}:1: this {advice}" in result.stderr
+    assert advice not in result.stdout
+
+
+def test_ordinary_text_with_commas_and_tabs_gets_no_advice(tmp_path, model):
+    src = tmp_path / "in.txt"
+    src.write_text("Well, the vase broke, again.\nDawn\tbroke\n")
+    result = run(model, src, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "content, args, what",
+    [
+        (b"", [], "it holds no texts"),
+        (b"\n\n  \n", ["--skip-empty"], "all its texts were empty and skipped"),
+        (b"id,text\n", ["--format", "csv"], "it holds no texts"),
+        (gzip.compress(b""), [], "it holds no texts"),
+    ],
+)
+def test_an_empty_input_is_a_warning_not_a_silent_success(tmp_path, model, content, args, what):
+    src = tmp_path / "in.txt"
+    src.write_bytes(content)
+    result = run(model, src, tmp_path / "out", *args)
+    assert result.exit_code == 0, result.output
+    assert f"warning: {src}: nothing to embed: {what}; check the input file and --format" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "content, args, message",
+    [
+        (b"id,body\n1,a b\n", ["--format", "csv"],
+         "in.csv:1: no column 'text' in the header ('id', 'body'); choose the column with --text-column"),
+        (b"id\ttext\n1\ta b\n", ["--format", "csv"], "(is the file tab-separated? pass --format tsv)"),
+        (b"id,text\n1,a b\n2\n", ["--format", "csv"], "in.csv:3: 1 field(s), but the text column 'text' is field 2"),
+        (b"id,text\n1,a b\n2,  \n", ["--format", "csv"], "in.csv:3: empty text in column 'text'"),
+        (b"id,text\n1,a b\n\n", ["--format", "csv"], "in.csv:3: empty line"),
+        (b"a b\n", ["--text-column", "body"], "--text-column applies to --format jsonl, csv or tsv, not text"),
+        (b'{"body": "a"}\n', ["--format", "jsonl"], "in.csv:1: no 'text' field; choose the field with --text-column"),
+    ],
+)
+def test_bad_table_input_gives_one_line_error(tmp_path, model, content, args, message):
+    src = tmp_path / "in.csv"
+    src.write_bytes(content)
+    result = run(model, src, tmp_path / "out", *args)
+    assert result.exit_code == 1
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_csv_blank_lines_skipped_keep_true_line_numbers(tmp_path, model):
+    src = tmp_path / "in.csv"
+    src.write_text("text\nThe vase broke .\n\n  \nDawn broke .\n")
+    result = run(model, src, tmp_path / "out", "--format", "csv", "--skip-empty")
+    assert result.exit_code == 0, result.output
+    _, index = load_shards(tmp_path / "out")
+    assert sorted({(r["text"], r["line"]) for r in index}) == [(0, 2), (1, 5)]
