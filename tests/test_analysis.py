@@ -25,7 +25,8 @@ from ctxrep.cli import analysis as cli  # noqa: E402
 from ctxrep.data.conllu import read_conllu  # noqa: E402
 from ctxrep.data.wic import WicPair  # noqa: E402
 from ctxrep.featurize import Featurizer  # noqa: E402
-from ctxrep.models.loading import resolve_model_path  # noqa: E402
+from ctxrep.inputs import EncoderInput  # noqa: E402
+from ctxrep.models.loading import resolve  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -37,7 +38,7 @@ def tiny_model(tmp_path_factory) -> Path:
                                   intermediate_size=64)  # fmt: skip
     torch.manual_seed(0)
     transformers.BertModel(cfg).save_pretrained(path)
-    source = resolve_model_path("minilm")
+    source = resolve("minilm").folder
     for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
         if (source / name).is_file():
             shutil.copy(source / name, path / name)
@@ -175,8 +176,8 @@ def test_head_statistics_match_a_direct_computation(fz):
         assert stats.grid(name).shape == (2, 2)
     # Recompute 'self', 'cls', 'sep' and 'punct' with a plain loop over the model's attention.
     expected = {k: np.zeros((2, 2)) for k in ("self", "cls", "sep", "punct")}
-    for words in sentences:
-        x = attention._encode(fz, words)
+    for i, words in enumerate(sentences):
+        x = attention._encode(fz, i, words)
         out = fz.model(torch.tensor([x.input_ids]), output_attentions=True)
         for layer in range(2):
             a = out.attentions[layer][0].detach().numpy()  # (heads, seq, seq)
@@ -196,7 +197,8 @@ def test_head_statistics_match_a_direct_computation(fz):
 
 def test_word_attention_sums_over_head_pieces_and_averages_over_dependent_pieces():
     # positions: [CLS] w0a w0b w1 [SEP]
-    x = attention._Input(["w0", "w1"], [0] * 5, [0] * 5, ["[CLS]", "a", "##b", "c", "[SEP]"], [-1, 0, 0, 1, -1], 0)
+    record = EncoderInput(0, [0] * 5, [0] * 5, 0, [(0, 1, 3), (1, 3, 4)])
+    x = attention._Sentence(["w0", "w1"], record, ["[CLS]", "a", "##b", "c", "[SEP]"], [-1, 0, 0, 1, -1])
     a = torch.zeros(1, 1, 5, 5)
     a[0, 0, 1] = torch.tensor([0.0, 0.2, 0.2, 0.6, 0.0])
     a[0, 0, 2] = torch.tensor([0.0, 0.0, 0.6, 0.2, 0.2])
@@ -318,6 +320,8 @@ def test_report_is_self_contained_and_escaped(report_page):
         assert section in page
     numbers = json.loads((report_page.parent / "report.json").read_text())
     assert set(numbers) >= {"probe", "attention", "dependency_heads", "senses", "wic"}
+    assert numbers["left_out"] == {} and numbers["heads"] == 2 and "Left out" not in page
+    assert all(demo["static_neighbors"] for demo in numbers["senses"].values())
 
 
 def _no_browser(reason: str) -> None:
@@ -485,10 +489,21 @@ def tiny_elmo(tmp_path_factory) -> str:
 
 def test_elmo_models_get_probes_and_a_report_but_no_attention(tiny_elmo, data_dir, tmp_path):
     fz = Featurizer(tiny_elmo, layers="all")
-    with pytest.raises(ValueError, match="ElmoBiLM has no attention heads"):
-        attention.head_statistics(fz, [["the", "dog", "runs"]])
-    with pytest.raises(ValueError, match="ELMo has no table of static word vectors"):
-        neighbors.static_neighbors(fz, "play")
+    for refused in (lambda: attention.head_statistics(fz, [["the", "dog", "runs"]]),
+                    lambda: attention.head_attention(fz, "the dog runs", 1, 0),
+                    lambda: attention.dependency_heads(fz, read_conllu(data_dir / "tiny.conllu"))):  # fmt: skip
+        with pytest.raises(ValueError, match="ELMo is a biLSTM: it has no attention heads; attention statistics"):
+            refused()
+    for refused in (lambda: neighbors.static_neighbors(fz, "play"), lambda: neighbors.static_vector(fz, "play"),
+                    lambda: neighbors.StaticVocabulary.from_featurizer(fz)):  # fmt: skip
+        with pytest.raises(ValueError, match="elmo has no table of static word vectors"):
+            refused()
     page = build_report(fz, tmp_path / "report", ud_path=data_dir / "tiny.conllu", max_sentences=20, control=False)
     text = page.read_text()
-    assert "biLSTM layers (no attention)" in text and "UPOS probe by layer" in text
+    assert "no attention heads." in text and "UPOS probe by layer" in text
+    assert "Left out: ELMo is a biLSTM: it has no attention heads." in text
+    assert "Static neighbours left out: elmo has no table of static word vectors" in text
+    assert "One word, several senses" in text and "Best head per dependency relation" not in text
+    numbers = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert set(numbers["left_out"]) == {"attention", "static_neighbors"} and "attention" not in numbers
+    assert numbers["heads"] is None and numbers["family"] == "elmo"

@@ -18,7 +18,8 @@ def with_layers(fz: Featurizer, layers: int | Sequence[int] | str) -> Featurizer
 
 
 def random_control(fz: Featurizer, seed: int = 0) -> Featurizer:
-    """The same featurizer over a randomly initialised model of the same shape (the probing control)."""
+    """The same featurizer over a randomly initialised model of the same shape (the probing control); the
+    family's own constructor rebuilds it from its config, the one place a tool hands a config back unread."""
     control = copy.copy(fz)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -32,10 +33,7 @@ def as_featurizer(model: str | os.PathLike | Featurizer) -> Featurizer:
 
 def model_name(fz: Featurizer) -> str:
     """The model's folder name (a packaged model's package name: its weights sit in <package>/model)."""
-    path = getattr(fz.model, "name_or_path", None)
-    if path is None:
-        return type(fz.model).__name__
-    path = Path(path)
+    path = fz.source.folder
     return path.parent.name if path.name == "model" and path.parent.name else path.name
 
 

@@ -30,80 +30,75 @@ import numpy as np
 import torch
 
 from ctxrep.analysis._common import model_name
-from ctxrep.featurize import Featurizer, max_tokens, pad_inputs
+from ctxrep.featurize import Featurizer
+from ctxrep.inputs import EncoderInput, collate, words_of
 
 STATISTICS = ("cls", "sep", "prev", "next", "self", "punct", "entropy")
 
 
 @dataclass
-class _Input:
-    """One sentence ready for the encoder, and what each position is."""
+class _Sentence:
+    """One sentence as one encoder input (`record`, from ctxrep.inputs), and what each position is."""
 
     words: list[str]
-    input_ids: list[int]
-    token_type_ids: list[int]
+    record: EncoderInput
     tokens: list[str]
     word_of: list[int]  # word index of each position, -1 for special tokens
-    cls_position: int
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.record.input_ids
+
+    @property
+    def cls_position(self) -> int:
+        return self.record.cls_position
 
 
 def _is_punct(word: str) -> bool:
     return all(unicodedata.category(c).startswith("P") for c in word)
 
 
-def _words(text: str | Sequence[str]) -> list[str]:
-    words = text.split() if isinstance(text, str) else list(text)
-    if not words:
-        raise ValueError("the sentence is empty (no words)")
-    return words
-
-
-def _encode(fz: Featurizer, words: list[str]) -> _Input | None:
-    """None when the sentence is longer than the model's positions."""
+def _encode(fz: Featurizer, index: int, words: list[str]) -> _Sentence | None:
+    """Sentence `index` as one input with every piece of every word marked; None when it is longer than the
+    featurizer's window (fz.plan.max_length pieces, special tokens included)."""
     pieces = fz.tokenizer.encode_words([words])[0]
     ids, types, offset = fz.tokenizer.build_inputs(pieces.ids)
-    if len(ids) > max_tokens(fz.model):
+    if len(ids) > fz.plan.max_length:
         return None
+    spans = [(w, offset + s, offset + e) for w, (s, e) in enumerate(pieces.spans())]
+    record = EncoderInput(index, ids, types, fz.plan.cls_position(len(ids)), spans)
     word_of = [-1] * len(ids)
-    for k, w in enumerate(pieces.word_ids):
-        word_of[offset + k] = w
+    for w, s, e in spans:
+        word_of[s:e] = [w] * (e - s)
     tokens = [fz.tokenizer.backend.id_to_token(i) or str(i) for i in ids]
-    return _Input(words, ids, types, tokens, word_of, fz.tokenizer.template.cls_index % len(ids))
+    return _Sentence(words, record, tokens, word_of)
 
 
-def has_attention(fz: Featurizer) -> bool:
-    """ELMo (word level, LSTMs) has no attention heads; the Transformer families do."""
-    return not fz.word_level
+def require_attention(fz: Featurizer) -> None:
+    """A one-line error for a model without attention heads (the encoder interface says which: ELMo's biLSTM)."""
+    if not fz.model.has_attention:
+        raise ValueError(f"{fz.model.no_attention_reason()}; attention statistics and heatmaps need a model with "
+                         "attention heads (a Transformer: BERT, RoBERTa, ELECTRA, GPT-2, XLNet, ...)")  # fmt: skip
 
 
-def _require_attention(fz: Featurizer) -> None:
-    if not has_attention(fz):
-        raise ValueError(f"{type(fz.model).__name__} has no attention heads (it is a biLSTM); attention statistics "
-                         "need a Transformer model")  # fmt: skip
-
-
-def _attentions(fz: Featurizer, inputs: list[_Input], batch_size: int = 16) -> Iterator[tuple[_Input, torch.Tensor]]:
+def _attentions(fz: Featurizer, inputs: list[_Sentence], batch_size: int = 16) -> Iterator[tuple[_Sentence, torch.Tensor]]:
     """Each input with its attention probabilities (layers, heads, seq, seq), in input order."""
-    pad = fz.tokenizer.pad_token_id
     fz.model.eval()
     with torch.inference_mode():
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size]
-            out = fz.model(**pad_inputs(batch, pad), output_attentions=True)
+            out = fz.model.encode(collate([x.record for x in batch], fz.tokenizer), output_attentions=True)
             stacked = torch.stack(out.attentions, dim=1)  # (batch, layers, heads, seq, seq)
             for r, x in enumerate(batch):
                 n = len(x.input_ids)
                 yield x, stacked[r, :, :, :n, :n]
 
 
-def _encode_all(fz: Featurizer, sentences: Sequence[str | Sequence[str]]) -> tuple[list[_Input], int]:
-    _require_attention(fz)
+def _encode_all(fz: Featurizer, sentences: Sequence[str | Sequence[str]]) -> tuple[list[_Sentence], int]:
+    require_attention(fz)
     inputs, skipped = [], 0
     for i, s in enumerate(sentences):
-        try:
-            x = _encode(fz, _words(s))
-        except ValueError as e:
-            raise ValueError(f"sentence {i}: {e}") from None
+        x = _encode(fz, i, words_of(s, i))
         if x is None:
             skipped += 1
         else:
@@ -157,7 +152,7 @@ def head_statistics(fz: Featurizer, sentences: Sequence[str | Sequence[str]], ba
     inputs, skipped = _encode_all(fz, sentences)
     if not inputs:
         raise ValueError(f"all {len(sentences)} sentences are longer than the model's positions")
-    n_layers, n_heads = fz.model.num_layers, fz.model.config.num_attention_heads
+    n_layers, n_heads = fz.model.num_layers, fz.model.num_heads
     sums = {name: torch.zeros(n_layers, n_heads, dtype=torch.float64) for name in STATISTICS}
     n_tokens = 0
     for x, a in _attentions(fz, inputs, batch_size):  # a: (layers, heads, seq, seq)
@@ -209,7 +204,7 @@ class DependencyHeads:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
 
-def word_attention(x: _Input, a: torch.Tensor) -> torch.Tensor:
+def word_attention(x: _Sentence, a: torch.Tensor) -> torch.Tensor:
     """(layers, heads, words, words): row d = attention of word d's pieces (averaged) to word j's pieces (summed)."""
     n_words = len(x.words)
     m = torch.zeros(len(x.input_ids), n_words, dtype=a.dtype)  # (seq, words) piece -> word membership
@@ -233,11 +228,12 @@ def dependency_heads(fz: Featurizer, sentences: Sequence, batch_size: int = 16, 
             if not 0 <= h <= len(s.words):
                 raise ValueError(f"sentence {i}: word {d + 1} has head {h}, outside the sentence's "
                                  f"{len(s.words)} words")  # fmt: skip
-    encoded = [(s, _encode(fz, list(s.words))) for s in sentences]
+    require_attention(fz)
+    encoded = [(s, _encode(fz, i, list(s.words))) for i, s in enumerate(sentences)]
     kept = [s for s, x in encoded if x is not None]
     inputs = [x for _, x in encoded if x is not None]
     skipped = len(sentences) - len(inputs)
-    n_layers, n_heads = fz.model.num_layers, fz.model.config.num_attention_heads
+    n_layers, n_heads = fz.model.num_layers, fz.model.num_heads
     correct: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros(n_layers, n_heads, dtype=torch.long))
     counts: Counter[str] = Counter()
     offsets: dict[str, Counter[int]] = defaultdict(Counter)
@@ -265,7 +261,8 @@ def dependency_heads(fz: Featurizer, sentences: Sequence, batch_size: int = 16, 
 
 
 def _check_head(fz: Featurizer, layer: int, head: int) -> None:
-    n_layers, n_heads = fz.model.num_layers, fz.model.config.num_attention_heads
+    require_attention(fz)
+    n_layers, n_heads = fz.model.num_layers, fz.model.num_heads
     if not isinstance(layer, int) or not 1 <= layer <= n_layers:
         raise ValueError(f"layer {layer!r} is out of range: the model's attention layers are 1..{n_layers}")
     if not isinstance(head, int) or not 0 <= head < n_heads:
@@ -276,11 +273,11 @@ def head_attention(
     fz: Featurizer, sentence: str | Sequence[str], layer: int, head: int
 ) -> tuple[list[str], np.ndarray]:
     """The tokens of `sentence` and one head's (seq, seq) attention matrix over them (row = query)."""
-    _require_attention(fz)
     _check_head(fz, layer, head)
-    x = _encode(fz, _words(sentence))
+    x = _encode(fz, 0, words_of(sentence, 0))
     if x is None:
-        raise ValueError(f"the sentence is longer than the model's {max_tokens(fz.model)} positions")
+        raise ValueError(f"the sentence is longer than the model's window of {fz.plan.max_length} pieces; "
+                         "draw a shorter sentence")  # fmt: skip
     _, a = next(_attentions(fz, [x]))
     return x.tokens, a[layer - 1, head].numpy()
 

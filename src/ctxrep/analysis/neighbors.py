@@ -97,7 +97,7 @@ class OccurrenceIndex:
         index = hnswlib.Index(space="cosine", dim=data.shape[1])
         index.init_index(max_elements=len(data), M=m, ef_construction=ef_construction, random_seed=0)
         index.add_items(data, np.arange(len(data)), num_threads=1)
-        return cls(index, word_lists, occurrences, getattr(fz.model, "name_or_path", model_name(fz)), layer, fz.pooling)
+        return cls(index, word_lists, occurrences, str(fz.source.folder), layer, fz.pooling)
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write the index (index.hnsw) and its metadata (occurrences.json: model, layer, sentences, occurrences)."""
@@ -176,6 +176,7 @@ class StaticVocabulary:
 
     @classmethod
     def from_featurizer(cls, fz: Featurizer) -> "StaticVocabulary":
+        table = _embedding_matrix(fz)  # first: a model without one (ELMo) has no vocabulary either
         vocab = fz.tokenizer.backend.get_vocab()
         candidates = sorted({_strip_marker(t) for t in vocab if not _is_special(t)} - {""})
         candidates = [w for w in candidates if any(c.isalnum() for c in w)]
@@ -185,7 +186,7 @@ class StaticVocabulary:
             if len(p.ids) == 1:
                 words.append(w)
                 ids.append(p.ids[0])
-        table = _embedding_matrix(fz)[ids]
+        table = table[ids]
         return cls(words, table / np.linalg.norm(table, axis=1, keepdims=True).clip(1e-12))
 
 
@@ -199,29 +200,35 @@ def _is_special(token: str) -> bool:
     return (token.startswith("[") and token.endswith("]")) or (token.startswith("<") and token.endswith(">"))
 
 
-def _require_embedding_table(fz: Featurizer) -> None:
-    if fz.word_level:
-        raise ValueError("ELMo has no table of static word vectors (its layer 0 is computed from characters); "
-                         "static neighbours need a model with a subword embedding matrix")  # fmt: skip
+def no_static_table_reason(fz: Featurizer) -> str | None:
+    """Why `fz`'s model has no static neighbours (one line), or None when it has a token-embedding table."""
+    if fz.model.input_embeddings() is not None:
+        return None
+    return (f"{fz.model.family} has no table of static word vectors (it reads characters: its layer 0 is computed "
+            "from them); static neighbours need a model with a token-embedding matrix (BERT, GPT-2, ...)")  # fmt: skip
 
 
 def _embedding_matrix(fz: Featurizer) -> np.ndarray:
-    _require_embedding_table(fz)
-    return fz.model.embeddings.word_embeddings.weight.detach().float().numpy()
+    """The model's static token-embedding table (vocabulary, dim), or a one-line error for character input."""
+    reason = no_static_table_reason(fz)
+    if reason is not None:
+        raise ValueError(reason)
+    return fz.model.input_embeddings().detach().float().numpy()
 
 
 def static_vector(fz: Featurizer, word: str) -> np.ndarray:
     """The model's context-free input embedding of `word`: the mean of its pieces' word-embedding rows."""
     if not word or word.isspace() or len(word.split()) != 1:
         raise ValueError(f"expected one word without spaces, got {word!r}")
+    table = _embedding_matrix(fz)
     ids = fz.tokenizer.encode_words([[word]])[0].ids
-    return _embedding_matrix(fz)[ids].mean(axis=0)
+    return table[ids].mean(axis=0)
 
 
 def static_neighbors(fz: Featurizer, word: str, k: int = 10, vocabulary: StaticVocabulary | None = None
                      ) -> list[tuple[str, float]]:  # fmt: skip
     """The k vocabulary words whose input embeddings are closest (cosine) to `word`'s, the word itself left out."""
-    _require_embedding_table(fz)
+    _embedding_matrix(fz)  # a one-line error for a model without one, before anything is computed
     vocabulary = vocabulary or StaticVocabulary.from_featurizer(fz)
     v = static_vector(fz, word)
     sims = vocabulary.vectors @ (v / max(float(np.linalg.norm(v)), 1e-12))

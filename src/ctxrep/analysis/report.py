@@ -164,10 +164,12 @@ def build_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = model_name(fz)
-    heads = getattr(fz.model.config, "num_attention_heads", None)  # None: ELMo, a biLSTM
-    numbers: dict = {"model": name, "layers": fz.num_layers, "hidden": fz.model.hidden_size, "heads": heads}
-    shape = f"{heads} heads per layer" if heads else "biLSTM layers (no attention)"
-    body = [f"<h1>ctxrep analysis report</h1><p>model <code>{html.escape(name)}</code>: {fz.num_layers} layers, "
+    heads = fz.model.num_heads  # None: no attention (ELMo's biLSTM)
+    numbers: dict = {"model": name, "family": fz.model.family, "layers": fz.num_layers,
+                     "hidden": fz.model.hidden_size, "heads": heads, "left_out": {}}  # fmt: skip
+    shape = f"{heads} heads per layer" if fz.model.has_attention else "no attention heads"
+    body = [f"<h1>ctxrep analysis report</h1><p>model <code>{html.escape(name)}</code> "
+            f"({html.escape(fz.model.family)}): {fz.num_layers} layers, "
             f"hidden size {fz.model.hidden_size}, {shape}.</p>"]  # fmt: skip
 
     # -- probing
@@ -197,17 +199,22 @@ def build_report(
 
     # -- attention
     sentences = [s.words for s in parsed] if parsed else [s.split() for s in DEFAULT_SENTENCES]
-    if attention.has_attention(fz):
+    if fz.model.has_attention:
         _attention_sections(fz, sentences, parsed, body, numbers)
     else:
-        body.append("<h2>Attention heads</h2><p>This model has no attention heads (ELMo's layers are biLSTMs).</p>")
+        numbers["left_out"]["attention"] = fz.model.no_attention_reason()
+        body.append(f"<h2>Attention heads</h2><p>Left out: {html.escape(fz.model.no_attention_reason())}.</p>")
 
     # -- sense demos
     shown = sorted({1, max(1, fz.num_layers // 2), fz.num_layers})
     layers = [0, *shown]
-    vocabulary = None if fz.word_level else neighbors.StaticVocabulary.from_featurizer(fz)  # ELMo: no word table
+    no_static = neighbors.no_static_table_reason(fz)  # ELMo reads characters: no static word table
+    vocabulary = None if no_static else neighbors.StaticVocabulary.from_featurizer(fz)
     body.append("<h2>One word, several senses</h2><p>Cosine of the word's vectors in two sentences at layer 0 "
                 "(embeddings) and higher layers: contextual vectors should separate the senses.</p>")  # fmt: skip
+    if no_static:
+        numbers["left_out"]["static_neighbors"] = no_static
+        body.append(f"<p>Static neighbours left out: {html.escape(no_static)}.</p>")
     numbers["senses"] = {}
     for demo in SENSE_DEMOS:
         pairs = sense_similarities(fz, demo, layers)

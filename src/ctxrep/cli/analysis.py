@@ -12,7 +12,7 @@ import click
 
 from ctxrep.cli.common import user_errors
 
-MODEL_HELP = "Packaged model name (minilm) or model folder."
+MODEL_HELP = "Packaged model name (minilm), model folder (ELMo: with or without elmo:), or Hub name."
 
 
 def _featurizer(model: str):
@@ -77,6 +77,7 @@ def attention(model, corpus, max_sentences, sentence, layer, head, out_dir) -> N
     if max_sentences < 1:
         raise ValueError(f"--max-sentences must be at least 1, got {max_sentences}")
     fz = _featurizer(model)
+    att.require_attention(fz)  # ELMo: one line, before any work
     if sentence is not None:
         att._check_head(fz, layer, head)
     out = _out_dir(out_dir)
@@ -131,7 +132,7 @@ def neighbors_index(model, corpus, layer, max_sentences, out_dir) -> None:
 @user_errors
 def neighbors_query(index_dir, sentence, word, k, model) -> None:
     """The occurrences closest to a word in a sentence, and the word's static (input-embedding) neighbours."""
-    from ctxrep.analysis.neighbors import OccurrenceIndex, static_neighbors
+    from ctxrep.analysis.neighbors import OccurrenceIndex, no_static_table_reason, static_neighbors
 
     index = OccurrenceIndex.load(index_dir)
     fz = _featurizer(model or index.model)
@@ -140,6 +141,10 @@ def neighbors_query(index_dir, sentence, word, k, model) -> None:
     click.echo(f"contextual neighbours of {target!r} (layer {index.layer}):")
     for n in hits:
         click.echo(f"  {n.similarity:.3f}  {n.text:<15} s{n.sentence}:{n.word}  {n.context}")
+    no_static = no_static_table_reason(fz)
+    if no_static:  # a model that reads characters (ELMo): the contextual answer stands on its own
+        click.echo(f"static neighbours of {target!r}: none ({no_static})")
+        return
     static = static_neighbors(fz, target, k)
     click.echo(f"static neighbours of {target!r} (input embeddings): "
                + ", ".join(f"{w} ({s:.2f})" for w, s in static))  # fmt: skip

@@ -1,4 +1,4 @@
-"""`ctxrep info MODEL`: what a model is and where its files are."""
+"""`ctxrep info MODEL`: what a model is and where its files are, for every family (asked of the encoder interface)."""
 
 from __future__ import annotations
 
@@ -11,30 +11,34 @@ from ctxrep.cli.common import user_errors
 @click.argument("model", default="minilm")
 @user_errors
 def info(model: str) -> None:
-    """Architecture, sizes, tokenizer and files of MODEL (a packaged name such as 'minilm' or a folder)."""
-    from ctxrep.models.loading import load_model, resolve_model_path
-    from ctxrep.tokenize import Tokenizer
+    """Family, sizes, window limit, tokenizer and files of MODEL (a packaged name such as 'minilm', a model
+    folder, an ELMo folder with or without 'elmo:', or a Hugging Face Hub name)."""
+    from ctxrep.models.loading import load_encoder
 
-    path = resolve_model_path(model)
-    m = load_model(model)
-    tok = Tokenizer.from_model_dir(path)
-    cfg = m.config
+    loaded = load_encoder(model)
+    m, tok, folder = loaded.model, loaded.tokenizer, loaded.folder
     n_params = sum(p.numel() for p in m.parameters())
+    heads = str(m.num_heads) if m.has_attention else f"none ({m.no_attention_reason()})"
+    if m.word_level:
+        tokenizer = f"words (characters): each word is read as up to {tok.max_characters_per_token} characters"
+        special = "none"
+    else:
+        tokenizer = f"{type(tok.backend.model).__name__}, {tok.vocab_size:,} entries"
+        special = " ".join([*(tok.backend.id_to_token(i) for i in tok.template.prefix), "A",
+                            *(tok.backend.id_to_token(i) for i in tok.template.single_suffix)])  # fmt: skip
     rows = [
         ("model", model),
-        ("folder", str(path)),
-        ("files", ", ".join(sorted(p.name for p in path.iterdir() if p.is_file()))),
-        ("architecture", f"{cfg.model_type} encoder (post-LayerNorm Transformer)"),
-        ("layers", f"{m.num_layers} (+ embedding output = layer 0)"),
+        ("folder", str(folder)),
+        ("files", ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file()))),
+        ("family", f"{m.family} encoder"),
+        ("layers", f"{m.num_layers} (+ the input layer = layer 0)"),
         ("hidden size", str(m.hidden_size)),
-        ("attention heads", str(getattr(cfg, "num_attention_heads", "-"))),
-        ("feed-forward size", str(getattr(cfg, "intermediate_size", "-"))),
-        ("max tokens", f"{cfg.max_tokens} per window (longer texts are windowed)"),
+        ("attention heads", heads),
+        ("max tokens", f"{m.max_tokens} per window (longer texts are windowed)"),
         ("parameters", f"{n_params:,}"),
-        ("tokenizer", f"{type(tok.backend.model).__name__}, {tok.vocab_size:,} entries"),
-        ("special tokens", " ".join(tok.backend.id_to_token(i) for i in tok.template.prefix) + " A "
-         + " ".join(tok.backend.id_to_token(i) for i in tok.template.single_suffix)),
-    ]  # fmt: skip
+        ("tokenizer", tokenizer),
+        ("special tokens", special),
+    ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
