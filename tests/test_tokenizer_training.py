@@ -174,3 +174,56 @@ def test_word_level_lowercase(tmp_path, corpus_file):
 def test_word_level_vocab_without_room_for_a_word_is_refused(tmp_path, corpus_file):
     with pytest.raises(ValueError, match=r"vocab_size=4 is too small for a word tokenizer: it needs at least 5 .*1 word"):
         train_tokenizer(corpus_file, "word", 4, tmp_path)
+
+
+# ---- the same call writes the same file, in any process ----------------------------------------------
+
+TRAIN_IN_A_SUBPROCESS = """
+import sys
+from ctxrep.tokenizer_training import train_tokenizer
+train_tokenizer(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], lowercase=True, min_frequency=2)
+"""
+
+
+def write_many_words(folder, words: int = 600, lines: int = 400) -> None:
+    """Made-up words over a 30-letter alphabet (accents included): enough letters that the order in which a
+    trainer meets them shows in the ids, and many equally frequent merges."""
+    import random
+
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyzéüøç"
+    vocab = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(words)]
+    folder.mkdir()
+    text = "\n".join(" ".join(rng.choice(vocab) for _ in range(rng.randint(5, 12))) + "." for _ in range(lines))
+    (folder / "words.txt").write_text(text + "\n")
+
+
+@pytest.mark.parametrize("kind, size", [("wordpiece", 400), ("bpe", 400), ("word", 300)])
+def test_the_same_call_writes_a_byte_identical_tokenizer_in_other_processes(kind, size, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    write_many_words(tmp_path / "text")
+    files = []
+    for hash_seed in ("1", "2"):  # Python's hash seed differs; the Rust trainers' hash maps differ per process anyway
+        out = tmp_path / f"{kind}-{hash_seed}"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run([sys.executable, "-c", TRAIN_IN_A_SUBPROCESS, str(tmp_path / "text"), kind, str(size),
+                               str(out)], env=env, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        files.append((out / "tokenizer.json").read_bytes())
+    assert files[0] == files[1]
+    vocab = json.loads(files[0])["model"]["vocab"]
+    assert len(vocab) == size
+
+
+def test_wordpiece_numbers_its_continuation_alphabet_in_sorted_order_as_plain_entries(wordpiece_dir):
+    state = json.loads((wordpiece_dir / "tokenizer.json").read_text())
+    vocab = state["model"]["vocab"]
+    continuations = sorted(t for t in vocab if t.startswith("##") and len(t) == 3)
+    assert continuations and [vocab[t] for t in continuations] == list(range(5, 5 + len(continuations)))
+    assert [t["content"] for t in state["added_tokens"]] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer.from_model_dir(wordpiece_dir)
+    tokens = tok.backend.encode("##a cat", add_special_tokens=False).tokens  # "##a" in text is not that entry
+    assert "##a" not in tokens and tokens[-2:] == ["a", "cat"]

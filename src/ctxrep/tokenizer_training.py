@@ -4,7 +4,8 @@ Three recipes, each matching the conventions of the model family it is for:
 
 - ``"wordpiece"`` (BERT): BertNormalizer (lowercasing and accent stripping when ``lowercase``),
   BertPreTokenizer, WordPiece with ``##`` continuations, specials ``[PAD] [UNK] [CLS] [SEP] [MASK]``
-  at ids 0..4, template ``[CLS] $A [SEP]`` / ``[CLS] $A [SEP] $B:1 [SEP]:1``, WordPiece decoder.
+  at ids 0..4, the continuation alphabet (``##a ##b ...``, sorted) next, template ``[CLS] $A [SEP]`` /
+  ``[CLS] $A [SEP] $B:1 [SEP]:1``, WordPiece decoder.
 - ``"bpe"`` (RoBERTa / GPT-2): byte-level BPE with ``add_prefix_space``, specials
   ``<s> <pad> </s> <unk> <mask>`` at ids 0..4, RobertaProcessing (``<s> A </s></s> B </s>``),
   ByteLevel decoder.
@@ -12,6 +13,16 @@ Three recipes, each matching the conventions of the model family it is for:
   entries ``<pad> <unk> <S> </S>`` (ids 0..3) + the most frequent words, most frequent first (the order
   the biLM's log-uniform candidate sampler assumes); words are split at whitespace and every punctuation
   character is a word of its own; no template (ELMo adds <S> and </S> itself). Optional Lowercase.
+
+Deterministic ids: the same call on the same files writes a byte-identical tokenizer.json in any process.
+The `tokenizers` WordPiece trainer numbers the continuation alphabet (``##a``, ``##b``, ...) in the order it
+meets them while walking a hash map of the words, which changes from process to process, and it breaks ties
+between equally frequent merges by those ids, so both the ids and the order of tied merges used to change
+between runs. A first, cheap pass (no merges) collects that alphabet; the real pass then gets it as extra
+leading entries in sorted order (given to the trainer as special tokens, which are numbered in the order
+given, and made ordinary vocabulary entries again afterwards). The BPE trainer numbers its (byte) alphabet in
+sorted order and the WordLevel trainer sorts words by (count descending, word), so those are already
+deterministic; tests/test_tokenizer_training.py checks all three across processes with different hash seeds.
 
 The text is read by `ctxrep.data.corpus` (Gutenberg header and footer removed, BOM and CRLF handled,
 binary files refused) and fed to the trainer line by line. The result is ``out_dir/tokenizer.json``
@@ -77,21 +88,17 @@ def train_tokenizer(
     paths = list_text_files(files)
     corpus = corpus or CorpusConfig()
 
+    lines = [0]
+    continuations: list[str] = []
     if kind == "wordpiece":
-        tok = HFTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
-        # strip_accents=None follows `lowercase`, as in BERT's uncased and cased vocabularies.
-        tok.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+        # The continuation alphabet, in sorted order, so that the real pass numbers it the same way every time.
+        first_pass = _wordpiece(lowercase)
+        first_pass.train_from_iterator(
+            _text_batches(paths, corpus, lines), trainer=_wordpiece_trainer(len(specials) + 1, 1, specials, False)
         )
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece(prefix="##")
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=specials,
-            continuing_subword_prefix="##",
-            show_progress=show_progress,
-        )
+        continuations = sorted(t for t in first_pass.get_vocab() if t.startswith("##") and len(t) == 3)
+        tok = _wordpiece(lowercase)
+        trainer = _wordpiece_trainer(vocab_size, min_frequency, specials + continuations, show_progress)
     elif kind == "word":
         tok = HFTokenizer(models.WordLevel(unk_token="<unk>"))
         if lowercase:
@@ -117,8 +124,10 @@ def train_tokenizer(
             show_progress=show_progress,
         )
 
-    lines = [0]
+    lines[0] = 0
     tok.train_from_iterator(_text_batches(paths, corpus, lines), trainer=trainer)
+    if continuations:  # ordinary vocabulary entries, not added tokens (which would be matched in raw text)
+        tok = _without_added_tokens(tok, set(continuations))
     if lines[0] == 0:
         raise CorpusError(
             f"{files}: the corpus is empty: {len(paths)} file(s) hold no text"
@@ -144,6 +153,35 @@ def train_tokenizer(
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(_transformers_config(kind, lowercase), indent=2) + "\n")
     return Tokenizer.from_model_dir(out)
+
+
+def _wordpiece(lowercase: bool) -> HFTokenizer:
+    tok = HFTokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+    # strip_accents=None follows `lowercase`, as in BERT's uncased and cased vocabularies.
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _wordpiece_trainer(vocab_size: int, min_frequency: int, leading: list[str], show_progress: bool):
+    """A WordPiece trainer whose first entries are `leading`, numbered in that order."""
+    return trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=leading,
+        continuing_subword_prefix="##",
+        show_progress=show_progress,
+    )
+
+
+def _without_added_tokens(tok: HFTokenizer, contents: set[str]) -> HFTokenizer:
+    """`tok` with the added tokens in `contents` turned back into plain vocabulary entries (same ids)."""
+    state = json.loads(tok.to_str())
+    state["added_tokens"] = [t for t in state["added_tokens"] if t["content"] not in contents]
+    return HFTokenizer.from_str(json.dumps(state))
 
 
 def _text_batches(
