@@ -30,6 +30,7 @@ class FakeServer:
 
     def __init__(self, repos: dict | None = None, static: dict | None = None) -> None:
         self.repos, self.static = repos or {}, static or {}
+        self.truncate: set[str] = set()  # static paths whose body stops half-way (the connection drops)
         self.requests: list[tuple[str, str]] = []
         server = self
 
@@ -69,7 +70,11 @@ class FakeServer:
         if len(self.requests) > MAX_REQUESTS:
             return self._send(h, 503, b"too many requests", body)
         if path in self.static:
-            return self._send(h, 200, self.static[path], body, {"Content-Type": "application/octet-stream"})
+            data = self.static[path]
+            if path in self.truncate:
+                h.close_connection = True
+                return self._send(h, 200, data, body, {"Content-Type": "application/octet-stream"}, cut=len(data) // 2)
+            return self._send(h, 200, data, body, {"Content-Type": "application/octet-stream"})
         if path.startswith("/api/models/"):
             return self._api(h, path[len("/api/models/") :], body)
         if "/resolve/" in path:
@@ -121,14 +126,14 @@ class FakeServer:
                                         "Content-Type": "application/octet-stream"})  # fmt: skip
 
     @staticmethod
-    def _send(h, status: int, data: bytes, body: bool, headers: dict | None = None) -> None:
+    def _send(h, status: int, data: bytes, body: bool, headers: dict | None = None, cut: int | None = None) -> None:
         h.send_response(status)
         for k, v in (headers or {}).items():
             h.send_header(k, v)
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         if body:
-            h.wfile.write(data)
+            h.wfile.write(data if cut is None else data[:cut])
 
 
 def _sha(n: int) -> str:
@@ -384,8 +389,11 @@ def test_elmo_weights_that_do_not_match_their_options_name_the_layer(server, tmp
     assert message.startswith("elmo:medium: the downloaded weights do not fit the downloaded options")
     assert "CNN_proj/W_proj (12, 6) (expected (12, 8))" in message and "\n" not in message
     folder = tmp_path / "ctxrep" / "elmo" / "medium"
-    assert not list(folder.glob("*weights.hdf5*")), "the bad weights are removed, so a rerun downloads them again"
+    assert not list(folder.glob("elmo_*")), "the files are removed, so that a rerun downloads them again"
     assert not (folder / "checked.json").exists()
+    # the mirror is fixed: the next call downloads both again and succeeds
+    s.static.update(_published(good, "medium"))
+    assert ElmoBiLM.from_pretrained(hub.elmo_download("elmo:medium", progress=False)).config.projection_dim == 8
 
 
 def test_elmo_download_errors_are_one_line(server, monkeypatch):
@@ -400,3 +408,21 @@ def test_elmo_download_errors_are_one_line(server, monkeypatch):
     s.stop()
     with pytest.raises(CheckpointError, match="cannot download"):
         hub.elmo_download("elmo:small", progress=False)
+
+
+def test_interrupted_elmo_download_leaves_no_file_and_a_rerun_completes_it(server, tmp_path, monkeypatch):
+    src = _tiny_elmo(tmp_path / "src")
+    files = _published(src, "small")
+    s = server(static=files)
+    weights_path = next(p for p in files if p.endswith("weights.hdf5"))
+    s.truncate.add(weights_path)
+    monkeypatch.setenv("CTXREP_ELMO_BASE_URL", s.url + "/elmo")
+    with pytest.raises(CheckpointError) as e:
+        hub.elmo_download("elmo:small", progress=False)
+    assert "weights.hdf5: download stopped at" in str(e.value) and "run again" in str(e.value)
+    assert "\n" not in str(e.value)
+    folder = tmp_path / "ctxrep" / "elmo" / "small"
+    assert not list(folder.glob("*weights*")), "neither a partial file nor a temporary one is left"
+    s.truncate.clear()
+    assert hub.elmo_download("elmo:small", progress=False) == folder
+    assert s.fetched("_options.json") == 1, "the complete options file was kept"

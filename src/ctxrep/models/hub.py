@@ -15,6 +15,7 @@ before the download is marked usable.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -217,10 +218,17 @@ def hub_folder(name: str, revision: str | None = None, progress: bool = True) ->
             f"Hugging Face cache ({cache}); check the network (or HF_ENDPOINT), or pass a local model folder"
         ) from None
     files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
-    folder = hub.snapshot_download(
-        repo_id, revision=revision, cache_dir=str(cache), endpoint=endpoint, allow_patterns=files,
-        library_name="ctxrep", tqdm_class=None if progress else _SilentTqdm,
-    )  # fmt: skip
+    try:
+        folder = hub.snapshot_download(
+            repo_id, revision=revision, cache_dir=str(cache), endpoint=endpoint, allow_patterns=files,
+            library_name="ctxrep", tqdm_class=None if progress else _SilentTqdm,
+        )  # fmt: skip
+    except OSError as e:  # HfHubHTTPError and httpx's errors included: the connection broke during the download
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"hub model {name!r}{at}: the download from {endpoint} failed ({type(e).__name__}: {reason}); run the same "
+            "command again to finish it (complete files are kept in the cache)"
+        ) from None
     folder = Path(folder)
     missing = [f for f in files if not (folder / f).is_file()]
     if missing:
@@ -292,16 +300,17 @@ def elmo_download(name: str, progress: bool = True) -> Path:
 
 def _check_elmo_files(name: str, options: Path, weights: Path) -> None:
     """Load the weights into a biLM built from the options (which names every mis-shaped layer); on failure
-    remove the weight file, so that the next call downloads it again."""
+    remove both files (either may be the wrong one), so that the next call downloads them again."""
     from ctxrep.models.elmo import ElmoBiLM
 
     try:
         ElmoBiLM.from_files(options, weights)
     except ValueError as e:  # CheckpointError, wherever elmo.py imports it from
         weights.unlink(missing_ok=True)
+        options.unlink(missing_ok=True)
         reason = str(e).strip().splitlines()[0]
         raise CheckpointError(
-            f"{name}: the downloaded weights do not fit the downloaded options ({reason}); removed {weights.name}: "
+            f"{name}: the downloaded weights do not fit the downloaded options ({reason}); removed both files: "
             "check CTXREP_ELMO_BASE_URL, or download both files by hand into DIR and use elmo:DIR"
         ) from None
 
@@ -328,8 +337,8 @@ def _fetch(url: str, file: Path, progress: bool) -> None:
             f"{url}: HTTP {e.code} {e.reason}; check the address (CTXREP_ELMO_BASE_URL, if set) or download the "
             "options and weights files by hand into DIR and use elmo:DIR"
         ) from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-        reason = getattr(e, "reason", e)
+    except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as e:
+        reason = getattr(e, "reason", None) or f"{type(e).__name__}: {e}"
         raise CheckpointError(
             f"{url}: cannot download ({reason}); check the network, or download the options and weights files by "
             "hand into DIR and use elmo:DIR"
