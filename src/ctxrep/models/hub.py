@@ -144,6 +144,9 @@ def _files_to_fetch(name: str, files: list[str]) -> list[str]:
     return [f for f in files if f in wanted]
 
 
+_HTTP_MODULES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")
+
+
 class _SilentTqdm(tqdm):
     """A progress bar that never shows (progress=False); huggingface_hub builds bars from the class it is given."""
 
@@ -198,23 +201,15 @@ def hub_folder(name: str, revision: str | None = None, progress: bool = True) ->
             f"hub model {repo_id!r} has no revision {revision!r}: pass a branch, tag or commit hash that exists "
             f"(see {endpoint}/{repo_id}/tree/main)"
         ) from None
-    except (HfHubHTTPError, OSError) as e:  # connection refused, timeouts, 5xx: fall back on the cache
-        cached = cached_hub_folder(repo_id, revision)
+    except Exception as e:  # connection refused, timeouts, 5xx (httpx's own errors need not derive from OSError)
+        if not isinstance(e, (HfHubHTTPError, OSError)) and type(e).__module__.split(".")[0] not in _HTTP_MODULES:
+            raise
+        cached = cached_hub_folder(repo_id, revision)  # the Hub is out of reach: a cached snapshot will do
         if cached is not None:
             return cached
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"hub model {name!r}{at}: cannot reach {endpoint} ({type(e).__name__}: {reason}) and it is not in the "
-            f"Hugging Face cache ({cache}); check the network (or HF_ENDPOINT), or pass a local model folder"
-        ) from None
-    except Exception as e:  # httpx errors do not derive from OSError
-        if type(e).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
-            raise
-        cached = cached_hub_folder(repo_id, revision)
-        if cached is not None:
-            return cached
-        raise CheckpointError(
-            f"hub model {name!r}{at}: cannot reach {endpoint} ({type(e).__name__}: {e}) and it is not in the "
             f"Hugging Face cache ({cache}); check the network (or HF_ENDPOINT), or pass a local model folder"
         ) from None
     files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
