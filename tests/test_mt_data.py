@@ -17,6 +17,7 @@ from safetensors.torch import save_file
 from ctxrep.translate import data as mtdata
 from ctxrep.translate.data import DataError, TokenBatches, encode_pairs, plan_batches, read_lines, read_parallel
 from ctxrep.translate.score import score, score_files
+from ctxrep.translate.tokenizer import MTTokenizer
 from ctxrep.translate.train import (
     MTTrainError,
     average_state_dicts,
@@ -94,16 +95,21 @@ def test_joint_vocabulary_is_identical_across_processes(tmp_path, kind):
 def tokenizer(tmp_path_factory):
     pairs = sentence_pairs(300)
     out = tmp_path_factory.mktemp("tok")
-    return mtdata.train_joint_tokenizer([[s for s, _ in pairs], [t for _, t in pairs]], 120, out)
+    mtdata.train_joint_tokenizer([[s for s, _ in pairs], [t for _, t in pairs]], 120, out)
+    return MTTokenizer.from_model_dir(out)
 
 
 def test_tokenizer_is_joint_appends_eos_and_detokenizes(tokenizer):
     src, tgt = sentence_pairs(1)[0]
+    assert (tokenizer.pad_id, tokenizer.eos_id, tokenizer.unk_id) == (0, 1, 2)
     for text in (src, tgt):  # both languages' words are in the one vocabulary
-        enc = tokenizer.encode(text)
-        assert enc.ids[-1] == mtdata.EOS_ID
-        assert mtdata.UNK_ID not in enc.ids
-        assert tokenizer.decode(enc.ids) == text
+        ids = tokenizer.encode_source([text])[0]
+        assert ids[-1] == mtdata.EOS_ID
+        assert mtdata.UNK_ID not in ids
+        assert tokenizer.decode(ids) == text
+        assert tokenizer.encode_target([text])[0] == ids
+        # the file's own template appends </s> too (transformers' AutoTokenizer reads it)
+        assert tokenizer.tokenizer.encode(text).ids == ids
 
 
 def test_encode_pairs_refuses_or_skips_long_lines(tmp_path, tokenizer):

@@ -2,7 +2,7 @@
 
     corpus = read_parallel("train.en", "train.de")             # aligned lines; empty pairs skipped, counted
     tok = train_joint_tokenizer([corpus.src, corpus.tgt], 8000, "runs/mt")   # runs/mt/tokenizer.json
-    pairs = encode_pairs(corpus, tok, max_positions=256)         # ids with </s>; long pairs refused or skipped
+    pairs = encode_pairs(corpus, MTTokenizer.from_model_dir("runs/mt"), max_positions=256)  # ids with </s>
     batches = TokenBatches(pairs, pad_id=0, seed=0)
     batch = batches.next_batch(4096)                             # rows x longest side <= 4096 tokens
 
@@ -57,7 +57,11 @@ def read_lines(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file; check the path")
-    data = path.read_bytes()
+    return decode_lines(path.read_bytes(), str(path))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """UTF-8 bytes -> lines (a BOM and CRLF accepted); `name` is the file (or "<stdin>") named in errors."""
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     raw = data.split(b"\n")
@@ -69,7 +73,7 @@ def read_lines(path: str | Path) -> list[str]:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise DataError(
-                f"{path}:{number}: invalid UTF-8 at byte {e.start + 1} of the line ({e.reason}); convert the file "
+                f"{name}:{number}: invalid UTF-8 at byte {e.start + 1} of the line ({e.reason}); convert the file "
                 "to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
             ) from None
         lines.append(text[:-1] if text.endswith("\r") else text)
@@ -179,16 +183,6 @@ def _canonical_unigram(tok: HFTokenizer) -> HFTokenizer:
     return HFTokenizer.from_str(json.dumps(spec))
 
 
-def load_tokenizer(model_dir: str | Path) -> HFTokenizer:
-    path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{model_dir} has no tokenizer.json; train with `ctxrep mt train` (it writes one) or copy the "
-            "tokenizer.json the model was trained with into the folder"
-        )
-    return HFTokenizer.from_file(str(path))
-
-
 # ------------------------------------------------------------------------------------- encoded pairs
 
 
@@ -217,30 +211,27 @@ class EncodedPairs:
         return int(self.tgt_lengths.sum())
 
 
-def encode_pairs(
-    corpus: ParallelCorpus, tokenizer: HFTokenizer, max_positions: int, skip_long: bool = False
-) -> EncodedPairs:
-    """Encode both sides. A side with more than `max_positions` ids (</s> included; the decoder's input is as
-    long as its labels) is an error naming file:line, or with skip_long=True left out and counted."""
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    src = tokenizer.encode_batch(corpus.src)
-    tgt = tokenizer.encode_batch(corpus.tgt)
+def encode_pairs(corpus: ParallelCorpus, tokenizer, max_positions: int, skip_long: bool = False) -> EncodedPairs:
+    """Encode both sides with an MTTokenizer (ctxrep.translate.tokenizer: encode_source / encode_target, </s>
+    appended). A side with more than `max_positions` ids (</s> included; the decoder's input is as long as its
+    labels) is an error naming file:line, or with skip_long=True left out and counted."""
+    src = tokenizer.encode_source(corpus.src)
+    tgt = tokenizer.encode_target(corpus.tgt)
     keep_src, keep_tgt, keep_lines = [], [], []
     skipped, first = 0, 0
     for s, t, line in zip(src, tgt, corpus.lines):
-        for ids, path in ((s.ids, corpus.src_path), (t.ids, corpus.tgt_path)):
+        for ids, path in ((s, corpus.src_path), (t, corpus.tgt_path)):
             if len(ids) > max_positions and not skip_long:
                 raise DataError(
                     f"{path}:{line}: {len(ids)} tokens (with </s>), more than the model's {max_positions} positions; "
                     "shorten or remove the line, or pass --skip-long to leave such pairs out"
                 )
-        if len(s.ids) > max_positions or len(t.ids) > max_positions:
+        if len(s) > max_positions or len(t) > max_positions:
             skipped += 1
             first = first or line
             continue
-        keep_src.append(np.asarray(s.ids, dtype=np.int64))
-        keep_tgt.append(np.asarray(t.ids, dtype=np.int64))
+        keep_src.append(np.asarray(s, dtype=np.int64))
+        keep_tgt.append(np.asarray(t, dtype=np.int64))
         keep_lines.append(line)
     if not keep_src:
         raise DataError(

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 from torch.nn import functional as F
 
@@ -308,6 +309,7 @@ def train_mt(
     Call `distributed.init_distributed()` first under torchrun: rank 0 trains the tokenizer, the others load it.
     """
     from ctxrep.models.marian import MarianMTModel
+    from ctxrep.translate.tokenizer import MTTokenizer
 
     if max_steps is not None:
         config.trainer.max_steps = max_steps
@@ -319,13 +321,14 @@ def train_mt(
 
     train_text = mtdata.read_parallel(src, tgt)
     valid_text = mtdata.read_parallel(valid_src, valid_tgt) if valid_src is not None else None
-    tok = ctx.main_first(lambda: _prepare_tokenizer(config, train_text, out), lambda: mtdata.load_tokenizer(out))
+    ctx.main_first(lambda: _prepare_tokenizer(config, train_text, out), lambda: None)
+    tok = MTTokenizer.from_model_dir(out)
     positions = config.model.max_position_embeddings
     train_pairs = mtdata.encode_pairs(train_text, tok, positions, config.data.skip_long)
     valid_pairs = mtdata.encode_pairs(valid_text, tok, positions, skip_long=True) if valid_text else None
 
     torch.manual_seed(config.trainer.seed)  # the same initial weights on every process and every run
-    model = MarianMTModel(marian_config(config, tok.get_vocab_size()))
+    model = MarianMTModel(marian_config(config, tok.vocab_size))
     objective = TranslationObjective(model, config.training.label_smoothing)
     batches = mtdata.TokenBatches(train_pairs, seed=config.trainer.seed, row_multiple=ctx.world_size)
     holder: dict[str, Trainer] = {}
@@ -341,16 +344,16 @@ def train_mt(
     return trainer.train(resume=resume)
 
 
-def _prepare_tokenizer(config: MTConfig, text: mtdata.ParallelCorpus, out: Path):
-    if (out / "tokenizer.json").is_file():  # an earlier run's (or a resumed run's) vocabulary
-        tok = mtdata.load_tokenizer(out)
+def _prepare_tokenizer(config: MTConfig, text: mtdata.ParallelCorpus, out: Path) -> None:
+    """out/tokenizer.json: an earlier (or resumed) run's, else trained on both sides of the training data."""
+    if (out / "tokenizer.json").is_file():
+        tok = HFTokenizer.from_file(str(out / "tokenizer.json"))
     else:
         t = config.tokenizer
         tok = mtdata.train_joint_tokenizer([text.src, text.tgt], t.vocab_size, out, t.kind, t.min_frequency)
     if [tok.token_to_id(s) for s in mtdata.SPECIALS] != [mtdata.PAD_ID, mtdata.EOS_ID, mtdata.UNK_ID]:
         raise MTTrainError(f"{out}/tokenizer.json does not have <pad>, </s>, <unk> at ids 0, 1, 2; remove it to "
                            "train a new one")  # fmt: skip
-    return tok
 
 
 def _check_out_dir(out: Path, config: MTConfig, resume: bool, ctx) -> None:
@@ -415,4 +418,25 @@ def translate_sentences(model: nn.Module, tokenizer, sentences: Sequence[str], b
     """Detokenized translations of `sentences` with ctxrep.translate.search (greedy when beam == 1)."""
     from ctxrep.translate.search import translate
 
-    return [str(t) for t in translate(model, tokenizer, list(sentences), beam=beam)]
+    return translate(model, tokenizer, list(sentences), beam=beam)
+
+
+def load_translator(model_dir: str | Path):
+    """(MarianMTModel in eval mode, MTTokenizer) of a model folder; one-line errors for a folder without a
+    tokenizer or with a checkpoint of another model type."""
+    from ctxrep.models.folders import read_config
+    from ctxrep.models.marian import MODEL_TYPES, MarianMTModel
+    from ctxrep.translate.tokenizer import MTTokenizer
+
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{model_dir}: no such model folder; pass the --out folder of `ctxrep mt train`")
+    model_type = read_config(path).get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise MTTrainError(
+            f"{path} holds a {model_type!r} model, not a translation model (model_type 'marian'); pass a folder "
+            "written by `ctxrep mt train` or a Marian / OPUS-MT model folder"
+        )
+    tokenizer = MTTokenizer.from_model_dir(path)
+    model = MarianMTModel.from_pretrained(path).eval()
+    return model, tokenizer

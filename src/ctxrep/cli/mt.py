@@ -1,0 +1,132 @@
+"""`ctxrep mt`: train a translation model on parallel files, translate a file or stdin, score with sacreBLEU.
+
+    ctxrep mt train --config multi30k --src train.en --tgt train.de --valid-src val.en --valid-tgt val.de --out runs/en-de
+    ctxrep mt translate --model runs/en-de --input val.en --out hyp.de --beam 5
+    ctxrep mt score --hyp hyp.de --ref val.de
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ctxrep.cli.common import user_errors
+from ctxrep.cli.pretrain import parse_overrides
+
+@click.group("mt")
+def mt() -> None:
+    """Machine translation: train, translate, score."""
+
+
+@mt.command("train", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option("--config", "config_name", default="multi30k", show_default=True,
+              help="A shipped config (tiny, multi30k, base) or a TOML file.")
+@click.option("--src", type=click.Path(), required=True, help="Training source sentences, one per line.")
+@click.option("--tgt", type=click.Path(), required=True, help="Training target sentences, aligned with --src.")
+@click.option("--valid-src", type=click.Path(), default=None, help="Validation source sentences.")
+@click.option("--valid-tgt", type=click.Path(), default=None, help="Validation target sentences.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Run folder; becomes the model folder (Marian format + tokenizer.json).")
+@click.option("--max-steps", type=int, default=None, help="Optimizer steps (overrides [trainer] max_steps).")
+@click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
+@click.option("--skip-long", is_flag=True, help="Leave out training pairs longer than the model's positions.")
+@click.pass_context
+@user_errors
+def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume, skip_long) -> None:  # fmt: skip
+    """Train a translation model from --src to --tgt into --out.
+
+    Any config field can be overridden as --section.field VALUE (e.g. --trainer.lr 2.0), or --field VALUE
+    when only one section has it.
+    """
+    from ctxrep.train import distributed
+    from ctxrep.translate.train import load_config, train_mt
+
+    dist = distributed.init_distributed()  # first: under torchrun every process joins before any work
+    try:
+        config = load_config(config_name, parse_overrides(ctx.args))
+        if skip_long:
+            config.data.skip_long = True
+        metrics = train_mt(config, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume)
+    finally:
+        distributed.shutdown()
+    if dist.is_main:
+        loss = f"loss {metrics['loss']:.4f}" if "loss" in metrics else "no new steps"
+        held_out = "".join(f", {name} {metrics[key]:.2f}" for key, name in
+                           (("eval_loss", "valid loss"), ("eval_bleu", "valid BLEU")) if key in metrics)  # fmt: skip
+        click.echo(f"step {metrics['step']}: {loss}{held_out}; wrote {out_dir}")
+
+
+@mt.command("translate")
+@click.option("--model", "model_dir", type=click.Path(), required=True, help="A Marian-format model folder.")
+@click.option("--input", "input_file", type=click.Path(), default=None, help="Source sentences; stdin when omitted.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="Translations, one line per input line; stdout when omitted.")
+@click.option("--beam", type=int, default=5, show_default=True, help="Beam size; 1 = greedy.")
+@click.option("--n-best", type=int, default=1, show_default=True,
+              help="Hypotheses per sentence; above 1 each line is 'LINE ||| TEXT ||| SCORE' (Moses' n-best format).")
+@click.option("--skip-long", is_flag=True,
+              help="Write an empty line for sentences longer than the model's positions instead of stopping.")
+@click.option("--batch-tokens", type=int, default=4096, show_default=True, help="Source tokens per batch.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar on stderr.")
+@user_errors
+def translate(model_dir, input_file, out_file, beam, n_best, skip_long, batch_tokens, progress) -> None:  # fmt: skip
+    """Translate --input (or stdin) with the model in --model, to --out (or stdout)."""
+    from tqdm.auto import tqdm
+
+    from ctxrep.translate.data import decode_lines, read_lines
+    from ctxrep.translate.search import translate_n_best
+    from ctxrep.translate.train import load_translator
+
+    if beam < 1 or n_best < 1 or n_best > beam:
+        raise ValueError(f"--beam {beam} --n-best {n_best}: need 1 <= n-best <= beam")
+    lines = read_lines(input_file) if input_file else decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    where = input_file or "<stdin>"
+    model, tokenizer = load_translator(model_dir)
+    limit = model.config.max_position_embeddings
+    todo, skipped = [], []
+    for number, (line, ids) in enumerate(zip(lines, tokenizer.encode_source(lines)), start=1):
+        if not line.strip():
+            continue  # an empty line translates to an empty line
+        if len(ids) > limit:
+            if not skip_long:
+                raise ValueError(
+                    f"{where}:{number}: {len(ids)} tokens (with </s>), more than the model's {limit} positions; "
+                    "split the sentence, or pass --skip-long to write an empty line for it"
+                )
+            skipped.append(number)
+            continue
+        todo.append(number - 1)
+    outputs: list[list[tuple[str, float]]] = [[] for _ in lines]
+    with tqdm(total=len(todo), disable=not progress, desc="translate", unit="sent", file=sys.stderr) as bar:
+        results = translate_n_best(model, tokenizer, [lines[i].strip() for i in todo], beam=beam, n_best=n_best,
+                                   batch_tokens=batch_tokens, progress=bar.update)  # fmt: skip
+    for i, hyps in zip(todo, results):
+        outputs[i] = hyps
+    text = []
+    for number, hyps in enumerate(outputs):
+        if n_best == 1:
+            text.append(hyps[0][0] if hyps else "")
+        else:
+            text.extend(f"{number} ||| {h} ||| {s:.4f}" for h, s in hyps)
+    body = "".join(t + "\n" for t in text)
+    if out_file:
+        Path(out_file).write_text(body, encoding="utf-8")
+    else:
+        sys.stdout.write(body)
+        sys.stdout.flush()
+    if skipped:
+        click.echo(f"skipped {len(skipped)} line(s) longer than {limit} tokens (the first at {where}:{skipped[0]}); "
+                   "their output lines are empty", err=True)  # fmt: skip
+
+
+@mt.command("score")
+@click.option("--hyp", type=click.Path(), required=True, help="Detokenized translations, one per line.")
+@click.option("--ref", type=click.Path(), required=True, help="Detokenized references, aligned with --hyp.")
+@user_errors
+def score(hyp, ref) -> None:
+    """Print sacreBLEU's BLEU and chrF of --hyp against --ref, with their signatures."""
+    from ctxrep.translate.score import score_files
+
+    click.echo(score_files(hyp, ref).format())

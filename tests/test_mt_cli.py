@@ -1,0 +1,201 @@
+"""`ctxrep mt` end to end on a synthetic word-substitution language: train, resume, average, translate, score."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _mt_text import write_parallel
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from ctxrep.cli.mt import mt
+from ctxrep.models.marian import MarianMTModel
+from ctxrep.translate.train import SNAPSHOT_DIR, average_state_dicts
+
+
+def _invoke(*args: str, input: str | bytes | None = None):
+    return CliRunner().invoke(mt, [str(a) for a in args], input=input, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("mt-text")
+    src, tgt = write_parallel(folder, "train", 300)
+    valid_src, valid_tgt = write_parallel(folder, "valid", 30, seed=1)
+    return {"src": src, "tgt": tgt, "valid_src": valid_src, "valid_tgt": valid_tgt, "folder": folder}
+
+
+def _train_args(corpus, out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", "tiny", "--src", corpus["src"], "--tgt", corpus["tgt"],
+            "--valid-src", corpus["valid_src"], "--valid-tgt", corpus["valid_tgt"], "--out", out, *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mt-run") / "model"
+    result = _invoke(*_train_args(corpus, out, "--max-steps", "30"))
+    assert result.exit_code == 0, result.output
+    assert "step 30: loss" in result.output and "valid BLEU" in result.output
+    return out
+
+
+def test_train_writes_a_marian_folder_that_transformers_loads(trained, corpus):
+    import transformers
+
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "log.jsonl", "checkpoint"):
+        assert (trained / name).exists(), name
+    records = [json.loads(line) for line in (trained / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses[-1] < losses[0] - 1.0  # it learns
+    final = records[-1]
+    assert final["step"] == 30 and {"eval_loss", "eval_nll", "eval_bleu", "eval_chrf"} <= set(final)
+
+    ours = MarianMTModel.from_pretrained(trained)
+    theirs = transformers.MarianMTModel.from_pretrained(trained).eval()
+    ids = torch.tensor([[5, 6, 7, 1], [8, 9, 1, 0]])
+    mask = (ids != 0).long()
+    dec = torch.tensor([[0, 5, 6], [0, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   theirs(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def test_saved_model_is_the_mean_of_the_last_snapshots(trained):
+    snapshots = sorted((trained / SNAPSHOT_DIR).glob("step-*.safetensors"))
+    assert [p.name for p in snapshots] == ["step-0000020.safetensors", "step-0000030.safetensors"]  # average_last 2
+    expected = {k: (a + b) / 2 for (k, a), b in zip(*(load_file(str(p)).items() for p in snapshots[:1]),
+                                                    load_file(str(snapshots[1])).values())}  # fmt: skip
+    model = MarianMTModel.from_pretrained(trained)
+    state = model.state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(state[name], value, atol=1e-7, rtol=0)
+    last = load_file(str(snapshots[1]))
+    assert not torch.equal(state["shared.weight"], last["shared.weight"])  # the average, not the last weights
+    for name, value in average_state_dicts(snapshots).items():
+        torch.testing.assert_close(state[name], value)
+
+
+def test_resume_ends_where_an_uninterrupted_run_ends(corpus, tmp_path):
+    dropout = ("--model.dropout", "0.2")  # so that the restored RNG matters
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert _invoke(*_train_args(corpus, whole, "--max-steps", "25", *dropout)).exit_code == 0
+    assert _invoke(*_train_args(corpus, split, "--max-steps", "12", *dropout)).exit_code == 0
+    result = _invoke(*_train_args(corpus, split, "--max-steps", "25", "--resume", *dropout))
+    assert result.exit_code == 0, result.output
+    a = load_file(str(whole / "checkpoint" / "model.safetensors"))
+    b = load_file(str(split / "checkpoint" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (whole / "model.safetensors").read_bytes() == (split / "model.safetensors").read_bytes()
+
+    def losses(run: Path) -> dict[int, float]:
+        """Mean training loss per log window, for the windows that do not span the stop at step 12."""
+        records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in records if "loss" in r and r["step"] in (5, 10, 20, 25)}
+
+    assert losses(split) == losses(whole) and len(losses(whole)) == 4
+
+
+def test_translate_file_and_stdin_then_score(trained, corpus, tmp_path):
+    hyp = tmp_path / "hyp.de"
+    result = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--out", hyp, "--beam", "2")
+    assert result.exit_code == 0, result.output
+    lines = hyp.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 30 and all(lines)
+    result = _invoke("score", "--hyp", hyp, "--ref", corpus["valid_tgt"])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("BLEU = ") and "tok:13a" in result.stdout
+    assert "\nchrF2 = " in result.stdout
+
+    text = corpus["valid_src"].read_text(encoding="utf-8").splitlines()
+    piped = _invoke("translate", "--model", trained, "--beam", "2", "--no-progress",
+                    input="\n".join(text[:3] + [""] + text[3:5]) + "\n")  # fmt: skip
+    assert piped.exit_code == 0, piped.output
+    assert piped.stdout.splitlines() == lines[:3] + [""] + lines[3:5]  # an empty line stays an empty line
+
+    nbest = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "3", "--n-best", "3",
+                    "--no-progress")  # fmt: skip
+    rows = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
+    assert len(rows) == 90 and [int(r[0]) for r in rows[:6]] == [0, 0, 0, 1, 1, 1]
+    assert all(float(rows[i][2]) >= float(rows[i + 1][2]) for i in (0, 1))  # best first
+
+
+def test_translate_refuses_or_skips_long_lines(trained, tmp_path):
+    source = tmp_path / "long.en"
+    source.write_text("the dog sees a ball .\n" + "the big red ball " * 40 + "\nthe cat .\n", encoding="utf-8")
+    result = _invoke("translate", "--model", trained, "--input", source, "--no-progress")
+    assert result.exit_code == 1
+    assert result.stderr.strip().startswith(f"error: {source}:2: ")
+    assert "more than the model's 64 positions; split the sentence, or pass --skip-long" in result.stderr
+    result = _invoke("translate", "--model", trained, "--input", source, "--skip-long", "--no-progress")
+    assert result.exit_code == 0
+    out = result.stdout.splitlines()
+    assert len(out) == 3 and out[0] and out[1] == "" and out[2]
+    assert f"skipped 1 line(s) longer than 64 tokens (the first at {source}:2)" in result.stderr
+
+
+def _error(result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_bad_training_input_gets_one_line_errors(corpus, tmp_path):
+    short = tmp_path / "short.de"
+    short.write_text("".join(corpus["tgt"].read_text().splitlines(keepends=True)[:250]))
+    args = _train_args(corpus, tmp_path / "a", "--max-steps", "2")
+    msg = _error(_invoke(*[short if a == corpus["tgt"] else a for a in args]))
+    assert f"{short} ends at line 250 but {corpus['src']} has 300 lines (line 251 has no partner)" in msg
+
+    latin = tmp_path / "latin.en"
+    latin.write_bytes(corpus["src"].read_bytes().replace(b"man", "m\u00e4n".encode("latin-1"), 1))
+    number = corpus["src"].read_text().split("man")[0].count("\n") + 1
+    msg = _error(_invoke(*[latin if a == corpus["src"] else a for a in args]))
+    assert msg.startswith(f"error: {latin}:{number}: invalid UTF-8")
+
+    long = tmp_path / "long.en"
+    lines = corpus["src"].read_text().splitlines()
+    lines[41] = " ".join(["the big red ball"] * 30)
+    long.write_text("\n".join(lines) + "\n")
+    msg = _error(_invoke(*[long if a == corpus["src"] else a for a in args]))
+    assert f"{long}:42: " in msg and "more than the model's 64 positions" in msg and "--skip-long" in msg
+    result = _invoke(*[long if a == corpus["src"] else a for a in args], "--skip-long")
+    assert result.exit_code == 0, result.output
+
+    msg = _error(_invoke(*_train_args(corpus, tmp_path / "b", "--resume")))
+    assert "nothing to resume" in msg
+    msg = _error(_invoke(*_train_args(corpus, tmp_path / "c", "--trainer.speed", "3")))
+    assert "--trainer.speed: no such config field" in msg
+
+
+def test_bad_model_folders_and_files_get_one_line_errors(trained, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((trained / name).read_bytes())
+    source = tmp_path / "in.en"
+    source.write_text("the dog .\n")
+    msg = _error(_invoke("translate", "--model", bare, "--input", source))
+    assert f"{bare}: no MT tokenizer" in msg
+
+    other = tmp_path / "bert"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8}))
+    (other / "tokenizer.json").write_bytes((trained / "tokenizer.json").read_bytes())
+    msg = _error(_invoke("translate", "--model", other, "--input", source))
+    assert "bert" in msg and "marian" in msg
+
+    msg = _error(_invoke("translate", "--model", trained, "--input", source, "--beam", "2", "--n-best", "3"))
+    assert "--beam 2 --n-best 3: need 1 <= n-best <= beam" in msg
+
+    ref = tmp_path / "ref.de"
+    ref.write_text("der Hund .\nein Hund .\n")
+    msg = _error(_invoke("score", "--hyp", source, "--ref", ref))
+    assert f"{source} ends at line 1" in msg
+    msg = _error(_invoke("score", "--hyp", tmp_path / "missing.txt", "--ref", ref))
+    assert "missing.txt: no such file" in msg
