@@ -23,7 +23,7 @@ def _path_score(crf: CRF, emissions: torch.Tensor, path) -> float:
     """score(E, y) written out term by term for one sequence (seq, num_tags)."""
     s = crf.start_transitions[path[0]] + crf.end_transitions[path[-1]]
     s = s + sum(emissions[t, y] for t, y in enumerate(path))
-    s = s + sum(crf.transitions[a, b] for a, b in zip(path, path[1:]))
+    s = s + sum(crf.transitions[a, b] for a, b in itertools.pairwise(path))
     return float(s.detach())
 
 

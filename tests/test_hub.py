@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file

@@ -126,7 +126,7 @@ class CRF(nn.Module):
         """The highest-scoring tag path of each sequence (Viterbi), as many tags as its real positions."""
         mask = self._check(emissions, mask)
         emissions = emissions.float()
-        batch, seq, _ = emissions.shape
+        seq = emissions.shape[1]
         delta = self.start_transitions + emissions[:, 0]  # (batch, num_tags): best score of a path ending in j
         pointers = []  # per step t >= 1: (batch, to) the best previous tag
         for t in range(1, seq):
