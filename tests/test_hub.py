@@ -196,6 +196,12 @@ def test_parse_hub_name():
             hub.parse_hub_name(bad)
 
 
+def test_is_hub_name():
+    assert hub.is_hub_name("bert-base-cased") and hub.is_hub_name("org/name@v1") and hub.is_hub_name("a/b.c-d_e")
+    for not_hub in ("./model", "/abs/model", "~/model", "a/b/c", "org/name@", "has space", "bad--name"):
+        assert not hub.is_hub_name(not_hub), not_hub
+
+
 def test_download_fetches_only_what_ctxrep_reads_and_loads_like_the_local_folder(server, tiny_models, bert_files):
     from ctxrep.models.loading import load_model
 

@@ -78,6 +78,15 @@ def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
+def is_hub_name(name: str) -> bool:
+    """Whether `name` can be a Hub model id ("bert-base-cased", "org/name", "org/name@rev"): no network."""
+    try:
+        repo_id, _ = parse_hub_name(name)
+    except CheckpointError:
+        return False
+    return not repo_id.startswith((".", "/", "~")) and _valid_repo_id(repo_id)
+
+
 def _offline() -> bool:
     """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as set now, or as huggingface_hub read it at import."""
     return _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE") or bool(_hub().constants.HF_HUB_OFFLINE)
