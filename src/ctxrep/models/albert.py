@@ -301,7 +301,9 @@ class AlbertModel(Encoder):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         key_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
+        # Without padding, attention runs unmasked (the fast kernel). Under torch.export (ONNX export) the mask is
+        # always kept: whether the batch has padding is data, and the exported graph must serve every batch.
+        if attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.all())):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         x = self.embedding_hidden_mapping_in(self.embeddings(input_ids, token_type_ids, position_ids))  # (batch, seq, H)
         hidden_states = [x]
