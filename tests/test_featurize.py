@@ -229,8 +229,8 @@ def test_bad_arguments():
 
 
 def test_model_names(tmp_path):
-    with pytest.raises(CheckpointError, match="unknown model 'nonsense'"):
-        Featurizer("nonsense")
+    with pytest.raises(CheckpointError, match="unknown model './nonsense'"):
+        Featurizer("./nonsense")
     with pytest.raises(CheckpointError, match="not a model folder: no config.json .* and no options.json"):
         Featurizer(str(tmp_path))
 

@@ -3,7 +3,7 @@
 `import ctxrep` is cheap: torch and tokenizers are imported on first use of these names.
 """
 
-__all__ = ["load_model", "Featurizer", "ScalarMix"]
+__all__ = ["load_model", "load_encoder", "load_vectors", "Featurizer", "ScalarMix"]
 __version__ = "0.1.0"
 
 
@@ -12,6 +12,14 @@ def __getattr__(name: str):
         from ctxrep.models.loading import load_model
 
         return load_model
+    if name == "load_encoder":
+        from ctxrep.models.loading import load_encoder
+
+        return load_encoder
+    if name == "load_vectors":
+        from ctxrep.vectors import load_vectors
+
+        return load_vectors
     if name == "Featurizer":
         from ctxrep.featurize import Featurizer
 

@@ -117,15 +117,15 @@ def resolve(name_or_path: str | os.PathLike) -> ModelSource:
             f"{name!r}: {bare} is not a folder on this machine and not a published ELMo "
             f"({', '.join('elmo:' + k for k in hub.ELMO_DOWNLOADS)})"
         )
-    if "/" in name and not name.startswith((".", "/", "~")):
-        from ctxrep.models import hub
+    from ctxrep.models import hub
 
+    if hub.is_hub_name(name):
         repo, revision = hub.parse_hub_name(name)
         cached = hub.cached_hub_folder(repo, revision)
         return ModelSource(name, cached if cached is not None else hub.hub_folder(repo, revision), elmo=False)
     raise CheckpointError(
         f"unknown model {name!r}: not a folder on this machine, not a packaged name ({', '.join(PACKAGED_MODELS)}), "
-        "and not a Hugging Face Hub name (organisation/name)"
+        "and not a Hugging Face Hub name (such as bert-base-cased or google/electra-small-discriminator)"
     )
 
 
