@@ -1,0 +1,307 @@
+"""Decoding a translation model: greedy search, beam search, and `translate` over many sentences.
+
+Both searches are batched over sentences and decode one target token per step with the decoder's key/value cache
+(models/marian.py: the cross-attention keys/values are computed once per sentence; `cache.reorder` follows the
+beams, `cache.keep` drops finished sentences so that later steps only compute the sentences still running).
+
+Beam search (Sutskever et al. 2014; as in fairseq and transformers' generate with early_stopping=True): each step
+takes the 2K best continuations of the K beams of a sentence by total log-probability; an </s> among the first K
+finishes a hypothesis, scored log P(Y|X) / lp(|Y|) with |Y| the target length including </s>; the K best
+continuations that are not </s> go on. A sentence stops when K hypotheses have finished, or at its maximum length
+(max_len_a * source length + max_len_b, at most the model's positions), where </s> is forced. Length penalties:
+  "gnmt"  lp(|Y|) = ((5 + |Y|) / 6)^alpha   (Wu et al. 2016, eq. 14; alpha = 0.6 as in Vaswani et al. 2017, sec. 6.1)
+  "hf"    lp(|Y|) = |Y|^alpha               (transformers' length_penalty, fairseq's lenpen), and transformers'
+          scoring of a forced </s>: log-probability 0 (its ForcedEOSTokenLogitsProcessor replaces the scores), where
+          "gnmt" keeps the model's log P(</s>) as fairseq does; so "hf" with early stopping reproduces generate()
+The pad token (Marian's decoder start) is never generated: its log-probability is set to -inf after the softmax,
+as transformers' bad_words_ids=[[pad]] of the OPUS-MT generation configs does (the others are not renormalised).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ctxrep.models.marian import MarianMTModel
+from ctxrep.translate.tokenizer import MTTokenizer
+
+logger = logging.getLogger(__name__)
+
+PENALTIES = ("gnmt", "hf")
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation: target ids without the start token and without </s>, and its score
+    (log-probability including </s>, divided by the length penalty)."""
+
+    tokens: list[int]
+    score: float
+
+
+def max_lengths(model: MarianMTModel, src_mask: torch.Tensor, max_len_a: float, max_len_b: int) -> torch.Tensor:
+    """(batch,) the most target tokens (</s> included) each sentence may get: a * source length + b, at most
+    the model's positions (the decoder input is the start token plus all but the last target token)."""
+    src_len = src_mask.sum(dim=1).double()
+    limit = (max_len_a * src_len + max_len_b).floor().long()
+    return limit.clamp(min=1, max=model.config.max_position_embeddings)
+
+
+def _next_log_probs(
+    model: MarianMTModel, last: torch.Tensor, cache, at_max: torch.Tensor, forced_eos_scores_zero: bool = False
+) -> torch.Tensor:
+    """log P(next token) (rows, target vocab) for the last tokens (rows, 1); pad banned, </s> forced on at_max rows
+    (keeping its log-probability, or 0 as transformers scores it)."""
+    c = model.config
+    log_probs = model.decode(last, cache).logits[:, -1].float().log_softmax(dim=-1)  # (rows, vocab)
+    log_probs[:, c.pad_token_id] = float("-inf")
+    if bool(at_max.any()):
+        eos = 0.0 if forced_eos_scores_zero else log_probs[at_max, c.eos_token_id]
+        log_probs[at_max] = float("-inf")
+        log_probs[at_max, c.eos_token_id] = eos
+    return log_probs
+
+
+def _source(model: MarianMTModel, src_ids: torch.Tensor, src_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    device = next(model.parameters()).device
+    src_ids = src_ids.to(device)
+    src_mask = torch.ones_like(src_ids) if src_mask is None else src_mask.to(device)
+    return src_ids, src_mask
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: MarianMTModel,
+    src_ids: torch.Tensor,
+    src_mask: torch.Tensor | None = None,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+) -> list[list[int]]:
+    """The most probable next token at every step. src_ids, src_mask: (batch, src), padded on the right, each
+    sentence ending with </s>. Returns each sentence's target ids, without the start token and </s>."""
+    c = model.config
+    src_ids, src_mask = _source(model, src_ids, src_mask)
+    limits = max_lengths(model, src_mask, max_len_a, max_len_b)  # (batch,)
+    memory = model.encode_source(src_ids, src_mask).last_hidden_state
+    cache = model.init_cache(memory, src_mask)
+    batch = src_ids.shape[0]
+    alive = torch.arange(batch, device=src_ids.device)  # original index of each running sentence
+    tokens = src_ids.new_empty(batch, 0)  # (running, generated so far)
+    last = src_ids.new_full((batch, 1), c.decoder_start_token_id)
+    out: list[list[int]] = [[] for _ in range(batch)]
+    for step in range(int(limits.max())):
+        at_max = step + 1 >= limits[alive]  # (running,)
+        nxt = _next_log_probs(model, last, cache, at_max).argmax(dim=-1)  # (running,)
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+        finished = nxt == c.eos_token_id
+        if bool(finished.any()):
+            for i, row in zip(alive[finished].tolist(), tokens[finished, :-1].tolist()):
+                out[i] = row
+            keep = (~finished).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            alive, tokens, nxt = alive[keep], tokens[keep], nxt[keep]
+            cache.keep(keep)
+        last = nxt[:, None]
+    return out
+
+
+@torch.inference_mode()
+def beam_search(
+    model: MarianMTModel,
+    src_ids: torch.Tensor,
+    src_mask: torch.Tensor | None = None,
+    beam: int = 5,
+    length_penalty: float = 0.6,
+    penalty: str = "gnmt",
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    n_best: int = 1,
+) -> list[list[Hypothesis]]:
+    """Beam search (module docstring). src_ids, src_mask: (batch, src), padded on the right, each sentence ending
+    with </s>. Returns, per sentence, its n_best hypotheses, best first."""
+    if beam < 1:
+        raise ValueError(f"beam must be at least 1, got {beam}")
+    if not 1 <= n_best <= beam:
+        raise ValueError(f"n_best must be between 1 and the beam size {beam}, got {n_best}")
+    if penalty not in PENALTIES:
+        raise ValueError(f"penalty must be one of {PENALTIES}, got {penalty!r}")
+    c = model.config
+    k = beam
+    src_ids, src_mask = _source(model, src_ids, src_mask)
+    device = src_ids.device
+    batch = src_ids.shape[0]
+    limits = max_lengths(model, src_mask, max_len_a, max_len_b)  # (batch,)
+    longest = int(limits.max())
+    memory = model.encode_source(src_ids, src_mask).last_hidden_state
+    cache = model.init_cache(memory, src_mask, group=k)
+
+    # Running state, for the sentences still running (n of them), K rows each.
+    alive = torch.arange(batch, device=device)  # (n,) original index of each running sentence
+    scores = torch.zeros(batch, k, device=device)  # (n, K) log P of each beam so far
+    scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first at step 0
+    tokens = src_ids.new_empty(batch * k, 0)  # (n * K, generated so far)
+    last = src_ids.new_full((batch * k, 1), c.decoder_start_token_id)
+    # Finished hypotheses, per original sentence: at most K - 1 before a step, K more in it.
+    pool_scores = torch.full((batch, 2 * k), float("-inf"), device=device)
+    pool_tokens = src_ids.new_full((batch, 2 * k, longest), c.pad_token_id)
+    pool_lengths = torch.zeros(batch, 2 * k, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.long, device=device)
+
+    for step in range(longest):
+        n = alive.numel()
+        at_max = step + 1 >= limits[alive]  # (n,)
+        log_probs = _next_log_probs(model, last, cache, at_max.repeat_interleave(k), penalty == "hf")  # (n * K, vocab)
+        vocab = log_probs.shape[-1]
+        candidates = (scores[:, :, None] + log_probs.view(n, k, vocab)).view(n, k * vocab)  # (n, K * vocab)
+        top_scores, top_index = candidates.topk(2 * k, dim=1)  # (n, 2K)
+        top_beam = torch.div(top_index, vocab, rounding_mode="floor")  # (n, 2K) which beam it continues
+        top_token = top_index % vocab  # (n, 2K)
+        is_eos = top_token == c.eos_token_id
+
+        # An </s> among the first K candidates finishes a hypothesis.
+        done_now = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (n, K)
+        if bool(done_now.any()):
+            length = step + 1  # |Y|, </s> included
+            lp = ((5 + length) / 6) ** length_penalty if penalty == "gnmt" else length**length_penalty
+            s, j = done_now.nonzero(as_tuple=True)
+            sentence = alive[s]
+            slot = finished[sentence] + done_now.long().cumsum(dim=1)[s, j] - 1
+            pool_scores[sentence, slot] = top_scores[s, j] / lp
+            pool_tokens[sentence, slot, :step] = tokens[s * k + top_beam[s, j]]
+            pool_lengths[sentence, slot] = step
+            finished[alive] += done_now.sum(dim=1)
+
+        # The K best continuations that are not </s> go on.
+        scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)  # (n, K)
+        rows = (torch.arange(n, device=device)[:, None] * k + top_beam.gather(1, pick)).view(-1)  # (n * K,)
+        nxt = top_token.gather(1, pick).view(-1)  # (n * K,)
+        tokens = torch.cat([tokens[rows], nxt[:, None]], dim=1)  # (n * K, step + 1)
+        cache.reorder(rows)
+
+        stop = (finished[alive] >= k) | at_max  # (n,)
+        if bool(stop.all()):
+            break
+        if bool(stop.any()):
+            keep = (~stop).nonzero().squeeze(1)  # (n',)
+            keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)  # (n' * K,)
+            alive, scores, tokens, nxt = alive[keep], scores[keep], tokens[keep_rows], nxt[keep_rows]
+            cache.keep(keep)
+        last = nxt[:, None]
+
+    order = pool_scores.argsort(dim=1, descending=True)[:, :n_best]  # (batch, n_best)
+    best_scores = pool_scores.gather(1, order).tolist()
+    best_lengths = pool_lengths.gather(1, order).tolist()
+    best_tokens = pool_tokens.gather(1, order[:, :, None].expand(-1, -1, longest)).tolist()
+    return [
+        [Hypothesis(ids[:n], score) for ids, n, score in zip(best_tokens[b], best_lengths[b], best_scores[b])]
+        for b in range(batch)
+    ]
+
+
+# ---- many sentences ---------------------------------------------------------------------------------------------
+
+
+def _batches(lengths: Sequence[int], order: Sequence[int], budget: int) -> list[list[int]]:
+    """Consecutive runs of `order` (indices sorted by length) with rows x longest <= budget (at least one row)."""
+    out, current, longest = [], [], 0
+    for i in order:
+        n = lengths[i]
+        if current and max(longest, n) * (len(current) + 1) > budget:
+            out.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        out.append(current)
+    return out
+
+
+def translate_n_best(
+    model: MarianMTModel,
+    tokenizer: MTTokenizer,
+    sentences: Sequence[str],
+    beam: int = 5,
+    n_best: int = 1,
+    batch_tokens: int = 4096,
+    length_penalty: float = 0.6,
+    penalty: str = "gnmt",
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    skip_long: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> list[list[tuple[str, float]] | None]:
+    """Translate `sentences`: tokenize, sort by length, batch so that sentences x longest source <= batch_tokens,
+    search, detokenize; results in input order, n_best (text, score) pairs each, best first.
+
+    A sentence longer than the model's positions is an error naming its index (never cut short), unless
+    skip_long: then its result is None and the count is logged. beam=1 is greedy search (score 0.0).
+    `progress(n)` is called after each batch with the number of sentences it finished."""
+    c = model.config
+    if tokenizer.eos_id != c.eos_token_id or tokenizer.pad_id != c.pad_token_id:
+        raise ValueError(
+            f"the tokenizer's </s>/<pad> ids ({tokenizer.eos_id}, {tokenizer.pad_id}) differ from the model's "
+            f"eos_token_id/pad_token_id ({c.eos_token_id}, {c.pad_token_id}); use the tokenizer the model was trained with"
+        )
+    ids = tokenizer.encode_source(list(sentences))
+    limit = model.max_tokens
+    long = [i for i, row in enumerate(ids) if len(row) > limit]
+    if long and not skip_long:
+        i = long[0]
+        raise ValueError(
+            f"sentence {i} has {len(ids[i])} tokens (with </s>), more than the model's {limit} positions"
+            + (f" (and {len(long) - 1} more sentences are too long)" if len(long) > 1 else "")
+            + "; shorten or split it, or skip such sentences with skip_long=True (--skip-long)"
+        )
+    if long:
+        logger.warning("skipped %d sentences longer than the model's %d positions (first: %d)", len(long), limit, long[0])
+    skipped = set(long)
+    lengths = [len(row) for row in ids]
+    order = sorted((i for i in range(len(ids)) if i not in skipped), key=lambda i: lengths[i])
+    results: list[list[tuple[str, float]] | None] = [None] * len(ids)
+    was_training = model.training
+    model.eval()
+    try:
+        for group in _batches(lengths, order, batch_tokens):
+            longest = max(lengths[i] for i in group)
+            src = torch.full((len(group), longest), c.pad_token_id, dtype=torch.long)
+            mask = torch.zeros_like(src)
+            for r, i in enumerate(group):
+                src[r, : lengths[i]] = torch.tensor(ids[i])
+                mask[r, : lengths[i]] = 1
+            if beam == 1 and n_best == 1:
+                hyps = [[Hypothesis(t, 0.0)] for t in greedy_search(model, src, mask, max_len_a, max_len_b)]
+            else:
+                hyps = beam_search(model, src, mask, beam, length_penalty, penalty, max_len_a, max_len_b, n_best)
+            for i, found in zip(group, hyps):
+                texts = tokenizer.decode_batch([h.tokens for h in found])
+                results[i] = [(text, h.score) for text, h in zip(texts, found)]
+            if progress is not None:
+                progress(len(group))
+    finally:
+        model.train(was_training)
+    return results
+
+
+def translate(
+    model: MarianMTModel,
+    tokenizer: MTTokenizer,
+    sentences: Sequence[str],
+    beam: int = 5,
+    batch_tokens: int = 4096,
+    length_penalty: float = 0.6,
+    penalty: str = "gnmt",
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+    skip_long: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> list[str | None]:
+    """The best translation of each sentence, in input order (None for a sentence skipped by skip_long);
+    see `translate_n_best` for the arguments."""
+    found = translate_n_best(model, tokenizer, sentences, beam=beam, n_best=1, batch_tokens=batch_tokens,
+                             length_penalty=length_penalty, penalty=penalty, max_len_a=max_len_a,
+                             max_len_b=max_len_b, skip_long=skip_long, progress=progress)  # fmt: skip
+    return [None if f is None else f[0][0] for f in found]
