@@ -219,3 +219,17 @@ def test_bad_configs_and_inputs_are_refused_with_advice():
     model = AlbertModel(AlbertConfig(**TINY))
     with pytest.raises(ValueError, match="longer than the model's 32 positions; ctxrep.Featurizer splits"):
         model(torch.ones(1, 33, dtype=torch.long))
+
+
+def test_ctxrep_load_model_reads_a_transformers_albert_folder(tmp_path):
+    import ctxrep
+
+    ref = hf_saved(tmp_path)
+    ours = ctxrep.load_model(tmp_path)
+    assert isinstance(ours, AlbertModel) and not ours.training
+    ids, mask, _ = padded_batch()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        b = ref(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    real = mask.bool()
+    assert all(torch.allclose(x[real], y[real], atol=1e-5) for x, y in zip(a, b))
