@@ -1,0 +1,45 @@
+"""Readers for the data sets people bring, and the packed pretraining corpus.
+
+    from ctxrep.data import read_conll, read_conllu, read_sst, read_glue_tsv, read_squad, read_wic
+
+Each name is imported on first use (`import ctxrep.data` alone loads no reader and no numpy).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    # SST trees (sst.py)
+    "read_sst": "sst", "SSTData": "sst", "SSTTree": "sst", "parse_sst_tree": "sst", "iter_sst_trees": "sst",
+    "sst_label": "sst",
+    # CoNLL-2003 columns (conll.py) and CoNLL-U (conllu.py)
+    "read_conll": "conll", "iter_conll": "conll", "ConllSentence": "conll",
+    "read_conllu": "conllu", "iter_conllu": "conllu", "ConlluSentence": "conllu",
+    # GLUE TSV (glue.py), SQuAD (squad.py), WiC (wic.py)
+    "read_glue_tsv": "glue", "iter_glue_tsv": "glue", "GlueExample": "glue",
+    "read_squad": "squad", "iter_squad": "squad", "SquadExample": "squad", "SquadAnswer": "squad",
+    "read_wic": "wic", "iter_wic": "wic", "WicPair": "wic",
+    # tag schemes and entity F1 (tags.py)
+    "entities": "tags", "entity_scores": "tags", "iob1_to_bio": "tags", "bio_to_iobes": "tags", "Entity": "tags",
+    "Scores": "tags", "NerScores": "tags",
+    # the packed pretraining corpus (corpus.py) and its packings (packing.py)
+    "pack_corpus": "corpus", "PackedCorpus": "corpus", "CorpusConfig": "corpus", "CorpusError": "corpus",
+    "SegmentPairPacker": "packing", "SegmentPairConfig": "packing", "FullSentencesPacker": "packing",
+    "FullSentencesConfig": "packing", "PackingError": "packing",
+}  # fmt: skip
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ctxrep.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ctxrep.data.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
