@@ -14,13 +14,14 @@ def _register() -> None:
     from ctxrep.cli.analysis import COMMANDS as ANALYSIS
     from ctxrep.cli.demo import demo
     from ctxrep.cli.embed import embed
+    from ctxrep.cli.export import export
     from ctxrep.cli.finetune import finetune
     from ctxrep.cli.info import info
     from ctxrep.cli.plot_run import plot_run
     from ctxrep.cli.pretrain import pretrain
     from ctxrep.cli.tokenizer import tokenizer
 
-    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, *ANALYSIS):
+    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, export, *ANALYSIS):
         main.add_command(command)
 
 

@@ -43,6 +43,7 @@ FAMILIES: dict[str, type[Encoder]] = {
     "gpt2": GPT2Model,
     "xlnet": XLNetModel,
     "albert": AlbertModel,
+    "ctxrep-albert": AlbertModel,  # ALBERT with attention- or FFN-only sharing (ctxrep's own format)
 }
 
 
