@@ -118,7 +118,9 @@ def _check_pruned_heads(pruned: Mapping, num_layers: int, num_heads: int) -> dic
             layer = int(key)
             heads = sorted({int(h) for h in heads})
         except (TypeError, ValueError):
-            raise ValueError(f"pruned_heads: {key!r}: {heads!r} is not a layer index and a list of head indices") from None
+            raise ValueError(
+                f"pruned_heads: {key!r}: {heads!r} is not a layer index and a list of head indices"
+            ) from None
         if not 0 <= layer < num_layers:
             raise ValueError(f"pruned_heads names layer {layer}, but the model has layers 0..{num_layers - 1}")
         bad = [h for h in heads if not 0 <= h < num_heads]

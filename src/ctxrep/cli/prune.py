@@ -1,0 +1,162 @@
+"""`ctxrep prune`: remove the least important attention heads of a fine-tuned estimator's encoder.
+
+--out DIR holds:
+  config.json, model.safetensors, tokenizer files   the pruned encoder (config.pruned_heads): ctxrep.load_model(DIR)
+  estimator/        the pruned task model (<Class>.load; its `model` parameter is DIR)
+  importance.png    head importance of the model as given (Michel et al. 2019), layers x heads
+  curve.png         with --curve: dev score against the fraction of heads pruned
+  prune.json        the steps (importance, heads removed), parameter counts, scores
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import click
+
+from ctxrep.cli.common import user_errors
+from ctxrep.tasks.experiment import TASKS
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt")  # fmt: skip
+
+
+def _estimator_folder(path: Path) -> Path:
+    """A folder written by an estimator's save: DIR itself, or DIR/model as `ctxrep finetune --out DIR` writes it."""
+    for folder in (path, path / "model"):
+        file = folder / "config.json"
+        if file.is_file() and "estimator" in json.loads(file.read_text()):
+            return folder
+    raise FileNotFoundError(
+        f"{path}: not a saved task model (no config.json naming an estimator here or in {path / 'model'}); give the "
+        "--out folder of `ctxrep finetune`"
+    )
+
+
+def _load_estimator(path: Path, task: str):
+    from ctxrep.tasks.experiment import make_estimator
+
+    folder = _estimator_folder(path)
+    saved = json.loads((folder / "config.json").read_text())["estimator"]
+    cls = type(make_estimator(task))
+    if saved != cls.__name__:
+        raise ValueError(
+            f"{folder} holds a {saved}, but --task {task} is a {cls.__name__} task; give the matching --task"
+        )
+    return cls.load(folder), folder
+
+
+@click.command("prune")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True), required=True,
+              help="A fine-tuned task model: the --out folder of `ctxrep finetune` (or its model/ folder).")
+@click.option("--task", type=click.Choice(TASKS), required=True, help="Data set format and task (as in finetune).")
+@click.option("--train", "train", type=click.Path(dir_okay=False), required=True,
+              help="Training file: head importance is computed on a held-out slice of it.")
+@click.option("--fraction", type=float, required=True, help="Share of all attention heads to remove, in [0, 1).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Output folder.")
+@click.option("--steps", type=int, default=1, show_default=True,
+              help="Prune in this many steps, recomputing importance after each.")
+@click.option("--dev", "dev", type=click.Path(dir_okay=False), default=None,
+              help="Development file: scored before and after pruning (and at each step with --curve).")
+@click.option("--curve", is_flag=True, help="Write curve.png: dev score against the fraction pruned (needs --dev).")
+@click.option("--finetune-epochs", type=int, default=0, show_default=True,
+              help="Fine-tune the pruned model this many epochs on the rest of the training data.")
+@click.option("--importance-fraction", type=float, default=0.1, show_default=True,
+              help="Share of the training data held out to compute head importance on.")
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Batch size for head importance.")
+@click.option("--limit", type=int, default=None, help="Use only the first N train and dev examples.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out slice.")
+@user_errors
+def prune(model_dir, task, train, fraction, out_dir, steps, dev, curve, finetune_epochs, importance_fraction,
+          batch_size, limit, seed) -> None:  # fmt: skip
+    """Prune the least important attention heads (Michel et al. 2019) of a fine-tuned model; save it to --out."""
+    import numpy as np
+
+    from ctxrep.compress import prune as P
+    from ctxrep.models.loading import resolve_model_path
+    from ctxrep.tasks.experiment import read_task
+
+    if curve and dev is None:
+        raise ValueError(
+            "--curve scores every pruning step on held-out data: give --dev (importance uses --train only)"
+        )
+    if not 0 < importance_fraction < 1:
+        raise ValueError(f"--importance-fraction must be in (0, 1), got {importance_fraction}")
+    if finetune_epochs < 0 or batch_size < 1:
+        raise ValueError("--finetune-epochs must be >= 0 and --batch-size >= 1")
+    out = Path(out_dir)
+    estimator, source = _load_estimator(Path(model_dir), task)
+    if out.resolve() in (source.resolve(), Path(model_dir).resolve()):
+        raise ValueError(f"--out {out} is the folder of the model being pruned; give a new folder")
+    base_folder = resolve_model_path(estimator.model)
+    data = read_task(task, train, limit)
+    order = np.random.default_rng(seed).permutation(len(data.X))
+    n_held = max(1, round(importance_fraction * len(data.X)))
+    held, rest = np.sort(order[:n_held]), np.sort(order[n_held:])
+    if finetune_epochs and len(rest) == 0:
+        raise ValueError("no training examples left to fine-tune on after holding out the importance slice; "
+                         "lower --importance-fraction or add data")  # fmt: skip
+    X_held, y_held = [data.X[i] for i in held], [data.y[i] for i in held]
+    dev_data = read_task(task, dev, limit) if dev is not None else None
+
+    task_loss = P.estimator_loss(estimator, X_held, y_held, batch_size)  # refuses frozen and unprunable models
+    encoder = task_loss.encoder
+
+    def importance_fn(enc):
+        return P.head_importance(enc, task_loss.batches, task_loss.loss_fn)
+
+    def score() -> float:
+        return float(estimator.score(dev_data.X, dev_data.y))
+
+    report: dict = {"model": str(source), "task": task, "fraction": fraction, "steps": steps,
+                    "importance_examples": len(X_held), "parameters_before": P.parameter_count(encoder)}  # fmt: skip
+    if dev_data is not None:
+        report["dev_score_before"] = score()
+    out.mkdir(parents=True, exist_ok=True)
+    points = [(P.pruned_fraction(encoder), report["dev_score_before"])] if curve else []
+
+    def after_step(record) -> None:
+        click.echo(f"step {record.step}: removed {_heads(record.heads)} (fraction {record.fraction:.3f})")
+        if curve:
+            points.append((record.fraction, score()))
+            click.echo(f"  dev score {points[-1][1]:.4f}")
+
+    history = P.prune_iteratively(encoder, importance_fn, fraction, steps, after_step=after_step)
+    first = history[0].importance if history else importance_fn(encoder)
+    P.heatmap_png(first, out / "importance.png", title="head importance before pruning (held-out training slice)")
+    if curve:
+        P.curve_png(points, out / "curve.png", f"dev score ({task})")
+        report["curve"] = [{"fraction": f, "dev_score": s} for f, s in points]
+    report["steps_log"] = [{"step": r.step, "removed": {str(k): v for k, v in r.heads.items()},
+                            "fraction": r.fraction, "importance": r.importance.tolist()} for r in history]  # fmt: skip
+
+    if finetune_epochs:
+        warm, epochs = estimator.warm_start, estimator.max_epochs
+        estimator.set_params(warm_start=True, max_epochs=finetune_epochs)
+        estimator.fit([data.X[i] for i in rest], [data.y[i] for i in rest])
+        estimator.set_params(warm_start=warm, max_epochs=epochs)
+    report |= {"pruned_heads": {str(k): v for k, v in P.pruned_heads(encoder).items()},
+               "heads_per_layer": encoder.heads_per_layer(), "fraction_pruned": P.pruned_fraction(encoder),
+               "parameters_after": P.parameter_count(encoder), "finetune_epochs": finetune_epochs}  # fmt: skip
+    if dev_data is not None:
+        report["dev_score_after"] = score()
+
+    encoder.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (base_folder / name).is_file():
+            shutil.copy(base_folder / name, out / name)
+    estimator.set_params(model=str(out.resolve()))  # the saved task model rebuilds its (pruned) encoder from --out
+    estimator.save(out / "estimator")
+    (out / "prune.json").write_text(json.dumps(report, indent=2) + "\n")
+    summary = (f"pruned {sum(len(v) for v in P.pruned_heads(encoder).values())} of "
+               f"{encoder.num_layers * encoder.num_heads} heads (fraction {report['fraction_pruned']:.3f}); "
+               f"parameters {report['parameters_before']:,} -> {report['parameters_after']:,}")  # fmt: skip
+    if dev_data is not None:
+        summary += f"; dev score {report['dev_score_before']:.4f} -> {report['dev_score_after']:.4f}"
+    click.echo(f"{summary}; wrote {out}")
+
+
+def _heads(heads: dict[int, list[int]]) -> str:
+    return ", ".join(f"layer {layer}: {' '.join(map(str, hs))}" for layer, hs in heads.items()) or "nothing"

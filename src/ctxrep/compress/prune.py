@@ -1,0 +1,359 @@
+"""Attention-head importance and pruning (Michel, Levy and Neubig 2019, "Are sixteen heads really better than one?").
+
+Mask variables. Every head h of every layer gets a variable xi_h multiplying its output (sec. 2.1):
+
+    MHAtt(x) = sum_h xi_h Att_h(x),    xi_h = 1 for the model as trained.
+
+Importance (sec. 4.1, after Molchanov et al. 2017): the expected absolute sensitivity of the loss to xi_h,
+
+    I_h = E_{x ~ X} | dL(x) / d xi_h |,
+
+estimated here as the mean over batches of |d L_batch / d xi| at xi = 1 (with one example per batch this is exactly
+the expectation above; larger batches average gradients inside a batch first, as the authors' code does), and
+normalised per layer by its L2 norm, I_l,h / ||I_l||_2 (the authors' code, exponent 2), so that layers compare.
+X is training data: importance is never computed on the dev set that pruning is then scored on.
+
+Pruning removes the least important heads across all layers, in steps, recomputing importance after each step
+(the paper's iterative procedure, sec. 4.2), and always keeps at least one head per layer. Removal is real:
+the encoder's `prune_heads` drops those heads' query/key/value rows and output columns.
+
+Everything here takes any encoder with `prune_heads` (models/bert.py: BERT, RoBERTa, ELECTRA), a list of batches and
+a loss function; only `estimator_loss` knows about ctxrep's task estimators.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+Batch = Any  # whatever loss_fn reads: usually a dict of tensors
+
+
+# ---- which encoders can be pruned -----------------------------------------------------------------------------
+
+
+def prunable_families() -> list[str]:
+    """Model families (config.json's model_type) whose encoder class can remove heads (has `prune_heads`)."""
+    from ctxrep.models.loading import FAMILIES
+
+    return sorted(name for name, cls in FAMILIES.items() if callable(getattr(cls, "prune_heads", None)))
+
+
+def check_prunable(encoder: nn.Module) -> None:
+    """Refuse, in one line, an encoder that cannot have heads masked and removed."""
+    if callable(getattr(encoder, "prune_heads", None)) and callable(getattr(encoder, "heads_per_layer", None)):
+        return
+    family = getattr(encoder, "family", type(encoder).__name__)
+    raise ValueError(
+        f"a {family} model cannot be pruned: attention-head pruning is implemented for "
+        f"{', '.join(prunable_families())}; fine-tune one of those to prune it"
+    )
+
+
+def pruned_heads(encoder: nn.Module) -> dict[int, list[int]]:
+    """The heads removed so far, {layer: [heads]} in the original numbering (config.pruned_heads, transformers'
+    field for every family)."""
+    return {int(k): sorted(v) for k, v in getattr(encoder.config, "pruned_heads", {}).items() if v}
+
+
+def pruned_fraction(encoder: nn.Module) -> float:
+    """Share of the original num_layers * num_heads heads that have been removed."""
+    total = encoder.num_layers * encoder.num_heads
+    return (total - sum(encoder.heads_per_layer())) / total
+
+
+# ---- importance ------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def head_mask_applied(encoder: nn.Module, head_mask: torch.Tensor):
+    """Within the block, every forward call of `encoder` (however deep in a task network) gets `head_mask`."""
+
+    def hook(module, args, kwargs):
+        return args, kwargs | {"head_mask": head_mask}
+
+    handle = encoder.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def normalize_per_layer(importance: torch.Tensor) -> torch.Tensor:
+    """I_l,h / ||I_l||_2 for each layer l (row); a row of zeros stays zeros."""
+    return importance / (importance.norm(p=2, dim=-1, keepdim=True) + 1e-20)
+
+
+def head_importance(
+    encoder: nn.Module,
+    batches: Iterable[Batch],
+    loss_fn: Callable[[Batch], torch.Tensor],
+    normalize: bool = True,
+) -> torch.Tensor:
+    """Michel et al.'s head importance, (num_layers, num_heads) in the original head numbering.
+
+    `loss_fn(batch)` must run `encoder` (directly, or inside the task network that holds it) and return a scalar
+    loss; the mask variables xi are passed to every encoder call while it runs. The result is the mean over
+    `batches` of |dL/dxi| (see the module docstring), divided per layer by its L2 norm unless `normalize=False`.
+    Heads already pruned get 0.
+
+    Give training data (a held-out slice of it), never the dev or test set that the pruned model is scored on:
+    choosing heads on the evaluation data would leak it into the model. Modes are left as they are: put the network
+    in eval mode first for a deterministic answer (estimator_loss's loss_fn does).
+    """
+    check_prunable(encoder)
+    device = next(encoder.parameters()).device
+    xi = torch.ones(encoder.num_layers, encoder.num_heads, device=device, requires_grad=True)  # (layers, heads)
+    total = torch.zeros(encoder.num_layers, encoder.num_heads, device=device)
+    n = 0
+    with torch.enable_grad(), head_mask_applied(encoder, xi):
+        for batch in batches:
+            loss = loss_fn(batch)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar tensor (the batch's mean loss), got {_describe(loss)}")
+            try:
+                (grad,) = torch.autograd.grad(loss, xi)
+            except RuntimeError as e:
+                raise ValueError(
+                    "loss_fn's loss does not depend on the encoder's heads: loss_fn must run this encoder "
+                    f"(the head mask is passed to its forward calls) and keep the graph ({e})"
+                ) from None
+            total += grad.abs()
+            n += 1
+    if n == 0:
+        raise ValueError("head_importance got no batches: give at least one batch of training examples")
+    importance = total / n
+    return normalize_per_layer(importance) if normalize else importance
+
+
+def _describe(x) -> str:
+    return f"a tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def heatmap_png(
+    importance: torch.Tensor, path: str | Path, pruned: Mapping[int, Sequence[int]] | None = None, title: str = ""
+) -> Path:
+    """Layers (rows, layer 0 at the top) x heads (columns) of importance; heads in `pruned` are marked x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = importance.detach().float().cpu().numpy()
+    layers, heads = values.shape
+    fig, ax = plt.subplots(figsize=(1.5 + 0.45 * heads, 1.0 + 0.4 * layers))
+    image = ax.imshow(values, cmap="viridis", aspect="auto")
+    fig.colorbar(image, ax=ax, label="importance (normalised per layer)")
+    ax.set_xticks(range(heads))
+    ax.set_yticks(range(layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    if heads * layers <= 400:
+        for layer in range(layers):
+            for head in range(heads):
+                gone = pruned is not None and head in pruned.get(layer, ())
+                text = "x" if gone else f"{values[layer, head]:.2f}"
+                ax.text(head, layer, text, ha="center", va="center", fontsize=6, color="white")
+    ax.set_title(title or "attention-head importance (Michel et al. 2019)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---- pruning ---------------------------------------------------------------------------------------------------
+
+
+def least_important(
+    importance: torch.Tensor, alive: Sequence[Sequence[int]], count: int
+) -> dict[int, list[int]]:
+    """The `count` live heads of lowest importance over all layers, keeping at least one head in every layer.
+    `alive[l]` lists layer l's remaining heads (original numbering). Ties go to the lower layer, then head."""
+    remaining = [len(heads) for heads in alive]
+    candidates = sorted((float(importance[layer, head]), layer, head) for layer, heads in enumerate(alive)
+                        for head in heads)  # fmt: skip
+    chosen: dict[int, list[int]] = {}
+    for _, layer, head in candidates:
+        if sum(len(v) for v in chosen.values()) == count:
+            break
+        if remaining[layer] > 1:
+            chosen.setdefault(layer, []).append(head)
+            remaining[layer] -= 1
+    taken = sum(len(v) for v in chosen.values())
+    if taken < count:
+        raise ValueError(f"only {taken} heads can go while keeping one head per layer, not {count}")
+    return {layer: sorted(heads) for layer, heads in sorted(chosen.items())}
+
+
+@dataclass
+class PruneStep:
+    """One step of iterative pruning: the importance it used and the heads it removed."""
+
+    step: int
+    heads: dict[int, list[int]]  # removed in this step, original numbering
+    fraction: float  # share of all original heads removed after this step
+    importance: torch.Tensor  # (layers, heads) computed before this step's removal
+
+
+def prune_iteratively(
+    encoder: nn.Module,
+    importance_fn: Callable[[nn.Module], torch.Tensor],
+    fraction: float,
+    steps: int = 1,
+    after_step: Callable[[PruneStep], None] | None = None,
+) -> list[PruneStep]:
+    """Remove the least important heads until `fraction` of the original num_layers * num_heads heads are gone, in
+    `steps` equal steps; `importance_fn(encoder)` is recomputed before each step (on the encoder as pruned so far).
+    At least one head stays in every layer, so fraction can be at most (heads - layers) / heads. Heads pruned
+    before the call count towards the fraction. `after_step(step)` runs after each removal (e.g. to score it).
+    Prunes `encoder` in place; rebuild any optimizer over its parameters afterwards."""
+    check_prunable(encoder)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be in [0, 1) (the share of heads to remove), got {fraction!r}")
+    layers, heads = encoder.num_layers, encoder.num_heads
+    total = layers * heads
+    target = round(fraction * total)
+    most = total - layers
+    if target > most:
+        raise ValueError(
+            f"fraction {fraction} would remove {target} of {total} heads, but each of the {layers} layers keeps at "
+            f"least one: at most {most} heads (fraction {most / total:.3f}) can go; lower the fraction"
+        )
+    done = total - sum(encoder.heads_per_layer())
+    if target < done:
+        raise ValueError(
+            f"the model already has {done} of {total} heads pruned (fraction {done / total:.3f}); ask for a fraction "
+            "at least that large"
+        )
+    history = []
+    for step in range(1, steps + 1):
+        goal = done + round((target - done) * step / steps)  # heads gone after this step
+        count = goal - (total - sum(encoder.heads_per_layer()))
+        if count == 0:
+            continue
+        importance = importance_fn(encoder)
+        if tuple(importance.shape) != (layers, heads):
+            raise ValueError(
+                f"importance_fn returned shape {tuple(importance.shape)}; expected (num_layers, num_heads) = "
+                f"({layers}, {heads})"
+            )
+        gone = pruned_heads(encoder)
+        alive = [[h for h in range(heads) if h not in gone.get(layer, ())] for layer in range(layers)]
+        chosen = least_important(importance, alive, count)
+        encoder.prune_heads(chosen)
+        record = PruneStep(step, chosen, pruned_fraction(encoder), importance.detach().cpu())
+        logger.info("pruning step %d: removed %s (fraction %.3f)", step, chosen, record.fraction)
+        history.append(record)
+        if after_step is not None:
+            after_step(record)
+    return history
+
+
+def accuracy_curve(
+    encoder: nn.Module,
+    importance_fn: Callable[[nn.Module], torch.Tensor],
+    score_fn: Callable[[], float],
+    fraction: float,
+    steps: int,
+    png: str | Path | None = None,
+    score_name: str = "score",
+) -> list[tuple[float, float]]:
+    """The paper's curve (fig. 3 there): [(fraction of heads pruned, score)] from the encoder as given through each
+    of `steps` pruning steps up to `fraction` (prune_iteratively; the encoder is pruned in place). `score_fn()`
+    scores the model that holds the encoder on held-out data (dev), not on the data importance is computed on.
+    With `png`, also draws the curve there."""
+    points = [(pruned_fraction(encoder), float(score_fn()))]
+    prune_iteratively(encoder, importance_fn, fraction, steps,
+                      after_step=lambda record: points.append((record.fraction, float(score_fn()))))  # fmt: skip
+    if png is not None:
+        curve_png(points, png, score_name)
+    return points
+
+
+def curve_png(points: Sequence[tuple[float, float]], path: str | Path, score_name: str = "score") -> Path:
+    """Score against the fraction of heads pruned."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([100 * f for f, _ in points], [s for _, s in points], marker="o")
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel(score_name)
+    ax.grid(True, alpha=0.3)
+    ax.set_title("score against heads pruned (Michel et al. 2019, fig. 3)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---- the task loss of a fine-tuned ctxrep estimator -------------------------------------------------------------
+
+
+class TaskLoss(NamedTuple):
+    """What head_importance takes: head_importance(*estimator_loss(estimator, X, y))."""
+
+    encoder: nn.Module
+    batches: list
+    loss_fn: Callable[[Batch], torch.Tensor]
+
+
+def estimator_loss(estimator, X, y, batch_size: int | None = None) -> TaskLoss:
+    """The encoder of a fitted finetune-mode estimator (SequenceClassifier, TokenTagger, SpanExtractor), X and y
+    made into its batches, and its task loss on a batch (network in eval mode). X, y: training examples, in the
+    form the estimator's fit takes (see head_importance: never the dev set).
+
+    Uses the estimator's fitted network `model_` (forward(batch) -> the head's logits, with the encoder at
+    `model_.representation.encoder`) and the hooks every estimator subclass provides (tasks/base.py):
+    _check_X_y, _examples, _collate, _head_loss (and _call where the estimator has it)."""
+    network = getattr(estimator, "model_", None)
+    if network is None:
+        raise ValueError(f"this {type(estimator).__name__} is not fitted: fit it (or load a saved one) before pruning")
+    encoder = getattr(network.representation, "encoder", None)
+    if encoder is None:
+        raise ValueError(
+            f"this {type(estimator).__name__} was trained with mode={estimator.mode!r}: its encoder is not part of the "
+            "task model, so there are no heads to prune; fine-tune one with mode='finetune'"
+        )
+    check_prunable(encoder)
+    X, y = estimator._check_X_y(X, y, fitting=False)
+    if len(X) == 0:
+        raise ValueError("no examples to compute head importance on: give at least one training example")
+    # Estimators that encode through a per-call `Call` (tokenizer, feature cache, window length) take it in
+    # _examples and _collate; older ones take none.
+    call = (estimator._call(),) if callable(getattr(estimator, "_call", None)) else ()
+    examples = estimator._examples(X, y, *call)
+    size = batch_size or estimator.batch_size
+    batches = [estimator._collate(examples[i : i + size], *call) for i in range(0, len(examples), size)]
+
+    def loss_fn(batch: Batch) -> torch.Tensor:
+        network.eval()
+        return estimator._head_loss(network(batch), batch)
+
+    return TaskLoss(encoder, batches, loss_fn)
+
+
+def parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+__all__ = [
+    "PruneStep", "TaskLoss", "accuracy_curve", "check_prunable", "curve_png", "estimator_loss", "head_importance",
+    "head_mask_applied", "heatmap_png", "least_important", "normalize_per_layer", "parameter_count",
+    "prunable_families", "prune_iteratively", "pruned_fraction", "pruned_heads",
+]  # fmt: skip
