@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from ctxrep.files import apply_umask
 from ctxrep.models.loading import CheckpointError
 from ctxrep.train.distributed import Distributed
 
@@ -113,6 +114,7 @@ def save_checkpoint(
     ctx.barrier()
     if ctx.is_main:
         save_model(objective, str(tmp / "model.safetensors"))
+        apply_umask(tmp / "model.safetensors")  # safetensors writes owner-only (0o600)
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
         (tmp / STATE_FILE).write_text(json.dumps({**state, "world_size": ctx.world_size}, indent=1) + "\n")
         old = directory.with_name(directory.name + ".old")
