@@ -3,10 +3,12 @@ corpus and its folder loads in ctxrep and transformers; resume, held-out split, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import random
+import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +21,18 @@ import ctxrep
 from ctxrep.cli.pretrain import parse_overrides, pretrain
 from ctxrep.cli.tokenizer import tokenizer as tokenizer_group
 from ctxrep.data.corpus import CorpusConfig, pack_corpus
-from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.tokenize import Tokenizer
 from ctxrep.train.pretrain import (
     CONFIG_DIR,
+    OBJECTIVES,
+    SECTIONS,
     DataSection,
     PretrainError,
     load_config,
+    readers,
+    reading_table,
     split_held_out,
 )
-from ctxrep.train.run import PretrainRun
 from ctxrep.train.trainer import Trainer
 
 SENTENCES = ["Kalo mitu ren sava.", "Dar ulgor feshi na bel torqui."]
@@ -163,8 +167,8 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(corpus, mlm_run, tmp_p
     out = tmp_path / "resumed"
     with monkeypatch.context() as m:  # as if Ctrl-C were pressed during step 10 of 20
         m.setattr(Trainer, "_should_stop", lambda self: self.step == 10)
-        # mlm_run's tokenizer: the tokenizers library's trainers may break frequency ties differently per process
-        train(corpus, out, "mlm", "--max-steps", 20, "--tokenizer", mlm_run)
+        train(corpus, out, "mlm", "--max-steps", 20)  # its own tokenizer: the same as mlm_run's, byte for byte
+    assert (out / "tokenizer.json").read_bytes() == (mlm_run / "tokenizer.json").read_bytes()
     assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 10
     train(corpus, out, "mlm", "--max-steps", 20, "--resume")
     steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
@@ -283,20 +287,17 @@ def test_shipped_configs_load_with_their_published_shapes():
 
 def test_overrides_are_typed_and_reach_every_section():
     config = load_config("tiny", [("trainer.lr", "3e-3"), ("batch_size", "16"), ("betas", "[0.9, 0.98]"),
-                                  ("lowercase", "false"), ("elmo.lstm.dim", "32"), ("trainer.warmup_steps", "2")])  # fmt: skip
+                                  ("lowercase", "false"), ("elmo.lstm.dim", "64"), ("trainer.warmup_steps", "2")])  # fmt: skip
     assert config.trainer.lr == 3e-3 and config.trainer.batch_size == 16 and config.trainer.betas == (0.9, 0.98)
     assert config.tokenizer.lowercase is False and config.trainer.warmup_steps == 2
-    assert config.raw["elmo"]["lstm"]["dim"] == 32
-    with pytest.raises(PretrainError, match="has no key 'lstm.nope' in \\[elmo\\]"):
+    assert config.raw["elmo"]["lstm"]["dim"] == 64
+    with pytest.raises(PretrainError, match="\\[elmo\\] has no key 'lstm.nope'"):
         load_config("tiny", [("elmo.lstm.nope", "1")])
 
 
-def test_a_key_in_two_sections_needs_its_section(tmp_path):
-    config = tmp_path / "c.toml"
-    config.write_text((CONFIG_DIR / "tiny.toml").read_text().replace("[elmo.char_cnn]", "lr = 1\n[elmo.char_cnn]"))
-    with pytest.raises(PretrainError, match="--lr is ambiguous: .* use --trainer.lr or --elmo.lr"):
-        load_config(config, [("lr", "1e-3")])
-    assert load_config(config, [("trainer.lr", "1e-3")]).trainer.lr == 1e-3
+def test_no_two_sections_share_a_key_name_so_a_bare_override_is_never_ambiguous():
+    names = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
+    assert len({f.name for f in names}) == len(names)
 
 
 def test_parse_overrides_accepts_both_spellings():
@@ -312,7 +313,9 @@ def test_held_out_split_is_the_tail_and_keeps_every_sentence(corpus, mlm_run):
     packed = pack_corpus(corpus, mlm_run, mlm_run / "corpus", CorpusConfig(num_workers=1), progress=False)
     train_part, held_out = split_held_out(packed, DataSection(max_length=64, eval_fraction=0.1), min_documents=2)
     assert train_part.num_tokens + held_out.num_tokens == packed.num_tokens
-    assert held_out.num_tokens >= 0.1 * packed.num_tokens
+    # eval_fraction is a share of the sentences: 48 of 480, grown here to 61 to reach into a second document
+    assert held_out.num_sentences == 61 and held_out.num_documents == 2
+    assert split_held_out(packed, DataSection(max_length=64, eval_fraction=0.1))[1].num_sentences == 48
     assert held_out.num_documents >= 2 and train_part.num_documents >= 2
     assert train_part.num_sentences + held_out.num_sentences == packed.num_sentences
     np.testing.assert_array_equal(held_out.sentence(held_out.num_sentences - 1), packed.sentence(packed.num_sentences - 1))
@@ -320,40 +323,109 @@ def test_held_out_split_is_the_tail_and_keeps_every_sentence(corpus, mlm_run):
     assert split_held_out(packed, DataSection(eval_fraction=0.0)) == (packed, None)
 
 
-# ---------------------------------------------------------------------------------------- bilm hook
+# ------------------------------------------------------------------------- one schema, one meaning
 
 
-def test_bilm_is_built_by_the_elmo_objective_with_the_whole_config(corpus, tmp_path, monkeypatch):
-    calls = {}
-
-    class Objective(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.ones(1))
-
-        def forward(self, batch):
-            return ObjectiveOutput(loss=((self.w - 3) ** 2).sum(), num_tokens=1)
-
-    class Source:
-        def next_batch(self, n):
-            return {"x": np.zeros((n, 1), np.int64)}
-
-        def state_dict(self):
-            return {}
-
-        def load_state_dict(self, state):
-            pass
-
-    def build_bilm_run(config: dict, corpus_path: Path, out_dir: Path) -> PretrainRun:
-        calls.update(config=config, corpus=corpus_path, out=out_dir)
-        return PretrainRun(Objective(), Source(), None, lambda d: (d / "options.json").write_text("{}"))
-
-    monkeypatch.setitem(sys.modules, "ctxrep.objectives.bilm", types.SimpleNamespace(build_bilm_run=build_bilm_run))
+def test_bilm_runs_through_the_same_pipeline(corpus, tmp_path):
     out = tmp_path / "elmo"
-    train(corpus, out, "bilm", "--max-steps", 3, "--elmo.lstm.dim", 16)
-    assert calls["config"]["elmo"]["lstm"]["dim"] == 16 and "tokenizer" in calls["config"]
-    assert calls["corpus"] == corpus and calls["out"] == out
-    assert (out / "options.json").is_file() and not (out / "tokenizer.json").exists()
+    train(corpus, out, "bilm", "--max-steps", 6, "--tokenizer.vocab_size", 400, "--elmo.lstm.dim", 64)
+    assert (out / "options.json").is_file() and (out / "vocab.txt").is_file()
+    assert (out / "corpus" / "manifest.json").is_file() and (out / "tokenizer.json").is_file()
+    record = json.loads((out / "pretrain.json").read_text())
+    assert record["settings"]["elmo"]["lstm"]["dim"] == 64 and "encoder" not in record["settings"]
+    assert set(record["settings"]["objective"]) == {"softmax", "num_samples", "dropout"}
+    assert record["settings"]["data"]["strip_gutenberg"] is True
+    assert len(logged_losses(out)) == 2
+    vocab = (out / "vocab.txt").read_text().splitlines()
+    assert len(vocab) == 400 and vocab[:4] == ["<pad>", "<unk>", "<S>", "</S>"]
+
+
+def test_pretrain_json_records_what_the_objective_read(mlm_run):
+    settings = json.loads((mlm_run / "pretrain.json").read_text())["settings"]
+    assert set(settings) == {"encoder", "tokenizer", "data", "objective", "trainer"}
+    assert set(settings["objective"]) == {"mask_prob", "replace_prob", "random_prob", "whole_word", "static_copies"}
+    assert settings["encoder"]["max_position_embeddings"] == 64 and settings["tokenizer"]["kind"] == ""
+
+
+@pytest.mark.parametrize(
+    "objective, override, message",
+    [
+        ("bilm", ["--encoder.hidden_size", "32"], "[encoder] hidden_size is read by mlm, mlm+nsp, electra, clm, plm, not by bilm"),
+        ("mlm", ["--elmo.lstm.dim", "16"], "[elmo] lstm.dim is read by bilm, not by mlm"),
+        ("clm", ["--mask_prob", "0.2"], "[objective] mask_prob is read by mlm, mlm+nsp, electra, not by clm"),
+        ("plm", ["--max_position_embeddings", "128"], "--objective clm"),
+        ("mlm", ["--short_seq_prob", "0.2"], "read by mlm+nsp, not by mlm"),
+    ],
+)
+def test_an_override_the_objective_does_not_read_is_refused(corpus, tmp_path, objective, override, message):
+    args = ["--objective", objective, "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o", *override]
+    fails(args, message)
+
+
+@pytest.mark.parametrize(
+    "replace, message",
+    [
+        (("[data]\n", "[data]\nseed = 3\n"), "[data] seed is now [trainer] seed"),
+        (("[data]\n", "[data]\nshort_seq_prob = 0.2\n"), "[data] short_seq_prob is now [objective] short_seq_prob"),
+        (("[elmo.lstm]\n", "[elmo.lstm]\nsize = 3\n"), "unknown key(s) size in [elmo.lstm]"),
+        (("[elmo]  #", "[elmo]\nnum_samples = 10  #"), "[elmo] num_samples is now [objective] num_samples"),
+        (("[objective]\n", "[objective]\nmask_probability = 0.2\n"), "unknown key 'mask_probability' in [objective]"),
+    ],
+)
+def test_a_key_no_objective_reads_names_the_key_and_the_file(corpus, tmp_path, replace, message):
+    bad = tmp_path / "bad.toml"
+    text = (CONFIG_DIR / "tiny.toml").read_text()
+    assert replace[0] in text
+    bad.write_text(text.replace(replace[0], replace[1], 1))
+    fails(["--objective", "bilm", "--config", bad, "--corpus", corpus, "--out", tmp_path / "o"], message, str(bad))
+
+
+@pytest.mark.parametrize("objective, kind", [("clm", "wordpiece"), ("bilm", "bpe"), ("mlm", "word")])
+def test_a_tokenizer_kind_the_objective_cannot_train_is_refused(corpus, tmp_path, objective, kind):
+    args = ["--objective", objective, "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
+            "--tokenizer.kind", kind]  # fmt: skip
+    fails(args, f"kind={kind!r}", f"{objective} trains a")
+
+
+def test_bilm_refuses_a_subword_tokenizer(corpus, mlm_run, tmp_path):
+    args = ["--objective", "bilm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
+            "--tokenizer", mlm_run]  # fmt: skip
+    fails(args, "not word-level", "--kind word")
+
+
+def test_the_reading_table_covers_every_key_and_every_key_has_a_reader():
+    table = reading_table()
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert readers(section, f.name), (section, f.name)
+            if section != "trainer":
+                assert f"| [{section}] {f.name} |" in table
+    assert readers("data", "eval_fraction") == OBJECTIVES and readers("elmo", "lstm.dim") == ("bilm",)
+    assert "| [objective] softmax |  |  |  |  |  | x |" in table
+
+
+# ------------------------------------------------------------------ the same command, the same model
+
+RUN_IN_A_SUBPROCESS = """
+import sys
+from ctxrep.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_two_identical_runs_in_two_processes_train_the_same_model(corpus, tmp_path):
+    finals = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"run{hash_seed}"
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
+        args = ["pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out),
+                "--max-steps", "20", "--no-progress"]  # fmt: skip
+        command = [sys.executable, "-c", RUN_IN_A_SUBPROCESS, *args]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        finals.append((logged_losses(out)[-1], (out / "tokenizer.json").read_bytes()))
+    assert finals[0][1] == finals[1][1]
+    assert finals[0][0] == finals[1][0]
 
 
 # ------------------------------------------------------------------------------------ tokenizer CLI

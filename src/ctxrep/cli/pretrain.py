@@ -48,8 +48,9 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
 def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, tokenizer, progress) -> None:  # fmt: skip
     """Pretrain --objective on --corpus with --config into --out.
 
-    Any config field can be overridden as --section.field VALUE (e.g. --trainer.lr 5e-4), or --field VALUE
-    when only one section has it.
+    Any config field that --objective reads can be overridden as --section.field VALUE (e.g. --trainer.lr
+    5e-4), or --field VALUE when only one section has it. [tokenizer], [data] and [trainer] mean the same for
+    every objective; [encoder] (Transformers), [elmo] (bilm) and [objective] hold settings of particular ones.
     """
     from ctxrep.train import distributed
     from ctxrep.train.pretrain import load_config
@@ -57,7 +58,7 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
 
     dist = distributed.init_distributed()  # first: under torchrun every process joins before any work
     try:
-        config = load_config(config_name, parse_overrides(ctx.args))
+        config = load_config(config_name, parse_overrides(ctx.args), objective)
         metrics = run_pretraining(objective, config, corpus, out_dir, max_steps, resume, tokenizer, progress)
     finally:
         distributed.shutdown()

@@ -30,10 +30,11 @@ TensorFlow's `subtract_log_q`), and a candidate equal to the row's target is rem
 With S = the whole vocabulary and Q = 1 this is the full softmax's cross-entropy. Evaluation always uses the
 full softmax, so held-out perplexities are true perplexities.
 
-`build_bilm_run` turns a parsed TOML config into a `PretrainRun` for the shared Trainer: a word-level
-tokenizer (ctxrep.tokenizer_training, kind="word"), the packed corpus, FULL-SENTENCES packers for training
-and a held-out tail, the objective, and a `save_model` that writes an ELMo folder (options.json +
-weights.hdf5 with the softmax + vocab.txt) that `ctxrep.load_model("elmo:DIR")` loads.
+Pretraining goes through the one pipeline of `ctxrep pretrain` (ctxrep.train.pretrain): this module adds only
+what is the biLM's own, its word-level vocabulary (`word_vocabulary`, from a tokenizer trained with
+kind="word") and the separator between documents in its rows of words (`SEPARATOR`); `save_pretrained`
+writes an ELMo folder (options.json + weights.hdf5 with the softmax + vocab.txt) that
+`ctxrep.load_model("elmo:DIR")` loads.
 """
 
 from __future__ import annotations
@@ -44,22 +45,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import tokenizers
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.data.corpus import CorpusConfig, PackedCorpus, pack_corpus
-from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker
 from ctxrep.models.elmo import ElmoBiLM, ElmoConfig, batch_to_ids
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.tokenize import Tokenizer
-from ctxrep.train.run import PretrainRun
 
 VOCAB_FILE = "vocab.txt"
-TOKENIZER_FILE = "tokenizer.json"
-CORPUS_DIR = "corpus"
 # Rows of the full softmax computed at once: bounds the (rows, vocab) logits to about 64 MB of float32.
 _FULL_SOFTMAX_ELEMENTS = 1 << 24
 
@@ -288,160 +283,28 @@ def evaluate_perplexity(
     return result
 
 
-# ---- From a TOML config to a PretrainRun --------------------------------------------------------------
+# ---- Its data: a word vocabulary and sentences of words ----------------------------------------------------
+
+# Between two documents inside one training row (`ctxrep pretrain` packs sentences back to back, as for RoBERTa).
+SEPARATOR = "</S>"
 
 
-@dataclass
-class WordTokenizerConfig:
-    """[tokenizer]: the word-level vocabulary (specials + the most frequent words)."""
-
-    vocab_size: int = 30000
-    min_frequency: int = 1
-    lowercase: bool = False
-
-
-@dataclass
-class BiLMDataConfig:
-    """[data]: max_length words per sequence; eval_fraction of the sentences (the corpus's tail) held out
-    (0 = none); document_boundary and num_workers as in ctxrep.data.corpus.CorpusConfig; seed for the
-    packers and the initial weights."""
-
-    max_length: int = 64
-    eval_fraction: float = 0.01
-    document_boundary: Literal["file", "blank_line"] = "file"
-    num_workers: int | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_length < 2:
-            raise ValueError(f"data.max_length={self.max_length} must be at least 2")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise ValueError(f"data.eval_fraction={self.eval_fraction} must be in [0, 1)")
-
-
-_ELMO_FIELDS_SET_BY_THE_OBJECTIVE = ("n_tokens_vocab", "has_softmax")
-
-
-def _section(config: dict, name: str, cls, exclude: tuple[str, ...] = (), ignore_others: bool = False):
-    """Build dataclass `cls` from config[name], refusing keys it does not have (or skipping them)."""
-    values = dict(config.get(name) or {})
-    known = [f.name for f in dataclasses.fields(cls) if f.name not in exclude]
-    unknown = sorted(set(values) - set(known))
-    if ignore_others:
-        values = {k: v for k, v in values.items() if k in known}
-    elif unknown:
-        raise ValueError(f"[{name}] has unknown setting(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    return cls(**values)
-
-
-def build_bilm_run(config: dict, corpus: Path, out_dir: Path, progress: bool = True) -> PretrainRun:
-    """Everything the Trainer needs to pretrain an ELMo biLM on the text files of `corpus`.
-
-    config: a parsed TOML dict with [elmo] (ElmoConfig fields), [tokenizer] (WordTokenizerConfig), [data]
-    (BiLMDataConfig), [objective] (BiLMObjectiveConfig); [trainer] is not read here. In out_dir: the word-level
-    tokenizer.json (trained, or reused if present), the packed corpus in out_dir/corpus (reused when up to
-    date), and what save_model(out_dir) writes: options.json, weights.hdf5, vocab.txt.
-    """
-    from ctxrep.tokenizer_training import train_tokenizer
-
-    corpus, out_dir = Path(corpus), Path(out_dir)
-    elmo = dict(config.get("elmo") or {})
-    if "char_cnn" in elmo or "lstm" in elmo:
-        # The layout of ELMo's options.json, as in ctxrep pretrain's shipped configs; other keys of [elmo] are
-        # the biLM objective's own settings (softmax, num_samples, dropout).
-        if "n_tokens_vocab" in elmo:
-            raise ValueError("[elmo] has unknown setting(s) n_tokens_vocab (set by the objective from the vocabulary)")
-        objective_keys = {f.name for f in dataclasses.fields(BiLMObjectiveConfig)}
-        elmo_config = ElmoConfig.from_options(elmo, source="[elmo]")
-        objective_config = BiLMObjectiveConfig(**{k: v for k, v in elmo.items() if k in objective_keys})
-        unknown = sorted(set(elmo) - objective_keys - {"char_cnn", "lstm"})
-        if unknown:
-            raise ValueError(f"[elmo] has unknown setting(s) {', '.join(unknown)}; known: char_cnn, lstm, "
-                             f"{', '.join(sorted(objective_keys))}")  # fmt: skip
-        # The shared [tokenizer] / [data] sections also hold the subword objectives' settings: take ours.
-        tok_config = _section(config, "tokenizer", WordTokenizerConfig, ignore_others=True)
-        data = _section(config, "data", BiLMDataConfig, ignore_others=True)
-    else:
-        elmo_config = _section(config, "elmo", ElmoConfig, exclude=_ELMO_FIELDS_SET_BY_THE_OBJECTIVE)
-        tok_config = _section(config, "tokenizer", WordTokenizerConfig)
-        data = _section(config, "data", BiLMDataConfig)
-        objective_config = _section(config, "objective", BiLMObjectiveConfig)
-    reading = CorpusConfig(document_boundary=data.document_boundary, num_workers=data.num_workers)
-
-    tokenizer_file = out_dir / TOKENIZER_FILE
-    if tokenizer_file.is_file():
-        tokenizer = Tokenizer.from_model_dir(out_dir)
-    else:
-        tokenizer = train_tokenizer(
-            corpus, "word", tok_config.vocab_size, out_dir, lowercase=tok_config.lowercase,
-            min_frequency=tok_config.min_frequency, corpus=reading, show_progress=progress,
-        )  # fmt: skip
-    vocab_words = _word_vocabulary(tokenizer, tokenizer_file, tok_config.vocab_size)
-
-    packed = pack_corpus(corpus, tokenizer_file, out_dir / CORPUS_DIR, reading, progress=progress)
-    train_corpus, eval_corpus = split_held_out(packed, data.eval_fraction, min_tokens=data.max_length)
-    # No template: ElmoBiLM adds <S> and </S> itself. </S> separates two documents inside a sequence.
-    packing = FullSentencesConfig(
-        max_length=data.max_length, seed=data.seed, separator_id=tokenizer.backend.token_to_id("</S>")
-    )
-    train_data = FullSentencesPacker(train_corpus, packing, tokenizer)
-    eval_data = FullSentencesPacker(eval_corpus, packing, tokenizer) if eval_corpus is not None else None
-
-    with torch.random.fork_rng(devices=[]):  # the initial weights depend on data.seed only
-        torch.manual_seed(data.seed)
-        objective = BiLMObjective(elmo_config, vocab_words, objective_config)
-    return PretrainRun(objective=objective, train_data=train_data, eval_data=eval_data, save_model=objective.save_pretrained)
-
-
-def _word_vocabulary(tokenizer: Tokenizer, file: Path, vocab_size: int) -> list[str]:
-    """The words by id of a word-level tokenizer, checked to fit [tokenizer] and the biLM's conventions."""
-    if not isinstance(tokenizer.backend.model, tokenizers.models.WordLevel):
+def word_vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The words by id of a word-level tokenizer (train_tokenizer(kind="word")): the biLM's softmax vocabulary,
+    checked against the biLM's conventions (<pad> at id 0, a </S> token, most frequent words first)."""
+    if not isinstance(tokenizer.backend.model, tokenizers.models.WordLevel):  # noqa: TRY004 (a user-fixable input)
         raise ValueError(
-            f"{file} is not a word-level tokenizer; the biLM predicts whole words. Delete it (or use another "
-            "out_dir) so that a word-level one is trained"
+            f"the tokenizer is {type(tokenizer.backend.model).__name__}, not word-level: the biLM predicts whole "
+            "words; give it a word-level tokenizer (ctxrep tokenizer train --kind word), or delete the run folder's "
+            "tokenizer.json so that one is trained"
         )
     vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
     words = [""] * len(vocab)
     for word, i in vocab.items():
         words[i] = word
-    if len(vocab) > vocab_size:
+    if words[0] != "<pad>" or SEPARATOR not in vocab:
         raise ValueError(
-            f"{file} has {len(vocab)} words but [tokenizer] vocab_size is {vocab_size}: it was trained with other "
-            "settings. Delete it (or use another out_dir) to train a new one"
+            f"the word-level tokenizer has {words[0]!r} at id 0 and {'a' if SEPARATOR in vocab else 'no'} "
+            f"{SEPARATOR} token; the biLM needs <pad> at id 0 and {SEPARATOR}, as train_tokenizer(kind='word') makes"
         )
-    if words[0] != "<pad>" or "</S>" not in vocab:
-        raise ValueError(f"{file}: expected <pad> at id 0 and a </S> token, as train_tokenizer(kind='word') makes")
     return words
-
-
-def split_held_out(
-    corpus: PackedCorpus, eval_fraction: float, min_tokens: int
-) -> tuple[PackedCorpus, PackedCorpus | None]:
-    """(training part, held-out part): the held-out part is the last ceil(eval_fraction * sentences) sentences,
-    grown until it holds at least `min_tokens` tokens; eval_fraction=0 holds out nothing."""
-    if eval_fraction == 0:
-        return corpus, None
-    n = corpus.num_sentences
-    offsets = corpus.sentence_offsets
-    first = n - max(1, math.ceil(eval_fraction * n))
-    while first > 0 and offsets[n] - offsets[first] < min_tokens:
-        first -= 1
-    if first < 1 or offsets[first] < min_tokens:
-        raise ValueError(
-            f"{corpus.path}: the corpus ({corpus.num_tokens} words in {n} sentences) is too small to hold out "
-            f"eval_fraction={eval_fraction} and still fill a sequence of max_length={min_tokens} on both sides; "
-            "use more text, a smaller max_length, or data.eval_fraction = 0"
-        )
-    return corpus_slice(corpus, 0, first), corpus_slice(corpus, first, n)
-
-
-def corpus_slice(corpus: PackedCorpus, first: int, end: int) -> PackedCorpus:
-    """A PackedCorpus over sentences [first, end) of `corpus` (a view: no token is copied); a document cut
-    by the slice keeps its part inside."""
-    sentences, documents = corpus.sentence_offsets, corpus.document_offsets
-    t0, t1 = int(sentences[first]), int(sentences[end])
-    inner = documents[(documents > first) & (documents < end)] - first  # documents starting inside the slice
-    doc_offsets = np.concatenate([[0], inner, [end - first]]).astype(np.int64)
-    manifest = dict(corpus.manifest)
-    manifest["counts"] = {"documents": len(doc_offsets) - 1, "sentences": end - first, "tokens": t1 - t0}
-    return PackedCorpus(corpus.path, corpus.tokens[t0:t1], sentences[first : end + 1] - t0, doc_offsets, manifest)

@@ -2,26 +2,35 @@
 
     pretrain("mlm", load_config("tiny"), "corpus/", "runs/bert-tiny")
 
-Steps (`ctxrep pretrain` runs exactly this):
+One pipeline for every objective (`ctxrep pretrain` runs exactly this):
 1. the tokenizer: `--tokenizer PATH`, else OUT/tokenizer.json from an earlier run, else trained on the
-   corpus (WordPiece or byte-level BPE as [tokenizer] kind says for mlm / mlm+nsp / electra; byte-level BPE
-   for clm; for plm byte-level BPE plus <sep> and <cls> with XLNet's template "A <sep> <cls>");
-2. its vocabulary must have exactly [tokenizer] vocab_size entries, the model's embedding rows;
+   corpus: WordPiece or byte-level BPE for mlm / mlm+nsp / electra ([tokenizer] kind), byte-level BPE for
+   clm, byte-level BPE plus <sep> and <cls> with XLNet's template "A <sep> <cls>" for plm, a word-level
+   vocabulary (most frequent words first) for bilm;
+2. its vocabulary must have exactly [tokenizer] vocab_size entries, the model's embedding (softmax) rows;
 3. the corpus is packed into OUT/corpus/ (reused when up to date) and its last sentences are held out
    ([data] eval_fraction) for the trainer's evaluations;
-4. the objective's `PretrainRun` (segment pairs for mlm+nsp, RoBERTa FULL-SENTENCES otherwise);
+4. the objective's `PretrainRun` (`build_run`): the objective module, BERT segment pairs for mlm+nsp and
+   RoBERTa FULL-SENTENCES otherwise (for bilm: sentences of words, documents separated by </S>);
 5. `Trainer(...).train(resume=...)`. OUT itself becomes the model folder: config.json, model.safetensors,
-   tokenizer.json, tokenizer_config.json (ctxrep.load_model, ctxrep.Featurizer and transformers load it);
-   OUT/log.jsonl holds the training log, OUT/checkpoint/ the resumable state, OUT/pretrain.json the
-   objective and the resolved config.
+   tokenizer.json, tokenizer_config.json (for bilm: options.json, weights.hdf5, vocab.txt), which
+   ctxrep.load_model, ctxrep.Featurizer and transformers load; OUT/log.jsonl holds the training log,
+   OUT/checkpoint/ the resumable state, OUT/pretrain.json the objective and the settings it read.
 
-Configs are TOML files with the sections [encoder], [tokenizer], [data], [objective], [trainer] (the
-fields of the dataclasses below and of TrainerConfig) and [elmo] (the biLM shape, read by
-ctxrep.objectives.bilm). Shipped configs live in ctxrep/configs/pretrain/ and are named without ".toml".
+Configs are TOML files; one schema for every objective (`reading_table()` lists which keys each reads):
+- [tokenizer], [data], [trainer] (TrainerConfig): read by every objective, each key with one meaning;
+- [encoder]: the Transformer's shape in BERT's names (mapped onto GPT2Config for clm, XLNetConfig for plm);
+- [elmo]: the biLM's shape, in the layout of ELMo's options.json ([elmo.char_cnn], [elmo.lstm]);
+- [objective]: the settings of particular objectives (masking, ELECTRA, XLNet, the biLM softmax).
+A key that no objective reads is an error. A file may hold the settings of several objectives in [encoder],
+[elmo] and [objective] (the shipped tiny and small configure all six); each run reads those of its own
+objective, and records what it read in pretrain.json. A setting given on the command line must be one the
+chosen objective reads. Shipped configs live in ctxrep/configs/pretrain/ and are named without ".toml".
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -48,6 +57,9 @@ from ctxrep.train.run import PretrainRun
 from ctxrep.train.trainer import CHECKPOINT_DIR, Trainer, TrainerConfig
 
 OBJECTIVES = ("mlm", "mlm+nsp", "electra", "clm", "plm", "bilm")
+TRANSFORMERS = ("mlm", "mlm+nsp", "electra", "clm", "plm")
+MASKED = ("mlm", "mlm+nsp", "electra")
+BERTS = ("mlm", "mlm+nsp")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "pretrain"
 RUN_FILE = "pretrain.json"
 CORPUS_DIR = "corpus"
@@ -61,58 +73,73 @@ class PretrainError(ValueError):
 # ------------------------------------------------------------------------------------------- config
 
 
+def _key(default, read_by: tuple[str, ...]):
+    """A config field read by some objectives only (the others ignore it in a file and refuse it as an override)."""
+    return field(default=default, metadata={"read_by": read_by})
+
+
 @dataclass
 class EncoderSection:
-    """The network's shape. BERT names; clm maps them onto GPT2Config, plm onto XLNetConfig."""
+    """The Transformer's shape, in BERT's names; clm maps them onto GPT2Config, plm onto XLNetConfig. Read by
+    mlm, mlm+nsp, electra, clm and plm; the keys a family has no counterpart for are marked."""
 
-    model_type: str = "bert"  # "bert" or "roberta" for mlm; electra always builds "electra"
+    model_type: str = _key("bert", BERTS)  # "bert" or "roberta"; electra builds ELECTRA, clm GPT-2, plm XLNet
     hidden_size: int = 256
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     intermediate_size: int = 1024
-    embedding_size: int = 0  # 0 = hidden_size; ELECTRA-small has narrower embeddings projected up
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
+    embedding_size: int = _key(0, MASKED)  # 0 = hidden_size; ELECTRA-small has narrower embeddings projected up
+    hidden_act: str = _key("gelu", (*MASKED, "plm"))  # GPT-2 keeps its own gelu_new
+    hidden_dropout_prob: float = 0.1  # plm: XLNet's one dropout
+    attention_probs_dropout_prob: float = _key(0.1, (*MASKED, "clm"))
+    max_position_embeddings: int = _key(512, (*MASKED, "clm"))  # XLNet's relative positions have no limit
+    type_vocab_size: int = _key(2, MASKED)
+    layer_norm_eps: float = _key(1e-12, (*MASKED, "plm"))  # GPT-2 keeps its own 1e-5
     initializer_range: float = 0.02
 
 
 @dataclass
 class TokenizerSection:
-    kind: str = "wordpiece"  # for mlm / mlm+nsp / electra; clm and plm always use byte-level BPE
-    vocab_size: int = 30522  # tokenizer entries = the model's embedding rows
+    """The vocabulary, trained on the corpus unless --tokenizer gives one. Read by every objective."""
+
+    kind: str = ""  # "" = the objective's: wordpiece (mlm, mlm+nsp, electra; or "bpe"), bpe (clm, plm), word (bilm)
+    vocab_size: int = 30522  # entries, special tokens included = the model's embedding (softmax) rows, exactly
     lowercase: bool = True
-    min_frequency: int = 2
+    min_frequency: int = 2  # rarest pair merged (wordpiece, bpe) or word kept (word)
 
 
 @dataclass
 class DataSection:
+    """Reading, holding out and packing the corpus. Read by every objective; lengths count tokens (words for bilm)."""
+
     max_length: int = 128  # tokens per sequence, special tokens included
-    short_seq_prob: float = 0.1  # mlm+nsp: pairs aiming at a random shorter length (BERT)
     short_seq_warmup_length: int = 0  # short-sequence warm-up length; 0 = no warm-up
     short_seq_warmup_steps: int = 0  # optimizer steps at short_seq_warmup_length (BERT: 90% of its steps at 128)
     document_boundary: str = "file"  # "file" or "blank_line"
-    strip_gutenberg: bool = True
-    eval_fraction: float = 0.02  # share of the corpus's tokens held out (its last sentences); 0 = no evaluation
-    num_workers: int = 0  # tokenizer processes for packing; 0 = one per CPU, 1 = this process
+    strip_gutenberg: bool = True  # drop Project Gutenberg headers and footers
+    eval_fraction: float = 0.02  # share of the corpus's sentences held out (its last ones); 0 = no evaluation
+    num_workers: int = 0  # tokenizer processes for packing: 0 = this process, N = N processes, -1 = one per CPU
 
 
 @dataclass
 class ObjectiveSection:
-    mask_prob: float = 0.15  # mlm, mlm+nsp, electra
-    replace_prob: float = 0.8  # of the selected tokens: [MASK]
-    random_prob: float = 0.1  # ... a random token (the rest stay unchanged)
-    whole_word: bool = False
-    static_copies: int = 0  # 0 = dynamic masking (RoBERTa); N = one of N fixed masks per sequence (BERT)
-    generator_size_fraction: float = 0.25  # electra: generator hidden / heads / intermediate vs discriminator
-    disc_weight: float = 50.0  # electra: lambda
-    k: int = 6  # plm: predict the last 1/K of each factorization order
-    span_prediction: bool = False  # plm
-    max_span: int = 5  # plm
-    bidirectional_context: bool = True  # plm
+    """Settings of particular objectives; each key says which objectives read it."""
+
+    mask_prob: float = _key(0.15, MASKED)
+    replace_prob: float = _key(0.8, MASKED)  # of the selected tokens: [MASK]
+    random_prob: float = _key(0.1, MASKED)  # ... a random token (the rest stay unchanged)
+    whole_word: bool = _key(False, MASKED)
+    static_copies: int = _key(0, MASKED)  # 0 = dynamic masking (RoBERTa); N = one of N fixed masks per sequence (BERT)
+    short_seq_prob: float = _key(0.1, ("mlm+nsp",))  # pairs aiming at a random shorter length (BERT)
+    generator_size_fraction: float = _key(0.25, ("electra",))  # generator hidden / heads / intermediate vs discriminator
+    disc_weight: float = _key(50.0, ("electra",))  # lambda
+    k: int = _key(6, ("plm",))  # predict the last 1/K of each factorization order
+    span_prediction: bool = _key(False, ("plm",))
+    max_span: int = _key(5, ("plm",))
+    bidirectional_context: bool = _key(True, ("plm",))
+    softmax: str = _key("sampled", ("bilm",))  # "sampled" (training; full at evaluation) or "full"
+    num_samples: int = _key(8192, ("bilm",))  # log-uniform draws per batch for the sampled softmax
+    dropout: float = _key(0.1, ("bilm",))  # on the biLM's top layer before the softmax
 
 
 SECTIONS: dict[str, type] = {
@@ -122,7 +149,28 @@ SECTIONS: dict[str, type] = {
     "objective": ObjectiveSection,
     "trainer": TrainerConfig,
 }
-FREE_SECTIONS = ("elmo",)  # passed on to the biLM builder, which checks them
+# Which objectives read a section's keys unless a key says otherwise (field metadata "read_by").
+SECTION_READERS: dict[str, tuple[str, ...]] = {
+    "encoder": TRANSFORMERS,
+    "tokenizer": OBJECTIVES,
+    "data": OBJECTIVES,
+    "objective": (),
+    "trainer": OBJECTIVES,
+    "elmo": ("bilm",),
+}
+# [elmo]: the biLM's shape in the layout of ELMo's options.json, handed to ElmoConfig.from_options.
+ELMO_KEYS = {
+    "char_cnn": ("embedding", "filters", "n_highway", "activation", "n_characters", "max_characters_per_token"),
+    "lstm": ("dim", "projection_dim", "n_layers", "cell_clip", "proj_clip", "use_skip_connections"),
+}
+# Keys that an earlier schema had elsewhere: where they are now.
+MOVED = {
+    ("data", "short_seq_prob"): "[objective] short_seq_prob",
+    ("data", "seed"): "[trainer] seed (one seed for the data order and the initial weights of every objective)",
+    ("elmo", "softmax"): "[objective] softmax",
+    ("elmo", "num_samples"): "[objective] num_samples",
+    ("elmo", "dropout"): "[objective] dropout",
+}
 
 
 @dataclass
@@ -132,8 +180,30 @@ class PretrainConfig:
     data: DataSection
     objective: ObjectiveSection
     trainer: TrainerConfig
-    raw: dict = field(default_factory=dict)  # the whole TOML after overrides (what build_bilm_run reads)
+    raw: dict = field(default_factory=dict)  # the whole config after overrides ([elmo] is read from here)
     source: str = ""  # the file it came from
+
+
+def readers(section: str, key: str) -> tuple[str, ...]:
+    """The objectives that read `key` ("lstm.dim" in [elmo]) of `section`."""
+    cls = SECTIONS.get(section)
+    if cls is not None:
+        for f in dataclasses.fields(cls):
+            if f.name == key:
+                return f.metadata.get("read_by", SECTION_READERS[section])
+    return SECTION_READERS[section]
+
+
+def reading_table() -> str:
+    """Which keys each objective reads, as a Markdown table (x = read)."""
+    lines = ["| key | " + " | ".join(OBJECTIVES) + " |", "|---|" + "---|" * len(OBJECTIVES)]
+    keys = [(s, f.name) for s, cls in SECTIONS.items() if s != "trainer" for f in dataclasses.fields(cls)]
+    keys += [("elmo", f"{table}.*") for table in ELMO_KEYS]
+    for section, key in keys:
+        who = readers(section, key)
+        lines.append(f"| [{section}] {key} | " + " | ".join("x" if o in who else "" for o in OBJECTIVES) + " |")
+    lines.append("| [trainer] (every key) | " + " | ".join("x" for _ in OBJECTIVES) + " |")
+    return "\n".join(lines)
 
 
 def config_path(name_or_path: str | Path) -> Path:
@@ -148,35 +218,64 @@ def config_path(name_or_path: str | Path) -> Path:
     raise PretrainError(f"config {str(name_or_path)!r} is neither a TOML file nor a shipped config ({names})")
 
 
-def load_config(name_or_path: str | Path, overrides: list[tuple[str, str]] = ()) -> PretrainConfig:
-    """Read a TOML config, apply `overrides` ((key, text value): "trainer.lr" or "lr" when unambiguous)."""
+def load_config(
+    name_or_path: str | Path, overrides: list[tuple[str, str]] = (), objective: str | None = None
+) -> PretrainConfig:
+    """Read a TOML config and apply `overrides` ((key, text value): "trainer.lr", or "lr" when one section has
+    it); with `objective`, an override that objective does not read is refused."""
     path = config_path(name_or_path)
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise PretrainError(f"{path}: not valid TOML ({e})") from None
-    for section, value in raw.items():
-        if section not in SECTIONS and section not in FREE_SECTIONS:
-            known = ", ".join(f"[{s}]" for s in (*SECTIONS, *FREE_SECTIONS))
-            raise PretrainError(f"{path}: unknown section [{section}]; the sections are {known}")
-        if not isinstance(value, dict):
-            raise PretrainError(f"{path}: {section} must be a [{section}] table, not a value")
-        if section in SECTIONS:
-            hints = _field_types(SECTIONS[section])
-            for key in value:
-                if key not in hints:
-                    raise PretrainError(f"{path}: unknown key {key!r} in [{section}]; known: {', '.join(hints)}")
+    return config_from_dict(raw, str(path), overrides, objective)
+
+
+def config_from_dict(
+    raw: dict, source: str, overrides: list[tuple[str, str]] = (), objective: str | None = None
+) -> PretrainConfig:
+    """A PretrainConfig from a parsed TOML dict (`source` names it in errors); see `load_config`."""
+    if objective is not None and objective not in OBJECTIVES:
+        raise PretrainError(f"objective {objective!r} is unknown; use one of {', '.join(OBJECTIVES)}")
+    raw = copy.deepcopy(raw)
+    _check_keys(raw, source)
     for key, text in overrides:
-        _apply_override(raw, key, text, path)
+        _apply_override(raw, key, text, source, objective)
     sections = {}
     for name, cls in SECTIONS.items():
         hints = _field_types(cls)
-        values = {k: _coerce(v, hints[k], f"{path}: [{name}] {k}") for k, v in raw.get(name, {}).items()}
+        values = {k: _coerce(v, hints[k], f"{source}: [{name}] {k}") for k, v in raw.get(name, {}).items()}
         try:
             sections[name] = cls(**values)
         except (TypeError, ValueError) as e:
-            raise PretrainError(f"{path}: [{name}]: {e}") from None
-    return PretrainConfig(**sections, raw=raw, source=str(path))
+            raise PretrainError(f"{source}: [{name}]: {e}") from None
+    return PretrainConfig(**sections, raw=raw, source=source)
+
+
+def _check_keys(raw: dict, source: str) -> None:
+    """Every section and key is one that some objective reads."""
+    for section, value in raw.items():
+        if section not in SECTION_READERS:
+            known = ", ".join(f"[{s}]" for s in SECTION_READERS)
+            raise PretrainError(f"{source}: unknown section [{section}]; the sections are {known}")
+        if not isinstance(value, dict):
+            raise PretrainError(f"{source}: {section} must be a [{section}] table, not a value")
+        for key, inner in value.items():
+            if (section, key) in MOVED:
+                raise PretrainError(f"{source}: [{section}] {key} is now {MOVED[section, key]}; move it there")
+            if section == "elmo":
+                if key not in ELMO_KEYS:
+                    raise PretrainError(
+                        f"{source}: unknown key {key!r} in [elmo]; [elmo] holds the biLM's shape as the tables "
+                        "[elmo.char_cnn] and [elmo.lstm] (the biLM's softmax settings are in [objective])"
+                    )
+                unknown = sorted(set(inner) - set(ELMO_KEYS[key])) if isinstance(inner, dict) else ["(a value)"]
+                if unknown:
+                    raise PretrainError(f"{source}: unknown key(s) {', '.join(unknown)} in [elmo.{key}]; known: "
+                                        f"{', '.join(ELMO_KEYS[key])}")  # fmt: skip
+            elif key not in _field_types(SECTIONS[section]):
+                known = ", ".join(_field_types(SECTIONS[section]))
+                raise PretrainError(f"{source}: unknown key {key!r} in [{section}]; known: {known}")
 
 
 def _field_types(cls: type) -> dict[str, object]:
@@ -184,39 +283,39 @@ def _field_types(cls: type) -> dict[str, object]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _apply_override(raw: dict, key: str, text: str, path: Path) -> None:
-    """Set raw[section][field] from "--section.field VALUE" or "--field VALUE" (when one section has it)."""
+def _apply_override(raw: dict, key: str, text: str, source: str, objective: str | None) -> None:
+    """Set raw[section][field] from "--section.field VALUE" or "--field VALUE" (no two sections share a name)."""
     key = key.replace("-", "_")
     if "." in key:
         section, name = key.split(".", 1)
         if section in SECTIONS:
             if name not in _field_types(SECTIONS[section]):
-                raise PretrainError(f"--{key}: [{section}] in {path} has no key {name!r}")
-        elif section in FREE_SECTIONS:
-            table = raw.get(section, {})
-            *parents, leaf = name.split(".")
-            for p in parents:
-                table = table.get(p, {}) if isinstance(table, dict) else {}
-            if not isinstance(table, dict) or leaf not in table:
-                raise PretrainError(f"--{key}: {path} has no key {name!r} in [{section}] to override")
+                raise PretrainError(f"--{key}: [{section}] in {source} has no key {name!r}")
+        elif section == "elmo":
+            table, _, leaf = name.partition(".")
+            if leaf not in ELMO_KEYS.get(table, ()):
+                raise PretrainError(f"--{key}: [elmo] has no key {name!r}; known: "
+                                    + ", ".join(f"{t}.{k}" for t, keys in ELMO_KEYS.items() for k in keys))  # fmt: skip
         else:
-            raise PretrainError(f"--{key}: unknown section {section!r} (sections: {', '.join(SECTIONS)}, elmo)")
+            raise PretrainError(f"--{key}: unknown section {section!r} (sections: {', '.join(SECTION_READERS)})")
     else:
-        owners = [s for s, cls in SECTIONS.items() if key in _field_types(cls)]
-        owners += [s for s in FREE_SECTIONS if isinstance(raw.get(s), dict) and key in raw[s]]
+        owners = [s for s, cls in SECTIONS.items() if key in _field_types(cls)]  # one at most (a test checks)
         if not owners:
-            raise PretrainError(f"--{key}: no config section has a key {key!r} ({path})")
-        if len(owners) > 1:
-            options = " or ".join(f"--{s}.{key}" for s in owners)
-            raise PretrainError(f"--{key} is ambiguous: sections {', '.join(owners)} all have it; use {options}")
+            raise PretrainError(f"--{key}: no config section has a key {key!r} ({source})")
         section, name = owners[0], key
+    who = readers(section, name)
+    if objective is not None and objective not in who:
+        raise PretrainError(
+            f"--{key}: [{section}] {name} is read by {', '.join(who)}, not by {objective}; leave it out, or "
+            f"pretrain {' or '.join(f'--objective {o}' for o in who)}"
+        )
     value = _parse_value(text)
     if section in SECTIONS:
         value = _coerce(value, _field_types(SECTIONS[section])[name], f"--{key}")
     table = raw.setdefault(section, {})
     *parents, leaf = name.split(".")
     for p in parents:
-        table = table[p]
+        table = table.setdefault(p, {})
     table[leaf] = value
 
 
@@ -244,6 +343,17 @@ def _coerce(value, hint, where: str):
     return value
 
 
+def read_settings(config: PretrainConfig, objective: str) -> dict:
+    """The settings `objective` reads, by section (what pretrain.json records)."""
+    settings: dict[str, dict] = {}
+    for name in SECTIONS:
+        values = dataclasses.asdict(getattr(config, name))
+        settings[name] = {k: v for k, v in values.items() if objective in readers(name, k)}
+    if objective in SECTION_READERS["elmo"]:
+        settings["elmo"] = config.raw.get("elmo", {})
+    return {name: values for name, values in settings.items() if values}
+
+
 # ------------------------------------------------------------------------------------------ the run
 
 
@@ -267,31 +377,39 @@ def pretrain(
     if max_steps is not None:
         config.trainer.max_steps = max_steps
     out = Path(out_dir)
-    corpus = Path(corpus)
-    ctx = distributed.current()
-    _check_out_dir(out, objective, config, resume, ctx)
-
+    _check_out_dir(out, objective, config, resume, distributed.current())
     torch.manual_seed(config.trainer.seed)  # the same initial weights on every process and every run
-    if objective == "bilm":
-        from ctxrep.objectives.bilm import build_bilm_run
-
-        # rank 0 builds the vocabulary and packs the text; the others then find both in `out` and reuse them
-        run = ctx.main_first(lambda: build_bilm_run(config.raw, corpus, out),
-                             lambda: build_bilm_run(config.raw, corpus, out, progress=False))  # fmt: skip
-    else:
-
-        def prepare():
-            tok = prepare_tokenizer(objective, config, corpus, out, tokenizer)
-            return tok, pack_corpus(corpus, out, out / CORPUS_DIR, _corpus_config(config.data), progress=progress)
-
-        tok, packed = ctx.main_first(prepare, lambda: (Tokenizer.from_model_dir(out), PackedCorpus.open(out / CORPUS_DIR)))
-        run = build_run(objective, config, packed, tok)
+    run = prepare_run(objective, config, corpus, out, tokenizer, progress)
     trainer = Trainer(run.objective, config.trainer, run.train_data, out, run.eval_data, run.save_model)
     return trainer.train(resume=resume)
 
 
+def prepare_run(
+    objective: str,
+    config: PretrainConfig,
+    corpus: str | Path,
+    out: str | Path,
+    tokenizer: str | Path | None = None,
+    progress: bool = True,
+) -> PretrainRun:
+    """Steps 1-4 of the module docstring: the tokenizer and the packed corpus in `out` (made by rank 0 under
+    torchrun, then read by the others), the held-out split and the objective's run. Seed torch first: the
+    objective's initial weights are drawn here."""
+    corpus, out = Path(corpus), Path(out)
+
+    def prepare() -> tuple[Tokenizer, PackedCorpus]:
+        tok = prepare_tokenizer(objective, config, corpus, out, tokenizer, progress)
+        return tok, pack_corpus(corpus, out, out / CORPUS_DIR, _corpus_config(config.data), progress=progress)
+
+    def load() -> tuple[Tokenizer, PackedCorpus]:
+        return Tokenizer.from_model_dir(out), PackedCorpus.open(out / CORPUS_DIR)
+
+    tok, packed = distributed.current().main_first(prepare, load)
+    return build_run(objective, config, packed, tok)
+
+
 def _check_out_dir(out: Path, objective: str, config: PretrainConfig, resume: bool, ctx) -> None:
-    """Refuse to resume a run of another objective; record this run's objective and config."""
+    """Refuse to resume a run of another objective; record this run's objective and the settings it reads."""
     record = out / RUN_FILE
     has_checkpoint = (out / CHECKPOINT_DIR / "trainer_state.json").is_file()
     if resume:
@@ -310,7 +428,7 @@ def _check_out_dir(out: Path, objective: str, config: PretrainConfig, resume: bo
         )
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        settings = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
+        settings = read_settings(config, objective)
         text = json.dumps({"objective": objective, "config": config.source, "settings": settings}, indent=2)
         record.write_text(text + "\n")
 
@@ -318,23 +436,40 @@ def _check_out_dir(out: Path, objective: str, config: PretrainConfig, resume: bo
 def _corpus_config(data: DataSection) -> CorpusConfig:
     if data.document_boundary not in ("file", "blank_line"):
         raise PretrainError(f"[data] document_boundary={data.document_boundary!r}: use 'file' or 'blank_line'")
-    workers = None if data.num_workers == 0 else data.num_workers
+    if data.num_workers < -1:
+        raise PretrainError(f"[data] num_workers={data.num_workers}: use 0 (this process), N processes, or -1 (one per CPU)")
+    workers = None if data.num_workers == -1 else data.num_workers  # CorpusConfig: None = one per CPU, 0/1 = here
     return CorpusConfig(data.document_boundary, data.strip_gutenberg, workers)
 
 
 def tokenizer_kind(objective: str, config: PretrainConfig) -> str:
-    """WordPiece or BPE for the BERT family as the config says; byte-level BPE for clm and plm."""
-    return "bpe" if objective in ("clm", "plm") else config.tokenizer.kind
+    """[tokenizer] kind, or the objective's own kind when it is "": wordpiece for the BERT family (which may
+    also use bpe), byte-level bpe for clm and plm, word for bilm."""
+    own = {"clm": "bpe", "plm": "bpe", "bilm": "word"}.get(objective, "wordpiece")
+    usable = ("wordpiece", "bpe") if objective in MASKED else (own,)
+    kind = config.tokenizer.kind or own
+    if kind not in usable:
+        raise PretrainError(
+            f"[tokenizer] kind={kind!r} in {config.source}: {objective} trains a {' or '.join(usable)} tokenizer; "
+            f"set --tokenizer.kind {usable[0]} (or leave kind out of the config)"
+        )
+    return kind
 
 
 def prepare_tokenizer(
-    objective: str, config: PretrainConfig, corpus: Path, out: Path, tokenizer: str | Path | None = None
+    objective: str,
+    config: PretrainConfig,
+    corpus: Path,
+    out: Path,
+    tokenizer: str | Path | None = None,
+    progress: bool = False,
 ) -> Tokenizer:
     """The run's tokenizer in out/: copied from `tokenizer`, kept from an earlier run, or trained on the corpus."""
     from ctxrep.tokenizer_training import train_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     t = config.tokenizer
+    kind = tokenizer_kind(objective, config)
     if tokenizer is not None:
         source = Path(tokenizer)
         source_file = source / "tokenizer.json" if source.is_dir() else source
@@ -350,10 +485,10 @@ def prepare_tokenizer(
     elif (out / "tokenizer.json").is_file():
         where = f"{out / 'tokenizer.json'} (from an earlier run)"
     else:
-        kind = tokenizer_kind(objective, config)
         extra = len(XLNET_SPECIALS) if objective == "plm" else 0
         corpus_config = _corpus_config(config.data)
-        train_tokenizer(corpus, kind, t.vocab_size - extra, out, t.lowercase, t.min_frequency, corpus_config)
+        train_tokenizer(corpus, kind, t.vocab_size - extra, out, t.lowercase, t.min_frequency, corpus_config,
+                        show_progress=progress)  # fmt: skip
         if objective == "plm":
             _add_xlnet_template(out)
         where = f"the {kind} tokenizer trained on {corpus}"
@@ -391,21 +526,20 @@ def _add_xlnet_template(out: Path) -> None:
 
 
 def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, tokenizer: Tokenizer) -> PretrainRun:
-    """The objective module, its train / held-out packers and its saver, for every objective but bilm."""
-    from ctxrep.objectives.masked_lm import MaskedLMConfig, word_start_table
-
+    """The objective module, its train / held-out packers (the corpus's tail held out) and its saver."""
     enc, o = config.encoder, config.objective
     vocab_size = config.tokenizer.vocab_size
-    special_ids = tuple(sorted(i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special))
-    word_start = word_start_table(tokenizer) if o.whole_word else None
+    separator_id = None  # the tokenizer's own separator between documents inside a FULL-SENTENCES row
     mlm = None
-    if objective in ("mlm", "mlm+nsp", "electra"):
+    if objective in MASKED:
+        from ctxrep.objectives.masked_lm import MaskedLMConfig
+
         mlm = MaskedLMConfig.from_tokenizer(
             tokenizer, mask_prob=o.mask_prob, replace_prob=o.replace_prob, random_prob=o.random_prob,
             whole_word=o.whole_word, static_copies=o.static_copies or None, seed=config.trainer.seed,
         )  # fmt: skip
 
-    if objective in ("mlm", "mlm+nsp"):
+    if objective in BERTS:
         from ctxrep.objectives.masked_lm import MaskedLMObjective
 
         if enc.model_type not in ("bert", "roberta"):
@@ -414,13 +548,13 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
                 "'roberta' (or --objective electra for ELECTRA)"
             )
         bert = _bert_config(config, enc.model_type, tokenizer)
-        module = MaskedLMObjective(bert, mlm, nsp=objective == "mlm+nsp", word_start=word_start)
+        module = MaskedLMObjective(bert, mlm, nsp=objective == "mlm+nsp", word_start=_word_start(tokenizer, o))
         positions = module.config.max_tokens
     elif objective == "electra":
         from ctxrep.objectives.electra import ElectraObjective, ElectraObjectiveConfig
 
         electra = ElectraObjectiveConfig(o.generator_size_fraction, o.disc_weight, mlm)
-        module = ElectraObjective(_bert_config(config, "electra", tokenizer), electra, word_start)
+        module = ElectraObjective(_bert_config(config, "electra", tokenizer), electra, _word_start(tokenizer, o))
         positions = module.encoder_config.max_tokens
     elif objective == "clm":
         from ctxrep.models.gpt2 import GPT2Config
@@ -443,14 +577,31 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
 
         xlnet = XLNetConfig(
             vocab_size=vocab_size, d_model=enc.hidden_size, n_layer=enc.num_hidden_layers,
-            n_head=enc.num_attention_heads, d_inner=enc.intermediate_size, dropout=enc.hidden_dropout_prob,
-            initializer_range=enc.initializer_range, layer_norm_eps=enc.layer_norm_eps,
+            n_head=enc.num_attention_heads, d_inner=enc.intermediate_size, ff_activation=enc.hidden_act,
+            dropout=enc.hidden_dropout_prob, initializer_range=enc.initializer_range, layer_norm_eps=enc.layer_norm_eps,
             pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.backend.token_to_id("<s>"),
             eos_token_id=tokenizer.backend.token_to_id("</s>"),
         )  # fmt: skip
+        special_ids = tuple(sorted(i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special))
         plm = PermutationLMConfig(o.k, o.span_prediction, o.max_span, o.bidirectional_context)
         module = PermutationLMObjective(xlnet, plm, special_ids)
         positions = None  # relative positions: any length
+    elif objective == "bilm":
+        from ctxrep.objectives.bilm import (
+            SEPARATOR,
+            BiLMObjective,
+            BiLMObjectiveConfig,
+            word_vocabulary,
+        )
+
+        try:
+            words = word_vocabulary(tokenizer)
+            bilm = BiLMObjectiveConfig(o.softmax, o.num_samples, o.dropout)
+        except ValueError as e:
+            raise PretrainError(f"{config.source}: {e}") from None
+        module = BiLMObjective(_elmo_config(config), words, bilm)
+        separator_id = tokenizer.backend.token_to_id(SEPARATOR)  # no template: the biLM adds <S> and </S> itself
+        positions = None  # LSTMs: any length
     else:
         raise PretrainError(f"objective {objective!r} has no pretraining run here; use one of {', '.join(OBJECTIVES)}")
 
@@ -464,9 +615,34 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
             )
     pairs = objective == "mlm+nsp"
     train_corpus, eval_corpus = split_held_out(corpus, data, min_documents=2 if pairs else 1)
-    train_data = _packer(pairs, train_corpus, config, tokenizer, warmup=True)
-    eval_data = _packer(pairs, eval_corpus, config, tokenizer, warmup=False) if eval_corpus is not None else None
+    train_data = _packer(pairs, train_corpus, config, tokenizer, warmup=True, separator_id=separator_id)
+    eval_data = None
+    if eval_corpus is not None:
+        eval_data = _packer(pairs, eval_corpus, config, tokenizer, warmup=False, separator_id=separator_id)
     return PretrainRun(module, train_data, eval_data, module.save_pretrained)
+
+
+def _word_start(tokenizer: Tokenizer, o: ObjectiveSection):
+    from ctxrep.objectives.masked_lm import word_start_table
+
+    return word_start_table(tokenizer) if o.whole_word else None
+
+
+def _elmo_config(config: PretrainConfig):
+    """The biLM's shape from [elmo] (ELMo's options.json layout)."""
+    from ctxrep.models.elmo import ElmoConfig
+    from ctxrep.models.folders import CheckpointError
+
+    elmo = config.raw.get("elmo")
+    if not elmo:
+        raise PretrainError(
+            f"{config.source} has no [elmo] section: bilm reads the biLM's shape from [elmo.char_cnn] and "
+            "[elmo.lstm] (see the shipped tiny.toml); add them"
+        )
+    try:
+        return ElmoConfig.from_options(elmo, source=f"[elmo] in {config.source}")
+    except (CheckpointError, ValueError) as e:
+        raise PretrainError(str(e)) from None
 
 
 def _bert_config(config: PretrainConfig, model_type: str, tokenizer: Tokenizer):
@@ -485,7 +661,14 @@ def _bert_config(config: PretrainConfig, model_type: str, tokenizer: Tokenizer):
     )  # fmt: skip
 
 
-def _packer(pairs: bool, corpus: PackedCorpus, config: PretrainConfig, tokenizer: Tokenizer, warmup: bool):
+def _packer(
+    pairs: bool,
+    corpus: PackedCorpus,
+    config: PretrainConfig,
+    tokenizer: Tokenizer,
+    warmup: bool,
+    separator_id: int | None = None,
+):
     data, trainer = config.data, config.trainer
     schedule = None
     if warmup and data.short_seq_warmup_length and data.short_seq_warmup_steps:
@@ -493,17 +676,19 @@ def _packer(pairs: bool, corpus: PackedCorpus, config: PretrainConfig, tokenizer
         micro_batches = data.short_seq_warmup_steps * trainer.accumulation_steps
         schedule = ShortSequenceWarmup(data.short_seq_warmup_length, micro_batches)
     if pairs:
-        pair_config = SegmentPairConfig(data.max_length, data.short_seq_prob, trainer.seed, schedule)
+        pair_config = SegmentPairConfig(data.max_length, config.objective.short_seq_prob, trainer.seed, schedule)
         return SegmentPairPacker(corpus, pair_config, tokenizer)
-    return FullSentencesPacker(corpus, FullSentencesConfig(data.max_length, trainer.seed, schedule), tokenizer)
+    packing = FullSentencesConfig(data.max_length, trainer.seed, schedule, separator_id)
+    return FullSentencesPacker(corpus, packing, tokenizer)
 
 
 def split_held_out(
     corpus: PackedCorpus, data: DataSection, min_documents: int = 1
 ) -> tuple[PackedCorpus, PackedCorpus | None]:
-    """(train, held-out): the held-out part is the corpus's last sentences, at least eval_fraction of its
-    tokens, one sequence (max_length) and `min_documents` documents; a document cut by the split becomes
-    one document on each side. eval_fraction = 0: (corpus, None)."""
+    """(train, held-out): the held-out part is the corpus's last sentences: ceil(eval_fraction x sentences) of
+    them, or more where needed for one sequence (max_length tokens) and `min_documents` documents; the training
+    part keeps at least as much. A document cut by the split becomes one document on each side.
+    eval_fraction = 0: (corpus, None)."""
     if not 0.0 <= data.eval_fraction < 1.0:
         raise PretrainError(f"[data] eval_fraction={data.eval_fraction} must be in [0, 1)")
     if data.eval_fraction == 0:
@@ -511,31 +696,32 @@ def split_held_out(
     sent_off = corpus.sentence_offsets
     n = corpus.num_sentences
     doc_starts = corpus.document_offsets[:-1]
-    want = max(int(np.ceil(data.eval_fraction * corpus.num_tokens)), data.max_length)
     cuts = np.arange(1, n)  # held-out = sentences [c, n)
     tokens_after = corpus.num_tokens - sent_off[cuts]
     docs_after = 1 + (len(doc_starts) - np.searchsorted(doc_starts, cuts, side="right"))
     docs_before = np.searchsorted(doc_starts, cuts, side="left")
-    ok = (tokens_after >= want) & (docs_after >= min_documents) & (docs_before >= min_documents)
-    ok &= sent_off[cuts] >= data.max_length
+    ok = n - cuts >= int(np.ceil(data.eval_fraction * n))
+    ok &= (tokens_after >= data.max_length) & (sent_off[cuts] >= data.max_length)
+    ok &= (docs_after >= min_documents) & (docs_before >= min_documents)
     if not ok.any():
         raise PackingError(
-            f"{corpus.path}: the corpus ({corpus.num_tokens} tokens, {corpus.num_documents} documents) is too small to "
-            f"hold out {data.eval_fraction:.0%} of it (at least one sequence of max_length={data.max_length} tokens"
-            + (f" and {min_documents} documents" if min_documents > 1 else "")
+            f"{corpus.path}: the corpus ({corpus.num_tokens} tokens in {n} sentences, {corpus.num_documents} "
+            f"documents) is too small to hold out {data.eval_fraction:.0%} of its sentences (at least one sequence "
+            f"of max_length={data.max_length} tokens" + (f" and {min_documents} documents" if min_documents > 1 else "")
             + ") for evaluation and still train; use more text, or set --data.eval_fraction 0 to train without "
             "evaluation"
         )
     c = int(cuts[ok].max())
-    return _sentence_slice(corpus, 0, c), _sentence_slice(corpus, c, n)
+    return slice_sentences(corpus, 0, c), slice_sentences(corpus, c, n)
 
 
-def _sentence_slice(corpus: PackedCorpus, first: int, last: int) -> PackedCorpus:
-    """Sentences [first, last) as a PackedCorpus (a view: no token is copied)."""
-    sent_off = corpus.sentence_offsets
-    begin, end = int(sent_off[first]), int(sent_off[last])
-    starts = corpus.document_offsets[:-1]
-    inner = starts[(starts > first) & (starts < last)] - first
-    documents = np.concatenate([[0], inner, [last - first]]).astype(np.int64)
-    sentences = sent_off[first : last + 1] - begin
-    return PackedCorpus(corpus.path, corpus.tokens[begin:end], sentences, documents, corpus.manifest)
+def slice_sentences(corpus: PackedCorpus, first: int, end: int) -> PackedCorpus:
+    """Sentences [first, end) of `corpus` as a PackedCorpus (a view: no token is copied); a document cut by the
+    slice keeps its part inside."""
+    sentences, documents = corpus.sentence_offsets, corpus.document_offsets
+    t0, t1 = int(sentences[first]), int(sentences[end])
+    inner = documents[(documents > first) & (documents < end)] - first  # documents starting inside the slice
+    doc_offsets = np.concatenate([[0], inner, [end - first]]).astype(np.int64)
+    manifest = dict(corpus.manifest)
+    manifest["counts"] = {"documents": len(doc_offsets) - 1, "sentences": end - first, "tokens": t1 - t0}
+    return PackedCorpus(corpus.path, corpus.tokens[t0:t1], sentences[first : end + 1] - t0, doc_offsets, manifest)
