@@ -21,7 +21,8 @@ from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import allocator
 from ctxrep.train.plot import plot_run
 from ctxrep.train.schedules import slanted_triangular, warmup_decay
-from ctxrep.train.trainer import Trainer, TrainerConfig, TrainerError, param_groups
+from ctxrep.train.optim import param_groups
+from ctxrep.train.trainer import Trainer, TrainerConfig, TrainerError
 
 VOCAB, LENGTH = 40, 8
 

@@ -45,6 +45,7 @@ from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
 from ctxrep.train.allocator import tune_malloc
 from ctxrep.train.checkpoint import check_fingerprint, fingerprint, load_checkpoint, read_state, save_checkpoint
+from ctxrep.train.optim import adamw, param_groups  # noqa: F401  (param_groups: its old home, still imported)
 from ctxrep.train.schedules import SCHEDULES, warmup_decay
 
 LOG_FILE = "log.jsonl"
@@ -66,7 +67,7 @@ class BatchSource(Protocol):
 @dataclass
 class TrainerConfig:
     lr: float = 1e-4  # peak learning rate
-    weight_decay: float = 0.01  # AdamW, on matrices only (not biases or LayerNorm weights)
+    weight_decay: float = 0.01  # AdamW, on matrices only (not biases or LayerNorm weights): train/optim.py
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-6
     warmup_steps: int = 0
@@ -110,19 +111,6 @@ class TrainerConfig:
         return self.batch_size // self.accumulation_steps
 
 
-def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on every matrix (>= 2-D), none on biases and LayerNorm weights (1-D)."""
-    decay, no_decay = [], []
-    for p in module.parameters():  # tied parameters come once
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    trainable = {id(p) for p in module.parameters() if p.requires_grad}
-    in_decay, in_no_decay = {id(p) for p in decay}, {id(p) for p in no_decay}
-    assert not in_decay & in_no_decay, "parameters in both the decay and the no-decay group"
-    assert in_decay | in_no_decay == trainable, "trainable parameters in neither the decay nor the no-decay group"
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 class Trainer:
     def __init__(
         self,
@@ -149,9 +137,7 @@ class Trainer:
         if self.device.type == "cuda" and self.ctx.enabled:
             self.device = torch.device("cuda", self.ctx.local_rank)
         self.objective = objective.to(self.device)
-        self.optimizer = torch.optim.AdamW(
-            param_groups(objective, config.weight_decay), lr=config.lr, betas=tuple(config.betas), eps=config.eps
-        )
+        self.optimizer = adamw(objective, config.lr, config.weight_decay, betas=config.betas, eps=config.eps)
         schedule = schedule or functools.partial(
             warmup_decay, warmup_steps=config.warmup_steps, max_steps=config.max_steps, kind=config.schedule
         )
