@@ -94,7 +94,9 @@ def greedy_search(
     out: list[list[int]] = [[] for _ in range(batch)]
     for step in range(int(limits.max())):
         at_max = step + 1 >= limits[alive]  # (running,)
-        nxt = _next_log_probs(model, last, cache, at_max).argmax(dim=-1)  # (running,)
+        logits = model.decode(last, cache).logits[:, -1]  # (running, vocab): argmax needs no softmax
+        logits[:, c.pad_token_id] = float("-inf")
+        nxt = torch.where(at_max, c.eos_token_id, logits.argmax(dim=-1))  # (running,) </s> forced at the limit
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         finished = nxt == c.eos_token_id
         if bool(finished.any()):
