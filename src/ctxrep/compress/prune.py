@@ -320,7 +320,7 @@ def estimator_loss(estimator, X, y, batch_size: int | None = None) -> TaskLoss:
 
     Uses the estimator's fitted network `model_` (forward(batch) -> the head's logits, with the encoder at
     `model_.representation.encoder`) and the hooks every estimator subclass provides (tasks/base.py):
-    _check_X_y, _examples, _collate, _head_loss (and _call where the estimator has it)."""
+    _call, _check_X_y, _examples, _collate, _head_loss."""
     network = getattr(estimator, "model_", None)
     if network is None:
         raise ValueError(f"this {type(estimator).__name__} is not fitted: fit it (or load a saved one) before pruning")
@@ -334,12 +334,10 @@ def estimator_loss(estimator, X, y, batch_size: int | None = None) -> TaskLoss:
     X, y = estimator._check_X_y(X, y, fitting=False)
     if len(X) == 0:
         raise ValueError("no examples to compute head importance on: give at least one training example")
-    # Estimators that encode through a per-call `Call` (tokenizer, feature cache, window length) take it in
-    # _examples and _collate; older ones take none.
-    call = (estimator._call(),) if callable(getattr(estimator, "_call", None)) else ()
-    examples = estimator._examples(X, y, *call)
+    call = estimator._call()  # what this call encodes with: tokenizer, window length
+    examples = estimator._examples(X, y, call)
     size = batch_size or estimator.batch_size
-    batches = [estimator._collate(examples[i : i + size], *call) for i in range(0, len(examples), size)]
+    batches = [estimator._collate(examples[i : i + size], call) for i in range(0, len(examples), size)]
 
     def loss_fn(batch: Batch) -> torch.Tensor:
         network.eval()
