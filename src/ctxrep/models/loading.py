@@ -27,6 +27,7 @@ from ctxrep.models.elmo import OPTIONS_FILE, WEIGHTS_FILE, ElmoBiLM
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, read_config
 from ctxrep.models.gpt2 import GPT2Model
+from ctxrep.models.marian import MarianMTModel
 from ctxrep.models.xlnet import XLNetModel
 
 __all__ = ["CheckpointError", "LoadedEncoder", "load_encoder", "load_model", "resolve", "PACKAGED_MODELS"]
@@ -44,6 +45,8 @@ FAMILIES: dict[str, type[Encoder]] = {
     "xlnet": XLNetModel,
     "albert": AlbertModel,
     "ctxrep-albert": AlbertModel,  # ALBERT with attention- or FFN-only sharing (ctxrep's own format)
+    "marian": MarianMTModel,  # the Transformer encoder-decoder (OPUS-MT's layout); tools see its encoder
+    "ctxrep_mt": MarianMTModel,  # the same with pre-LayerNorm (ctxrep's own format)
 }
 
 
