@@ -1,4 +1,5 @@
-"""The biLM objective: softmax arithmetic, no leakage between directions, learning, saving, build_bilm_run."""
+"""The biLM objective: softmax arithmetic, no leakage between directions, learning, saving, and its run through
+the one pretraining pipeline (ctxrep.train.pretrain.prepare_run)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from ctxrep.models.elmo import ElmoBiLM, ElmoConfig, batch_to_ids
 from ctxrep.objectives.bilm import (
     BiLMObjective,
     BiLMObjectiveConfig,
-    build_bilm_run,
     evaluate_perplexity,
     full_softmax_nll,
     log_inclusion_prob,
@@ -23,6 +23,7 @@ from ctxrep.objectives.bilm import (
     sample_log_uniform,
     sampled_softmax_nll,
 )
+from ctxrep.train.pretrain import PretrainError, config_from_dict, prepare_run
 from ctxrep.train.trainer import Trainer, TrainerConfig
 
 pytest.importorskip("h5py")  # a test extra of ctxrep (ELMo weight files); installed in the dev environment
@@ -239,22 +240,33 @@ def test_bad_objective_settings_are_refused():
         BiLMObjectiveConfig(num_samples=0)
 
 
-# ---- build_bilm_run + Trainer + Featurizer ------------------------------------------------------------
+# ---- the pretraining pipeline + Trainer + Featurizer ---------------------------------------------------
 
 TEXT = (
     "The cat sat on the mat. The dog sat on the log. A cat and a dog met on the mat, and the cat ran.\n\n"
     "The crane lifted the beam. A crane caught a fish in the lake. The dog was happy.\n\n"
 )
+WORDS = 29  # the word tokenizer's entries for TEXT below: 4 specials + 25 words and punctuation marks
 
 
 def tiny_run_config(**data) -> dict:
+    """A config as `ctxrep pretrain` reads it from TOML: [elmo] in the layout of ELMo's options.json."""
+    elmo = {
+        "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4], [2, 4], [3, 8]], "n_highway": 1,
+                     "activation": "relu", "n_characters": 262, "max_characters_per_token": 50},
+        "lstm": {"dim": 24, "projection_dim": 8, "n_layers": 2, "use_skip_connections": True},
+    }  # fmt: skip
     return {
-        "elmo": {**TINY_ELMO, "filters": [list(f) for f in TINY_ELMO["filters"]]},  # TOML gives lists
-        "tokenizer": {"vocab_size": 40},
+        "elmo": elmo,
+        "tokenizer": {"vocab_size": WORDS, "min_frequency": 1, "lowercase": False},
         "data": {"max_length": 12, "eval_fraction": 0.1, "num_workers": 0, **data},
         "objective": {"softmax": "sampled", "num_samples": 16, "dropout": 0.1},
         "trainer": {"lr": 1e-3},
     }
+
+
+def bilm_run(config: dict, text_dir, out):
+    return prepare_run("bilm", config_from_dict(config, "test config", objective="bilm"), text_dir, out, progress=False)
 
 
 @pytest.fixture
@@ -266,12 +278,12 @@ def text_dir(tmp_path):
     return folder
 
 
-def test_build_bilm_run_trains_with_the_trainer_and_saves_a_featurizer_folder(tmp_path, text_dir):
+def test_the_pipeline_builds_a_bilm_run_that_trains_and_saves_a_featurizer_folder(tmp_path, text_dir):
     out = tmp_path / "run"
-    run = build_bilm_run(tiny_run_config(), text_dir, out, progress=False)
+    run = bilm_run(tiny_run_config(), text_dir, out)
     assert run.eval_data is not None
     vocab = run.objective.vocab_words
-    assert vocab[:4] == ["<pad>", "<unk>", "<S>", "</S>"] and len(vocab) <= 40
+    assert vocab[:4] == ["<pad>", "<unk>", "<S>", "</S>"] and len(vocab) == WORDS
     batch = run.train_data.next_batch(4)
     assert batch["input_ids"].shape[1] <= 12 and (batch["input_ids"][batch["attention_mask"] == 1] > 0).all()
 
@@ -293,40 +305,60 @@ def test_build_bilm_run_trains_with_the_trainer_and_saves_a_featurizer_folder(tm
     assert run.objective.training  # evaluate_perplexity restores the mode
 
 
-def test_build_bilm_run_reuses_the_tokenizer_and_the_packed_corpus(tmp_path, text_dir):
+def test_the_pipeline_reuses_the_tokenizer_and_the_packed_corpus(tmp_path, text_dir):
     out = tmp_path / "run"
-    build_bilm_run(tiny_run_config(), text_dir, out, progress=False)
+    bilm_run(tiny_run_config(), text_dir, out)
     tokenizer_time = (out / "tokenizer.json").stat().st_mtime_ns
     tokens_time = (out / "corpus" / "tokens.bin").stat().st_mtime_ns
-    again = build_bilm_run(tiny_run_config(), text_dir, out, progress=False)
+    again = bilm_run(tiny_run_config(), text_dir, out)
     assert (out / "tokenizer.json").stat().st_mtime_ns == tokenizer_time
     assert (out / "corpus" / "tokens.bin").stat().st_mtime_ns == tokens_time
     assert again.objective.vocab_words[:4] == ["<pad>", "<unk>", "<S>", "</S>"]
-    # A tokenizer trained with a larger vocabulary than asked for now is refused, not silently reused.
+    # vocab_size means the same as for every objective: exactly the tokenizer's entries.
     config = tiny_run_config()
     config["tokenizer"]["vocab_size"] = 10
-    with pytest.raises(ValueError, match=r"tokenizer\.json has \d+ words but \[tokenizer\] vocab_size is 10"):
-        build_bilm_run(config, text_dir, out, progress=False)
+    with pytest.raises(PretrainError, match=rf"has {WORDS} entries but the model's vocab_size is 10 .*--tokenizer"):
+        bilm_run(config, text_dir, out)
 
 
 def test_held_out_sentences_are_the_corpus_tail_and_not_trained_on(tmp_path, text_dir):
-    run = build_bilm_run(tiny_run_config(eval_fraction=0.2), text_dir, tmp_path / "run", progress=False)
+    run = bilm_run(tiny_run_config(eval_fraction=0.2), text_dir, tmp_path / "run")
     train, held_out = run.train_data.corpus, run.eval_data.corpus
     whole = np.asarray(np.memmap(tmp_path / "run" / "corpus" / "tokens.bin", dtype=train.tokens.dtype, mode="r"))
     assert train.num_tokens + held_out.num_tokens == len(whole)
     np.testing.assert_array_equal(np.concatenate([train.tokens, held_out.tokens]), whole)
-    assert held_out.num_sentences == pytest.approx(0.2 * (train.num_sentences + held_out.num_sentences), abs=1)
+    assert held_out.num_sentences == math.ceil(0.2 * (train.num_sentences + held_out.num_sentences))
 
 
-def test_unknown_config_settings_are_refused(tmp_path, text_dir):
+def test_strip_gutenberg_is_read_by_the_bilm_too(tmp_path, text_dir):
+    book = "*** START OF THE PROJECT GUTENBERG EBOOK X ***\n" + TEXT * 15 + "*** END OF THE PROJECT GUTENBERG EBOOK X ***\n"
+    (text_dir / "a.txt").write_text("Licence zyxxy zyxxy.\n" * 30 + book)
+    kept = bilm_run(tiny_run_config(), text_dir, tmp_path / "stripped").objective.vocab_words
+    unstripped = bilm_run(tiny_run_config(strip_gutenberg=False), text_dir, tmp_path / "kept").objective.vocab_words
+    assert "zyxxy" in unstripped  # 60 times in the header: among the most frequent words once the header is read
+    assert len(kept) == WORDS and "zyxxy" not in kept
+
+
+def test_bad_biLM_settings_are_refused_with_the_config_named(tmp_path, text_dir):
     config = tiny_run_config()
-    config["elmo"]["lstm_size"] = 8
-    with pytest.raises(ValueError, match=r"\[elmo\] has unknown setting\(s\) lstm_size; known: char_embedding_dim"):
-        build_bilm_run(config, text_dir, tmp_path / "run", progress=False)
+    config["elmo"]["lstm"]["size"] = 8
+    with pytest.raises(PretrainError, match=r"test config: unknown key\(s\) size in \[elmo.lstm\]"):
+        bilm_run(config, text_dir, tmp_path / "run")
     config = tiny_run_config()
     config["elmo"]["n_tokens_vocab"] = 8  # set by the objective from the vocabulary
-    with pytest.raises(ValueError, match=r"\[elmo\] has unknown setting\(s\) n_tokens_vocab"):
-        build_bilm_run(config, text_dir, tmp_path / "run", progress=False)
+    with pytest.raises(PretrainError, match=r"unknown key 'n_tokens_vocab' in \[elmo\]"):
+        bilm_run(config, text_dir, tmp_path / "run")
+    config = tiny_run_config()
+    config["objective"]["softmax"] = "adaptive"
+    with pytest.raises(PretrainError, match="test config: objective.softmax must be 'sampled' or 'full'"):
+        bilm_run(config, text_dir, tmp_path / "run")
+    config = tiny_run_config()
+    config["elmo"]["lstm"]["projection_dim"] = 48
+    with pytest.raises(PretrainError, match=r"\[elmo\] in test config: .*projection_dim \(48\) must be smaller"):
+        bilm_run(config, text_dir, tmp_path / "run")
+    del config["elmo"]
+    with pytest.raises(PretrainError, match=r"test config has no \[elmo\] section"):
+        bilm_run(config, text_dir, tmp_path / "run")
 
 
 def test_pretrain_cli_trains_a_bilm_that_the_featurizer_reads(tmp_path, text_dir):
@@ -338,8 +370,13 @@ def test_pretrain_cli_trains_a_bilm_that_the_featurizer_reads(tmp_path, text_dir
     from ctxrep.cli import main
 
     out = tmp_path / "elmo-run"
-    result = CliRunner().invoke(main, ["pretrain", "--objective", "bilm", "--config", "tiny", "--corpus",
-                                       str(text_dir), "--out", str(out), "--max-steps", "6"])  # fmt: skip
+    args = ["pretrain", "--objective", "bilm", "--config", "tiny", "--corpus", str(text_dir), "--out", str(out),
+            "--max-steps", "6", "--tokenizer.vocab_size"]  # fmt: skip
+    # The tiny config's 1,000 entries are more words than this text has: the error says how many there are.
+    result = CliRunner().invoke(main, [*args, "1000"])
+    assert result.exit_code == 1 and "set --tokenizer.vocab_size " in result.output, result.output
+    words = result.output.split("set --tokenizer.vocab_size ")[1].split(",")[0]
+    result = CliRunner().invoke(main, [*args, words])
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert any("forward_ppl" in r for r in records)

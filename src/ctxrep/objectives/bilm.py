@@ -292,8 +292,8 @@ SEPARATOR = "</S>"
 def word_vocabulary(tokenizer: Tokenizer) -> list[str]:
     """The words by id of a word-level tokenizer (train_tokenizer(kind="word")): the biLM's softmax vocabulary,
     checked against the biLM's conventions (<pad> at id 0, a </S> token, most frequent words first)."""
-    if not isinstance(tokenizer.backend.model, tokenizers.models.WordLevel):  # noqa: TRY004 (a user-fixable input)
-        raise ValueError(
+    if not isinstance(tokenizer.backend.model, tokenizers.models.WordLevel):
+        raise ValueError(  # noqa: TRY004 (a user-fixable input: the CLI reports ValueErrors)
             f"the tokenizer is {type(tokenizer.backend.model).__name__}, not word-level: the biLM predicts whole "
             "words; give it a word-level tokenizer (ctxrep tokenizer train --kind word), or delete the run folder's "
             "tokenizer.json so that one is trained"
