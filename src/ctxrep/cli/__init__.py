@@ -19,9 +19,10 @@ def _register() -> None:
     from ctxrep.cli.info import info
     from ctxrep.cli.plot_run import plot_run
     from ctxrep.cli.pretrain import pretrain
+    from ctxrep.cli.prune import prune
     from ctxrep.cli.tokenizer import tokenizer
 
-    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, export, *ANALYSIS):
+    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, export, prune, *ANALYSIS):
         main.add_command(command)
 
 

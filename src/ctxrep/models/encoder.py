@@ -15,6 +15,7 @@ whether it reads whole words, and how to run it to hidden states. A new family i
     encode(batch)   runs the model on a batch from `ctxrep.inputs.collate` to an EncoderOutput whose
                     hidden_states is always filled (and attentions when asked and the family has them)
     input_embeddings()  the static token-embedding table (vocabulary, dim), or None for character input
+    heads_per_layer()   heads left in each layer (a pruned model's layers differ; num_heads is the original count)
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class Encoder(nn.Module):
     @property
     def has_attention(self) -> bool:
         return self.num_heads is not None
+
+    def heads_per_layer(self) -> list[int]:
+        """Attention heads left in each layer (differs from num_heads after head pruning); [] without attention."""
+        return [self.num_heads] * self.num_layers if self.has_attention else []
 
     def input_embeddings(self) -> torch.Tensor | None:
         return None
