@@ -1,7 +1,7 @@
 """Pretrain a small ELMo biLM on Gutenberg, then check held-out perplexity and the word-sense test.
 
-1. build_bilm_run (word-level tokenizer, packed corpus, FULL-SENTENCES packer, BiLMObjective with the sampled
-   softmax) + the shared Trainer, for --minutes of training on /work/shared/data/gutenberg/train
+1. ctxrep pretrain's pipeline for --objective bilm (prepare_run: word-level tokenizer, packed corpus, held-out
+   tail, FULL-SENTENCES packer, BiLMObjective with the sampled softmax) + the shared Trainer, for --minutes of training on /work/shared/data/gutenberg/train
    (the number of steps is set from the measured time of a few steps, so that the learning rate decays to 0
    at the end; a timer stops the run cleanly, as Ctrl-C would, if it overruns by more than 10%).
 2. Forward and backward perplexity (full softmax) on gutenberg/valid (--eval-batches; 0 = all of it).
@@ -27,7 +27,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import signal
 import sys
 import threading
@@ -40,20 +39,18 @@ DATA = Path("/work/shared/data/gutenberg")
 
 # A small biLM (about a twentieth of the published "original" model): a 512-filter char CNN, two layers of
 # 1024-cell LSTMs projected to 128 in each direction, a 30k-word softmax sampled with 4096 draws.
+# The schema of `ctxrep pretrain`'s TOML configs ([elmo] in the layout of ELMo's options.json).
 CONFIG = {
     "elmo": {
-        "char_embedding_dim": 16,
-        "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]],
-        "n_highway": 1,
-        "lstm_dim": 1024,
-        "projection_dim": 128,
-        "n_layers": 2,
-        "cell_clip": 3.0,
-        "proj_clip": 3.0,
-    },
-    "tokenizer": {"vocab_size": 30000, "min_frequency": 1},
-    "data": {"max_length": 48, "eval_fraction": 0.005, "document_boundary": "file", "seed": 0},
+        "char_cnn": {"embedding": {"dim": 16}, "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]],
+                     "n_highway": 1, "activation": "relu", "n_characters": 262, "max_characters_per_token": 50},
+        "lstm": {"dim": 1024, "projection_dim": 128, "n_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0,
+                 "use_skip_connections": True},
+    },  # fmt: skip
+    "tokenizer": {"vocab_size": 30000, "min_frequency": 1, "lowercase": False},
+    "data": {"max_length": 48, "eval_fraction": 0.005, "document_boundary": "file"},
     "objective": {"softmax": "sampled", "num_samples": 4096, "dropout": 0.1},
+    "trainer": {"seed": 0},
 }
 
 # "broke" in the demo sentences, grouped by sense (our labels; the demo itself does not label them):
@@ -164,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="Train exactly this many steps instead of what --minutes buys (for a machine shared "
                              "with other jobs, where the measured step time would not hold).")
-    parser.add_argument("--projection-dim", type=int, default=CONFIG["elmo"]["projection_dim"],
+    parser.add_argument("--projection-dim", type=int, default=CONFIG["elmo"]["lstm"]["projection_dim"],
                         help="Width of each direction's LSTM output (and of the token vector).")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -196,22 +193,23 @@ def main(argv: list[str] | None = None) -> None:
     from ctxrep.data.corpus import CorpusConfig, pack_corpus
     from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker
     from ctxrep.featurize import Featurizer
-    from ctxrep.objectives.bilm import build_bilm_run, evaluate_perplexity
+    from ctxrep.objectives.bilm import evaluate_perplexity
     from ctxrep.tokenize import Tokenizer
+    from ctxrep.train.pretrain import config_from_dict, prepare_run
     from ctxrep.train.trainer import Trainer, TrainerConfig
 
     torch.set_num_threads(args.threads)
     config = json.loads(json.dumps(CONFIG))
-    config["data"]["num_workers"] = args.threads
-    config["elmo"]["projection_dim"] = args.projection_dim
-    if args.init_from is not None:  # the same vocabulary (tokenizer training is not bit-reproducible), new order
-        args.out.mkdir(parents=True, exist_ok=True)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            if (args.init_from / name).is_file():
-                shutil.copy(args.init_from / name, args.out / name)
-        config["data"]["seed"] = 1
+    config["data"]["num_workers"] = 0 if args.threads == 1 else args.threads  # 0: tokenize in this process
+    config["elmo"]["lstm"]["projection_dim"] = args.projection_dim
+    tokenizer = None
+    if args.init_from is not None:  # the saved model's vocabulary, and a new data order
+        tokenizer = args.init_from
+        config["trainer"]["seed"] = 1
+    settings = config_from_dict(config, "benchmarks/elmo_gutenberg.py", objective="bilm")
     started = time.perf_counter()
-    run = build_bilm_run(config, args.train, args.out)
+    torch.manual_seed(settings.trainer.seed)  # the initial weights, as `ctxrep pretrain` draws them
+    run = prepare_run("bilm", settings, args.train, args.out, tokenizer)
     if args.init_from is not None:
         from ctxrep.models.elmo import ElmoBiLM
 
@@ -280,9 +278,9 @@ def main(argv: list[str] | None = None) -> None:
             "",
             f"Command: `{command}`",
             "",
-            f"Model: char CNN filters {config['elmo']['filters']}, {config['elmo']['n_highway']} highway, "
-            f"{config['elmo']['n_layers']} x LSTM {config['elmo']['lstm_dim']} projected to "
-            f"{config['elmo']['projection_dim']} per direction, vocabulary {len(run.objective.vocab_words):,} words, "
+            f"Model: char CNN filters {config['elmo']['char_cnn']['filters']}, "
+            f"{config['elmo']['char_cnn']['n_highway']} highway, {config['elmo']['lstm']['n_layers']} x LSTM "
+            f"{config['elmo']['lstm']['dim']} projected to {config['elmo']['lstm']['projection_dim']} per direction, vocabulary {len(run.objective.vocab_words):,} words, "
             f"sampled softmax {config['objective']['num_samples']} draws; {n_params / 1e6:.1f}M parameters.",
             "",
             f"Training: {steps} steps of {args.batch_size} x <= {config['data']['max_length']} words "
