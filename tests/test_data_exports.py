@@ -16,7 +16,14 @@ DATA_DIR = Path(ctxrep.data.__file__).parent
 
 
 def test_readers_import_from_the_package(tmp_path):
-    from ctxrep.data import read_conll, read_conllu, read_glue_tsv, read_squad, read_sst, read_wic
+    from ctxrep.data import (
+        read_conll,
+        read_conllu,
+        read_glue_tsv,
+        read_squad,
+        read_sst,
+        read_wic,
+    )
 
     assert read_conllu is importlib.import_module("ctxrep.data.conllu").read_conllu
     assert all(callable(f) for f in (read_glue_tsv, read_squad, read_sst, read_wic))
@@ -31,6 +38,7 @@ def test_every_exported_name_is_the_module_object():
     for name in ctxrep.data.__all__:
         module = importlib.import_module(f"ctxrep.data.{ctxrep.data._EXPORTS[name]}")
         assert getattr(ctxrep.data, name) is getattr(module, name), name
+    assert sorted(ctxrep.data.__all__) == sorted(ctxrep.data._EXPORTS)
     assert set(ctxrep.data.__all__) <= set(dir(ctxrep.data))
 
 

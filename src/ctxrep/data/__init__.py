@@ -29,7 +29,14 @@ _EXPORTS = {
     "FullSentencesConfig": "packing", "PackingError": "packing",
 }  # fmt: skip
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ConllSentence", "ConlluSentence", "CorpusConfig", "CorpusError", "Entity", "FullSentencesConfig",
+    "FullSentencesPacker", "GlueExample", "NerScores", "PackedCorpus", "PackingError", "SSTData", "SSTTree",
+    "Scores", "SegmentPairConfig", "SegmentPairPacker", "SquadAnswer", "SquadExample", "WicPair", "bio_to_iobes",
+    "entities", "entity_scores", "iob1_to_bio", "iter_conll", "iter_conllu", "iter_glue_tsv", "iter_squad",
+    "iter_sst_trees", "iter_wic", "pack_corpus", "parse_sst_tree", "read_conll", "read_conllu", "read_glue_tsv",
+    "read_squad", "read_sst", "read_wic", "sst_label",
+]  # fmt: skip
 
 
 def __getattr__(name: str):

@@ -33,38 +33,67 @@ def read_log(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write a PNG of the run's curves (default RUN_DIR/curves.png) and return its path."""
+MARKERS_UP_TO = 50  # a series with at most this many points is drawn with a marker at each point
+
+
+def draw_run(records: list[dict], title: str = ""):
+    """A matplotlib Figure of the curves in `records` (log.jsonl records): loss, learning rate, tokens/s.
+
+    Every point of a short series is marked, so a run of one to a few logged steps shows its points rather than
+    an empty line; a panel with nothing to draw says so."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    records = read_log(run_dir)
-    out = Path(run_dir) / "curves.png" if out is None else Path(out)
+    from matplotlib.ticker import MaxNLocator
 
     def series(key: str) -> tuple[list[int], list[float]]:
         points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
         points = [(s, v) for s, v in points if math.isfinite(v)]
         return [s for s, _ in points], [v for _, v in points]
 
+    def draw(ax, steps: list[int], values: list[float], **style) -> None:
+        marker = "o" if len(steps) <= MARKERS_UP_TO else None
+        ax.plot(steps, values, marker=marker, markersize=5 if len(steps) <= 3 else 3, **style)
+        if len(steps) <= 3:  # too few points to read a trend from: print the values
+            for s, v in zip(steps, values):
+                ax.annotate(f"{v:.4g}", (s, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), dpi=100)
     loss_ax, lr_ax, speed_ax = axes
-    for key, label, style in (("loss", "train", "-"), ("eval_loss", "held-out", "o-")):
-        steps, values = series(key)
-        if steps:
-            loss_ax.plot(steps, values, style, label=label, markersize=3)
-    loss_ax.set_title("loss")
-    loss_ax.legend(fontsize=8)
-    for ax, key, title in ((lr_ax, "lr", "learning rate"), (speed_ax, "tokens_per_s", "tokens / s")):
-        steps, values = series(key)
-        ax.plot(steps, values)
-        ax.set_title(title)
-    for ax in axes:
+    panels = [(loss_ax, "loss", [("loss", "train", "-"), ("eval_loss", "held-out", "--")]),
+              (lr_ax, "learning rate", [("lr", None, "-")]),
+              (speed_ax, "tokens / s", [("tokens_per_s", None, "-")])]  # fmt: skip
+    for ax, title_, keys in panels:
+        drawn: list[int] = []
+        for key, label, linestyle in keys:
+            steps, values = series(key)
+            if steps:
+                draw(ax, steps, values, linestyle=linestyle, label=label)
+                drawn += steps
+        if drawn and max(drawn) - min(drawn) < 2:  # one or two steps: whole-step ticks around them
+            ax.set_xlim(min(drawn) - 1, max(drawn) + 1)
+        ax.margins(y=0.15)  # room for the printed values
+        if not drawn:
+            ax.text(0.5, 0.5, "not in the log", ha="center", va="center", transform=ax.transAxes, color="gray")
+        elif any(label for _, label, _ in keys):
+            ax.legend(fontsize=8)
+        ax.set_title(title_)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers, even on a 1-step run
         ax.grid(alpha=0.3)
-    fig.suptitle(Path(run_dir).resolve().name, fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write a PNG of the run's curves (default RUN_DIR/curves.png) and return its path."""
+    import matplotlib.pyplot as plt
+
+    records = read_log(run_dir)
+    out = Path(run_dir) / "curves.png" if out is None else Path(out)
+    fig = draw_run(records, title=Path(run_dir).resolve().name)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     plt.close(fig)
