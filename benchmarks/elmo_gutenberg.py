@@ -46,7 +46,7 @@ CONFIG = {
                      "n_highway": 1, "activation": "relu", "n_characters": 262, "max_characters_per_token": 50},
         "lstm": {"dim": 1024, "projection_dim": 128, "n_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0,
                  "use_skip_connections": True},
-    },  # fmt: skip
+    },
     "tokenizer": {"vocab_size": 30000, "min_frequency": 1, "lowercase": False},
     "data": {"max_length": 48, "eval_fraction": 0.005, "document_boundary": "file"},
     "objective": {"softmax": "sampled", "num_samples": 4096, "dropout": 0.1},
