@@ -9,7 +9,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from ctxrep.models.elmo import Elmo
+from ctxrep.models.loading import load_model
 from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
+from ctxrep.tasks.loop import make_optimizer
 
 X_CLS = ["good great fine nice"] * 6 + ["bad awful poor sad"] * 6
 Y_CLS = ["pos"] * 6 + ["neg"] * 6
@@ -172,6 +175,36 @@ def test_frozen_feature_cache_hit(tiny_models, tmp_path, monkeypatch):
     assert np.array_equal(second.predict_proba(X_CLS), first.predict_proba(X_CLS))
 
 
+def test_frozen_fit_is_the_same_on_a_cold_and_a_warm_cache(tiny_models, tmp_path):
+    """The held-out split and eval_set are featurized once, before training draws any random number; loading the
+    encoder on the cold path used to draw from the global RNG mid-training and change later epochs' dropout."""
+    params = common(tiny_models, tmp_path, "frozen", max_epochs=3, dropout=0.3, early_stopping=True,
+                    validation_fraction=0.25, n_iter_no_change=5)  # fmt: skip
+    eval_set = (["good fine", "awful sad"], ["pos", "neg"])
+    cold = SequenceClassifier(**params).fit(X_CLS, Y_CLS, eval_set=eval_set)
+    warm = SequenceClassifier(**params).fit(X_CLS, Y_CLS, eval_set=eval_set)
+    assert cold.cache_hits_ == 0 and warm.cache_hits_ == 3  # train, held-out part, eval_set
+    assert [h["train_loss"] for h in warm.history_] == [h["train_loss"] for h in cold.history_]
+    assert warm.history_ == cold.history_
+    assert np.array_equal(warm.predict_proba(X_CLS), cold.predict_proba(X_CLS))
+
+
+def test_held_out_data_is_encoded_once_per_fit(tiny_models, tmp_path, monkeypatch):
+    calls = []
+    encode = SequenceClassifier._examples
+
+    def counting(self, X, y, call):
+        calls.append(len(X))
+        return encode(self, X, y, call)
+
+    monkeypatch.setattr(SequenceClassifier, "_examples", counting)
+    params = common(tiny_models, tmp_path, max_epochs=3, early_stopping=True, validation_fraction=0.25,
+                    n_iter_no_change=5)  # fmt: skip
+    clf = SequenceClassifier(**params).fit(X_CLS, Y_CLS, eval_set=(X_CLS[:2], Y_CLS[:2]))
+    assert len(clf.history_) == 3 and all("dev_score" in h and "validation_score" in h for h in clf.history_)
+    assert calls == [9, 3, 2]  # training part, held-out part, eval_set: once each, not once per epoch
+
+
 # ---- ULMFiT options and schedules -------------------------------------------------------------------
 
 
@@ -179,7 +212,7 @@ def test_discriminative_lr_param_groups(tiny_models, tmp_path):
     clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, lr=1e-3, discriminative_lr=True,
                                       discriminative_lr_factor=2.0))  # fmt: skip
     clf.fit(X_CLS, Y_CLS)
-    groups = clf._param_groups(clf.model_)
+    groups = make_optimizer(clf.model_, clf._loop_settings()).param_groups
     lr_by_depth = {g["depth"]: g["lr"] for g in groups}
     assert lr_by_depth == pytest.approx({0: 2.5e-4, 1: 5e-4, 2: 1e-3})  # tiny model: L = 2
     head = {id(p) for p in clf.model_.head.parameters()}
@@ -193,8 +226,6 @@ def test_discriminative_lr_param_groups(tiny_models, tmp_path):
 def test_gradual_unfreezing_trains_only_the_head_in_the_first_epoch(tiny_models, tmp_path):
     clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, gradual_unfreezing=True))
     clf.fit(X_CLS, Y_CLS)
-    from ctxrep.models.loading import load_model
-
     original = load_model(tiny_models["bert"]).state_dict()
     tuned = clf.model_.representation.encoder.state_dict()
     assert all(torch.equal(original[k], tuned[k]) for k in original)
@@ -291,8 +322,8 @@ def test_gpt2_classifier_reads_the_last_token_and_no_segments(gpt2_dir, tiny_mod
     text; and its token_type_ids would be extra token embeddings, so none are passed."""
     clf = SequenceClassifier(**common(tiny_models, tmp_path, model=str(gpt2_dir), max_epochs=1))
     clf.fit(X_CLS[:4], Y_CLS[:4])
-    example = clf._examples([(X_CLS[0].split(), None)], None)[0]
-    assert example.cls_position == len(example.input_ids) - 1
+    example = clf._examples([(X_CLS[0].split(), None)], None, clf._call())[0]
+    assert example.input.cls_position == len(example.input.input_ids) - 1
     seen = {}
     encoder = clf.model_.representation.encoder
     handle = encoder.register_forward_pre_hook(lambda m, a, kw: seen.update(kw), with_kwargs=True)
@@ -304,19 +335,17 @@ def test_gpt2_classifier_reads_the_last_token_and_no_segments(gpt2_dir, tiny_mod
 def test_elmo_finetune_trains_the_bilm_and_the_mix(elmo_dir, tiny_models, tmp_path):
     clf = SequenceClassifier(**common(tiny_models, tmp_path, model=f"elmo:{elmo_dir}", max_epochs=2,
                                       discriminative_lr=True))  # fmt: skip
-    encoder = SequenceClassifier(**common(tiny_models, tmp_path, model=f"elmo:{elmo_dir}"))
-    encoder._prepare_backbone()
-    before = {k: v.clone() for k, v in encoder._encoder.state_dict().items()}
+    before = Elmo(load_model(f"elmo:{elmo_dir}"), dropout=0.0, freeze=False).state_dict()
     clf.fit(X_CLS, Y_CLS)
     after = clf.model_.representation.encoder.state_dict()
     assert before.keys() == after.keys()
     changed = [k for k in after if not torch.equal(before[k], after[k])]
     for part in ("bilm.char_cnn.", "bilm.forward_layers.1.", "bilm.backward_layers.0.", "scalar_mixes.0."):
         assert any(k.startswith(part) for k in changed), f"{part} did not train"
-    groups = clf._param_groups(clf.model_)
+    groups = make_optimizer(clf.model_, clf._loop_settings()).param_groups
     depths = {g["depth"] for g in groups}
     assert depths == {0, 1, 2}, "char CNN at depth 0, the LSTM layers at 1 and 2 (the mixes with the top)"
-    # words seen in separate calls keep their ids: predicting unseen words after fit works
+    # each call numbers its own words: predicting words never seen at fit works
     assert clf.predict(["good splendid words never seen"]).shape == (1,)
 
 

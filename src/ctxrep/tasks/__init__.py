@@ -2,8 +2,10 @@
 
     from ctxrep.tasks import SequenceClassifier, TokenTagger, SpanExtractor
 
-scikit-learn-style estimators (fit / predict / score, get_params / set_params) sharing one training loop
-(`ctxrep.tasks.base.TaskEstimator`); `experiment` reads a data set, trains, evaluates and writes a report.
+scikit-learn-style estimators (fit / predict / score, get_params / set_params) on one base class
+(`ctxrep.tasks.base.TaskEstimator`) built from parts: the network (tasks/network.py), the training loop
+(tasks/loop.py, AdamW from ctxrep.train.optim) and the frozen-feature cache (tasks/features.py);
+`experiment` reads a data set, trains, evaluates and writes a report.
 """
 
 from ctxrep.tasks.classifier import SequenceClassifier

@@ -17,17 +17,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.featurize import max_tokens, pad_inputs
-from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features
+from ctxrep.inputs import EncoderInput, WindowPlan, collate
+from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
+from ctxrep.tasks.network import pad_features
 
 POOLINGS = ("cls", "mean", "concat")
 
 
 @dataclass
-class _Example:
-    input_ids: list[int] | None = None
-    token_type_ids: list[int] | None = None
-    cls_position: int = 0
+class Example:
+    """One text (or pair): its encoder input (finetune, cut to fit) or its words' frozen features, and its label."""
+
+    input: EncoderInput | None = None
     features: np.ndarray | None = None
     label: int = IGNORE
 
@@ -145,7 +146,8 @@ class SequenceClassifier(TaskEstimator):
     def _is_pair(x) -> bool:
         return isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, str) for t in x)
 
-    def _check_X(self, X) -> tuple[list[list[str]], list[list[str]] | None]:
+    def _check_X(self, X) -> list[tuple[list[str], list[str] | None]]:
+        """(words of text_a, words of text_b or None) per example."""
         if isinstance(X, str):
             raise TypeError("X must be a list of texts (or of (text_a, text_b) pairs), got a single string")
         X = list(X)
@@ -165,8 +167,6 @@ class SequenceClassifier(TaskEstimator):
             raise ValueError(
                 f"this classifier was trained on {trained} but X holds {given}; give X in the same form as at fit"
             )
-        a = [x[0] if pairs else x for x in X]
-        b = [x[1] for x in X] if pairs else None
 
         def words(text: str, i: int, which: str) -> list[str]:
             w = text.split()
@@ -174,24 +174,20 @@ class SequenceClassifier(TaskEstimator):
                 raise ValueError(f"example {i}: {which} is empty; every text needs at least one word")
             return w
 
-        words_a = [words(t, i, "text_a" if pairs else "the text") for i, t in enumerate(a)]
-        words_b = [words(t, i, "text_b") for i, t in enumerate(b)] if pairs else None
-        return words_a, words_b
+        if pairs:
+            return [(words(a, i, "text_a"), words(b, i, "text_b")) for i, (a, b) in enumerate(X)]
+        return [(words(t, i, "the text"), None) for i, t in enumerate(X)]
 
     def _check_X_y(self, X, y, fitting: bool):
-        words_a, words_b = self._check_X(X) if not fitting else self._check_X_fit(X)
+        if fitting and hasattr(self, "pairs_") and not self.warm_start:
+            del self.pairs_  # a new fit may switch between single texts and pairs
+        X = self._check_X(X)
+        if fitting:
+            self.pairs_ = bool(X) and X[0][1] is not None
         y = list(y)
-        if len(y) != len(words_a):
-            raise ValueError(f"X has {len(words_a)} examples but y has {len(y)} labels; give one label per example")
-        X = list(zip(words_a, words_b)) if words_b is not None else [(w, None) for w in words_a]
+        if len(y) != len(X):
+            raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; give one label per example")
         return X, y
-
-    def _check_X_fit(self, X):
-        if hasattr(self, "pairs_") and not self.warm_start:
-            del self.pairs_
-        words_a, words_b = self._check_X(X)
-        self.pairs_ = words_b is not None
-        return words_a, words_b
 
     def _learn_targets(self, y) -> None:
         self.classes_ = np.unique(np.asarray(y))
@@ -209,38 +205,24 @@ class SequenceClassifier(TaskEstimator):
             )
         return np.searchsorted(self.classes_, y)
 
-    def _examples(self, X, y) -> list[_Example]:
+    def _examples(self, X, y, call: Call) -> list[Example]:
         labels = self._encode_labels(y) if y is not None else [IGNORE] * len(X)
+        pairs = bool(X) and X[0][1] is not None
         if self.mode == "frozen":
-            store = self._frozen_store([a for a, _ in X], [b for _, b in X] if self.pairs_ else None)
-            return [_Example(features=store[i], label=int(labels[i])) for i in range(len(X))]
-        tok = self.tokenizer_
-        limit = min(self.max_length or max_tokens(self._encoder), max_tokens(self._encoder))
-        pieces_a = tok.encode_words([a for a, _ in X])
-        pieces_b = tok.encode_words([b for _, b in X]) if self.pairs_ else [None] * len(X)
-        out = []
-        for i, (pa, pb) in enumerate(zip(pieces_a, pieces_b)):
-            ids_a, ids_b = pa.ids, (pb.ids if pb is not None else None)
-            room = limit - tok.template.num_special(pair=pb is not None)
-            if room < 2:
-                raise ValueError(f"max_length={limit} leaves no room for text between the special tokens")
-            if ids_b is None:
-                ids_a = ids_a[:room]
-            else:  # truncate the longer text first, one piece at a time
-                ids_a, ids_b = list(ids_a), list(ids_b)
-                while len(ids_a) + len(ids_b) > room:
-                    (ids_a if len(ids_a) >= len(ids_b) else ids_b).pop()
-            ids, types, _ = tok.build_inputs(ids_a, ids_b)
-            out.append(_Example(ids, types, tok.template.cls_index % len(ids), label=int(labels[i])))
-        return out
+            store = call.features([a for a, _ in X], [b for _, b in X] if pairs else None)
+            return [Example(features=store[i], label=int(labels[i])) for i in range(len(X))]
+        plan = WindowPlan(call.tokenizer, call.max_length)
+        pieces_a = call.tokenizer.encode_words([a for a, _ in X])
+        pieces_b = call.tokenizer.encode_words([b for _, b in X]) if pairs else [None] * len(X)
+        return [Example(plan.truncated(i, a, b), label=int(labels[i])) for i, (a, b) in enumerate(zip(pieces_a, pieces_b))]
 
-    def _collate(self, examples: list[_Example]) -> dict[str, torch.Tensor]:
+    def _collate(self, examples: list[Example], call: Call) -> dict[str, torch.Tensor]:
         if self.mode == "frozen":
             batch = pad_features([e.features for e in examples])
         else:
-            batch = pad_inputs(examples, self.tokenizer_.pad_token_id)
+            batch = collate([e.input for e in examples], call.tokenizer)
             if not self._word_level:  # ELMo has no classification token: the head uses its final states
-                batch["cls_position"] = torch.tensor([e.cls_position for e in examples])
+                batch["cls_position"] = torch.tensor([e.input.cls_position for e in examples])
         batch["labels"] = torch.tensor([e.label for e in examples])
         return batch
 
@@ -265,22 +247,21 @@ class SequenceClassifier(TaskEstimator):
     def predict_proba(self, X) -> np.ndarray:
         """(n_examples, n_classes) class probabilities, columns in the order of classes_."""
         self._check_fitted()
-        words_a, words_b = self._check_X(X)
-        X = list(zip(words_a, words_b)) if words_b is not None else [(w, None) for w in words_a]
+        X = self._check_X(X)
         if not X:
             return np.zeros((0, len(self.classes_)), dtype=np.float32)
-        logits = torch.stack(self._forward_all(self._examples(X, None)))
+        call = self._call()
+        logits = torch.stack(self._forward_all(self._examples(X, None, call), call))
         return logits.softmax(dim=-1).numpy()
 
-    def predict(self, X) -> np.ndarray:
-        return self.classes_[self.predict_proba(X).argmax(axis=1)]
+    def _decode(self, X, examples, outputs) -> np.ndarray:
+        if not outputs:
+            return self.classes_[:0]
+        return self.classes_[torch.stack(outputs).argmax(dim=-1).numpy()]
 
-    def score(self, X, y) -> float:
+    def _score(self, X, y, predicted) -> float:
         """Accuracy."""
-        self._check_fitted()
-        y = np.asarray(list(y))
-        self._encode_labels(y)  # unseen labels are an error, not a silent miss
-        predicted = self.predict(X)
+        y = np.asarray(y)
         if len(predicted) != len(y):
             raise ValueError(f"X has {len(predicted)} examples but y has {len(y)} labels")
         return float(np.mean(predicted == y)) if len(y) else 0.0

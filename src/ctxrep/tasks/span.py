@@ -27,19 +27,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.featurize import max_tokens, pad_inputs, window_words
-from ctxrep.tasks.base import TaskEstimator, pad_features
+from ctxrep.inputs import EncoderInput, collate, window_words
+from ctxrep.tasks.base import Call, TaskEstimator
+from ctxrep.tasks.network import pad_features
 
 
 @dataclass
-class _Window:
+class SpanWindow:
+    """One (question, context window) row: its encoder input (finetune) or frozen features, where the context
+    starts in the row, each context unit's character span, and the start / end targets."""
+
     example: int
-    input_ids: list[int] | None
-    token_type_ids: list[int] | None
+    input: EncoderInput | None
     features: np.ndarray | None
     context_start: int  # position of the window's first context unit in the row
     spans: list[tuple[int, int]]  # character (start, end) of each context unit in the window
-    cls_position: int
+    cls_position: int  # the target when the answer is not in the window; -1: none (frozen)
     start: int  # target positions (cls_position when the answer is not in the window; -1 = not trained)
     end: int
 
@@ -210,27 +213,16 @@ class SpanExtractor(TaskEstimator):
     def _learn_targets(self, y) -> None:
         pass
 
-    def _max_tokens(self) -> int:
-        if self.mode == "finetune":
-            limit = max_tokens(self._encoder)
-        else:
-            if not hasattr(self, "max_tokens_"):
-                from ctxrep.models.loading import load_model
+    def _examples(self, X, y, call: Call) -> list[SpanWindow]:
+        return self._frozen_windows(X, y, call) if self.mode == "frozen" else self._piece_windows(X, y, call)
 
-                self.max_tokens_ = max_tokens(load_model(self.model))
-            limit = self.max_tokens_
-        return min(self.max_length or limit, limit)
-
-    def _examples(self, X, y) -> list[_Window]:
-        return self._frozen_windows(X, y) if self.mode == "frozen" else self._piece_windows(X, y)
-
-    def _piece_windows(self, X, y) -> list[_Window]:
-        tok = self.tokenizer_
+    def _piece_windows(self, X, y, call: Call) -> list[SpanWindow]:
+        tok = call.tokenizer
         out = []
         for i, (question, context) in enumerate(X):
-            q_ids = self._encode(question)[0][: self.max_query_length]
-            ids, offsets = self._encode(context)
-            room = self._max_tokens() - len(q_ids) - tok.template.num_special(pair=True)
+            q_ids = self._encode(question, tok)[0][: self.max_query_length]
+            ids, offsets = self._encode(context, tok)
+            room = call.max_length - len(q_ids) - tok.template.num_special(pair=True)
             if room < 1:
                 raise ValueError(f"example {i}: the question leaves no room for the context; lower max_query_length")
             stride = min(self.doc_stride, room)
@@ -247,23 +239,24 @@ class SpanExtractor(TaskEstimator):
                     inside = [k for k in range(c0, c1) if offsets[k][1] > a0 and offsets[k][0] < a1]
                     if inside and offsets[inside[0]][0] <= a0 and offsets[inside[-1]][1] >= a1:
                         start, end = first + inside[0] - c0, first + inside[-1] - c0
-                out.append(_Window(i, input_ids, types, None, first, offsets[c0:c1], cls, start, end))
+                window = EncoderInput(i, input_ids, types, cls)
+                out.append(SpanWindow(i, window, None, first, offsets[c0:c1], cls, start, end))
                 if c1 == len(ids):
                     break
         return out
 
-    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids of a text and each token's (start, end) characters; ELMo's tokens are its words."""
-        if self._word_level:
+    def _encode(self, text: str, tok) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of a text and each token's (start, end) characters; a word-level tokenizer's tokens are the
+        whitespace words."""
+        if tok.word_level:
             found = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
-            return self.tokenizer_.encode_words([[text[s:e] for s, e in found]])[0].ids, found
-        enc = self.tokenizer_.backend.encode(text, add_special_tokens=False)
+            return tok.encode_words([[text[s:e] for s, e in found]])[0].ids, found
+        enc = tok.backend.encode(text, add_special_tokens=False)
         return list(enc.ids), list(enc.offsets)
 
-    def _frozen_windows(self, X, y) -> list[_Window]:
-        from ctxrep.models.loading import resolve_model_path
-        from ctxrep.tokenize import Tokenizer
-
+    def _frozen_windows(self, X, y, call: Call) -> list[SpanWindow]:
+        """(question, context window) word pairs whose pieces fit the encoder: windows of whole context words."""
+        tok = call.tokenizer
         questions, contexts, spans = [], [], []
         for question, context in X:
             questions.append(question.split())
@@ -271,20 +264,13 @@ class SpanExtractor(TaskEstimator):
             spans.append(found)
             contexts.append([context[s:e] for s, e in found])
         pair_q, pair_c, meta = [], [], []
-        elmo = self._word_level
-        tok = None if elmo else Tokenizer.from_model_dir(resolve_model_path(self.model))
         for i in range(len(X)):
             q = questions[i]
-            if elmo:
-                windows = [(0, len(contexts[i]))]
-            else:
-                q_pieces = tok.encode_words([q])[0]
-                c_pieces = tok.encode_words([contexts[i]])[0]
-                room = self._max_tokens() - len(q_pieces.ids) - tok.template.num_special(pair=True)
-                if room < 2:
-                    raise ValueError(f"example {i}: the question leaves no room for the context")
-                windows = window_words(c_pieces.spans(), room, min(self.doc_stride, room))
-            for w0, w1 in windows:
+            q_pieces, c_pieces = tok.encode_words([q, contexts[i]])
+            room = call.max_length - len(q_pieces.ids) - tok.template.num_special(pair=True)
+            if room < 2:
+                raise ValueError(f"example {i}: the question leaves no room for the context; shorten the question")
+            for w0, w1 in window_words(c_pieces.spans(), room, min(self.doc_stride, room)):
                 start = end = -1
                 if y is not None and y[i][0][1] is not None:
                     a0, a1 = y[i][0][1], y[i][0][1] + len(y[i][0][0])
@@ -294,18 +280,20 @@ class SpanExtractor(TaskEstimator):
                 pair_q.append(q)
                 pair_c.append(contexts[i][w0:w1])
                 meta.append((i, spans[i][w0:w1], start, end))
-        store = self._frozen_store(pair_q, pair_c)
+        store = call.features(pair_q, pair_c)
         out = []
         for k, (i, window_spans, start, end) in enumerate(meta):
-            out.append(_Window(i, None, None, store[k], len(pair_q[k]), window_spans, -1, start, end))
+            out.append(SpanWindow(i, None, store[k], len(pair_q[k]), window_spans, -1, start, end))
         return out
 
-    def _collate(self, windows: list[_Window]) -> dict[str, torch.Tensor]:
+    def _collate(self, windows: list[SpanWindow], call: Call) -> dict[str, torch.Tensor]:
         if self.mode == "frozen":
             batch = pad_features([w.features for w in windows])
+            units = batch["features"].shape[:2]
         else:
-            batch = pad_inputs(windows, self.tokenizer_.pad_token_id)
-        allowed = torch.zeros(batch["features" if self.mode == "frozen" else "input_ids"].shape[:2], dtype=torch.bool)
+            batch = collate([w.input for w in windows], call.tokenizer)
+            units = batch["input_ids"].shape
+        allowed = torch.zeros(units, dtype=torch.bool)
         for r, w in enumerate(windows):
             allowed[r, w.context_start : w.context_start + len(w.spans)] = True
             if w.cls_position >= 0:
@@ -333,7 +321,7 @@ class SpanExtractor(TaskEstimator):
 
     def predict(self, X) -> list[str]:
         """The answer text of each (question, context) pair (a substring of the context)."""
-        return [context[s:e] for (_, context), (s, e) in zip(self._check_X(X), self.predict_offsets(X))]
+        return super().predict(X)
 
     def predict_offsets(self, X) -> list[tuple[int, int]]:
         """Character (start, end) of each predicted answer in its context."""
@@ -341,9 +329,13 @@ class SpanExtractor(TaskEstimator):
         X = self._check_X(X)
         if not X:
             return []
-        windows = self._examples(X, None)
+        call = self._call()
+        windows = self._examples(X, None, call)
+        return self._offsets(X, windows, self._forward_all(windows, call))
+
+    def _offsets(self, X, windows: list[SpanWindow], outputs: list) -> list[tuple[int, int]]:
         best: list[tuple[float, int, int]] = [(-np.inf, 0, 0)] * len(X)
-        for w, logits in zip(windows, self._forward_all(windows)):
+        for w, logits in zip(windows, outputs):
             n = len(w.spans)
             if n == 0:
                 continue
@@ -359,20 +351,27 @@ class SpanExtractor(TaskEstimator):
                 best[w.example] = (value, w.spans[s][0], w.spans[e][1])
         return [_strip_space(context, s, e) for (_, context), (_, s, e) in zip(X, best)]
 
+    def _decode(self, X, windows, outputs) -> list[str]:
+        return [context[s:e] for (_, context), (s, e) in zip(X, self._offsets(X, windows, outputs))]
+
     def evaluate(self, X, y) -> dict:
         """{"exact_match", "f1"} in [0, 1], each prediction against its best gold answer (SQuAD v1.1)."""
+        self._check_fitted()
         X, answers = self._check_X_y(X, y, fitting=False)
-        predictions = self.predict(X)
+        return self._evaluate(answers, self._predict_checked(X) if X else [])
+
+    @staticmethod
+    def _evaluate(answers, predictions: list[str]) -> dict:
         em = [max(exact_match(p, g) for g, _ in gold) for p, gold in zip(predictions, answers)]
         f = [max(f1(p, g) for g, _ in gold) for p, gold in zip(predictions, answers)]
         return {"exact_match": float(np.mean(em)) if em else 0.0, "f1": float(np.mean(f)) if f else 0.0}
 
+    def _score(self, X, answers, predictions) -> float:
+        return self._evaluate(answers, predictions)["f1"]
+
     def score(self, X, y) -> float:
         """SQuAD token F1."""
-        return self.evaluate(X, y)["f1"]
-
-    def _split_outputs(self, logits, windows) -> list:
-        return list(logits.unbind(0))
+        return super().score(X, y)
 
 
 def _strip_space(text: str, start: int, end: int) -> tuple[int, int]:

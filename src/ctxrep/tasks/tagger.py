@@ -19,21 +19,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.data.tags import entity_scores
-from ctxrep.featurize import max_tokens, pad_inputs, split_windows
-from ctxrep.tasks.base import IGNORE, TaskEstimator, pad_features
+from ctxrep.inputs import EncoderInput, WindowPlan, collate
+from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
+from ctxrep.tasks.network import pad_features
 
 TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
 _ENTITY_TAG = re.compile(r"^(O|[BIES]-.+)$")
 
 
 @dataclass
-class _Window:
+class TaggedWindow:
+    """One window of a sentence: its encoder input, whose .words are the words it predicts (finetune), or the
+    whole sentence's frozen features; and one label per predicted word."""
+
     sentence: int
-    input_ids: list[int] | None = None
-    token_type_ids: list[int] | None = None
-    words: list[tuple[int, int, int]] = field(default_factory=list)  # (word index, first piece, last piece + 1)
+    input: EncoderInput | None = None
     features: np.ndarray | None = None
-    labels: list[int] = field(default_factory=list)  # one per entry of `words` (or per word when frozen)
+    labels: list[int] = field(default_factory=list)
 
 
 class WordHead(nn.Module):
@@ -191,37 +193,27 @@ class TokenTagger(TaskEstimator):
             out.append([index[label] for label in labels])
         return out
 
-    def _examples(self, X, y) -> list[_Window]:
+    def _examples(self, X, y, call: Call) -> list[TaggedWindow]:
         labels = self._encode_labels(y) if y is not None else [[IGNORE] * len(words) for words in X]
         if self.mode == "frozen":
-            store = self._frozen_store(X)
-            return [_Window(i, features=store[i], labels=labels[i]) for i in range(len(X))]
-        tok = self.tokenizer_
-        limit = min(self.max_length or max_tokens(self._encoder), max_tokens(self._encoder))
-        size = limit - tok.template.num_special(pair=False)
-        if size < 2:
-            raise ValueError(f"max_length={limit} leaves no room for words between the special tokens")
-        stride = self.stride or max(1, size // 2)
-        if not 1 <= stride <= size:
-            raise ValueError(f"stride must be between 1 and the window size {size}, got {self.stride}")
+            store = call.features(X)
+            return [TaggedWindow(i, features=store[i], labels=labels[i]) for i in range(len(X))]
+        plan = WindowPlan(call.tokenizer, call.max_length, self.stride)
         out = []
-        for i, pieces in enumerate(tok.encode_words(X)):
-            pool = pieces.pooling_spans()
-            for p0, p1, owned in split_windows(pieces.spans(), size, stride):
-                ids, types, offset = tok.build_inputs(pieces.ids[p0:p1])
-                words = [(w, offset + pool[w][0] - p0, offset + min(pool[w][1], p1) - p0) for w in owned]
-                out.append(_Window(i, ids, types, words, labels=[labels[i][w] for w in owned]))
+        for i, pieces in enumerate(call.tokenizer.encode_words(X)):
+            for window in plan.single(i, pieces):
+                out.append(TaggedWindow(i, input=window, labels=[labels[i][w] for w, _, _ in window.words]))
         return out
 
-    def _collate(self, windows: list[_Window]) -> dict[str, torch.Tensor]:
+    def _collate(self, windows: list[TaggedWindow], call: Call) -> dict[str, torch.Tensor]:
         if self.mode == "frozen":
             batch = pad_features([w.features for w in windows])
         else:
-            batch = pad_inputs(windows, self.tokenizer_.pad_token_id)
-            n_words = max(1, max(len(w.words) for w in windows))
+            batch = collate([w.input for w in windows], call.tokenizer)
+            n_words = max(1, max(len(w.input.words) for w in windows))
             pool = torch.zeros((len(windows), n_words, batch["input_ids"].shape[1]))  # (batch, words, pieces)
             for r, w in enumerate(windows):
-                for j, (_, s, e) in enumerate(w.words):
+                for j, (_, s, e) in enumerate(w.input.words):
                     if self.word_pooling == "first":
                         pool[r, j, s] = 1.0
                     else:
@@ -243,7 +235,7 @@ class TokenTagger(TaskEstimator):
         return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
 
     def _split_outputs(self, logits, windows) -> list:
-        n = [len(w.words) if self.mode == "finetune" else len(w.features) for w in windows]
+        n = [len(w.input.words) if w.input is not None else len(w.features) for w in windows]
         return [logits[r, : n[r]] for r in range(len(windows))]
 
     def _state_to_json(self) -> dict:
@@ -257,15 +249,13 @@ class TokenTagger(TaskEstimator):
 
     def predict(self, X) -> list[list[str]]:
         """One label list per sentence."""
-        self._check_fitted()
-        X = self._check_X(X)
-        if not X:
-            return []
-        windows = self._examples(X, None)
+        return super().predict(X)
+
+    def _decode(self, X, windows, outputs) -> list[list[str]]:
         out = [[None] * len(words) for words in X]
-        for w, logits in zip(windows, self._forward_all(windows)):
+        for w, logits in zip(windows, outputs):
             best = logits.argmax(dim=-1).tolist()
-            positions = [word for word, _, _ in w.words] if self.mode == "finetune" else range(len(best))
+            positions = [word for word, _, _ in w.input.words] if w.input is not None else range(len(best))
             for word, label in zip(positions, best):
                 out[w.sentence][word] = self.classes_[label].item()
         return out
@@ -275,7 +265,9 @@ class TokenTagger(TaskEstimator):
         self._check_fitted()
         X, y = self._check_X_y(X, y, fitting=False)
         self._encode_labels(y)
-        predicted = self.predict(X)
+        return self._evaluate(y, self._predict_checked(X) if X else [])
+
+    def _evaluate(self, y, predicted) -> dict:
         correct = sum(p == g for ps, gs in zip(predicted, y) for p, g in zip(ps, gs))
         total = sum(len(gs) for gs in y)
         result = {"token_accuracy": correct / total if total else 0.0}
@@ -288,10 +280,14 @@ class TokenTagger(TaskEstimator):
             }
         return result
 
+    def _score(self, X, y, predicted) -> float:
+        """Entity-level F1 (conlleval semantics) for entity tag schemes, else token accuracy."""
+        result = self._evaluate(y, predicted)
+        return result["f1"] if self.entity_scoring_ else result["token_accuracy"]
+
     def score(self, X, y) -> float:
         """Entity-level F1 (conlleval semantics) for entity tag schemes, else token accuracy."""
-        result = self.evaluate(X, y)
-        return result["f1"] if self.entity_scoring_ else result["token_accuracy"]
+        return super().score(X, y)
 
 
 __all__ = ["TokenTagger", "TAG_SCHEMES"]

@@ -1,0 +1,155 @@
+"""The estimators' training loop: length-bucketed batches, AdamW (ctxrep.train.optim), a schedule, clipping,
+gradual unfreezing, per-epoch scores and early stopping.
+
+Schedules (ctxrep.train.schedules):
+  linear     lr_t = lr * t / w for t < w (warm-up), then lr * (T - t) / (T - w)
+  slanted    ULMFiT (Howard & Ruder 2018, eq. 3): cut = floor(T * cut_frac),
+             p = t / cut if t < cut else 1 - (t - cut) / (cut * (1 / cut_frac - 1)),
+             lr_t = lr * (1 + p * (ratio - 1)) / ratio, with cut_frac = 0.1 and ratio = 32.
+Discriminative fine-tuning: encoder layer l (0 = embeddings, L = top) gets lr / factor^(L - l); the head gets lr.
+Gradual unfreezing: epoch 0 trains the head only; each later epoch unfreezes the next encoder layer down.
+
+Randomness comes from the caller: a numpy Generator for the batch order, and `seeded_torch(seed)` around the
+loop for dropout, which leaves the global torch RNG as it found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ctxrep.tasks.network import TaskNetwork, network_depths, unfreeze_from_top
+from ctxrep.train.optim import adamw, discriminative
+from ctxrep.train.schedules import slanted_triangular, warmup_decay
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def seeded_torch(seed: int) -> Iterator[None]:
+    """Run the block on torch's CPU RNG seeded with `seed`; the global RNG state is restored afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+@dataclass
+class LoopSettings:
+    """What the loop needs from an estimator's parameters (already validated)."""
+
+    max_epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    warmup_fraction: float
+    slanted_triangular: bool
+    max_grad_norm: float
+    discriminative_lr_factor: float | None  # None: one learning rate
+    gradual_unfreezing: bool
+    early_stopping: bool
+    n_iter_no_change: int
+    tol: float
+    progress: bool = False
+    desc: str = "fit"
+
+
+def make_optimizer(network: TaskNetwork, settings: LoopSettings) -> torch.optim.AdamW:
+    """AdamW with the one no-decay rule; with a discriminative factor, encoder layer l gets lr / factor^(L - l)."""
+    depth, top = network_depths(network)
+    lr_at_depth = (
+        discriminative(settings.lr, settings.discriminative_lr_factor, top)
+        if settings.discriminative_lr_factor is not None
+        else None
+    )
+    return adamw(network, settings.lr, settings.weight_decay, depth=depth, default_depth=top, lr_at_depth=lr_at_depth)
+
+
+def length_bucketed_batches(lengths: list[int], batch_size: int, rng: np.random.Generator, pool_batches: int = 50):
+    """Random batches of similar length: shuffle, sort each pool of `pool_batches` batches by length, cut it into
+    batches, shuffle the batches. Far less padding than plain random batches, and still a random order."""
+    order = rng.permutation(len(lengths))
+    pool = batch_size * pool_batches
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = sorted(order[start : start + pool].tolist(), key=lambda i: lengths[i])
+        batches += [chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size)]
+    return [batches[k] for k in rng.permutation(len(batches))]
+
+
+def train(
+    network: TaskNetwork,
+    examples: list,
+    lengths: list[int],
+    batch_of: Callable[[list], dict[str, torch.Tensor]],
+    loss_of: Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor],
+    evaluate: Callable[[], dict[str, float]],
+    settings: LoopSettings,
+    rng: np.random.Generator,
+    history: list[dict],
+    first_epoch: int = 0,
+) -> float | None:
+    """Train for settings.max_epochs epochs (fewer with early stopping), appending one record per epoch to
+    `history` ({"epoch", "train_loss"} plus what `evaluate()` returns; early stopping reads its
+    "validation_score"). Returns the best validation score when early stopping kept the best epoch's weights."""
+    optimizer = make_optimizer(network, settings)
+    steps_per_epoch = math.ceil(len(examples) / settings.batch_size)
+    total = steps_per_epoch * settings.max_epochs
+    warmup = int(settings.warmup_fraction * total)
+
+    def factor(step: int) -> float:
+        return slanted_triangular(step, total) if settings.slanted_triangular else warmup_decay(step, warmup, total)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    best_score, best_state, since_best = -math.inf, None, 0
+    bar = tqdm(total=total, desc=settings.desc, unit="batch", disable=not settings.progress)
+    try:
+        for epoch in range(settings.max_epochs):
+            if settings.gradual_unfreezing:
+                unfreeze_from_top(network, epoch)
+            network.train()
+            epoch_loss, n = 0.0, 0
+            for rows in length_bucketed_batches(lengths, settings.batch_size, rng):
+                batch = batch_of([examples[i] for i in rows])
+                loss = loss_of(network(batch), batch)
+                optimizer.zero_grad()
+                loss.backward()
+                if settings.max_grad_norm:
+                    nn.utils.clip_grad_norm_(network.parameters(), settings.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                epoch_loss += float(loss.detach())
+                n += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{epoch_loss / n:.4f}")
+            network.eval()
+            record = {"epoch": first_epoch + epoch + 1, "train_loss": epoch_loss / max(1, n)} | evaluate()
+            history.append(record)
+            logger.info("epoch %s", record)
+            if settings.early_stopping:
+                score = record["validation_score"]
+                if score > best_score + settings.tol:
+                    best_score, since_best = score, 0
+                    best_state = copy.deepcopy(network.state_dict())
+                else:
+                    since_best += 1
+                    if since_best >= settings.n_iter_no_change:
+                        logger.info("early stopping after epoch %d", record["epoch"])
+                        break
+    finally:
+        bar.close()
+        for p in network.parameters():
+            p.requires_grad_(True)
+        network.eval()
+    if best_state is None:
+        return None
+    network.load_state_dict(best_state)
+    return best_score

@@ -1,0 +1,124 @@
+"""The task network: a representation (fine-tuned encoder, or a mix over cached frozen features) and a head.
+
+finetune  batch from ctxrep.inputs.collate -> encoder.encode(batch) -> top layer (batch, pieces, hidden);
+          ELMo (a word-level encoder): batch["char_ids"] -> models.elmo.Elmo, the biLM under a trainable
+          ScalarMix (Peters et al. 2018, eq. 1) -> (batch, words, hidden)
+frozen    batch["features"] (batch, words, layers, dim), batch["mask"] -> ScalarMix (gamma * sum_j softmax(s)_j h_j)
+          -> BiLSTM, or nothing ("linear") -> (batch, words, out_dim)
+
+Depth of each encoder parameter (for discriminative learning rates and gradual unfreezing) is read from its name
+by `encoder_layer_of`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from ctxrep.modules.scalar_mix import ScalarMix
+
+
+class Representation(nn.Module):
+    """Vectors for the units of each batch row: subword pieces (finetune), words (ELMo, frozen features)."""
+
+    def __init__(
+        self,
+        mode: str,
+        encoder: nn.Module | None = None,
+        num_layers: int = 0,
+        dim: int = 0,
+        frozen_head: str = "bilstm",
+        lstm_size: int = 256,
+        dropout: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.mode = mode
+        self.dropout = nn.Dropout(dropout)
+        if mode == "finetune":
+            self.encoder = encoder
+            self.out_dim = encoder.hidden_size
+        else:
+            self.mix = ScalarMix(num_layers)
+            self.lstm = (
+                nn.LSTM(dim, lstm_size, batch_first=True, bidirectional=True) if frozen_head == "bilstm" else None
+            )
+            self.out_dim = 2 * lstm_size if self.lstm is not None else dim
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.mode == "finetune":
+            if "char_ids" in batch:  # the word-level encoder under its trainable ScalarMix: one unit per word
+                return self.dropout(self.encoder(batch["char_ids"]).representations[0])  # (batch, words, hidden)
+            out = self.encoder.encode(batch)
+            return self.dropout(out.last_hidden_state)  # (batch, pieces, hidden)
+        features = batch["features"].permute(2, 0, 1, 3)  # (layers, batch, words, dim)
+        x = self.dropout(self.mix(features, mask=batch["mask"]))  # (batch, words, dim)
+        if self.lstm is None:
+            return x
+        lengths = batch["mask"].sum(dim=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        return self.dropout(out)  # (batch, words, 2 * lstm_size)
+
+
+class TaskNetwork(nn.Module):
+    """The representation and a task head; forward returns the head's logits."""
+
+    def __init__(self, representation: Representation, head: nn.Module) -> None:
+        super().__init__()
+        self.representation = representation
+        self.head = head
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        return self.head(self.representation(batch), batch)
+
+
+BLOCK_LISTS = ("layers", "layer", "h", "forward_layers", "backward_layers")  # BERT, XLNet, GPT-2, ELMo
+ABOVE_BLOCKS = ("pooler", "ln_f", "scalar_mixes")  # BERT's pooler, GPT-2's final LayerNorm, ELMo's mixes
+
+
+def encoder_layer_of(encoder: nn.Module) -> dict[str, int]:
+    """Depth of every encoder parameter: 0 = embeddings (or ELMo's char CNN), l = layer l, L = the top layer
+    (and what sits above it: a pooler, a final LayerNorm, ELMo's scalar mixes)."""
+    num_layers = encoder.num_layers
+    depth = {}
+    for name, _ in encoder.named_parameters():
+        parts = name.removeprefix("bilm.").split(".")  # ctxrep.models.elmo.Elmo wraps the biLM
+        if parts[0] in BLOCK_LISTS and parts[1].isdigit():
+            depth[name] = int(parts[1]) + 1
+        elif parts[0] in ABOVE_BLOCKS:
+            depth[name] = num_layers
+        else:
+            depth[name] = 0
+    return depth
+
+
+def network_depths(network: TaskNetwork) -> tuple[dict[str, int], int]:
+    """(depth of each fine-tuned encoder parameter by its name in `network`, the top depth L). Everything else in
+    the network (the head, a frozen mix / BiLSTM) sits at the top. Frozen mode: ({}, 0)."""
+    rep = network.representation
+    if rep.mode != "finetune":
+        return {}, 0
+    depth = {"representation.encoder." + k: v for k, v in encoder_layer_of(rep.encoder).items()}
+    return depth, rep.encoder.num_layers
+
+
+def unfreeze_from_top(network: TaskNetwork, epoch: int) -> None:
+    """Gradual unfreezing: at epoch e only encoder layers deeper than L - e (and the head) train."""
+    encoder = network.representation.encoder
+    lowest = encoder.num_layers - epoch + 1  # epoch 0: none of the encoder; epoch 1: the top layer
+    for name, d in encoder_layer_of(encoder).items():
+        encoder.get_parameter(name).requires_grad_(d >= lowest)
+
+
+def pad_features(arrays: list[np.ndarray]) -> dict[str, torch.Tensor]:
+    """features (batch, longest, layers, dim) and mask (batch, longest) from per-text (words, layers, dim)."""
+    length = max(len(a) for a in arrays)
+    _, n_layers, dim = arrays[0].shape
+    features = torch.zeros((len(arrays), length, n_layers, dim))
+    mask = torch.zeros((len(arrays), length), dtype=torch.bool)
+    for r, a in enumerate(arrays):
+        features[r, : len(a)] = torch.from_numpy(np.array(a, dtype=np.float32))
+        mask[r, : len(a)] = True
+    return {"features": features, "mask": mask}
