@@ -243,3 +243,24 @@ def test_hub_cache_is_used_when_present(tiny_models, tmp_path, monkeypatch):
     shutil.copytree(tiny_models["bert"], snapshot)
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     assert Featurizer("org/tiny", layers=-1).embed_words(["hello"])[0].shape == (1, 32)
+
+
+def test_views_share_one_inference_copy_and_with_model_builds_its_own(tiny_models, monkeypatch):
+    import ctxrep.featurize as featurize
+
+    built = []
+    real = featurize._prepack_for_inference
+    monkeypatch.setattr(featurize, "_prepack_for_inference", lambda m: built.append(m) or real(m))
+    fz = Featurizer(str(tiny_models["bert"]), layers="all")
+    words = [["the", "dog", "runs"]]
+    for layers in (-1, 0, [1, 2], "mix"):
+        fz.with_layers(layers).embed_words(words)
+    expected = fz.embed_words(words)[0]
+    assert built == [fz.model]  # packed once, whatever the views
+    other = type(fz.model)(fz.model.config).eval()
+    control = fz.with_model(other)
+    assert control.embed_words(words)[0].shape == expected.shape and built == [fz.model, other]
+    np.testing.assert_allclose(fz.embed_words(words)[0], expected)  # the original keeps its model and copy
+    assert built == [fz.model, other]
+    with pytest.raises(ValueError, match="with_model needs a model of the same shape: 6 layers x 384"):
+        fz.with_model(ctxrep.load_model("minilm"))

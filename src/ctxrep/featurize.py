@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ctxrep.inputs import EncoderInput, Text, WindowPlan, as_list, collate, token_budget_batches, words_of
+from ctxrep.models.encoder import Encoder
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.modules.scalar_mix import ScalarMix
 
@@ -74,7 +75,8 @@ class Featurizer:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
-        self._packed: tuple[torch.nn.Module, torch.nn.Module] | None = None  # (model, its inference copy)
+        # [(model, its inference copy)]: one slot that the views from with_layers share, so it is built once
+        self._packed: list[tuple[torch.nn.Module, torch.nn.Module]] = []
         if self.model.word_level and sentence_pooling == "cls":
             raise ValueError(f"{self.model.family} has no classification token: use sentence_pooling='mean'")
         self.pooling = pooling
@@ -88,16 +90,28 @@ class Featurizer:
 
     @property
     def _encoder(self) -> torch.nn.Module:
-        """The inference copy of `self.model` (rebuilt if `self.model` was replaced)."""
-        if self._packed is None or self._packed[0] is not self.model:
-            self._packed = (self.model, _prepack_for_inference(self.model))
-        return self._packed[1]
+        """The inference copy of `self.model`, built once for this featurizer and its `with_layers` views (rebuilt
+        if `self.model` was replaced)."""
+        if not self._packed or self._packed[0][0] is not self.model:
+            self._packed[:] = [(self.model, _prepack_for_inference(self.model))]
+        return self._packed[0][1]
 
     def with_layers(self, layers: int | Sequence[int] | str | ScalarMix) -> "Featurizer":
         """A copy that returns other layers, sharing the model and tokenizer (nothing is reloaded)."""
         view = copy.copy(self)
         view.layer_indices, view.mix = view._parse_layers(layers)
         view.single_layer = isinstance(layers, int) or view.mix is not None
+        return view
+
+    def with_model(self, model: Encoder) -> "Featurizer":
+        """A copy over another model of the same shape that reads the same tokenizer (e.g. the random-init control
+        of a probe); the same layers and pooling, its own inference copy."""
+        if model.num_layers != self.model.num_layers or model.hidden_size != self.model.hidden_size:
+            raise ValueError(f"with_model needs a model of the same shape: {model.num_layers} layers x "
+                             f"{model.hidden_size} instead of {self.model.num_layers} x {self.model.hidden_size}")
+        view = copy.copy(self)
+        view.model = model
+        view._packed = []
         return view
 
     @property

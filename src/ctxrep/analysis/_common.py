@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,11 +19,9 @@ def with_layers(fz: Featurizer, layers: int | Sequence[int] | str) -> Featurizer
 def random_control(fz: Featurizer, seed: int = 0) -> Featurizer:
     """The same featurizer over a randomly initialised model of the same shape (the probing control); the
     family's own constructor rebuilds it from its config, the one place a tool hands a config back unread."""
-    control = copy.copy(fz)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        control.model = type(fz.model)(fz.model.config).eval()
-    return control
+        return fz.with_model(type(fz.model)(fz.model.config).eval())
 
 
 def as_featurizer(model: str | os.PathLike | Featurizer) -> Featurizer:

@@ -1,0 +1,271 @@
+"""The family x tool matrix: every command and public entry point on a tiny model of every encoder family.
+
+A family joins by one row in FAMILIES: the fixture that builds its tiny model (tests/conftest.py) and the two
+things a tool may by nature not do without, attention heads and a static token-embedding table. Every cell
+works; the few that cannot by nature (attention statistics and heatmaps without attention heads, static
+neighbours without a token-embedding table) answer with one line, `error: <reason>`, and exit status 1.
+Nothing ends in a traceback. Kept fast: a few sentences, one epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+import ctxrep
+from ctxrep.cli import main
+from ctxrep.models.loading import load_encoder
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # what model.family answers
+    fixture: str  # the conftest fixture that builds the tiny model: a folder, or a dict of folders by family
+    attention: bool = True  # has attention heads: attention statistics and heatmaps
+    static_table: bool = True  # has a token-embedding table: static neighbours
+
+
+FAMILIES = [
+    Family("bert", "tiny_models"),
+    Family("roberta", "tiny_models"),
+    Family("electra", "tiny_models"),
+    Family("gpt2", "gpt2_dir"),
+    Family("xlnet", "xlnet_dir"),
+    Family("elmo", "elmo_dir", attention=False, static_table=False),
+]
+
+# UD-like sentences "DET NOUN VERB ADV PUNCT" (det -> noun, nsubj -> verb, advmod -> verb, punct -> verb).
+DETS, NOUNS, VERBS, ADVS = ["the", "a", "this"], ["dog", "cat", "bird", "child"], ["runs", "sleeps"], ["today", "often"]
+SENTENCES = [[DETS[i % 3], NOUNS[i % 4], VERBS[i % 2], ADVS[i % 2], "."] for i in range(10)]
+X_CLS = ["good great fine nice", "bad awful poor sad"] * 3
+Y_CLS = ["pos", "neg"] * 3
+X_TAG = [["john", "lives", "in", "paris"], ["mary", "visited", "london", "today"]] * 2
+Y_TAG = [["B-PER", "O", "O", "B-LOC"], ["B-PER", "O", "B-LOC", "O"]] * 2
+CONTEXT = "the weather is nice . paris is the capital of france ."
+X_SPAN = [("what is the capital ?", CONTEXT), ("where was the meeting ?", "the meeting was in london .")] * 2
+Y_SPAN = [("paris", CONTEXT.index("paris")), ("london", 19)] * 2
+
+
+@pytest.fixture(params=FAMILIES, ids=[f.name for f in FAMILIES])
+def family(request) -> Family:
+    return request.param
+
+
+@pytest.fixture
+def model(family, request) -> str:
+    """The tiny model's folder, as a user names it (an ELMo folder without the elmo: prefix)."""
+    built = request.getfixturevalue(family.fixture)
+    return str(built[family.name] if isinstance(built, dict) else built)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("matrix-data")
+    blocks = []
+    for i, words in enumerate(SENTENCES):
+        rows = zip(words, ["DET", "NOUN", "VERB", "ADV", "PUNCT"], [2, 3, 0, 3, 3],
+                   ["det", "nsubj", "root", "advmod", "punct"])  # fmt: skip
+        blocks.append(f"# sent_id = s{i}\n" + "\n".join(f"{k + 1}\t{w}\t{w}\t{u}\t_\t_\t{h}\t{r}\t_\t_"
+                                                       for k, (w, u, h, r) in enumerate(rows)))  # fmt: skip
+    (d / "ud.conllu").write_text("\n\n".join(blocks) + "\n\n")
+    (d / "text.txt").write_text("\n".join(" ".join(w) for w in SENTENCES) + "\n")
+    for split in ("train", "dev"):
+        (d / "wic" / split).mkdir(parents=True)
+        rows = [f"bank\tN\t1-1\tthe bank approved my loan\t{'the bank gave a loan' if i % 2 else 'the bank of the river'}"
+                for i in range(4)]  # fmt: skip
+        (d / "wic" / split / f"{split}.data.txt").write_text("\n".join(rows) + "\n")
+        (d / "wic" / split / f"{split}.gold.txt").write_text("\n".join("TF"[i % 2 == 0] for i in range(4)) + "\n")
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _grids_checked_not_drawn(monkeypatch):
+    """Layer x head grids are drawn by one function that never sees the family (tests/test_analysis.py draws
+    them); here each grid is checked and a stub written in its place, which keeps the matrix fast. Heatmaps,
+    whose labels are each family's own tokens, are drawn for real."""
+    from ctxrep.analysis import attention
+
+    def check(grid, path, title=""):
+        grid = np.asarray(grid, dtype=float)
+        assert grid.ndim == 2 and grid.size and np.isfinite(grid).all(), (title, grid)
+        if isinstance(path, (str, os.PathLike)):
+            Path(path).write_bytes(b"grid")
+        else:
+            path.write(b"grid")
+
+    monkeypatch.setattr(attention, "save_grid_png", check)
+
+
+def run(*args) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def ok(result: Result) -> str:
+    """The command's output; exit status 0 and no exception."""
+    detail = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else ""
+    assert result.exit_code == 0 and result.exception is None, result.output + detail
+    assert "Traceback" not in result.output, result.output
+    return result.output
+
+
+def refused(result: Result, reason: str) -> None:
+    """Exit status 1 with exactly one line, `error: ...` naming `reason`, and no traceback."""
+    detail = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else ""
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output + detail
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and reason in lines[0], result.output
+
+
+# ---- the interface itself ---------------------------------------------------------------------------------------
+
+
+def test_the_encoder_answers_for_its_family(family, model):
+    loaded = load_encoder(model)
+    m = loaded.model
+    assert m.family == family.name and loaded.source.elmo == m.word_level
+    assert m.has_attention == family.attention and (m.num_heads is None) == (not family.attention)
+    assert (m.input_embeddings() is None) == (not family.static_table)
+    assert m.num_layers >= 1 and m.hidden_size > 0 and m.max_tokens > 0
+    assert type(ctxrep.load_model(model)) is type(m)
+    if not family.attention:
+        assert m.no_attention_reason() and "\n" not in m.no_attention_reason()
+
+
+# ---- commands -----------------------------------------------------------------------------------------------------
+
+
+def test_info(family, model):
+    out = ok(run("info", model))
+    m = load_encoder(model).model
+    for expected in (f"{family.name} encoder", f"{m.num_layers} (+ the input layer", f"hidden size      {m.hidden_size}",
+                     f"{m.max_tokens} per window", f"{sum(p.numel() for p in m.parameters()):,}"):  # fmt: skip
+        assert expected in out, out
+    if family.attention:
+        assert f"attention heads  {m.num_heads}\n" in out
+    else:
+        assert f"attention heads  none ({m.no_attention_reason()})" in out
+    assert ("words (characters)" in out) == m.word_level
+
+
+def test_embed(model, data, tmp_path):
+    ok(run("embed", "--model", model, "--input", data / "text.txt", "--out", tmp_path / "o", "--layers", "all"))
+    from ctxrep.cli.embed import load_shards
+
+    vectors, rows = load_shards(tmp_path / "o")
+    m = load_encoder(model).model
+    assert vectors.shape == (sum(map(len, SENTENCES)), m.num_layers + 1, m.hidden_size) and len(rows) == len(vectors)
+    assert np.isfinite(vectors).all()
+
+
+def test_attention(family, model, data, tmp_path):
+    args = ["attention", "--model", model, "--corpus", data / "ud.conllu", "--sentence", "the dog runs today .",
+            "--layer", 1, "--head", 0, "--out-dir", tmp_path]  # fmt: skip
+    if not family.attention:
+        refused(run(*args), load_encoder(model).model.no_attention_reason())
+        refused(run("attention", "--model", model, "--sentence", "the dog runs"), "has no attention heads")
+        assert not list(tmp_path.iterdir())
+        return
+    out = ok(run(*args))
+    assert "top head" in out and "best head per dependency relation" in out
+    assert (tmp_path / "heatmap-L1-H0.png").is_file() and (tmp_path / "grid-entropy.png").is_file()
+    stats = json.loads((tmp_path / "attention.json").read_text())
+    assert stats["n_sentences"] == len(SENTENCES)
+    entropy = np.array(stats["stats"]["entropy"])
+    assert entropy.shape == (load_encoder(model).model.num_layers, load_encoder(model).model.num_heads)
+    assert (entropy >= 0).all()
+
+
+def test_neighbors(family, model, data, tmp_path):
+    ok(run("neighbors", "index", "--model", model, "--corpus", data / "text.txt", "--out", tmp_path / "ix"))
+    out = ok(run("neighbors", "query", "--index", tmp_path / "ix", "--sentence", "the cat sleeps often .", "--word", 1,
+                 "-k", 3))  # fmt: skip
+    assert "contextual neighbours of 'cat'" in out and out.count(" s") >= 3
+    static = run("neighbors", "static", "cat", "--model", model, "-k", 3)
+    if family.static_table:
+        assert "static neighbours of 'cat' (input embeddings)" in out
+        assert len(ok(static).splitlines()) == 3
+    else:
+        assert "static neighbours of 'cat': none (" in out
+        refused(static, "has no table of static word vectors")
+    ok(run("neighbors", "wic", "--model", model, "--train", data / "wic" / "train", "--dev", data / "wic" / "dev",
+           "--out", tmp_path / "wic.json"))  # fmt: skip
+    assert len(json.loads((tmp_path / "wic.json").read_text())["layers"]) == load_encoder(model).model.num_layers + 1
+
+
+def test_probe(model, data, tmp_path):
+    out = ok(run("probe", "--model", model, "--task", "upos", "--train", data / "ud.conllu", "--out-dir", tmp_path))
+    result = json.loads((tmp_path / "probe.json").read_text())
+    assert [r["name"] for r in result["rows"]] == ["model", "random-init"] and "E[layer]" in out
+    assert len(result["rows"][0]["layer_accuracy"]) == load_encoder(model).model.num_layers + 1
+
+
+def test_report(family, model, data, tmp_path):
+    ok(run("report", model, "--out", tmp_path, "--ud", data / "ud.conllu", "--max-sentences", 8, "--no-control",
+           "--wic", data / "wic"))  # fmt: skip
+    page = (tmp_path / "report.html").read_text()
+    numbers = json.loads((tmp_path / "report.json").read_text())
+    for section in ("UPOS probe by layer", "One word, several senses", "WiC by layer"):
+        assert section in page
+    assert ("attention" in numbers) == family.attention and ("Best head per dependency relation" in page) == family.attention
+    assert ("attention" in numbers["left_out"]) == (not family.attention)
+    assert ("static_neighbors" in numbers["left_out"]) == (not family.static_table)
+    assert all(bool(s["static_neighbors"]) == family.static_table for s in numbers["senses"].values())
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_finetune(model, data, tmp_path, mode):
+    out = ok(run("finetune", "--task", "upos", "--train", data / "ud.conllu", "--dev", data / "ud.conllu", "--model",
+                 model, "--mode", mode, "--out", tmp_path / "run", "--max-epochs", 1, "--batch-size", 4,
+                 "--cache-dir", tmp_path / "cache", "--no-progress"))  # fmt: skip
+    assert "dev " in out and (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_demo(model):
+    out = ok(run("demo", "--model", model))
+    assert "depends on the context" in out
+
+
+# ---- the library's entry points -----------------------------------------------------------------------------------
+
+
+def test_featurizer(model):
+    fz = ctxrep.Featurizer(model, layers="all")
+    m = fz.model
+    assert fz.plan.max_length == m.max_tokens
+    words = fz.embed_words(SENTENCES[:3])
+    assert [w.shape for w in words] == [(5, m.num_layers + 1, m.hidden_size)] * 3
+    alone = fz.embed_words(SENTENCES[1:2])[0]
+    np.testing.assert_allclose(alone, words[1], atol=1e-5)
+    sentences = fz.with_layers(-1).embed_sentences([" ".join(w) for w in SENTENCES[:3]])
+    assert sentences.shape == (3, m.hidden_size) and np.isfinite(sentences).all()
+    pairs = fz.with_layers(-1).embed_words(["the dog runs"], text_pairs=["a cat sleeps today"])
+    assert pairs[0].shape == (7, m.hidden_size)
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_estimators(model, tmp_path, mode):
+    from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
+
+    common = dict(model=model, mode=mode, max_epochs=1, batch_size=4, lr=1e-3, random_state=0, lstm_size=8,
+                  cache_dir=str(tmp_path / "cache"), progress=False)  # fmt: skip
+    torch.manual_seed(0)
+    clf = SequenceClassifier(**common)
+    assert clf.fit(X_CLS, Y_CLS) is clf
+    assert set(clf.predict(X_CLS)) <= {"pos", "neg"} and clf.predict_proba(X_CLS).shape == (len(X_CLS), 2)
+    pairs = [(x, "and so on") for x in X_CLS]
+    assert len(SequenceClassifier(**common).fit(pairs, Y_CLS).predict(pairs)) == len(pairs)
+    tagger = TokenTagger(**common)
+    assert tagger.fit(X_TAG, Y_TAG) is tagger
+    assert [len(p) for p in tagger.predict(X_TAG)] == [len(x) for x in X_TAG]
+    spans = SpanExtractor(**common, doc_stride=16)
+    assert spans.fit(X_SPAN, Y_SPAN) is spans
+    answers = spans.predict(X_SPAN)
+    assert len(answers) == len(X_SPAN) and all(isinstance(a, str) for a in answers)
