@@ -147,6 +147,22 @@ def test_param_groups_decay_matrices_only_and_tied_weights_once():
     assert "model.transformer.h.0.ln_1.weight" not in {names[id(p)] for p in no_decay["params"]}
 
 
+def test_param_groups_by_depth_with_discriminative_learning_rates():
+    from ctxrep.train.optim import adamw, discriminative
+
+    objective = CausalLM()
+    depth = {n: int(n.split(".")[3]) + 1 for n, _ in objective.named_parameters() if ".h." in n}  # blocks 1, 2
+    optimizer = adamw(objective, 1e-3, 0.1, depth=depth, default_depth=0, lr_at_depth=discriminative(1e-3, 2.0, 2))
+    groups = optimizer.param_groups
+    assert [(g["depth"], g["weight_decay"]) for g in groups] == [(0, 0.1), (0, 0.0), (1, 0.1), (1, 0.0), (2, 0.1),
+                                                                  (2, 0.0)]  # fmt: skip
+    assert [g["lr"] for g in groups] == pytest.approx([2.5e-4, 2.5e-4, 5e-4, 5e-4, 1e-3, 1e-3])
+    names = {id(p): n for n, p in objective.named_parameters()}
+    in_groups = [names[id(p)] for g in groups for p in g["params"]]
+    assert sorted(in_groups) == sorted(names.values())  # each parameter once (the tied wte / lm_head too)
+    assert "model.transformer.h.1.ln_2.weight" in [names[id(p)] for p in groups[5]["params"]]
+
+
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     results = []
     for accumulation in (1, 4):
