@@ -42,7 +42,6 @@ import transformers
 from transformers import AutoTokenizer, BertModel
 
 from ctxrep.featurize import Featurizer
-from ctxrep.models.loading import resolve_model_path
 
 MODEL = "minilm"
 MIN_SENTENCES = 2000
@@ -258,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sentences = load_corpus(args.data, args.corpus, n)
     featurizer = Featurizer(MODEL, layers=-1, pooling="mean", num_threads=args.threads)
-    reference = Reference(resolve_model_path(MODEL))
+    reference = Reference(featurizer.source.folder)  # the folder the featurizer resolved MODEL to
 
     # Token count from the tokenizer (untimed); each system's attention masks must add up to the same.
     special = featurizer.tokenizer.template.num_special(pair=False)

@@ -164,8 +164,9 @@ def test_embed_bad_input_gives_one_line_error(tmp_path, content, args, message):
 def test_unknown_model_and_corrupt_weights(tmp_path, tiny_models):
     src = tmp_path / "in.txt"
     src.write_text("a b\n")
-    result = run(["embed", "--model", "nope", "--input", str(src), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 1 and "unknown model 'nope'" in result.output
+    result = run(["embed", "--model", "no/such/model", "--input", str(src), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1 and "unknown model 'no/such/model'" in result.output
+    assert len(result.output.strip().splitlines()) == 1
     broken = tmp_path / "broken"
     shutil.copytree(tiny_models["bert"], broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
@@ -179,8 +180,27 @@ def test_unknown_model_and_corrupt_weights(tmp_path, tiny_models):
 def test_info_describes_the_model():
     result = run(["info", "minilm"])
     assert result.exit_code == 0, result.output
-    for expected in ("bert encoder", "layers             6", "hidden size        384", "22,713,216", "WordPiece"):
-        assert expected in result.output
+    for expected in ("family           bert encoder", "layers           6 (+ the input layer = layer 0)",
+                     "hidden size      384", "attention heads  12", "max tokens       512 per window",
+                     "22,713,216", "WordPiece, 30,522 entries", "special tokens   [CLS] A [SEP]"):  # fmt: skip
+        assert expected in result.output, result.output
+
+
+@pytest.mark.parametrize("prefix", ["elmo:", ""])
+def test_info_and_embed_take_an_elmo_folder_with_or_without_the_prefix(elmo_dir, tmp_path, prefix):
+    result = run(["info", f"{prefix}{elmo_dir}"])
+    assert result.exit_code == 0, result.output
+    for expected in ("family           elmo encoder", f"folder           {elmo_dir}\n", "options.json, weights.hdf5",
+                     "attention heads  none (ELMo is a biLSTM: it has no attention heads)",
+                     "tokenizer        words (characters): each word is read as up to 50 characters",
+                     "special tokens   none"):  # fmt: skip
+        assert expected in result.output, result.output
+    src = tmp_path / "in.txt"
+    src.write_text("a crane flew\nover the lake\n")
+    result = run(["embed", "--model", f"{prefix}{elmo_dir}", "--input", str(src), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    vectors, rows = load_shards(tmp_path / "o")
+    assert vectors.shape == (6, 16) and len(rows) == 6
 
 
 def test_demo_prints_both_tables_and_the_conclusion():

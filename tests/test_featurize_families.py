@@ -93,3 +93,17 @@ def test_xlnet_long_text_is_windowed(xlnet_dir):
     fz = Featurizer(str(xlnet_dir), layers=-1, max_length=16, stride=6)
     words = " ".join(TEXTS * 4).split()
     assert fz.embed_words([words])[0].shape == (len(words), 32)
+
+
+def test_xlnet_texts_are_windowed_at_512_pieces(xlnet_dir):
+    """XLNet's relative positions have no table to run out of: texts are cut at its pretraining length, 512 pieces
+    with the special tokens (they were once cut at 4,096, the limit meant for ELMo's words)."""
+    fz = Featurizer(str(xlnet_dir), layers=-1)
+    assert fz.model.max_tokens == 512 and fz.plan.max_length == 512
+    words = " ".join(TEXTS * 60).split()
+    pieces = fz.tokenizer.encode_words([words])[0]
+    assert len(pieces.ids) > 2 * 512
+    windows = fz.plan.single(0, pieces)
+    assert len(windows) >= 3 and 480 <= max(len(w) for w in windows) <= 512
+    assert sorted(word for w in windows for word, _, _ in w.words) == list(range(len(words)))
+    assert fz.embed_words([words])[0].shape == (len(words), 32)
