@@ -234,6 +234,15 @@ def test_attention_pictures_and_bad_heads(fz, tmp_path):
         attention.head_statistics(fz, ["a b"]).grid("cls2")
 
 
+def test_pruned_heads_are_refused_in_one_line(tiny_model):
+    fz = Featurizer(str(tiny_model), layers="all")
+    fz.model.prune_heads({0: [1]})
+    for refused in (lambda: attention.head_statistics(fz, ["the dog runs"]),
+                    lambda: attention.head_attention(fz, "the dog runs", 2, 0)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"attention heads were pruned \(heads per layer: 1, 2 of 2\)"):
+            refused()
+
+
 # ---- neighbours ---------------------------------------------------------------------------------
 
 

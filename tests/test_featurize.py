@@ -241,7 +241,10 @@ def test_hub_cache_is_used_when_present(tiny_models, tmp_path, monkeypatch):
     import shutil
 
     shutil.copytree(tiny_models["bert"], snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")  # huggingface_hub's cache: branch -> commit
     monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache alone must do
     assert Featurizer("org/tiny", layers=-1).embed_words(["hello"])[0].shape == (1, 32)
 
 

@@ -75,10 +75,17 @@ def _encode(fz: Featurizer, index: int, words: list[str]) -> _Sentence | None:
 
 
 def require_attention(fz: Featurizer) -> None:
-    """A one-line error for a model without attention heads (the encoder interface says which: ELMo's biLSTM)."""
-    if not fz.model.has_attention:
-        raise ValueError(f"{fz.model.no_attention_reason()}; attention statistics and heatmaps need a model with "
+    """A one-line error for a model without attention heads (the encoder interface says which: ELMo's biLSTM), or
+    with pruned heads (its attentions no longer fill a layer x head grid in the original head numbering)."""
+    m = fz.model
+    if not m.has_attention:
+        raise ValueError(f"{m.no_attention_reason()}; attention statistics and heatmaps need a model with "
                          "attention heads (a Transformer: BERT, RoBERTa, ELECTRA, GPT-2, XLNet, ...)")  # fmt: skip
+    heads = m.heads_per_layer()
+    if heads != [m.num_heads] * m.num_layers:
+        raise ValueError(f"the model's attention heads were pruned (heads per layer: {', '.join(map(str, heads))} of "
+                         f"{m.num_heads}); attention statistics and heatmaps need every head: use the model from "
+                         "before pruning")  # fmt: skip
 
 
 def _attentions(fz: Featurizer, inputs: list[_Sentence], batch_size: int = 16) -> Iterator[tuple[_Sentence, torch.Tensor]]:
