@@ -40,6 +40,7 @@ FAMILIES = [
     Family("gpt2", "gpt2_dir"),
     Family("xlnet", "xlnet_dir"),
     Family("elmo", "elmo_dir", attention=False, static_table=False),
+    Family("albert", "albert_dir"),
 ]
 
 # UD-like sentences "DET NOUN VERB ADV PUNCT" (det -> noun, nsubj -> verb, advmod -> verb, punct -> verb).
@@ -52,6 +53,32 @@ Y_TAG = [["B-PER", "O", "O", "B-LOC"], ["B-PER", "O", "B-LOC", "O"]] * 2
 CONTEXT = "the weather is nice . paris is the capital of france ."
 X_SPAN = [("what is the capital ?", CONTEXT), ("where was the meeting ?", "the meeting was in london .")] * 2
 Y_SPAN = [("paris", CONTEXT.index("paris")), ("london", 19)] * 2
+
+
+@pytest.fixture(scope="session")
+def albert_dir(tmp_path_factory) -> Path:
+    """A tiny ALBERT as transformers saves it, with a SentencePiece-style (unigram) tokenizer and ALBERT's specials."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    path = tmp_path_factory.mktemp("albert")
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    corpus = [" ".join(w) for w in SENTENCES] + X_CLS + [" ".join(x) for x in X_TAG] + [CONTEXT, "the bank loan river"]
+    tok.train_from_iterator(corpus * 5, trainers.UnigramTrainer(
+        vocab_size=150, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"], unk_token="<unk>"))  # fmt: skip
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = transformers.AlbertConfig(vocab_size=tok.get_vocab_size(), embedding_size=8, hidden_size=16,
+                                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
+                                       max_position_embeddings=64, pad_token_id=tok.token_to_id("<pad>"),
+                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    transformers.AlbertModel(config).save_pretrained(path)
+    return path
 
 
 @pytest.fixture(params=FAMILIES, ids=[f.name for f in FAMILIES])
