@@ -109,7 +109,12 @@ def run_ctxrep(args, overrides) -> dict:
     from ctxrep.cli.pretrain import parse_overrides
     from ctxrep.train.plot import plot_run
     from ctxrep.translate.data import read_lines
-    from ctxrep.translate.train import load_config, load_translator, train_mt, translate_sentences
+    from ctxrep.translate.train import (
+        load_config,
+        load_translator,
+        train_mt,
+        translate_sentences,
+    )
 
     torch.set_num_threads(args.threads)
     files = slice_data(args)
@@ -213,7 +218,7 @@ def run_transformers(args, overrides) -> dict:
             step += 1
             tokens += int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
             if step % tc.log_every == 0:
-                record = {"step": step, "loss": float(loss), "tokens_per_s": tokens / step_seconds}
+                record = {"step": step, "loss": loss.item(), "tokens_per_s": tokens / step_seconds}
                 log.write(json.dumps(record) + "\n")
                 log.flush()
     timer.cancel()

@@ -11,6 +11,7 @@ from _mt_text import write_parallel
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
+import ctxrep
 from ctxrep.cli.mt import mt
 from ctxrep.models.marian import MarianMTModel
 from ctxrep.translate.train import SNAPSHOT_DIR, average_state_dicts
@@ -53,7 +54,8 @@ def test_train_writes_a_marian_folder_that_transformers_loads(trained, corpus):
     final = records[-1]
     assert final["step"] == 30 and {"eval_loss", "eval_nll", "eval_bleu", "eval_chrf"} <= set(final)
 
-    ours = MarianMTModel.from_pretrained(trained)
+    ours = ctxrep.load_model(trained)
+    assert isinstance(ours, MarianMTModel)
     theirs = transformers.MarianMTModel.from_pretrained(trained).eval()
     ids = torch.tensor([[5, 6, 7, 1], [8, 9, 1, 0]])
     mask = (ids != 0).long()

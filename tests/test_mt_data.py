@@ -15,7 +15,14 @@ from _mt_text import sentence_pairs, write_parallel
 from safetensors.torch import save_file
 
 from ctxrep.translate import data as mtdata
-from ctxrep.translate.data import DataError, TokenBatches, encode_pairs, plan_batches, read_lines, read_parallel
+from ctxrep.translate.data import (
+    DataError,
+    TokenBatches,
+    encode_pairs,
+    plan_batches,
+    read_lines,
+    read_parallel,
+)
 from ctxrep.translate.score import score, score_files
 from ctxrep.translate.tokenizer import MTTokenizer
 from ctxrep.translate.train import (

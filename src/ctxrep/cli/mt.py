@@ -15,6 +15,7 @@ import click
 from ctxrep.cli.common import user_errors
 from ctxrep.cli.pretrain import parse_overrides
 
+
 @click.group("mt")
 def mt() -> None:
     """Machine translation: train, translate, score."""

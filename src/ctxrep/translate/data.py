@@ -35,7 +35,14 @@ from typing import Literal
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +83,7 @@ def decode_lines(data: bytes, name: str) -> list[str]:
                 f"{name}:{number}: invalid UTF-8 at byte {e.start + 1} of the line ({e.reason}); convert the file "
                 "to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
             ) from None
-        lines.append(text[:-1] if text.endswith("\r") else text)
+        lines.append(text.removesuffix("\r"))
     return lines
 
 

@@ -38,7 +38,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
-from torch.nn import functional as F
 
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
