@@ -139,6 +139,12 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
 
 
 def _build(source: ModelSource) -> Encoder:
+    # Building modules initialises weights that the checkpoint then overwrites: keep that off the caller's RNG.
+    with torch.random.fork_rng(devices=[]):
+        return _build_family(source)
+
+
+def _build_family(source: ModelSource) -> Encoder:
     if source.elmo:
         return ElmoBiLM.from_pretrained(source.folder)
     model_type = read_config(source.folder).get("model_type")

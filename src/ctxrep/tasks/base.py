@@ -168,7 +168,7 @@ class TaskEstimator:
             self._check_same_targets(y)
         else:
             self._learn_targets(y)
-            self.backbone_ = _load_encoder(self.model)
+            self.backbone_ = load_encoder(self.model)
             if self.mode == "frozen":
                 encoder = self.backbone_.model
                 self.frozen_shape_ = [encoder.num_layers + 1, encoder.hidden_size]
@@ -343,7 +343,7 @@ class TaskEstimator:
             raise ValueError(f"{path} holds a {config.get('estimator')!r}, not a {cls.__name__}; use that class's load")
         est = cls(**config["params"])
         est._state_from_json(config["state"])
-        est.backbone_ = _load_encoder(est.model)
+        est.backbone_ = load_encoder(est.model)
         est.model_ = est._make_network()
         est.model_.load_state_dict(load_file(path / "model.safetensors"))
         est.model_.eval()
@@ -373,13 +373,6 @@ class TaskEstimator:
 
     def _make_head(self, in_dim: int) -> nn.Module:
         raise NotImplementedError
-
-
-def _load_encoder(name: str) -> LoadedEncoder:
-    """load_encoder, with the random numbers its modules' initialisation draws taken from a forked RNG (the
-    weights are then overwritten): loading leaves the global torch RNG as it was."""
-    with torch.random.fork_rng(devices=[]):
-        return load_encoder(name)
 
 
 def _length(record) -> int:
