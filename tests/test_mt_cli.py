@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import ctxrep
 from ctxrep.cli.mt import mt
 from ctxrep.models.marian import MarianMTModel
-from ctxrep.translate.train import SNAPSHOT_DIR, average_state_dicts
+from ctxrep.translate.train import SNAPSHOT_DIR, average_state_dicts, inverse_sqrt
 
 
 def _invoke(*args: str, input: str | bytes | None = None):
@@ -51,6 +51,8 @@ def test_train_writes_a_marian_folder_that_transformers_loads(trained, corpus):
     records = [json.loads(line) for line in (trained / "log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]
     assert losses[-1] < losses[0] - 1.0  # it learns
+    for r in (r for r in records if "lr" in r):  # the Trainer ran the paper's schedule (tiny: 0.2 x eq. 3)
+        assert r["lr"] == pytest.approx(0.2 * inverse_sqrt(r["step"] - 1, d_model=32, warmup_steps=10))
     final = records[-1]
     assert final["step"] == 30 and {"eval_loss", "eval_nll", "eval_bleu", "eval_chrf"} <= set(final)
 
