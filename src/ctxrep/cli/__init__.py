@@ -17,12 +17,13 @@ def _register() -> None:
     from ctxrep.cli.export import export
     from ctxrep.cli.finetune import finetune
     from ctxrep.cli.info import info
+    from ctxrep.cli.mt import mt
     from ctxrep.cli.plot_run import plot_run
     from ctxrep.cli.pretrain import pretrain
     from ctxrep.cli.prune import prune
     from ctxrep.cli.tokenizer import tokenizer
 
-    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, export, prune, *ANALYSIS):
+    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
         main.add_command(command)
 
 
