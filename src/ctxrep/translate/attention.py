@@ -135,7 +135,7 @@ def require_cross_attention(model: torch.nn.Module) -> None:
     """A one-line error for a model without a decoder attending to a source (an encoder such as BERT)."""
     if not (callable(getattr(model, "decode", None)) and callable(getattr(model, "init_cache", None))):
         family = getattr(model, "family", type(model).__name__)
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 (a user-fixable input: the CLI reports ValueErrors)
             f"a {family} model has no decoder and so no cross-attention over a source sentence; pass a translation "
             "model (a folder written by `ctxrep mt train`, or a Marian / OPUS-MT folder)"
         )
