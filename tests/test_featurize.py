@@ -109,8 +109,8 @@ def test_sentence_vectors(fz_all):
     words = fz.embed_words(TEXTS)
     np.testing.assert_allclose(fz.embed_sentences(TEXTS), np.stack([w.mean(0) for w in words]), atol=1e-6)
     cls = Featurizer("minilm", layers=-1, sentence_pooling="cls").embed_sentences(TEXTS[:1])
-    ref = transformers.AutoModel.from_pretrained(ctxrep.models.loading.resolve_model_path("minilm")).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(ctxrep.models.loading.resolve_model_path("minilm"))
+    ref = transformers.AutoModel.from_pretrained(fz.source.folder).eval()  # the folder "minilm" resolved to
+    tok = transformers.AutoTokenizer.from_pretrained(fz.source.folder)
     with torch.no_grad():
         h = ref(**tok(TEXTS[:1], return_tensors="pt")).last_hidden_state[:, 0]
     np.testing.assert_allclose(cls, h.numpy(), atol=1e-5)
