@@ -85,7 +85,7 @@ def translate(model_dir, input_file, out_file, beam, n_best, skip_long, batch_to
     lines = read_lines(input_file) if input_file else decode_lines(sys.stdin.buffer.read(), "<stdin>")
     where = input_file or "<stdin>"
     model, tokenizer = load_translator(model_dir)
-    limit = model.config.max_position_embeddings
+    limit = model.max_tokens
     todo, skipped = [], []
     for number, (line, ids) in enumerate(zip(lines, tokenizer.encode_source(lines)), start=1):
         if not line.strip():

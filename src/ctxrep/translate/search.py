@@ -47,7 +47,7 @@ def max_lengths(model: MarianMTModel, src_mask: torch.Tensor, max_len_a: float, 
     the model's positions (the decoder input is the start token plus all but the last target token)."""
     src_len = src_mask.sum(dim=1).double()
     limit = (max_len_a * src_len + max_len_b).floor().long()
-    return limit.clamp(min=1, max=model.config.max_position_embeddings)
+    return limit.clamp(min=1, max=model.max_tokens)
 
 
 def _next_log_probs(
