@@ -112,12 +112,12 @@ def mlm_run(corpus, tmp_path_factory) -> Path:
 # ------------------------------------------------------------------------------ every objective
 
 
-HF_CLASS = {"mlm": "AutoModel", "mlm+nsp": "AutoModel", "electra": "AutoModel", "clm": "AutoModelForCausalLM",
-            "plm": "AutoModel"}  # fmt: skip
-MODEL_TYPE = {"mlm": "bert", "mlm+nsp": "bert", "electra": "electra", "clm": "gpt2", "plm": "xlnet"}
+HF_CLASS = {"mlm": "AutoModel", "mlm+nsp": "AutoModel", "mlm+sop": "AutoModel", "electra": "AutoModel",
+            "clm": "AutoModelForCausalLM", "plm": "AutoModel"}  # fmt: skip
+MODEL_TYPE = {"mlm": "bert", "mlm+nsp": "bert", "mlm+sop": "albert", "electra": "electra", "clm": "gpt2", "plm": "xlnet"}
 
 
-@pytest.mark.parametrize("objective", ["mlm", "mlm+nsp", "electra", "clm", "plm"])
+@pytest.mark.parametrize("objective", ["mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm"])
 def test_objective_trains_from_the_cli_and_loads_everywhere(objective, corpus, tmp_path):
     import transformers
 
@@ -147,6 +147,33 @@ def test_objective_trains_from_the_cli_and_loads_everywhere(objective, corpus, t
 
     vectors = ctxrep.Featurizer(out).embed_sentences(SENTENCES)
     assert vectors.shape == (2, 64) and np.isfinite(vectors).all()
+
+
+def test_mlm_sop_reads_albert_sharing_and_factorised_embeddings(corpus, mlm_run, tmp_path):
+    out = tmp_path / "albert"
+    train(corpus, out, "mlm+sop", "--max-steps", 2, "--tokenizer", mlm_run, "--share", "ffn", "--embedding_size", 32)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["ctxrep_share"], config["embedding_size"], config["hidden_size"]) == ("ffn", 32, 64)
+    model = ctxrep.load_model(out)
+    assert model.config.share == "ffn" and model.input_embeddings().shape == (1000, 32)
+    record = json.loads((out / "pretrain.json").read_text())["settings"]
+    assert record["encoder"]["share"] == "ffn" and record["objective"]["short_seq_prob"] == 0.1
+    assert "model_type" not in record["encoder"]
+    sop = json.loads((out / "log.jsonl").read_text().splitlines()[0])  # the training record
+    assert 0.0 <= sop["sop_accuracy"] <= 1.0 and sop["sop_loss"] > 0
+
+
+def test_albert_embedding_size_defaults_to_128_at_most(corpus, mlm_run, tmp_path):
+    from ctxrep.data.corpus import PackedCorpus
+    from ctxrep.train.pretrain import build_run
+
+    tok = Tokenizer.from_model_dir(mlm_run)
+    packed = PackedCorpus.open(mlm_run / "corpus")
+    for hidden, expected in ((64, 64), (256, 128)):
+        config = load_config("tiny", [("hidden_size", str(hidden))], "mlm+sop")
+        run_ = build_run("mlm+sop", config, packed, tok)
+        assert run_.objective.config.embedding_size == expected
+        assert type(run_.train_data).__name__ == "SentenceOrderPacker"
 
 
 def test_plm_tokenizer_follows_xlnets_template(corpus, tmp_path):
@@ -350,11 +377,12 @@ def test_pretrain_json_records_what_the_objective_read(mlm_run):
 @pytest.mark.parametrize(
     "objective, override, message",
     [
-        ("bilm", ["--encoder.hidden_size", "32"], "[encoder] hidden_size is read by mlm, mlm+nsp, electra, clm, plm, not by bilm"),
+        ("bilm", ["--encoder.hidden_size", "32"], "[encoder] hidden_size is read by mlm, mlm+nsp, mlm+sop, electra, clm, plm, not by bilm"),
         ("mlm", ["--elmo.lstm.dim", "16"], "[elmo] lstm.dim is read by bilm, not by mlm"),
-        ("clm", ["--mask_prob", "0.2"], "[objective] mask_prob is read by mlm, mlm+nsp, electra, not by clm"),
+        ("clm", ["--mask_prob", "0.2"], "[objective] mask_prob is read by mlm, mlm+nsp, mlm+sop, electra, not by clm"),
         ("plm", ["--max_position_embeddings", "128"], "--objective clm"),
-        ("mlm", ["--short_seq_prob", "0.2"], "read by mlm+nsp, not by mlm"),
+        ("mlm", ["--short_seq_prob", "0.2"], "read by mlm+nsp, mlm+sop, not by mlm"),
+        ("mlm", ["--share", "none"], "[encoder] share is read by mlm+sop, not by mlm"),
     ],
 )
 def test_an_override_the_objective_does_not_read_is_refused(corpus, tmp_path, objective, override, message):
@@ -401,7 +429,13 @@ def test_the_reading_table_covers_every_key_and_every_key_has_a_reader():
             if section != "trainer":
                 assert f"| [{section}] {f.name} |" in table
     assert readers("data", "eval_fraction") == OBJECTIVES and readers("elmo", "lstm.dim") == ("bilm",)
-    assert "| [objective] softmax |  |  |  |  |  | x |" in table
+
+    def row(key: str, *who: str) -> str:
+        return f"| {key} | " + " | ".join("x" if o in who else "" for o in OBJECTIVES) + " |"
+
+    assert row("[objective] softmax", "bilm") in table
+    assert row("[encoder] share", "mlm+sop") in table
+    assert row("[objective] short_seq_prob", "mlm+nsp", "mlm+sop") in table
 
 
 # ------------------------------------------------------------------ the same command, the same model

@@ -6,7 +6,7 @@ import click
 
 from ctxrep.cli.common import user_errors
 
-OBJECTIVES = ("mlm", "mlm+nsp", "electra", "clm", "plm", "bilm")  # as ctxrep.train.pretrain.OBJECTIVES
+OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm")  # as ctxrep.train.pretrain.OBJECTIVES
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:

@@ -4,14 +4,14 @@
 
 One pipeline for every objective (`ctxrep pretrain` runs exactly this):
 1. the tokenizer: `--tokenizer PATH`, else OUT/tokenizer.json from an earlier run, else trained on the
-   corpus: WordPiece or byte-level BPE for mlm / mlm+nsp / electra ([tokenizer] kind), byte-level BPE for
+   corpus: WordPiece or byte-level BPE for mlm / mlm+nsp / mlm+sop / electra ([tokenizer] kind), byte-level BPE for
    clm, byte-level BPE plus <sep> and <cls> with XLNet's template "A <sep> <cls>" for plm, a word-level
    vocabulary (most frequent words first) for bilm;
 2. its vocabulary must have exactly [tokenizer] vocab_size entries, the model's embedding (softmax) rows;
 3. the corpus is packed into OUT/corpus/ (reused when up to date) and its last sentences are held out
    ([data] eval_fraction) for the trainer's evaluations;
-4. the objective's `PretrainRun` (`build_run`): the objective module, BERT segment pairs for mlm+nsp and
-   RoBERTa FULL-SENTENCES otherwise (for bilm: sentences of words, documents separated by </S>);
+4. the objective's `PretrainRun` (`build_run`): the objective module, BERT segment pairs for mlm+nsp,
+   ALBERT's sentence-order pairs for mlm+sop and RoBERTa FULL-SENTENCES otherwise (for bilm: sentences of words, documents separated by </S>);
 5. `Trainer(...).train(resume=...)`. OUT itself becomes the model folder: config.json, model.safetensors,
    tokenizer.json, tokenizer_config.json (for bilm: options.json, weights.hdf5, vocab.txt), which
    ctxrep.load_model, ctxrep.Featurizer and transformers load; OUT/log.jsonl holds the training log,
@@ -19,11 +19,12 @@ One pipeline for every objective (`ctxrep pretrain` runs exactly this):
 
 Configs are TOML files; one schema for every objective (`reading_table()` lists which keys each reads):
 - [tokenizer], [data], [trainer] (TrainerConfig): read by every objective, each key with one meaning;
-- [encoder]: the Transformer's shape in BERT's names (mapped onto GPT2Config for clm, XLNetConfig for plm);
+- [encoder]: the Transformer's shape in BERT's names (mapped onto AlbertConfig for mlm+sop, GPT2Config for clm,
+  XLNetConfig for plm);
 - [elmo]: the biLM's shape, in the layout of ELMo's options.json ([elmo.char_cnn], [elmo.lstm]);
 - [objective]: the settings of particular objectives (masking, ELECTRA, XLNet, the biLM softmax).
 A key that no objective reads is an error. A file may hold the settings of several objectives in [encoder],
-[elmo] and [objective] (the shipped tiny and small configure all six); each run reads those of its own
+[elmo] and [objective] (the shipped tiny and small configure all of them); each run reads those of its own
 objective, and records what it read in pretrain.json. A setting given on the command line must be one the
 chosen objective reads. Shipped configs live in ctxrep/configs/pretrain/ and are named without ".toml".
 """
@@ -56,9 +57,9 @@ from ctxrep.train import distributed
 from ctxrep.train.run import PretrainRun
 from ctxrep.train.trainer import CHECKPOINT_DIR, Trainer, TrainerConfig
 
-OBJECTIVES = ("mlm", "mlm+nsp", "electra", "clm", "plm", "bilm")
-TRANSFORMERS = ("mlm", "mlm+nsp", "electra", "clm", "plm")
-MASKED = ("mlm", "mlm+nsp", "electra")
+OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm")
+TRANSFORMERS = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm")
+MASKED = ("mlm", "mlm+nsp", "mlm+sop", "electra")
 BERTS = ("mlm", "mlm+nsp")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "pretrain"
 RUN_FILE = "pretrain.json"
@@ -80,15 +81,18 @@ def _key(default, read_by: tuple[str, ...]):
 
 @dataclass
 class EncoderSection:
-    """The Transformer's shape, in BERT's names; clm maps them onto GPT2Config, plm onto XLNetConfig. Read by
-    mlm, mlm+nsp, electra, clm and plm; the keys a family has no counterpart for are marked."""
+    """The Transformer's shape, in BERT's names; mlm+sop maps them onto AlbertConfig, clm onto GPT2Config, plm
+    onto XLNetConfig. Read by mlm, mlm+nsp, mlm+sop, electra, clm and plm; the keys a family has no counterpart
+    for are marked."""
 
-    model_type: str = _key("bert", BERTS)  # "bert" or "roberta"; electra builds ELECTRA, clm GPT-2, plm XLNet
+    model_type: str = _key("bert", BERTS)  # "bert" or "roberta"; electra builds ELECTRA, mlm+sop ALBERT, clm GPT-2, plm XLNet
     hidden_size: int = 256
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     intermediate_size: int = 1024
-    embedding_size: int = _key(0, MASKED)  # 0 = hidden_size; ELECTRA-small has narrower embeddings projected up
+    # 0 = hidden_size (mlm+sop: min(128, hidden_size), ALBERT's E); ELECTRA-small has narrower embeddings projected up
+    embedding_size: int = _key(0, MASKED)
+    share: str = _key("all", ("mlm+sop",))  # ALBERT's cross-layer sharing: "all", "attention", "ffn" or "none"
     hidden_act: str = _key("gelu", (*MASKED, "plm"))  # GPT-2 keeps its own gelu_new
     hidden_dropout_prob: float = 0.1  # plm: XLNet's one dropout
     attention_probs_dropout_prob: float = _key(0.1, (*MASKED, "clm"))
@@ -130,7 +134,7 @@ class ObjectiveSection:
     random_prob: float = _key(0.1, MASKED)  # ... a random token (the rest stay unchanged)
     whole_word: bool = _key(False, MASKED)
     static_copies: int = _key(0, MASKED)  # 0 = dynamic masking (RoBERTa); N = one of N fixed masks per sequence (BERT)
-    short_seq_prob: float = _key(0.1, ("mlm+nsp",))  # pairs aiming at a random shorter length (BERT)
+    short_seq_prob: float = _key(0.1, ("mlm+nsp", "mlm+sop"))  # pairs aiming at a random shorter length (BERT, ALBERT)
     generator_size_fraction: float = _key(0.25, ("electra",))  # generator hidden / heads / intermediate vs discriminator
     disc_weight: float = _key(50.0, ("electra",))  # lambda
     k: int = _key(6, ("plm",))  # predict the last 1/K of each factorization order
@@ -550,6 +554,11 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
         bert = _bert_config(config, enc.model_type, tokenizer)
         module = MaskedLMObjective(bert, mlm, nsp=objective == "mlm+nsp", word_start=_word_start(tokenizer, o))
         positions = module.config.max_tokens
+    elif objective == "mlm+sop":
+        from ctxrep.objectives.sentence_order import SentenceOrderObjective
+
+        module = SentenceOrderObjective(_albert_config(config, tokenizer), mlm, _word_start(tokenizer, o))
+        positions = module.config.max_position_embeddings
     elif objective == "electra":
         from ctxrep.objectives.electra import ElectraObjective, ElectraObjectiveConfig
 
@@ -613,8 +622,8 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
                 f"[data] {name}={length} is longer than the model's {positions} positions "
                 f"([encoder] max_position_embeddings in {config.source}); lower {name} or raise max_position_embeddings"
             )
-    pairs = objective == "mlm+nsp"
-    train_corpus, eval_corpus = split_held_out(corpus, data, min_documents=2 if pairs else 1)
+    pairs = {"mlm+nsp": "nsp", "mlm+sop": "sop"}.get(objective)
+    train_corpus, eval_corpus = split_held_out(corpus, data, min_documents=2 if pairs == "nsp" else 1)
     train_data = _packer(pairs, train_corpus, config, tokenizer, warmup=True, separator_id=separator_id)
     eval_data = None
     if eval_corpus is not None:
@@ -661,8 +670,24 @@ def _bert_config(config: PretrainConfig, model_type: str, tokenizer: Tokenizer):
     )  # fmt: skip
 
 
+def _albert_config(config: PretrainConfig, tokenizer: Tokenizer):
+    from ctxrep.models.albert import AlbertConfig
+
+    enc = config.encoder
+    return AlbertConfig(
+        vocab_size=config.tokenizer.vocab_size, embedding_size=enc.embedding_size or min(128, enc.hidden_size),
+        hidden_size=enc.hidden_size, num_hidden_layers=enc.num_hidden_layers,
+        num_attention_heads=enc.num_attention_heads, intermediate_size=enc.intermediate_size,
+        hidden_act=enc.hidden_act, hidden_dropout_prob=enc.hidden_dropout_prob,
+        attention_probs_dropout_prob=enc.attention_probs_dropout_prob,
+        max_position_embeddings=enc.max_position_embeddings, type_vocab_size=enc.type_vocab_size,
+        layer_norm_eps=enc.layer_norm_eps, initializer_range=enc.initializer_range,
+        pad_token_id=tokenizer.pad_token_id, share=enc.share,
+    )  # fmt: skip
+
+
 def _packer(
-    pairs: bool,
+    pairs: str | None,
     corpus: PackedCorpus,
     config: PretrainConfig,
     tokenizer: Tokenizer,
@@ -675,9 +700,11 @@ def _packer(
         # The packer counts micro-batches.
         micro_batches = data.short_seq_warmup_steps * trainer.accumulation_steps
         schedule = ShortSequenceWarmup(data.short_seq_warmup_length, micro_batches)
-    if pairs:
+    if pairs:  # "nsp": B follows A or is random (BERT); "sop": A, B consecutive, in order or swapped (ALBERT)
+        from ctxrep.objectives.sentence_order import SentenceOrderPacker
+
         pair_config = SegmentPairConfig(data.max_length, config.objective.short_seq_prob, trainer.seed, schedule)
-        return SegmentPairPacker(corpus, pair_config, tokenizer)
+        return (SentenceOrderPacker if pairs == "sop" else SegmentPairPacker)(corpus, pair_config, tokenizer)
     packing = FullSentencesConfig(data.max_length, trainer.seed, schedule, separator_id)
     return FullSentencesPacker(corpus, packing, tokenizer)
 
