@@ -186,3 +186,58 @@ def test_write_attention_writes_png_or_html_and_refuses_bad_arguments(mt_dir, tm
     with pytest.raises(FileNotFoundError, match="no such model folder"):
         write_attention(tmp_path / "missing", SOURCE, tmp_path / "b.png")
     assert not (tmp_path / "b.png").exists()
+
+
+# ---- an OPUS-MT folder (SentencePiece pieces, <pad> last) ------------------------------------------------------
+
+OPUS_LINES = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.",
+              "Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde spielen im Schnee."]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def opus_dir(tmp_path_factory):
+    """source.spm / target.spm (tiny unigram models trained here), vocab.json with <pad> last, a random model."""
+    import json
+
+    import sentencepiece as spm
+
+    path = tmp_path_factory.mktemp("opus-attention")
+    pieces = []
+    for side, lines in (("source", OPUS_LINES[:2] * 8), ("target", OPUS_LINES[2:] * 8)):
+        (path / f"{side}.txt").write_text("\n".join(lines) + "\n")
+        spm.SentencePieceTrainer.train(input=str(path / f"{side}.txt"), model_prefix=str(path / side), vocab_size=40,
+                                       model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
+                                       minloglevel=2)  # fmt: skip
+        (path / f"{side}.model").rename(path / f"{side}.spm")
+        sp = spm.SentencePieceProcessor(model_file=str(path / f"{side}.spm"))
+        pieces += [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]  # after <unk> <s> </s>
+    vocab = {"</s>": 0, "<unk>": 1, ">>de<<": 2}
+    for p in pieces:
+        vocab.setdefault(p, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    (path / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    torch.manual_seed(0)
+    config = MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
+                          encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                          decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=vocab["<pad>"],
+                          eos_token_id=0, dropout=0.0)  # fmt: skip
+    MarianMTModel(config).save_pretrained(path)
+    return path
+
+
+def test_opus_sentencepiece_words_are_the_pieces_between_word_starts(opus_dir):
+    tok = MTTokenizer.from_model_dir(opus_dir)
+    source, target = ">>de<< " + OPUS_LINES[0], OPUS_LINES[2]
+    src = _split_text(tok.encode_source, source, tok.eos_id)
+    tgt = _split_text(tok.encode_target, target, tok.eos_id)
+    assert src is not None and tgt is not None
+    # SentencePiece's own word starts: a piece beginning with "▁" (and the language code, a token of its own)
+    pieces = [">>de<<"] + tok.source_spm.encode(OPUS_LINES[0], out_type=str)
+    starts = np.cumsum([p == ">>de<<" or p.startswith("\u2581") for p in pieces]) - 1
+    assert src.word_of == [*starts.tolist(), len(source.split())]
+    assert src.words == source.split() + ["</s>"] and max(np.bincount(starts)) >= 3
+    assert _split_ids(tok, tgt.ids[:-1]).word_of == tgt.word_of  # decoding prefixes finds the same target words
+    model = MarianMTModel.from_pretrained(opus_dir)
+    a = cross_attention(model, tok, source, target)
+    assert a.source_words[0] == ">>de<<" and a.target_words == target.split() + ["</s>"]
+    np.testing.assert_allclose(a.weights.sum(axis=1), 1.0, atol=1e-5)

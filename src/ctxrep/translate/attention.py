@@ -19,7 +19,8 @@ summed (attention to a word is attention to any of its pieces), the rows of a ta
 Words are the whitespace-separated words of the sentence as given; a given sentence's pieces are found by
 encoding each word alone, which gives the sentence's own pieces with both kinds of MT tokenizer (Metaspace and
 SentencePiece pieces never cross a space). The words of a greedy translation are those of its detokenized text:
-target piece t belongs to the last word of the text its first t + 1 pieces decode to.
+target piece t belongs to the last word of the text its first t + 1 pieces decode to (a piece that adds no
+visible character, such as a bare "▁", to the word of the next piece that does).
 """
 
 from __future__ import annotations
@@ -93,15 +94,23 @@ def _split_text(encode: Callable[[Sequence[str]], list[list[int]]], text: str, e
 
 
 def _split_ids(tokenizer: MTTokenizer, ids: Sequence[int]) -> _Split:
-    """Target ids (without </s>) mapped to the words of their detokenized text: piece t belongs to the last word
-    of decode(ids[: t + 1]), or to the next word when that text ends with a space (a bare word-start piece such
-    as Metaspace's "▁"). A piece that decodes to nothing (<unk>) joins the word before it (or the first)."""
+    """Target ids (without </s>) mapped to the words of their detokenized text. Piece t belongs to the last word
+    of decode(ids[: t + 1]) when it adds visible characters to decode(ids[: t]); a piece that adds none (a bare
+    word-start piece such as "▁", or an <unk> that decodes to nothing) belongs to the word of the next piece
+    that does (the last word at the end)."""
     ids = list(ids)
-    prefixes = tokenizer.decode_batch([ids[: t + 1] for t in range(len(ids))]) if ids else []
-    words = prefixes[-1].split() if prefixes else []
+    texts = [p.rstrip() for p in tokenizer.decode_batch([ids[: t + 1] for t in range(len(ids))])] if ids else []
+    words = texts[-1].split() if texts else []
     if ids and not words:
         words = ["<unk>"]  # every piece decodes to nothing: show one placeholder word rather than none
-    word_of = [len(p.split()) - (0 if p[-1:].isspace() else 1) for p in prefixes]
+    word_of: list[int | None] = [
+        len(text.split()) - 1 if text != (texts[t - 1] if t else "") else None for t, text in enumerate(texts)
+    ]
+    following = len(words) - 1
+    for t in reversed(range(len(word_of))):  # pieces that add nothing take the word of the next one that does
+        if word_of[t] is None:
+            word_of[t] = following
+        following = word_of[t]
     word_of = [min(max(w, 0), len(words) - 1) for w in word_of]
     return _Split(ids + [tokenizer.eos_id], words + [EOS_WORD], word_of + [len(words)])
 
