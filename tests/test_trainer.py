@@ -201,11 +201,11 @@ def test_log_records_and_evaluation(tmp_path):
     trainer = Trainer(CausalLM(), cfg, Rows(), tmp_path, eval_data=Rows(seed=99), save_model=saved.append)
     result = trainer.train()
     records = read_log(tmp_path)
-    assert [(r["step"], "eval_loss" in r) for r in records] == [(2, False), (2, True), (4, False), (4, True)]
+    assert [(r["step"], "eval_loss" in r) for r in records] == [(1, False), (2, False), (2, True), (4, False), (4, True)]
     train = [r for r in records if "loss" in r]
     assert set(train[0]) == {"step", "loss", "lr", "tokens_per_s", "grad_norm", "first_id"}
     # lr of the step that was logged: warm-up 0, 0.5e-3 (step 2); decay 1e-3 (step 3), 0.5e-3 (step 4)
-    assert [r["lr"] for r in train] == pytest.approx([0.5e-3, 0.5e-3])
+    assert [r["lr"] for r in train] == pytest.approx([0.0, 0.5e-3, 0.5e-3])
     assert all(r["tokens_per_s"] > 0 for r in train)
     evals = [r for r in records if "eval_loss" in r]
     assert all(r["eval_perplexity"] == pytest.approx(math.exp(r["eval_loss"])) for r in evals)
@@ -217,10 +217,19 @@ def test_log_records_and_evaluation(tmp_path):
 
 
 def test_loss_of_a_logged_window_is_the_mean_of_its_steps(tmp_path):
-    Trainer(CausalLM(seed=3), config(max_steps=2, log_every=1), Rows(), tmp_path / "a").train()
-    Trainer(CausalLM(seed=3), config(max_steps=2, log_every=2), Rows(), tmp_path / "b").train()
-    per_step = [r["loss"] for r in read_log(tmp_path / "a")]
-    assert read_log(tmp_path / "b")[0]["loss"] == pytest.approx(sum(per_step) / 2, abs=1e-6)
+    Trainer(CausalLM(seed=3), config(max_steps=4, log_every=1), Rows(), tmp_path / "a").train()
+    Trainer(CausalLM(seed=3), config(max_steps=4, log_every=3), Rows(), tmp_path / "b").train()
+    per_step = {r["step"]: r["loss"] for r in read_log(tmp_path / "a")}
+    windows = {r["step"]: r["loss"] for r in read_log(tmp_path / "b")}
+    assert sorted(windows) == [1, 3, 4]  # the first step, every log_every steps, the last step
+    assert windows[3] == pytest.approx((per_step[2] + per_step[3]) / 2, abs=1e-6)
+
+
+def test_every_run_logs_its_first_and_last_step(tmp_path):
+    Trainer(CausalLM(), config(max_steps=5, log_every=10), Rows(), tmp_path / "five").train()
+    assert [r["step"] for r in read_log(tmp_path / "five")] == [1, 5]
+    Trainer(CausalLM(), config(max_steps=1, log_every=10), Rows(), tmp_path / "one").train()
+    assert [r["step"] for r in read_log(tmp_path / "one")] == [1]
 
 
 # ------------------------------------------------------------------------------------------- Ctrl-C and resume

@@ -325,7 +325,10 @@ def _write_shard(fz, batch: list[Record], first_text: int, level: str, storage: 
     if storage == "safetensors":
         from safetensors.numpy import save_file
 
+        from ctxrep.files import apply_umask
+
         save_file({"vectors": np.ascontiguousarray(vectors)}, str(tmp))
+        apply_umask(tmp)  # safetensors writes 0600 whatever the umask
     else:
         with open(tmp, "wb") as f:
             np.save(f, vectors)

@@ -13,6 +13,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ctxrep.files import apply_umask
+
 
 class CheckpointError(ValueError):
     """A model folder or weight file that cannot be used, with what is wrong and what to do."""
@@ -71,6 +73,7 @@ def check_weights(
 def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
     """safetensors refuses shared or non-contiguous storage: give it a contiguous copy of each tensor."""
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, file, metadata={"format": "pt"})
+    apply_umask(file)  # safetensors writes 0600 whatever the umask
 
 
 def read_config(path: Path, model_types: tuple[str, ...] | None = None) -> dict:

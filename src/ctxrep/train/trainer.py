@@ -187,7 +187,7 @@ class Trainer:
                 bar.update(1)
                 stop = self._should_stop()
                 last = stop or self.step == cfg.max_steps
-                if self.step % cfg.log_every == 0 or last:
+                if self.step % cfg.log_every == 0 or last or self.step == 1:  # every run logs its first and last step
                     record = {"step": self.step, **window.summary(ctx), "lr": lr}
                     result.update(record)
                     self._log(record)

@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 
+from ctxrep.files import apply_umask
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
 from ctxrep.train.pretrain import _coerce, _field_types, _parse_value
@@ -382,7 +383,9 @@ class SnapshotSaver:
         snapshots.mkdir(parents=True, exist_ok=True)
         model = self.objective.model
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(snapshots / f"step-{self.step():07d}.safetensors"))
+        snapshot = snapshots / f"step-{self.step():07d}.safetensors"
+        save_file(state, str(snapshot))
+        apply_umask(snapshot)  # safetensors writes 0600 whatever the umask
         kept = sorted(snapshots.glob("step-*.safetensors"))
         for old in kept[: -self.average_last]:
             old.unlink()
