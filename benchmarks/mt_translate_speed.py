@@ -18,15 +18,19 @@ transformers, intra_threads for CTranslate2), in float32, beam K (--beam, 5) and
   batches                sentences sorted by length, rows x longest source <= --batch-tokens
   timed                  from source text to detokenized text (tokenizing and detokenizing included; model loading,
                          conversion and one warm-up batch not)
-CTranslate2: the folder is converted with ctranslate2's TransformersConverter (float32). Its Marian converter
-expects Marian's vocabulary order, with <pad> (the decoder's start token) last, and drops that last row; ctxrep's
-own models put <pad> first, so the script first writes a copy with the vocabulary rows permuted (<pad> moved
-last; the same model, since CTranslate2 is given token strings, not ids).
+CTranslate2: the folder is converted with ctranslate2's TransformersConverter (float32), with one change to its
+Marian loader. That loader assumes Marian C++'s convention that the decoder starts from a zero embedding, drops
+the <pad> row and sets start_from_zero_embedding. transformers and ctxrep start the decoder from the embedding of
+decoder_start_token_id (<pad>), and a model trained from scratch with tied embeddings moves that row away from
+zero (the output projection's <pad> logit trains it), so the stock conversion changes such a model's
+translations. The script's loader keeps the <pad> row and starts from it; <pad> is never generated
+(suppress_sequences, as transformers' bad_words_ids). The rest of the conversion is ctranslate2's own.
 
 Printed: one table with seconds, sentences/s, ctxrep's speed-up over each system (its seconds / ctxrep's: > 1,
 ctxrep is faster; 0.67 = ctxrep 1.5x slower), BLEU
 (sacreBLEU's default, 13a, cased, against val.de) and the share of sentences whose output is identical to ctxrep's.
---json FILE writes the same numbers.
+--json FILE writes the same numbers. Outputs that reach the length limit may differ between systems (each ends
+an unfinished beam its own way); a trained model's outputs end well before it.
 """
 
 from __future__ import annotations
@@ -164,7 +168,7 @@ def vocabulary(tokenizer) -> dict[str, int]:
 
 
 class _VocabularyTokenizer:
-    """What ctranslate2's Marian converter asks of a transformers tokenizer: the vocabulary, </s> and <unk>."""
+    """What ctranslate2's converter asks of a transformers tokenizer here: the vocabulary, </s> and <unk>."""
 
     eos_token, unk_token = "</s>", "<unk>"
 
@@ -175,52 +179,60 @@ class _VocabularyTokenizer:
         return dict(self.vocab)
 
 
-def convert_for_ctranslate2(model_dir: Path, tokenizer, out: Path) -> tuple[Path, dict[str, int]]:
-    """A float32 CTranslate2 model of the folder, converted from a copy whose <pad> row is last (module
-    docstring); returns its folder and the vocabulary (piece -> id of the copy)."""
+def _start_token_marian_loader():
+    """CTranslate2's Marian loader, but starting the decoder as transformers and ctxrep do (module docstring)."""
+    from ctranslate2.converters import transformers as ct2
+
+    class StartTokenMarianLoader(ct2.MarianMTLoader):
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return ct2.BartLoader.get_model_spec(self, model)  # not Marian's: keeps the <pad> row
+
+        def set_config(self, config, model, tokenizer):
+            config.eos_token = tokenizer.eos_token
+            config.unk_token = tokenizer.unk_token
+            start = model.config.decoder_start_token_id
+            config.decoder_start_token = next(p for p, i in tokenizer.get_vocab().items() if i == start)
+
+        def set_decoder(self, spec, decoder):
+            ct2.BartLoader.set_decoder(self, spec, decoder)  # not Marian's: no start_from_zero_embedding
+
+        def get_vocabulary(self, model, tokenizer):
+            return ct2.BartLoader.get_vocabulary(self, model, tokenizer)  # not Marian's: <pad> stays
+
+    return StartTokenMarianLoader()
+
+
+def convert_for_ctranslate2(model_dir: Path, tokenizer, out: Path) -> Path:
+    """A float32 CTranslate2 model of the folder (module docstring: the decoder starts from its start token's
+    embedding, as in transformers and ctxrep)."""
     import ctranslate2
-    import torch
-    import transformers
+    from ctranslate2.converters import transformers as ct2
 
     vocab = vocabulary(tokenizer)
-    model = transformers.MarianMTModel.from_pretrained(model_dir).eval()
-    c = model.config
-    n = model.model.shared.weight.shape[0]
-    if len(vocab) != n:
-        sys.exit(f"the tokenizer has {len(vocab)} pieces but the model {n} embeddings; use the model's own tokenizer")
-    pad = c.pad_token_id
-    order = [i for i in range(n) if i != pad] + [pad]  # new id j holds old id order[j]
-    new_id = {old: new for new, old in enumerate(order)}
-    with torch.no_grad():  # the embedding is shared by the encoder, the decoder and (tied) the output projection
-        model.model.shared.weight.copy_(model.model.shared.weight[order])
-        model.final_logits_bias.copy_(model.final_logits_bias[:, order])
-        if not c.tie_word_embeddings:
-            model.lm_head.weight.copy_(model.lm_head.weight[order])
-    for key in ("pad_token_id", "decoder_start_token_id", "eos_token_id", "forced_eos_token_id"):
-        value = getattr(c, key, None)
-        if isinstance(value, int):
-            setattr(c, key, new_id[value])
-            setattr(model.generation_config, key, new_id[value])
-    model.generation_config.bad_words_ids = [[new_id[pad]]]
-    permuted = out / "marian-pad-last"
-    model.save_pretrained(permuted)
-    vocab = {piece: new_id[i] for piece, i in vocab.items()}
 
     class Converter(ctranslate2.converters.TransformersConverter):
         def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
             return _VocabularyTokenizer(vocab)
 
     ct2_dir = out / "ctranslate2-float32"
-    Converter(str(permuted)).convert(str(ct2_dir), quantization="float32", force=True)
-    return ct2_dir, vocab
+    marian = ct2._MODEL_LOADERS["MarianConfig"]
+    ct2._MODEL_LOADERS["MarianConfig"] = _start_token_marian_loader()
+    try:
+        Converter(str(model_dir)).convert(str(ct2_dir), quantization="float32", force=True)
+    finally:
+        ct2._MODEL_LOADERS["MarianConfig"] = marian
+    return ct2_dir
 
 
 def ctranslate2_system(model_dir: Path, tokenizer, args, max_len: int, work: Path):
     import ctranslate2
 
-    ct2_dir, _ = convert_for_ctranslate2(model_dir, tokenizer, work)
-    original = vocabulary(tokenizer)  # CTranslate2 reads and writes pieces: the original ids map to and from them
+    ct2_dir = convert_for_ctranslate2(model_dir, tokenizer, work)
+    original = vocabulary(tokenizer)  # CTranslate2 reads and writes pieces: the ids map to and from them
     to_piece = {i: piece for piece, i in original.items()}
+    pad = to_piece[tokenizer.pad_id]
     translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1,
                                         intra_threads=args.threads)  # fmt: skip
 
@@ -229,8 +241,8 @@ def ctranslate2_system(model_dir: Path, tokenizer, args, max_len: int, work: Pat
         # max_decoding_length counts the tokens before </s>; ctxrep's and transformers' limits count </s> too.
         results = translator.translate_batch(tokens, beam_size=beam, length_penalty=args.length_penalty,
                                              max_decoding_length=max_len - 1, min_decoding_length=0,
-                                             max_batch_size=args.batch_tokens,
-                                             batch_type="tokens")  # fmt: skip
+                                             max_input_length=0, suppress_sequences=[[pad]],
+                                             max_batch_size=args.batch_tokens, batch_type="tokens")  # fmt: skip
         return tokenizer.decode_batch([[original[p] for p in r.hypotheses[0]] for r in results])
 
     return run
@@ -267,8 +279,15 @@ def main(argv=None) -> None:
         work.mkdir(parents=True, exist_ok=True)
         model_dir = tiny_model(sources, refs, work / "tiny") if args.tiny else args.model
         model, tokenizer = load_translator(model_dir)
-        longest = max(len(row) for row in tokenizer.encode_source(sources))
-        max_len = args.max_len or min(int(1.2 * longest) + 10, model.config.max_position_embeddings)
+        lengths = [len(row) for row in tokenizer.encode_source(sources)]
+        positions = model.config.max_position_embeddings
+        if max(lengths) > positions:  # no system may translate them in full: the same sentences for all three
+            kept = [i for i, n in enumerate(lengths) if n <= positions]
+            print(f"left out {len(sources) - len(kept)} sentence(s) longer than the model's {positions} positions",
+                  file=sys.stderr)  # fmt: skip
+            sources, refs, lengths = [sources[i] for i in kept], [refs[i] for i in kept], [lengths[i] for i in kept]
+        longest = max(lengths)
+        max_len = args.max_len or min(int(1.2 * longest) + 10, positions)
         runners = {"ctxrep": ctxrep_system(model, tokenizer, args, max_len)}
         if "transformers" in systems:
             runners["transformers"] = transformers_system(model_dir, tokenizer, args, max_len)
