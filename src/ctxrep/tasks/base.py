@@ -76,10 +76,14 @@ class TaskEstimator:
     model: encoder name or folder ("minilm", a Hugging Face folder, an ELMo folder or "elmo:DIR").
     mode: "finetune" (encoder + head trained) or "frozen" (ScalarMix + BiLSTM/linear head on cached features).
     validation_fraction: share of the training data held out to pick the best epoch (with early_stopping).
+    max_epochs: passes over the training data. max_steps: when set, training stops after that many optimizer
+        steps instead (the last epoch may be partial; max_epochs is then ignored) and the schedule is laid out
+        over max_steps.
     early_stopping / n_iter_no_change / tol: stop when the held-out score has not improved by tol for
         n_iter_no_change epochs; the best epoch's weights are kept.
     warm_start: a second `fit` continues from the learned weights (same labels) instead of starting over.
     warmup_fraction: share of steps of linear warm-up (linear schedule); slanted_triangular: ULMFiT's schedule.
+        A warm-up as long as the run (warmup_fraction >= 1) warns: the learning rate would never reach lr.
     discriminative_lr / discriminative_lr_factor: layer l gets lr / factor^(L - l) (finetune only).
     gradual_unfreezing: unfreeze one encoder layer per epoch from the top (finetune only).
     random_state: an int for repeatable fits, or None.
@@ -134,6 +138,11 @@ class TaskEstimator:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        steps = self.max_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1):
+            raise ValueError(f"max_steps must be a positive integer (or None: max_epochs full epochs), got {steps!r}")
+        if not self.warmup_fraction >= 0:
+            raise ValueError(f"warmup_fraction must be 0 or more (e.g. 0.1), got {self.warmup_fraction!r}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"lr must be positive (or None for the mode's default), got {self.lr!r}")
         if not 0 <= self.validation_fraction < 1:
@@ -223,6 +232,7 @@ class TaskEstimator:
             gradual_unfreezing=self.gradual_unfreezing and self.mode == "finetune",
             early_stopping=self.early_stopping, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
             progress=self.progress, desc=type(self).__name__,
+            max_steps=int(self.max_steps) if self.max_steps is not None else None,
         )  # fmt: skip
 
     def _lr(self) -> float:
@@ -269,6 +279,35 @@ class TaskEstimator:
 
     def _frozen_pooling(self) -> str:
         return "mean"
+
+    # ---- learned layer weights ---------------------------------------------------------------------
+
+    def _learned_mix(self):
+        """The trained ScalarMix: frozen mode's mix over the cached layers, or ELMo's when fine-tuning ELMo.
+        AttributeError otherwise (so hasattr(est, "mix_weights_") is False before fit and without a mix)."""
+        if not hasattr(self, "model_"):
+            raise AttributeError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) first (or load a saved one)")
+        rep = self.model_.representation
+        if rep.mode == "frozen":
+            return rep.mix
+        mixes = getattr(rep.encoder, "scalar_mixes", None)  # models.elmo.Elmo
+        if mixes is not None:
+            return mixes[0]
+        raise AttributeError(
+            f"this {type(self).__name__} fine-tunes {self.model!r}, which has no layer mix: mix_weights_ exists in "
+            "mode='frozen' (a ScalarMix over all layers) and when fine-tuning ELMo; fit with mode='frozen' to learn one"
+        )
+
+    @property
+    def mix_weights_(self) -> np.ndarray:
+        """The learned layer weights softmax(s)_j of the ScalarMix (Peters et al. 2018, eq. 1), layer 0 first
+        (0 = embeddings); they sum to 1. Only in mode='frozen' and when fine-tuning ELMo."""
+        return self._learned_mix().weights.detach().cpu().numpy().astype(np.float64)
+
+    @property
+    def mix_gamma_(self) -> float:
+        """The learned scale gamma of the ScalarMix (see mix_weights_)."""
+        return float(self._learned_mix().gamma.detach().reshape(-1)[0])
 
     # ---- prediction -------------------------------------------------------------------------------
 

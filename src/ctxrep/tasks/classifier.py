@@ -84,6 +84,7 @@ class SequenceClassifier(TaskEstimator):
         pooling: str = "cls",
         max_epochs: int = 3,
         batch_size: int = 32,
+        max_steps: int | None = None,
         lr: float | None = None,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.1,
@@ -110,6 +111,7 @@ class SequenceClassifier(TaskEstimator):
         self.pooling = pooling
         self.max_epochs = max_epochs
         self.batch_size = batch_size
+        self.max_steps = max_steps
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_fraction = warmup_fraction

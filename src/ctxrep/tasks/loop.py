@@ -8,6 +8,8 @@ Schedules (ctxrep.train.schedules):
              lr_t = lr * (1 + p * (ratio - 1)) / ratio, with cut_frac = 0.1 and ratio = 32.
 Discriminative fine-tuning: encoder layer l (0 = embeddings, L = top) gets lr / factor^(L - l); the head gets lr.
 Gradual unfreezing: epoch 0 trains the head only; each later epoch unfreezes the next encoder layer down.
+max_steps: when set, training stops after that many optimizer steps (the last epoch may be partial) and the
+schedule is laid out over max_steps instead of max_epochs x batches per epoch (as transformers' max_steps).
 
 Randomness comes from the caller: a numpy Generator for the batch order, and `seeded_torch(seed)` around the
 loop for dropout, which leaves the global torch RNG as it found it.
@@ -19,6 +21,7 @@ import contextlib
 import copy
 import logging
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -60,16 +63,48 @@ class LoopSettings:
     tol: float
     progress: bool = False
     desc: str = "fit"
+    max_steps: int | None = None  # optimizer steps; None: max_epochs full epochs
+    own_lr: tuple[str, float] | None = None  # (parameter-name prefix, its learning rate), e.g. the CRF's
+
+
+def plan_steps(n_examples: int, settings: LoopSettings) -> tuple[int, int, int]:
+    """(epochs to run, optimizer steps in all, warm-up steps) for `n_examples` training records."""
+    steps_per_epoch = math.ceil(n_examples / settings.batch_size)
+    if settings.max_steps is not None:
+        total = settings.max_steps
+        epochs = math.ceil(total / steps_per_epoch)
+    else:
+        epochs, total = settings.max_epochs, steps_per_epoch * settings.max_epochs
+    return epochs, total, int(settings.warmup_fraction * total)
+
+
+def warmup_warning(total: int, warmup: int, settings: LoopSettings) -> str | None:
+    """What to say when the warm-up is as long as the run or longer (the learning rate never reaches lr)."""
+    if settings.slanted_triangular or warmup == 0 or warmup < total:
+        return None
+    peak = (total - 1) / warmup  # the last step's multiplier of lr
+    return (
+        f"the warm-up ({warmup} steps = warmup_fraction {settings.warmup_fraction:g} x {total}) is as long as the "
+        f"run ({total} optimizer steps) or longer: the learning rate never gets above {peak:.0%} of lr and never "
+        "decays; lower warmup_fraction (e.g. 0.1)"
+    )
 
 
 def make_optimizer(network: TaskNetwork, settings: LoopSettings) -> torch.optim.AdamW:
-    """AdamW with the one no-decay rule; with a discriminative factor, encoder layer l gets lr / factor^(L - l)."""
+    """AdamW with the one no-decay rule; with a discriminative factor, encoder layer l gets lr / factor^(L - l).
+    With settings.own_lr = (prefix, lr), the parameters whose names start with prefix form their own groups (at
+    depth L + 1) at that learning rate."""
     depth, top = network_depths(network)
     lr_at_depth = (
         discriminative(settings.lr, settings.discriminative_lr_factor, top)
         if settings.discriminative_lr_factor is not None
         else None
     )
+    if settings.own_lr is not None:
+        prefix, own = settings.own_lr
+        depth = depth | {name: top + 1 for name, _ in network.named_parameters() if name.startswith(prefix)}
+        below = lr_at_depth or (lambda d: settings.lr)
+        lr_at_depth = lambda d: own if d == top + 1 else below(d)  # noqa: E731
     return adamw(network, settings.lr, settings.weight_decay, depth=depth, default_depth=top, lr_at_depth=lr_at_depth)
 
 
@@ -97,27 +132,31 @@ def train(
     history: list[dict],
     first_epoch: int = 0,
 ) -> float | None:
-    """Train for settings.max_epochs epochs (fewer with early stopping), appending one record per epoch to
+    """Train for settings.max_epochs epochs, or settings.max_steps optimizer steps when set (fewer with early
+    stopping), appending one record per epoch to
     `history` ({"epoch", "train_loss"} plus what `evaluate()` returns; early stopping reads its
     "validation_score"). Returns the best validation score when early stopping kept the best epoch's weights."""
     optimizer = make_optimizer(network, settings)
-    steps_per_epoch = math.ceil(len(examples) / settings.batch_size)
-    total = steps_per_epoch * settings.max_epochs
-    warmup = int(settings.warmup_fraction * total)
+    epochs, total, warmup = plan_steps(len(examples), settings)
+    advice = warmup_warning(total, warmup, settings)
+    if advice is not None:
+        warnings.warn(advice, stacklevel=3)  # at the caller of fit
 
     def factor(step: int) -> float:
         return slanted_triangular(step, total) if settings.slanted_triangular else warmup_decay(step, warmup, total)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    best_score, best_state, since_best = -math.inf, None, 0
+    best_score, best_state, since_best, steps = -math.inf, None, 0, 0
     bar = tqdm(total=total, desc=settings.desc, unit="batch", disable=not settings.progress)
     try:
-        for epoch in range(settings.max_epochs):
+        for epoch in range(epochs):
             if settings.gradual_unfreezing:
                 unfreeze_from_top(network, epoch)
             network.train()
             epoch_loss, n = 0.0, 0
             for rows in length_bucketed_batches(lengths, settings.batch_size, rng):
+                if steps == total:  # max_steps reached inside this epoch
+                    break
                 batch = batch_of([examples[i] for i in rows])
                 loss = loss_of(network(batch), batch)
                 optimizer.zero_grad()
@@ -126,12 +165,13 @@ def train(
                     nn.utils.clip_grad_norm_(network.parameters(), settings.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
+                steps += 1
                 epoch_loss += float(loss.detach())
                 n += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{epoch_loss / n:.4f}")
             network.eval()
-            record = {"epoch": first_epoch + epoch + 1, "train_loss": epoch_loss / max(1, n)} | evaluate()
+            record = {"epoch": first_epoch + epoch + 1, "steps": steps, "train_loss": epoch_loss / max(1, n)} | evaluate()
             history.append(record)
             logger.info("epoch %s", record)
             if settings.early_stopping:

@@ -119,6 +119,7 @@ class SpanExtractor(TaskEstimator):
         max_query_length: int = 64,
         max_epochs: int = 2,
         batch_size: int = 32,
+        max_steps: int | None = None,
         lr: float | None = None,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.1,
@@ -147,6 +148,7 @@ class SpanExtractor(TaskEstimator):
         self.max_query_length = max_query_length
         self.max_epochs = max_epochs
         self.batch_size = batch_size
+        self.max_steps = max_steps
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_fraction = warmup_fraction

@@ -6,6 +6,14 @@ on its poorer side); nothing is truncated. On frozen features the Featurizer doe
 
 `score` is entity-level F1 with conlleval semantics (ctxrep.data.tags) when the labels are an entity tag
 scheme (BIO / IOB1 / IOBES), and token accuracy otherwise.
+
+Output layer: a softmax per word (cross-entropy), or with `crf=True` a linear-chain CRF over the head's
+per-word scores (the BiLSTM-CNN-CRF of Ma & Hovy 2016, sec. 2.3; Peters et al. 2017's TagLM): the loss is the
+CRF's negative log-likelihood -log p(y | E) (ctxrep.modules.crf), summed over sentences and divided by the number
+of words so that it is on the scale of the per-word cross-entropy (the same lr works for both), and `predict`
+returns the Viterbi path. A long sentence trains on each window's words as its own chain; at prediction each word's
+scores come from the window that predicts it, and Viterbi runs over the whole sentence, so transitions across
+window boundaries are scored too.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from torch import nn
 
 from ctxrep.data.tags import entity_scores
 from ctxrep.inputs import EncoderInput, WindowPlan, collate
+from ctxrep.modules.crf import CRF
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
 from ctxrep.tasks.network import pad_features
 
@@ -39,11 +48,13 @@ class TaggedWindow:
 
 
 class WordHead(nn.Module):
-    """Pool each word's pieces (a (batch, words, pieces) weight matrix from the batch), then a linear layer."""
+    """Pool each word's pieces (a (batch, words, pieces) weight matrix from the batch), then a linear layer to
+    one score per label (the softmax's logits, or the CRF's emissions when `crf` is set)."""
 
-    def __init__(self, in_dim: int, num_labels: int) -> None:
+    def __init__(self, in_dim: int, num_labels: int, crf: bool = False) -> None:
         super().__init__()
         self.linear = nn.Linear(in_dim, num_labels)
+        self.crf = CRF(num_labels) if crf else None
 
     def forward(self, states: torch.Tensor, batch: dict) -> torch.Tensor:
         if "pool" in batch:
@@ -58,6 +69,10 @@ class TokenTagger(TaskEstimator):
     tag_scheme: "auto" (entity scoring when every label is O or B-/I-/E-/S-TYPE), "iob1", "bio", "iobes"
         (entity scoring; labels are checked against the scheme) or "none" (token accuracy).
     stride: pieces a window advances for long sentences (default: half a window).
+    crf: a linear-chain CRF output layer (trained by its negative log-likelihood, decoded by Viterbi) instead of
+        a softmax per word; see the module docstring.
+    crf_lr: learning rate of the CRF's transition, start and end scores (default: 1e-2, or lr when larger). They
+        are few and start near zero: at a fine-tuning lr such as 5e-5 they would barely move in a whole run.
     Other parameters: see `ctxrep.tasks.base.TaskEstimator`.
     """
 
@@ -69,6 +84,7 @@ class TokenTagger(TaskEstimator):
         tag_scheme: str = "auto",
         max_epochs: int = 3,
         batch_size: int = 32,
+        max_steps: int | None = None,
         lr: float | None = None,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.1,
@@ -76,6 +92,8 @@ class TokenTagger(TaskEstimator):
         dropout: float = 0.1,
         max_length: int | None = None,
         stride: int | None = None,
+        crf: bool = False,
+        crf_lr: float | None = None,
         frozen_head: str = "bilstm",
         lstm_size: int = 256,
         validation_fraction: float = 0.1,
@@ -97,6 +115,7 @@ class TokenTagger(TaskEstimator):
         self.tag_scheme = tag_scheme
         self.max_epochs = max_epochs
         self.batch_size = batch_size
+        self.max_steps = max_steps
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_fraction = warmup_fraction
@@ -104,6 +123,8 @@ class TokenTagger(TaskEstimator):
         self.dropout = dropout
         self.max_length = max_length
         self.stride = stride
+        self.crf = crf
+        self.crf_lr = crf_lr
         self.frozen_head = frozen_head
         self.lstm_size = lstm_size
         self.validation_fraction = validation_fraction
@@ -126,6 +147,16 @@ class TokenTagger(TaskEstimator):
             raise ValueError(f"word_pooling must be 'first' or 'mean', got {self.word_pooling!r}")
         if self.tag_scheme not in TAG_SCHEMES:
             raise ValueError(f"tag_scheme must be one of {TAG_SCHEMES}, got {self.tag_scheme!r}")
+        if not isinstance(self.crf, (bool, np.bool_)):
+            raise ValueError(f"crf must be True or False, got {self.crf!r}")
+        if self.crf_lr is not None and not self.crf_lr > 0:
+            raise ValueError(f"crf_lr must be positive (or None: 1e-2, or lr when larger), got {self.crf_lr!r}")
+
+    def _loop_settings(self):
+        settings = super()._loop_settings()
+        if self.crf:
+            settings.own_lr = ("head.crf.", self.crf_lr if self.crf_lr is not None else max(self._lr(), 1e-2))
+        return settings
 
     def _frozen_pooling(self) -> str:
         return self.word_pooling
@@ -229,10 +260,18 @@ class TokenTagger(TaskEstimator):
     # ---- head -------------------------------------------------------------------------------------
 
     def _make_head(self, in_dim: int) -> nn.Module:
-        return WordHead(in_dim, len(self.classes_))
+        return WordHead(in_dim, len(self.classes_), crf=bool(self.crf))
 
     def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
+        labels = batch["labels"]
+        if not self.crf:
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+        mask = labels != IGNORE  # (batch, words): each row's labelled words, a prefix
+        rows = mask[:, 0]  # a window with no labelled word adds nothing
+        crf: CRF = self.model_.head.crf
+        emissions, tags, mask = logits[rows], labels[rows].clamp(min=0), mask[rows]
+        nll = crf.log_partition(emissions, mask) - crf.score(emissions, tags, mask)  # (rows,) -log p(y | E)
+        return nll.sum() / mask.sum().clamp(min=1)  # per word, on the cross-entropy's scale
 
     def _split_outputs(self, logits, windows) -> list:
         n = [len(w.input.words) if w.input is not None else len(w.features) for w in windows]
@@ -252,13 +291,23 @@ class TokenTagger(TaskEstimator):
         return super().predict(X)
 
     def _decode(self, X, windows, outputs) -> list[list[str]]:
-        out = [[None] * len(words) for words in X]
+        """Each word's scores come from the window that predicts it; then argmax per word, or Viterbi over the
+        whole sentence (crf)."""
+        scores = [torch.zeros((len(words), len(self.classes_))) for words in X]  # (words, labels) per sentence
         for w, logits in zip(windows, outputs):
-            best = logits.argmax(dim=-1).tolist()
-            positions = [word for word, _, _ in w.input.words] if w.input is not None else range(len(best))
-            for word, label in zip(positions, best):
-                out[w.sentence][word] = self.classes_[label].item()
-        return out
+            positions = [word for word, _, _ in w.input.words] if w.input is not None else range(len(logits))
+            scores[w.sentence][list(positions)] = logits.float()
+        if self.crf:
+            best = []
+            for start in range(0, len(scores), self.batch_size):
+                part = scores[start : start + self.batch_size]
+                emissions = nn.utils.rnn.pad_sequence(part, batch_first=True)  # (batch, words, labels)
+                lengths = torch.tensor([len(e) for e in part])
+                mask = torch.arange(emissions.shape[1]) < lengths.unsqueeze(1)  # (batch, words)
+                best += self.model_.head.crf.decode(emissions, mask)
+        else:
+            best = [e.argmax(dim=-1).tolist() for e in scores]
+        return [[self.classes_[label].item() for label in path] for path in best]
 
     def evaluate(self, X, y) -> dict:
         """Entity-level P/R/F1 overall and per type (entity scoring), or token accuracy."""
