@@ -3,6 +3,7 @@
     ctxrep mt train --config multi30k --src train.en --tgt train.de --valid-src val.en --valid-tgt val.de --out runs/en-de
     ctxrep mt translate --model runs/en-de --input val.en --out hyp.de --beam 5
     ctxrep mt score --hyp hyp.de --ref val.de
+    ctxrep mt attention --model runs/en-de --source "A man is sleeping ." --out align.png
 """
 
 from __future__ import annotations
@@ -131,3 +132,22 @@ def score(hyp, ref) -> None:
     from ctxrep.translate.score import score_files
 
     click.echo(score_files(hyp, ref).format())
+
+
+@mt.command("attention")
+@click.option("--model", "model_dir", type=click.Path(), required=True, help="A Marian-format model folder.")
+@click.option("--source", required=True, help="The source sentence.")
+@click.option("--target", default=None, help="A translation to teacher-force; the model's greedy translation when omitted.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), required=True,
+              help="FILE.png (the heatmap) or FILE.html (an offline page with the heatmap and the numbers).")
+@click.option("--layer", type=int, default=-1, show_default=True,
+              help="Decoder layer, 0-based; negative counts from the last.")
+@click.option("--head", type=int, default=None, help="One attention head; the mean over the heads when omitted.")
+@user_errors
+def attention(model_dir, source, target, out_file, layer, head) -> None:
+    """Write the decoder's cross-attention over the source words (an alignment heatmap) to --out."""
+    from ctxrep.translate.attention import write_attention
+
+    alignment = write_attention(model_dir, source, out_file, target=target, layer=layer, head=head)
+    click.echo(f"wrote {out_file}: {len(alignment.target_words)} target x {len(alignment.source_words)} source words, "
+               f"{alignment.describe()}")
