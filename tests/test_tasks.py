@@ -345,6 +345,9 @@ def test_elmo_finetune_trains_the_bilm_and_the_mix(elmo_dir, tiny_models, tmp_pa
     groups = make_optimizer(clf.model_, clf._loop_settings()).param_groups
     depths = {g["depth"] for g in groups}
     assert depths == {0, 1, 2}, "char CNN at depth 0, the LSTM layers at 1 and 2 (the mixes with the top)"
+    mix = clf.model_.representation.encoder.scalar_mixes[0]  # the mix the paper trains with the task
+    assert clf.mix_weights_.shape == (3,) and np.allclose(clf.mix_weights_, mix.weights.detach())
+    assert clf.mix_gamma_ == pytest.approx(float(mix.gamma.detach()))
     # each call numbers its own words: predicting words never seen at fit works
     assert clf.predict(["good splendid words never seen"]).shape == (1,)
 
@@ -365,3 +368,66 @@ def test_sst_phrases_for_training(tmp_path):
     conll.write_text("EU I-ORG\n")
     with pytest.raises(ValueError, match="train_phrases is for the SST tasks"):
         experiment(task="conll2003", train=conll, dev=conll, out_dir=tmp_path / "o", train_phrases=True)
+
+
+# ---- small runs: max_steps and the warm-up -------------------------------------------------------------
+
+
+def test_max_steps_stops_training_and_lays_out_the_schedule(tiny_models, tmp_path, monkeypatch):
+    import ctxrep.tasks.loop as loop
+
+    calls = []
+    real = loop.warmup_decay
+    monkeypatch.setattr(loop, "warmup_decay", lambda step, w, t: calls.append((step, w, t)) or real(step, w, t))
+    # 12 examples in batches of 4: 3 steps per epoch, so 5 steps = one full epoch and 2 steps of the next
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, max_steps=5, warmup_fraction=0.4))
+    clf.fit(X_CLS, Y_CLS)
+    assert [h["steps"] for h in clf.history_] == [3, 5] and clf.n_epochs_ == 2
+    assert sorted({step for step, _, _ in calls}) == [0, 1, 2, 3, 4, 5]  # at construction, then after each step
+    assert {(w, t) for _, w, t in calls} == {(2, 5)}  # warm-up 0.4 x 5 steps, decay to zero at step 5
+    tagger = TokenTagger(**common(tiny_models, tmp_path, max_epochs=50, max_steps=1)).fit(X_TAG, Y_TAG)
+    assert [h["steps"] for h in tagger.history_] == [1]
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_steps must be a positive integer"):
+            SequenceClassifier(max_steps=bad).fit(X_CLS, Y_CLS)
+
+
+def test_a_warm_up_as_long_as_the_run_warns(tiny_models, tmp_path):
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"warm-up \(3 steps .*\) is as long as the run \(3 optimizer steps\).* "
+                                         r"never gets above 67% of lr.*lower warmup_fraction") as record:  # fmt: skip
+        SequenceClassifier(**common(tiny_models, tmp_path, max_steps=3, warmup_fraction=1.0)).fit(X_CLS, Y_CLS)
+    assert record[0].filename == __file__  # pointed at the caller's fit
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        SequenceClassifier(**common(tiny_models, tmp_path, max_steps=3)).fit(X_CLS, Y_CLS)
+    assert not [w for w in caught if "warm-up" in str(w.message)]
+    with pytest.raises(ValueError, match="warmup_fraction must be 0 or more"):
+        SequenceClassifier(warmup_fraction=-0.1).fit(X_CLS, Y_CLS)
+
+
+# ---- learned layer weights -----------------------------------------------------------------------------
+
+
+def test_mix_weights_in_frozen_mode(tiny_models, tmp_path):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, "frozen", max_epochs=3, lr=3e-2))
+    assert not hasattr(clf, "mix_weights_")
+    clf.fit(X_CLS, Y_CLS)
+    mix = clf.model_.representation.mix
+    weights = clf.mix_weights_
+    assert weights.shape == (3,)  # embeddings + the tiny model's 2 layers
+    assert weights.sum() == pytest.approx(1.0) and np.allclose(weights, mix.scalar_parameters.softmax(0).detach())
+    assert not np.allclose(weights, 1 / 3), "the weights were learned"
+    assert clf.mix_gamma_ == pytest.approx(float(mix.gamma.detach())) and clf.mix_gamma_ != 1.0
+    loaded = SequenceClassifier.load(clf.save(tmp_path / "clf"))
+    assert np.array_equal(loaded.mix_weights_, weights) and loaded.mix_gamma_ == clf.mix_gamma_
+    tagger = TokenTagger(**common(tiny_models, tmp_path, "frozen", max_epochs=1)).fit(X_TAG, Y_TAG)
+    assert tagger.mix_weights_.shape == (3,)
+
+
+def test_mix_weights_are_absent_when_fine_tuning_a_transformer(tiny_models, tmp_path):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_CLS, Y_CLS)
+    assert not hasattr(clf, "mix_weights_")
+    with pytest.raises(AttributeError, match="mix_weights_ exists in mode='frozen'.*fine-tuning ELMo"):
+        clf.mix_weights_
