@@ -431,3 +431,20 @@ def test_mix_weights_are_absent_when_fine_tuning_a_transformer(tiny_models, tmp_
     assert not hasattr(clf, "mix_weights_")
     with pytest.raises(AttributeError, match="mix_weights_ exists in mode='frozen'.*fine-tuning ELMo"):
         clf.mix_weights_
+
+
+def test_mix_weights_on_probes():
+    """analysis.probe: the mix probe and a probe result give the same learned weights under the same names."""
+    from ctxrep.analysis import probe
+
+    torch.manual_seed(0)
+    y = torch.randint(0, 3, (300,))
+    x = torch.randn(300, 3, 8)
+    x[:, 2, :3] += 4 * torch.nn.functional.one_hot(y, 3).float()  # only layer 2 knows the label
+    mix = probe.fit_mix_probe(x, y, 3, l2=1e-3, max_iter=50)
+    assert mix.mix_weights_.shape == (3,) and mix.mix_weights_.sum() == pytest.approx(1.0)
+    assert int(mix.mix_weights_.argmax()) == 2 and mix.mix_gamma_ == pytest.approx(float(mix.mix.gamma.detach()))
+    row = probe._probe_row("model", x.numpy(), y, x.numpy(), y, 3, 1e-3, 50)
+    result = probe.ProbeResult("upos", "m", ["a", "b", "c"], 300, 300, 0.4, [row])
+    assert np.allclose(result.mix_weights_, row.mix_weights) and int(result.mix_weights_.argmax()) == 2
+    assert result.mix_gamma_ == row.mix_gamma != 1.0

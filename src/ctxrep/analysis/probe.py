@@ -193,6 +193,16 @@ class MixProbe(nn.Module):
         """x: (examples, layers, dim) -> logits (examples, classes)."""
         return self.linear(self.mix(x.transpose(0, 1)))  # mix over (layers, examples, dim)
 
+    @property
+    def mix_weights_(self) -> np.ndarray:
+        """The learned layer weights softmax(s)_j, layer 0 (embeddings) first; they sum to 1."""
+        return self.mix.weights.detach().cpu().numpy().astype(np.float64)
+
+    @property
+    def mix_gamma_(self) -> float:
+        """The learned scale gamma."""
+        return float(self.mix.gamma.detach().reshape(-1)[0])
+
 
 def fit_mix_probe(x: torch.Tensor, y: torch.Tensor, n_classes: int, l2: float, max_iter: int) -> MixProbe:
     probe = MixProbe(x.shape[1], x.shape[2], n_classes)
@@ -216,6 +226,7 @@ class ProbeRow:
     mix_accuracy: float
     mix_weights: list[float]
     expected_layer: float  # sum_j j * softmax(s)_j
+    mix_gamma: float = 1.0  # the mix probe's learned scale gamma
 
 
 @dataclass
@@ -227,6 +238,16 @@ class ProbeResult:
     n_dev: int
     majority_accuracy: float  # always predicting the most frequent train label, on dev
     rows: list[ProbeRow]  # the model, then the random-init control (if run)
+
+    @property
+    def mix_weights_(self) -> np.ndarray:
+        """The model's learned layer weights softmax(s)_j (its mix probe; layer 0 = embeddings); they sum to 1."""
+        return np.asarray(self.rows[0].mix_weights, dtype=np.float64)
+
+    @property
+    def mix_gamma_(self) -> float:
+        """The model's mix probe's learned scale gamma."""
+        return self.rows[0].mix_gamma
 
     def table(self) -> str:
         """A plain-text table: accuracy by layer, the mix probe, E[layer], and each row's mix weights."""
@@ -295,7 +316,7 @@ def _probe_row(name: str, x_train, y_train, x_dev, y_dev, n_classes: int, l2: fl
         mix_acc = float((mix(x_dev).argmax(-1) == y_dev).float().mean())
         weights = mix.mix.weights
         expected = float((weights * torch.arange(len(weights), dtype=weights.dtype)).sum())
-    return ProbeRow(name, accs, mix_acc, [float(w) for w in weights], expected)
+    return ProbeRow(name, accs, mix_acc, [float(w) for w in weights], expected, mix.mix_gamma_)
 
 
 def run_probe(
