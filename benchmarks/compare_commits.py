@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""ctxrep against an earlier ctxrep, side by side in one run: featurization and MLM pretraining throughput.
+
+For a refactor that must not cost speed ("within 5% of the previous commit"). Each measurement runs in a fresh
+subprocess with PYTHONPATH pointing at one source tree; the trees alternate (old, new, old, new, ...) and the best
+of --repeats is kept for each, so drift on a shared machine hits both alike.
+
+  featurize  Featurizer("minilm", layers=-1, pooling="mean").embed_words on the first N SST training sentences
+             (benchmarks/featurize.py's work), model loading excluded, one warm-up call; tokens/s
+  pretrain   benchmarks/pretrain_throughput.py's ctxrep worker (MaskedLMObjective, `small` shape, batch 32 x 128,
+             AdamW, clipping), each tree running its own copy of the script; tokens/s
+
+Run:  git worktree add --detach /tmp/oldtree COMMIT
+      .venv/bin/python benchmarks/compare_commits.py --old /tmp/oldtree --repeats 3
+      git worktree remove /tmp/oldtree
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = HERE.parent / "shared" / "data"
+
+FEATURIZE = r"""
+import json, re, sys, time, torch
+torch.set_num_threads(int(sys.argv[3]))
+from ctxrep.featurize import Featurizer
+leaf = re.compile(r"\(\d+ ([^()]+)\)")
+sentences = []
+with open(sys.argv[1], encoding="utf-8") as f:
+    for line in f:
+        if line.strip():
+            sentences.append(leaf.findall(line))
+        if len(sentences) == int(sys.argv[2]):
+            break
+fz = Featurizer("minilm", layers=-1, pooling="mean")
+fz.embed_words(sentences[:64])
+t = time.perf_counter()
+out = fz.embed_words(sentences)
+seconds = time.perf_counter() - t
+tokens = sum(len(a.tokens) for a in fz.tokenize(sentences)) + 2 * len(sentences)
+import numpy as np
+print(json.dumps({"tokens_per_s": tokens / seconds, "checksum": float(np.sum([o.sum() for o in out]))}))
+"""
+
+
+def run(tree: Path, args: list[str], threads: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, cwd=tree)
+    if out.returncode:
+        raise SystemExit(f"{tree}: {' '.join(args[:2])} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--old", type=Path, required=True, help="the earlier source tree (a git worktree)")
+    p.add_argument("--new", type=Path, default=HERE, help="the tree to compare (default: this checkout)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--sentences", type=int, default=4000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20, help="timed MLM steps per pretraining run")
+    args = p.parse_args()
+    sst = args.data / "sst" / "train.txt"
+    if not sst.is_file():
+        raise SystemExit(f"{sst}: not found; pass --data (the shared data folder)")
+    trees = {"old": args.old.resolve(), "new": args.new.resolve()}
+    best: dict[tuple[str, str], float] = {}
+    checksums: dict[str, float] = {}
+    for r in range(args.repeats):
+        for name, tree in trees.items():
+            f = run(tree, ["-c", FEATURIZE, str(sst), str(args.sentences), str(args.threads)], args.threads)
+            checksums[name] = f["checksum"]
+            m = run(tree, ["benchmarks/pretrain_throughput.py", "--worker", "ctxrep", "--malloc", "tuned",
+                           "--steps", str(args.steps), "--warmup", "3", "--threads", str(args.threads)], args.threads)
+            for work, value in (("featurize", f["tokens_per_s"]), ("pretrain", m["tokens_per_s"])):
+                best[(work, name)] = max(best.get((work, name), 0.0), value)
+            print(f"repeat {r + 1} {name}: featurize {f['tokens_per_s']:.0f} tok/s, pretrain {m['tokens_per_s']:.0f} "
+                  "tok/s", flush=True)  # fmt: skip
+    lines = [
+        f"ctxrep {trees['new'].name} vs {trees['old']} ({args.threads} threads, best of {args.repeats}, alternating)",
+        "",
+        "| work | old tokens/s | new tokens/s | new / old |",
+        "|---|---:|---:|---:|",
+    ]
+    for work in ("featurize", "pretrain"):
+        old, new = best[(work, "old")], best[(work, "new")]
+        lines.append(f"| {work} | {old:.0f} | {new:.0f} | {new / old:.3f} |")
+    lines.append("")
+    lines.append(f"featurize checksum (sum of all vectors): old {checksums['old']:.4f}, new {checksums['new']:.4f}")
+    print("\n" + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
