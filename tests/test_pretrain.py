@@ -26,6 +26,7 @@ from ctxrep.train.pretrain import (
     CONFIG_DIR,
     OBJECTIVES,
     SECTIONS,
+    TRAINS_TOKENIZER,
     DataSection,
     PretrainError,
     load_config,
@@ -124,7 +125,7 @@ def test_objective_trains_from_the_cli_and_loads_everywhere(objective, corpus, t
     out = tmp_path / "run"
     train(corpus, out, objective, "--max-steps", 30, "--trainer.log_every", 5)
     losses = logged_losses(out)
-    assert len(losses) == 6
+    assert len(losses) == 7  # step 1 (the trainer logs every run's first step), then every 5 steps
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.1, losses
     assert (out / "corpus" / "manifest.json").is_file()
     config = json.loads((out / "config.json").read_text())
@@ -362,7 +363,7 @@ def test_bilm_runs_through_the_same_pipeline(corpus, tmp_path):
     assert record["settings"]["elmo"]["lstm"]["dim"] == 64 and "encoder" not in record["settings"]
     assert set(record["settings"]["objective"]) == {"softmax", "num_samples", "dropout"}
     assert record["settings"]["data"]["strip_gutenberg"] is True
-    assert len(logged_losses(out)) == 2
+    assert len(logged_losses(out)) == 3  # steps 1, 5 and 6
     vocab = (out / "vocab.txt").read_text().splitlines()
     assert len(vocab) == 400 and vocab[:4] == ["<pad>", "<unk>", "<S>", "</S>"]
 
@@ -379,7 +380,7 @@ def test_pretrain_json_records_what_the_objective_read(mlm_run):
     [
         ("bilm", ["--encoder.hidden_size", "32"], "[encoder] hidden_size is read by mlm, mlm+nsp, mlm+sop, electra, clm, plm, not by bilm"),
         ("mlm", ["--elmo.lstm.dim", "16"], "[elmo] lstm.dim is read by bilm, not by mlm"),
-        ("clm", ["--mask_prob", "0.2"], "[objective] mask_prob is read by mlm, mlm+nsp, mlm+sop, electra, not by clm"),
+        ("clm", ["--mask_prob", "0.2"], "[objective] mask_prob is read by mlm, mlm+nsp, mlm+sop, electra, distill, not by clm"),
         ("plm", ["--max_position_embeddings", "128"], "--objective clm"),
         ("mlm", ["--short_seq_prob", "0.2"], "read by mlm+nsp, mlm+sop, not by mlm"),
         ("mlm", ["--share", "none"], "[encoder] share is read by mlm+sop, not by mlm"),
@@ -436,6 +437,9 @@ def test_the_reading_table_covers_every_key_and_every_key_has_a_reader():
     assert row("[objective] softmax", "bilm") in table
     assert row("[encoder] share", "mlm+sop") in table
     assert row("[objective] short_seq_prob", "mlm+nsp", "mlm+sop") in table
+    assert row("[objective] mask_prob", "mlm", "mlm+nsp", "mlm+sop", "electra", "distill") in table
+    assert row("[distill] teacher", "distill") in table and row("[tokenizer] vocab_size", *TRAINS_TOKENIZER) in table
+    assert "distill" not in TRAINS_TOKENIZER and "distill" not in readers("encoder", "hidden_size")
 
 
 # ------------------------------------------------------------------ the same command, the same model

@@ -6,7 +6,7 @@ import click
 
 from ctxrep.cli.common import user_errors
 
-OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm")  # as ctxrep.train.pretrain.OBJECTIVES
+OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm", "distill")  # as ctxrep.train.pretrain.OBJECTIVES
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
@@ -34,7 +34,7 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
 )
 @click.option("--objective", type=click.Choice(OBJECTIVES), required=True, help="Pretraining objective.")
 @click.option("--config", "config_name", default="small", show_default=True,
-              help="A shipped config (tiny, small, bert-base, roberta-base, electra-small) or a TOML file.")
+              help="A shipped config (tiny, small, bert-base, roberta-base, electra-small, distill) or a TOML file.")
 @click.option("--corpus", type=click.Path(), required=True, help="A .txt file or a folder of .txt files.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Run folder; becomes the model folder.")
@@ -50,7 +50,8 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
 
     Any config field that --objective reads can be overridden as --section.field VALUE (e.g. --trainer.lr
     5e-4), or --field VALUE when only one section has it. [tokenizer], [data] and [trainer] mean the same for
-    every objective; [encoder] (Transformers), [elmo] (bilm) and [objective] hold settings of particular ones.
+    every objective; [encoder] (Transformers), [elmo] (bilm), [distill] (distill: --distill.teacher DIR, or use
+    `ctxrep distill`) and [objective] hold settings of particular ones.
     """
     from ctxrep.train import distributed
     from ctxrep.train.pretrain import load_config

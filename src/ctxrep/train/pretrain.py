@@ -1,28 +1,34 @@
 """Pretrain a model from plain text: tokenizer, packed corpus, objective, Trainer, a loadable model folder.
 
     pretrain("mlm", load_config("tiny"), "corpus/", "runs/bert-tiny")
+    pretrain("distill", load_config("distill", [("teacher", "minilm"), ("student_layers", "3")]), "corpus/", "runs/mini3")
 
 One pipeline for every objective (`ctxrep pretrain` runs exactly this):
 1. the tokenizer: `--tokenizer PATH`, else OUT/tokenizer.json from an earlier run, else trained on the
    corpus: WordPiece or byte-level BPE for mlm / mlm+nsp / mlm+sop / electra ([tokenizer] kind), byte-level BPE for
    clm, byte-level BPE plus <sep> and <cls> with XLNet's template "A <sep> <cls>" for plm, a word-level
-   vocabulary (most frequent words first) for bilm;
-2. its vocabulary must have exactly [tokenizer] vocab_size entries, the model's embedding (softmax) rows;
+   vocabulary (most frequent words first) for bilm; for distill, the teacher's tokenizer, always;
+2. its vocabulary must have exactly [tokenizer] vocab_size entries, the model's embedding (softmax) rows (distill:
+   at most the teacher's rows);
 3. the corpus is packed into OUT/corpus/ (reused when up to date) and its last sentences are held out
    ([data] eval_fraction) for the trainer's evaluations;
 4. the objective's `PretrainRun` (`build_run`): the objective module, BERT segment pairs for mlm+nsp,
-   ALBERT's sentence-order pairs for mlm+sop and RoBERTa FULL-SENTENCES otherwise (for bilm: sentences of words, documents separated by </S>);
+   ALBERT's sentence-order pairs for mlm+sop and RoBERTa FULL-SENTENCES otherwise (for bilm: sentences of
+   words, documents separated by </S>); distill's module holds the student and a frozen teacher (outside its
+   state_dict, so checkpoints hold the student only);
 5. `Trainer(...).train(resume=...)`. OUT itself becomes the model folder: config.json, model.safetensors,
    tokenizer.json, tokenizer_config.json (for bilm: options.json, weights.hdf5, vocab.txt), which
    ctxrep.load_model, ctxrep.Featurizer and transformers load; OUT/log.jsonl holds the training log,
    OUT/checkpoint/ the resumable state, OUT/pretrain.json the objective and the settings it read.
 
 Configs are TOML files; one schema for every objective (`reading_table()` lists which keys each reads):
-- [tokenizer], [data], [trainer] (TrainerConfig): read by every objective, each key with one meaning;
+- [tokenizer], [data], [trainer] (TrainerConfig): read by every objective, each key with one meaning ([tokenizer]
+  not by distill, whose student shares its teacher's tokenizer);
 - [encoder]: the Transformer's shape in BERT's names (mapped onto AlbertConfig for mlm+sop, GPT2Config for clm,
   XLNetConfig for plm);
 - [elmo]: the biLM's shape, in the layout of ELMo's options.json ([elmo.char_cnn], [elmo.lstm]);
-- [objective]: the settings of particular objectives (masking, ELECTRA, XLNet, the biLM softmax).
+- [objective]: the settings of particular objectives (masking, ELECTRA, XLNet, the biLM softmax);
+- [distill]: distill's teacher, the student's shape (compress/student.py) and the loss weights (objectives/distill.py).
 A key that no objective reads is an error. A file may hold the settings of several objectives in [encoder],
 [elmo] and [objective] (the shipped tiny and small configure all of them); each run reads those of its own
 objective, and records what it read in pretrain.json. A setting given on the command line must be one the
@@ -57,9 +63,11 @@ from ctxrep.train import distributed
 from ctxrep.train.run import PretrainRun
 from ctxrep.train.trainer import CHECKPOINT_DIR, Trainer, TrainerConfig
 
-OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm")
+OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm", "distill")
 TRANSFORMERS = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm")
 MASKED = ("mlm", "mlm+nsp", "mlm+sop", "electra")
+MASKING = (*MASKED, "distill")  # distill masks as mlm does when its teacher has a masked-LM head
+TRAINS_TOKENIZER = tuple(o for o in OBJECTIVES if o != "distill")  # distill uses its teacher's tokenizer
 BERTS = ("mlm", "mlm+nsp")
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "pretrain"
 RUN_FILE = "pretrain.json"
@@ -129,11 +137,11 @@ class DataSection:
 class ObjectiveSection:
     """Settings of particular objectives; each key says which objectives read it."""
 
-    mask_prob: float = _key(0.15, MASKED)
-    replace_prob: float = _key(0.8, MASKED)  # of the selected tokens: [MASK]
-    random_prob: float = _key(0.1, MASKED)  # ... a random token (the rest stay unchanged)
-    whole_word: bool = _key(False, MASKED)
-    static_copies: int = _key(0, MASKED)  # 0 = dynamic masking (RoBERTa); N = one of N fixed masks per sequence (BERT)
+    mask_prob: float = _key(0.15, MASKING)
+    replace_prob: float = _key(0.8, MASKING)  # of the selected tokens: [MASK]
+    random_prob: float = _key(0.1, MASKING)  # ... a random token (the rest stay unchanged)
+    whole_word: bool = _key(False, MASKING)
+    static_copies: int = _key(0, MASKING)  # 0 = dynamic masking (RoBERTa); N = one of N fixed masks per sequence (BERT)
     short_seq_prob: float = _key(0.1, ("mlm+nsp", "mlm+sop"))  # pairs aiming at a random shorter length (BERT, ALBERT)
     generator_size_fraction: float = _key(0.25, ("electra",))  # generator hidden / heads / intermediate vs discriminator
     disc_weight: float = _key(50.0, ("electra",))  # lambda
@@ -146,21 +154,43 @@ class ObjectiveSection:
     dropout: float = _key(0.1, ("bilm",))  # on the biLM's top layer before the softmax
 
 
+@dataclass
+class DistillSection:
+    """Task-agnostic distillation (objective distill, objectives/distill.py): the teacher, the student's shape and
+    the loss weights. The student is built from the teacher (compress/student.py) and shares its tokenizer."""
+
+    teacher: str = ""  # a model folder or name, as ctxrep.load_model takes it (BERT, RoBERTa or ELECTRA)
+    student_layers: int = 0  # K; 0 = half the teacher's layers, rounded up
+    teacher_layers: tuple[int, ...] = ()  # the teacher layer of each student layer; () = K spread from first to last
+    student_hidden_size: int = 0  # 0 = the teacher's width (weights copied); narrower = fresh weights
+    student_intermediate_size: int = 0  # 0 = the teacher's intermediate_size x student / teacher width
+    temperature: float = 2.0  # T of the soft targets (teacher with an MLM head)
+    alpha_kd: float = 5.0  # DistilBERT's weights: soft-target KL, MLM, cosine of the last hidden states
+    alpha_mlm: float = 2.0
+    alpha_cos: float = 1.0
+    kd_masked_only: bool = False  # soft targets at the masked positions only (default: every real token)
+    alpha_attention: float = 1.0  # MiniLM's weights (teacher without an MLM head): attention and value relations
+    alpha_value: float = 1.0
+    alpha_hidden: float = 0.0  # TinyBERT's hidden-state MSE over the layer mapping, either recipe; 0 = off
+
+
 SECTIONS: dict[str, type] = {
     "encoder": EncoderSection,
     "tokenizer": TokenizerSection,
     "data": DataSection,
     "objective": ObjectiveSection,
     "trainer": TrainerConfig,
+    "distill": DistillSection,
 }
 # Which objectives read a section's keys unless a key says otherwise (field metadata "read_by").
 SECTION_READERS: dict[str, tuple[str, ...]] = {
     "encoder": TRANSFORMERS,
-    "tokenizer": OBJECTIVES,
+    "tokenizer": TRAINS_TOKENIZER,
     "data": OBJECTIVES,
     "objective": (),
     "trainer": OBJECTIVES,
     "elmo": ("bilm",),
+    "distill": ("distill",),
 }
 # [elmo]: the biLM's shape in the layout of ELMo's options.json, handed to ElmoConfig.from_options.
 ELMO_KEYS = {
@@ -184,6 +214,7 @@ class PretrainConfig:
     data: DataSection
     objective: ObjectiveSection
     trainer: TrainerConfig
+    distill: DistillSection = field(default_factory=DistillSection)
     raw: dict = field(default_factory=dict)  # the whole config after overrides ([elmo] is read from here)
     source: str = ""  # the file it came from
 
@@ -334,6 +365,10 @@ def _parse_value(text: str):
 def _coerce(value, hint, where: str):
     """Check a value against a dataclass field type (int, float, bool, str, tuple[float, float])."""
     origin = typing.get_origin(hint)
+    if origin is tuple and typing.get_args(hint) == (int, Ellipsis):
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+        raise PretrainError(f"{where}: expected a list of integers like [0, 2, 5], got {value!r}")
     if origin is tuple:
         if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
             return tuple(float(v) for v in value)
@@ -472,6 +507,8 @@ def prepare_tokenizer(
     from ctxrep.tokenizer_training import train_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
+    if objective == "distill":
+        return teacher_tokenizer(config, out, tokenizer)
     t = config.tokenizer
     kind = tokenizer_kind(objective, config)
     if tokenizer is not None:
@@ -504,6 +541,45 @@ def prepare_tokenizer(
             "or another tokenizer"
         )
     return tok
+
+
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt")
+
+
+def teacher_tokenizer(config: PretrainConfig, out: Path, tokenizer: str | Path | None = None) -> Tokenizer:
+    """distill: the student shares its teacher's tokenizer, copied into out/ (tokenizer.json and the files
+    transformers' AutoTokenizer reads). Another tokenizer (`--tokenizer`, or one left in out/ by another run) is
+    refused: the student reads the teacher's token ids."""
+    from ctxrep.models.loading import resolve_model_path
+
+    teacher = _teacher_name(config)
+    folder = resolve_model_path(teacher)
+    own = Tokenizer.from_model_dir(folder)
+    for other, where in ((tokenizer, f"--tokenizer {tokenizer}"), (out if (out / "tokenizer.json").is_file() else None,
+                                                                   f"{out / 'tokenizer.json'} (from an earlier run)")):  # fmt: skip
+        if other is None:
+            continue
+        other = Path(other)
+        found = Tokenizer.from_model_dir(other.parent if other.is_file() else other)
+        if found.backend.to_str() != own.backend.to_str():
+            raise PretrainError(
+                f"{where} is not the teacher's tokenizer ({folder}): a distilled student reads its teacher's token "
+                "ids, so it shares the teacher's tokenizer; leave --tokenizer out, or distil into a new --out folder"
+            )
+    own.backend.save(str(out / "tokenizer.json"))
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file() and (folder / name).resolve() != (out / name).resolve():
+            shutil.copyfile(folder / name, out / name)
+    return Tokenizer.from_model_dir(out)
+
+
+def _teacher_name(config: PretrainConfig) -> str:
+    if not config.distill.teacher:
+        raise PretrainError(
+            f"distill needs a teacher: give --teacher DIR (or [distill] teacher in {config.source}), a model folder "
+            "or name such as minilm"
+        )
+    return config.distill.teacher
 
 
 def _add_xlnet_template(out: Path) -> None:
@@ -595,6 +671,9 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
         plm = PermutationLMConfig(o.k, o.span_prediction, o.max_span, o.bidirectional_context)
         module = PermutationLMObjective(xlnet, plm, special_ids)
         positions = None  # relative positions: any length
+    elif objective == "distill":
+        module = _distill_objective(config, tokenizer)
+        positions = module.teacher.max_tokens
     elif objective == "bilm":
         from ctxrep.objectives.bilm import (
             SEPARATOR,
@@ -635,6 +714,44 @@ def _word_start(tokenizer: Tokenizer, o: ObjectiveSection):
     from ctxrep.objectives.masked_lm import word_start_table
 
     return word_start_table(tokenizer) if o.whole_word else None
+
+
+def _distill_objective(config: PretrainConfig, tokenizer: Tokenizer):
+    """The student built from the teacher ([distill]); masking from [objective] when the teacher has an MLM head."""
+    from ctxrep.compress.student import choose_layers, student_config
+    from ctxrep.models.folders import CheckpointError
+    from ctxrep.objectives.distill import (
+        DistillationObjective,
+        DistillConfig,
+        load_teacher,
+    )
+    from ctxrep.objectives.masked_lm import MaskedLMConfig
+
+    d, o = config.distill, config.objective
+    try:
+        teacher, head, folder = load_teacher(_teacher_name(config))
+        if tokenizer.vocab_size > teacher.config.vocab_size:
+            raise PretrainError(
+                f"the tokenizer has {tokenizer.vocab_size} entries but the teacher {folder} only "
+                f"{teacher.config.vocab_size} embedding rows; distil with the teacher's own tokenizer"
+            )
+        layers = choose_layers(teacher, d.student_layers or None, d.teacher_layers or None)
+        shape = student_config(teacher.config, layers, d.student_hidden_size or None, d.student_intermediate_size or None)
+        distill = DistillConfig(
+            str(folder.resolve()), tuple(layers), shape.hidden_size, shape.intermediate_size, d.temperature,
+            d.alpha_kd, d.alpha_mlm, d.alpha_cos, d.alpha_attention, d.alpha_value, d.alpha_hidden, d.kd_masked_only,
+        )  # fmt: skip
+        mlm = None
+        if head is not None:
+            mlm = MaskedLMConfig.from_tokenizer(
+                tokenizer, mask_prob=o.mask_prob, replace_prob=o.replace_prob, random_prob=o.random_prob,
+                whole_word=o.whole_word, static_copies=o.static_copies or None, seed=config.trainer.seed,
+            )  # fmt: skip
+        return DistillationObjective(teacher, head, distill, mlm, _word_start(tokenizer, o) if head is not None else None)
+    except (CheckpointError, PretrainError):  # already say where
+        raise
+    except ValueError as e:  # the student's shape or the loss weights
+        raise PretrainError(f"[distill] in {config.source}: {e}") from None
 
 
 def _elmo_config(config: PretrainConfig):
