@@ -30,6 +30,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -122,10 +123,12 @@ class Trainer:
         save_model: Callable[[Path], None] | None = None,
         schedule: Callable[[int], float] | None = None,
         evaluate: Callable[[], dict[str, float]] | None = None,
+        progress: bool = True,
     ) -> None:
         """`schedule(steps_done)`: the learning-rate multiplier of config.lr, instead of warm-up + decay.
         `evaluate()`: more held-out metrics (e.g. BLEU), run with the objective in eval mode under no_grad on a
-        forked RNG at every evaluation; its metrics join the evaluation's log record (eval_data may be None)."""
+        forked RNG at every evaluation; its metrics join the evaluation's log record (eval_data may be None).
+        `progress`: show the progress bar (on the main process)."""
         self.ctx = distributed.current()
         config.validate(self.ctx.world_size)
         self.config = config
@@ -138,10 +141,12 @@ class Trainer:
             self.device = torch.device("cuda", self.ctx.local_rank)
         self.objective = objective.to(self.device)
         self.optimizer = adamw(objective, config.lr, config.weight_decay, betas=config.betas, eps=config.eps)
+        self._warmup_decay = schedule is None  # the schedule is warm-up + decay over config.max_steps
         schedule = schedule or functools.partial(
             warmup_decay, warmup_steps=config.warmup_steps, max_steps=config.max_steps, kind=config.schedule
         )
         self.extra_evaluate = evaluate
+        self.progress = progress
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.model = distributed.wrap(objective, self.ctx)  # what the loop calls (DDP under torchrun)
         self.step = 0  # optimizer steps done
@@ -171,13 +176,17 @@ class Trainer:
                 (self.out_dir / LOG_FILE).write_text("")
         if self.eval_data is not None and self._eval_start is None:
             self._eval_start = self.eval_data.state_dict()
+        advice = self._warmup_advice()
+        if advice is not None and ctx.is_main:
+            warnings.warn(advice, stacklevel=2)
 
         result: dict = {"step": self.step, "interrupted": False}
         window = _Window()
         saved_at = self.step if resume else -1  # a resumed run that had already finished saves nothing new
         evaluated_at = -1
         previous_handler = self._install_sigint_handler()
-        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not ctx.is_main, desc="train", dynamic_ncols=True)
+        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (ctx.is_main and self.progress), desc="train",
+                   dynamic_ncols=True)  # fmt: skip
         try:
             while self.step < cfg.max_steps:
                 lr = self.optimizer.param_groups[0]["lr"]
@@ -331,11 +340,51 @@ class Trainer:
         self.train_data.load_state_dict(state["data"])
         self._eval_start = state.get("eval_data")
         self.step = int(state["step"])
+        if old.get("max_steps") != new["max_steps"]:
+            cfg = self.config
+            if self._warmup_decay:  # the first resumed step already trains at the rate of the new schedule
+                now = warmup_decay(self.step, cfg.warmup_steps, cfg.max_steps, cfg.schedule)
+                for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                    group["lr"] = base * now
+            if self.ctx.is_main:
+                tqdm.write(self._new_length_note(int(old["max_steps"])))
         # Drop log records written after the checkpoint: those steps are about to run again.
         log = self.out_dir / LOG_FILE
         if self.ctx.is_main and log.is_file():
             lines = [line for line in log.read_text().splitlines() if line.strip()]
             log.write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= self.step))
+
+    def _warmup_advice(self) -> str | None:
+        """What to say when the warm-up is as long as the run or longer: the learning rate only rises, to a
+        fraction of lr (the README's `pretrain --config small --max-steps 30` with warmup_steps 1000 ran at <3%)."""
+        cfg = self.config
+        if not self._warmup_decay or cfg.warmup_steps < cfg.max_steps or cfg.warmup_steps == 0:
+            return None
+        peak = (cfg.max_steps - 1) / cfg.warmup_steps  # the multiplier of the last step
+        return (
+            f"warmup_steps={cfg.warmup_steps} is as long as the run or longer (max_steps={cfg.max_steps}): the "
+            f"learning rate never gets above {peak:.1%} of lr={cfg.lr:g} and the model learns little; lower the "
+            f"warm-up (--trainer.warmup_steps on `ctxrep pretrain`, TrainerConfig.warmup_steps), e.g. "
+            f"--trainer.warmup_steps {max(1, cfg.max_steps // 10)}"
+        )
+
+    def _new_length_note(self, old_max_steps: int) -> str:
+        """One line on what a resume with another max_steps does to the schedule. With the built-in warm-up + decay,
+        the learning rate follows the schedule laid out over the new max_steps from the checkpoint's step on
+        (`_resume` sets it, so that the first resumed step already does)."""
+        cfg, step = self.config, self.step
+        head = f"resuming at step {step} with max_steps={cfg.max_steps} (was {old_max_steps})"
+        if cfg.max_steps <= step:
+            return f"{head}: the run is already at step {step}, so nothing is trained; raise --max-steps to continue"
+        if not self._warmup_decay:
+            return f"{head}: training continues to step {cfg.max_steps}; the learning rate follows the Trainer's schedule="
+        before = warmup_decay(step, cfg.warmup_steps, old_max_steps, cfg.schedule)
+        now = warmup_decay(step, cfg.warmup_steps, cfg.max_steps, cfg.schedule)
+        return (
+            f"{head}: the {cfg.schedule} decay now ends at step {cfg.max_steps} instead of {old_max_steps} "
+            f"(warm-up unchanged, {cfg.warmup_steps} steps); the learning rate at step {step} is {now:.3g} x lr "
+            f"(it was {before:.3g} x lr)"
+        )
 
     def _log(self, record: dict) -> None:
         if self.ctx.is_main:
