@@ -181,6 +181,18 @@ def test_families_that_cannot_be_distilled_are_named_in_one_line():
         check_distillable(gpt2)
 
 
+def test_the_shipped_distill_config_holds_distilberts_settings():
+    from ctxrep.train.pretrain import load_config
+
+    config = load_config("distill", objective="distill")
+    d, t = config.distill, config.trainer
+    assert (d.temperature, d.alpha_kd, d.alpha_mlm, d.alpha_cos) == (2.0, 5.0, 2.0, 1.0)
+    assert (t.lr, t.weight_decay, t.grad_clip, t.betas) == (5e-4, 0.0, 5.0, (0.9, 0.98))
+    assert config.objective.mask_prob == 0.15 and config.distill.teacher_layers == ()
+    layers = load_config("distill", [("teacher_layers", "[0, 2, 5]")], "distill").distill.teacher_layers
+    assert layers == (0, 2, 5)
+
+
 def test_a_student_equal_to_its_teacher_has_zero_distillation_losses():
     teacher = tiny_bert(layers=2)
     config = DistillConfig("teacher", (0, 1), 32, 128, alpha_hidden=1.0)
@@ -190,6 +202,9 @@ def test_a_student_equal_to_its_teacher_has_zero_distillation_losses():
     for name in ("attention_loss", "value_loss", "hidden_loss"):
         assert out.metrics[name] == pytest.approx(0.0, abs=1e-6), name
     assert "teacher" not in "".join(objective.state_dict())  # checkpoints hold the student only
+    objective.train().to(torch.float64)  # .to(device) moves the teacher too; train() leaves it in eval mode
+    assert next(objective.teacher.parameters()).dtype == torch.float64 and not objective.teacher.training
+    assert objective.student.training
 
 
 # ----------------------------------------------------------------------------------- distill runs
