@@ -309,7 +309,7 @@ def test_resumed_distillation_ends_where_an_uninterrupted_one_does(mlm_student, 
 
 def test_pretrain_objective_distill_is_the_same_run(mlm_teacher, corpus, tmp_path):
     out = tmp_path / "same"
-    args = ["--objective", "distill", "--config", "tiny", "--corpus", corpus, "--out", out, "--max-steps", 2,
+    args = ["--objective", "distill", "--config", "tiny", "--corpus", corpus, "--out", out, "--max-steps", 6,
             "--no-progress", "--distill.teacher", mlm_teacher, "--student_layers", 1]  # fmt: skip
     result = run(pretrain, args)
     assert result.exit_code == 0, result.output
