@@ -21,13 +21,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ctxrep.inputs import EncoderInput, Text, WindowPlan, as_list, collate, token_budget_batches, words_of
+from ctxrep.inputs import (EncoderInput, Text, WindowPlan, as_list, collate, split_windows, token_budget_batches,
+                           words_of)  # fmt: skip
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.loading import LoadedEncoder, load_encoder
+from ctxrep.models.sentence_transformers import TokenPooler, read_sentence_pooling
 from ctxrep.modules.scalar_mix import ScalarMix
 
 POOLINGS = ("first", "last", "mean", "first_last")
-SENTENCE_POOLINGS = ("mean", "cls")
+SENTENCE_POOLINGS = ("mean", "cls", "model")
 
 
 @dataclass
@@ -48,7 +50,13 @@ class Featurizer:
     pooling: how a word's subword pieces become one vector: "first", "last", "mean" or "first_last"
         (the first and last piece concatenated, 2 x hidden wide). A word's leading piece that is only a
         word-start marker ("▁" or "Ġ") is left out when the word has other pieces: it is the same for every such word.
-    sentence_pooling: "mean" (over the text's word vectors) or "cls" (the classification token).
+    sentence_pooling: "mean" (over the text's word vectors), "cls" (the classification token), or "model": what a
+        sentence-transformers folder's modules.json says (its Pooling config, e.g. the mean over every token,
+        special tokens included, then L2 normalisation when it lists Normalize; `ctxrep.models.sentence_transformers`),
+        applied to each chosen layer; on a layers=-1 featurizer and a text that fits one window, the vector
+        sentence-transformers gives. Nothing truncates at the folder's max_seq_length: a longer text is windowed as
+        below, each of its pieces counts once, from the window that owns its word, and each window's special tokens
+        count 1 / (number of windows), so the mean is over as many positions as one long sequence would have.
     stride: how many pieces each window of a long text advances (default: half a window).
     batch_tokens: the token budget of one batch (padded batch size x longest sequence).
     """
@@ -81,6 +89,8 @@ class Featurizer:
             raise ValueError(f"{self.model.family} has no classification token: use sentence_pooling='mean'")
         self.pooling = pooling
         self.sentence_pooling = sentence_pooling
+        # sentence_pooling="model": the folder's modules.json + Pooling config, read (or refused) once, here
+        self.model_pooling = read_sentence_pooling(self.source.folder) if sentence_pooling == "model" else None
         self.batch_tokens = batch_tokens
         self.progress = progress
         self.max_length = min(max_length or self.model.max_tokens, self.model.max_tokens)
@@ -122,6 +132,14 @@ class Featurizer:
     def dim(self) -> int:
         """Width of one word vector."""
         return self.model.hidden_size * (2 if self.pooling == "first_last" else 1)
+
+    @property
+    def sentence_dim(self) -> int:
+        """Width of one sentence vector: the word width for "mean", the hidden size for "cls", and for "model" the
+        hidden size x the number of pooling modes the folder concatenates."""
+        if self.sentence_pooling == "model":
+            return self.model_pooling.width
+        return self.model.hidden_size if self.sentence_pooling == "cls" else self.dim
 
     def _parse_layers(self, layers) -> tuple[list[int], ScalarMix | None]:
         n = self.model.num_layers + 1  # embedding output + every layer
@@ -173,8 +191,10 @@ class Featurizer:
 
     # ---- running the encoder --------------------------------------------------------------------
 
-    def _run(self, windows: list[EncoderInput], word_counts: list[int], want_words: bool, want_cls: bool):
-        """Encode all windows; returns per-text word arrays and per-text mean CLS vectors (as requested)."""
+    def _run(self, windows: list[EncoderInput], word_counts: list[int], want_words: bool, want_cls: bool,
+             tokens: tuple[TokenPooler, list[np.ndarray]] | None = None):  # fmt: skip
+        """Encode all windows; returns per-text word arrays and per-text mean CLS vectors (as requested). `tokens`:
+        a TokenPooler fed every batch, with one weight array per window (sentence_pooling="model")."""
         n_out = 1 if self.single_layer else len(self.layer_indices)
         word_out = [np.zeros((c, n_out, self.dim), dtype=np.float32) for c in word_counts] if want_words else None
         cls_sum = np.zeros((len(word_counts), n_out, self.model.hidden_size), dtype=np.float32) if want_cls else None
@@ -187,7 +207,8 @@ class Featurizer:
         with torch.inference_mode():
             start = 0
             for size in batches:
-                batch = [windows[i] for i in order[start : start + size]]
+                rows = order[start : start + size]
+                batch = [windows[i] for i in rows]
                 start += size
                 inputs = collate(batch, self.tokenizer)
                 out = self._encoder.encode(inputs, num_layers=top if top < self.model.num_layers else None)
@@ -200,6 +221,10 @@ class Featurizer:
                     for r, w in enumerate(batch):
                         cls_sum[w.text] += selected[:, r, w.cls_position].numpy()
                         cls_count[w.text] += 1
+                if tokens is not None:
+                    pooler, weights = tokens
+                    pooler.add(selected, [w.text for w in batch], [weights[i] for i in rows],
+                               [w.cls_position for w in batch])  # fmt: skip
                 bar.update(int(inputs["attention_mask"].sum()))
         bar.close()
         cls = cls_sum / cls_count[:, None, None] if want_cls else None
@@ -250,6 +275,8 @@ class Featurizer:
         "mean" averages the text's word vectors; "cls" takes the classification token (for a text longer than
         one window, the average over its windows).
         """
+        if self.sentence_pooling == "model":
+            return self._embed_sentences_model(texts, text_pairs)
         windows, counts = self._windows(texts, text_pairs)
         if self.sentence_pooling == "cls":
             _, cls = self._run(windows, counts, want_words=False, want_cls=True)
@@ -258,6 +285,43 @@ class Featurizer:
             words, _ = self._run(windows, counts, want_words=True, want_cls=False)
             out = np.stack([w.mean(axis=0) for w in words]) if words else np.zeros((0, 1, self.dim), np.float32)
         return out[:, 0] if self.single_layer else out
+
+    def _embed_sentences_model(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None) -> np.ndarray:
+        """sentence_pooling="model": the folder's Pooling (+ Normalize) over token weights from `_token_weights`."""
+        if text_pairs is None:
+            windows, counts, weights = self._token_weights(texts)
+        else:  # a pair is one window: every position of it counts once
+            windows, counts = self._windows(texts, text_pairs)
+            weights = [np.ones(len(w), dtype=np.float32) for w in windows]
+        n_layers = 1 if self.single_layer else len(self.layer_indices)
+        pooler = TokenPooler(self.model_pooling, len(counts), n_layers, self.model.hidden_size)
+        self._run(windows, counts, want_words=False, want_cls=False, tokens=(pooler, weights))
+        out = pooler.result()  # (texts, layers, width)
+        return out[:, 0] if self.single_layer else out
+
+    def _token_weights(self, texts: Sequence[Text]) -> tuple[list[EncoderInput], list[int], list[np.ndarray]]:
+        """The windows of `texts` (as `_windows` cuts them), the texts' word counts, and one weight per position of
+        each window: 1 for a piece of a word the window owns, 0 for the other pieces (another window answers for
+        them), 1 / (the text's number of windows) for a special token. One window: every position weighs 1."""
+        words = [words_of(t, i) for i, t in enumerate(as_list(texts))]
+        offset = self.tokenizer.build_inputs([])[2]  # special tokens before the text's first piece
+        windows, weights = [], []
+        for i, pieces in enumerate(self.tokenizer.encode_words(words)):
+            spans = pieces.spans()
+            rows = self.plan.single(i, pieces)
+            # the same cut, with its piece ranges: split_windows is what plan.single windows by
+            cuts = split_windows(spans, self.plan.window_size, self.plan.stride)
+            assert len(cuts) == len(rows)
+            for row, (p0, p1, owned) in zip(rows, cuts):
+                w = np.full(len(row), 1.0 / len(rows), dtype=np.float32)  # (seq,) special tokens: shared
+                w[offset : offset + p1 - p0] = 0.0
+                for word in owned:
+                    s, e = spans[word]
+                    w[offset + s - p0 : offset + min(e, p1) - p0] = 1.0
+                windows.append(row)
+                weights.append(w)
+        return windows, [len(w) for w in words], weights
+
 
 
 def _prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:

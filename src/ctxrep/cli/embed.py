@@ -225,7 +225,9 @@ def _write_json_atomic(file: Path, obj: dict) -> None:
 @click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list, 'all' or 'mix'.")
 @click.option("--pooling", type=click.Choice(["first", "last", "mean", "first_last"]), default="mean", show_default=True,
               help="How a word's subword pieces become one vector.")
-@click.option("--sentence-pooling", type=click.Choice(["mean", "cls"]), default="mean", show_default=True)
+@click.option("--sentence-pooling", type=click.Choice(["mean", "cls", "model"]), default="mean", show_default=True,
+              help="--level sentence: mean of the word vectors, the classification token, or the model folder's own "
+                   "pooling (a sentence-transformers folder: modules.json).")
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
@@ -267,7 +269,8 @@ def embed(model, input_path, out_dir, fmt, text_column, level, layers, pooling, 
 
     fz = Featurizer(model, layers=parse_layers(layers), pooling=pooling, sentence_pooling=sentence_pooling,
                     batch_tokens=batch_tokens, num_threads=threads)  # fmt: skip
-    manifest = {"settings": settings, "dim": fz.dim, "shards": shards, "complete": False}
+    dim = fz.sentence_dim if level == "sentence" else fz.dim
+    manifest = {"settings": settings, "dim": dim, "shards": shards, "complete": False}
     source = "<stdin>" if input_path == "-" else input_path
     stream = open_input(input_path)
     total = None if input_path == "-" or isinstance(stream, gzip.GzipFile) else os.path.getsize(input_path)
@@ -297,7 +300,7 @@ def embed(model, input_path, out_dir, fmt, text_column, level, layers, pooling, 
         click.echo(f"warning: {source}: nothing to embed: {empty}; check the input file and --format", err=True)
     manifest.update(complete=True, texts=done_texts, rows=sum(s["rows"] for s in shards))
     _write_json_atomic(manifest_file, manifest)
-    click.echo(f"wrote {manifest['rows']} {level} vectors ({fz.dim} wide) for {done_texts} texts to {out}")
+    click.echo(f"wrote {manifest['rows']} {level} vectors ({dim} wide) for {done_texts} texts to {out}")
 
 
 def _counting(stream, bar) -> Iterator[bytes]:
