@@ -13,6 +13,7 @@ from ctxrep.cli.common import main
 def _register() -> None:
     from ctxrep.cli.analysis import COMMANDS as ANALYSIS
     from ctxrep.cli.demo import demo
+    from ctxrep.cli.distill import distill
     from ctxrep.cli.embed import embed
     from ctxrep.cli.export import export
     from ctxrep.cli.finetune import finetune
@@ -23,7 +24,7 @@ def _register() -> None:
     from ctxrep.cli.prune import prune
     from ctxrep.cli.tokenizer import tokenizer
 
-    for command in (embed, demo, info, finetune, pretrain, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
+    for command in (embed, demo, info, finetune, pretrain, distill, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
         main.add_command(command)
 
 
