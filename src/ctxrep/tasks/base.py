@@ -162,8 +162,10 @@ class TaskEstimator:
 
     # ---- fit -------------------------------------------------------------------------------------
 
-    def fit(self, X, y, eval_set: tuple | None = None) -> "TaskEstimator":
-        """Train on X, y. `eval_set=(X_dev, y_dev)` records the dev score after every epoch in history_."""
+    def fit(self, X, y, eval_set: tuple | None = None, train_loss=None) -> "TaskEstimator":
+        """Train on X, y. `eval_set=(X_dev, y_dev)` records the dev score after every epoch in history_.
+        `train_loss(logits, batch) -> scalar`: a loss to train with instead of the task's own (`_head_loss`), e.g.
+        compress/distill_task.py's distillation loss; when it is an nn.Module, its parameters train too."""
         self._check_common()
         self._check_params()
         X, y = self._check_X_y(X, y, fitting=True)
@@ -216,7 +218,9 @@ class TaskEstimator:
         with loop.seeded_torch(seed + self.n_epochs_):  # dropout
             best = loop.train(
                 self.model_, examples, [_length(e) for e in examples], lambda rows: self._collate(rows, call),
-                self._head_loss, evaluate, self._loop_settings(), rng, self.history_, first_epoch=self.n_epochs_,
+                self._head_loss if train_loss is None else train_loss, evaluate, self._loop_settings(), rng,
+                self.history_, first_epoch=self.n_epochs_,
+                extra=train_loss if isinstance(train_loss, nn.Module) else None,
             )  # fmt: skip
         self.n_epochs_ = self.history_[-1]["epoch"]
         if best is not None:

@@ -31,7 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ctxrep.tasks.network import TaskNetwork, network_depths, unfreeze_from_top
-from ctxrep.train.optim import adamw, discriminative
+from ctxrep.train.optim import adamw, discriminative, param_groups
 from ctxrep.train.schedules import slanted_triangular, warmup_decay
 
 logger = logging.getLogger(__name__)
@@ -131,12 +131,18 @@ def train(
     rng: np.random.Generator,
     history: list[dict],
     first_epoch: int = 0,
+    extra: nn.Module | None = None,
 ) -> float | None:
     """Train for settings.max_epochs epochs, or settings.max_steps optimizer steps when set (fewer with early
     stopping), appending one record per epoch to
     `history` ({"epoch", "train_loss"} plus what `evaluate()` returns; early stopping reads its
-    "validation_score"). Returns the best validation score when early stopping kept the best epoch's weights."""
+    "validation_score"). Returns the best validation score when early stopping kept the best epoch's weights.
+    `extra`: a module outside the network whose parameters train too, at lr (e.g. a distillation loss's
+    projection); it is not part of the network's weights or of early stopping's best state."""
     optimizer = make_optimizer(network, settings)
+    if extra is not None:
+        for group in param_groups(extra, settings.weight_decay):
+            optimizer.add_param_group(group)  # lr: the optimizer's default, settings.lr
     epochs, total, warmup = plan_steps(len(examples), settings)
     advice = warmup_warning(total, warmup, settings)
     if advice is not None:
