@@ -516,3 +516,75 @@ def test_elmo_models_get_probes_and_a_report_but_no_attention(tiny_elmo, data_di
     numbers = json.loads((tmp_path / "report" / "report.json").read_text())
     assert set(numbers["left_out"]) == {"attention", "static_neighbors"} and "attention" not in numbers
     assert numbers["heads"] is None and numbers["family"] == "elmo"
+
+
+# ---- neighbors query from a file of queries ---------------------------------------------------------------------
+
+
+def test_read_queries_formats_and_file_line_errors(tmp_path):
+    q = tmp_path / "q.txt"
+    q.write_text("the dog runs quickly .\t1\n\n  A [[crane]] lifted the beam .\r\nthe\tdog\t0\n")
+    queries = neighbors.read_queries(q)
+    assert [(x.words, x.word, x.source) for x in queries] == [
+        (["the", "dog", "runs", "quickly", "."], 1, f"{q}:1"),
+        (["A", "crane", "lifted", "the", "beam", "."], 1, f"{q}:3"),  # blank line 2 skipped, numbering kept
+        (["the", "dog"], 0, f"{q}:4"),  # the index follows the last tab
+    ]
+    assert queries[1].target == "crane"
+    bad = {
+        "a dog\t2": "word index 2 is outside the sentence, which has 2 words",
+        "a dog\tdog": "the text after the tab must be the 0-based index of the query word, got 'dog'",
+        "a dog barks": "no word is marked [[like this]] and there is no tab",
+        "[[a]] [[dog]]": "2 words are marked",
+        " \t0": "the query sentence is empty",
+    }
+    for line, message in bad.items():
+        q.write_text(f"the dog runs quickly .\t1\n{line}\n")
+        with pytest.raises(ValueError, match=re.escape(f"{q}:2: {message}")) as e:
+            neighbors.read_queries(q)
+        assert "\n" not in str(e.value)
+    q.write_text("\n\n")
+    with pytest.raises(ValueError, match="no queries in the file"):
+        neighbors.read_queries(q)
+    with pytest.raises(FileNotFoundError, match="nothing.txt: no such queries file"):
+        neighbors.read_queries(tmp_path / "nothing.txt")
+
+
+def test_query_many_equals_one_query_at_a_time(fz, tmp_path):
+    sentences = ["the dog runs quickly .", "a cat sleeps today .", "the farmer sings often ."] * 3
+    index = neighbors.OccurrenceIndex.build(fz, sentences, layer=1)
+    queries = [neighbors.parse_query("the [[bird]] waits ."), neighbors.parse_query("a teacher runs .\t2")]
+    many = index.query_many(fz, queries, k=4)
+    assert many == [index.query(fz, q.words, q.word, k=4) for q in queries]
+    assert many[0] != many[1] and all(len(hits) == 4 for hits in many)
+
+
+def test_cli_neighbors_queries_file_loads_the_index_once(tiny_model, data_dir, tmp_path, monkeypatch):
+    ix = tmp_path / "ix"
+    assert _invoke(cli.neighbors, ["index", "--model", tiny_model, "--corpus", data_dir / "tiny.conllu",
+                                   "--layer", 1, "--out", ix]).exit_code == 0  # fmt: skip
+    q = tmp_path / "q.txt"
+    q.write_text("the dog runs quickly .\t1\n\nthe [[teacher]] waits today .\n")
+    loads, embeds = [], []
+    load, embed_words = neighbors.OccurrenceIndex.load.__func__, Featurizer.embed_words
+    monkeypatch.setattr(neighbors.OccurrenceIndex, "load",
+                        classmethod(lambda cls, d: loads.append(d) or load(cls, d)))  # fmt: skip
+    monkeypatch.setattr(Featurizer, "embed_words", lambda self, texts: embeds.append(len(texts)) or embed_words(self, texts))
+    result = _invoke(cli.neighbors, ["query", "--index", ix, "--queries", q, "-k", 3])
+    assert result.exit_code == 0, result.output
+    assert len(loads) == 1 and embeds == [2]  # one index, one featurizer call for both queries
+    assert f"{q}:1: contextual neighbours of 'dog' (layer 1):" in result.output
+    assert f"{q}:3: contextual neighbours of 'teacher' (layer 1):" in result.output
+    assert result.output.count("static neighbours of") == 2
+    # each answer is what the one-query form prints
+    single = _invoke(cli.neighbors, ["query", "--index", ix, "--sentence", "the teacher waits today .", "--word", 1,
+                                     "-k", 3])  # fmt: skip
+    assert single.exit_code == 0 and result.output.endswith(single.output), (result.output, single.output)
+    q.write_text("the dog runs quickly .\t1\nthe dog\t9\n")
+    _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix, "--queries", q]),
+                    f"{q}:2: word index 9 is outside the sentence, which has 2 words")  # fmt: skip
+    _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix, "--queries", q, "--sentence", "a", "--word", 0]),
+                    "either --queries FILE or --sentence with --word")  # fmt: skip
+    _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix]), "nothing to query")
+    help_text = _invoke(cli.neighbors, ["query", "--help"]).output
+    assert "SENTENCE<TAB>WORD_INDEX" in help_text and "[[crane]]" in help_text

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from test_cli import run
 
 from ctxrep import Featurizer
 from ctxrep.inputs import split_windows
 from ctxrep.models.loading import CheckpointError
 from ctxrep.models.sentence_transformers import read_sentence_pooling
-from test_cli import run
 
 SHORT = ["A crane caught a fish .", "Unbelievably, the newscaster broke into the broadcast!", "Dawn broke .",
          ["Pre", "tokenized", "words"]]  # fmt: skip
@@ -109,7 +109,7 @@ def test_no_truncation_at_max_seq_length(fz_model, minilm_path):
 
 
 def test_long_text_windows_are_weighted_as_documented(minilm_path):
-    words = "Unbelievably , the newscaster broke into the broadcast with news of a crane that fell .".split() * 2
+    words = ["Unbelievably", ",", "the", "newscaster", "broke", "into", "the", "broadcast", "with", "news", "of", "a", "crane", "that", "fell", "."] * 2
     fz = Featurizer("minilm", sentence_pooling="model", max_length=12)
     got = fz.embed_sentences([words, "Dawn broke ."])
     np.testing.assert_allclose(got[0], reference_windowed(minilm_path, words, 12), atol=1e-5)

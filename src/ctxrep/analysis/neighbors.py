@@ -2,7 +2,9 @@
 
 * `OccurrenceIndex`: every word occurrence of a corpus, embedded at one layer, in an HNSW index (hnswlib,
   cosine space) saved to disk with the occurrence metadata (sentence, word index). A query is a word in a
-  sentence; the answer is the closest occurrences with their sentences.
+  sentence; the answer is the closest occurrences with their sentences. `read_queries` reads a file of queries
+  (one a line: `SENTENCE<TAB>WORD_INDEX`, or the sentence with its word marked `[[word]]`) for `query_many`,
+  which embeds them all in one call.
 * The static (context-free) contrast: the model's input embedding of a word (the mean of its pieces' rows of
   the word-embedding matrix) and its nearest vocabulary words by cosine.
 * WiC by layer (Pilehvar & Camacho-Collados 2019): the cosine of the two target-word vectors at each layer;
@@ -47,6 +49,69 @@ def _words(sentence: str | Sequence[str]) -> list[str]:
     if not words:
         raise ValueError("the query sentence is empty (no words)")
     return words
+
+
+QUERY_MARK = ("[[", "]]")  # a query word marked in its sentence: "A [[crane]] lifted the beam ."
+QUERY_FORMAT = "SENTENCE<TAB>WORD_INDEX (0-based) or the sentence with one word marked [[word]]"
+
+
+@dataclass
+class Query:
+    """A word in a sentence to find neighbours for; `source` says where it came from ("FILE:LINE")."""
+
+    words: list[str]
+    word: int  # 0-based index into words
+    source: str = "<query>"
+
+    @property
+    def target(self) -> str:
+        return self.words[self.word]
+
+
+def parse_query(line: str, source: str = "<query>") -> Query:
+    """One query line: `SENTENCE<TAB>WORD_INDEX`, or a sentence with exactly one word marked `[[word]]`; errors
+    start with `source`."""
+    line = line.rstrip("\r\n")
+    if "\t" in line:
+        sentence, _, index = line.rpartition("\t")
+        words = sentence.split()
+        try:
+            word = int(index.strip())
+        except ValueError:
+            raise ValueError(f"{source}: the text after the tab must be the 0-based index of the query word, got "
+                             f"{index.strip()!r}; expected {QUERY_FORMAT}") from None  # fmt: skip
+    else:
+        words = line.split()
+        marked = [i for i, w in enumerate(words) if w.startswith(QUERY_MARK[0]) and w.endswith(QUERY_MARK[1])
+                  and len(w) > len(QUERY_MARK[0]) + len(QUERY_MARK[1])]  # fmt: skip
+        if len(marked) != 1:
+            found = "no word is" if not marked else f"{len(marked)} words are"
+            raise ValueError(f"{source}: {found} marked [[like this]] and there is no tab; expected {QUERY_FORMAT}")
+        word = marked[0]
+        words[word] = words[word][len(QUERY_MARK[0]) : -len(QUERY_MARK[1])]
+    if not words:
+        raise ValueError(f"{source}: the query sentence is empty (no words); expected {QUERY_FORMAT}")
+    try:
+        _check_word(words, word)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
+    return Query(words, word, source)
+
+
+def read_queries(path: str | os.PathLike) -> list[Query]:
+    """Every query of a file, one a line (see `parse_query`; blank lines are skipped), each knowing its FILE:LINE.
+    The whole file is checked before anything is embedded."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such queries file")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); save the queries file as UTF-8") from None
+    queries = [parse_query(line, f"{path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
+    if not queries:
+        raise ValueError(f"{path}: no queries in the file; write one a line: {QUERY_FORMAT}")
+    return queries
 
 
 def _check_word(words: list[str], word: int) -> None:
@@ -157,11 +222,22 @@ class OccurrenceIndex:
         """The occurrences closest to word `word` (0-based) of `sentence`, embedded like the indexed corpus."""
         words = _words(sentence)
         _check_word(words, word)
+        return self.query_many(fz, [Query(words, word)], k)[0]
+
+    def query_many(self, fz: Featurizer, queries: Sequence[Query], k: int = 10) -> list[list[Neighbor]]:
+        """`query` for many queries (e.g. from `read_queries`): their sentences are embedded in one call."""
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
         if fz.pooling != self.pooling:
             raise ValueError(f"the index was built with pooling {self.pooling!r} but the featurizer pools "
                              f"{fz.pooling!r}")  # fmt: skip
-        vector = with_layers(fz, self.layer).embed_words([words])[0][word]
-        return self.search(vector, k)
+        for q in queries:
+            try:
+                _check_word(q.words, q.word)
+            except ValueError as e:
+                raise ValueError(f"{q.source}: {e}") from None
+        vectors = with_layers(fz, self.layer).embed_words([q.words for q in queries])
+        return [self.search(v[q.word], k) for q, v in zip(queries, vectors)]
 
 
 # ---- the static contrast ------------------------------------------------------------------------

@@ -125,28 +125,53 @@ def neighbors_index(model, corpus, layer, max_sentences, out_dir) -> None:
 
 @neighbors.command("query")
 @click.option("--index", "index_dir", required=True, help="Folder written by `neighbors index`.")
-@click.option("--sentence", required=True, help="The query sentence (whitespace-tokenized).")
-@click.option("--word", required=True, type=int, help="0-based index of the query word in the sentence.")
+@click.option("--sentence", default=None, help="The query sentence (whitespace-tokenized); with --word.")
+@click.option("--word", default=None, type=int, help="0-based index of the query word in --sentence.")
+@click.option("--queries", "queries_path", default=None,
+              help="A file of queries instead of --sentence/--word, one a line (blank lines skipped): "
+                   "SENTENCE<TAB>WORD_INDEX (0-based), or the sentence with one word marked, as in "
+                   "'A [[crane]] lifted the beam .'. The index and model are loaded once for all of them.")
 @click.option("-k", "--k", default=10, show_default=True, help="How many neighbours.")
-@click.option("--model", default=None, help="Model to embed the query with (default: the index's model).")
+@click.option("--model", default=None, help="Model to embed the queries with (default: the index's model).")
 @user_errors
-def neighbors_query(index_dir, sentence, word, k, model) -> None:
-    """The occurrences closest to a word in a sentence, and the word's static (input-embedding) neighbours."""
-    from ctxrep.analysis.neighbors import OccurrenceIndex, no_static_table_reason, static_neighbors
+def neighbors_query(index_dir, sentence, word, queries_path, k, model) -> None:
+    """The occurrences closest to a word in a sentence, and the word's static (input-embedding) neighbours.
 
+    One query (--sentence and --word) or a file of them (--queries FILE); each answer of a file starts with
+    its FILE:LINE."""
+    from ctxrep.analysis.neighbors import (OccurrenceIndex, StaticVocabulary, no_static_table_reason, parse_query,
+                                           read_queries)  # fmt: skip
+
+    if queries_path is not None:
+        if sentence is not None or word is not None:
+            raise ValueError("give either --queries FILE or --sentence with --word, not both")
+        queries = read_queries(queries_path)  # every line checked (FILE:LINE errors) before anything is loaded
+    elif sentence is None or word is None:
+        raise ValueError("nothing to query: give --sentence TEXT with --word N, or --queries FILE")
+    else:
+        queries = [parse_query(f"{sentence}\t{word}", "--sentence/--word")]
+    if k < 1:
+        raise ValueError(f"-k must be at least 1, got {k}")
     index = OccurrenceIndex.load(index_dir)
     fz = _featurizer(model or index.model)
-    hits = index.query(fz, sentence, word, k)
-    target = sentence.split()[word]
-    click.echo(f"contextual neighbours of {target!r} (layer {index.layer}):")
+    no_static = no_static_table_reason(fz)
+    vocabulary = None if no_static else StaticVocabulary.from_featurizer(fz)  # built once for every query
+    for q, hits in zip(queries, index.query_many(fz, queries, k)):
+        _print_query(q, hits, index.layer, fz, k, no_static, vocabulary, with_source=queries_path is not None)
+
+
+def _print_query(q, hits, layer: int, fz, k: int, no_static: str | None, vocabulary, with_source: bool) -> None:
+    from ctxrep.analysis.neighbors import static_neighbors
+
+    where = f"{q.source}: " if with_source else ""
+    click.echo(f"{where}contextual neighbours of {q.target!r} (layer {layer}):")
     for n in hits:
         click.echo(f"  {n.similarity:.3f}  {n.text:<15} s{n.sentence}:{n.word}  {n.context}")
-    no_static = no_static_table_reason(fz)
     if no_static:  # a model that reads characters (ELMo): the contextual answer stands on its own
-        click.echo(f"static neighbours of {target!r}: none ({no_static})")
+        click.echo(f"static neighbours of {q.target!r}: none ({no_static})")
         return
-    static = static_neighbors(fz, target, k)
-    click.echo(f"static neighbours of {target!r} (input embeddings): "
+    static = static_neighbors(fz, q.target, k, vocabulary)
+    click.echo(f"static neighbours of {q.target!r} (input embeddings): "
                + ", ".join(f"{w} ({s:.2f})" for w, s in static))  # fmt: skip
 
 
