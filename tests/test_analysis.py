@@ -588,3 +588,40 @@ def test_cli_neighbors_queries_file_loads_the_index_once(tiny_model, data_dir, t
     _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix]), "nothing to query")
     help_text = _invoke(cli.neighbors, ["query", "--help"]).output
     assert "SENTENCE<TAB>WORD_INDEX" in help_text and "[[crane]]" in help_text
+
+
+# ---- package-level exports ------------------------------------------------------------------------------------
+
+
+def test_every_exported_analysis_name_resolves_to_its_module_object():
+    import ast
+    import importlib
+
+    import ctxrep.analysis
+
+    for name in ctxrep.analysis.__all__:
+        module = importlib.import_module(f"ctxrep.analysis.{ctxrep.analysis._EXPORTS[name]}")
+        assert getattr(ctxrep.analysis, name) is getattr(module, name), name
+    assert set(ctxrep.analysis.__all__) <= set(dir(ctxrep.analysis))
+    from ctxrep.analysis import OccurrenceIndex, build_report, head_statistics, run_probe  # noqa: F401
+
+    assert ctxrep.analysis.probe is probe and ctxrep.analysis.neighbors is neighbors  # the submodules still work
+    # every public function and class of the four tools is exported: a new one cannot be forgotten
+    public = set()
+    for module in ("probe", "attention", "neighbors", "report"):
+        tree = ast.parse((Path(ctxrep.analysis.__file__).parent / f"{module}.py").read_text())
+        public |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name[0] != "_"}
+    assert {"run_probe", "head_statistics", "OccurrenceIndex", "build_report", "evaluate_wic"} <= public
+    assert public == set(ctxrep.analysis.__all__)
+    with pytest.raises(AttributeError, match="ctxrep.analysis' has no attribute 'run_probes'; its names: "):
+        ctxrep.analysis.run_probes  # noqa: B018
+
+
+def test_importing_ctxrep_analysis_stays_cheap():
+    import sys
+
+    code = ("import sys, ctxrep.analysis; heavy = [m for m in ('torch', 'numpy', 'ctxrep.analysis.probe', "
+            "'ctxrep.featurize') if m in sys.modules]; assert not heavy, heavy; print(len(ctxrep.analysis.__all__))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 30
