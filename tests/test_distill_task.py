@@ -249,3 +249,55 @@ def test_bad_input_one_line_errors(teacher, tiny_models, gpt2_dir, tmp_path):
     gpt2 = SequenceClassifier(model=str(gpt2_dir), max_epochs=1, batch_size=4, random_state=0).fit(X, Y)
     refused("a gpt2 teacher cannot be distilled: task-specific distillation builds students for bert, electra, "
             "roberta encoders", teacher=gpt2)  # fmt: skip
+
+
+# ---- the command line ---------------------------------------------------------------------------------------------
+
+
+def sst_file(path):
+    path.write_text("(4 (3 good) (4 great))\n(0 (0 bad) (1 awful))\n(3 (3 nice) (2 fine))\n(1 (1 poor) (0 sad))\n" * 3)
+    return path
+
+
+def test_cli_distill_task(teacher, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from ctxrep.cli.distill import distill
+    from ctxrep.tasks import SequenceClassifier
+    from ctxrep.tasks.experiment import read_task
+
+    sst, out = sst_file(tmp_path / "sst.txt"), tmp_path / "student"
+    args = ["--teacher", str(teacher.parent), "--student-layers", "1", "--task", "sst2", "--train", str(sst),
+            "--dev", str(sst), "--out", str(out), "--max-epochs", "2", "--lr", "3e-3", "--hidden-loss", "cosine",
+            "--no-progress"]  # fmt: skip
+    result = CliRunner().invoke(distill, args)
+    assert result.exit_code == 0, result.output
+    assert "2 -> 1 layers" in result.output and "dev score" in result.output
+    report = json.loads((out / "distill.json").read_text())
+    assert report["student_parameters"] < report["teacher_parameters"] and report["train_examples"] == 12
+    assert f"dev score {report['student_dev_score']:.4f} (teacher {report['teacher_dev_score']:.4f})" in result.output
+    dev = read_task("sst2", sst)
+    assert SequenceClassifier.load(out / "model").score(dev.X, dev.y) == report["student_dev_score"]
+    assert transformers.AutoModel.from_pretrained(out / "encoder").config.num_hidden_layers == 1
+
+
+def test_cli_distill_task_bad_input(teacher, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli.distill import distill
+
+    sst = sst_file(tmp_path / "sst.txt")
+    base = ["--teacher", str(teacher), "--out", str(tmp_path / "o")]
+    cases = [
+        (["--task", "sst2"], "task-specific distillation takes --task and --train"),
+        (["--task", "sst2", "--train", str(sst), "--corpus", str(sst)], "takes --task and --train (and no --corpus)"),
+        (["--task", "sst2", "--train", str(sst), "--resume"], "--resume is for --corpus runs"),
+        (["--task", "sst2", "--train", str(sst), "--student-layers", "5"], "larger than the teacher's 2 layers"),
+        (["--task", "conll2003", "--train", str(sst)], "holds a SequenceClassifier, but --task conll2003"),
+    ]  # fmt: skip
+    for extra, message in cases:
+        result = CliRunner().invoke(distill, base + extra)
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1

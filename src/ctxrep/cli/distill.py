@@ -7,8 +7,14 @@ when the teacher has a masked-LM head, MiniLM's attention and value relations wh
 run): the packed corpus, the Trainer (--resume, torchrun, log.jsonl), and --out becomes the student's model folder
 (ctxrep.load_model, ctxrep.Featurizer and transformers' AutoModel load it) with the teacher's tokenizer.
 
-Task-specific distillation (--task / --train: a fine-tuned estimator teaching a student estimator) joins this
-command with its own options; --corpus stays the task-agnostic kind.
+Task-specific (this command with --task and --train; compress/distill_task.py): --teacher is a fine-tuned task model
+(the --out folder of `ctxrep finetune`, or its model/ folder); a student of its class, built from its encoder as
+above, learns on --train from the teacher's temperature-softened outputs (--temperature, --alpha) and the hard
+labels, optionally matching hidden states (--hidden-loss). --out DIR holds:
+  model/         the student task model (<Class>.load(DIR/model); its `model` parameter names DIR/encoder)
+  encoder/       the student encoder as a Hugging Face folder with the teacher's tokenizer (transformers' AutoModel,
+                 ctxrep.load_model)
+  distill.json   settings, sizes, timings and, with --dev, the teacher's and the student's dev scores
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.cli.pretrain import parse_overrides
+from ctxrep.tasks.experiment import TASKS
 
 
 def _layer_list(text: str | None) -> tuple[int, ...]:
@@ -45,21 +52,59 @@ def _layer_list(text: str | None) -> tuple[int, ...]:
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps (overrides [trainer] max_steps).")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--task", type=click.Choice(TASKS), default=None,
+              help="Task-specific distillation: the task of the fine-tuned --teacher (as in finetune).")
+@click.option("--train", "train", type=click.Path(dir_okay=False), default=None,
+              help="With --task: the training file the student learns on.")
+@click.option("--dev", "dev", type=click.Path(dir_okay=False), default=None,
+              help="With --task: a development file; the teacher's and the student's scores on it are printed.")
+@click.option("--student", default=None,
+              help="With --task: a ready student encoder (folder or name) with the teacher's tokenizer, instead of one "
+                   "built from the teacher.")
+@click.option("--temperature", type=float, default=2.0, show_default=True, help="With --task: softmax temperature T.")
+@click.option("--alpha", type=float, default=0.5, show_default=True,
+              help="With --task: weight of the soft targets; 1 - alpha goes to the hard labels.")
+@click.option("--hidden-loss", type=click.Choice(["none", "cosine", "mse"]), default="none", show_default=True,
+              help="With --task: also match the hidden states of mapped layers.")
+@click.option("--hidden-weight", type=float, default=1.0, show_default=True, help="With --task: weight of that loss.")
+@click.option("--max-epochs", type=int, default=3, show_default=True, help="With --task: passes over --train.")
+@click.option("--batch-size", type=int, default=None, help="With --task: batch size (default: the teacher's).")
+@click.option("--lr", type=float, default=None, help="With --task: peak learning rate (default: the teacher's).")
+@click.option("--limit", type=int, default=None, help="With --task: use only the first N train and dev examples.")
+@click.option("--seed", type=int, default=0, show_default=True, help="With --task: random seed.")
 @click.pass_context
 @user_errors
 def distill(ctx, teacher, corpus, out_dir, student_layers, teacher_layers, student_hidden_size, config_name, max_steps,
-            resume, progress) -> None:  # fmt: skip
-    """Distil --teacher into a smaller student encoder on --corpus; the student is saved to --out.
+            resume, progress, task, train, dev, student, temperature, alpha, hidden_loss, hidden_weight, max_epochs,
+            batch_size, lr, limit, seed) -> None:  # fmt: skip
+    """Distil --teacher into a smaller student encoder on --corpus, or a fine-tuned task model into a smaller one
+    with --task and --train; the student is saved to --out.
 
-    Any config field the distillation reads can be overridden as --section.field VALUE (e.g. --distill.temperature
-    4, --trainer.lr 5e-4).
+    Any config field the task-agnostic distillation reads can be overridden as --section.field VALUE (e.g.
+    --distill.temperature 4, --trainer.lr 5e-4).
     """
     from ctxrep.train import distributed
     from ctxrep.train.pretrain import load_config
     from ctxrep.train.pretrain import pretrain as run_pretraining
 
+    if task is not None or train is not None:
+        if corpus is not None or task is None or train is None:
+            raise ValueError(
+                "task-specific distillation takes --task and --train (and no --corpus); task-agnostic takes --corpus "
+                "alone: give one kind"
+            )
+        if resume or ctx.args or config_name != "distill":
+            given = "--resume" if resume else "--config" if config_name != "distill" else " ".join(ctx.args)
+            raise ValueError(f"{given} is for --corpus runs; task-specific distillation does not read it")
+        _distill_task(teacher, task, train, dev, out_dir, student_layers, _layer_list(teacher_layers),
+                      student_hidden_size, student, temperature, alpha, hidden_loss, hidden_weight, max_epochs,
+                      max_steps, batch_size, lr, limit, seed, progress)  # fmt: skip
+        return
     if corpus is None:
-        raise ValueError("give --corpus FILE_OR_DIR: the raw text the student learns from its teacher on")
+        raise ValueError(
+            "give --corpus FILE_OR_DIR: the raw text the student learns from its teacher on (or --task T --train F "
+            "to distil a fine-tuned task model)"
+        )
     layers = _layer_list(teacher_layers)
     dist = distributed.init_distributed()  # first: under torchrun every process joins before any work
     try:
@@ -76,3 +121,50 @@ def distill(ctx, teacher, corpus, out_dir, student_layers, teacher_layers, stude
         loss = f"loss {metrics['loss']:.4f}" if "loss" in metrics else "no new steps"
         held_out = f", eval loss {metrics['eval_loss']:.4f}" if "eval_loss" in metrics else ""
         click.echo(f"step {metrics['step']}: {loss}{held_out}; wrote the student to {out_dir}")
+
+
+def _distill_task(teacher_dir, task, train, dev, out_dir, student_layers, teacher_layers, student_hidden_size, student,
+                  temperature, alpha, hidden_loss, hidden_weight, max_epochs, max_steps, batch_size, lr, limit, seed,
+                  progress) -> None:  # fmt: skip
+    """Task-specific distillation from the command line (see the module docstring for --out)."""
+    import json
+    import time
+    from pathlib import Path
+
+    from ctxrep.cli.prune import _load_estimator
+    from ctxrep.compress.distill_task import distill_estimator, save_distilled
+    from ctxrep.compress.prune import parameter_count
+    from ctxrep.tasks.experiment import read_task
+
+    out = Path(out_dir)
+    teacher, source = _load_estimator(Path(teacher_dir), task)
+    if out.resolve() in (source.resolve(), Path(teacher_dir).resolve()):
+        raise ValueError(f"--out {out} is the teacher's folder; give a new folder")
+    data = read_task(task, train, limit)
+    dev_data = read_task(task, dev, limit) if dev is not None else None
+    params = {"max_epochs": max_epochs, "random_state": seed, "progress": progress}
+    params |= {k: v for k, v in (("batch_size", batch_size), ("lr", lr), ("max_steps", max_steps)) if v is not None}
+    started = time.perf_counter()
+    student_est = distill_estimator(
+        teacher, data.X, data.y, student_layers=student_layers or None, temperature=temperature, alpha=alpha,
+        hidden_loss=None if hidden_loss == "none" else hidden_loss, hidden_weight=hidden_weight,
+        teacher_layers=teacher_layers or None, student_hidden_size=student_hidden_size or None, student=student,
+        encoder_dir=out / "encoder", **params,
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    save_distilled(student_est, out)
+    t_encoder, s_encoder = teacher.model_.representation.encoder, student_est.model_.representation.encoder
+    report = {"teacher": str(source), "task": task, "train": str(train), "train_examples": len(data.X),
+              "seconds": seconds, "teacher_parameters": parameter_count(t_encoder),
+              "student_parameters": parameter_count(s_encoder), "student_layers": s_encoder.num_layers,
+              "student_hidden_size": s_encoder.hidden_size} | student_est.distillation_  # fmt: skip
+    summary = (f"{t_encoder.num_layers} -> {s_encoder.num_layers} layers, encoder parameters "
+               f"{report['teacher_parameters']:,} -> {report['student_parameters']:,}")  # fmt: skip
+    if dev_data is not None:
+        report["dev"], report["dev_examples"] = str(dev), len(dev_data.X)
+        report["teacher_dev_score"] = float(teacher.score(dev_data.X, dev_data.y))
+        report["student_dev_score"] = float(student_est.score(dev_data.X, dev_data.y))
+        summary += f"; dev score {report['student_dev_score']:.4f} (teacher {report['teacher_dev_score']:.4f})"
+    report["history"] = student_est.history_
+    (out / "distill.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    click.echo(f"{summary}; wrote {out}")
