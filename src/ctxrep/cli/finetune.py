@@ -1,25 +1,59 @@
-"""`ctxrep finetune`: train a task model on a data set, evaluate it on dev, save model, metrics and plots."""
+"""`ctxrep finetune`: train a task model on a data set, evaluate it on dev, save model, metrics and plots.
+
+--task names a benchmark data set in its own format (sst2, sst5, conll2003, upos, glue-pair, squad) or says what to
+do with the user's own files (classify, pair, tag, span: ctxrep.data.table reads CSV / TSV / JSONL / CoNLL columns,
+gzip-compressed or not, with the column options below).
+"""
 
 from __future__ import annotations
 
 import click
 
 from ctxrep.cli.common import user_errors
-from ctxrep.tasks.experiment import TASKS
+from ctxrep.tasks.experiment import ALL_TASKS, FILE_TASKS
+from ctxrep.tasks.tagger import TAG_SCHEMES
+
+TAGGING = ("conll2003", "upos", "tag")
+# option -> the reader setting it fills (ctxrep.data.table's keyword arguments)
+COLUMN_OPTIONS = ("format", "text_column", "text_pair_column", "label_column", "word_column", "tag_column",
+                  "question_column", "context_column", "answers_column")  # fmt: skip
 
 
 @click.command("finetune")
-@click.option("--task", type=click.Choice(TASKS), required=True, help="Data set format and task.")
-@click.option("--train", "train", type=click.Path(dir_okay=False), required=True, help="Training file.")
+@click.option("--task", type=click.Choice(ALL_TASKS), required=True,
+              help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad), or your own files: "
+                   "classify (text -> label), pair (two texts -> label), tag (a tag per word), span (SQuAD-style "
+                   "question answering).")  # fmt: skip
+@click.option("--train", "train", type=click.Path(dir_okay=False), required=True, help="Training file (.gz read as is).")
 @click.option("--dev", "dev", type=click.Path(dir_okay=False), required=True, help="Development file.")
+@click.option("--format", type=click.Choice(["csv", "tsv", "jsonl", "conll"]), default=None,
+              help="Your files' format (default: from the name: .csv, .tsv, .jsonl; tag: CoNLL columns).")
+@click.option("--text-column", default=None, help="classify / pair: the text column (header name, 0-based index "
+              "or JSONL field). [default: text]")  # fmt: skip
+@click.option("--text-pair-column", default=None, help="pair: the second text's column. [default: text_pair]")
+@click.option("--label-column", default=None, help="classify / pair: the label column. [default: label]")
+@click.option("--word-column", default=None, help="tag: the word column (0-based, negative from the end; JSONL: "
+              "a field holding a list). [default: 0]")  # fmt: skip
+@click.option("--tag-column", default=None, help="tag: the tag column. [default: -1]")
+@click.option("--question-column", default=None, help="span: the question field. [default: question]")
+@click.option("--context-column", default=None, help="span: the context field. [default: context]")
+@click.option("--answers-column", default=None,
+              help='span: the answers field ({"text": [...], "answer_start": [...]}). [default: answers]')
 @click.option("--model", default="minilm", show_default=True, help="Encoder name or folder.")
 @click.option("--mode", type=click.Choice(["finetune", "frozen"]), default="finetune", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Output folder.")
 @click.option("--max-epochs", type=int, default=3, show_default=True)
+@click.option("--max-steps", type=int, default=None,
+              help="Stop after this many optimizer steps (the schedule is laid out over them; --max-epochs is then "
+                   "ignored).")  # fmt: skip
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--lr", type=float, default=None, help="Peak learning rate (default 5e-5 finetune, 1e-3 frozen).")
+@click.option("--warmup-fraction", type=float, default=0.1, show_default=True, help="Share of steps of warm-up.")
 @click.option("--max-length", type=int, default=None, help="Longest input in pieces (default: the model's).")
 @click.option("--limit", type=int, default=None, help="Use only the first N train and dev examples.")
+@click.option("--crf", is_flag=True, help="Tagging: a CRF output layer with Viterbi decoding.")
+@click.option("--tag-scheme", type=click.Choice(TAG_SCHEMES), default=None,
+              help="Tagging: entity scoring scheme (default: auto; conll2003: iob1; upos: none).")
 @click.option("--early-stopping", is_flag=True, help="Hold out --validation-fraction and stop when it stalls.")
 @click.option("--validation-fraction", type=float, default=0.1, show_default=True)
 @click.option("--slanted-triangular", is_flag=True, help="ULMFiT's slanted triangular schedule.")
@@ -31,17 +65,24 @@ from ctxrep.tasks.experiment import TASKS
 @click.option("--train-phrases", is_flag=True,
               help="SST: train on every labelled phrase of the trees (GLUE's SST-2 training set).")  # fmt: skip
 @user_errors
-def finetune(task, train, dev, model, mode, out_dir, max_epochs, batch_size, lr, max_length, limit, early_stopping,
-             validation_fraction, slanted_triangular, discriminative_lr, gradual_unfreezing, cache_dir, seed,
-             progress, train_phrases) -> None:  # fmt: skip
+def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, **options) -> None:
     """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots)."""
     from ctxrep.tasks.experiment import experiment
 
+    columns = {name: options.pop(name) for name in COLUMN_OPTIONS}
+    if task not in FILE_TASKS and any(v is not None for v in columns.values()):
+        given = ", ".join("--" + k.replace("_", "-") for k, v in columns.items() if v is not None)
+        raise click.UsageError(
+            f"{given}: column options are for your own files (--task {'|'.join(FILE_TASKS)}); --task {task} reads its "
+            "own format"
+        )
+    tagger_options = {}
+    if crf or tag_scheme is not None:
+        if task not in TAGGING:
+            raise click.UsageError(f"--crf and --tag-scheme are for tagging (--task {'|'.join(TAGGING)}), not --task {task}")
+        tagger_options = {"crf": crf} | ({"tag_scheme": tag_scheme} if tag_scheme is not None else {})
     metrics = experiment(
-        task=task, train=train, dev=dev, model=model, mode=mode, out_dir=out_dir, limit=limit, echo=click.echo,
-        max_epochs=max_epochs, batch_size=batch_size, lr=lr, max_length=max_length, early_stopping=early_stopping,
-        validation_fraction=validation_fraction, slanted_triangular=slanted_triangular,
-        discriminative_lr=discriminative_lr, gradual_unfreezing=gradual_unfreezing, cache_dir=cache_dir,
-        random_state=seed, progress=progress, train_phrases=train_phrases,
+        task=task, train=train, dev=dev, out_dir=out_dir, limit=limit, echo=click.echo, train_phrases=train_phrases,
+        columns=columns if task in FILE_TASKS else None, random_state=seed, **options, **tagger_options,
     )  # fmt: skip
     click.echo(f"dev {metrics['score_name']} {metrics['score']:.4f}; wrote {out_dir}")

@@ -1,5 +1,12 @@
 """Read a data set with ctxrep's readers, train a task model, evaluate on dev, write a report.
 
+Tasks: the named benchmark data sets (TASKS: sst2, sst5, conll2003, upos, glue-pair, squad, each in its own
+format), or the user's own files (FILE_TASKS, read by ctxrep.data.table with the column settings in `columns`):
+  classify   CSV / TSV / JSONL, a text and a label per example      -> SequenceClassifier
+  pair       CSV / TSV / JSONL, two texts and a label               -> SequenceClassifier on pairs
+  tag        CoNLL-style columns or JSONL lists, a tag per word     -> TokenTagger
+  span       SQuAD-style JSONL (question, context, answers)         -> SpanExtractor
+
 out_dir/
   model/            the estimator (model.safetensors + config.json; load with <Class>.load)
   metrics.json      dev metrics, parameters, per-epoch history, wall-clock seconds
@@ -17,22 +24,63 @@ from pathlib import Path
 
 import numpy as np
 
-TASKS = ("sst2", "sst5", "conll2003", "upos", "glue-pair", "squad")
+TASKS = ("sst2", "sst5", "conll2003", "upos", "glue-pair", "squad")  # named benchmark data sets
+FILE_TASKS = ("classify", "pair", "tag", "span")  # the user's own files (ctxrep.data.table)
+ALL_TASKS = TASKS + FILE_TASKS
+# the `columns` settings each file task reads (ctxrep.data.table's keyword arguments; --text-column etc. on the CLI)
+COLUMNS = {
+    "classify": ("format", "text_column", "label_column"),
+    "pair": ("format", "text_column", "text_pair_column", "label_column"),
+    "tag": ("format", "word_column", "tag_column"),
+    "span": ("format", "question_column", "context_column", "answers_column"),
+}
 
 
 @dataclass
 class Dataset:
     X: list
     y: list
+    lines: list[int] | None = None  # each example's first line (file tasks)
 
 
-def read_task(task: str, path: str | Path, limit: int | None = None, phrases: bool = False) -> Dataset:
+def read_task(
+    task: str, path: str | Path, limit: int | None = None, phrases: bool = False, columns: dict | None = None
+) -> Dataset:
     """Examples of `task` from one file; `limit` keeps the first N. For SST, `phrases=True` gives every distinct
-    labelled phrase of the trees (as GLUE's SST-2 training set does), not only the sentences."""
+    labelled phrase of the trees (as GLUE's SST-2 training set does), not only the sentences. For a file task,
+    `columns` holds the reader's settings (COLUMNS[task]: format, text_column, ...)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    if task in ("sst2", "sst5"):
+    lines = None
+    if task in FILE_TASKS:
+        from ctxrep.data import table
+
+        columns = {k: v for k, v in (columns or {}).items() if v is not None}
+        unread = sorted(set(columns) - set(COLUMNS[task]))
+        if unread:
+            hint = "; for two texts per example use --task pair" if "text_pair_column" in unread else ""
+            raise ValueError(
+                f"--task {task} does not read {', '.join('--' + k.replace('_', '-') for k in unread)}; it reads "
+                + ", ".join("--" + k.replace("_", "-") for k in COLUMNS[task])
+                + hint
+            )
+        if task in ("classify", "pair"):
+            if task == "pair":
+                columns.setdefault("text_pair_column", "text_pair")
+            data = table.read_labelled_texts(path, **columns)
+        elif task == "tag":
+            data = table.read_tagged(path, **columns)
+        else:
+            data = table.read_questions(path, **columns)
+        X, y, lines = data.X, data.y, data.lines
+    elif columns and any(v is not None for v in columns.values()):
+        given = [k for k, v in columns.items() if v is not None]
+        raise ValueError(
+            f"--task {task} reads its own format, so {', '.join('--' + k.replace('_', '-') for k in given)} does not "
+            f"apply; column settings are for --task {', '.join(FILE_TASKS)}"
+        )
+    elif task in ("sst2", "sst5"):
         from ctxrep.data.sst import read_sst
 
         data = read_sst(path, classes=2 if task == "sst2" else 5, phrases=phrases, dedup=phrases)
@@ -59,26 +107,44 @@ def read_task(task: str, path: str | Path, limit: int | None = None, phrases: bo
         X = [(e.question, e.context) for e in examples]
         y = [[(a.text, a.start) for a in e.answers] for e in examples]
     else:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(ALL_TASKS)}")
     if limit is not None:
         X, y = X[:limit], y[:limit]
+        lines = lines[:limit] if lines is not None else None
     if not X:
         raise ValueError(f"{path}: no examples for task {task!r}")
-    return Dataset(list(X), list(y))
+    return Dataset(list(X), list(y), lines)
+
+
+def check_dev_labels(task: str, train: Dataset, dev: Dataset, train_path, dev_path) -> None:
+    """A dev label that the training file never has cannot be predicted: name its line (file tasks)."""
+    if task not in ("classify", "pair", "tag") or dev.lines is None:
+        return
+    known = {label for labels in train.y for label in (labels if task == "tag" else [labels])}
+    for line, labels in zip(dev.lines, dev.y):
+        for label in labels if task == "tag" else [labels]:
+            if label not in known:
+                shown = ", ".join(map(repr, sorted(known, key=str)[:10]))
+                raise ValueError(
+                    f"{dev_path}:{line}: label {label!r} does not occur in {train_path} (its labels: {shown}); the "
+                    "model cannot predict it: add training examples of it, or remove it from the dev file"
+                )
 
 
 def make_estimator(task: str, **params):
     from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
 
-    if task in ("sst2", "sst5", "glue-pair"):
+    if task in ("sst2", "sst5", "glue-pair", "classify", "pair"):
         return SequenceClassifier(**params)
     if task == "conll2003":
         return TokenTagger(**({"tag_scheme": "iob1"} | params))
     if task == "upos":
         return TokenTagger(**({"tag_scheme": "none"} | params))
-    if task == "squad":
+    if task == "tag":
+        return TokenTagger(**params)
+    if task in ("squad", "span"):
         return SpanExtractor(**params)
-    raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    raise ValueError(f"unknown task {task!r}; choose one of {', '.join(ALL_TASKS)}")
 
 
 def classification_report(gold: list, predicted: list, labels: list) -> tuple[dict, str]:
@@ -154,14 +220,18 @@ def experiment(
     limit: int | None = None,
     train_phrases: bool = False,
     echo=print,
+    columns: dict | None = None,
     **params,
 ) -> dict:
-    """Train `task` on `train`, evaluate on `dev`, write model, metrics and plots to out_dir; return the metrics."""
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    """Train `task` on `train`, evaluate on `dev`, write model, metrics and plots to out_dir; return the metrics.
+    `columns`: the file reader's settings for a file task (COLUMNS[task]); `params` go to the estimator."""
+    if task not in ALL_TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {', '.join(ALL_TASKS)}")
     if train_phrases and task not in ("sst2", "sst5"):
         raise ValueError(f"train_phrases is for the SST tasks (sst2, sst5), not {task!r}")
-    train_data, dev_data = read_task(task, train, limit, phrases=train_phrases), read_task(task, dev, limit)
+    train_data = read_task(task, train, limit, phrases=train_phrases, columns=columns)
+    dev_data = read_task(task, dev, limit, columns=columns)
+    check_dev_labels(task, train_data, dev_data, train, dev)
     estimator = make_estimator(task, model=model, mode=mode, **params)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,10 +240,12 @@ def experiment(
     train_seconds = time.perf_counter() - started
     metrics: dict = {"task": task, "model": model, "mode": mode, "train_examples": len(train_data.X),
                      "dev_examples": len(dev_data.X), "train_seconds": train_seconds}  # fmt: skip
-    if task in ("sst2", "sst5", "glue-pair", "upos"):
+    tagging = task in ("conll2003", "upos", "tag")
+    entity_report = tagging and estimator.entity_scoring_
+    if task in ("sst2", "sst5", "glue-pair", "classify", "pair") or (tagging and not entity_report):
         predicted = estimator.predict(dev_data.X)
         gold = dev_data.y
-        if task == "upos":
+        if tagging:
             gold = [t for tags in gold for t in tags]
             predicted = [t for tags in predicted for t in tags]
         labels = estimator.classes_.tolist()
@@ -181,7 +253,7 @@ def experiment(
         metrics |= report
         metrics["score_name"], metrics["score"] = "accuracy", report["accuracy"]
         _plot_confusion(confusion_matrix(gold, predicted, labels), labels, out / "confusion.png")
-    elif task == "conll2003":
+    elif entity_report:
         result = estimator.evaluate(dev_data.X, dev_data.y)
         metrics |= result
         lines = [f"{'type':>8} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}"]

@@ -104,7 +104,7 @@ def make_optimizer(network: TaskNetwork, settings: LoopSettings) -> torch.optim.
         prefix, own = settings.own_lr
         depth = depth | {name: top + 1 for name, _ in network.named_parameters() if name.startswith(prefix)}
         below = lr_at_depth or (lambda d: settings.lr)
-        lr_at_depth = lambda d: own if d == top + 1 else below(d)  # noqa: E731
+        lr_at_depth = lambda d: own if d == top + 1 else below(d)
     return adamw(network, settings.lr, settings.weight_decay, depth=depth, default_depth=top, lr_at_depth=lr_at_depth)
 
 

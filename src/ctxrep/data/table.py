@@ -1,0 +1,414 @@
+"""The user's own task files: CSV, TSV, JSONL and CoNLL-style columns, plain or gzip-compressed.
+
+    data = read_labelled_texts("train.csv", text_column="review", label_column="stars")   # classify
+    data = read_labelled_texts("train.tsv", text_column="s1", text_pair_column="s2")          # pair
+    data = read_tagged("train.conll", word_column=0, tag_column=-1)                      # tag
+    data = read_questions("train.jsonl")                                                 # span (SQuAD-style)
+
+Each returns `TaskData(X, y, lines, source)`: X and y in the form the ctxrep.tasks estimators take, and the
+1-based line where each example starts, so that later checks (a dev label never seen in training) can name it.
+
+Formats (`format=None` reads it from the name, ".gz" removed): .csv -> csv, .tsv / .tab -> tsv, .jsonl / .ndjson /
+.json -> jsonl, anything else -> conll for `read_tagged` (CoNLL-2003's eng.train has no suffix).
+  csv, tsv   a header row, then one example per row. A column is a header name or a 0-based index (negative
+             counts from the end). CSV follows RFC 4180 quoting (a quoted field may span lines); TSV is split on
+             tabs only, with no quoting (as GLUE's files: a quote character is ordinary text).
+  jsonl      one JSON object per line; a column is a field name. For `read_tagged` the word and tag fields hold
+             lists of the same length (e.g. {"tokens": [...], "ner_tags": [...]}).
+  conll      one word per line, columns separated by single spaces or tabs, a blank line between sentences;
+             -DOCSTART- lines are skipped; a .conllu file's "#" comment lines and multiword / empty-node rows
+             ("1-2", "1.1") are skipped too.
+A file is gzip-compressed when it starts with gzip's magic bytes, whatever its name.
+
+Every error names the file and line and says what to change; the advice names `ctxrep finetune` options
+(--text-column, ...), which are the keyword arguments of these readers with "-" for "_".
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import logging
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("csv", "tsv", "jsonl", "conll")
+SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+            ".conll": "conll", ".conllu": "conll", ".iob": "conll", ".bio": "conll"}  # fmt: skip
+GZIP_MAGIC = b"\x1f\x8b"
+DOCSTART = "-DOCSTART-"
+
+
+@dataclass
+class TaskData:
+    """Examples read from one file: X and y as the estimators take them, and each example's first line."""
+
+    X: list
+    y: list
+    lines: list[int] = field(default_factory=list)
+    source: str = "<input>"
+
+
+def detect_format(path: str | Path, format: str | None, default: str | None = None) -> str:
+    """`format` if given, else the one the file name says (".gz" removed), else `default`, else an error."""
+    if format is not None:
+        if format not in FORMATS:
+            raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)} (--format)")
+        return format
+    name = Path(path).name.lower().removesuffix(".gz")
+    found = SUFFIXES.get(Path(name).suffix)
+    if found is None and default is None:
+        raise ValueError(
+            f"{path}: cannot tell the format from the file name; give --format with one of {', '.join(FORMATS[:3])}"
+        )
+    return found or default
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text with its line ending) of a UTF-8 file, gunzipped when it starts with gzip's magic
+    bytes. A byte-order mark at the start is dropped; invalid UTF-8 names the file, line and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    with open(path, "rb") as probe:
+        compressed = probe.read(2) == GZIP_MAGIC
+    opener = gzip.open if compressed else open
+    try:
+        with opener(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(
+                        f"{path}:{number}: invalid UTF-8 byte {raw[e.start:e.start + 1]!r} at column {e.start + 1}; "
+                        "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+                    ) from None
+                yield number, text.removeprefix("\ufeff") if number == 1 else text
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise ValueError(f"{path}: the gzip stream is damaged ({e}); compress the file again or give it unpacked") from None
+
+
+# ---- rows of CSV / TSV / JSONL ----------------------------------------------------------------------------
+
+
+class _Columns:
+    """Header names -> positions for one CSV / TSV file; a column spec is a name or a 0-based index."""
+
+    def __init__(self, header: list[str], source: str, line: int, format: str) -> None:
+        self.header, self.source, self.line, self.format = header, source, line, format
+
+    def index(self, spec: str | int, option: str) -> int:
+        if isinstance(spec, int) or _is_int(spec):
+            i = int(spec)
+            if not -len(self.header) <= i < len(self.header):
+                raise ValueError(
+                    f"{self.source}:{self.line}: {option} {i} is out of range: the header has {len(self.header)} "
+                    f"columns ({', '.join(self.header)}); give a name or an index from 0 to {len(self.header) - 1}"
+                )
+            return i % len(self.header)
+        if spec not in self.header:
+            raise ValueError(
+                f"{self.source}:{self.line}: no column {spec!r} in the header (columns: {', '.join(self.header)}); "
+                f"name the column with {option}"
+            )
+        return self.header.index(spec)
+
+
+def _is_int(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
+    """(first line, row) per record: a list of fields (csv / tsv, header first) or a dict (jsonl)."""
+    if format == "jsonl":
+        for number, text in iter_lines(path):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path}:{number}: invalid JSON at column {e.colno}: {e.msg}; each line must be one JSON object "
+                    "(a CSV or TSV file needs --format csv or tsv)"
+                ) from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object {{...}}, found {type(record).__name__}")
+            yield number, record
+        return
+    lines = (text for _, text in iter_lines(path))
+    if format == "tsv":
+        reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(lines)
+    start = 1
+    try:
+        for row in reader:
+            if row:  # a blank line
+                yield start, row
+            start = reader.line_num + 1
+    except csv.Error as e:
+        raise ValueError(f"{path}:{reader.line_num}: {e}; check the quoting (or give --format tsv)") from None
+
+
+def _table(path: Path, format: str) -> tuple[_Columns | None, Iterator[tuple[int, Any]]]:
+    rows = _rows(path, format)
+    if format == "jsonl":
+        return None, rows
+    first = next(rows, None)
+    if first is None:
+        raise ValueError(f"{path}: the file is empty; expected a header row naming the columns, then examples")
+    return _Columns([h.strip() for h in first[1]], str(path), first[0], format), rows
+
+
+def _field(path: Path, line: int, row: Any, columns: _Columns | None, spec: str | int, option: str) -> Any:
+    """One value of a row: by header position (csv / tsv) or field name (jsonl)."""
+    if columns is None:
+        key = str(spec)
+        if key not in row:
+            raise ValueError(
+                f"{path}:{line}: no field {key!r} in the JSON object (fields: {', '.join(map(str, row)) or 'none'}); "
+                f"name the field with {option}"
+            )
+        return row[key]
+    i = columns.index(spec, option)
+    if len(row) != len(columns.header):
+        raise ValueError(
+            f"{path}:{line}: {len(row)} field(s) but the header has {len(columns.header)}; "
+            + ("quote fields that hold commas" if columns.format == "csv" else "a field holds a tab or one is missing")
+        )
+    return row[i]
+
+
+def _text(path: Path, line: int, value: Any, option: str, spec: str | int) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{path}:{line}: the {spec!r} column ({option}) should hold text, found {value!r}")
+    if not value.split():
+        raise ValueError(f"{path}:{line}: the {spec!r} column ({option}) is empty; every example needs some text")
+    return value
+
+
+def _label(path: Path, line: int, value: Any, spec: str | int) -> Any:
+    if value is None or (isinstance(value, str) and not value.strip()) or isinstance(value, (dict, list)):
+        raise ValueError(
+            f"{path}:{line}: the label column {spec!r} (--label-column) is empty or not a single value ({value!r}); "
+            "give every example a label, or remove it"
+        )
+    return value.strip() if isinstance(value, str) else value
+
+
+def _check_label_types(data: TaskData, labels: Iterable[tuple[int, Any]]) -> None:
+    """One type of label per file: 1 and "1" would be two classes."""
+    kinds: dict[type, int] = {}
+    for line, label in labels:
+        kind = float if isinstance(label, (int, float)) and not isinstance(label, bool) else type(label)
+        kinds.setdefault(kind, line)
+    if len(kinds) > 1:
+        (k1, l1), (k2, l2) = list(kinds.items())[:2]
+        raise ValueError(
+            f"{data.source}:{l2}: a {k2.__name__} label, but line {l1} has a {k1.__name__} one; write every label "
+            "the same way (e.g. all as strings)"
+        )
+
+
+def _nonempty(data: TaskData, what: str) -> TaskData:
+    if not data.X:
+        raise ValueError(f"{data.source}: no {what} in the file; is it the right file (and --format)?")
+    return data
+
+
+# ---- classify / pair ---------------------------------------------------------------------------------
+
+
+def read_labelled_texts(
+    path: str | Path,
+    text_column: str | int = "text",
+    label_column: str | int = "label",
+    text_pair_column: str | int | None = None,
+    format: str | None = None,
+) -> TaskData:
+    """Texts (or (text, text_pair) pairs with `text_pair_column`) and their labels from a CSV, TSV or JSONL file."""
+    path = Path(path)
+    format = detect_format(path, format)
+    if format == "conll":
+        raise ValueError(f"{path}: a CoNLL column file holds tagged words, not labelled texts; use --task tag")
+    columns, rows = _table(path, format)
+    data = TaskData([], [], [], str(path))
+    for line, row in rows:
+        text = _text(path, line, _field(path, line, row, columns, text_column, "--text-column"), "--text-column",
+                     text_column)  # fmt: skip
+        if text_pair_column is not None:
+            pair = _field(path, line, row, columns, text_pair_column, "--text-pair-column")
+            text = (text, _text(path, line, pair, "--text-pair-column", text_pair_column))
+        label = _label(path, line, _field(path, line, row, columns, label_column, "--label-column"), label_column)
+        data.X.append(text)
+        data.y.append(label)
+        data.lines.append(line)
+    _check_label_types(data, zip(data.lines, data.y))
+    logger.info("%s: %d examples, %d labels", path, len(data.X), len(set(map(str, data.y))))
+    return _nonempty(data, "examples")
+
+
+# ---- tag ------------------------------------------------------------------------------------------------
+
+
+def read_tagged(
+    path: str | Path,
+    word_column: str | int = 0,
+    tag_column: str | int = -1,
+    format: str | None = None,
+) -> TaskData:
+    """Sentences (word lists) and their tags from a CoNLL-style column file (columns by 0-based index, negative
+    from the end) or a JSONL file (word and tag fields holding lists)."""
+    path = Path(path)
+    format = detect_format(path, format, default="conll")
+    if format in ("csv", "tsv"):
+        raise ValueError(
+            f"{path}: --task tag reads CoNLL-style column files (one word per line) or JSONL with word and tag "
+            "lists; give --format conll or jsonl"
+        )
+    data = TaskData([], [], [], str(path))
+    if format == "jsonl":
+        for line, row in _rows(path, "jsonl"):
+            words = _field(path, line, row, None, word_column, "--word-column")
+            tags = _field(path, line, row, None, tag_column, "--tag-column")
+            for what, value, option in (("words", words, "--word-column"), ("tags", tags, "--tag-column")):
+                if not isinstance(value, list) or not value:
+                    raise ValueError(f"{path}:{line}: the {what} field ({option}) should be a non-empty list, found {value!r}")
+            if len(words) != len(tags):
+                raise ValueError(f"{path}:{line}: {len(words)} words but {len(tags)} tags; give one tag per word")
+            bad = [w for w in words if not isinstance(w, str) or not w.strip() or len(w.split()) != 1]
+            if bad:
+                raise ValueError(f"{path}:{line}: word {bad[0]!r} is not one non-empty word; split or remove it")
+            data.X.append(words)
+            data.y.append(tags)
+            data.lines.append(line)
+    else:
+        for sentence in _conll_sentences(path, _column_index(path, word_column, "--word-column"),
+                                         _column_index(path, tag_column, "--tag-column")):  # fmt: skip
+            data.X.append(sentence[0])
+            data.y.append(sentence[1])
+            data.lines.append(sentence[2])
+    _check_label_types(data, ((line, t) for line, tags in zip(data.lines, data.y) for t in tags))
+    logger.info("%s: %d sentences, %d words", path, len(data.X), sum(len(x) for x in data.X))
+    return _nonempty(data, "sentences")
+
+
+def _column_index(path: Path, spec: str | int, option: str) -> int:
+    if isinstance(spec, int) or _is_int(str(spec)):
+        return int(spec)
+    raise ValueError(
+        f"{path}: {option} {spec!r} is a name, but a CoNLL-style file has no header: give a 0-based column index "
+        "(negative from the end, e.g. -1)"
+    )
+
+
+def _conll_sentences(path: Path, word: int, tag: int) -> Iterator[tuple[list[str], list[str], int]]:
+    conllu = path.name.lower().removesuffix(".gz").endswith(".conllu")
+    words: list[str] = []
+    tags: list[str] = []
+    start = 0
+    for number, text in iter_lines(path):
+        text = text.rstrip("\r\n")
+        if conllu and text.startswith("#"):
+            continue
+        fields = text.rstrip().split("\t") if "\t" in text else text.split()
+        if not fields or fields[0] == DOCSTART:
+            if words:
+                yield words, tags, start
+                words, tags = [], []
+            continue
+        if conllu and ("-" in fields[0] or "." in fields[0]):  # multiword token / empty node rows
+            continue
+        for option, i in (("--word-column", word), ("--tag-column", tag)):
+            if not -len(fields) <= i < len(fields):
+                raise ValueError(
+                    f"{path}:{number}: the row has {len(fields)} column(s) but {option} is {i}; give a 0-based "
+                    f"index from {-len(fields)} to {len(fields) - 1} (or check the separators: single spaces or tabs)"
+                )
+        if not words:
+            start = number
+        words.append(fields[word])
+        tags.append(fields[tag])
+    if words:
+        yield words, tags, start
+
+
+# ---- span -----------------------------------------------------------------------------------------------
+
+
+def read_questions(
+    path: str | Path,
+    question_column: str = "question",
+    context_column: str = "context",
+    answers_column: str = "answers",
+    format: str | None = None,
+) -> TaskData:
+    """SQuAD-style JSONL: one question per line with its context and answers as text plus character start, either
+    {"text": [...], "answer_start": [...]} (Hugging Face datasets), a list of {"text", "answer_start"} objects, or
+    one such object. X: (question, context) pairs; y: a list of (text, start) answers per question. Questions
+    without answers (SQuAD 2.0's unanswerable ones) are left out, with a warning."""
+    path = Path(path)
+    format = detect_format(path, format, default="jsonl")
+    if format != "jsonl":
+        raise ValueError(
+            f"{path}: --task span reads JSONL, one question per line with {question_column!r}, {context_column!r} "
+            f"and {answers_column!r} fields (a SQuAD JSON document: use --task squad)"
+        )
+    data = TaskData([], [], [], str(path))
+    skipped = 0
+    for line, row in _rows(path, "jsonl"):
+        if "data" in row and "version" in row:
+            raise ValueError(f"{path}:{line}: this is a SQuAD JSON document, not JSONL; read it with --task squad")
+        question = _text(path, line, _field(path, line, row, None, question_column, "--question-column"),
+                         "--question-column", question_column)  # fmt: skip
+        context = _text(path, line, _field(path, line, row, None, context_column, "--context-column"),
+                        "--context-column", context_column)  # fmt: skip
+        answers = _answers(path, line, _field(path, line, row, None, answers_column, "--answers-column"), context)
+        if not answers:
+            skipped += 1
+            continue
+        data.X.append((question, context))
+        data.y.append(answers)
+        data.lines.append(line)
+    if skipped:
+        warnings.warn(f"{path}: left out {skipped} question(s) without answers; span extraction trains and scores "
+                      "answerable questions", stacklevel=2)  # fmt: skip
+    return _nonempty(data, "answerable questions")
+
+
+def _answers(path: Path, line: int, value: Any, context: str) -> list[tuple[str, int]]:
+    how = ('answers are {"text": [...], "answer_start": [...]}, a list of {"text": ..., "answer_start": ...} '
+           "objects, or one such object (--answers-column names the field)")  # fmt: skip
+    if isinstance(value, dict) and isinstance(value.get("text"), list):
+        texts, starts = value["text"], value.get("answer_start")
+        if not isinstance(starts, list) or len(starts) != len(texts):
+            raise ValueError(f"{path}:{line}: answers has {len(texts)} text(s) but answer_start is {starts!r}; {how}")
+        pairs = list(zip(texts, starts))
+    elif isinstance(value, dict):
+        pairs = [(value.get("text"), value.get("answer_start"))]
+    elif isinstance(value, list) and all(isinstance(a, dict) for a in value):
+        pairs = [(a.get("text"), a.get("answer_start")) for a in value]
+    else:
+        raise ValueError(f"{path}:{line}: cannot read the answers {value!r}; {how}")
+    out = []
+    for n, (text, start) in enumerate(pairs, start=1):
+        if not isinstance(text, str) or not text or isinstance(start, bool) or not isinstance(start, int):
+            raise ValueError(f"{path}:{line}: answer {n} needs a non-empty text and an integer answer_start, "
+                             f"found {text!r} at {start!r}; {how}")  # fmt: skip
+        found = context[start : start + len(text)]
+        if found != text:
+            raise ValueError(
+                f"{path}:{line}: answer {n} is {text!r} but the context at character {start} reads {found!r}; "
+                "fix answer_start (a 0-based character offset into the context) or the text"
+            )
+        out.append((text, start))
+    return out
+
+
+__all__ = ["FORMATS", "TaskData", "detect_format", "iter_lines", "read_labelled_texts", "read_questions", "read_tagged"]
