@@ -9,6 +9,13 @@ Full run (about an hour per fine-tuning run on 2 CPU cores):
     python benchmarks/finetune.py --markdown-out benchmarks/finetune.md
 
 Quick check:  python benchmarks/finetune.py --limit 200 --epochs 1
+
+The CRF output layer (TokenTagger(crf=True); Ma & Hovy 2016, TagLM) on CoNLL-2003, same encoder and settings with
+and without it, frozen and fine-tuned (4 runs; the table then gives the CRF's gain in entity F1 per mode):
+
+    python benchmarks/finetune.py --task conll2003 --crf both --markdown-out benchmarks/finetune-crf.md
+
+`--crf` alone runs the CRF taggers only; `--crf no` (the default) none.
 """
 
 from __future__ import annotations
@@ -45,6 +52,17 @@ def _literal(value: str):
     return {"true": True, "false": False}.get(value.lower(), value)
 
 
+def crf_gains(rows: list[tuple]) -> list[str]:
+    """One line per (task, mode) that ran with and without the CRF: its entity F1 gain."""
+    scores = {(task, mode, params.get("crf", False)): score for task, mode, _, score, _, _, params in rows}
+    lines = []
+    for (task, mode, crf), score in scores.items():
+        if crf and (task, mode, False) in scores:
+            base = scores[(task, mode, False)]
+            lines.append(f"{task} {mode}: CRF {score:.4f} vs softmax {base:.4f} ({100 * (score - base):+.2f} F1 points)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["sst2", "conll2003", "all"], default="all")
@@ -58,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-phrases", action="store_true",
                         help="SST: train on every labelled phrase (GLUE's SST-2 training set), score on sentences.")
+    parser.add_argument("--crf", nargs="?", const="yes", default="no", choices=["no", "yes", "both"],
+                        help="CoNLL-2003: a CRF output layer (--crf), none (no), or runs with and without it (both).")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="Override one estimator setting of every run, e.g. --set lr=5e-5 --set pooling=mean.")
     args = parser.parse_args(argv)
@@ -70,26 +90,31 @@ def main(argv: list[str] | None = None) -> None:
     modes = ["finetune", "frozen"] if args.mode == "all" else [args.mode]
     out_root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ctxrep-finetune-bench-"))
     rows = []
+    runs = []
     for task in tasks:
         for mode in modes:
-            params = dict(SETTINGS[(task, mode)])
-            if args.epochs is not None:
-                params["max_epochs"] = args.epochs
-            for item in args.set:
-                key, _, value = item.partition("=")
-                params[key] = _literal(value)
-            train, dev = FILES[task]
-            phrases = args.train_phrases and task == "sst2"
-            print(f"== {task} {mode} {params}" + (" (trained on all phrases)" if phrases else ""), flush=True)
-            started = time.perf_counter()
-            metrics = experiment(task=task, train=train, dev=dev, model=args.model, mode=mode,
-                                 out_dir=out_root / f"{task}-{mode}", limit=args.limit, random_state=args.seed,
-                                 cache_dir=args.cache_dir, progress=True, train_phrases=phrases, **params)  # fmt: skip
-            if phrases:
-                params = params | {"train": "all phrases"}
-            seconds = time.perf_counter() - started
-            rows.append((task, mode, metrics["score_name"], metrics["score"], TARGETS.get((task, mode)), seconds,
-                         params))  # fmt: skip
+            crfs = {"no": [False], "yes": [True], "both": [False, True]}[args.crf] if task == "conll2003" else [False]
+            runs += [(task, mode, crf) for crf in crfs]
+    for task, mode, crf in runs:
+        params = dict(SETTINGS[(task, mode)]) | ({"crf": True} if crf else {})
+        if args.epochs is not None:
+            params["max_epochs"] = args.epochs
+        for item in args.set:
+            key, _, value = item.partition("=")
+            params[key] = _literal(value)
+        train, dev = FILES[task]
+        phrases = args.train_phrases and task == "sst2"
+        print(f"== {task} {mode} {params}" + (" (trained on all phrases)" if phrases else ""), flush=True)
+        started = time.perf_counter()
+        name = f"{task}-{mode}" + ("-crf" if crf else "")
+        metrics = experiment(task=task, train=train, dev=dev, model=args.model, mode=mode,
+                             out_dir=out_root / name, limit=args.limit, random_state=args.seed,
+                             cache_dir=args.cache_dir, progress=True, train_phrases=phrases, **params)  # fmt: skip
+        if phrases:
+            params = params | {"train": "all phrases"}
+        seconds = time.perf_counter() - started
+        rows.append((task, mode, metrics["score_name"], metrics["score"], TARGETS.get((task, mode)), seconds,
+                     params))  # fmt: skip
 
     header = "| task | mode | dev metric | score | target | wall clock | settings |\n|---|---|---|---|---|---|---|"
     lines = [header]
@@ -98,6 +123,9 @@ def main(argv: list[str] | None = None) -> None:
         settings = ", ".join(f"{k}={v}" for k, v in params.items())
         lines.append(f"| {task} | {mode} | {name} | {score:.4f} | {target_text} | {seconds / 60:.1f} min | {settings} |")
     table = "\n".join(lines)
+    gains = crf_gains(rows)
+    if gains:
+        table += "\n\n" + "\n".join(f"- {line}" for line in gains)
     print(table)
     if args.markdown_out:
         command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
