@@ -86,7 +86,7 @@ def warmup_warning(total: int, warmup: int, settings: LoopSettings) -> str | Non
     return (
         f"the warm-up ({warmup} steps = warmup_fraction {settings.warmup_fraction:g} x {total}) is as long as the "
         f"run ({total} optimizer steps) or longer: the learning rate never gets above {peak:.0%} of lr and never "
-        "decays; lower warmup_fraction (e.g. 0.1)"
+        "decays; lower warmup_fraction (e.g. 0.1; --warmup-fraction on `ctxrep finetune`)"
     )
 
 
