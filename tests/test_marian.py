@@ -11,7 +11,12 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from ctxrep.models.folders import CheckpointError
-from ctxrep.models.marian import MarianConfig, MarianMTModel, sinusoidal_positions
+from ctxrep.models.marian import (
+    MarianConfig,
+    MarianMTModel,
+    projected_smoothed_loss,
+    sinusoidal_positions,
+)
 from ctxrep.tokenize import TokenizerError
 from ctxrep.translate.tokenizer import MTTokenizer
 
@@ -106,6 +111,55 @@ def test_loss_matches_transformers_and_ignores_padding(marian_dir):
     assert a.num_tokens == 3 * 6 - 2
     assert torch.allclose(a.loss, b.loss, atol=1e-5)
     assert not torch.allclose(smoothed.loss, a.loss)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_projected_smoothed_loss_equals_cross_entropy_of_the_full_logits(epsilon):
+    # Chunks of 2 tokens (chunk_elements = 2 x vocab) over 7 tokens: three full chunks and a remainder.
+    g = torch.Generator().manual_seed(3)
+    states = torch.randn(7, 16, generator=g, requires_grad=True)
+    weight = torch.randn(VOCAB, 16, generator=g, requires_grad=True)
+    bias = torch.randn(VOCAB, generator=g)
+    targets = torch.randint(0, VOCAB, (7,), generator=g)
+    loss, nll = projected_smoothed_loss(states, weight, bias, targets, epsilon, chunk_elements=2 * VOCAB)
+    (2.0 * loss).backward()  # the incoming gradient scales the stored ones
+    logits = states @ weight.t() + bias
+    ref = torch.nn.functional.cross_entropy(logits, targets, label_smoothing=epsilon, reduction="sum")
+    ref_nll = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
+    ref_states, ref_weight = torch.autograd.grad(2.0 * ref, [states, weight])
+    assert torch.allclose(loss, ref, atol=1e-4) and torch.allclose(nll, ref_nll, atol=1e-4)
+    assert not nll.requires_grad
+    assert torch.allclose(states.grad, ref_states, atol=1e-5)
+    assert torch.allclose(weight.grad, ref_weight, atol=1e-5)
+    with torch.no_grad():  # evaluation: the same numbers, no gradients computed
+        same, _ = projected_smoothed_loss(states, weight, bias, targets, epsilon, chunk_elements=2 * VOCAB)
+    assert torch.allclose(same, ref, atol=1e-4)
+
+
+def test_training_loss_fast_path_equals_the_full_logits_reference(marian_dir):
+    from ctxrep.translate.train import TranslationObjective
+
+    ids, mask = source_batch()
+    dec = target_batch()
+    labels = torch.cat([dec[:, 1:], torch.full((3, 1), EOS)], dim=1)
+    labels[1, 5:] = -100  # padding positions: left out by both paths
+    labels[2, 3:] = -100
+    batch = {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": dec, "labels": labels}
+    outputs, grads = [], []
+    for fast in (True, False):
+        model = MarianMTModel.from_pretrained(marian_dir).train()  # dropout 0: both paths see the same network
+        objective = TranslationObjective(model, label_smoothing=0.1, fast_loss=fast)
+        out = objective(batch)
+        out.loss.backward()
+        outputs.append(out)
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None})
+    fast, reference = outputs
+    assert fast.num_tokens == reference.num_tokens == int(mask.sum()) + int((labels != -100).sum())
+    assert torch.allclose(fast.loss, reference.loss, atol=1e-5)
+    assert fast.metrics["nll"] == pytest.approx(reference.metrics["nll"], abs=1e-5)
+    assert grads[0].keys() == grads[1].keys() and "shared.weight" in grads[0]
+    for name in grads[0]:
+        assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), f"gradient of {name} differs"
 
 
 def test_incremental_decoding_equals_full_decoding(marian_dir):

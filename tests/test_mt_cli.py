@@ -128,6 +128,79 @@ def test_translate_file_and_stdin_then_score(trained, corpus, tmp_path):
     assert all(float(rows[i][2]) >= float(rows[i + 1][2]) for i in (0, 1))  # best first
 
 
+def test_translate_progress_bar_only_when_asked_or_on_a_terminal(trained, corpus, tmp_path):
+    plain = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "2")
+    assert plain.exit_code == 0, plain.output
+    assert plain.stderr == ""  # CliRunner's stderr is no terminal: no bar by default
+    assert len(plain.stdout.splitlines()) == 30
+    asked = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "2", "--progress")
+    assert asked.exit_code == 0, asked.output
+    assert "translate" in asked.stderr and "30/30" in asked.stderr
+    assert asked.stdout == plain.stdout  # the bar never reaches the translations
+
+    # A terminal on stderr (a pseudo-terminal here): the bar by default, and --no-progress turns it off.
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    def stderr_on_a_terminal(*extra: str) -> str:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
+        args = [sys.executable, "-c", "from ctxrep.cli import main; main()", "mt", "translate", "--model",
+                str(trained), "--input", str(corpus["valid_src"]), "--out", str(tmp_path / "hyp.de"), "--beam", "2", *extra]  # fmt: skip
+        process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower)
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        os.close(leader)
+        assert process.wait(timeout=300) == 0, seen.decode(errors="replace")
+        return seen.decode(errors="replace")
+
+    assert "30/30" in stderr_on_a_terminal()
+    assert "30/30" not in stderr_on_a_terminal("--no-progress")
+    assert (tmp_path / "hyp.de").read_text(encoding="utf-8") == plain.stdout
+
+
+def test_attention_command_writes_the_alignment_png_or_html(trained, corpus, tmp_path):
+    source = corpus["valid_src"].read_text(encoding="utf-8").splitlines()[0]
+    target = corpus["valid_tgt"].read_text(encoding="utf-8").splitlines()[0]
+    result = _invoke("attention", "--model", trained, "--source", source, "--out", tmp_path / "a.png")
+    assert result.exit_code == 0, result.output
+    words = len(source.split()) + 1  # and </s>
+    assert result.stdout.startswith(f"wrote {tmp_path / 'a.png'}: ")
+    assert f" target x {words} source words, decoder layer 2 of 2, mean of the heads, greedy translation" in result.stdout
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    result = _invoke("attention", "--model", trained, "--source", source, "--target", target, "--layer", "0",
+                     "--head", "1", "--out", tmp_path / "page.html")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    n = len(target.split()) + 1
+    assert f": {n} target x {words} source words, decoder layer 1 of 2, head 1, given target (teacher-forced)" in (
+        result.stdout
+    )
+    page = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and all(w in page for w in target.split())
+
+    msg = _error(_invoke("attention", "--model", trained, "--source", source, "--out", tmp_path / "a.pdf"))
+    assert "a.pdf: the file name must end with .png or .html" in msg
+    msg = _error(_invoke("attention", "--model", trained, "--source", source, "--layer", "2", "--out", tmp_path / "b.png"))
+    assert "layer 2 is out of range: the model has 2 decoder layers" in msg
+    msg = _error(_invoke("attention", "--model", tmp_path / "missing", "--source", source, "--out", tmp_path / "b.png"))
+    assert "no such model folder" in msg
+    assert not (tmp_path / "b.png").exists()
+
+
 def test_translate_refuses_or_skips_long_lines(trained, tmp_path):
     source = tmp_path / "long.en"
     source.write_text("the dog sees a ball .\n" + "the big red ball " * 40 + "\nthe cat .\n", encoding="utf-8")

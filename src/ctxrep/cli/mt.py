@@ -71,7 +71,8 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
 @click.option("--skip-long", is_flag=True,
               help="Write an empty line for sentences longer than the model's positions instead of stopping.")
 @click.option("--batch-tokens", type=int, default=4096, show_default=True, help="Source tokens per batch.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar on stderr.")
+@click.option("--progress/--no-progress", default=None,
+              help="A progress bar on stderr (default: only when stderr is a terminal, as `ctxrep embed`).")
 @user_errors
 def translate(model_dir, input_file, out_file, beam, n_best, skip_long, batch_tokens, progress) -> None:  # fmt: skip
     """Translate --input (or stdin) with the model in --model, to --out (or stdout)."""
@@ -101,7 +102,10 @@ def translate(model_dir, input_file, out_file, beam, n_best, skip_long, batch_to
             continue
         todo.append(number - 1)
     outputs: list[list[tuple[str, float]]] = [[] for _ in lines]
-    with tqdm(total=len(todo), disable=not progress, desc="translate", unit="sent", file=sys.stderr) as bar:
+    # disable=None is tqdm's "only on a TTY"; --progress / --no-progress decide instead. Never on stdout, which
+    # carries the translations.
+    disable = None if progress is None else not progress
+    with tqdm(total=len(todo), disable=disable, desc="translate", unit="sent", file=sys.stderr) as bar:
         results = translate_n_best(model, tokenizer, [lines[i].strip() for i in todo], beam=beam, n_best=n_best,
                                    batch_tokens=batch_tokens, progress=bar.update)  # fmt: skip
     for i, hyps in zip(todo, results):

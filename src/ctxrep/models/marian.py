@@ -367,17 +367,87 @@ class DecoderCache:
         self.reorder(rows)
 
 
+# ---- the training loss ------------------------------------------------------------------------------------------
+
+
+def projected_smoothed_loss(
+    states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor, epsilon: float,
+    chunk_elements: int = 1 << 22,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(label-smoothed loss, NLL), summed over tokens, of the logits z = states W^T + b, without ever holding
+    the whole (tokens x vocabulary) logit matrix. states: (tokens, d_model); weight: (V, d_model); bias: (V,);
+    targets: (tokens,). The NLL is detached.
+
+    Per token, with p = softmax(z) and the smoothed target q'(k) = (1 - eps) [k = y] + eps / V (sec. 5.4):
+        loss = -sum_k q'(k) log p_k = (1 - eps) (-log p_y) + (eps / V) sum_k (-log p_k)
+        d loss / d z = p - q'
+    The tokens go through in chunks of about `chunk_elements` logits (16 MB in float32): each chunk's logits are
+    projected, scored, and turned into p - q' in place, whose products with W and with the states are that
+    chunk's gradients (the fused linear cross-entropy of the Liger kernels, Hsu et al. 2024). Training's
+    (tokens x V) matrices no longer go through the allocator as 100+ MB blocks that the kernel must map and zero
+    at every step, and the softmax's backward needs no second pass. Outside autograd (evaluation) no gradient is
+    computed. Equal to torch's cross_entropy(states W^T + b, targets, label_smoothing=eps, reduction="sum"), the
+    reference path that tests/test_marian.py checks it against, value and gradients.
+    """
+    needs_grad = torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad)
+    chunk = max(1, chunk_elements // weight.shape[0])
+    states = states.to(weight.dtype)  # bf16 autocast's states: the chunks compute in the weights' float32
+    with torch.autocast(states.device.type, enabled=False):
+        return _ProjectedSmoothedLoss.apply(states, weight, bias.to(weight.dtype), targets, float(epsilon), chunk,
+                                            needs_grad)  # fmt: skip
+
+
+class _ProjectedSmoothedLoss(torch.autograd.Function):
+    """`projected_smoothed_loss`: forward computes the losses and (when asked) their gradients chunk by chunk;
+    backward only scales those gradients by the incoming one."""
+
+    @staticmethod
+    def forward(ctx, states, weight, bias, targets, epsilon, chunk, needs_grad):
+        vocab = weight.shape[0]
+        loss = states.new_zeros((), dtype=torch.float32)
+        nll = states.new_zeros((), dtype=torch.float32)
+        grad_states = torch.empty_like(states) if needs_grad else None
+        grad_weight = torch.zeros_like(weight) if needs_grad else None
+        for start in range(0, states.shape[0], chunk):
+            h, y = states[start : start + chunk], targets[start : start + chunk]  # (c, d_model), (c,)
+            rows = torch.arange(y.shape[0], device=y.device)
+            log_p = torch.addmm(bias, h, weight.t()).float().log_softmax(dim=-1)  # (c, V)
+            nll_c = -log_p[rows, y].sum()
+            loss += (1.0 - epsilon) * nll_c - (epsilon / vocab) * log_p.sum()
+            nll += nll_c
+            if needs_grad:
+                g = log_p.exp_().sub_(epsilon / vocab)  # p - eps / V, in place: (c, V)
+                g[rows, y] -= 1.0 - epsilon  # p - q'
+                g = g.to(weight.dtype)
+                torch.mm(g, weight, out=grad_states[start : start + chunk])  # (c, d_model)
+                grad_weight.addmm_(g.t(), h)  # (V, d_model)
+        ctx.mark_non_differentiable(nll)
+        ctx.save_for_backward(grad_states, grad_weight)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        grad_states, grad_weight = ctx.saved_tensors
+        if grad_states is None:
+            raise RuntimeError("projected_smoothed_loss was computed without gradients (under no_grad or for "
+                               "tensors that need none); compute it with grad enabled to backpropagate")  # fmt: skip
+        scale = grad_loss.to(grad_states.dtype)
+        return grad_states * scale, grad_weight * scale, None, None, None, None, None
+
+
 # ---- the model --------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class DecoderOutput:
-    """One `decode` call: logits (rows, new, target vocab) and, when asked, per-layer states and attentions.
+    """One `decode` call: logits (rows, new, target vocab; None with project=False), the last decoder states and,
+    when asked, per-layer states and attentions.
 
     hidden_states[0] is the decoder's embedding output; self_attentions[l] (rows, heads, new, past + new);
     cross_attentions[l] (rows, heads, new, src): what each target token attends to in the source (alignment)."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
+    last_hidden_state: torch.Tensor | None = None  # (rows, new, d_model): the states the logits project
     hidden_states: tuple[torch.Tensor, ...] | None = None
     self_attentions: tuple[torch.Tensor, ...] | None = None
     cross_attentions: tuple[torch.Tensor, ...] | None = None
@@ -531,10 +601,13 @@ class MarianMTModel(Encoder):
         decoder_attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        project: bool = True,
     ) -> DecoderOutput:
         """Run the decoder on the new target tokens (rows, new) after the cache.length tokens already in `cache`
         (whose self-attention keys/values it appends). decoder_attention_mask (rows, past + new): 0 at padding
-        keys; None: every key is real. One token at a time, as in search, needs no mask at all."""
+        keys; None: every key is real. One token at a time, as in search, needs no mask at all.
+        project=False leaves the output projection out (logits None): training projects only the states of real
+        target tokens (`translation_loss`)."""
         rows, t = decoder_input_ids.shape
         past = cache.length
         if rows != cache.num_sentences * cache.group:
@@ -562,13 +635,48 @@ class MarianMTModel(Encoder):
             cross_attentions.append(cross_probs)
         if self.config.normalize_before:
             y = hidden_states[-1] = self.decoder.layer_norm(y)
-        logits = F.linear(y, self.output_weight()) + self.final_logits_bias  # (rows, new, target vocab)
         return DecoderOutput(
-            logits=logits,
+            logits=self.project(y) if project else None,
+            last_hidden_state=y,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             self_attentions=tuple(self_attentions) if output_attentions else None,
             cross_attentions=tuple(cross_attentions) if output_attentions else None,
         )
+
+    def project(self, states: torch.Tensor) -> torch.Tensor:
+        """Pre-softmax logits (..., target vocab) of decoder states (..., d_model): states E^T + b (sec. 3.4)."""
+        return F.linear(states, self.output_weight(), self.final_logits_bias[0])
+
+    def translation_loss(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        decoder_input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        label_smoothing: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(label-smoothed loss, NLL, tokens), the losses summed over the labels that are not IGNORE_INDEX.
+
+        The training step's fast path: the same numbers as the label-smoothed loss of `forward`'s logits, but
+        the decoder states of padding positions are dropped before the output projection, so neither the
+        (tokens x vocabulary) projection nor the softmax is computed for them. Per token (Szegedy et al. 2016,
+        Vaswani et al. sec. 5.4; q'(k) = (1 - eps) [k = y] + eps / V):
+            loss = (1 - eps) (-log p_y) + (eps / V) sum_k (-log p_k)
+        computed by `projected_smoothed_loss` a few hundred tokens at a time. input_ids, attention_mask:
+        (batch, src); decoder_input_ids, labels: (batch, tgt)."""
+        if labels.shape != decoder_input_ids.shape:
+            raise ValueError(
+                f"labels have shape {tuple(labels.shape)}, expected {tuple(decoder_input_ids.shape)} "
+                "(the shape of decoder_input_ids)"
+            )
+        memory = self.encode_source(input_ids, attention_mask).last_hidden_state
+        cache = self.init_cache(memory, attention_mask)
+        states = self.decode(decoder_input_ids, cache, project=False).last_hidden_state  # (batch, tgt, d_model)
+        keep = labels != IGNORE_INDEX  # (batch, tgt)
+        targets = labels[keep]  # (tokens,)
+        loss, nll = projected_smoothed_loss(states[keep], self.output_weight(), self.final_logits_bias[0], targets,
+                                            label_smoothing)  # fmt: skip
+        return loss, nll, int(targets.numel())
 
     def shift_right(self, labels: torch.Tensor) -> torch.Tensor:
         """Teacher forcing's decoder input: decoder_start_token_id, then the labels but the last (-100 -> pad)."""

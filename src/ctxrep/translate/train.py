@@ -247,18 +247,30 @@ def average_state_dicts(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
 
 
 class TranslationObjective(nn.Module):
-    """A MarianMTModel trained with label-smoothed cross-entropy, mean over the batch's target tokens."""
+    """A MarianMTModel trained with label-smoothed cross-entropy, mean over the batch's target tokens.
 
-    def __init__(self, model: nn.Module, label_smoothing: float = 0.1) -> None:
+    fast_loss (the default): MarianMTModel.translation_loss, which projects only the decoder states of real target
+    tokens onto the vocabulary; False: `label_smoothed_loss` of the full (batch, tgt, vocab) logits, the reference
+    it is tested against (tests/test_marian.py) and benchmarked against (benchmarks/mt_train_speed.py)."""
+
+    def __init__(self, model: nn.Module, label_smoothing: float = 0.1, fast_loss: bool = True) -> None:
         super().__init__()
         self.model = model
         self.config = model.config  # the trainer's checkpoint fingerprint reads it
         self.label_smoothing = label_smoothing
+        self.fast_loss = fast_loss
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
+    def losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(label-smoothed loss, NLL, tokens) of a batch, summed over its real target tokens."""
+        if self.fast_loss:
+            return self.model.translation_loss(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"],
+                                               batch["labels"], self.label_smoothing)  # fmt: skip
         out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
                          decoder_input_ids=batch["decoder_input_ids"])  # fmt: skip
-        loss, nll, tokens = label_smoothed_loss(out.logits, batch["labels"], self.label_smoothing)
+        return label_smoothed_loss(out.logits, batch["labels"], self.label_smoothing)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
+        loss, nll, tokens = self.losses(batch)
         tokens = max(tokens, 1)
         num_tokens = int(batch["attention_mask"].sum()) + tokens  # source + target tokens, for tokens/s
         return ObjectiveOutput(loss / tokens, num_tokens, {"nll": float(nll) / tokens})
@@ -270,9 +282,7 @@ class TranslationObjective(nn.Module):
         count = 0
         for batch in batches:
             batch = {k: torch.from_numpy(v).to(next(self.parameters()).device) for k, v in batch.items()}
-            out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                             decoder_input_ids=batch["decoder_input_ids"])  # fmt: skip
-            loss, nll, n = label_smoothed_loss(out.logits, batch["labels"], self.label_smoothing)
+            loss, nll, n = self.losses(batch)
             loss_sum, nll_sum, count = loss_sum + float(loss), nll_sum + float(nll), count + n
         nll = nll_sum / max(count, 1)
         return {"eval_loss": loss_sum / max(count, 1), "eval_nll": nll,
