@@ -59,7 +59,8 @@ def crf_gains(rows: list[tuple]) -> list[str]:
     for (task, mode, crf), score in scores.items():
         if crf and (task, mode, False) in scores:
             base = scores[(task, mode, False)]
-            lines.append(f"{task} {mode}: CRF {score:.4f} vs softmax {base:.4f} ({100 * (score - base):+.2f} F1 points)")
+            gain = 100 * (score - base)
+            lines.append(f"{task} {mode}: CRF {score:.4f} vs softmax {base:.4f} ({gain:+.2f} F1 points)")
     return lines
 
 

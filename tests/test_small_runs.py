@@ -35,7 +35,8 @@ class Rows:
         self.position = 0
 
     def next_batch(self, batch_size: int) -> dict[str, np.ndarray]:
-        rows = [np.random.default_rng(i).standard_normal(4).astype(np.float32) for i in range(self.position, self.position + batch_size)]
+        stream = range(self.position, self.position + batch_size)
+        rows = [np.random.default_rng(i).standard_normal(4).astype(np.float32) for i in stream]
         self.position += batch_size
         return {"x": np.stack(rows)}
 

@@ -374,7 +374,7 @@ def test_sst_phrases_for_training(tmp_path):
 
 
 def test_max_steps_stops_training_and_lays_out_the_schedule(tiny_models, tmp_path, monkeypatch):
-    import ctxrep.tasks.loop as loop
+    from ctxrep.tasks import loop
 
     calls = []
     real = loop.warmup_decay
@@ -430,7 +430,7 @@ def test_mix_weights_are_absent_when_fine_tuning_a_transformer(tiny_models, tmp_
     clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_CLS, Y_CLS)
     assert not hasattr(clf, "mix_weights_")
     with pytest.raises(AttributeError, match="mix_weights_ exists in mode='frozen'.*fine-tuning ELMo"):
-        clf.mix_weights_
+        _ = clf.mix_weights_
 
 
 def test_mix_weights_on_probes():

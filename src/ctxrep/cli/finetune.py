@@ -24,7 +24,8 @@ COLUMN_OPTIONS = ("format", "text_column", "text_pair_column", "label_column", "
               help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad), or your own files: "
                    "classify (text -> label), pair (two texts -> label), tag (a tag per word), span (SQuAD-style "
                    "question answering).")  # fmt: skip
-@click.option("--train", "train", type=click.Path(dir_okay=False), required=True, help="Training file (.gz read as is).")
+@click.option("--train", "train", type=click.Path(dir_okay=False), required=True,
+              help="Training file (gzip-compressed read as is).")  # fmt: skip
 @click.option("--dev", "dev", type=click.Path(dir_okay=False), required=True, help="Development file.")
 @click.option("--format", type=click.Choice(["csv", "tsv", "jsonl", "conll"]), default=None,
               help="Your files' format (default: from the name: .csv, .tsv, .jsonl; tag: CoNLL columns).")
@@ -79,7 +80,9 @@ def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, s
     tagger_options = {}
     if crf or tag_scheme is not None:
         if task not in TAGGING:
-            raise click.UsageError(f"--crf and --tag-scheme are for tagging (--task {'|'.join(TAGGING)}), not --task {task}")
+            raise click.UsageError(
+                f"--crf and --tag-scheme are for tagging (--task {'|'.join(TAGGING)}), not --task {task}"
+            )
         tagger_options = {"crf": crf} | ({"tag_scheme": tag_scheme} if tag_scheme is not None else {})
     metrics = experiment(
         task=task, train=train, dev=dev, out_dir=out_dir, limit=limit, echo=click.echo, train_phrases=train_phrases,

@@ -1,6 +1,7 @@
 """Readers for the data sets people bring, and the packed pretraining corpus.
 
     from ctxrep.data import read_conll, read_conllu, read_sst, read_glue_tsv, read_squad, read_wic
+    from ctxrep.data import read_labelled_texts, read_tagged, read_questions   # CSV / TSV / JSONL / CoNLL task files
 
 Each name is imported on first use (`import ctxrep.data` alone loads no reader and no numpy).
 """
@@ -20,6 +21,8 @@ _EXPORTS = {
     "read_glue_tsv": "glue", "iter_glue_tsv": "glue", "GlueExample": "glue",
     "read_squad": "squad", "iter_squad": "squad", "SquadExample": "squad", "SquadAnswer": "squad",
     "read_wic": "wic", "iter_wic": "wic", "WicPair": "wic",
+    # the user's own task files: CSV / TSV / JSONL / CoNLL columns, gzip or not (table.py)
+    "read_labelled_texts": "table", "read_tagged": "table", "read_questions": "table", "TaskData": "table",
     # tag schemes and entity F1 (tags.py)
     "entities": "tags", "entity_scores": "tags", "iob1_to_bio": "tags", "bio_to_iobes": "tags", "Entity": "tags",
     "Scores": "tags", "NerScores": "tags",
@@ -35,7 +38,8 @@ __all__ = [
     "Scores", "SegmentPairConfig", "SegmentPairPacker", "SquadAnswer", "SquadExample", "WicPair", "bio_to_iobes",
     "entities", "entity_scores", "iob1_to_bio", "iter_conll", "iter_conllu", "iter_glue_tsv", "iter_squad",
     "iter_sst_trees", "iter_wic", "pack_corpus", "parse_sst_tree", "read_conll", "read_conllu", "read_glue_tsv",
-    "read_squad", "read_sst", "read_wic", "sst_label",
+    "read_squad", "read_sst", "read_wic", "sst_label", "read_labelled_texts", "read_tagged", "read_questions",
+    "TaskData",
 ]  # fmt: skip
 
 

@@ -70,7 +70,7 @@ def detect_format(path: str | Path, format: str | None, default: str | None = No
     return found or default
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+def numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text with its line ending) of a UTF-8 file, gunzipped when it starts with gzip's magic
     bytes. A byte-order mark at the start is dropped; invalid UTF-8 names the file, line and column."""
     path = Path(path)
@@ -91,7 +91,9 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
                     ) from None
                 yield number, text.removeprefix("\ufeff") if number == 1 else text
     except (gzip.BadGzipFile, EOFError) as e:
-        raise ValueError(f"{path}: the gzip stream is damaged ({e}); compress the file again or give it unpacked") from None
+        raise ValueError(
+            f"{path}: the gzip stream is damaged ({e}); compress the file again or give it unpacked"
+        ) from None
 
 
 # ---- rows of CSV / TSV / JSONL ----------------------------------------------------------------------------
@@ -127,7 +129,7 @@ def _is_int(text: str) -> bool:
 def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
     """(first line, row) per record: a list of fields (csv / tsv, header first) or a dict (jsonl)."""
     if format == "jsonl":
-        for number, text in iter_lines(path):
+        for number, text in numbered_lines(path):
             if not text.strip():
                 continue
             try:
@@ -141,7 +143,7 @@ def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
                 raise ValueError(f"{path}:{number}: expected a JSON object {{...}}, found {type(record).__name__}")
             yield number, record
         return
-    lines = (text for _, text in iter_lines(path))
+    lines = (text for _, text in numbered_lines(path))
     if format == "tsv":
         reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
@@ -279,7 +281,9 @@ def read_tagged(
             tags = _field(path, line, row, None, tag_column, "--tag-column")
             for what, value, option in (("words", words, "--word-column"), ("tags", tags, "--tag-column")):
                 if not isinstance(value, list) or not value:
-                    raise ValueError(f"{path}:{line}: the {what} field ({option}) should be a non-empty list, found {value!r}")
+                    raise ValueError(
+                        f"{path}:{line}: the {what} field ({option}) should be a non-empty list, found {value!r}"
+                    )
             if len(words) != len(tags):
                 raise ValueError(f"{path}:{line}: {len(words)} words but {len(tags)} tags; give one tag per word")
             bad = [w for w in words if not isinstance(w, str) or not w.strip() or len(w.split()) != 1]
@@ -313,7 +317,7 @@ def _conll_sentences(path: Path, word: int, tag: int) -> Iterator[tuple[list[str
     words: list[str] = []
     tags: list[str] = []
     start = 0
-    for number, text in iter_lines(path):
+    for number, text in numbered_lines(path):
         text = text.rstrip("\r\n")
         if conllu and text.startswith("#"):
             continue
@@ -411,4 +415,5 @@ def _answers(path: Path, line: int, value: Any, context: str) -> list[tuple[str,
     return out
 
 
-__all__ = ["FORMATS", "TaskData", "detect_format", "iter_lines", "read_labelled_texts", "read_questions", "read_tagged"]
+__all__ = ["FORMATS", "TaskData", "detect_format", "numbered_lines", "read_labelled_texts", "read_questions",
+           "read_tagged"]  # fmt: skip

@@ -290,7 +290,9 @@ class TaskEstimator:
         """The trained ScalarMix: frozen mode's mix over the cached layers, or ELMo's when fine-tuning ELMo.
         AttributeError otherwise (so hasattr(est, "mix_weights_") is False before fit and without a mix)."""
         if not hasattr(self, "model_"):
-            raise AttributeError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) first (or load a saved one)")
+            raise AttributeError(
+                f"this {type(self).__name__} is not fitted yet: call fit(X, y) first (or load a saved one)"
+            )
         rep = self.model_.representation
         if rep.mode == "frozen":
             return rep.mix

@@ -177,7 +177,8 @@ def train(
                 bar.update(1)
                 bar.set_postfix(loss=f"{epoch_loss / n:.4f}")
             network.eval()
-            record = {"epoch": first_epoch + epoch + 1, "steps": steps, "train_loss": epoch_loss / max(1, n)} | evaluate()
+            record = {"epoch": first_epoch + epoch + 1, "steps": steps, "train_loss": epoch_loss / max(1, n)}
+            record |= evaluate()
             history.append(record)
             logger.info("epoch %s", record)
             if settings.early_stopping:

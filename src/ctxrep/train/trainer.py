@@ -377,7 +377,7 @@ class Trainer:
         if cfg.max_steps <= step:
             return f"{head}: the run is already at step {step}, so nothing is trained; raise --max-steps to continue"
         if not self._warmup_decay:
-            return f"{head}: training continues to step {cfg.max_steps}; the learning rate follows the Trainer's schedule="
+            return f"{head}: training continues to step {cfg.max_steps}; the learning rate follows the schedule= given"
         before = warmup_decay(step, cfg.warmup_steps, old_max_steps, cfg.schedule)
         now = warmup_decay(step, cfg.warmup_steps, cfg.max_steps, cfg.schedule)
         return (
