@@ -166,6 +166,8 @@ def test_readers_read_csv_quoting_tsv_jsonl_and_conllu(tmp_path):
         ("a.jsonl", json.dumps(SPAN[0] | {"answers": {"text": ["paris"], "answer_start": [19]}}) + "\n",
          lambda p: table.read_questions(p),
          r"a\.jsonl:1: answer 1 is 'paris' but the context at character 19 reads 'londo'; fix answer_start"),
+        ("a.json", '{\n  "version": "v2.0",\n  "data": []\n}\n', lambda p: table.read_questions(p),
+         r"a\.json:1: this looks like one indented JSON document, not JSON Lines.*--task squad"),
         ("a.jsonl", json.dumps({"version": "v2.0", "data": []}) + "\n", lambda p: table.read_questions(p),
          r"a\.jsonl:1: this is a SQuAD JSON document, not JSONL; read it with --task squad"),
         ("a.csv", "text,label\n\xe9,pos\n", None, r"a\.csv:2: invalid UTF-8 byte"),

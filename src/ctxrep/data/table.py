@@ -135,6 +135,11 @@ def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
             try:
                 record = json.loads(text)
             except json.JSONDecodeError as e:
+                if text.strip() in ("{", "["):
+                    raise ValueError(
+                        f"{path}:{number}: this looks like one indented JSON document, not JSON Lines; write one JSON "
+                        "object per line (a SQuAD JSON file: --task squad)"
+                    ) from None
                 raise ValueError(
                     f"{path}:{number}: invalid JSON at column {e.colno}: {e.msg}; each line must be one JSON object "
                     "(a CSV or TSV file needs --format csv or tsv)"
