@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Word vectors from real sentences: ctxrep's Featurizer against plain transformers, in one run.
+"""Word vectors from real sentences: ctxrep's Featurizer against plain transformers and ONNX Runtime, in one run.
 
 The work: N real English sentences (SST train leaves, or UD EWT `# text` lines), already split into words;
 one vector per word = the mean of the word's subword pieces in the last layer of MiniLM-L6 (384 wide).
@@ -10,6 +10,16 @@ one vector per word = the mean of the word's subword pieces in the last layer of
            mean-pooled from last_hidden_state with the tokenizer's word_ids()
   B        the same as A, but batches of 32 over the sentences sorted by subword length (one extra
            tokenizer pass finds the lengths; it is timed), results put back in corpus order
+  ctxrep compiled   Featurizer(..., compile=True): the encoder under torch.compile (compiled in the warm-up)
+  ctxrep int8       Featurizer(..., quantize="int8"): SmoothQuant-calibrated int8 linear layers (ctxrep.fast)
+  ORT f32  ONNX Runtime (graph optimisations ORT_ENABLE_ALL, the same threads) running ctxrep's ONNX export of
+           the same weights (ctxrep.export, checked against PyTorch), fed by ctxrep's own tokenization, windows,
+           length-sorted batches under the same token budget and pooling: only the encoder differs
+  ORT int8 the same graph after onnxruntime.quantization.quantize_dynamic (its defaults: int8 weights per tensor,
+           dynamic uint8 activations), as its documentation shows for Transformer models
+
+GFLOP/s = tokens/s x the encoder's FLOPs per real token (2 x every linear layer's weights, plus attention's
+4 x hidden x mean sequence length per layer): useful work, padding not counted.
 
 Everything after model loading is timed: tokenization, padding, the encoder, pooling, numpy output.
 The reference pooling is vectorised (one index_add_ per batch), not a Python loop per word, so the
@@ -17,7 +27,9 @@ comparison is with a careful user, not a slow one. Each system is warmed up once
 the timed runs go round-robin (ctxrep, A, B, ctxrep, A, B, ...) and the best of --repeats is kept.
 
 tokens = non-pad subword tokens including [CLS]/[SEP]; the count is checked to be the same for all three.
-The word vectors must agree: max |ctxrep - reference| over all words < 1e-4, or the script exits with 1.
+The word vectors must agree: max |ctxrep - reference| over all words < 1e-4 (float32 systems, ORT f32 and ctxrep
+compiled included), or the script exits with 1; the int8 systems report their mean word-vector cosine to ctxrep's
+float32 vectors (target for ctxrep int8: >= 0.99).
 
 Run:  .venv/bin/python benchmarks/featurize.py                 # 4,000 SST sentences, 2 threads
       .venv/bin/python benchmarks/featurize.py --limit 300     # quick trial (not a benchmark result)
@@ -32,6 +44,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +55,7 @@ import transformers
 from transformers import AutoTokenizer, BertModel
 
 from ctxrep.featurize import Featurizer
+from ctxrep.models.outputs import EncoderOutput
 
 MODEL = "minilm"
 MIN_SENTENCES = 2000
@@ -49,6 +63,9 @@ TOLERANCE = 1e-4
 REF_BATCH = 32
 TARGET_VS_A = 2.5
 TARGET_VS_B = 1.1
+TARGET_VS_ORT = 1.1  # ctxrep compiled / ORT float32
+TARGET_VS_ORT_INT8 = 1.0  # ctxrep int8 / ORT int8
+TARGET_INT8_COSINE = 0.99
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 _SST_LEAF = re.compile(r"\(\d+ ([^()]+)\)")  # a leaf node "(label word)"; words never hold parentheses (-LRB-)
 
@@ -157,6 +174,69 @@ class Reference:
         return out, real, padded  # type: ignore[return-value]
 
 
+# ---- ONNX Runtime: the same pipeline, another encoder ------------------------------------------------
+
+
+class OrtEncoder:
+    """An InferenceSession behind the Encoder's `encode`: the last hidden state (only) as hidden_states[-1]."""
+
+    def __init__(self, onnx_file: Path, num_layers: int, threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.num_layers = num_layers
+
+    def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> EncoderOutput:
+        if num_layers is not None:
+            sys.exit("error: the ONNX graph returns the last layer only; the benchmark asks for layers=-1")
+        (last,) = self.session.run(None, {name: batch[name].numpy() for name in self.input_names})
+        last = torch.from_numpy(last)  # (batch, seq, hidden)
+        return EncoderOutput(last_hidden_state=last, hidden_states=(None,) * self.num_layers + (last,))
+
+
+class OrtFeaturizer(Featurizer):
+    """ctxrep's Featurizer (tokenization, windows, batches, pooling) with ONNX Runtime as the encoder."""
+
+    def __init__(self, ort_encoder: OrtEncoder, **kwargs) -> None:
+        super().__init__(MODEL, compile=False, **kwargs)
+        self.ort_encoder = ort_encoder
+
+    def _encoder_for(self, num_tokens: int) -> OrtEncoder:
+        return self.ort_encoder
+
+
+def ort_files(featurizer: Featurizer, folder: Path) -> tuple[Path, Path]:
+    """ctxrep's ONNX export of the featurizer's model (parity-checked), and its int8 dynamic quantisation."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from ctxrep.export import export_onnx
+
+    f32, int8 = folder / "model.onnx", folder / "model.int8.onnx"
+    export_onnx(featurizer.model, f32)
+    quantize_dynamic(str(f32), str(int8), weight_type=QuantType.QInt8)
+    return f32, int8
+
+
+def flops_per_token(model, mean_length: float) -> float:
+    """2 x the weights of every linear layer (multiply + add) + attention's QK^T and PV: 4 x hidden x length each."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    pooler = getattr(model, "pooler", None)
+    if isinstance(pooler, torch.nn.Linear):  # not run when only hidden states are asked for
+        linear -= pooler.weight.numel()
+    return 2 * linear + 4 * model.hidden_size * mean_length * model.num_layers
+
+
+def mean_cosine(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
+    """Mean over all words of cos(ours, theirs)."""
+    a, b = np.concatenate(ours), np.concatenate(theirs)
+    return float(np.mean((a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))))
+
+
 # ---- measuring ------------------------------------------------------------------------------------
 
 
@@ -208,6 +288,7 @@ def logical_cpus() -> int:
 
 # ---- main -----------------------------------------------------------------------------------------
 
+SKIPPABLE = ["A", "B", "compiled", "int8", "ort", "ort-int8"]
 System = Callable[[Sequence[list[str]]], tuple[list[np.ndarray], int, int]]  # -> vectors, real tokens, padded
 
 
@@ -221,6 +302,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per system; the best is reported (default: 1)")
     p.add_argument("--warmup", type=int, default=64, help="sentences in each system's untimed warm-up (default: 64)")
     p.add_argument("--markdown-out", type=Path, metavar="FILE", help="also write the Markdown table to FILE")
+    p.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE,
+                   help="leave these systems out (quick trials only; the full table has them all)")
     args = p.parse_args(argv)
     if args.limit is None and args.sentences < MIN_SENTENCES:
         p.error(f"--sentences must be at least {MIN_SENTENCES:,}; use --limit for a quick trial")
@@ -232,14 +315,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def ctxrep_system(featurizer: Featurizer) -> System:
-    """embed_words, with the encoder's real and padded input sizes counted by a forward pre-hook."""
+    """embed_words, with the real and padded sizes of the batches the encoder is given counted on the way in.
+    Works for every encoder the featurizer picks (eager, compiled, int8, ONNX Runtime)."""
     seen = {"real": 0, "padded": 0}
+    pick = featurizer._encoder_for
 
-    def count_inputs(_module, inputs, kwargs) -> None:
-        seen["padded"] += inputs[0].numel()
-        seen["real"] += int(kwargs["attention_mask"].sum())
+    class Counted:
+        def __init__(self, encoder) -> None:
+            self.encoder = encoder
 
-    featurizer._encoder.register_forward_pre_hook(count_inputs, with_kwargs=True)
+        def encode(self, batch, **kwargs):
+            seen["padded"] += batch["attention_mask"].numel()
+            seen["real"] += int(batch["attention_mask"].sum())
+            return self.encoder.encode(batch, **kwargs)
+
+    featurizer._encoder_for = lambda num_tokens: Counted(pick(num_tokens))
 
     def run(sentences: Sequence[list[str]]) -> tuple[list[np.ndarray], int, int]:
         seen["real"] = seen["padded"] = 0
@@ -254,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = args.limit if args.limit is not None else args.sentences
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
+    skip = set(args.skip)
 
     sentences = load_corpus(args.data, args.corpus, n)
     featurizer = Featurizer(MODEL, layers=-1, pooling="mean", num_threads=args.threads)
@@ -269,21 +360,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             "would window it and the reference cannot run it; choose other sentences"
         )
 
-    systems: dict[str, System] = {
-        "ctxrep": ctxrep_system(featurizer),
-        "A": lambda s: reference.embed_words(s, sort=False),
-        "B": lambda s: reference.embed_words(s, sort=True),
+    # name: (label, batching, system); the float32 systems are checked against ctxrep's vectors.
+    budget = f"length-sorted, {featurizer.batch_tokens:,}-token budget"
+    systems: dict[str, tuple[str, str, System]] = {
+        "ctxrep": ("ctxrep Featurizer (default: compile='auto')", budget, ctxrep_system(featurizer)),
+        "A": ("A: transformers", f"corpus order, {REF_BATCH} sentences", lambda s: reference.embed_words(s, sort=False)),
+        "B": ("B: transformers", f"length-sorted, {REF_BATCH} sentences", lambda s: reference.embed_words(s, sort=True)),
     }
+    if "compiled" not in skip:
+        compiled = Featurizer(MODEL, layers=-1, pooling="mean", compile=True)
+        systems["compiled"] = ("ctxrep compiled (compile=True)", budget, ctxrep_system(compiled))
+    if "int8" not in skip:
+        int8 = Featurizer(MODEL, layers=-1, pooling="mean", quantize="int8")
+        systems["int8"] = ("ctxrep int8 (quantize='int8')", budget, ctxrep_system(int8))
+    tmp = tempfile.TemporaryDirectory()
+    if not {"ort", "ort-int8"} <= skip:
+        onnx_f32, onnx_int8 = ort_files(featurizer, Path(tmp.name))
+        if "ort" not in skip:
+            ort = OrtFeaturizer(OrtEncoder(onnx_f32, featurizer.num_layers, args.threads), layers=-1, pooling="mean")
+            systems["ort"] = ("ONNX Runtime f32 (ctxrep's pipeline)", budget, ctxrep_system(ort))
+        if "ort-int8" not in skip:
+            ort8 = OrtFeaturizer(OrtEncoder(onnx_int8, featurizer.num_layers, args.threads), layers=-1, pooling="mean")
+            systems["ort-int8"] = ("ONNX Runtime int8 dynamic", budget, ctxrep_system(ort8))
+    for name in ("A", "B"):
+        if name in skip:
+            del systems[name]
     warm = sentences[: args.warmup]
-    for run in systems.values():
+    compile_seconds = None
+    for name, (_, _, run) in systems.items():
+        t0 = time.perf_counter()
         run(warm)
+        if name == "compiled":
+            compile_seconds = time.perf_counter() - t0
 
     # Round-robin timed runs; the first run's vectors are kept for the check.
     best = {name: float("inf") for name in systems}
     outputs: dict[str, list[np.ndarray]] = {}
     padded: dict[str, int] = {}
     for _ in range(args.repeats):
-        for name, run in systems.items():
+        for name, (_, _, run) in systems.items():
             gc.collect()
             t0 = time.perf_counter()
             vectors, real, pad = run(sentences)
@@ -293,41 +408,63 @@ def main(argv: Sequence[str] | None = None) -> int:
             outputs.setdefault(name, vectors)
             padded[name] = pad
             del vectors
+    tmp.cleanup()
 
-    diffs = {name: max_abs_diff(outputs["ctxrep"], outputs[name]) for name in ("A", "B")}
-    worst = max(diffs.values(), key=lambda d: float("inf") if np.isnan(d) else d)
+    exact = [name for name in systems if name not in ("ctxrep", "int8", "ort-int8")]
+    diffs = {name: max_abs_diff(outputs["ctxrep"], outputs[name]) for name in exact}
+    worst = max(diffs.values(), key=lambda d: float("inf") if np.isnan(d) else d) if diffs else 0.0
+    cosines = {name: mean_cosine(outputs[name], outputs["ctxrep"]) for name in ("int8", "ort-int8") if name in systems}
     outputs.clear()
     speed = {name: tokens / best[name] for name in systems}
-    ratio_a, ratio_b = speed["ctxrep"] / speed["A"], speed["ctxrep"] / speed["B"]
+    flops = flops_per_token(featurizer.model, tokens / len(sentences))
 
-    def row(name: str, label: str, batching: str, diff: str) -> list[str]:
-        pad_share = f"{1 - tokens / padded[name]:.0%}"
-        return [label, batching, f"{best[name]:.2f}", f"{speed[name]:,.0f}", pad_share, diff]
+    def vs(name: str, base: str) -> str:
+        return f"{speed[name] / speed[base]:.2f}x" if base in speed else "-"
 
-    header = ["system", "batching", "wall time (s)", "tokens/s", "padding", "max abs diff vs ctxrep"]
-    rows = [
-        row("ctxrep", "ctxrep Featurizer", f"length-sorted, {featurizer.batch_tokens:,}-token budget", "-"),
-        row("A", "A: transformers", f"corpus order, {REF_BATCH} sentences", f"{diffs['A']:.1e}"),
-        row("B", "B: transformers", f"length-sorted, {REF_BATCH} sentences", f"{diffs['B']:.1e}"),
-    ]
+    def row(name: str) -> list[str]:
+        label, batching, _ = systems[name]
+        agree = f"{diffs[name]:.1e}" if name in diffs else f"cos {cosines[name]:.4f}" if name in cosines else "-"
+        return [label, batching, f"{best[name]:.2f}", f"{speed[name]:,.0f}", f"{speed[name] * flops / 1e9:.0f}",
+                f"{1 - tokens / padded[name]:.0%}", vs(name, "ort"), vs(name, "ort-int8"), agree]
+
+    header = ["system", "batching", "wall time (s)", "tokens/s", "GFLOP/s", "padding", "vs ORT f32", "vs ORT int8",
+              "vs ctxrep: max abs diff / mean cosine"]
+    rows = [row(name) for name in systems]
     ratio_header = ["check", "measured", "target", "result"]
-    ratio_rows = [
-        ["ctxrep / A", f"{ratio_a:.2f}x", f">= {TARGET_VS_A}x", mark(ratio_a >= TARGET_VS_A)],
-        ["ctxrep / B", f"{ratio_b:.2f}x", f">= {TARGET_VS_B}x", mark(ratio_b >= TARGET_VS_B)],
-        ["outputs equal", f"{worst:.1e}", f"< {TOLERANCE:g}", mark(worst < TOLERANCE)],
-    ]
+    ratio_rows = []
+
+    def check(label: str, value: float, target: float, shown: str, at_least: bool = True) -> None:
+        ok = value >= target if at_least else value < target
+        ratio_rows.append([label, shown, f"{'>=' if at_least else '<'} {target:g}", mark(ok)])
+
+    for name, target in (("A", TARGET_VS_A), ("B", TARGET_VS_B)):
+        if name in speed:
+            r = speed["ctxrep"] / speed[name]
+            check(f"ctxrep / {name}", r, target, f"{r:.2f}x")
+    if "compiled" in speed and "ort" in speed:
+        r = speed["compiled"] / speed["ort"]
+        check("ctxrep compiled / ORT f32", r, TARGET_VS_ORT, f"{r:.2f}x")
+    if "int8" in speed and "ort-int8" in speed:
+        r = speed["int8"] / speed["ort-int8"]
+        check("ctxrep int8 / ORT int8", r, TARGET_VS_ORT_INT8, f"{r:.2f}x")
+    if "int8" in cosines:
+        check("ctxrep int8 word-vector cosine", cosines["int8"], TARGET_INT8_COSINE, f"{cosines['int8']:.4f}")
+    check("float32 outputs equal", worst, TOLERANCE, f"{worst:.1e}", at_least=False)
     trial = f" QUICK TRIAL (--limit {n}): not a benchmark result." if n < MIN_SENTENCES else ""
+    skipped = f" Left out: {', '.join(sorted(skip))}." if skip else ""
     notes = [
-        f"corpus: {args.corpus} ({CORPORA[args.corpus][0]}), first {n:,} sentences, "
-        f"{sum(len(s) for s in sentences):,} words, {tokens:,} tokens (non-pad, with [CLS]/[SEP]).{trial}",
-        f"model: {MODEL} ({featurizer.num_layers} layers, {featurizer.dim} wide), last layer, mean of each word's "
-        f"pieces; transformers attention: {reference.model.config._attn_implementation}.",
-        "timing: tokenization through to numpy word vectors (model loading excluded); padding = share of the "
-        f"encoder's input positions that are pad; warm-up {len(warm)} sentences per system; best of {args.repeats} "
-        "round-robin run(s).",
-        f"torch threads: {torch.get_num_threads()}; torch {torch.__version__}; "
-        f"transformers {transformers.__version__}; python {platform.python_version()}; "
-        f"CPU: {cpu_model()} ({logical_cpus()} logical CPUs).",
+        (f"corpus: {args.corpus} ({CORPORA[args.corpus][0]}), first {n:,} sentences, "
+         f"{sum(len(s) for s in sentences):,} words, {tokens:,} tokens (non-pad, with [CLS]/[SEP]).{trial}{skipped}"),
+        (f"model: {MODEL} ({featurizer.num_layers} layers, {featurizer.dim} wide), last layer, mean of each word's "
+         f"pieces; transformers attention: {reference.model.config._attn_implementation}; "
+         f"{flops / 1e6:.1f} MFLOP per token."),
+        ("timing: tokenization through to numpy word vectors (model loading excluded); padding = share of the "
+         f"encoder's input positions that are pad; warm-up {len(warm)} sentences per system"
+         + (f" (the compiled system's, compilation included: {compile_seconds:.1f} s)" if compile_seconds else "")
+         + f"; best of {args.repeats} round-robin run(s)."),
+        (f"torch threads: {torch.get_num_threads()}; torch {torch.__version__}; "
+         f"transformers {transformers.__version__}; onnxruntime {_version('onnxruntime')}; "
+         f"python {platform.python_version()}; CPU: {cpu_model()} ({logical_cpus()} logical CPUs)."),
     ]
 
     print(fmt_table(header, rows, markdown=False, text_columns=2))
@@ -350,6 +487,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nerror: outputs differ: max abs diff {worst:.3g} is not < {TOLERANCE:g}", file=sys.stderr)
         return 1
     return 0
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 if __name__ == "__main__":

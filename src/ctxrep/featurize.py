@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ctxrep import fast
 from ctxrep.inputs import (EncoderInput, Text, WindowPlan, as_list, collate, split_windows, token_budget_batches,
                            words_of)  # fmt: skip
 from ctxrep.models.encoder import Encoder
@@ -59,6 +60,12 @@ class Featurizer:
         count 1 / (number of windows), so the mean is over as many positions as one long sequence would have.
     stride: how many pieces each window of a long text advances (default: half a window).
     batch_tokens: the token budget of one batch (padded batch size x longest sequence).
+    compile: run the encoder under torch.compile (`ctxrep.fast.compile_encoder`): True, False, or "auto" (compile
+        once a call's work is large enough to pay for the compilation, `fast.worth_compiling`; stay eager before).
+    quantize: None (float) or "int8": linear layers in int8 (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated
+        on `fast.CALIBRATION_TEXTS`); every Transformer family, CPU only.
+    The model's device and dtype are used as they are: move `featurizer.model` to "cuda" or bfloat16, or call
+    inside `torch.autocast`; vectors come back as float32 numpy arrays.
     """
 
     def __init__(
@@ -72,11 +79,17 @@ class Featurizer:
         batch_tokens: int = 2048,
         num_threads: int | None = None,
         progress: bool = False,
+        compile: bool | str = "auto",
+        quantize: str | None = None,
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if sentence_pooling not in SENTENCE_POOLINGS:
             raise ValueError(f"sentence_pooling must be one of {SENTENCE_POOLINGS}, got {sentence_pooling!r}")
+        if compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
+        if quantize not in (None, "int8"):
+            raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         loaded = model if isinstance(model, LoadedEncoder) else load_encoder(model)
@@ -85,6 +98,12 @@ class Featurizer:
         self.source = loaded.source
         # [(model, its inference copy)]: one slot that the views from with_layers share, so it is built once
         self._packed: list[tuple[torch.nn.Module, torch.nn.Module]] = []
+        self._compiled: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # the same for the compiled encoder
+        if self.model.word_level and (quantize or compile is True):
+            raise ValueError(f"{self.model.family} is a biLSTM over characters: compile and quantize are for "
+                             "Transformer encoders; leave them at their defaults")
+        self.compile = compile
+        self.quantize = quantize
         if self.model.word_level and sentence_pooling == "cls":
             raise ValueError(f"{self.model.family} has no classification token: use sentence_pooling='mean'")
         self.pooling = pooling
@@ -103,8 +122,24 @@ class Featurizer:
         """The inference copy of `self.model`, built once for this featurizer and its `with_layers` views (rebuilt
         if `self.model` was replaced)."""
         if not self._packed or self._packed[0][0] is not self.model:
-            self._packed[:] = [(self.model, _prepack_for_inference(self.model))]
+            self._packed[:] = [(self.model, self._inference_copy())]
         return self._packed[0][1]
+
+    def _inference_copy(self) -> torch.nn.Module:
+        if self.quantize == "int8":
+            return fast.quantize_int8(self.model, fast.calibration_batches(self.tokenizer, self.max_length))
+        return _prepack_for_inference(self.model)
+
+    def _encoder_for(self, num_tokens: int) -> torch.nn.Module:
+        """The compiled encoder when `compile` asks for it (True; or "auto" and a call of `num_tokens` that pays for
+        compiling, or one compiled earlier), else `_encoder`. int8 runs uncompiled."""
+        if self._compiled and self._compiled[0][0] is self.model:
+            return self._compiled[0][1]
+        if self.quantize is None and (self.compile is True or (self.compile == "auto" and
+                                                                fast.worth_compiling(num_tokens, self.model))):
+            self._compiled[:] = [(self.model, fast.compile_encoder(self.model))]
+            return self._compiled[0][1]
+        return self._encoder
 
     def with_layers(self, layers: int | Sequence[int] | str | ScalarMix) -> "Featurizer":
         """A copy that returns other layers, sharing the model and tokenizer (nothing is reloaded)."""
@@ -122,6 +157,7 @@ class Featurizer:
         view = copy.copy(self)
         view.model = model
         view._packed = []
+        view._compiled = []
         return view
 
     @property
@@ -202,17 +238,21 @@ class Featurizer:
         top = max(self.layer_indices)
         order = sorted(range(len(windows)), key=lambda i: len(windows[i].input_ids))
         batches = token_budget_batches([len(windows[i].input_ids) for i in order], self.batch_tokens)
-        bar = tqdm(total=sum(len(w.input_ids) for w in windows), unit="tok", disable=not self.progress, desc="embed")
+        num_tokens = sum(len(w.input_ids) for w in windows)
+        bar = tqdm(total=num_tokens, unit="tok", disable=not self.progress, desc="embed")
         self.model.eval()
+        encoder = self._encoder_for(num_tokens)
+        device = next(self.model.parameters()).device
         with torch.inference_mode():
             start = 0
             for size in batches:
                 rows = order[start : start + size]
                 batch = [windows[i] for i in rows]
                 start += size
-                inputs = collate(batch, self.tokenizer)
-                out = self._encoder.encode(inputs, num_layers=top if top < self.model.num_layers else None)
+                inputs = {k: v.to(device) for k, v in collate(batch, self.tokenizer).items()}
+                out = encoder.encode(inputs, num_layers=top if top < self.model.num_layers else None)
                 selected = torch.stack([out.hidden_states[i] for i in self.layer_indices])  # (layers, batch, seq, hidden)
+                selected = selected.float().cpu()  # no copy for a float32 model on CPU
                 if self.mix is not None:
                     selected = self.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
                 if want_words:
@@ -323,7 +363,6 @@ class Featurizer:
         return windows, [len(w) for w in words], weights
 
 
-
 def _prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` whose linear layers run through oneDNN with pre-packed weights.
 
@@ -331,6 +370,8 @@ def _prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
     matrix shapes of featurization. Inference only: `self.model` stays the ordinary module.
     """
     if not torch.backends.mkldnn.is_available() or any(p.device.type != "cpu" for p in model.parameters()):
+        return model
+    if any(p.dtype != torch.float32 for p in model.parameters()):  # to_mkldnn would turn a bfloat16 model float32
         return model
     if not model.prepack_for_inference:  # measured faster for the BERT family only
         return model

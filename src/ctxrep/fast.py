@@ -1,0 +1,255 @@
+"""Inference fast paths for any `Encoder`: compiled float32, and int8 linear layers.
+
+Each returns an object with the encoder's `encode(batch, output_attentions, num_layers)`; the encoder's own
+forward stays the reference they are tested against (tests/test_fast.py).
+
+  compile_encoder(encoder)   `encoder.encode` under torch.compile (Inductor, frozen weights, dynamic shapes): the
+                             same float32 results (to ~1e-5), about 1.5-2x eager on CPU once compiled; compiling
+                             costs 10-90 s per process (less when Inductor's on-disk cache already holds the
+                             graphs), so `worth_compiling` says when a call is large enough to pay for it.
+  quantize_int8(encoder, batches)  a copy whose nn.Linear layers run in int8 (`Int8Linear`): per-output-channel
+                             weights, per-tensor activations quantised on the fly with the full 8-bit range, and
+                             SmoothQuant scales (Xiao et al. 2023) calibrated on `batches` so that the few outlier
+                             input channels of a Transformer do not eat the activation range.
+  calibration_batches(tokenizer, max_length)  collated batches of CALIBRATION_TEXTS for `quantize_int8`.
+
+Nothing here hard-codes CPU or float32: the compiled encoder runs on the encoder's device and dtype; int8
+quantised linear layers exist on CPU only, so `quantize_int8` refuses a model on another device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ctxrep.inputs import WindowPlan, collate
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.outputs import EncoderOutput
+
+# Compiling pays when a call runs more tokens than this. Measured on 2 CPU threads (benchmarks/notes_speed.md):
+# compiling takes 15-30 s on a quiet machine and then saves about 50 us per MiniLM token, so it breaks even near
+# 300k-500k tokens; with Inductor's on-disk cache warm (a second process) it takes a few seconds.
+COMPILE_MIN_TOKENS = 400_000
+
+
+def worth_compiling(num_tokens: int, encoder: Encoder) -> bool:
+    """Whether compiling `encoder` pays for a call of `num_tokens` tokens (ELMo's biLSTM never compiles)."""
+    return not encoder.word_level and num_tokens >= COMPILE_MIN_TOKENS
+
+
+class CompiledEncoder(nn.Module):
+    """`encoder.encode` compiled by torch.compile (Inductor) with frozen weights and dynamic batch / sequence sizes.
+
+    Inference only: the weights are folded into the compiled code as they are when it first runs, so a compiled
+    encoder does not see later changes to them. Attention probabilities are not compiled (`output_attentions=True`
+    calls the encoder itself). The first call of each new `num_layers` compiles; later calls reuse the code.
+    """
+
+    def __init__(self, encoder: Encoder) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.family = encoder.family
+        self.word_level = encoder.word_level
+        self._compiled = torch.compile(self._hidden_states, dynamic=True, options={"freezing": True})
+
+    def _hidden_states(self, batch: Mapping[str, torch.Tensor], num_layers: int | None) -> tuple[torch.Tensor, ...]:
+        return self.encoder.encode(batch, num_layers=num_layers).hidden_states
+
+    def encode(
+        self, batch: Mapping[str, torch.Tensor], output_attentions: bool = False, num_layers: int | None = None
+    ) -> EncoderOutput:
+        if output_attentions or torch.is_grad_enabled():  # frozen weights are for inference only
+            return self.encoder.encode(batch, output_attentions=output_attentions, num_layers=num_layers)
+        with _quiet_graph_break():
+            hidden_states = self._compiled(dict(batch), num_layers)
+        return EncoderOutput(last_hidden_state=hidden_states[-1], hidden_states=tuple(hidden_states))
+
+    def forward(self, *args, **kwargs):
+        return self.encoder(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _quiet_graph_break():
+    """Dynamo warns once, at length, of the graph break at the encoders' `bool(attention_mask.all())` (the branch that
+    skips masking for unpadded batches). It is expected: the code before it is tiny and the rest compiles whole."""
+    logger = logging.getLogger("torch._dynamo.variables.tensor")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def compile_encoder(encoder: Encoder) -> CompiledEncoder:
+    """`encoder` under torch.compile for inference (see CompiledEncoder); ELMo is refused in one line."""
+    if encoder.word_level:
+        raise ValueError(f"{encoder.family} is a biLSTM over characters: compile is for Transformer encoders")
+    return CompiledEncoder(encoder.eval())
+
+
+# ---- int8 -------------------------------------------------------------------------------------------
+
+# Varied English for calibrating activation ranges (news, dialogue, technical, numbers, names, punctuation).
+CALIBRATION_TEXTS = [
+    "The quick brown fox jumps over the lazy dog .",
+    "A crane lifted the steel beam onto the roof of the new library on Tuesday morning .",
+    "Contextual word vectors depend on the sentence around the word .",
+    "She said , `` I 'm not sure that 's what we agreed on , '' and left the room .",
+    "Shares of the company fell 4.5 % to $ 23.10 after the quarterly report missed analysts ' estimates .",
+    "In 1969 , Apollo 11 landed on the Moon and Neil Armstrong stepped onto its surface .",
+    "The film is a charming , funny and ultimately moving portrait of a family in crisis .",
+    "It 's a dull , overlong mess with no characters worth caring about .",
+    "Please restart the server after installing the update ; otherwise the old configuration stays in memory .",
+    "Mix two cups of flour with a pinch of salt , then add the eggs one at a time .",
+    "The committee rejected the proposal by a vote of 7 to 3 , citing concerns about its cost .",
+    "Why did the river flood the village again this spring ?",
+    "Researchers at the University of Tokyo reported a new catalyst for splitting water with sunlight .",
+    "He plays the violin , speaks four languages and still finds time to coach the under-12 football team .",
+    "Turn left at the second traffic light and the museum will be on your right .",
+    "The patient was given 500 mg of amoxicillin twice daily for ten days .",
+    "Despite the rain , thousands of fans waited outside the stadium for hours .",
+    "The novel 's final chapter reveals that the narrator had been lying all along .",
+    "Berlin , Paris and Madrid announced a joint plan to cut emissions by 2030 .",
+    "I would n't call it a masterpiece , but it 's better than most sequels .",
+    "Each node stores a key , a value and pointers to its left and right children .",
+    "The bank raised interest rates for the third time this year , to 5.25 percent .",
+    "My grandmother grew tomatoes , beans and sunflowers in the small garden behind her house .",
+    "Click Save , choose a folder and type a name for the file .",
+    "After the match , the coach praised the defence but criticised the team 's finishing .",
+    "Photosynthesis converts light energy into chemical energy stored in glucose .",
+    "The museum 's collection includes paintings by Rembrandt , Vermeer and van Gogh .",
+    "They missed the last train and had to walk home through the snow .",
+    "@user lol that was the best game ever !!! can't wait for next week #finals",
+    "Section 3.2 defines the terms ; Appendix B lists the exceptions .",
+    "An unexpectedly tender , beautifully acted drama that stays with you long after the credits .",
+    "The soldiers crossed the border at dawn , according to officials who spoke on condition of anonymity .",
+]
+
+
+def calibration_batches(
+    tokenizer, max_length: int, texts: Sequence[str] = CALIBRATION_TEXTS, batch_size: int = 8
+) -> list[dict[str, torch.Tensor]]:
+    """`texts` (whitespace-split) tokenized as the featurizer does, in collated batches of `batch_size` windows."""
+    plan = WindowPlan(tokenizer, max_length)
+    pieces = tokenizer.encode_words([t.split() for t in texts])
+    windows = [w for i, p in enumerate(pieces) for w in plan.single(i, p)]
+    return [collate(windows[k : k + batch_size], tokenizer) for k in range(0, len(windows), batch_size)]
+
+
+@contextlib.contextmanager
+def _quantized_engine(name: str):
+    """Select a quantized backend while weights are packed (the packed weights keep it); restore the old one."""
+    old = torch.backends.quantized.engine
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = old
+
+
+def int8_engine() -> str:
+    """oneDNN where present: with the full 8-bit activation range it was as fast as fbgemm's 7-bit one here."""
+    engines = torch.backends.quantized.supported_engines
+    for name in ("onednn", "x86", "fbgemm"):
+        if name in engines:
+            return name
+    raise ValueError(f"this torch build has no int8 CPU backend (it has {engines}); use quantize=None")
+
+
+class Int8Linear(nn.Module):
+    """y = (x / s) Q(W s)^T + b: a Linear in int8.
+
+    s: per-input-channel SmoothQuant scales, s_j = max|x_j|^alpha / max|W_:j|^(1 - alpha) (Xiao et al. 2023, eq. 4),
+    with max|x_j| calibrated on real inputs; they move the activations' outlier channels into the weights, which
+    are quantised per output channel (symmetric, scale = max|row| / 127). x / s is quantised per tensor on each
+    call over the full 0..255 range (torch's DynamicQuantizedLinear uses 7 bits, which cost accuracy here).
+    """
+
+    def __init__(self, linear: nn.Linear, input_absmax: torch.Tensor | None = None, alpha: float = 0.7) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()  # (out, in)
+        if input_absmax is None:
+            smooth = torch.ones(self.in_features)
+        else:
+            smooth = input_absmax.float().clamp(min=1e-5) ** alpha / weight.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)
+            smooth = smooth.clamp(min=1e-5)
+        self.register_buffer("inv_smooth", 1 / smooth)  # (in,)
+        weight = weight * smooth  # (out, in), column j scaled by s_j
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127  # (out,)
+        zero = torch.zeros(self.out_features, dtype=torch.long)
+        with warnings.catch_warnings():  # torch marks its quantized tensors deprecated in favour of torchao
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(weight, scale.double(), zero, 0, torch.qint8)
+        bias = linear.bias.detach().float() if linear.bias is not None else None
+        with _quantized_engine(int8_engine()):
+            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.quantized.linear_dynamic(x.float() * self.inv_smooth, self._packed, reduce_range=False)
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+def _input_absmax(encoder: Encoder, batches: Iterable[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """max |x_j| over every call of each nn.Linear (by module name) while `encoder` runs `batches`.
+    A module reused at several depths (ALBERT's shared layers) gathers over all of them."""
+    absmax: dict[str, torch.Tensor] = {}
+
+    def record(name: str):
+        def hook(_module, inputs, _output) -> None:
+            x = inputs[0].detach()
+            seen = x.abs().reshape(-1, x.shape[-1]).amax(0).float()  # (in,)
+            absmax[name] = torch.maximum(absmax[name], seen) if name in absmax else seen
+
+        return hook
+
+    hooks = [m.register_forward_hook(record(n)) for n, m in encoder.named_modules() if isinstance(m, nn.Linear)]
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                encoder.encode(batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    return absmax
+
+
+def quantize_int8(
+    encoder: Encoder,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    alpha: float = 0.7,
+    keep_float: Iterable[str] = (),
+) -> Encoder:
+    """A copy of `encoder` (eval mode) whose nn.Linear layers are `Int8Linear`, SmoothQuant-calibrated on `batches`
+    (e.g. `calibration_batches(tokenizer, encoder.max_tokens)`). `keep_float`: module names left in float32.
+
+    Every Transformer family works: BERT, RoBERTa, ELECTRA, ALBERT, GPT-2, XLNet (its attention projections are
+    einsum parameters, not nn.Linear, and stay float32). ELMo is refused in one line."""
+    if encoder.word_level:
+        raise ValueError(f"{encoder.family} is a biLSTM over characters: int8 applies to Transformer linear layers")
+    if any(p.device.type != "cpu" for p in encoder.parameters()):
+        raise ValueError("int8 linear layers run on CPU only: move the model to CPU first, or use bf16 on a GPU")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha is the SmoothQuant migration strength, between 0 and 1; got {alpha}")
+    quantized = copy.deepcopy(encoder).float().eval()
+    absmax = _input_absmax(quantized, batches)
+    keep = set(keep_float)
+    linears = [(n, m) for n, m in quantized.named_modules() if isinstance(m, nn.Linear) and n not in keep]
+    unknown = keep - {n for n, m in quantized.named_modules() if isinstance(m, nn.Linear)}
+    if unknown:
+        raise ValueError(f"keep_float names no nn.Linear of this model: {sorted(unknown)}")
+    for name, linear in linears:
+        parent_name, _, child = name.rpartition(".")
+        parent = quantized.get_submodule(parent_name) if parent_name else quantized
+        setattr(parent, child, Int8Linear(linear, absmax.get(name), alpha))
+    return quantized

@@ -1,0 +1,209 @@
+"""The inference fast paths (ctxrep.fast) against the encoders' own forward, and the Featurizer's hooks to them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_matrix import albert_dir  # noqa: F401  (a fixture: the tiny ALBERT)
+
+from ctxrep import fast
+from ctxrep.featurize import Featurizer
+from ctxrep.inputs import WindowPlan, collate
+from ctxrep.models.loading import load_encoder
+
+WORDS = [["The", "bank", "raised", "its", "rates", "."], ["We", "sat", "on", "the", "river", "bank", "all", "day"],
+         ["A", "short", "one"], ["Unbelievably", "tedious", ",", "overlong", "and", "self-indulgent", "."]]  # fmt: skip
+TRANSFORMERS = [("bert", "tiny_models"), ("roberta", "tiny_models"), ("electra", "tiny_models"),
+                ("gpt2", "gpt2_dir"), ("xlnet", "xlnet_dir"), ("albert", "albert_dir")]  # fmt: skip
+
+
+def _folder(request, family: str, fixture: str) -> str:
+    built = request.getfixturevalue(fixture)
+    return str(built[family] if isinstance(built, dict) else built)
+
+
+def _word_cosines(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    x, y = np.concatenate(a), np.concatenate(b)
+    return (x * y).sum(-1) / (np.linalg.norm(x, axis=-1) * np.linalg.norm(y, axis=-1))
+
+
+# ---- compiled float32 ---------------------------------------------------------------------------------------
+
+
+def test_compiled_encoder_matches_the_forward_on_padded_and_unpadded_batches(tiny_models):
+    loaded = load_encoder(str(tiny_models["bert"]))
+    model = loaded.model.eval()
+    compiled = fast.compile_encoder(model)
+    pieces = loaded.tokenizer.encode_words(WORDS)
+    records = [w for i, p in enumerate(pieces) for w in WindowPlan(loaded.tokenizer, 64).single(i, p)]
+    batches = [collate(records, loaded.tokenizer), collate(records[2:3], loaded.tokenizer),
+               collate(records[:2], loaded.tokenizer)]  # fmt: skip
+    with torch.inference_mode():
+        for batch in batches:  # new shapes reuse the dynamic-shape code
+            for num_layers in (None, 1):
+                ours = compiled.encode(batch, num_layers=num_layers).hidden_states
+                reference = model.encode(batch, num_layers=num_layers).hidden_states
+                assert len(ours) == len(reference)
+                for a, b in zip(ours, reference):
+                    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():  # attention probabilities come from the encoder itself
+        assert compiled.encode(batches[0], output_attentions=True).attentions is not None
+
+
+def test_compile_auto_stays_eager_for_small_calls_and_compiles_for_large_ones(tiny_models, monkeypatch):
+    eager = Featurizer(str(tiny_models["bert"]), layers="all", compile=False)
+    auto = Featurizer(str(tiny_models["bert"]), layers="all")  # compile="auto" is the default
+    assert auto.compile == "auto"
+    small, large = WORDS[2:3], WORDS * 3
+    tokens_small = sum(len(w) + 2 for w in small)
+    monkeypatch.setattr(fast, "COMPILE_MIN_TOKENS", tokens_small + 1)
+    np.testing.assert_allclose(auto.embed_words(small)[0], eager.embed_words(small)[0], atol=1e-6)
+    assert auto._compiled == []  # too small to pay for compiling
+    for ours, reference in zip(auto.embed_words(large), eager.embed_words(large)):
+        np.testing.assert_allclose(ours, reference, atol=1e-4)
+    assert isinstance(auto._compiled[0][1], fast.CompiledEncoder)
+    auto.embed_words(small)  # once compiled, small calls use it too
+    assert auto._encoder_for(1) is auto._compiled[0][1]
+    assert auto.with_layers(-1)._encoder_for(1) is auto._compiled[0][1]  # views share it
+
+
+def test_worth_compiling_reads_the_token_count_and_never_compiles_elmo(tiny_models, elmo_dir):
+    bert = load_encoder(str(tiny_models["bert"])).model
+    assert not fast.worth_compiling(100, bert)
+    assert fast.worth_compiling(fast.COMPILE_MIN_TOKENS, bert)
+    elmo = load_encoder(f"elmo:{elmo_dir}").model
+    assert not fast.worth_compiling(10 * fast.COMPILE_MIN_TOKENS, elmo)
+
+
+# ---- int8 ---------------------------------------------------------------------------------------------------
+
+
+def test_int8_word_vectors_of_minilm_stay_within_cosine_0_99_of_float32():
+    words = [s.split() for s in [
+        "The new museum opened its doors to the public on Saturday after years of delays .",
+        "I could n't put this book down : the characters feel alive and the ending surprised me .",
+        "Heavy rain flooded several roads near the airport , and flights were delayed for hours .",
+        "The algorithm sorts the list in place and returns the number of swaps it made .",
+    ]]  # fmt: skip
+    float32 = Featurizer("minilm", compile=False).embed_words(words)
+    quantized = Featurizer("minilm", quantize="int8")
+    int8 = quantized.embed_words(words)
+    cosines = _word_cosines(int8, float32)
+    assert cosines.mean() >= 0.99 and cosines.min() > 0.95
+    linears = [m for m in quantized.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) >= 6 * 6  # q, k, v, attention output, intermediate, output per layer (and a pooler)
+    assert sum(isinstance(m, fast.Int8Linear) for m in quantized._encoder.modules()) == len(linears)
+    assert not any(isinstance(m, torch.nn.Linear) for m in quantized._encoder.modules())  # the copy, not the model
+
+
+@pytest.mark.parametrize("family, fixture", TRANSFORMERS, ids=[f for f, _ in TRANSFORMERS])
+def test_every_transformer_family_accepts_quantize_int8(family, fixture, request):
+    folder = _folder(request, family, fixture)
+    int8 = Featurizer(folder, quantize="int8")
+    assert int8.model.family == family
+    float32 = Featurizer(folder, compile=False).embed_words(WORDS)
+    ours = int8.embed_words(WORDS)
+    assert [a.shape for a in ours] == [a.shape for a in float32]
+    assert any(isinstance(m, fast.Int8Linear) for m in int8._encoder.modules())
+    assert _word_cosines(ours, float32).mean() > 0.97  # random tiny models: a loose check that it computes the same
+
+
+def test_elmo_refuses_int8_and_compile_in_one_line(elmo_dir):
+    for kwargs in ({"quantize": "int8"}, {"compile": True}):
+        with pytest.raises(ValueError, match="ELMo|elmo|biLSTM") as e:
+            Featurizer(f"elmo:{elmo_dir}", **kwargs)
+        assert "\n" not in str(e.value) and "Transformer" in str(e.value)
+    model = load_encoder(f"elmo:{elmo_dir}").model
+    with pytest.raises(ValueError, match="biLSTM over characters: int8") as e:
+        fast.quantize_int8(model, [])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="biLSTM over characters: compile"):
+        fast.compile_encoder(model)
+    Featurizer(f"elmo:{elmo_dir}").embed_words(WORDS[:1])  # the default compile="auto" is fine for ELMo
+
+
+def test_int8_linear_matches_a_float_linear_and_smoothing_tames_an_outlier_channel():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    x = torch.randn(200, 64)
+    x[:, 5] *= 60  # one outlier input channel, as in Transformer LayerNorm outputs
+    absmax = x.abs().amax(0)
+    expected = linear(x).detach()
+
+    def error(layer: fast.Int8Linear) -> float:
+        return float((layer(x) - expected).norm() / expected.norm())
+
+    smoothed, plain = fast.Int8Linear(linear, absmax, alpha=0.7), fast.Int8Linear(linear, None)
+    assert error(smoothed) < 0.02
+    assert error(smoothed) < error(plain) / 2
+    assert smoothed(x.to(torch.bfloat16)).dtype == torch.bfloat16  # returns the input's dtype
+
+
+def test_quantize_int8_checks_its_arguments_and_keeps_named_layers_float(tiny_models):
+    loaded = load_encoder(str(tiny_models["bert"]))
+    batches = fast.calibration_batches(loaded.tokenizer, loaded.model.max_tokens)
+    assert batches and all(b["input_ids"].shape[0] <= 8 for b in batches)
+    q = fast.quantize_int8(loaded.model, batches, keep_float=["layers.0.intermediate"])
+    assert isinstance(q.get_submodule("layers.0.intermediate"), torch.nn.Linear)
+    assert isinstance(q.get_submodule("layers.0.output"), fast.Int8Linear)
+    assert isinstance(loaded.model.get_submodule("layers.0.output"), torch.nn.Linear)  # the original is untouched
+    with pytest.raises(ValueError, match="keep_float names no nn.Linear of this model: \\['layers.9.output'\\]"):
+        fast.quantize_int8(loaded.model, batches, keep_float=["layers.9.output"])
+    with pytest.raises(ValueError, match="alpha is the SmoothQuant migration strength"):
+        fast.quantize_int8(loaded.model, batches, alpha=2.0)
+
+
+def test_featurizer_refuses_unknown_compile_and_quantize_values(tiny_models):
+    with pytest.raises(ValueError, match="compile must be True, False or 'auto', got 'yes'"):
+        Featurizer(str(tiny_models["bert"]), compile="yes")
+    with pytest.raises(ValueError, match="quantize must be None or 'int8', got 'int4'"):
+        Featurizer(str(tiny_models["bert"]), quantize="int4")
+
+
+# ---- device and dtype flow through ----------------------------------------------------------------------------
+
+
+def test_the_featurizer_sends_inputs_to_the_models_device(tiny_models):
+    fz = Featurizer(str(tiny_models["bert"]), compile=False)
+    fz.model.to("meta")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def record(_module, args, kwargs):
+        seen.append((args[0].device.type, kwargs["attention_mask"].device.type))
+        raise Stop
+
+    fz.model.register_forward_pre_hook(record, with_kwargs=True)
+    with pytest.raises(Stop):
+        fz.embed_words(WORDS[:1])
+    assert seen == [("meta", "meta")]  # no oneDNN copy of a model off the CPU; inputs moved to its device
+    assert fz._encoder is fz.model
+
+
+def test_bfloat16_models_and_autocast_give_float32_vectors_close_to_float32(tiny_models):
+    folder = str(tiny_models["bert"])
+    reference = Featurizer(folder, compile=False).embed_words(WORDS)
+    bf16 = Featurizer(folder, compile=False)
+    bf16.model.to(torch.bfloat16)
+    assert bf16._encoder is bf16.model  # not pre-packed into float32 by oneDNN
+    out = bf16.embed_words(WORDS)
+    assert all(a.dtype == np.float32 for a in out)
+    assert _word_cosines(out, reference).mean() > 0.99
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = Featurizer(folder, compile=False).embed_words(WORDS)
+    assert all(a.dtype == np.float32 for a in mixed)
+    assert _word_cosines(mixed, reference).mean() > 0.99
+
+
+def test_the_compiled_encoder_keeps_the_models_dtype(tiny_models):
+    model = load_encoder(str(tiny_models["bert"])).model.to(torch.bfloat16).eval()
+    ids = torch.tensor([[101, 2023, 2003, 102]])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    with torch.inference_mode():
+        out = fast.compile_encoder(model).encode(batch)
+        reference = model.encode(batch)
+    assert out.last_hidden_state.dtype == torch.bfloat16
+    torch.testing.assert_close(out.last_hidden_state, reference.last_hidden_state, atol=2e-2, rtol=2e-2)
