@@ -492,3 +492,14 @@ def test_the_cli_offers_every_objective_of_the_library():
     from ctxrep.train import pretrain as library
 
     assert cli_module.OBJECTIVES == library.OBJECTIVES
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_progress_flag_draws_or_silences_the_training_bar(corpus, tmp_path, capfd, progress):
+    from ctxrep.train.pretrain import load_config
+    from ctxrep.train.pretrain import pretrain as run_pretraining
+
+    run_pretraining("mlm", load_config("tiny", objective="mlm"), corpus, tmp_path / "out", max_steps=2,
+                    progress=progress)  # fmt: skip
+    err = capfd.readouterr().err
+    assert ("train:" in err) == progress, err[-500:]

@@ -419,7 +419,9 @@ def pretrain(
     _check_out_dir(out, objective, config, resume, distributed.current())
     torch.manual_seed(config.trainer.seed)  # the same initial weights on every process and every run
     run = prepare_run(objective, config, corpus, out, tokenizer, progress)
-    trainer = Trainer(run.objective, config.trainer, run.train_data, out, run.eval_data, run.save_model)
+    trainer = Trainer(
+        run.objective, config.trainer, run.train_data, out, run.eval_data, run.save_model, progress=progress
+    )
     return trainer.train(resume=resume)
 
 
