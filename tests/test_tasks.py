@@ -448,3 +448,76 @@ def test_mix_weights_on_probes():
     result = probe.ProbeResult("upos", "m", ["a", "b", "c"], 300, 300, 0.4, [row])
     assert np.allclose(result.mix_weights_, row.mix_weights) and int(result.mix_weights_.argmax()) == 2
     assert result.mix_gamma_ == row.mix_gamma != 1.0
+
+
+# ---- the fast paths against their references ------------------------------------------------------------------
+
+
+def _with_reference_adamw(cls, monkeypatch):
+    """Make `cls` fit with the for-loop AdamW (the reference of the fused kernel)."""
+    own = cls._loop_settings
+
+    def reference(self):
+        settings = own(self)
+        settings.fused_adamw = False
+        return settings
+
+    monkeypatch.setattr(cls, "_loop_settings", reference)
+
+
+@pytest.mark.parametrize("cls,X,y", [(SequenceClassifier, X_CLS, Y_CLS), (TokenTagger, X_TAG, Y_TAG)])
+def test_fused_adamw_fits_as_the_for_loop_reference(tiny_models, tmp_path, monkeypatch, cls, X, y):
+    fast = cls(**common(tiny_models, tmp_path, max_epochs=3)).fit(X, y, eval_set=(X, y))
+    assert all(g["fused"] for g in make_optimizer(fast.model_, fast._loop_settings()).param_groups)
+    _with_reference_adamw(cls, monkeypatch)
+    reference = cls(**common(tiny_models, tmp_path, max_epochs=3)).fit(X, y, eval_set=(X, y))
+    assert not any(g["fused"] or g["foreach"] for g in make_optimizer(reference.model_, reference._loop_settings()).param_groups)
+    assert [h["dev_score"] for h in fast.history_] == [h["dev_score"] for h in reference.history_]
+    np.testing.assert_allclose([h["train_loss"] for h in fast.history_], [h["train_loss"] for h in reference.history_],
+                               rtol=1e-4)  # fmt: skip
+    for (name, a), b in zip(fast.model_.state_dict().items(), reference.model_.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeypatch):
+    """predict's path (length-sorted token-budget batches through the pre-packed inference copy, inference mode)
+    against the network itself in batches of batch_size, for the classifier and the tagger (long windowed
+    sentences included); a tiny token budget forces many batches of mixed sizes."""
+    from ctxrep.tasks import base
+
+    monkeypatch.setattr(base, "PREDICT_TOKENS", 40)
+    texts = X_CLS + ["good " * n + "bad" for n in range(1, 30, 3)]
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=2, batch_size=3)).fit(X_CLS, Y_CLS)
+    call = clf._call()
+    records = clf._examples(clf._check_X(texts), None, call)
+    fast, reference = clf._forward_all(records, call), clf._forward_reference(records, call)
+    torch.testing.assert_close(torch.stack(fast), torch.stack(reference), rtol=1e-5, atol=1e-5)
+    network = base.inference_network(clf.model_)
+    assert network is not clf.model_ and network.head is clf.model_.head  # the pre-packed copy ran, same head
+
+    sentences = X_TAG + [["the", "cat"] * 50, ["paris"] * 7]
+    tagger = TokenTagger(**common(tiny_models, tmp_path, max_epochs=2, word_pooling="mean")).fit(X_TAG, Y_TAG)
+    call = tagger._call()
+    records = tagger._examples(tagger._check_X(sentences), None, call)
+    fast, reference = tagger._forward_all(records, call), tagger._forward_reference(records, call)
+    assert [f.shape for f in fast] == [r.shape for r in reference]
+    for f, r in zip(fast, reference):
+        torch.testing.assert_close(f, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("word_pooling", ["first", "mean"])
+def test_tagger_pool_matrix_is_the_per_word_loop(tiny_models, tmp_path, word_pooling):
+    tagger = TokenTagger(**common(tiny_models, tmp_path, word_pooling=word_pooling, max_epochs=1))
+    tagger.fit(X_TAG, Y_TAG)
+    call = tagger._call()
+    windows = tagger._examples([["unbelievable", "x"], ["a", "tokenization", "of", "words"]], None, call)
+    n_pieces = max(len(w.input) for w in windows)
+    expected = torch.zeros((len(windows), 4, n_pieces))  # (batch, words, pieces), written one word at a time
+    for r, w in enumerate(windows):
+        for j, (_, s, e) in enumerate(w.input.words):
+            if word_pooling == "first":
+                expected[r, j, s] = 1.0
+            else:
+                expected[r, j, s:e] = 1.0 / (e - s)
+    assert any(e - s > 1 for w in windows for _, s, e in w.input.words)  # a word of several pieces is pooled
+    assert torch.equal(tagger._pool_matrix(windows, n_pieces), expected)

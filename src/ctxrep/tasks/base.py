@@ -45,15 +45,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctxrep.inputs import token_budget_batches
 from ctxrep.models.folders import write_safetensors
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.tasks import loop
 from ctxrep.tasks.features import FeatureCache
-from ctxrep.tasks.network import Representation, TaskNetwork
+from ctxrep.tasks.network import Representation, TaskNetwork, inference_network
 
 MODES = ("finetune", "frozen")
 FROZEN_HEADS = ("bilstm", "linear")
 IGNORE = -100  # label of positions that carry no loss
+PREDICT_TOKENS = 2048  # token budget of one prediction batch (rows x longest), as the Featurizer's batch_tokens
 
 
 @dataclass
@@ -322,7 +324,30 @@ class TaskEstimator:
             raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) first (or load a saved one)")
 
     def _forward_all(self, records: list, call: Call) -> list:
-        """The head's output for every record, in order (batched; eval mode; no gradients)."""
+        """The head's output for every record, in order: the records sorted by length and run in batches under a
+        token budget (PREDICT_TOKENS, or batch_size rows of the longest record when that is more) through
+        `inference_network` under torch.inference_mode. The same outputs as `_forward_reference` (to float
+        rounding: tests/test_tasks.py), which runs the network itself."""
+        lengths = [_length(r) for r in records]
+        order = sorted(range(len(records)), key=lambda i: lengths[i])
+        budget = max(PREDICT_TOKENS, self.batch_size * max(lengths, default=1))
+        sizes = token_budget_batches([lengths[i] for i in order], budget)
+        self.model_.eval()
+        network = inference_network(self.model_, num_tokens=sum(lengths))
+        outputs: list = [None] * len(records)
+        with torch.inference_mode():
+            start = 0
+            for size in sizes:
+                rows = order[start : start + size]
+                start += size
+                part = [records[i] for i in rows]
+                for i, out in zip(rows, self._split_outputs(network(self._collate(part, call)), part)):
+                    outputs[i] = out
+        return outputs
+
+    def _forward_reference(self, records: list, call: Call) -> list:
+        """The head's output for every record, in order: the network itself in batches of batch_size (eval mode,
+        no gradients). The clear path `_forward_all` is tested against."""
         self.model_.eval()
         outputs = []
         with torch.no_grad():

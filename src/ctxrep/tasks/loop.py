@@ -11,6 +11,10 @@ Gradual unfreezing: epoch 0 trains the head only; each later epoch unfreezes the
 max_steps: when set, training stops after that many optimizer steps (the last epoch may be partial) and the
 schedule is laid out over max_steps instead of max_epochs x batches per epoch (as transformers' max_steps).
 
+Speed (benchmarks/finetune_vs_trainer.py, benchmarks/notes_finetune_speed.md): AdamW runs as torch's fused kernel
+(settings.fused_adamw; False gives the for-loop reference, equal up to float rounding), and glibc malloc keeps freed
+activation memory for the next step (ctxrep.train.allocator.tune_malloc, as the pretraining Trainer does).
+
 Randomness comes from the caller: a numpy Generator for the batch order, and `seeded_torch(seed)` around the
 loop for dropout, which leaves the global torch RNG as it found it.
 """
@@ -31,6 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ctxrep.tasks.network import TaskNetwork, network_depths, unfreeze_from_top
+from ctxrep.train.allocator import tune_malloc
 from ctxrep.train.optim import adamw, discriminative, param_groups
 from ctxrep.train.schedules import slanted_triangular, warmup_decay
 
@@ -65,6 +70,7 @@ class LoopSettings:
     desc: str = "fit"
     max_steps: int | None = None  # optimizer steps; None: max_epochs full epochs
     own_lr: tuple[str, float] | None = None  # (parameter-name prefix, its learning rate), e.g. the CRF's
+    fused_adamw: bool = True  # torch's fused AdamW kernel where it applies; False: the for-loop reference
 
 
 def plan_steps(n_examples: int, settings: LoopSettings) -> tuple[int, int, int]:
@@ -105,7 +111,8 @@ def make_optimizer(network: TaskNetwork, settings: LoopSettings) -> torch.optim.
         depth = depth | {name: top + 1 for name, _ in network.named_parameters() if name.startswith(prefix)}
         below = lr_at_depth or (lambda d: settings.lr)
         lr_at_depth = lambda d: own if d == top + 1 else below(d)
-    return adamw(network, settings.lr, settings.weight_decay, depth=depth, default_depth=top, lr_at_depth=lr_at_depth)
+    return adamw(network, settings.lr, settings.weight_decay, depth=depth, default_depth=top, lr_at_depth=lr_at_depth,
+                 fused=settings.fused_adamw)  # fmt: skip
 
 
 def length_bucketed_batches(lengths: list[int], batch_size: int, rng: np.random.Generator, pool_batches: int = 50):
@@ -139,6 +146,7 @@ def train(
     "validation_score"). Returns the best validation score when early stopping kept the best epoch's weights.
     `extra`: a module outside the network whose parameters train too, at lr (e.g. a distillation loss's
     projection); it is not part of the network's weights or of early stopping's best state."""
+    tune_malloc()  # a no-op off glibc or when the user set malloc's thresholds
     optimizer = make_optimizer(network, settings)
     if extra is not None:
         for group in param_groups(extra, settings.weight_decay):

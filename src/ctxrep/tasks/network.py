@@ -6,6 +6,10 @@ finetune  batch from ctxrep.inputs.collate -> encoder.encode(batch) -> top layer
 frozen    batch["features"] (batch, words, layers, dim), batch["mask"] -> ScalarMix (gamma * sum_j softmax(s)_j h_j)
           -> BiLSTM, or nothing ("linear") -> (batch, words, out_dim)
 
+Predictions run `inference_network(network)`: the same head over the featurizer's inference copy of a fine-tuned
+Transformer encoder (oneDNN pre-packed weights; torch.compile for a call large enough to pay for it), tested
+against the network itself.
+
 Depth of each encoder parameter (for discriminative learning rates and gradual unfreezing) is read from its name
 by `encoder_layer_of`.
 """
@@ -72,6 +76,27 @@ class TaskNetwork(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]):
         return self.head(self.representation(batch), batch)
+
+
+def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
+    """The network to predict with (eval mode, under torch.inference_mode): a fine-tuned Transformer encoder is
+    replaced by the featurizer's inference copy (`ctxrep.featurize._prepack_for_inference`, or `ctxrep.fast`'s
+    compiled encoder when `fast.worth_compiling(num_tokens)`), the head and the rest shared. Frozen features and
+    ELMo keep the network as it is. The copy is made from the weights as they are now: build it per call."""
+    from ctxrep import fast
+    from ctxrep.featurize import _prepack_for_inference
+
+    rep = network.representation
+    if rep.mode != "finetune" or not getattr(rep.encoder, "prepack_for_inference", False):
+        return network.eval()
+    if fast.worth_compiling(num_tokens, rep.encoder):
+        encoder = fast.compile_encoder(rep.encoder)
+    else:
+        encoder = _prepack_for_inference(rep.encoder)
+        if encoder is rep.encoder:  # nothing to gain on this device / dtype / torch build
+            return network.eval()
+    fast_rep = Representation("finetune", encoder=encoder, dropout=rep.dropout.p)
+    return TaskNetwork(fast_rep, network.head).eval()
 
 
 BLOCK_LISTS = ("layers", "layer", "h", "forward_layers", "backward_layers")  # BERT, XLNet, GPT-2, ELMo

@@ -241,21 +241,27 @@ class TokenTagger(TaskEstimator):
             batch = pad_features([w.features for w in windows])
         else:
             batch = collate([w.input for w in windows], call.tokenizer)
-            n_words = max(1, max(len(w.input.words) for w in windows))
-            pool = torch.zeros((len(windows), n_words, batch["input_ids"].shape[1]))  # (batch, words, pieces)
-            for r, w in enumerate(windows):
-                for j, (_, s, e) in enumerate(w.input.words):
-                    if self.word_pooling == "first":
-                        pool[r, j, s] = 1.0
-                    else:
-                        pool[r, j, s:e] = 1.0 / (e - s)
-            batch["pool"] = pool
+            batch["pool"] = self._pool_matrix(windows, batch["input_ids"].shape[1])
         n = batch["pool"].shape[1] if "pool" in batch else batch["mask"].shape[1]
         labels = torch.full((len(windows), n), IGNORE, dtype=torch.long)
         for r, w in enumerate(windows):
             labels[r, : len(w.labels)] = torch.tensor(w.labels, dtype=torch.long)
         batch["labels"] = labels
         return batch
+
+    def _pool_matrix(self, windows: list[TaggedWindow], n_pieces: int) -> torch.Tensor:
+        """(batch, words, pieces) weights: row (r, j) is 1 at word j's first piece ("first"), or 1 / k over its k
+        pieces ("mean"). Built with one scatter from flat index lists, not one tensor write per word."""
+        n_words = max(1, max(len(w.input.words) for w in windows))
+        spans = [(r, j, s, e if self.word_pooling == "mean" else s + 1)
+                 for r, w in enumerate(windows) for j, (_, s, e) in enumerate(w.input.words)]  # fmt: skip
+        rows = [r for r, _, s, e in spans for _ in range(s, e)]
+        words = [j for _, j, s, e in spans for _ in range(s, e)]
+        pieces = [p for _, _, s, e in spans for p in range(s, e)]
+        weights = [1.0 / (e - s) for _, _, s, e in spans for _ in range(s, e)]
+        pool = torch.zeros((len(windows), n_words, n_pieces))  # (batch, words, pieces)
+        pool[rows, words, pieces] = torch.tensor(weights)
+        return pool
 
     # ---- head -------------------------------------------------------------------------------------
 
