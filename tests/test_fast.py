@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -66,6 +68,33 @@ def test_compile_auto_stays_eager_for_small_calls_and_compiles_for_large_ones(ti
     auto.embed_words(small)  # once compiled, small calls use it too
     assert auto._encoder_for(1) is auto._compiled[0][1]
     assert auto.with_layers(-1)._encoder_for(1) is auto._compiled[0][1]  # views share it
+
+
+def test_a_failed_compile_falls_back_under_auto_and_is_one_line_under_true(tiny_models, monkeypatch):
+    def no_compiler(*args, **kwargs):
+        raise torch._dynamo.exc.TorchDynamoException("InvalidCxxCompiler: No working C++ compiler found\nmore")
+
+    words = WORDS[:2]
+    reference = Featurizer(str(tiny_models["bert"]), compile=False).embed_words(words)
+    monkeypatch.setattr(fast, "COMPILE_MIN_TOKENS", 1)
+    auto = Featurizer(str(tiny_models["bert"]))
+    auto._compiled[:] = [(auto.model, fast.compile_encoder(auto.model, fallback=True))]
+    monkeypatch.setattr(auto._compiled[0][1], "_compiled", no_compiler)
+    with pytest.warns(RuntimeWarning, match="torch.compile failed .*No working C.. compiler found\\); running the"):
+        out = auto.embed_words(words)
+    for a, b in zip(out, reference):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second attempt, no second warning
+        auto.embed_words(words)
+
+    forced = fast.compile_encoder(auto.model)
+    monkeypatch.setattr(forced, "_compiled", no_compiler)
+    ids = torch.tensor([[101, 2023, 102]])
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="pass compile=False, or install a C.. compiler") as e:
+        forced.encode(batch)
+    assert "\n" not in str(e.value)
 
 
 def test_worth_compiling_reads_the_token_count_and_never_compiles_elmo(tiny_models, elmo_dir):

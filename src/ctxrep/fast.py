@@ -49,13 +49,17 @@ class CompiledEncoder(nn.Module):
     Inference only: the weights are folded into the compiled code as they are when it first runs, so a compiled
     encoder does not see later changes to them. Attention probabilities are not compiled (`output_attentions=True`
     calls the encoder itself). The first call of each new `num_layers` compiles; later calls reuse the code.
+    If compiling fails (Inductor needs a C++ compiler on CPU): with `fallback` a one-line warning and the encoder
+    runs eagerly from then on; without, a one-line error.
     """
 
-    def __init__(self, encoder: Encoder) -> None:
+    def __init__(self, encoder: Encoder, fallback: bool = False) -> None:
         super().__init__()
         self.encoder = encoder
         self.family = encoder.family
         self.word_level = encoder.word_level
+        self.fallback = fallback
+        self.failed: str | None = None  # why compiling failed, once it has
         self._compiled = torch.compile(self._hidden_states, dynamic=True, options={"freezing": True})
 
     def _hidden_states(self, batch: Mapping[str, torch.Tensor], num_layers: int | None) -> tuple[torch.Tensor, ...]:
@@ -64,10 +68,20 @@ class CompiledEncoder(nn.Module):
     def encode(
         self, batch: Mapping[str, torch.Tensor], output_attentions: bool = False, num_layers: int | None = None
     ) -> EncoderOutput:
-        if output_attentions or torch.is_grad_enabled():  # frozen weights are for inference only
+        if output_attentions or torch.is_grad_enabled() or self.failed:  # frozen weights are for inference only
             return self.encoder.encode(batch, output_attentions=output_attentions, num_layers=num_layers)
-        with _quiet_graph_break():
-            hidden_states = self._compiled(dict(batch), num_layers)
+        try:
+            with _quiet_graph_break():
+                hidden_states = self._compiled(dict(batch), num_layers)
+        except torch._dynamo.exc.TorchDynamoException as e:  # compiler failures, not the model's own errors
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            self.failed = f"{type(e).__name__}: {first}"
+            if not self.fallback:
+                raise RuntimeError(f"torch.compile failed ({self.failed}): pass compile=False, or install a C++ "
+                                   "compiler for Inductor") from e
+            warnings.warn(f"torch.compile failed ({self.failed}); running the encoder uncompiled", RuntimeWarning,
+                          stacklevel=2)
+            return self.encoder.encode(batch, num_layers=num_layers)
         return EncoderOutput(last_hidden_state=hidden_states[-1], hidden_states=tuple(hidden_states))
 
     def forward(self, *args, **kwargs):
@@ -87,11 +101,11 @@ def _quiet_graph_break():
         logger.setLevel(level)
 
 
-def compile_encoder(encoder: Encoder) -> CompiledEncoder:
+def compile_encoder(encoder: Encoder, fallback: bool = False) -> CompiledEncoder:
     """`encoder` under torch.compile for inference (see CompiledEncoder); ELMo is refused in one line."""
     if encoder.word_level:
         raise ValueError(f"{encoder.family} is a biLSTM over characters: compile is for Transformer encoders")
-    return CompiledEncoder(encoder.eval())
+    return CompiledEncoder(encoder.eval(), fallback=fallback)
 
 
 # ---- int8 -------------------------------------------------------------------------------------------

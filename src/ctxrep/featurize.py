@@ -137,7 +137,8 @@ class Featurizer:
             return self._compiled[0][1]
         if self.quantize is None and (self.compile is True or (self.compile == "auto" and
                                                                 fast.worth_compiling(num_tokens, self.model))):
-            self._compiled[:] = [(self.model, fast.compile_encoder(self.model))]
+            compiled = fast.compile_encoder(self.model, fallback=self.compile == "auto")  # "auto" never fails a call
+            self._compiled[:] = [(self.model, compiled)]
             return self._compiled[0][1]
         return self._encoder
 
