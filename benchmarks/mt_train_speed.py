@@ -18,7 +18,8 @@ schedule. Each system runs what its 60-minute run in benchmarks/mt_multi30k.py r
 Timed: from the collated numpy batch to the end of the optimizer step (batch planning excluded for both).
 tokens/s = real (non-pad) source + target tokens per second of timed steps, as log.jsonl and the 60-minute
 benchmark count them. Rounds alternate the order of the systems; the ratio is ctxrep's tokens/s over
-transformers'. The glibc malloc tuning (ctxrep.train.allocator.tune_malloc, which the Trainer applies) is on for
+transformers'. Also printed: tokens per CPU second of the process (time.process_time), which other jobs on a
+shared machine disturb much less than the wall clock (with --threads 1 it is the step's own compute). The glibc malloc tuning (ctxrep.train.allocator.tune_malloc, which the Trainer applies) is on for
 the whole process unless --no-tune-malloc, so it helps both systems alike here.
 """
 
@@ -82,7 +83,7 @@ class System:
 
         self.name, self.config, self.pairs = name, config, pairs
         tc, m = config.trainer, config.model
-        self.seconds, self.tokens, self.steps = 0.0, 0, 0
+        self.seconds, self.cpu_seconds, self.tokens, self.steps = 0.0, 0.0, 0, 0
         schedule = lambda s: inverse_sqrt(s, m.d_model, tc.warmup_steps)
         if name.startswith("ctxrep"):
             torch.manual_seed(tc.seed)
@@ -133,7 +134,7 @@ class System:
         import torch
 
         tc = self.config.trainer
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         tensors = {k: torch.from_numpy(v) for k, v in batch.items()}
         if self.name.startswith("ctxrep"):
             self.objective.train()
@@ -158,6 +159,7 @@ class System:
         self.optimizer.step()
         self.scheduler.step()
         self.seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.process_time() - c0
         tokens = int(batch["attention_mask"].sum()) + int((batch["labels"] != -100).sum())
         self.tokens += tokens
         self.steps += 1
@@ -199,7 +201,7 @@ def main(argv=None) -> None:
               + (f", {s.rows} rows per batch" if hasattr(s, "rows") else ""), flush=True)  # fmt: skip
         for _ in range(args.warmup_steps):
             s.step(s.next_batch())
-        s.seconds, s.tokens, s.steps = 0.0, 0, 0
+        s.seconds, s.cpu_seconds, s.tokens, s.steps = 0.0, 0.0, 0, 0
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -214,17 +216,19 @@ def main(argv=None) -> None:
     order = list(systems.values())
     for r in range(args.rounds):
         for s in order if r % 2 == 0 else order[::-1]:
-            tokens, seconds, steps = s.tokens, s.seconds, s.steps
+            tokens, seconds, cpu, steps = s.tokens, s.seconds, s.cpu_seconds, s.steps
             end = time.perf_counter() + args.seconds
             while time.perf_counter() < end:
                 s.step(s.next_batch())
-            print(f"round {r + 1} {s.name:17s} {(s.tokens - tokens) / (s.seconds - seconds):7.0f} tokens/s "
+            print(f"round {r + 1} {s.name:17s} {(s.tokens - tokens) / (s.seconds - seconds):7.0f} tokens/s, "
+                  f"{(s.tokens - tokens) / (s.cpu_seconds - cpu):7.0f} per CPU second "
                   f"({s.steps - steps} steps, loss {s.last_loss:.3f})", flush=True)  # fmt: skip
     base = systems.get("transformers") or order[-1]
     for s in order:
-        rate = s.tokens / s.seconds
-        print(f"{s.name:17s} {rate:7.0f} tokens/s over {s.steps} steps; ratio to {base.name}: "
-              f"{rate / (base.tokens / base.seconds):.2f}x")  # fmt: skip
+        rate, cpu_rate = s.tokens / s.seconds, s.tokens / s.cpu_seconds
+        print(f"{s.name:17s} {rate:7.0f} tokens/s ({cpu_rate:7.0f} per CPU second) over {s.steps} steps; ratio to "
+              f"{base.name}: {rate / (base.tokens / base.seconds):.2f}x wall clock, "
+              f"{cpu_rate / (base.tokens / base.cpu_seconds):.2f}x CPU time")  # fmt: skip
 
 
 if __name__ == "__main__":

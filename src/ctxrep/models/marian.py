@@ -315,6 +315,10 @@ class DecoderCache:
                   per source sentence by `MarianMTModel.init_cache`, shared by that sentence's `group` rows
     self_kv[l]    layer l's self-attention keys and values of the target tokens so far, each
                   (sentences * group, heads, past, head_dim); rows r*group .. r*group + group - 1 belong to sentence r
+                  once `pending` is applied
+    pending       None, or the rows of self_kv that each row continues from: a reorder not applied yet. The next
+                  `append` applies it while it copies the keys/values anyway, so that a beam-search step copies
+                  the cache once, not twice (index_select, then cat)
     source_mask   (sentences, 1, 1, src) bool, True at real source tokens; None when no source token is padding
     group         decoder rows per sentence: 1 for training and greedy search, the beam size in beam search
     """
@@ -329,6 +333,7 @@ class DecoderCache:
         self.source_mask = source_mask
         self.group = group
         self.self_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(cross)
+        self.pending: torch.Tensor | None = None
 
     @property
     def num_sentences(self) -> int:
@@ -344,17 +349,21 @@ class DecoderCache:
         """Add the new tokens' keys/values (rows, heads, new, head_dim); returns all of them so far."""
         past = self.self_kv[layer]
         if past is not None:
-            k = torch.cat([past[0], k], dim=2)  # (rows, heads, past + new, head_dim)
-            v = torch.cat([past[1], v], dim=2)  # (rows, heads, past + new, head_dim)
+            k = _select_and_append(past[0], self.pending, k)  # (rows, heads, past + new, head_dim)
+            v = _select_and_append(past[1], self.pending, v)  # (rows, heads, past + new, head_dim)
         self.self_kv[layer] = (k, v)
+        if layer == len(self.self_kv) - 1:
+            self.pending = None  # every layer has applied it
         return k, v
 
     def reorder(self, beam_indices: torch.Tensor) -> None:
         """Row i continues from row beam_indices[i] (fairseq's reorder_incremental_state). Every index must stay
         within its sentence's group of rows, as beam search's do; the cross-attention keys/values are per
-        sentence and so are not copied at all."""
-        self.self_kv = [None if kv is None else (kv[0].index_select(0, beam_indices), kv[1].index_select(0, beam_indices))
-                        for kv in self.self_kv]  # fmt: skip
+        sentence and so are not copied at all. Recorded in `pending` (composed with one not applied yet) and
+        applied by the next `append`."""
+        if self.self_kv[0] is None:
+            return  # nothing decoded yet: every row is the same empty prefix
+        self.pending = beam_indices if self.pending is None else self.pending.index_select(0, beam_indices)
 
     def keep(self, sentences: torch.Tensor) -> None:
         """Keep only these sentences (and their rows), e.g. when the others have finished (fairseq's
@@ -365,6 +374,17 @@ class DecoderCache:
         if self.source_mask is not None:
             self.source_mask = self.source_mask.index_select(0, sentences)
         self.reorder(rows)
+
+
+def _select_and_append(past: torch.Tensor, rows: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """cat([past[rows], new], dim=2) with a single copy of `past` (rows None: every row, in order)."""
+    if rows is None:
+        return torch.cat([past, new], dim=2)
+    t = past.shape[2]
+    out = past.new_empty(rows.shape[0], past.shape[1], t + new.shape[2], past.shape[3])  # (rows, heads, t + new, hd)
+    torch.index_select(past, 0, rows, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
 
 
 # ---- the training loss ------------------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def greedy_search(
         at_max = step + 1 >= limits[alive]  # (running,)
         logits = model.decode(last, cache).logits[:, -1]  # (running, vocab): argmax needs no softmax
         logits[:, c.pad_token_id] = float("-inf")
-        nxt = torch.where(at_max, c.eos_token_id, logits.argmax(dim=-1))  # (running,) </s> forced at the limit
+        best = logits.max(dim=-1).indices  # argmax (the first of equal maxima), and faster than argmax on CPU
+        nxt = torch.where(at_max, c.eos_token_id, best)  # (running,) </s> forced at the limit
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         finished = nxt == c.eos_token_id
         if bool(finished.any()):
@@ -157,11 +158,14 @@ def beam_search(
         n = alive.numel()
         at_max = step + 1 >= limits[alive]  # (n,)
         log_probs = _next_log_probs(model, last, cache, at_max.repeat_interleave(k), penalty == "hf")  # (n * K, vocab)
-        vocab = log_probs.shape[-1]
-        candidates = (scores[:, :, None] + log_probs.view(n, k, vocab)).view(n, k * vocab)  # (n, K * vocab)
+        # The 2K best tokens of each beam first: a sentence's 2K best (beam, token) candidates are among them, and
+        # the sum with the beam scores and the second top-k then run over (n, K * 2K) instead of (n, K * vocab).
+        log_probs, next_tokens = log_probs.topk(min(2 * k, log_probs.shape[-1]), dim=1)  # (n * K, 2K) each
+        per_beam = log_probs.shape[-1]
+        candidates = (scores[:, :, None] + log_probs.view(n, k, per_beam)).view(n, k * per_beam)  # (n, K * 2K)
         top_scores, top_index = candidates.topk(2 * k, dim=1)  # (n, 2K)
-        top_beam = torch.div(top_index, vocab, rounding_mode="floor")  # (n, 2K) which beam it continues
-        top_token = top_index % vocab  # (n, 2K)
+        top_beam = torch.div(top_index, per_beam, rounding_mode="floor")  # (n, 2K) which beam it continues
+        top_token = next_tokens.view(n, k * per_beam).gather(1, top_index)  # (n, 2K)
         is_eos = top_token == c.eos_token_id
 
         # An </s> among the first K candidates finishes a hypothesis.
