@@ -38,9 +38,9 @@ def distillable_families() -> list[str]:
 
 def check_distillable(encoder: nn.Module) -> BertModel:
     """The encoder itself when it can be distilled; else a one-line ValueError naming the families that can."""
-    if isinstance(encoder, BertModel):
-        return encoder
     family = getattr(encoder, "family", type(encoder).__name__)
+    if family in distillable_families():
+        return encoder
     raise ValueError(
         f"a {family} model cannot be distilled: task-agnostic distillation is implemented for "
         f"{', '.join(distillable_families())} teachers; give one of those as the teacher"

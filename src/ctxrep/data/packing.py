@@ -251,6 +251,10 @@ class SegmentPairPacker(_Packer):
                 f"from another document) but the corpus has {self.corpus.num_documents}; add files, or pack with "
                 "document_boundary='blank_line'"
             )
+        self._check_length(max_length)
+
+    def _check_length(self, max_length: int) -> None:
+        """Refuse a corpus shorter than one sequence."""
         need = max_length - self._num_special()
         if self.corpus.num_tokens < need:
             raise PackingError(

@@ -50,13 +50,7 @@ class SentenceOrderPacker(SegmentPairPacker):
         super().__init__(corpus, config, tokenizer)
 
     def _check_corpus(self, max_length: int) -> None:
-        need = max_length - self._num_special()
-        if self.corpus.num_tokens < need:
-            raise PackingError(
-                f"{self.corpus.path}: the corpus has {self.corpus.num_tokens} tokens, fewer than one sequence of "
-                f"max_length={max_length} ({need} tokens besides the special tokens); use more text or a smaller "
-                "max_length"
-            )
+        self._check_length(max_length)  # pairs come from one document: one document is enough
 
     def _build_plan(self, max_length: int, rng: np.random.Generator) -> np.ndarray:
         """Rows of (first_start, first_end, second_start, second_end, label): token offsets, shuffled."""
