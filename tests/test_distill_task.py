@@ -154,6 +154,13 @@ def test_distilled_classifier_fits_saves_loads_predicts_and_exports(teacher, tmp
     assert loaded.model == str((out / "encoder").resolve())
     np.testing.assert_allclose(loaded.predict_proba(X), student.predict_proba(X), atol=1e-6)
     assert (loaded.predict(X) == student.predict(X)).all()
+    # The saved student and its encoder folder move together: config.json names the encoder relative to itself.
+    moved = tmp_path / "moved"
+    (out).rename(moved)
+    again = SequenceClassifier.load(moved / "model")
+    assert again.model == str((moved / "encoder").resolve())
+    np.testing.assert_allclose(again.predict_proba(X), student.predict_proba(X), atol=1e-6)
+    moved.rename(out)
 
     # The encoder folder: transformers' AutoModel gives the student encoder's hidden states.
     hf = transformers.AutoModel.from_pretrained(out / "encoder").eval()

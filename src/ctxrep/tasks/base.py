@@ -391,6 +391,9 @@ class TaskEstimator:
         config = {
             "estimator": type(self).__name__,
             "params": self.get_params(),
+            # An encoder folder saved beside the estimator (a pruned or distilled student), relative to it, so the
+            # two can be moved together; None for a packaged or hub name or a folder elsewhere.
+            "model_beside": _folder_beside(self.model, path),
             "state": self._state_to_json(),
             "n_epochs": self.n_epochs_,
             "history": self.history_,
@@ -411,7 +414,10 @@ class TaskEstimator:
         config = json.loads((path / "config.json").read_text())
         if config.get("estimator") != cls.__name__:
             raise ValueError(f"{path} holds a {config.get('estimator')!r}, not a {cls.__name__}; use that class's load")
-        est = cls(**config["params"])
+        params = config["params"]
+        if config.get("model_beside") and (path / config["model_beside"]).is_dir():
+            params["model"] = str((path / config["model_beside"]).resolve())
+        est = cls(**params)
         est._state_from_json(config["state"])
         est.backbone_ = load_encoder(est.model)
         est.model_ = est._make_network()
@@ -448,6 +454,18 @@ class TaskEstimator:
 def _length(record) -> int:
     """Units of one record: pieces of its encoder input (finetune) or words of its features (frozen)."""
     return len(record.input) if record.input is not None else len(record.features)
+
+
+def _folder_beside(model: str, saved_in: Path) -> str | None:
+    """The path of `model` relative to `saved_in` when it is a folder under `saved_in`'s parent, else None."""
+    folder = Path(str(model)).expanduser()
+    if not folder.is_dir():
+        return None
+    try:
+        folder.resolve().relative_to(saved_in.resolve().parent)
+    except ValueError:
+        return None
+    return os.path.relpath(folder.resolve(), saved_in.resolve())
 
 
 def _json_default(o):
