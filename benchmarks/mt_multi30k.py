@@ -94,10 +94,17 @@ def evaluate(translate_fn, sources: list[str], references: list[str], beam: int)
 
 
 def training_speed(log: Path) -> float:
-    """Real tokens per second over the run's log records (each record's tokens/s weighted by its steps)."""
+    """Real tokens per second over the run's log records, each record's tokens/s weighted by the steps it covers
+    (the first record covers step 1 alone, with its one-time costs: unweighted, it would weigh as much as a
+    window of log_every steps and pull a short run's mean down)."""
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
-    return sum(rates) / max(len(rates), 1)
+    total = steps = 0.0
+    previous = 0
+    for r in records:
+        if "tokens_per_s" in r:
+            covered = r["step"] - previous
+            total, steps, previous = total + covered * r["tokens_per_s"], steps + covered, r["step"]
+    return total / max(steps, 1)
 
 
 # ----------------------------------------------------------------------------------------------- ctxrep
