@@ -471,7 +471,8 @@ def test_fused_adamw_fits_as_the_for_loop_reference(tiny_models, tmp_path, monke
     assert all(g["fused"] for g in make_optimizer(fast.model_, fast._loop_settings()).param_groups)
     _with_reference_adamw(cls, monkeypatch)
     reference = cls(**common(tiny_models, tmp_path, max_epochs=3)).fit(X, y, eval_set=(X, y))
-    assert not any(g["fused"] or g["foreach"] for g in make_optimizer(reference.model_, reference._loop_settings()).param_groups)
+    groups = make_optimizer(reference.model_, reference._loop_settings()).param_groups
+    assert not any(g["fused"] or g["foreach"] for g in groups)
     assert [h["dev_score"] for h in fast.history_] == [h["dev_score"] for h in reference.history_]
     np.testing.assert_allclose([h["train_loss"] for h in fast.history_], [h["train_loss"] for h in reference.history_],
                                rtol=1e-4)  # fmt: skip
@@ -480,20 +481,29 @@ def test_fused_adamw_fits_as_the_for_loop_reference(tiny_models, tmp_path, monke
 
 
 def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeypatch):
-    """predict's path (length-sorted token-budget batches through the pre-packed inference copy, inference mode)
-    against the network itself in batches of batch_size, for the classifier and the tagger (long windowed
-    sentences included); a tiny token budget forces many batches of mixed sizes."""
+    """predict's path (length-sorted token-budget batches, inference mode; the compiled encoder when the call is large
+    enough, here a stand-in that records its use) against the network in batches of batch_size, in order, for the
+    classifier and the tagger (long windowed sentences included); a tiny token budget forces many batches."""
+    from ctxrep import fast
     from ctxrep.tasks import base
 
+    compiled = []
+
+    def compile_encoder(encoder):  # the wiring is tested here; fast.compile_encoder's parity in tests/test_fast.py
+        compiled.append(encoder)
+        return encoder
+
     monkeypatch.setattr(base, "PREDICT_TOKENS", 40)
+    monkeypatch.setattr(fast, "COMPILE_MIN_TOKENS", 1)
+    monkeypatch.setattr(fast, "compile_encoder", compile_encoder)
     texts = X_CLS + ["good " * n + "bad" for n in range(1, 30, 3)]
     clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=2, batch_size=3)).fit(X_CLS, Y_CLS)
     call = clf._call()
     records = clf._examples(clf._check_X(texts), None, call)
     fast, reference = clf._forward_all(records, call), clf._forward_reference(records, call)
     torch.testing.assert_close(torch.stack(fast), torch.stack(reference), rtol=1e-5, atol=1e-5)
-    network = base.inference_network(clf.model_)
-    assert network is not clf.model_ and network.head is clf.model_.head  # the pre-packed copy ran, same head
+    assert compiled == [clf.model_.representation.encoder]
+    assert base.inference_network(clf.model_, num_tokens=0) is clf.model_  # a small call: the network itself
 
     sentences = X_TAG + [["the", "cat"] * 50, ["paris"] * 7]
     tagger = TokenTagger(**common(tiny_models, tmp_path, max_epochs=2, word_pooling="mean")).fit(X_TAG, Y_TAG)

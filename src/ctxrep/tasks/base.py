@@ -326,8 +326,8 @@ class TaskEstimator:
     def _forward_all(self, records: list, call: Call) -> list:
         """The head's output for every record, in order: the records sorted by length and run in batches under a
         token budget (PREDICT_TOKENS, or batch_size rows of the longest record when that is more) through
-        `inference_network` under torch.inference_mode. The same outputs as `_forward_reference` (to float
-        rounding: tests/test_tasks.py), which runs the network itself."""
+        `inference_network` (compiled for a large call) under torch.inference_mode. The same outputs as
+        `_forward_reference` (to float rounding: tests/test_tasks.py), which runs batches of batch_size in order."""
         lengths = [_length(r) for r in records]
         order = sorted(range(len(records)), key=lambda i: lengths[i])
         budget = max(PREDICT_TOKENS, self.batch_size * max(lengths, default=1))

@@ -6,9 +6,8 @@ finetune  batch from ctxrep.inputs.collate -> encoder.encode(batch) -> top layer
 frozen    batch["features"] (batch, words, layers, dim), batch["mask"] -> ScalarMix (gamma * sum_j softmax(s)_j h_j)
           -> BiLSTM, or nothing ("linear") -> (batch, words, out_dim)
 
-Predictions run `inference_network(network)`: the same head over the featurizer's inference copy of a fine-tuned
-Transformer encoder (oneDNN pre-packed weights; torch.compile for a call large enough to pay for it), tested
-against the network itself.
+Predictions run `inference_network(network)`: the network itself, or for a call large enough to pay for compiling,
+the same head over ctxrep.fast's compiled copy of a fine-tuned Transformer encoder; tested against the network.
 
 Depth of each encoder parameter (for discriminative learning rates and gradual unfreezing) is read from its name
 by `encoder_layer_of`.
@@ -79,23 +78,19 @@ class TaskNetwork(nn.Module):
 
 
 def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
-    """The network to predict with (eval mode, under torch.inference_mode): a fine-tuned Transformer encoder is
-    replaced by the featurizer's inference copy (`ctxrep.featurize._prepack_for_inference`, or `ctxrep.fast`'s
-    compiled encoder when `fast.worth_compiling(num_tokens)`), the head and the rest shared. Frozen features and
-    ELMo keep the network as it is. The copy is made from the weights as they are now: build it per call."""
+    """The network to predict with (eval mode, under torch.inference_mode): for a call of `num_tokens` large enough to
+    pay for compiling (`ctxrep.fast.worth_compiling`, as the Featurizer's compile="auto"), a fine-tuned Transformer
+    encoder is replaced by `fast.compile_encoder`'s copy (frozen weights: built per call), the head shared; otherwise
+    the network itself. The featurizer's oneDNN pre-packing is left out: measured on this project's 2-core Xeon it
+    ran the estimators' prediction batches 1.1-1.3x slower than the plain float32 path (notes_finetune_speed.md)."""
     from ctxrep import fast
-    from ctxrep.featurize import _prepack_for_inference
 
     rep = network.representation
-    if rep.mode != "finetune" or not getattr(rep.encoder, "prepack_for_inference", False):
-        return network.eval()
-    if fast.worth_compiling(num_tokens, rep.encoder):
-        encoder = fast.compile_encoder(rep.encoder)
-    else:
-        encoder = _prepack_for_inference(rep.encoder)
-        if encoder is rep.encoder:  # nothing to gain on this device / dtype / torch build
-            return network.eval()
-    fast_rep = Representation("finetune", encoder=encoder, dropout=rep.dropout.p)
+    network.eval()
+    transformer = rep.mode == "finetune" and not getattr(rep.encoder, "word_level", True)
+    if not transformer or not fast.worth_compiling(num_tokens, rep.encoder):
+        return network
+    fast_rep = Representation("finetune", encoder=fast.compile_encoder(rep.encoder), dropout=rep.dropout.p)
     return TaskNetwork(fast_rep, network.head).eval()
 
 
