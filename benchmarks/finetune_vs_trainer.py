@@ -142,6 +142,15 @@ def hf_trainer(model, args, train, collator, tokenizer):
     return trainer
 
 
+def hf_predict(trainer, rows) -> np.ndarray:
+    """Trainer.predict's logits in the order of `rows`. A trap: with train_sampling_strategy="group_by_length", the
+    Trainer's evaluation sampler groups by length as well (transformers 5.23, Trainer._get_eval_sampler), so
+    `predict` returns its predictions in a shuffled order; scored against the labels in order they sit at chance
+    (0.50 on SST-2: the "Trainer stays at chance" of issue 14). Predicting with sequential order fixes it."""
+    trainer.args.train_sampling_strategy = "sequential"
+    return trainer.predict(rows).predictions
+
+
 def hf_classifier(X, y, X_dev, settings, max_steps=-1):
     """(fit seconds, predict seconds, dev predictions) for the Trainer on SST-2."""
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding
@@ -164,7 +173,7 @@ def hf_classifier(X, y, X_dev, settings, max_steps=-1):
         started = time.perf_counter()
         dev = tokenizer(X_dev, truncation=True, max_length=settings["max_length"])
         rows = [dict(zip(dev.keys(), values)) for values in zip(*dev.values())]
-        predicted = trainer.predict(rows).predictions.argmax(axis=-1)
+        predicted = hf_predict(trainer, rows).argmax(axis=-1)
         predict_s = time.perf_counter() - started
     return fit_s, predict_s, predicted
 
@@ -209,7 +218,7 @@ def hf_tagger(X, y, X_dev, settings, max_steps=-1):
         fit_s = time.perf_counter() - started
         started = time.perf_counter()
         dev = encode(X_dev)
-        logits = trainer.predict([row for row, _ in dev]).predictions  # (sentences, longest, labels), padded
+        logits = hf_predict(trainer, [row for row, _ in dev])  # (sentences, longest, labels), padded
         predicted = []
         for (row, word_ids), scores, words in zip(dev, logits, X_dev):
             tags = ["O"] * len(words)  # words cut off by truncation stay "O"
