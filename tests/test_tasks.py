@@ -531,3 +531,13 @@ def test_tagger_pool_matrix_is_the_per_word_loop(tiny_models, tmp_path, word_poo
                 expected[r, j, s:e] = 1.0 / (e - s)
     assert any(e - s > 1 for w in windows for _, s, e in w.input.words)  # a word of several pieces is pooled
     assert torch.equal(tagger._pool_matrix(windows, n_pieces), expected)
+
+
+def test_fit_keeps_freed_memory_for_the_next_step(tiny_models, tmp_path, monkeypatch):
+    """The loop tunes glibc malloc (ctxrep.train.allocator) before its first step, as the pretraining Trainer does."""
+    from ctxrep.tasks import loop
+
+    calls = []
+    monkeypatch.setattr(loop, "tune_malloc", lambda: calls.append("tuned") or True)
+    SequenceClassifier(**common(tiny_models, tmp_path, max_steps=1)).fit(X_CLS, Y_CLS)
+    assert calls == ["tuned"]
