@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctxrep import fast
 from ctxrep.modules.scalar_mix import ScalarMix
 
 
@@ -83,8 +84,6 @@ def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     encoder is replaced by `fast.compile_encoder`'s copy (frozen weights: built per call), the head shared; otherwise
     the network itself. The featurizer's oneDNN pre-packing is left out: measured on this project's 2-core Xeon it
     ran the estimators' prediction batches 1.1-1.3x slower than the plain float32 path (notes_finetune_speed.md)."""
-    from ctxrep import fast
-
     rep = network.representation
     network.eval()
     transformer = rep.mode == "finetune" and not getattr(rep.encoder, "word_level", True)
