@@ -16,13 +16,14 @@ Fit is timed end to end, text in and trained model out: loading the model and to
 Predict is timed from texts to labels on the dev set (Trainer.predict at batch 32; ctxrep's predict). Before the
 timed runs each system fits a few steps untimed (one-time start-up costs: oneDNN, the tokenizer). Both run in one
 process with glibc malloc tuned (ctxrep.train.allocator.tune_malloc, called here first: ctxrep's fit calls it,
-and the Trainer gets the same allocator). `--repeats 2` runs each task twice with the systems in the other order.
+and the Trainer gets the same allocator). Each task runs twice (--repeats), the systems in the other order the
+second time: whichever runs second tends to be faster, and one run's ratio swings by about 10% on a shared machine.
 
 Data: SST-2 sentences sampled at random from ../shared/data/sst/train.txt (the file is ordered by label: never the
 first N), all 872 dev sentences; CoNLL-2003 sentences sampled from eng.train, dev sentences sampled from eng.testa.
 
-    python benchmarks/finetune_vs_trainer.py                      # both tasks, about 5 minutes on 2 quiet cores
-    python benchmarks/finetune_vs_trainer.py --task sst2 --repeats 2
+    python benchmarks/finetune_vs_trainer.py                      # both tasks, twice each: 5-8 minutes, 2 quiet cores
+    python benchmarks/finetune_vs_trainer.py --task sst2 --repeats 1 --threads 1
     python benchmarks/finetune_vs_trainer.py --sst-train 320 --sst-dev 200 --conll-train 200 --conll-dev 200  # a look
 
 Targets (issue 14, target 3): fit >= 1.5x the Trainer's examples/s with dev accuracy / F1 at least as good, both
@@ -277,7 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4, help="MiniLM fine-tunes best near 1e-4 (finetune.py).")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=1, help="Runs per task; the systems' order alternates.")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="Runs per task, the systems' order alternating; the table gives medians.")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
