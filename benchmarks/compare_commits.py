@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -67,34 +68,44 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="timed MLM steps per pretraining run")
+    p.add_argument("--work", default="featurize,pretrain", help="which measurements, comma-separated")
     args = p.parse_args()
+    works = args.work.split(",")
     sst = args.data / "sst" / "train.txt"
     if not sst.is_file():
         raise SystemExit(f"{sst}: not found; pass --data (the shared data folder)")
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
     best: dict[tuple[str, str], float] = {}
+    runs: dict[tuple[str, str], list[float]] = {}
     checksums: dict[str, float] = {}
     for r in range(args.repeats):
         for name, tree in trees.items():
-            f = run(tree, ["-c", FEATURIZE, str(sst), str(args.sentences), str(args.threads)], args.threads)
-            checksums[name] = f["checksum"]
-            m = run(tree, ["benchmarks/pretrain_throughput.py", "--worker", "ctxrep", "--malloc", "tuned",
-                           "--steps", str(args.steps), "--warmup", "3", "--threads", str(args.threads)], args.threads)
-            for work, value in (("featurize", f["tokens_per_s"]), ("pretrain", m["tokens_per_s"])):
+            measured = {}
+            if "featurize" in works:
+                f = run(tree, ["-c", FEATURIZE, str(sst), str(args.sentences), str(args.threads)], args.threads)
+                checksums[name] = f["checksum"]
+                measured["featurize"] = f["tokens_per_s"]
+            if "pretrain" in works:
+                m = run(tree, ["benchmarks/pretrain_throughput.py", "--worker", "ctxrep", "--malloc", "tuned", "--steps",
+                               str(args.steps), "--warmup", "3", "--threads", str(args.threads)], args.threads)  # fmt: skip
+                measured["pretrain"] = m["tokens_per_s"]
+            for work, value in measured.items():
                 best[(work, name)] = max(best.get((work, name), 0.0), value)
-            print(f"repeat {r + 1} {name}: featurize {f['tokens_per_s']:.0f} tok/s, pretrain {m['tokens_per_s']:.0f} "
-                  "tok/s", flush=True)  # fmt: skip
+                runs.setdefault((work, name), []).append(value)
+            print(f"repeat {r + 1} {name}: " + ", ".join(f"{w} {v:.0f} tok/s" for w, v in measured.items()), flush=True)
     lines = [
         f"ctxrep {trees['new'].name} vs {trees['old']} ({args.threads} threads, best of {args.repeats}, alternating)",
         "",
-        "| work | old tokens/s | new tokens/s | new / old |",
-        "|---|---:|---:|---:|",
+        "| work | old tokens/s (best) | new tokens/s (best) | new / old (best) | new / old (median) |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for work in ("featurize", "pretrain"):
+    for work in works:
         old, new = best[(work, "old")], best[(work, "new")]
-        lines.append(f"| {work} | {old:.0f} | {new:.0f} | {new / old:.3f} |")
-    lines.append("")
-    lines.append(f"featurize checksum (sum of all vectors): old {checksums['old']:.4f}, new {checksums['new']:.4f}")
+        median = statistics.median(runs[(work, "new")]) / statistics.median(runs[(work, "old")])
+        lines.append(f"| {work} | {old:.0f} | {new:.0f} | {new / old:.3f} | {median:.3f} |")
+    if checksums:
+        lines.append("")
+        lines.append(f"featurize checksum (sum of all vectors): old {checksums['old']:.4f}, new {checksums['new']:.4f}")
     print("\n" + "\n".join(lines))
 
 
