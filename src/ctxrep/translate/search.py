@@ -19,12 +19,14 @@ as transformers' bad_words_ids=[[pad]] of the OPUS-MT generation configs does (t
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ctxrep.inputs import token_budget_batches
 from ctxrep.models.marian import MarianMTModel
 from ctxrep.translate.tokenizer import MTTokenizer
 
@@ -211,21 +213,6 @@ def beam_search(
 # ---- many sentences ---------------------------------------------------------------------------------------------
 
 
-def _batches(lengths: Sequence[int], order: Sequence[int], budget: int) -> list[list[int]]:
-    """Consecutive runs of `order` (indices sorted by length) with rows x longest <= budget (at least one row)."""
-    out, current, longest = [], [], 0
-    for i in order:
-        n = lengths[i]
-        if current and max(longest, n) * (len(current) + 1) > budget:
-            out.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    if current:
-        out.append(current)
-    return out
-
-
 def translate_n_best(
     model: MarianMTModel,
     tokenizer: MTTokenizer,
@@ -271,7 +258,8 @@ def translate_n_best(
     was_training = model.training
     model.eval()
     try:
-        for group in _batches(lengths, order, batch_tokens):
+        starts = [0, *itertools.accumulate(token_budget_batches([lengths[i] for i in order], batch_tokens))]
+        for group in (order[a:b] for a, b in zip(starts, starts[1:])):
             longest = max(lengths[i] for i in group)
             src = torch.full((len(group), longest), c.pad_token_id, dtype=torch.long)
             mask = torch.zeros_like(src)
