@@ -10,7 +10,7 @@ import transformers
 import ctxrep
 from conftest import first_pieces
 from ctxrep import Featurizer, ScalarMix
-from ctxrep.inputs import split_windows, token_budget_batches, window_words
+from ctxrep.inputs import WindowPlan, collate, split_windows, token_budget_batches, window_words
 from ctxrep.tokenize import WordPieces
 from ctxrep.models.loading import CheckpointError
 
@@ -267,3 +267,26 @@ def test_views_share_one_inference_copy_and_with_model_builds_its_own(tiny_model
     assert built == [fz.model, other]
     with pytest.raises(ValueError, match="with_model needs a model of the same shape: 6 layers x 384"):
         fz.with_model(ctxrep.load_model("minilm"))
+
+
+def test_prepacked_copy_matches_the_model_and_is_used_only_where_timing_says_it_pays(tiny_models, monkeypatch):
+    import ctxrep.featurize as featurize
+
+    fz = Featurizer(str(tiny_models["bert"]), layers="all")
+    pieces = fz.tokenizer.encode_words([["the", "dog", "runs", "home"], ["a", "cat"]])
+    records = [w for i, p in enumerate(pieces) for w in WindowPlan(fz.tokenizer, 64).single(i, p)]
+    batch = collate(records, fz.tokenizer)
+    packed = featurize._prepack_for_inference(fz.model, always=True)
+    assert packed is not fz.model
+    with torch.inference_mode():
+        expected = fz.model.encode(batch).hidden_states
+        got = packed.encode(batch).hidden_states
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    largest = (fz.model.config.hidden_size, fz.model.config.intermediate_size, torch.get_num_threads())
+    for pays in (True, False):  # the timing's answer decides (kept per shape and thread count)
+        monkeypatch.setattr(featurize, "_PREPACK_PAYS", {largest: pays})
+        assert (featurize._prepack_for_inference(fz.model) is not fz.model) is pays
+    monkeypatch.setattr(featurize, "_PREPACK_PAYS", {})
+    answer = featurize._prepacking_pays(32, 64)  # a real timing, measured once
+    assert isinstance(answer, bool) and featurize._PREPACK_PAYS == {(32, 64, torch.get_num_threads()): answer}
