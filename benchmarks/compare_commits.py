@@ -9,6 +9,9 @@ of --repeats is kept for each, so drift on a shared machine hits both alike.
              (benchmarks/featurize.py's work), model loading excluded, one warm-up call; tokens/s
   pretrain   benchmarks/pretrain_throughput.py's ctxrep worker (MaskedLMObjective, `small` shape, batch 32 x 128,
              AdamW, clipping), each tree running its own copy of the script; tokens/s
+  short      the short job of issue 14: a fresh process that imports ctxrep, loads minilm and embeds the first 100
+             SST sentences (nothing warmed up, nothing cached by the process); sentences per wall-clock second of
+             the whole process, start to exit
 
 Run:  git worktree add --detach /tmp/oldtree COMMIT
       .venv/bin/python benchmarks/compare_commits.py --old /tmp/oldtree --repeats 3
@@ -51,6 +54,20 @@ print(json.dumps({"tokens_per_s": tokens / seconds, "checksum": float(np.sum([o.
 """
 
 
+def run_short(tree: Path, sst: Path, threads: int) -> float:
+    """Sentences per second of a whole fresh process: import, load, embed 100 sentences, exit."""
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS=str(threads))
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", FEATURIZE.replace("fz.embed_words(sentences[:64])", ""), str(sst),
+                          "100", str(threads)], env=env, capture_output=True, text=True, cwd=tree)  # fmt: skip
+    seconds = time.perf_counter() - start
+    if out.returncode:
+        raise SystemExit(f"{tree}: the short job failed:\n{out.stderr[-2000:]}")
+    return 100 / seconds
+
+
 def run(tree: Path, args: list[str], threads: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS=str(threads))
     out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, cwd=tree)
@@ -89,20 +106,22 @@ def main() -> None:
                 m = run(tree, ["benchmarks/pretrain_throughput.py", "--worker", "ctxrep", "--malloc", "tuned", "--steps",
                                str(args.steps), "--warmup", "3", "--threads", str(args.threads)], args.threads)  # fmt: skip
                 measured["pretrain"] = m["tokens_per_s"]
+            if "short" in works:
+                measured["short"] = run_short(tree, sst, args.threads)
             for work, value in measured.items():
                 best[(work, name)] = max(best.get((work, name), 0.0), value)
                 runs.setdefault((work, name), []).append(value)
-            print(f"repeat {r + 1} {name}: " + ", ".join(f"{w} {v:.0f} tok/s" for w, v in measured.items()), flush=True)
+            print(f"repeat {r + 1} {name}: " + ", ".join(f"{w} {v:.1f}/s" for w, v in measured.items()), flush=True)
     lines = [
         f"ctxrep {trees['new'].name} vs {trees['old']} ({args.threads} threads, best of {args.repeats}, alternating)",
         "",
-        "| work | old tokens/s (best) | new tokens/s (best) | new / old (best) | new / old (median) |",
+        "| work | old per second (best) | new per second (best) | new / old (best) | new / old (median) |",
         "|---|---:|---:|---:|---:|",
     ]
     for work in works:
         old, new = best[(work, "old")], best[(work, "new")]
         median = statistics.median(runs[(work, "new")]) / statistics.median(runs[(work, "old")])
-        lines.append(f"| {work} | {old:.0f} | {new:.0f} | {new / old:.3f} | {median:.3f} |")
+        lines.append(f"| {work} | {old:.1f} | {new:.1f} | {new / old:.3f} | {median:.3f} |")
     if checksums:
         lines.append("")
         lines.append(f"featurize checksum (sum of all vectors): old {checksums['old']:.4f}, new {checksums['new']:.4f}")

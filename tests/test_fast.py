@@ -236,3 +236,36 @@ def test_the_compiled_encoder_keeps_the_models_dtype(tiny_models):
         reference = model.encode(batch)
     assert out.last_hidden_state.dtype == torch.bfloat16
     torch.testing.assert_close(out.last_hidden_state, reference.last_hidden_state, atol=2e-2, rtol=2e-2)
+
+
+# ---- int8 in the estimators' predict --------------------------------------------------------------------------
+
+
+def test_estimator_int8_predict_uses_one_int8_copy_until_the_next_fit(tiny_models):
+    from ctxrep.tasks import SequenceClassifier
+
+    X, y = ["good great fine", "bad awful poor"] * 4, ["pos", "neg"] * 4
+    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=1, batch_size=4, lr=1e-3, random_state=0)
+    clf.fit(X, y)
+    expected = clf.predict_proba(X)
+    assert "_int8_network" not in vars(clf)  # float32 predict builds nothing
+    clf.set_params(quantize="int8")
+    np.testing.assert_allclose(clf.predict_proba(X), expected, atol=0.05)
+    first = clf._int8_network[1]
+    encoder = first.representation.encoder
+    assert any(isinstance(m, fast.Int8Linear) for m in encoder.modules())
+    assert not any(isinstance(m, fast.Int8Linear) for m in clf.model_.modules())  # the fitted model stays float32
+    clf.predict(X)
+    assert clf._int8_network[1] is first  # built once
+    clf.set_params(warm_start=True).fit(X, y)  # new weights: the int8 copy is rebuilt from them
+    clf.predict(X)
+    assert clf._int8_network[1] is not first
+
+
+def test_estimator_quantize_is_checked_before_training(tiny_models):
+    from ctxrep.tasks import SequenceClassifier
+
+    with pytest.raises(ValueError, match="quantize must be None or 'int8', got 'int4'"):
+        SequenceClassifier(model=str(tiny_models["bert"]), quantize="int4").fit(["a b"], ["x"])
+    with pytest.raises(ValueError, match="in mode='frozen' the features come from the featurizer"):
+        SequenceClassifier(model=str(tiny_models["bert"]), mode="frozen", quantize="int8").fit(["a b"], ["x"])

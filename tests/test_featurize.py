@@ -288,5 +288,7 @@ def test_prepacked_copy_matches_the_model_and_is_used_only_where_timing_says_it_
         monkeypatch.setattr(featurize, "_PREPACK_PAYS", {largest: pays})
         assert (featurize._prepack_for_inference(fz.model) is not fz.model) is pays
     monkeypatch.setattr(featurize, "_PREPACK_PAYS", {})
-    answer = featurize._prepacking_pays(32, 64)  # a real timing, measured once
+    state = torch.get_rng_state()
+    answer = featurize._prepacking_pays(32, 64)  # a real timing, measured once, drawing nothing from the global RNG
+    assert torch.equal(torch.get_rng_state(), state)
     assert isinstance(answer, bool) and featurize._PREPACK_PAYS == {(32, 64, torch.get_num_threads()): answer}

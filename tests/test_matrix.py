@@ -296,3 +296,27 @@ def test_estimators(model, tmp_path, mode):
     assert spans.fit(X_SPAN, Y_SPAN) is spans
     answers = spans.predict(X_SPAN)
     assert len(answers) == len(X_SPAN) and all(isinstance(a, str) for a in answers)
+
+
+def test_int8(family, model, data, tmp_path):
+    """quantize="int8" through `ctxrep embed` and the estimators' predict, for every Transformer family (the
+    Featurizer's int8 vectors per family: tests/test_fast.py); ELMo refuses in one line, before any training."""
+    from ctxrep.tasks import SequenceClassifier, TokenTagger
+
+    if family.name == "elmo":
+        with pytest.raises(ValueError, match="biLSTM over characters") as e:
+            ctxrep.Featurizer(model, quantize="int8")
+        assert "\n" not in str(e.value)
+        with pytest.raises(ValueError, match="biLSTM over characters"):
+            SequenceClassifier(model=model, quantize="int8", max_epochs=1).fit(X_CLS, Y_CLS)
+        refused(run("embed", "--model", model, "--input", data / "text.txt", "--out", tmp_path / "o", "--quantize",
+                    "int8"), "biLSTM over characters")  # fmt: skip
+        return
+    ok(run("embed", "--model", model, "--input", data / "text.txt", "--out", tmp_path / "o", "--quantize", "int8"))
+    common = dict(model=model, max_epochs=1, batch_size=4, lr=1e-3, random_state=0, progress=False)
+    clf = SequenceClassifier(**common).fit(X_CLS, Y_CLS)
+    expected = clf.predict_proba(X_CLS)
+    clf.set_params(quantize="int8")
+    np.testing.assert_allclose(clf.predict_proba(X_CLS), expected, atol=0.05)
+    tagger = TokenTagger(**common, quantize="int8").fit(X_TAG, Y_TAG)
+    assert [len(p) for p in tagger.predict(X_TAG)] == [len(x) for x in X_TAG]

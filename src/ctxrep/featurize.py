@@ -406,9 +406,13 @@ def _prepacking_pays(in_features: int, out_features: int, rows: int = 1024, repe
 
     key = (in_features, out_features, torch.get_num_threads())
     if key not in _PREPACK_PAYS:
-        plain = torch.nn.Linear(in_features, out_features)
+        generator = torch.Generator().manual_seed(0)  # the caller's RNG is left as it was
+        plain = torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features)
+        with torch.no_grad():
+            plain.weight.copy_(torch.randn(out_features, in_features, generator=generator) / in_features**0.5)
+            plain.bias.zero_()
         packed = mkldnn.MkldnnLinear(plain, torch.float32)
-        x = torch.randn(rows, in_features)
+        x = torch.randn(rows, in_features, generator=generator)
 
         def best(layer: torch.nn.Module) -> float:
             times = []

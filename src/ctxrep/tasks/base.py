@@ -50,7 +50,7 @@ from ctxrep.models.folders import write_safetensors
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.tasks import loop
 from ctxrep.tasks.features import FeatureCache
-from ctxrep.tasks.network import Representation, TaskNetwork, inference_network
+from ctxrep.tasks.network import Representation, TaskNetwork, inference_network, int8_network
 
 MODES = ("finetune", "frozen")
 FROZEN_HEADS = ("bilstm", "linear")
@@ -89,6 +89,9 @@ class TaskEstimator:
     discriminative_lr / discriminative_lr_factor: layer l gets lr / factor^(L - l) (finetune only).
     gradual_unfreezing: unfreeze one encoder layer per epoch from the top (finetune only).
     random_state: an int for repeatable fits, or None.
+    quantize: None, or "int8": predict and score run the fine-tuned Transformer encoder's linear layers in int8
+        (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated on built-in sentences; a copy built once per fitted
+        model). Training stays float32. Frozen mode and ELMo refuse it in one line.
     """
 
     _estimator_type: str | None = None
@@ -158,6 +161,11 @@ class TaskEstimator:
             )
         if self.discriminative_lr and not self.discriminative_lr_factor > 0:
             raise ValueError(f"discriminative_lr_factor must be positive, got {self.discriminative_lr_factor!r}")
+        if self.quantize not in (None, "int8"):
+            raise ValueError(f"quantize must be None or 'int8', got {self.quantize!r}")
+        if self.quantize and self.mode == "frozen":
+            raise ValueError("quantize='int8' applies to a fine-tuned encoder; in mode='frozen' the features come from "
+                             "the featurizer: use mode='finetune', or quantize=None")  # fmt: skip
         rs = self.random_state
         if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or rs < 0):
             raise ValueError(f"random_state must be a non-negative int or None, got {rs!r}")
@@ -176,12 +184,16 @@ class TaskEstimator:
         seed = int(self.random_state) if self.random_state is not None else secrets.randbelow(2**31)
         rng = np.random.default_rng(seed)
 
+        self.__dict__.pop("_int8_network", None)  # built from the weights this fit is about to change
         continuing = self.warm_start and hasattr(self, "model_")
         if continuing:
             self._check_same_targets(y)
         else:
             self._learn_targets(y)
             self.backbone_ = load_encoder(self.model)
+            if self.quantize and self.backbone_.model.word_level:  # said before training, not at predict time
+                raise ValueError(f"quantize='int8': {self.backbone_.model.family} is a biLSTM over characters; int8 "
+                                 "applies to Transformer linear layers: use quantize=None")  # fmt: skip
             if self.mode == "frozen":
                 encoder = self.backbone_.model
                 self.frozen_shape_ = [encoder.num_layers + 1, encoder.hidden_size]
@@ -332,8 +344,7 @@ class TaskEstimator:
         order = sorted(range(len(records)), key=lambda i: lengths[i])
         budget = max(PREDICT_TOKENS, self.batch_size * max(lengths, default=1))
         sizes = token_budget_batches([lengths[i] for i in order], budget)
-        self.model_.eval()
-        network = inference_network(self.model_, num_tokens=sum(lengths))
+        network = self._prediction_network(num_tokens=sum(lengths))
         outputs: list = [None] * len(records)
         with torch.inference_mode():
             start = 0
@@ -344,6 +355,18 @@ class TaskEstimator:
                 for i, out in zip(rows, self._split_outputs(network(self._collate(part, call)), part)):
                     outputs[i] = out
         return outputs
+
+    def _prediction_network(self, num_tokens: int) -> TaskNetwork:
+        """`inference_network(self.model_)`, or with quantize="int8" the int8 copy (built once, kept until the next
+        fit or a change of `quantize`)."""
+        self.model_.eval()
+        if self.quantize is None:
+            return inference_network(self.model_, num_tokens=num_tokens)
+        self._check_common()
+        cached = self.__dict__.get("_int8_network")
+        if cached is None or cached[0] is not self.model_:
+            self._int8_network = (self.model_, int8_network(self.model_, self.backbone_.tokenizer))
+        return self._int8_network[1]
 
     def _forward_reference(self, records: list, call: Call) -> list:
         """The head's output for every record, in order: the network itself in batches of batch_size (eval mode,

@@ -105,6 +105,7 @@ class SequenceClassifier(TaskEstimator):
         cache_dir: str | None = None,
         random_state: int | None = None,
         progress: bool = False,
+        quantize: str | None = None,
     ) -> None:
         self.model = model
         self.mode = mode
@@ -132,6 +133,7 @@ class SequenceClassifier(TaskEstimator):
         self.cache_dir = cache_dir
         self.random_state = random_state
         self.progress = progress
+        self.quantize = quantize
 
     # ---- data -------------------------------------------------------------------------------------
 

@@ -93,6 +93,17 @@ def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     return TaskNetwork(fast_rep, network.head).eval()
 
 
+def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
+    """The network with its fine-tuned Transformer encoder's linear layers in int8 (`fast.quantize_int8`, calibrated
+    on `fast.calibration_batches` through `tokenizer`): a copy, the head shared; for predict, eval mode."""
+    rep = network.representation
+    if rep.mode != "finetune":
+        raise ValueError("quantize='int8' applies to a fine-tuned encoder; a frozen-mode network has none")
+    batches = fast.calibration_batches(tokenizer, rep.encoder.max_tokens)
+    int8_rep = Representation("finetune", encoder=fast.quantize_int8(rep.encoder, batches), dropout=rep.dropout.p)
+    return TaskNetwork(int8_rep, network.head).eval()
+
+
 BLOCK_LISTS = ("layers", "layer", "h", "forward_layers", "backward_layers")  # BERT, XLNet, GPT-2, ELMo
 ABOVE_BLOCKS = ("pooler", "ln_f", "scalar_mixes")  # BERT's pooler, GPT-2's final LayerNorm, ELMo's mixes
 

@@ -108,6 +108,7 @@ class TokenTagger(TaskEstimator):
         cache_dir: str | None = None,
         random_state: int | None = None,
         progress: bool = False,
+        quantize: str | None = None,
     ) -> None:
         self.model = model
         self.mode = mode
@@ -139,6 +140,7 @@ class TokenTagger(TaskEstimator):
         self.cache_dir = cache_dir
         self.random_state = random_state
         self.progress = progress
+        self.quantize = quantize
 
     # ---- data -------------------------------------------------------------------------------------
 
