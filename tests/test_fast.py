@@ -269,3 +269,40 @@ def test_estimator_quantize_is_checked_before_training(tiny_models):
         SequenceClassifier(model=str(tiny_models["bert"]), quantize="int4").fit(["a b"], ["x"])
     with pytest.raises(ValueError, match="in mode='frozen' the features come from the featurizer"):
         SequenceClassifier(model=str(tiny_models["bert"]), mode="frozen", quantize="int8").fit(["a b"], ["x"])
+
+
+# ---- device and dtype flow through the estimators (no GPU here: "meta" stands in for another device) --------
+
+
+def test_estimator_batches_and_network_follow_device(tiny_models):
+    from ctxrep.tasks import SequenceClassifier, TokenTagger
+
+    X, y = ["good great fine", "bad awful poor"] * 2, ["pos", "neg"] * 2
+    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=1, batch_size=4, random_state=0).fit(X, y)
+    seen = []
+    clf.model_.register_forward_pre_hook(lambda _m, args: seen.append(args[0]["input_ids"].device.type))
+    clf.set_params(device="meta")  # predict moves the network and sends its batches there
+    with pytest.raises((RuntimeError, NotImplementedError)):  # meta tensors hold no values to read back
+        clf.predict(X)
+    assert seen == ["meta"] and {p.device.type for p in clf.model_.parameters()} == {"meta"}
+    tagger = TokenTagger(model=str(tiny_models["bert"]), max_epochs=1, batch_size=4, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError)):  # fit: the network and batches on "meta" too
+        tagger.fit([["john", "runs"]], [["B-PER", "O"]])
+    assert {p.device.type for p in tagger.model_.parameters()} == {"meta"}
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        SequenceClassifier(model=str(tiny_models["bert"]), device="gpu7").fit(X, y)
+
+
+def test_estimator_bf16_autocast_trains_and_predicts_with_float32_weights(tiny_models):
+    from ctxrep.tasks import SequenceClassifier
+
+    X, y = ["good great fine", "bad awful poor"] * 4, ["pos", "neg"] * 4
+    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=2, batch_size=4, lr=1e-3, random_state=0,
+                             bf16=True).fit(X, y)  # fmt: skip
+    assert all(np.isfinite(r["train_loss"]) for r in clf.history_)
+    assert {p.dtype for p in clf.model_.parameters()} == {torch.float32}
+    dtypes = []
+    clf.model_.head.linear.register_forward_hook(lambda _m, _a, out: dtypes.append(out.dtype))  # a matmul: bf16
+    proba = clf.predict_proba(X)
+    assert dtypes and set(dtypes) == {torch.bfloat16} and proba.dtype == np.float32
+    np.testing.assert_allclose(proba, clf.set_params(bf16=False).predict_proba(X), atol=0.05)

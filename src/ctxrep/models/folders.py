@@ -71,8 +71,8 @@ def check_weights(
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
-    """safetensors refuses shared or non-contiguous storage: give it a contiguous copy of each tensor."""
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, file, metadata={"format": "pt"})
+    """safetensors refuses shared or non-contiguous storage: give it a contiguous CPU copy of each tensor."""
+    save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, file, metadata={"format": "pt"})
     apply_umask(file)  # safetensors writes 0600 whatever the umask
 
 

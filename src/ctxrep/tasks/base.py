@@ -92,6 +92,9 @@ class TaskEstimator:
     quantize: None, or "int8": predict and score run the fine-tuned Transformer encoder's linear layers in int8
         (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated on built-in sentences; a copy built once per fitted
         model). Training stays float32. Frozen mode and ELMo refuse it in one line.
+    device: where the network trains and predicts ("cpu", "cuda", "cuda:1"); batches follow it, saved weights are
+        written from CPU copies. bf16: bfloat16 autocast for the forward passes (training and prediction; the
+        weights and optimizer stay float32): for GPUs with bf16 (on CPUs without AMX it is slower than float32).
     """
 
     _estimator_type: str | None = None
@@ -161,6 +164,12 @@ class TaskEstimator:
             )
         if self.discriminative_lr and not self.discriminative_lr_factor > 0:
             raise ValueError(f"discriminative_lr_factor must be positive, got {self.discriminative_lr_factor!r}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device must name a torch device ('cpu', 'cuda', 'cuda:1'), got {self.device!r}") from e
+        if not isinstance(self.bf16, (bool, np.bool_)):
+            raise ValueError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.quantize not in (None, "int8"):
             raise ValueError(f"quantize must be None or 'int8', got {self.quantize!r}")
         if self.quantize and self.mode == "frozen":
@@ -191,6 +200,7 @@ class TaskEstimator:
         else:
             self._learn_targets(y)
             self.backbone_ = load_encoder(self.model)
+            self.backbone_.model.to(self.device)  # frozen mode featurizes with it on the estimator's device
             if self.quantize and self.backbone_.model.word_level:  # said before training, not at predict time
                 raise ValueError(f"quantize='int8': {self.backbone_.model.family} is a biLSTM over characters; int8 "
                                  "applies to Transformer linear layers: use quantize=None")  # fmt: skip
@@ -229,9 +239,10 @@ class TaskEstimator:
                 self.model_ = self._make_network()
             self.history_ = []
             self.n_epochs_ = 0
+        self.model_.to(self.device)
         with loop.seeded_torch(seed + self.n_epochs_):  # dropout
             best = loop.train(
-                self.model_, examples, [_length(e) for e in examples], lambda rows: self._collate(rows, call),
+                self.model_, examples, [_length(e) for e in examples], lambda rows: self._batch(rows, call),
                 self._head_loss if train_loss is None else train_loss, evaluate, self._loop_settings(), rng,
                 self.history_, first_epoch=self.n_epochs_,
                 extra=train_loss if isinstance(train_loss, nn.Module) else None,
@@ -249,7 +260,7 @@ class TaskEstimator:
             discriminative_lr_factor=self.discriminative_lr_factor if self.discriminative_lr else None,
             gradual_unfreezing=self.gradual_unfreezing and self.mode == "finetune",
             early_stopping=self.early_stopping, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
-            progress=self.progress, desc=type(self).__name__,
+            progress=self.progress, desc=type(self).__name__, bf16=bool(self.bf16),
             max_steps=int(self.max_steps) if self.max_steps is not None else None,
         )  # fmt: skip
 
@@ -352,14 +363,14 @@ class TaskEstimator:
                 rows = order[start : start + size]
                 start += size
                 part = [records[i] for i in rows]
-                for i, out in zip(rows, self._split_outputs(network(self._collate(part, call)), part)):
+                for i, out in zip(rows, self._split_outputs(self._predict_batch(network, part, call), part)):
                     outputs[i] = out
         return outputs
 
     def _prediction_network(self, num_tokens: int) -> TaskNetwork:
         """`inference_network(self.model_)`, or with quantize="int8" the int8 copy (built once, kept until the next
-        fit or a change of `quantize`)."""
-        self.model_.eval()
+        fit or a change of `quantize`). The network is on `device` (set_params(device=...) after fit moves it)."""
+        self.model_.to(self.device).eval()
         if self.quantize is None:
             return inference_network(self.model_, num_tokens=num_tokens)
         self._check_common()
@@ -367,6 +378,15 @@ class TaskEstimator:
         if cached is None or cached[0] is not self.model_:
             self._int8_network = (self.model_, int8_network(self.model_, self.backbone_.tokenizer))
         return self._int8_network[1]
+
+    def _batch(self, records: list, call: Call) -> dict[str, torch.Tensor]:
+        """The collated batch on the estimator's device."""
+        return {k: v.to(self.device) for k, v in self._collate(records, call).items()}
+
+    def _predict_batch(self, network: nn.Module, records: list, call: Call) -> torch.Tensor:
+        """The network's output for one batch of records, float32 on the CPU (under bf16 autocast when asked)."""
+        with loop.bf16_autocast(torch.device(self.device).type, bool(self.bf16)):
+            return network(self._batch(records, call)).float().cpu()
 
     def _forward_reference(self, records: list, call: Call) -> list:
         """The head's output for every record, in order: the network itself in batches of batch_size (eval mode,
@@ -376,7 +396,7 @@ class TaskEstimator:
         with torch.no_grad():
             for start in range(0, len(records), self.batch_size):
                 part = records[start : start + self.batch_size]
-                outputs.extend(self._split_outputs(self.model_(self._collate(part, call)), part))
+                outputs.extend(self._split_outputs(self._predict_batch(self.model_, part, call), part))
         return outputs
 
     def _predict_checked(self, X: list):
@@ -445,7 +465,8 @@ class TaskEstimator:
         est.backbone_ = load_encoder(est.model)
         est.model_ = est._make_network()
         est.model_.load_state_dict(load_file(path / "model.safetensors"))
-        est.model_.eval()
+        est.model_.to(est.device).eval()
+        est.backbone_.model.to(est.device)
         est.n_epochs_ = config["n_epochs"]
         est.history_ = config["history"]
         return est

@@ -106,6 +106,8 @@ class SequenceClassifier(TaskEstimator):
         random_state: int | None = None,
         progress: bool = False,
         quantize: str | None = None,
+        device: str = "cpu",
+        bf16: bool = False,
     ) -> None:
         self.model = model
         self.mode = mode
@@ -134,6 +136,8 @@ class SequenceClassifier(TaskEstimator):
         self.random_state = random_state
         self.progress = progress
         self.quantize = quantize
+        self.device = device
+        self.bf16 = bf16
 
     # ---- data -------------------------------------------------------------------------------------
 

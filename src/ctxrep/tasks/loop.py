@@ -71,6 +71,7 @@ class LoopSettings:
     max_steps: int | None = None  # optimizer steps; None: max_epochs full epochs
     own_lr: tuple[str, float] | None = None  # (parameter-name prefix, its learning rate), e.g. the CRF's
     fused_adamw: bool = True  # torch's fused AdamW kernel where it applies; False: the for-loop reference
+    bf16: bool = False  # bfloat16 autocast for the forward pass and the loss (weights and optimizer stay float32)
 
 
 def plan_steps(n_examples: int, settings: LoopSettings) -> tuple[int, int, int]:
@@ -127,6 +128,12 @@ def length_bucketed_batches(lengths: list[int], batch_size: int, rng: np.random.
     return [batches[k] for k in rng.permutation(len(batches))]
 
 
+def bf16_autocast(device_type: str, enabled: bool):
+    """bfloat16 autocast on `device_type` when enabled, else nothing (torch.autocast refuses some device types,
+    such as "meta", even when disabled)."""
+    return torch.autocast(device_type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
 def train(
     network: TaskNetwork,
     examples: list,
@@ -160,6 +167,7 @@ def train(
         return slanted_triangular(step, total) if settings.slanted_triangular else warmup_decay(step, warmup, total)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    device_type = next(network.parameters()).device.type
     best_score, best_state, since_best, steps = -math.inf, None, 0, 0
     bar = tqdm(total=total, desc=settings.desc, unit="batch", disable=not settings.progress)
     try:
@@ -172,7 +180,8 @@ def train(
                 if steps == total:  # max_steps reached inside this epoch
                     break
                 batch = batch_of([examples[i] for i in rows])
-                loss = loss_of(network(batch), batch)
+                with bf16_autocast(device_type, settings.bf16):
+                    loss = loss_of(network(batch), batch)
                 optimizer.zero_grad()
                 loss.backward()
                 if settings.max_grad_norm:

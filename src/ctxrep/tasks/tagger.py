@@ -109,6 +109,8 @@ class TokenTagger(TaskEstimator):
         random_state: int | None = None,
         progress: bool = False,
         quantize: str | None = None,
+        device: str = "cpu",
+        bf16: bool = False,
     ) -> None:
         self.model = model
         self.mode = mode
@@ -141,6 +143,8 @@ class TokenTagger(TaskEstimator):
         self.random_state = random_state
         self.progress = progress
         self.quantize = quantize
+        self.device = device
+        self.bf16 = bf16
 
     # ---- data -------------------------------------------------------------------------------------
 
@@ -312,7 +316,9 @@ class TokenTagger(TaskEstimator):
                 emissions = nn.utils.rnn.pad_sequence(part, batch_first=True)  # (batch, words, labels)
                 lengths = torch.tensor([len(e) for e in part])
                 mask = torch.arange(emissions.shape[1]) < lengths.unsqueeze(1)  # (batch, words)
-                best += self.model_.head.crf.decode(emissions, mask)
+                crf = self.model_.head.crf
+                device = crf.transitions.device
+                best += crf.decode(emissions.to(device), mask.to(device))
         else:
             best = [e.argmax(dim=-1).tolist() for e in scores]
         return [[self.classes_[label].item() for label in path] for path in best]
