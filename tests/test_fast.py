@@ -122,7 +122,9 @@ def test_int8_word_vectors_of_minilm_stay_within_cosine_0_99_of_float32():
     assert cosines.mean() >= 0.99 and cosines.min() > 0.95
     linears = [m for m in quantized.model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) >= 6 * 6  # q, k, v, attention output, intermediate, output per layer (and a pooler)
-    assert sum(isinstance(m, fast.Int8Linear) for m in quantized._encoder.modules()) == len(linears)
+    layers = quantized.model.num_layers  # query, key and value run as one int8 product per layer
+    assert sum(isinstance(m, fast.Int8Linear) for m in quantized._encoder.modules()) == len(linears) - 2 * layers
+    assert all(isinstance(layer.attention.query_key_value, fast.Int8Linear) for layer in quantized._encoder.layers)
     assert not any(isinstance(m, torch.nn.Linear) for m in quantized._encoder.modules())  # the copy, not the model
 
 
@@ -306,3 +308,26 @@ def test_estimator_bf16_autocast_trains_and_predicts_with_float32_weights(tiny_m
     proba = clf.predict_proba(X)
     assert dtypes and set(dtypes) == {torch.bfloat16} and proba.dtype == np.float32
     np.testing.assert_allclose(proba, clf.set_params(bf16=False).predict_proba(X), atol=0.05)
+
+
+def test_fused_query_key_value_path_equals_the_three_projections(tiny_models):
+    """The BERT-family attention's fast path (one product for q, k, v, set by quantize_int8) against its reference
+    forward, in float32 so that only the fusing is compared."""
+    loaded = load_encoder(str(tiny_models["bert"]))
+    model = loaded.model.eval()
+    pieces = loaded.tokenizer.encode_words(WORDS)
+    batch = collate([w for i, p in enumerate(pieces) for w in WindowPlan(loaded.tokenizer, 64).single(i, p)],
+                    loaded.tokenizer)  # fmt: skip
+    with torch.inference_mode():
+        expected = model.encode(batch).hidden_states
+    for layer in model.layers:
+        a = layer.attention
+        fused = torch.nn.Linear(a.query.in_features, 3 * a.query.out_features)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([a.query.weight, a.key.weight, a.value.weight]))
+            fused.bias.copy_(torch.cat([a.query.bias, a.key.bias, a.value.bias]))
+        a.query_key_value = fused
+    with torch.inference_mode():
+        got = model.encode(batch).hidden_states
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)

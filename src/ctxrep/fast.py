@@ -262,6 +262,16 @@ def quantize_int8(
     unknown = keep - {n for n, m in quantized.named_modules() if isinstance(m, nn.Linear)}
     if unknown:
         raise ValueError(f"keep_float names no nn.Linear of this model: {sorted(unknown)}")
+    for name, module in quantized.named_modules():  # BERT-family attention: query, key and value as one product
+        parts = [f"{name}.{p}" for p in ("query", "key", "value")]
+        if hasattr(module, "query_key_value") and not keep.intersection(parts):
+            fused = torch.nn.utils.skip_init(nn.Linear, module.query.in_features, 3 * module.query.out_features)
+            with torch.no_grad():
+                fused.weight.copy_(torch.cat([module.query.weight, module.key.weight, module.value.weight]))
+                fused.bias.copy_(torch.cat([module.query.bias, module.key.bias, module.value.bias]))
+            module.query_key_value = Int8Linear(fused, absmax.get(parts[0]), alpha)  # the three saw the same x
+            del module.query, module.key, module.value
+            linears = [(n, m) for n, m in linears if n not in parts]
     for name, linear in linears:
         parent_name, _, child = name.rpartition(".")
         parent = quantized.get_submodule(parent_name) if parent_name else quantized

@@ -192,6 +192,9 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(h, inner)
         self.output = nn.Linear(inner, h)
         self.dropout_p = config.attention_probs_dropout_prob
+        # A fast path set by ctxrep.fast.quantize_int8: one int8 product for query, key and value (one
+        # quantization of x instead of three); None runs the three projections above, the reference.
+        self.query_key_value: nn.Module | None = None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -207,7 +210,10 @@ class SelfAttention(nn.Module):
         # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
         # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
         b, t, _ = x.shape
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        if self.query_key_value is None:
+            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        else:
+            q, k, v = map(self._heads, self.query_key_value(x).chunk(3, dim=-1))
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
