@@ -265,10 +265,9 @@ def quantize_int8(
     for name, module in quantized.named_modules():  # BERT-family attention: query, key and value as one product
         parts = [f"{name}.{p}" for p in ("query", "key", "value")]
         if hasattr(module, "query_key_value") and not keep.intersection(parts):
-            fused = torch.nn.utils.skip_init(nn.Linear, module.query.in_features, 3 * module.query.out_features)
-            with torch.no_grad():
-                fused.weight.copy_(torch.cat([module.query.weight, module.key.weight, module.value.weight]))
-                fused.bias.copy_(torch.cat([module.query.bias, module.key.bias, module.value.bias]))
+            fused = nn.Linear(module.query.in_features, 3 * module.query.out_features, device="meta")  # no RNG draw
+            fused.weight = nn.Parameter(torch.cat([module.query.weight, module.key.weight, module.value.weight]))
+            fused.bias = nn.Parameter(torch.cat([module.query.bias, module.key.bias, module.value.bias]))
             module.query_key_value = Int8Linear(fused, absmax.get(parts[0]), alpha)  # the three saw the same x
             del module.query, module.key, module.value
             linears = [(n, m) for n, m in linears if n not in parts]
