@@ -234,13 +234,27 @@ def test_attention_pictures_and_bad_heads(fz, tmp_path):
         attention.head_statistics(fz, ["a b"]).grid("cls2")
 
 
-def test_pruned_heads_are_refused_in_one_line(tiny_model):
+def test_pruned_model_keeps_the_original_head_numbering(tiny_model, tmp_path):
+    """A pruned head's entries are blank (None / NaN); in the first layer, whose input pruning does not change, the
+    kept head's statistics equal the unpruned model's at the same original index."""
+    sentences = ["the dog runs today .", "a cat sleeps often ."]
+    full = attention.head_statistics(Featurizer(str(tiny_model), layers="all"), sentences)
     fz = Featurizer(str(tiny_model), layers="all")
     fz.model.prune_heads({0: [1]})
-    for refused in (lambda: attention.head_statistics(fz, ["the dog runs"]),
-                    lambda: attention.head_attention(fz, "the dog runs", 2, 0)):  # fmt: skip
-        with pytest.raises(ValueError, match=r"attention heads were pruned \(heads per layer: 1, 2 of 2\)"):
-            refused()
+    pruned = attention.head_statistics(fz, sentences)
+    assert pruned.stats["entropy"][0][1] is None and None not in pruned.stats["entropy"][1]
+    for name in pruned.stats:
+        g, expected = pruned.grid(name), full.grid(name)
+        assert np.isnan(g[0, 1])
+        np.testing.assert_allclose(g[0, [0]], expected[0, [0]], rtol=1e-5, atol=1e-6)  # layer 1's input: unchanged
+        assert pruned.top_head(name) != (0, 1)
+    pruned.save_json(tmp_path / "attention.json")  # valid JSON: null where a head was pruned
+    assert json.loads((tmp_path / "attention.json").read_text())["stats"]["entropy"][0][1] is None
+    assert "L1" in pruned.table()
+    with pytest.raises(ValueError, match="head 1 of layer 1 was pruned; that layer keeps heads 0"):
+        attention.head_attention(fz, "the dog runs", 1, 1)
+    tokens, a = attention.head_attention(fz, "the dog runs", 1, 0)
+    assert a.shape == (len(tokens), len(tokens)) and np.isfinite(a).all()
 
 
 # ---- neighbours ---------------------------------------------------------------------------------

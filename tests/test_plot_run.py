@@ -66,3 +66,14 @@ def test_a_panel_without_data_says_so(tmp_path):
     result = CliRunner().invoke(plot_run_command, [str(tmp_path), "--out", str(tmp_path / "c.png")])
     assert result.exit_code == 0, result.output
     assert blue_pixels(tmp_path / "c.png")[1:] == [0, 0]
+
+
+def test_a_translation_run_gets_a_bleu_panel():
+    records = [{"step": s, "loss": 5.0 - s / 100, "lr": 1e-3, "tokens_per_s": 5000.0} for s in range(1, 301)]
+    records += [{"step": 100, "eval_loss": 4.5, "eval_bleu": 12.5}, {"step": 300, "eval_loss": 3.5, "eval_bleu": 30.0}]
+    fig = draw_run(records)
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "learning rate", "tokens / s",
+                                                   "validation BLEU (during training)"]  # fmt: skip
+    (bleu,) = fig.axes[3].get_lines()
+    assert list(bleu.get_xdata()) == [100, 300] and list(bleu.get_ydata()) == [12.5, 30.0]
+    assert len(draw_run(records[:300]).axes) == 3  # no BLEU in the log: the usual three panels

@@ -19,7 +19,7 @@ _EXPORTS = {
     "require_attention": "attention", "head_statistics": "attention", "AttentionStats": "attention",
     "dependency_heads": "attention", "DependencyHeads": "attention", "RelationHead": "attention",
     "word_attention": "attention", "head_attention": "attention", "save_heatmap_png": "attention",
-    "save_grid_png": "attention",
+    "save_grid_png": "attention", "pruned_heads_mask": "attention",
     # neighbours in context, the static contrast, WiC by layer (neighbors.py)
     "OccurrenceIndex": "neighbors", "Occurrence": "neighbors", "Neighbor": "neighbors", "Query": "neighbors",
     "parse_query": "neighbors", "read_queries": "neighbors", "StaticVocabulary": "neighbors",

@@ -19,6 +19,7 @@ Layers are numbered 1..L as in the hidden states (0 is the embedding output, whi
 from __future__ import annotations
 
 import json
+import math
 import os
 import unicodedata
 from collections import Counter, defaultdict
@@ -75,27 +76,38 @@ def _encode(fz: Featurizer, index: int, words: list[str]) -> _Sentence | None:
 
 
 def require_attention(fz: Featurizer) -> None:
-    """A one-line error for a model without attention heads (the encoder interface says which: ELMo's biLSTM), or
-    with pruned heads (its attentions no longer fill a layer x head grid in the original head numbering)."""
+    """A one-line error for a model without attention heads (the encoder interface says which: ELMo's biLSTM)."""
     m = fz.model
     if not m.has_attention:
         raise ValueError(f"{m.no_attention_reason()}; attention statistics and heatmaps need a model with "
                          "attention heads (a Transformer: BERT, RoBERTa, ELECTRA, GPT-2, XLNet, ...)")  # fmt: skip
-    heads = m.heads_per_layer()
-    if heads != [m.num_heads] * m.num_layers:
-        raise ValueError(f"the model's attention heads were pruned (heads per layer: {', '.join(map(str, heads))} of "
-                         f"{m.num_heads}); attention statistics and heatmaps need every head: use the model from "
-                         "before pruning")  # fmt: skip
+
+
+def pruned_heads_mask(fz: Featurizer) -> torch.Tensor:
+    """(layers, num_heads) bool, True where a head was pruned (the grids keep the original head numbering)."""
+    m = fz.model
+    mask = torch.ones(m.num_layers, m.num_heads, dtype=torch.bool)
+    for layer, kept in enumerate(m.kept_heads()):
+        mask[layer, kept] = False
+    return mask
 
 
 def _attentions(fz: Featurizer, inputs: list[_Sentence], batch_size: int = 16) -> Iterator[tuple[_Sentence, torch.Tensor]]:
-    """Each input with its attention probabilities (layers, heads, seq, seq), in input order."""
+    """Each input with its attention probabilities (layers, heads, seq, seq), in input order; a pruned head's
+    entries are NaN (heads in the original numbering)."""
     fz.model.eval()
+    kept = fz.model.kept_heads()
     with torch.inference_mode():
         for start in range(0, len(inputs), batch_size):
             batch = inputs[start : start + batch_size]
             out = fz.model.encode(collate([x.record for x in batch], fz.tokenizer), output_attentions=True)
-            stacked = torch.stack(out.attentions, dim=1)  # (batch, layers, heads, seq, seq)
+            if all(len(k) == fz.model.num_heads for k in kept):
+                stacked = torch.stack(out.attentions, dim=1)  # (batch, layers, heads, seq, seq)
+            else:  # each layer's remaining heads at their original indices
+                first = out.attentions[0]
+                stacked = first.new_full((len(batch), len(kept), fz.model.num_heads, *first.shape[-2:]), math.nan)
+                for layer, (a, heads) in enumerate(zip(out.attentions, kept)):
+                    stacked[:, layer, heads] = a
             for r, x in enumerate(batch):
                 n = len(x.input_ids)
                 yield x, stacked[r, :, :, :n, :n]
@@ -127,10 +139,16 @@ class AttentionStats:
     stats: dict[str, list[list[float]]]
 
     def grid(self, name: str) -> np.ndarray:
-        """(layers, heads) array of one statistic."""
+        """(layers, heads) array of one statistic; NaN for pruned heads (None in `stats`)."""
         if name not in self.stats:
             raise ValueError(f"unknown attention statistic {name!r}; choose one of {', '.join(self.stats)}")
-        return np.array(self.stats[name])
+        return np.array(self.stats[name], dtype=float)
+
+    def top_head(self, name: str) -> tuple[int, int]:
+        """(layer index from 0, head) with the largest value of a statistic, among the heads the model has."""
+        g = self.grid(name)
+        layer, head = np.unravel_index(int(np.nanargmax(g)), g.shape)
+        return int(layer), int(head)
 
     def table(self) -> str:
         """Each statistic's per-layer head average, and its top head."""
@@ -140,8 +158,8 @@ class AttentionStats:
         lines.append(f"{'':<9}" + "".join(f"{'L' + str(j + 1):>7}" for j in range(n_layers)) + "   top head")
         for name in self.stats:
             g = self.grid(name)
-            layer, head = np.unravel_index(int(g.argmax()), g.shape)
-            means = "".join(f"{v:>7.3f}" for v in g.mean(axis=1))
+            layer, head = self.top_head(name)
+            means = "".join(f"{v:>7.3f}" for v in np.nanmean(g, axis=1))
             lines.append(f"{name:<9}{means}   L{layer + 1}-H{head} {g[layer, head]:.3f}")
         return "\n".join(lines)
 
@@ -174,7 +192,9 @@ def head_statistics(fz: Featurizer, sentences: Sequence[str | Sequence[str]], ba
         sums["punct"] += a[..., punct].sum((-1, -2))
         sums["entropy"] += -(a * torch.log(a.clamp_min(1e-12))).sum((-1, -2))
         n_tokens += n
-    stats = {name: (s / n_tokens).tolist() for name, s in sums.items()}
+    pruned = pruned_heads_mask(fz)
+    stats = {name: [[None if p else v for v, p in zip(row, gone)] for row, gone in
+                    zip((s / n_tokens).tolist(), pruned.tolist())] for name, s in sums.items()}  # fmt: skip
     return AttentionStats(model_name(fz), len(inputs), n_tokens, skipped, stats)
 
 
@@ -253,10 +273,11 @@ def dependency_heads(fz: Featurizer, sentences: Sequence, batch_size: int = 16, 
             counts[rel] += 1
             offsets[rel][h - 1 - d] += 1
     rows = []
+    pruned = pruned_heads_mask(fz)
     for rel, count in counts.most_common():
         if count < min_count:
             continue
-        c = correct[rel]
+        c = correct[rel].masked_fill(pruned, -1)  # a pruned head is never the best
         layer, head = np.unravel_index(int(c.argmax()), tuple(c.shape))
         offset, hits = offsets[rel].most_common(1)[0]
         rows.append(RelationHead(rel, count, int(layer) + 1, int(head), float(c[layer, head]) / count, offset,
@@ -274,6 +295,10 @@ def _check_head(fz: Featurizer, layer: int, head: int) -> None:
         raise ValueError(f"layer {layer!r} is out of range: the model's attention layers are 1..{n_layers}")
     if not isinstance(head, int) or not 0 <= head < n_heads:
         raise ValueError(f"head {head!r} is out of range: each layer has heads 0..{n_heads - 1}")
+    kept = fz.model.kept_heads()[layer - 1]
+    if head not in kept:
+        raise ValueError(f"head {head} of layer {layer} was pruned; that layer keeps heads "
+                         f"{', '.join(map(str, kept))}")  # fmt: skip
 
 
 def head_attention(
@@ -324,7 +349,9 @@ def save_grid_png(grid: np.ndarray, path: str | os.PathLike, title: str = "") ->
     ax.set_ylabel("layer")
     if n_heads * n_layers <= 144:
         for (j, h), v in np.ndenumerate(grid):
-            colour = "white" if v < grid.mean() else "black"
+            if np.isnan(v):  # a pruned head: left blank
+                continue
+            colour = "white" if v < np.nanmean(grid) else "black"
             ax.text(h, j, f"{v:.2f}", ha="center", va="center", fontsize=6, color=colour)
     ax.set_title(title)
     fig.colorbar(image, ax=ax, fraction=0.046)

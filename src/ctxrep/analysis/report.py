@@ -117,8 +117,7 @@ def _attention_sections(fz: Featurizer, sentences: list[list[str]], parsed, body
         _img(_png(lambda buf, n=n: attention.save_grid_png(stats.grid(n), buf, title=n)), f"{n} by layer and head")
         for n in ("cls", "sep", "prev", "next", "punct", "entropy")
     )
-    prev = stats.grid("prev")
-    layer, head = (int(i) for i in np.unravel_index(int(prev.argmax()), prev.shape))
+    layer, head = stats.top_head("prev")
     short = [" ".join(words) for words in sentences if 5 <= len(words) <= 20]
     demo_sentence = short[0] if short else DEFAULT_SENTENCES[0]
     heatmap = _png(lambda buf: attention.save_heatmap_png(fz, demo_sentence, layer + 1, head, buf))

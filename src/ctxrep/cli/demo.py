@@ -51,14 +51,17 @@ def print_table(labels: list[str], sims: np.ndarray) -> None:
 
 @click.command()
 @click.option("--model", default="minilm", show_default=True, help="Packaged model name or model folder.")
-@click.option("--low-layer", default=1, show_default=True, help="The low layer to contrast with the top layer.")
+@click.option("--low-layer", default=None, type=int,
+              help="The low layer to contrast with the top layer [default: 1, or 0 for a 1-layer model].")
 @user_errors
-def demo(model: str, low_layer: int) -> None:
+def demo(model: str, low_layer: int | None) -> None:
     """Show that the same word gets different vectors in different contexts."""
     from ctxrep.featurize import Featurizer
 
     fz = Featurizer(model, layers="all", pooling="mean")
     top = fz.num_layers
+    if low_layer is None:
+        low_layer = min(1, top - 1)
     if not 0 <= low_layer < top:
         raise ValueError(f"--low-layer must be between 0 and {top - 1}, got {low_layer}")
     click.echo(f"ctxrep demo: model {model} ({top} layers, {fz.model.hidden_size} wide); cosine similarity of the")

@@ -12,7 +12,7 @@ from ctxrep.cli.common import user_errors
 @click.option("--out", default=None, help="PNG file to write (default RUN_DIR/curves.png).")
 @user_errors
 def plot_run(run_dir: str, out: str | None) -> None:
-    """Draw loss (train and held-out), lr and tokens/s from RUN_DIR/log.jsonl to a PNG."""
+    """Draw loss (train and held-out), lr, tokens/s (and a translation run's BLEU) from RUN_DIR/log.jsonl to a PNG."""
     from ctxrep.train.plot import plot_run as draw
 
     click.echo(f"wrote {draw(run_dir, out)}")

@@ -336,6 +336,10 @@ class BertModel(Encoder):
         """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
         return [layer.attention.num_heads for layer in self.layers]
 
+    def kept_heads(self) -> list[list[int]]:
+        """Each layer's remaining heads in the original numbering."""
+        return [list(layer.attention.kept_heads) for layer in self.layers]
+
     def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
         """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
         are ignored). Query/key/value lose those heads' rows and the output projection their columns, so the

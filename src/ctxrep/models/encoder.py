@@ -16,6 +16,7 @@ whether it reads whole words, and how to run it to hidden states. A new family i
                     hidden_states is always filled (and attentions when asked and the family has them)
     input_embeddings()  the static token-embedding table (vocabulary, dim), or None for character input
     heads_per_layer()   heads left in each layer (a pruned model's layers differ; num_heads is the original count)
+    kept_heads()        the original indices of each layer's remaining heads (all of them unless pruned)
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class Encoder(nn.Module):
     def heads_per_layer(self) -> list[int]:
         """Attention heads left in each layer (differs from num_heads after head pruning); [] without attention."""
         return [self.num_heads] * self.num_layers if self.has_attention else []
+
+    def kept_heads(self) -> list[list[int]]:
+        """Original indices (0..num_heads - 1) of the heads left in each layer; [] without attention."""
+        return [list(range(n)) for n in self.heads_per_layer()]
 
     def input_embeddings(self) -> torch.Tensor | None:
         return None

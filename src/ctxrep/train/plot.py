@@ -37,7 +37,8 @@ MARKERS_UP_TO = 50  # a series with at most this many points is drawn with a mar
 
 
 def draw_run(records: list[dict], title: str = ""):
-    """A matplotlib Figure of the curves in `records` (log.jsonl records): loss, learning rate, tokens/s.
+    """A matplotlib Figure of the curves in `records` (log.jsonl records): loss, learning rate, tokens/s, and the
+    validation BLEU of a translation run.
 
     Every point of a short series is marked, so a run of one to a few logged steps shows its points rather than
     an empty line; a panel with nothing to draw says so."""
@@ -59,11 +60,13 @@ def draw_run(records: list[dict], title: str = ""):
             for s, v in zip(steps, values):
                 ax.annotate(f"{v:.4g}", (s, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), dpi=100)
-    loss_ax, lr_ax, speed_ax = axes
-    panels = [(loss_ax, "loss", [("loss", "train", "-"), ("eval_loss", "held-out", "--")]),
-              (lr_ax, "learning rate", [("lr", None, "-")]),
-              (speed_ax, "tokens / s", [("tokens_per_s", None, "-")])]  # fmt: skip
+    bleu = any("eval_bleu" in r for r in records)  # a translation run: its validation BLEU gets a panel too
+    fig, axes = plt.subplots(1, 4 if bleu else 3, figsize=(17 if bleu else 13, 3.6), dpi=100)
+    panels = [(axes[0], "loss", [("loss", "train", "-"), ("eval_loss", "held-out", "--")]),
+              (axes[1], "learning rate", [("lr", None, "-")]),
+              (axes[2], "tokens / s", [("tokens_per_s", None, "-")])]  # fmt: skip
+    if bleu:
+        panels.append((axes[3], "validation BLEU (during training)", [("eval_bleu", None, "-")]))
     for ax, title_, keys in panels:
         drawn: list[int] = []
         for key, label, linestyle in keys:
@@ -80,7 +83,7 @@ def draw_run(records: list[dict], title: str = ""):
             ax.legend(fontsize=8)
         ax.set_title(title_)
         ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers, even on a 1-step run
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))  # whole steps, few enough to read
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
