@@ -237,12 +237,13 @@ def test_every_run_logs_its_first_and_last_step(tmp_path):
 
 def test_ctrl_c_finishes_the_step_saves_and_returns(tmp_path):
     data = Rows(interrupt_at_call=3)  # Ctrl-C during step 3
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler; SIG_IGN under `nohup ... &`
     result = Trainer(CausalLM(), config(max_steps=10), data, tmp_path).train()
     assert result["interrupted"] is True and result["step"] == 3
     state = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
     assert state["step"] == 3 and state["data"] == {"seed": 0, "position": 12}
     assert [r["step"] for r in read_log(tmp_path)] == [1, 2, 3]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
 
 
 def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
