@@ -9,8 +9,8 @@ Rows (each for SST-2 and for CoNLL-2003, from ../shared/data):
   pruned-50%    importance on a held-out slice of the training data, 2 steps; --prune-finetune-epochs N adds
                 rows "pruned-30% + N ep" / "pruned-50% + N ep": the same pruned models retrained N epochs on the
                 training sample without the held-out slice)
-  int8 teacher  the same models with int8 linear layers (ctxrep.fast.quantize_int8, SmoothQuant-calibrated), when
-  int8 student  the speed issue's int8 has landed (--int8; the rows are skipped, with a message, when it has not)
+  int8 teacher  the same models predicting with quantize="int8" (ctxrep.fast.quantize_int8, SmoothQuant-calibrated;
+  int8 student  --int8 adds these rows)
 
 Columns:
   parameters    of the encoder (the task heads add a few hundred to a few thousand)
@@ -39,7 +39,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import inspect
 import json
 import platform
 import sys
@@ -109,44 +108,24 @@ def sample(data, n: int | None, rng: np.random.Generator):
     return type(data)([data.X[i] for i in keep], [data.y[i] for i in keep])
 
 
-def int8_available() -> str | None:
-    """None when ctxrep.fast's int8 and Featurizer(quantize='int8') are there, else why not."""
-    try:
-        from ctxrep import fast
-
-        fast.quantize_int8  # noqa: B018
-    except (ImportError, AttributeError) as e:
-        return f"ctxrep.fast.quantize_int8 is not available ({e})"
-    if "quantize" not in inspect.signature(Featurizer).parameters:
-        return "ctxrep.Featurizer has no quantize option yet"
-    return None
-
-
 def int8_copy(estimator):
-    """The estimator with its encoder's linear layers in int8 (a copy; the original is left as it was), and the
-    computed size in bytes of its weights."""
+    """The estimator predicting with quantize="int8" (a shallow copy; the original is left as it was), and the
+    computed size in bytes of its int8 network's weights."""
     from ctxrep import fast
 
-    q = copy.copy(estimator)
-    q.model_ = copy.deepcopy(estimator.model_)
-    encoder = q.model_.representation.encoder
-    q.model_.representation.encoder = fast.quantize_int8(
-        encoder, fast.calibration_batches(estimator.backbone_.tokenizer, encoder.max_tokens)
-    )
-    size = sum(t.numel() * t.element_size() for t in q.model_.state_dict().values())
-    for module in q.model_.modules():
+    q = copy.copy(estimator).set_params(quantize="int8")
+    network = q._prediction_network(num_tokens=0)  # the int8 copy that its predict and score use
+    size = sum(t.numel() * t.element_size() for t in network.state_dict().values())
+    for module in network.modules():
         if isinstance(module, fast.Int8Linear):
             size += module.in_features * module.out_features + 8 * module.out_features  # int8 W, scales, bias
     return q, size
 
 
 def featurizer_for(folder: Path, threads: int, int8: bool) -> Featurizer:
-    options = {"layers": -1, "pooling": "mean", "num_threads": threads}
-    if "compile" in inspect.signature(Featurizer).parameters:
-        options["compile"] = False  # the same eager code for every row (compiling costs 10-90 s per model)
-    if int8:
-        options["quantize"] = "int8"
-    return Featurizer(str(folder), **options)
+    # compile=False: the same eager code for every row (compiling costs 10-90 s per model)
+    return Featurizer(str(folder), layers=-1, pooling="mean", num_threads=threads, compile=False,
+                      quantize="int8" if int8 else None)  # fmt: skip
 
 
 def tokens_per_second(featurizers: dict[str, Featurizer], sentences: list[list[str]], repeats: int) -> dict:
@@ -172,7 +151,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     sizes = {"sst2": args.sst_train, "conll2003": args.conll_train}
-    why_no_int8 = int8_available() if args.int8 else "not asked for (--int8)"
+    why_no_int8 = None if args.int8 else "not asked for (--int8)"
     args.out.mkdir(parents=True, exist_ok=True)
 
     data = {}

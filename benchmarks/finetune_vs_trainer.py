@@ -79,8 +79,8 @@ def hf_heads():
     import torch.nn.functional as F
     from torch import nn
 
-    class MeanPoolClassifier(nn.Module):
-        """ctxrep's SequenceClassifier(pooling="mean"): dropout on the states, mean over real tokens, linear."""
+    class EncoderHead(nn.Module):
+        """The encoder, dropout 0.1 on its states, one linear layer: what the two heads below share."""
 
         def __init__(self, encoder, num_labels: int, dropout: float = 0.1) -> None:
             super().__init__()
@@ -88,29 +88,27 @@ def hf_heads():
             self.dropout = nn.Dropout(dropout)
             self.linear = nn.Linear(encoder.config.hidden_size, num_labels)
 
+        def states(self, input_ids, attention_mask, token_type_ids):
+            return self.dropout(self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                             token_type_ids=token_type_ids).last_hidden_state)  # (batch, seq, hidden)
+
+    class MeanPoolClassifier(EncoderHead):
+        """ctxrep's SequenceClassifier(pooling="mean"): dropout on the states, mean over real tokens, linear."""
+
         def forward(self, input_ids, attention_mask, token_type_ids=None, labels=None):
-            states = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                  token_type_ids=token_type_ids).last_hidden_state  # (batch, seq, hidden)
-            states = self.dropout(states)
+            states = self.states(input_ids, attention_mask, token_type_ids)
             m = attention_mask.unsqueeze(-1).to(states.dtype)
             logits = self.linear((states * m).sum(dim=1) / m.sum(dim=1).clamp(min=1))  # (batch, labels)
-            loss = F.cross_entropy(logits, labels) if labels is not None else None
-            return {"loss": loss, "logits": logits} if loss is not None else {"logits": logits}
+            if labels is None:
+                return {"logits": logits}
+            return {"loss": F.cross_entropy(logits, labels), "logits": logits}
 
-    class FirstPieceTagger(nn.Module):
+    class FirstPieceTagger(EncoderHead):
         """ctxrep's TokenTagger(word_pooling="first"): dropout on the states, linear; labels only on each word's
         first piece (-100 elsewhere), so the loss is the mean over words as in ctxrep."""
 
-        def __init__(self, encoder, num_labels: int, dropout: float = 0.1) -> None:
-            super().__init__()
-            self.encoder = encoder
-            self.dropout = nn.Dropout(dropout)
-            self.linear = nn.Linear(encoder.config.hidden_size, num_labels)
-
         def forward(self, input_ids, attention_mask, token_type_ids=None, labels=None):
-            states = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                  token_type_ids=token_type_ids).last_hidden_state  # (batch, seq, hidden)
-            logits = self.linear(self.dropout(states))  # (batch, seq, labels)
+            logits = self.linear(self.states(input_ids, attention_mask, token_type_ids))  # (batch, seq, labels)
             if labels is None:
                 return {"logits": logits}
             loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)

@@ -262,7 +262,7 @@ def quantize_int8(
     unknown = keep - {n for n, m in quantized.named_modules() if isinstance(m, nn.Linear)}
     if unknown:
         raise ValueError(f"keep_float names no nn.Linear of this model: {sorted(unknown)}")
-    for name, module in quantized.named_modules():  # BERT-family attention: query, key and value as one product
+    for name, module in list(quantized.named_modules()):  # BERT-family attention: q, k and v as one product
         parts = [f"{name}.{p}" for p in ("query", "key", "value")]
         if hasattr(module, "query_key_value") and not keep.intersection(parts):
             fused = nn.Linear(module.query.in_features, 3 * module.query.out_features, device="meta")  # no RNG draw

@@ -89,8 +89,7 @@ def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     transformer = rep.mode == "finetune" and not getattr(rep.encoder, "word_level", True)
     if not transformer or not fast.worth_compiling(num_tokens, rep.encoder):
         return network
-    fast_rep = Representation("finetune", encoder=fast.compile_encoder(rep.encoder), dropout=rep.dropout.p)
-    return TaskNetwork(fast_rep, network.head).eval()
+    return _with_encoder(network, fast.compile_encoder(rep.encoder))
 
 
 def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
@@ -100,8 +99,13 @@ def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
     if rep.mode != "finetune":
         raise ValueError("quantize='int8' applies to a fine-tuned encoder; a frozen-mode network has none")
     batches = fast.calibration_batches(tokenizer, rep.encoder.max_tokens)
-    int8_rep = Representation("finetune", encoder=fast.quantize_int8(rep.encoder, batches), dropout=rep.dropout.p)
-    return TaskNetwork(int8_rep, network.head).eval()
+    return _with_encoder(network, fast.quantize_int8(rep.encoder, batches))
+
+
+def _with_encoder(network: TaskNetwork, encoder: nn.Module) -> TaskNetwork:
+    """The same head over another copy of the fine-tuned encoder (compiled or int8), in eval mode."""
+    rep = Representation("finetune", encoder=encoder, dropout=network.representation.dropout.p)
+    return TaskNetwork(rep, network.head).eval()
 
 
 BLOCK_LISTS = ("layers", "layer", "h", "forward_layers", "backward_layers")  # BERT, XLNet, GPT-2, ELMo
