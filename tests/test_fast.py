@@ -171,6 +171,20 @@ def test_int8_linear_matches_a_float_linear_and_smoothing_tames_an_outlier_chann
     assert smoothed(x.to(torch.bfloat16)).dtype == torch.bfloat16  # returns the input's dtype
 
 
+def test_int8_linear_stays_exact_where_int16_pair_sums_would_saturate():
+    """Inputs at the top of their range times large weights of one sign: on a CPU without VNNI the full 8-bit
+    range overflows the kernels' int16 pair sums (2 * 255 * 127 > 32767); Int8Linear must not be off there."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 32)
+    with torch.no_grad():
+        linear.weight.copy_(torch.rand(32, 16) * 0.05)  # one sign: the pair sums add up instead of cancelling
+    x = torch.rand(64, 16) * 3
+    expected = linear(x).detach()
+    error = float((fast.Int8Linear(linear, None)(x) - expected).norm() / expected.norm())
+    assert error < 0.02
+    assert isinstance(fast.full_range_is_exact(), bool)
+
+
 def test_quantize_int8_checks_its_arguments_and_keeps_named_layers_float(tiny_models):
     loaded = load_encoder(str(tiny_models["bert"]))
     batches = fast.calibration_batches(loaded.tokenizer, loaded.model.max_tokens)

@@ -8,7 +8,8 @@ forward stays the reference they are tested against (tests/test_fast.py).
                              costs 10-90 s per process (less when Inductor's on-disk cache already holds the
                              graphs), so `worth_compiling` says when a call is large enough to pay for it.
   quantize_int8(encoder, batches)  a copy whose nn.Linear layers run in int8 (`Int8Linear`): per-output-channel
-                             weights, per-tensor activations quantised on the fly with the full 8-bit range, and
+                             weights, per-tensor activations quantised on the fly with the full 8-bit range
+                             where the CPU sums int8 products without saturating (`full_range_is_exact`), and
                              SmoothQuant scales (Xiao et al. 2023) calibrated on `batches` so that the few outlier
                              input channels of a Transformer do not eat the activation range.
   calibration_batches(tokenizer, max_length)  collated batches of CALIBRATION_TEXTS for `quantize_int8`.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -177,13 +179,30 @@ def int8_engine() -> str:
     raise ValueError(f"this torch build has no int8 CPU backend (it has {engines}); use quantize=None")
 
 
+@functools.cache
+def full_range_is_exact() -> bool:
+    """Whether this CPU's int8 kernels take activations over the full 0..255 range without error.
+
+    Without VNNI (most AMD EPYC before Zen 4, Intel before Cascade Lake) the AVX2/AVX-512 kernels add pairs of
+    u8 x s8 products in int16 (vpmaddubsw), which saturate at 32767 > 2 * 255 * 127 would need; 7-bit activations
+    (reduce_range) cannot. A known answer decides: 64 inputs at the top of the range times weights of 1."""
+    with _quantized_engine(int8_engine()), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch marks its quantized tensors deprecated
+        weight = torch.quantize_per_channel(torch.ones(8, 64), torch.full((8,), 1 / 127, dtype=torch.double),
+                                            torch.zeros(8, dtype=torch.long), 0, torch.qint8)  # fmt: skip
+        packed = torch.ops.quantized.linear_prepack(weight, None)
+        y = torch.ops.quantized.linear_dynamic(torch.ones(4, 64), packed, reduce_range=False)
+    return bool(torch.allclose(y, torch.full_like(y, 64.0), rtol=1e-2))
+
+
 class Int8Linear(nn.Module):
     """y = (x / s) Q(W s)^T + b: a Linear in int8.
 
     s: per-input-channel SmoothQuant scales, s_j = max|x_j|^alpha / max|W_:j|^(1 - alpha) (Xiao et al. 2023, eq. 4),
     with max|x_j| calibrated on real inputs; they move the activations' outlier channels into the weights, which
     are quantised per output channel (symmetric, scale = max|row| / 127). x / s is quantised per tensor on each
-    call over the full 0..255 range (torch's DynamicQuantizedLinear uses 7 bits, which cost accuracy here).
+    call over the full 0..255 range where `full_range_is_exact()` (torch's DynamicQuantizedLinear always uses
+    7 bits, which cost accuracy on a CPU with VNNI), else over 0..127.
     """
 
     def __init__(self, linear: nn.Linear, input_absmax: torch.Tensor | None = None, alpha: float = 0.7) -> None:
@@ -205,9 +224,10 @@ class Int8Linear(nn.Module):
         bias = linear.bias.detach().float() if linear.bias is not None else None
         with _quantized_engine(int8_engine()):
             self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        self.reduce_range = not full_range_is_exact()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.float() * self.inv_smooth, self._packed, reduce_range=False)
+        y = torch.ops.quantized.linear_dynamic(x.float() * self.inv_smooth, self._packed, reduce_range=self.reduce_range)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:
