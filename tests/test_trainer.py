@@ -40,7 +40,7 @@ class CausalLM(nn.Module):
     def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
         ids = batch["input_ids"]
         loss = self.model(ids, labels=ids).loss
-        return ObjectiveOutput(loss, ids.numel(), {"first_id": float(ids[:, 0].float().mean())})
+        return ObjectiveOutput(loss, ids.numel(), {"first_id": float(ids[:, 0].float().mean())}, nll=float(loss))
 
 
 class OtherLM(CausalLM):
@@ -214,6 +214,27 @@ def test_log_records_and_evaluation(tmp_path):
     assert result["eval_loss"] == evals[-1]["eval_loss"] and result["step"] == 4
     assert saved == [tmp_path, tmp_path]  # at each checkpoint (steps 2 and 4)
     assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
+
+
+class AuxiliaryLM(CausalLM):
+    """A token NLL plus a term that is not one (like BERT's NSP loss), or no NLL at all (like ELECTRA's)."""
+
+    def __init__(self, reports_nll: bool) -> None:
+        super().__init__()
+        self.reports_nll = reports_nll
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
+        out = super().forward(batch)
+        return ObjectiveOutput(out.loss + 1.0, out.num_tokens, nll=out.nll if self.reports_nll else None)
+
+
+def test_perplexity_comes_from_the_token_nll_only(tmp_path):
+    cfg = config(max_steps=1, eval_every=1)
+    with_nll = Trainer(AuxiliaryLM(reports_nll=True), cfg, Rows(), tmp_path / "a", eval_data=Rows(seed=99))
+    metrics = with_nll.evaluate()
+    assert metrics["eval_perplexity"] == pytest.approx(math.exp(metrics["eval_loss"] - 1.0), rel=1e-5)
+    without = Trainer(AuxiliaryLM(reports_nll=False), cfg, Rows(), tmp_path / "b", eval_data=Rows(seed=99))
+    assert "eval_perplexity" not in without.evaluate()
 
 
 def test_loss_of_a_logged_window_is_the_mean_of_its_steps(tmp_path):

@@ -221,6 +221,7 @@ class BiLMObjective(nn.Module):
             loss=loss,
             num_tokens=int(forward_nll.shape[0]),
             metrics={"forward_ppl": _exp(forward_loss), "backward_ppl": _exp(backward_loss)},
+            nll=float(loss.detach()),
         )
 
     def _check(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

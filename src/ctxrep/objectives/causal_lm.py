@@ -39,9 +39,8 @@ class CausalLMObjective(nn.Module):
             raise ValueError(f"sequences of {input_ids.shape[1]} token have no next token to predict; use >= 2 tokens")
         labels = input_ids.masked_fill(attention_mask == 0, -100)  # padding is never a target
         out = self.model(input_ids, attention_mask=attention_mask, labels=labels)
-        return ObjectiveOutput(
-            loss=out.loss, num_tokens=int(attention_mask.sum()), metrics={"lm_loss": float(out.loss.detach())}
-        )
+        nll = float(out.loss.detach())
+        return ObjectiveOutput(loss=out.loss, num_tokens=int(attention_mask.sum()), metrics={"lm_loss": nll}, nll=nll)
 
     def save_pretrained(self, path: str | Path) -> None:
         """A GPT2LMHeadModel folder (AutoModelForCausalLM loads it; ctxrep.load_model loads the decoder)."""

@@ -345,7 +345,8 @@ class MaskedLMObjective(nn.Module):
             )
         out = self.encoder(masked_input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         loss, logits, targets = mlm_loss(self.head, out.last_hidden_state, labels)
-        metrics = {"mlm_loss": float(loss.detach()), "masked_tokens": float(targets.numel())}
+        nll = float(loss.detach())
+        metrics = {"mlm_loss": nll, "masked_tokens": float(targets.numel())}
         if targets.numel():
             metrics["mlm_accuracy"] = float((logits.argmax(-1) == targets).float().mean())
         if self.nsp_head is not None:
@@ -354,7 +355,7 @@ class MaskedLMObjective(nn.Module):
             loss = loss + nsp
             metrics["nsp_loss"] = float(nsp.detach())
             metrics["nsp_accuracy"] = float((nsp_logits.argmax(-1) == next_sentence_label).float().mean())
-        return ObjectiveOutput(loss=loss, num_tokens=int(attention_mask.sum()), metrics=metrics)
+        return ObjectiveOutput(loss=loss, num_tokens=int(attention_mask.sum()), metrics=metrics, nll=nll)
 
     def save_pretrained(self, path: str | Path) -> None:
         """A BertForPreTraining (nsp) / BertForMaskedLM / RobertaForMaskedLM folder: the encoder under 'bert.' or

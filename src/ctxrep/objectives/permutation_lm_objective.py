@@ -50,7 +50,8 @@ class PermutationLMObjective(nn.Module):
         if bool(predicted.any()):
             hits = out.logits.argmax(-1) == sampled.labels  # (batch, num_predict)
             metrics["plm_accuracy"] = float(hits[predicted].float().mean())
-        return ObjectiveOutput(loss=out.loss, num_tokens=int(attention_mask.sum()), metrics=metrics)
+        return ObjectiveOutput(loss=out.loss, num_tokens=int(attention_mask.sum()), metrics=metrics,
+                               nll=metrics["plm_loss"])  # fmt: skip
 
     def save_pretrained(self, path: str | Path) -> None:
         """An XLNetLMHeadModel folder (transformers' AutoModel and ctxrep.load_model load the encoder)."""

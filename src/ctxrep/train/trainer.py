@@ -256,7 +256,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean objective loss over the same eval_batches held-out micro-batches every time, and exp(loss).
+        """Mean objective loss over the same eval_batches held-out micro-batches every time, and perplexity
+        exp(mean nll) for objectives that report a token NLL (ObjectiveOutput.nll).
 
         Runs on a forked RNG seeded with config.seed: the same masks each time, and the training RNG (hence
         exact resume) is left untouched.
@@ -269,18 +270,23 @@ class Trainer:
             self._eval_start = self.eval_data.state_dict()
         self.eval_data.load_state_dict(self._eval_start)
         self.objective.eval()
-        losses = []
+        losses, nlls = [], []
         devices = [self.device.index or 0] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.config.seed)
             for _ in range(self.config.eval_batches):
                 batch = self._to_device(self.eval_data.next_batch(self.config.micro_batch_size))
                 with self._autocast():
-                    losses.append(self.objective(batch).loss.float().item())
+                    out: ObjectiveOutput = self.objective(batch)
+                losses.append(out.loss.float().item())
+                if out.nll is not None:
+                    nlls.append(out.nll)
         self.objective.train()
-        loss = sum(losses) / len(losses)
-        return {"eval_loss": loss, "eval_perplexity": math.exp(loss) if loss < 700 else float("inf"),
-                **self._extra_metrics()}  # fmt: skip
+        metrics = {"eval_loss": sum(losses) / len(losses)}
+        if nlls:
+            nll = sum(nlls) / len(nlls)
+            metrics["eval_perplexity"] = math.exp(nll) if nll < 700 else float("inf")
+        return metrics | self._extra_metrics()
 
     @property
     def _evaluates(self) -> bool:

@@ -273,7 +273,7 @@ class TranslationObjective(nn.Module):
         loss, nll, tokens = self.losses(batch)
         tokens = max(tokens, 1)
         num_tokens = int(batch["attention_mask"].sum()) + tokens  # source + target tokens, for tokens/s
-        return ObjectiveOutput(loss / tokens, num_tokens, {"nll": float(nll) / tokens})
+        return ObjectiveOutput(loss / tokens, num_tokens, {"nll": float(nll) / tokens}, nll=float(nll) / tokens)
 
     @torch.no_grad()
     def evaluate_loss(self, batches) -> dict[str, float]:
