@@ -98,6 +98,17 @@ def test_too_small_corpus_is_refused(tmp_path, tokenizer_dir):
         SentenceOrderPacker(corpus, SegmentPairConfig(max_length=64))
 
 
+def test_corpus_of_one_token_documents_is_refused(tmp_path, tokenizer_dir):
+    (tmp_path / "text").mkdir()
+    for d in range(3):  # each document one sentence of one token: no pair has a second segment
+        (tmp_path / "text" / f"doc{d}.txt").write_text(f"d{d}s0w0\n")
+    corpus = pack_corpus(tmp_path / "text", tokenizer_dir, tmp_path / "packed", CorpusConfig(num_workers=1),
+                         progress=False)  # fmt: skip
+    assert corpus.num_tokens == 3
+    with pytest.raises(PackingError, match="no segment pair can be made .* one sentence of one token"):
+        SentenceOrderPacker(corpus, SegmentPairConfig(max_length=5)).next_instance()
+
+
 TINY = dict(vocab_size=60, embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=24, max_position_embeddings=32)  # fmt: skip
 

@@ -264,10 +264,14 @@ class SegmentPairPacker(_Packer):
             )
 
     def _build_plan(self, max_length: int, rng: np.random.Generator) -> np.ndarray:
-        """Rows of (a_start, a_end, b_start, b_end, label): token offsets into corpus.tokens, shuffled."""
+        """Rows of (a_start, a_end, b_start, b_end, label): token offsets into corpus.tokens, shuffled.
+
+        The walk is create_pretraining_data's, shared with SentenceOrderPacker: a document's sentences gather
+        into a chunk until it reaches the target length, A is the chunk's first k sentences (k random), and
+        `_pair` makes the row and says after which sentence the walk goes on.
+        """
         doc_off = self.corpus.document_offsets.tolist()
         sent_off = self.corpus.sentence_offsets.tolist()
-        num_docs = len(doc_off) - 1
         max_tokens = max_length - self._num_special()
         short_prob = self.config.short_seq_prob
 
@@ -277,7 +281,7 @@ class SegmentPairPacker(_Packer):
             return max_tokens
 
         rows = []
-        for d in range(num_docs):
+        for d in range(len(doc_off) - 1):
             first, last = doc_off[d], doc_off[d + 1]  # sentence range of the document
             chunk_start, i = first, first
             target = target_length()
@@ -285,35 +289,48 @@ class SegmentPairPacker(_Packer):
                 if i == last - 1 or sent_off[i + 1] - sent_off[chunk_start] >= target:
                     n = i + 1 - chunk_start  # sentences in the chunk
                     a_end = chunk_start + (int(rng.integers(1, n)) if n >= 2 else 1)
-                    is_random = rng.random() < 0.5
-                    a = [sent_off[chunk_start], sent_off[a_end]]
-                    b = [sent_off[a_end], sent_off[i + 1]]
-                    if not is_random and n == 1:  # B must come from beyond the one-sentence chunk
-                        if i + 1 < last:
-                            i += 1  # B = the document's following sentence
-                            b = [sent_off[i], sent_off[i + 1]]
-                        elif a[1] - a[0] >= 2:  # the document's last sentence: A and B are its two parts
-                            a[1] = b[0] = a[0] + int(rng.integers(1, a[1] - a[0]))
-                            b[1] = sent_off[i + 1]
-                        else:
-                            is_random = True
-                    if is_random:
-                        r = int(rng.integers(num_docs - 1))
-                        r += r >= d  # any document but this one
-                        j = int(rng.integers(doc_off[r], doc_off[r + 1]))
-                        want = target - (a[1] - a[0])
-                        b = [sent_off[j], sent_off[j + 1]]
-                        while b[1] - b[0] < want and j + 1 < doc_off[r + 1]:
-                            j += 1
-                            b[1] = sent_off[j + 1]
-                        i = a_end - 1  # the chunk's unused sentences go back to the document
-                    _truncate_pair(a, b, max_tokens, rng)
-                    rows.append((a[0], a[1], b[0], b[1], int(is_random)))
+                    chunk = _Chunk(d, chunk_start, a_end, i, last, target)
+                    row, i = self._pair(chunk, sent_off, doc_off, max_tokens, rng)
+                    if row is not None:
+                        rows.append(row)
                     chunk_start = i + 1
                     target = target_length()
                 i += 1
+        if not rows:
+            raise PackingError(
+                f"{self.corpus.path}: no segment pair can be made (every document is one sentence of one token); "
+                "use more text"
+            )
         plan = np.array(rows, np.int64).reshape(-1, 5)
         return plan[rng.permutation(len(plan))]
+
+    def _pair(
+        self, chunk: _Chunk, sent_off: list[int], doc_off: list[int], max_tokens: int, rng: np.random.Generator
+    ) -> tuple[tuple[int, ...] | None, int]:
+        """The chunk's row and the sentence the walk goes on after: B is the chunk's rest or, half of the time,
+        sentences from a random point of another document (the chunk's unused sentences go back)."""
+        i = chunk.end
+        is_random = rng.random() < 0.5
+        a = [sent_off[chunk.start], sent_off[chunk.split]]
+        b = [sent_off[chunk.split], sent_off[chunk.end + 1]]
+        if not is_random and chunk.end == chunk.start:  # B must come from beyond the one-sentence chunk
+            following = _following_segment(a, chunk, sent_off, rng)
+            if following is None:
+                is_random = True
+            else:
+                b, i = following
+        if is_random:
+            r = int(rng.integers(len(doc_off) - 2))
+            r += r >= chunk.document  # any document but this one
+            j = int(rng.integers(doc_off[r], doc_off[r + 1]))
+            want = chunk.target - (a[1] - a[0])
+            b = [sent_off[j], sent_off[j + 1]]
+            while b[1] - b[0] < want and j + 1 < doc_off[r + 1]:
+                j += 1
+                b[1] = sent_off[j + 1]
+            i = chunk.split - 1  # the chunk's unused sentences go back to the document
+        _truncate_pair(a, b, max_tokens, rng)
+        return (a[0], a[1], b[0], b[1], int(is_random)), i
 
     def _plan_size(self, plan: np.ndarray) -> int:
         return len(plan)
@@ -326,6 +343,33 @@ class SegmentPairPacker(_Packer):
             [t.prefix_types, np.full(a1 - a0, t.type_a), t.middle_types, np.full(b1 - b0, t.type_b), t.suffix_types]
         ).astype(np.int64)
         return {"input_ids": ids, "token_type_ids": types, "next_sentence_label": np.int64(label)}
+
+
+@dataclass
+class _Chunk:
+    """Sentences start..end (inclusive) of document `document`, whose sentences end before `document_end`;
+    A is sentences start..split - 1; `target` is the chunk's target length in tokens."""
+
+    document: int
+    start: int
+    split: int
+    end: int
+    document_end: int
+    target: int
+
+
+def _following_segment(
+    a: list[int], chunk: _Chunk, sent_off: list[int], rng: np.random.Generator
+) -> tuple[list[int], int] | None:
+    """B for a one-sentence chunk A, and the sentence the walk goes on after: the document's following sentence;
+    at the document's end, A's own second part (A is cut at a random token); None if A is one final token."""
+    i = chunk.end
+    if i + 1 < chunk.document_end:
+        return [sent_off[i + 1], sent_off[i + 2]], i + 1
+    if a[1] - a[0] >= 2:
+        a[1] = a[0] + int(rng.integers(1, a[1] - a[0]))
+        return [a[1], sent_off[i + 1]], i
+    return None
 
 
 def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: np.random.Generator) -> None:

@@ -21,12 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.data.corpus import PackedCorpus
-from ctxrep.data.packing import PackingError, SegmentPairConfig, SegmentPairPacker, _truncate_pair
+from ctxrep.data.packing import SegmentPairPacker, _Chunk, _following_segment, _truncate_pair
 from ctxrep.models.albert import AlbertConfig, AlbertForPreTraining
 from ctxrep.objectives.masked_lm import BatchMasker, MaskedLMConfig, mlm_loss
 from ctxrep.objectives.output import ObjectiveOutput
-from ctxrep.tokenize import Tokenizer
 
 IN_ORDER, SWAPPED = 0, 1
 
@@ -46,59 +44,25 @@ class SentenceOrderPacker(SegmentPairPacker):
 
     kind = "sentence_order"
 
-    def __init__(self, corpus: PackedCorpus, config: SegmentPairConfig, tokenizer: Tokenizer | None = None) -> None:
-        super().__init__(corpus, config, tokenizer)
-
     def _check_corpus(self, max_length: int) -> None:
         self._check_length(max_length)  # pairs come from one document: one document is enough
 
-    def _build_plan(self, max_length: int, rng: np.random.Generator) -> np.ndarray:
-        """Rows of (first_start, first_end, second_start, second_end, label): token offsets, shuffled."""
-        doc_off = self.corpus.document_offsets.tolist()
-        sent_off = self.corpus.sentence_offsets.tolist()
-        max_tokens = max_length - self._num_special()
-        short_prob = self.config.short_seq_prob
-
-        def target_length() -> int:
-            if rng.random() < short_prob:
-                return int(rng.integers(2, max_tokens + 1))
-            return max_tokens
-
-        rows = []
-        for d in range(len(doc_off) - 1):
-            first, last = doc_off[d], doc_off[d + 1]  # sentence range of the document
-            chunk_start, i = first, first
-            target = target_length()
-            while i < last:
-                if i == last - 1 or sent_off[i + 1] - sent_off[chunk_start] >= target:
-                    n = i + 1 - chunk_start  # sentences in the chunk
-                    a_end = chunk_start + (int(rng.integers(1, n)) if n >= 2 else 1)
-                    a = [sent_off[chunk_start], sent_off[a_end]]
-                    b = [sent_off[a_end], sent_off[i + 1]]
-                    usable = True
-                    if n == 1:  # B must come from beyond the one-sentence chunk
-                        if i + 1 < last:
-                            i += 1  # B = the document's following sentence
-                            b = [sent_off[i], sent_off[i + 1]]
-                        elif a[1] - a[0] >= 2:  # the document's last sentence: A and B are its two parts
-                            a[1] = b[0] = a[0] + int(rng.integers(1, a[1] - a[0]))
-                            b[1] = sent_off[i + 1]
-                        else:
-                            usable = False
-                    if usable:
-                        _truncate_pair(a, b, max_tokens, rng)
-                        swapped = rng.random() < 0.5  # Lan et al. 2019, sec. 4.1: the negative is the same pair swapped
-                        rows.append((*b, *a, SWAPPED) if swapped else (*a, *b, IN_ORDER))
-                    chunk_start = i + 1
-                    target = target_length()
-                i += 1
-        if not rows:
-            raise PackingError(
-                f"{self.corpus.path}: no sentence-order pair can be made (every document is one sentence of one "
-                "token); use more text"
-            )
-        plan = np.array(rows, np.int64).reshape(-1, 5)
-        return plan[rng.permutation(len(plan))]
+    def _pair(
+        self, chunk: _Chunk, sent_off: list[int], doc_off: list[int], max_tokens: int, rng: np.random.Generator
+    ) -> tuple[tuple[int, ...] | None, int]:
+        """(first_start, first_end, second_start, second_end, label): A and B in order or swapped, or None for a
+        one-token sentence alone at its document's end; and the sentence the walk goes on after."""
+        i = chunk.end
+        a = [sent_off[chunk.start], sent_off[chunk.split]]
+        b = [sent_off[chunk.split], sent_off[chunk.end + 1]]
+        if chunk.end == chunk.start:  # B must come from beyond the one-sentence chunk
+            following = _following_segment(a, chunk, sent_off, rng)
+            if following is None:
+                return None, i
+            b, i = following
+        _truncate_pair(a, b, max_tokens, rng)
+        swapped = rng.random() < 0.5  # Lan et al. 2019, sec. 4.1: the negative is the same pair swapped
+        return ((*b, *a, SWAPPED) if swapped else (*a, *b, IN_ORDER)), i
 
     def _materialise(self, position: int) -> dict[str, np.ndarray]:
         instance = super()._materialise(position)
@@ -176,7 +140,8 @@ class SentenceOrderObjective(nn.Module):
                    "sop_accuracy": float((sop_logits.argmax(-1) == sentence_order_label).float().mean())}  # fmt: skip
         if targets.numel():
             metrics["mlm_accuracy"] = float((logits.argmax(-1) == targets).float().mean())
-        return ObjectiveOutput(loss=mlm + sop, num_tokens=int(attention_mask.sum()), metrics=metrics)
+        return ObjectiveOutput(loss=mlm + sop, num_tokens=int(attention_mask.sum()), metrics=metrics,
+                               nll=metrics["mlm_loss"])  # fmt: skip
 
     def save_pretrained(self, path: str | Path) -> Path:
         """An AlbertForPreTraining folder: transformers' AutoModel and ctxrep's AlbertModel load its encoder."""
