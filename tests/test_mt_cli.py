@@ -128,6 +128,27 @@ def test_translate_file_and_stdin_then_score(trained, corpus, tmp_path):
     assert all(float(rows[i][2]) >= float(rows[i + 1][2]) for i in (0, 1))  # best first
 
 
+def test_translate_search_options_reach_the_search(trained, corpus):
+    from ctxrep.translate.search import translate
+    from ctxrep.translate.train import load_translator
+
+    model, tokenizer = load_translator(trained)
+    sources = corpus["valid_src"].read_text(encoding="utf-8").splitlines()
+    for options, kwargs in (
+        (["--penalty", "hf", "--length-penalty", "1.0"], dict(penalty="hf", length_penalty=1.0)),
+        (["--max-len-a", "0", "--max-len-b", "2"], dict(max_len_a=0.0, max_len_b=2)),
+    ):
+        result = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "3",
+                         "--no-progress", *options)  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert result.stdout.splitlines() == translate(model, tokenizer, sources, beam=3, **kwargs)
+    short = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "1", "--no-progress",
+                    "--max-len-a", "0", "--max-len-b", "2")  # fmt: skip
+    assert max(len(tokenizer.encode_source([line])[0]) for line in short.stdout.splitlines()) <= 3  # 1 word + </s>
+    bad = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--penalty", "fairseq")
+    assert bad.exit_code != 0 and "'fairseq' is not one of 'gnmt', 'hf'" in bad.output
+
+
 def test_translate_progress_bar_only_when_asked_or_on_a_terminal(trained, corpus, tmp_path):
     plain = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "2")
     assert plain.exit_code == 0, plain.output

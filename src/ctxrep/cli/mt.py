@@ -68,13 +68,21 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
 @click.option("--beam", type=int, default=5, show_default=True, help="Beam size; 1 = greedy.")
 @click.option("--n-best", type=int, default=1, show_default=True,
               help="Hypotheses per sentence; above 1 each line is 'LINE ||| TEXT ||| SCORE' (Moses' n-best format).")
+@click.option("--length-penalty", type=float, default=0.6, show_default=True,
+              help="alpha of the length penalty (0 = none): hypotheses score log P / lp(|Y|).")
+@click.option("--penalty", type=click.Choice(["gnmt", "hf"]), default="gnmt", show_default=True,
+              help="lp(|Y|) = ((5 + |Y|) / 6)^alpha (GNMT, the Transformer paper's) or |Y|^alpha (transformers').")
+@click.option("--max-len-a", type=float, default=1.2, show_default=True,
+              help="Translations stop at max-len-a x source tokens + max-len-b.")
+@click.option("--max-len-b", type=int, default=10, show_default=True)
 @click.option("--skip-long", is_flag=True,
               help="Write an empty line for sentences longer than the model's positions instead of stopping.")
 @click.option("--batch-tokens", type=int, default=4096, show_default=True, help="Source tokens per batch.")
 @click.option("--progress/--no-progress", default=None,
               help="A progress bar on stderr (default: only when stderr is a terminal, as `ctxrep embed`).")
 @user_errors
-def translate(model_dir, input_file, out_file, beam, n_best, skip_long, batch_tokens, progress) -> None:  # fmt: skip
+def translate(model_dir, input_file, out_file, beam, n_best, length_penalty, penalty, max_len_a, max_len_b, skip_long,
+              batch_tokens, progress) -> None:  # fmt: skip
     """Translate --input (or stdin) with the model in --model, to --out (or stdout)."""
     from tqdm.auto import tqdm
 
@@ -107,7 +115,8 @@ def translate(model_dir, input_file, out_file, beam, n_best, skip_long, batch_to
     disable = None if progress is None else not progress
     with tqdm(total=len(todo), disable=disable, desc="translate", unit="sent", file=sys.stderr) as bar:
         results = translate_n_best(model, tokenizer, [lines[i].strip() for i in todo], beam=beam, n_best=n_best,
-                                   batch_tokens=batch_tokens, progress=bar.update)  # fmt: skip
+                                   batch_tokens=batch_tokens, length_penalty=length_penalty, penalty=penalty,
+                                   max_len_a=max_len_a, max_len_b=max_len_b, progress=bar.update)  # fmt: skip
     for i, hyps in zip(todo, results):
         outputs[i] = hyps
     text = []
