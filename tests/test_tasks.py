@@ -477,7 +477,11 @@ def test_fused_adamw_fits_as_the_for_loop_reference(tiny_models, tmp_path, monke
     np.testing.assert_allclose([h["train_loss"] for h in fast.history_], [h["train_loss"] for h in reference.history_],
                                rtol=1e-4)  # fmt: skip
     for (name, a), b in zip(fast.model_.state_dict().items(), reference.model_.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+        # The key bias adds q.b to every score of a query, which the softmax over keys ignores: its gradient is zero
+        # but for rounding, and AdamW turns that noise into steps near lr * |g| / eps of either sign. The two
+        # kernels round differently (1e-5 apart on an AMD EPYC), so the key bias is held to the size of such steps.
+        atol = 1e-4 if name.endswith("attention.key.bias") else 1e-5
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=atol, msg=name)
 
 
 def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeypatch):
