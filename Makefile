@@ -8,7 +8,11 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench clean lint
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +27,8 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/ctxrep demo
 
 test: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check -q src tests benchmarks
+	$(VENV)/bin/ruff check -q src tests benchmarks
 	$(PY) -m pytest -q tests
 
 bench: $(VENV)/.installed

@@ -76,8 +76,10 @@ def main() -> int:
     for task, (result, seconds) in results.items():
         for row in result.rows:
             accs = " | ".join(f"{a:.3f}" for a in row.layer_accuracy)
-            lines.append(f"| {task} ({row.name}) | {accs} | {row.mix_accuracy:.3f} | {row.expected_layer:.2f} | "
-                         f"{seconds:.0f} s |")  # fmt: skip
+            lines.append(
+                f"| {task} ({row.name}) | {accs} | {row.mix_accuracy:.3f} | {row.expected_layer:.2f} | "
+                f"{seconds:.0f} s |"
+            )
     accs = " | ".join(f"{layer.dev_accuracy:.3f}" for layer in wic.layers)
     lines.append(f"| WiC dev (cosine threshold) | {accs} | - | - | {wic_seconds:.0f} s |")
 

@@ -60,8 +60,13 @@ def run_short(tree: Path, sst: Path, threads: int) -> float:
 
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), OMP_NUM_THREADS=str(threads))
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", FEATURIZE.replace("fz.embed_words(sentences[:64])", ""), str(sst),
-                          "100", str(threads)], env=env, capture_output=True, text=True, cwd=tree)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", FEATURIZE.replace("fz.embed_words(sentences[:64])", ""), str(sst), "100", str(threads)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tree,
+    )
     seconds = time.perf_counter() - start
     if out.returncode:
         raise SystemExit(f"{tree}: the short job failed:\n{out.stderr[-2000:]}")
@@ -103,8 +108,23 @@ def main() -> None:
                 checksums[name] = f["checksum"]
                 measured["featurize"] = f["tokens_per_s"]
             if "pretrain" in works:
-                m = run(tree, ["benchmarks/pretrain_throughput.py", "--worker", "ctxrep", "--malloc", "tuned", "--steps",
-                               str(args.steps), "--warmup", "3", "--threads", str(args.threads)], args.threads)  # fmt: skip
+                m = run(
+                    tree,
+                    [
+                        "benchmarks/pretrain_throughput.py",
+                        "--worker",
+                        "ctxrep",
+                        "--malloc",
+                        "tuned",
+                        "--steps",
+                        str(args.steps),
+                        "--warmup",
+                        "3",
+                        "--threads",
+                        str(args.threads),
+                    ],
+                    args.threads,
+                )
                 measured["pretrain"] = m["tokens_per_s"]
             if "short" in works:
                 measured["short"] = run_short(tree, sst, args.threads)

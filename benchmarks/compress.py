@@ -124,8 +124,9 @@ def int8_copy(estimator):
 
 def featurizer_for(folder: Path, threads: int, int8: bool) -> Featurizer:
     # compile=False: the same eager code for every row (compiling costs 10-90 s per model)
-    return Featurizer(str(folder), layers=-1, pooling="mean", num_threads=threads, compile=False,
-                      quantize="int8" if int8 else None)  # fmt: skip
+    return Featurizer(
+        str(folder), layers=-1, pooling="mean", num_threads=threads, compile=False, quantize="int8" if int8 else None
+    )
 
 
 def tokens_per_second(featurizers: dict[str, Featurizer], sentences: list[list[str]], repeats: int) -> dict:
@@ -158,10 +159,15 @@ def main(argv=None) -> int:
     for task in args.tasks:
         train_file, dev_file = (args.data / rel for rel in TASKS[task])
         train_n = min(sizes[task], args.limit) if args.limit else sizes[task]
-        data[task] = (sample(read_task(task, train_file), train_n, rng),
-                      sample(read_task(task, dev_file), args.limit, rng))  # fmt: skip
-        print(f"{task}: {len(data[task][0].X):,} training examples (random sample of {train_file.name}), "
-              f"{len(data[task][1].X):,} dev examples; {args.epochs} epochs", flush=True)  # fmt: skip
+        data[task] = (
+            sample(read_task(task, train_file), train_n, rng),
+            sample(read_task(task, dev_file), args.limit, rng),
+        )
+        print(
+            f"{task}: {len(data[task][0].X):,} training examples (random sample of {train_file.name}), "
+            f"{len(data[task][1].X):,} dev examples; {args.epochs} epochs",
+            flush=True,
+        )
 
     rows: dict[str, dict] = {}  # row -> {"parameters", "file_size", "folder" (SST-2 encoder), task: score}
     seconds: dict[str, float] = {}
@@ -177,8 +183,9 @@ def main(argv=None) -> int:
         train, dev = data[task]
         out = args.out / task
         print(f"{task}:", flush=True)
-        teacher = make_estimator(task, model="minilm", max_epochs=args.epochs, batch_size=32, lr=args.lr,
-                                 random_state=args.seed)  # fmt: skip
+        teacher = make_estimator(
+            task, model="minilm", max_epochs=args.epochs, batch_size=32, lr=args.lr, random_state=args.seed
+        )
         with clock(f"{task} teacher fit"):
             teacher.fit(train.X, train.y)
         teacher.save(out / "teacher" / "model")
@@ -186,9 +193,16 @@ def main(argv=None) -> int:
         models = {"teacher": (teacher, out / "teacher")}
 
         with clock(f"{task} distillation"):
-            student = distill_estimator(teacher, train.X, train.y, student_layers=args.student_layers,
-                                        temperature=args.temperature, alpha=args.alpha,
-                                        encoder_dir=out / "student" / "encoder", lr=args.student_lr)  # fmt: skip
+            student = distill_estimator(
+                teacher,
+                train.X,
+                train.y,
+                student_layers=args.student_layers,
+                temperature=args.temperature,
+                alpha=args.alpha,
+                encoder_dir=out / "student" / "encoder",
+                lr=args.student_lr,
+            )
         save_distilled(student, out / "student")
         models[f"student-{args.student_layers}L"] = (student, out / "student")
 
@@ -201,8 +215,9 @@ def main(argv=None) -> int:
             task_loss = P.estimator_loss(pruned, X_held, y_held)
             with clock(f"{task} {name}"):
                 batches, loss_fn = task_loss.batches, task_loss.loss_fn
-                P.prune_iteratively(task_loss.encoder, lambda enc, b=batches, f=loss_fn: P.head_importance(enc, b, f),
-                                    fraction, steps=2)  # fmt: skip
+                P.prune_iteratively(
+                    task_loss.encoder, lambda enc, b=batches, f=loss_fn: P.head_importance(enc, b, f), fraction, steps=2
+                )
             save_distilled(pruned, out / name)  # encoder/ (config.pruned_heads) + model/
             models[name] = (copy.deepcopy(pruned), out / name)
             if args.prune_finetune_epochs:  # a further row: the same pruned model retrained (the rest of train)
@@ -234,8 +249,9 @@ def main(argv=None) -> int:
 
     print("featurization:", flush=True)
     sentences = load_corpus(args.data, "sst", args.sentences)
-    featurizers = {name: featurizer_for(Path(row["folder"]), args.threads, row.get("int8", False))
-                   for name, row in rows.items()}  # fmt: skip
+    featurizers = {
+        name: featurizer_for(Path(row["folder"]), args.threads, row.get("int8", False)) for name, row in rows.items()
+    }
     with clock("tokens/s"):
         speed = tokens_per_second(featurizers, sentences, args.repeats)
     for name, row in rows.items():
@@ -249,43 +265,83 @@ def report(args, rows, data, tokens, n_sentences, why_no_int8, seconds, total) -
     teacher = rows["teacher"]
     student = rows.get(f"student-{args.student_layers}L", {})
     header = ["model", "parameters", "file size (MB)", "tokens/s", "vs teacher", "SST-2 dev acc", "CoNLL-2003 dev F1"]
-    table = [[name, f"{r['parameters']:,}", f"{r['file_size'] / 1e6:.1f}", f"{r['tokens_per_s']:,.0f}",
-              f"{r['tokens_per_s'] / teacher['tokens_per_s']:.2f}x",
-              f"{100 * r['sst2']:.2f}" if "sst2" in r else "-",
-              f"{100 * r['conll2003']:.2f}" if "conll2003" in r else "-"] for name, r in rows.items()]  # fmt: skip
+    table = [
+        [
+            name,
+            f"{r['parameters']:,}",
+            f"{r['file_size'] / 1e6:.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['tokens_per_s'] / teacher['tokens_per_s']:.2f}x",
+            f"{100 * r['sst2']:.2f}" if "sst2" in r else "-",
+            f"{100 * r['conll2003']:.2f}" if "conll2003" in r else "-",
+        ]
+        for name, r in rows.items()
+    ]
     checks = []
     if "sst2" in teacher and "sst2" in student:
         ratio = student["sst2"] / teacher["sst2"]
-        checks.append(["student SST-2 accuracy / teacher's", f"{ratio:.3f}", f">= {TARGET_STUDENT_ACCURACY}",
-                       "PASS" if ratio >= TARGET_STUDENT_ACCURACY else "FAIL"])  # fmt: skip
+        checks.append(
+            [
+                "student SST-2 accuracy / teacher's",
+                f"{ratio:.3f}",
+                f">= {TARGET_STUDENT_ACCURACY}",
+                "PASS" if ratio >= TARGET_STUDENT_ACCURACY else "FAIL",
+            ]
+        )
     if student:
         ratio = student["tokens_per_s"] / teacher["tokens_per_s"]
-        checks.append(["student tokens/s / teacher's", f"{ratio:.2f}x", f">= {TARGET_STUDENT_SPEED}x",
-                       "PASS" if ratio >= TARGET_STUDENT_SPEED else "FAIL"])  # fmt: skip
+        checks.append(
+            [
+                "student tokens/s / teacher's",
+                f"{ratio:.2f}x",
+                f">= {TARGET_STUDENT_SPEED}x",
+                "PASS" if ratio >= TARGET_STUDENT_SPEED else "FAIL",
+            ]
+        )
     for name in [n for n in rows if n.startswith("pruned-50%")]:  # as pruned, and retrained when asked for
         half = rows[name]
         if "sst2" in half and "sst2" in teacher:
             drop = 100 * (teacher["sst2"] - half["sst2"])
-            checks.append([f"{name} SST-2 accuracy lost (points)", f"{drop:.2f}", f"<= {TARGET_PRUNED_DROP}",
-                           "PASS" if drop <= TARGET_PRUNED_DROP else "FAIL"])  # fmt: skip
+            checks.append(
+                [
+                    f"{name} SST-2 accuracy lost (points)",
+                    f"{drop:.2f}",
+                    f"<= {TARGET_PRUNED_DROP}",
+                    "PASS" if drop <= TARGET_PRUNED_DROP else "FAIL",
+                ]
+            )
         ratio = half["tokens_per_s"] / teacher["tokens_per_s"]
         checks.append([f"{name} tokens/s / teacher's", f"{ratio:.2f}x", "> 1", "PASS" if ratio > 1 else "FAIL"])
     sizes = ", ".join(f"{task} {len(train.X):,} train / {len(dev.X):,} dev" for task, (train, dev) in data.items())
     notes = [
-        (f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
-         f"{sizes}; {args.epochs} epochs; featurization: {n_sentences:,} SST sentences, {tokens:,} tokens, "
-         f"best of {args.repeats}; whole run {total / 60:.1f} min"),
+        (
+            f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}; "
+            f"{sizes}; {args.epochs} epochs; featurization: {n_sentences:,} SST sentences, {tokens:,} tokens, "
+            f"best of {args.repeats}; whole run {total / 60:.1f} min"
+        ),
         f"int8 rows: {'included' if why_no_int8 is None else 'skipped: ' + why_no_int8}",
     ]
     if args.limit:
         notes.append(f"--limit {args.limit}: a dry run, not a result")
-    text = "\n".join([fmt_table(header, table, True), "", fmt_table(["check", "measured", "target", "result"],
-                                                                      checks, True), "", *notes])  # fmt: skip
+    text = "\n".join(
+        [
+            fmt_table(header, table, True),
+            "",
+            fmt_table(["check", "measured", "target", "result"], checks, True),
+            "",
+            *notes,
+        ]
+    )
     print(text)
     (args.out / "compress.md").write_text(text + "\n")
-    (args.out / "compress.json").write_text(json.dumps({"rows": rows, "checks": checks, "seconds": seconds,
-                                                        "notes": notes, "args": vars(args)}, indent=2,
-                                                       default=str) + "\n")  # fmt: skip
+    (args.out / "compress.json").write_text(
+        json.dumps(
+            {"rows": rows, "checks": checks, "seconds": seconds, "notes": notes, "args": vars(args)},
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     plot(rows, args.out / "compress.png")
     print(f"wrote {args.out / 'compress.md'}, compress.json, compress.png")
 
@@ -297,15 +353,19 @@ def plot(rows: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = [(t, label) for t, label in (("sst2", "SST-2 dev accuracy (%)"), ("conll2003", "CoNLL-2003 dev F1 (%)"))
-             if any(t in r for r in rows.values())]  # fmt: skip
+    tasks = [
+        (t, label)
+        for t, label in (("sst2", "SST-2 dev accuracy (%)"), ("conll2003", "CoNLL-2003 dev F1 (%)"))
+        if any(t in r for r in rows.values())
+    ]
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4), squeeze=False)
     for ax, (task, label) in zip(axes[0], tasks):
         for name, r in rows.items():
             if task in r:
                 ax.scatter(r["tokens_per_s"], 100 * r[task], marker="s" if r.get("int8") else "o")
-                ax.annotate(name, (r["tokens_per_s"], 100 * r[task]), textcoords="offset points", xytext=(4, 4),
-                            fontsize=8)  # fmt: skip
+                ax.annotate(
+                    name, (r["tokens_per_s"], 100 * r[task]), textcoords="offset points", xytext=(4, 4), fontsize=8
+                )
         ax.set_xlabel("featurization tokens/s")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)

@@ -42,10 +42,22 @@ DATA = Path("/work/shared/data/gutenberg")
 # The schema of `ctxrep pretrain`'s TOML configs ([elmo] in the layout of ELMo's options.json).
 CONFIG = {
     "elmo": {
-        "char_cnn": {"embedding": {"dim": 16}, "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]],
-                     "n_highway": 1, "activation": "relu", "n_characters": 262, "max_characters_per_token": 50},
-        "lstm": {"dim": 1024, "projection_dim": 128, "n_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0,
-                 "use_skip_connections": True},
+        "char_cnn": {
+            "embedding": {"dim": 16},
+            "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]],
+            "n_highway": 1,
+            "activation": "relu",
+            "n_characters": 262,
+            "max_characters_per_token": 50,
+        },
+        "lstm": {
+            "dim": 1024,
+            "projection_dim": 128,
+            "n_layers": 2,
+            "cell_clip": 3.0,
+            "proj_clip": 3.0,
+            "use_skip_connections": True,
+        },
     },
     "tokenizer": {"vocab_size": 30000, "min_frequency": 1, "lowercase": False},
     "data": {"max_length": 48, "eval_fraction": 0.005, "document_boundary": "file"},
@@ -86,7 +98,9 @@ def calibrate_step_seconds(run, batch_size: int, lr: float, steps: int = 3) -> f
     return float(np.median(times[1:]))
 
 
-def sense_gaps(fz, sentences: list[str], senses: list[str], word: str, half: str | None = None) -> list[tuple[float, float]]:
+def sense_gaps(
+    fz, sentences: list[str], senses: list[str], word: str, half: str | None = None
+) -> list[tuple[float, float]]:
     """Per layer: (mean cosine over same-sense pairs, mean cosine over different-sense pairs); half="forward" or
     "backward" uses only that direction's half of each vector (the left or the right context)."""
     from ctxrep.cli.demo import cosine_matrix, target_vectors
@@ -119,8 +133,17 @@ def sense_test(fz) -> tuple[list[str], list[list[str]], list[str]]:
             if half is not None and layer == 0:
                 continue  # layer 0 is the same context-free vector in both halves
             name = str(layer) if half is None else f"{layer} ({half} half)"
-            rows.append([name, f"{c[0]:.4f}", f"{c[1]:.4f}", f"{c[0] - c[1]:+.4f}",
-                         f"{b[0]:.4f}", f"{b[1]:.4f}", f"{b[0] - b[1]:+.4f}"])  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    f"{c[0]:.4f}",
+                    f"{c[1]:.4f}",
+                    f"{c[0] - c[1]:+.4f}",
+                    f"{b[0]:.4f}",
+                    f"{b[1]:.4f}",
+                    f"{b[0] - b[1]:+.4f}",
+                ]
+            )
 
     def separated(gaps, layer):
         return gaps[layer][0] - gaps[layer][1] > 1e-4
@@ -130,8 +153,10 @@ def sense_test(fz) -> tuple[list[str], list[list[str]], list[str]]:
         upper = [layer for layer in range(1, len(gaps)) if separated(gaps, layer)]
         ok = bool(upper) and not separated(gaps, 0)
         where = ", ".join(map(str, upper)) or "none"
-        verdicts.append(f"{word}: same-sense pairs closer at layer(s) {where}; at layer 0 "
-                        f"{'not' if not separated(gaps, 0) else 'also'} -> {'PASS' if ok else 'FAIL'}")  # fmt: skip
+        verdicts.append(
+            f"{word}: same-sense pairs closer at layer(s) {where}; at layer 0 "
+            f"{'not' if not separated(gaps, 0) else 'also'} -> {'PASS' if ok else 'FAIL'}"
+        )
     return header, rows, verdicts
 
 
@@ -140,7 +165,8 @@ def sense_markdown(header: list[str], rows: list[list[str]], verdicts: list[str]
         "Sense test (sentences of `ctxrep demo`): mean cosine similarity of the target word's vectors over "
         "same-sense and different-sense sentence pairs; the whole vector, then its forward (left-context) and "
         "backward (right-context) halves. crane: the demo's [bird]/[machine] labels; broke: our grouping "
-        + "; ".join(f"{s!r} = {v}" for s, v in BROKE_SENSES.items()) + ".",
+        + "; ".join(f"{s!r} = {v}" for s, v in BROKE_SENSES.items())
+        + ".",
         "",
         "| " + " | ".join(header) + " |",
         "| " + " | ".join("---" for _ in header) + " |",
@@ -155,34 +181,63 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", type=Path, default=DATA / "train", help="Folder of .txt files to train on.")
     parser.add_argument("--valid", type=Path, default=DATA / "valid", help="Folder of .txt files for perplexity.")
-    parser.add_argument("--out", type=Path, default=Path("runs/elmo-gutenberg"),
-                        help="Run folder (a new one: the Trainer refuses a folder holding a checkpoint).")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/elmo-gutenberg"),
+        help="Run folder (a new one: the Trainer refuses a folder holding a checkpoint).",
+    )
     parser.add_argument("--minutes", type=float, default=60.0, help="Training time budget.")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="Train exactly this many steps instead of what --minutes buys (for a machine shared "
-                             "with other jobs, where the measured step time would not hold).")
-    parser.add_argument("--projection-dim", type=int, default=CONFIG["elmo"]["lstm"]["projection_dim"],
-                        help="Width of each direction's LSTM output (and of the token vector).")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="Train exactly this many steps instead of what --minutes buys (for a machine shared "
+        "with other jobs, where the measured step time would not hold).",
+    )
+    parser.add_argument(
+        "--projection-dim",
+        type=int,
+        default=CONFIG["elmo"]["lstm"]["projection_dim"],
+        help="Width of each direction's LSTM output (and of the token vector).",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--eval-batches", type=int, default=40,
-                        help="Validation batches (40: about 55k words, 3 minutes; 0 = all of gutenberg/valid).")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="Torch threads. On a machine shared with other jobs, 2 threads on 2 cores ran 20x "
-                             "slower than 1 (threads wait for each other): use 2 only on an idle machine.")
+    parser.add_argument(
+        "--eval-batches",
+        type=int,
+        default=40,
+        help="Validation batches (40: about 55k words, 3 minutes; 0 = all of gutenberg/valid).",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="Torch threads. On a machine shared with other jobs, 2 threads on 2 cores ran 20x "
+        "slower than 1 (threads wait for each other): use 2 only on an idle machine.",
+    )
     parser.add_argument("--markdown-out", type=Path, default=None, help="Write the results as Markdown here.")
     parser.add_argument("--senses-only", action="store_true", help="Only rerun the sense test on the model in --out.")
-    parser.add_argument("--init-from", type=Path, default=None,
-                        help="Continue training the biLM saved in this folder (its tokenizer and weights; the text is "
-                             "drawn in a new order) instead of starting from random weights.")
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="Continue training the biLM saved in this folder (its tokenizer and weights; the text is "
+        "drawn in a new order) instead of starting from random weights.",
+    )
     args = parser.parse_args(argv)
     command = shlex.join(["python", "benchmarks/elmo_gutenberg.py", *(sys.argv[1:] if argv is None else argv)])
     if args.senses_only:
         from ctxrep.featurize import Featurizer
 
         header, rows, verdicts = sense_test(Featurizer(f"elmo:{args.out}", layers="all", pooling="mean"))
-        md = [f"## Sense test of the ELMo in {args.out}", "", f"Command: `{command}`", "",
-              *sense_markdown(header, rows, verdicts)]  # fmt: skip
+        md = [
+            f"## Sense test of the ELMo in {args.out}",
+            "",
+            f"Command: `{command}`",
+            "",
+            *sense_markdown(header, rows, verdicts),
+        ]
         print("\n".join(md))
         if args.markdown_out:
             args.markdown_out.write_text("\n".join(md))
@@ -217,22 +272,34 @@ def main(argv: list[str] | None = None) -> None:
         print(f"continuing from the weights in {args.init_from}")
     prepared = time.perf_counter() - started
     n_params = sum(p.numel() for p in run.objective.parameters())
-    print(f"prepared in {prepared:.0f}s: vocabulary {len(run.objective.vocab_words)} words, "
-          f"{run.train_data.corpus.num_tokens:,} training words, {n_params / 1e6:.1f}M parameters")  # fmt: skip
+    print(
+        f"prepared in {prepared:.0f}s: vocabulary {len(run.objective.vocab_words)} words, "
+        f"{run.train_data.corpus.num_tokens:,} training words, {n_params / 1e6:.1f}M parameters"
+    )
 
     if args.steps is None:
         step_seconds = calibrate_step_seconds(run, args.batch_size, args.lr)
         budget = args.minutes * 60
         max_steps = max(10, int(budget / step_seconds))
-        print(f"{step_seconds:.2f}s per step of {args.batch_size} x {config['data']['max_length']} words: "
-              f"{max_steps} steps in {args.minutes:g} minutes")  # fmt: skip
+        print(
+            f"{step_seconds:.2f}s per step of {args.batch_size} x {config['data']['max_length']} words: "
+            f"{max_steps} steps in {args.minutes:g} minutes"
+        )
     else:
         max_steps, budget = args.steps, math.inf
     trainer_config = TrainerConfig(
-        lr=args.lr, weight_decay=0.0, warmup_steps=min(200, max_steps // 10), max_steps=max_steps,
-        schedule="linear", grad_clip=1.0, batch_size=args.batch_size, eval_every=0, eval_batches=10,
-        checkpoint_every=0, log_every=max(1, min(50, max_steps // 20)),
-    )  # fmt: skip
+        lr=args.lr,
+        weight_decay=0.0,
+        warmup_steps=min(200, max_steps // 10),
+        max_steps=max_steps,
+        schedule="linear",
+        grad_clip=1.0,
+        batch_size=args.batch_size,
+        eval_every=0,
+        eval_batches=10,
+        checkpoint_every=0,
+        log_every=max(1, min(50, max_steps // 20)),
+    )
     trainer = Trainer(run.objective, trainer_config, run.train_data, args.out, run.eval_data, run.save_model)
     # A safety net, not the plan: if the steps get slower than measured, stop (as Ctrl-C does) at +10%.
     timer = threading.Timer(budget * 1.1 + 30, lambda: os.kill(os.getpid(), signal.SIGINT))
@@ -250,8 +317,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # Held-out perplexity on gutenberg/valid, packed with the run's tokenizer, every sequence once.
     tokenizer = Tokenizer.from_model_dir(args.out)
-    valid_corpus = pack_corpus(args.valid, args.out / "tokenizer.json", args.out / "valid_corpus",
-                               CorpusConfig(num_workers=args.threads))  # fmt: skip
+    valid_corpus = pack_corpus(
+        args.valid, args.out / "tokenizer.json", args.out / "valid_corpus", CorpusConfig(num_workers=args.threads)
+    )
     valid = FullSentencesPacker(
         valid_corpus,
         FullSentencesConfig(config["data"]["max_length"], seed=0, separator_id=tokenizer.backend.token_to_id("</S>")),
@@ -261,8 +329,10 @@ def main(argv: list[str] | None = None) -> None:
     eval_start = time.perf_counter()
     ppl = evaluate_perplexity(run.objective, valid, n_batches, batch_size=args.batch_size)
     eval_seconds = time.perf_counter() - eval_start
-    print(f"gutenberg/valid ({int(ppl['tokens']):,} words): forward perplexity {ppl['forward_ppl']:.1f}, "
-          f"backward {ppl['backward_ppl']:.1f}")  # fmt: skip
+    print(
+        f"gutenberg/valid ({int(ppl['tokens']):,} words): forward perplexity {ppl['forward_ppl']:.1f}, "
+        f"backward {ppl['backward_ppl']:.1f}"
+    )
 
     # The sense test, on the saved folder as a user would load it.
     fz = Featurizer(f"elmo:{args.out}", layers="all", pooling="mean")
@@ -287,7 +357,8 @@ def main(argv: list[str] | None = None) -> None:
             f"(<= {words_seen:,} words, {run.train_data.corpus.num_tokens:,} in the training text), AdamW lr {args.lr:g}, "
             f"{train_seconds / 60:.1f} min on {args.threads} thread(s), {train_cpu_seconds / 60:.1f} CPU minutes "
             f"(+ {prepared:.0f}s tokenizer and packing)"
-            + (", stopped early by the time limit" if result.get("interrupted") else "") + ".",
+            + (", stopped early by the time limit" if result.get("interrupted") else "")
+            + ".",
             "",
             "| held-out (gutenberg/valid, full softmax) | forward | backward |",
             "| --- | --- | --- |",

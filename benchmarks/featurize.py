@@ -302,8 +302,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per system; the best is reported (default: 1)")
     p.add_argument("--warmup", type=int, default=64, help="sentences in each system's untimed warm-up (default: 64)")
     p.add_argument("--markdown-out", type=Path, metavar="FILE", help="also write the Markdown table to FILE")
-    p.add_argument("--skip", nargs="*", default=[], choices=SKIPPABLE,
-                   help="leave these systems out (quick trials only; the full table has them all)")
+    p.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=SKIPPABLE,
+        help="leave these systems out (quick trials only; the full table has them all)",
+    )
     args = p.parse_args(argv)
     if args.limit is None and args.sentences < MIN_SENTENCES:
         p.error(f"--sentences must be at least {MIN_SENTENCES:,}; use --limit for a quick trial")
@@ -364,8 +369,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = f"length-sorted, {featurizer.batch_tokens:,}-token budget"
     systems: dict[str, tuple[str, str, System]] = {
         "ctxrep": ("ctxrep Featurizer (default: compile='auto')", budget, ctxrep_system(featurizer)),
-        "A": ("A: transformers", f"corpus order, {REF_BATCH} sentences", lambda s: reference.embed_words(s, sort=False)),
-        "B": ("B: transformers", f"length-sorted, {REF_BATCH} sentences", lambda s: reference.embed_words(s, sort=True)),
+        "A": (
+            "A: transformers",
+            f"corpus order, {REF_BATCH} sentences",
+            lambda s: reference.embed_words(s, sort=False),
+        ),
+        "B": (
+            "B: transformers",
+            f"length-sorted, {REF_BATCH} sentences",
+            lambda s: reference.embed_words(s, sort=True),
+        ),
     }
     if "compiled" not in skip:
         compiled = Featurizer(MODEL, layers=-1, pooling="mean", compile=True)
@@ -424,11 +437,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     def row(name: str) -> list[str]:
         label, batching, _ = systems[name]
         agree = f"{diffs[name]:.1e}" if name in diffs else f"cos {cosines[name]:.4f}" if name in cosines else "-"
-        return [label, batching, f"{best[name]:.2f}", f"{speed[name]:,.0f}", f"{speed[name] * flops / 1e9:.0f}",
-                f"{1 - tokens / padded[name]:.0%}", vs(name, "ort"), vs(name, "ort-int8"), agree]
+        return [
+            label,
+            batching,
+            f"{best[name]:.2f}",
+            f"{speed[name]:,.0f}",
+            f"{speed[name] * flops / 1e9:.0f}",
+            f"{1 - tokens / padded[name]:.0%}",
+            vs(name, "ort"),
+            vs(name, "ort-int8"),
+            agree,
+        ]
 
-    header = ["system", "batching", "wall time (s)", "tokens/s", "GFLOP/s", "padding", "vs ORT f32", "vs ORT int8",
-              "vs ctxrep: max abs diff / mean cosine"]
+    header = [
+        "system",
+        "batching",
+        "wall time (s)",
+        "tokens/s",
+        "GFLOP/s",
+        "padding",
+        "vs ORT f32",
+        "vs ORT int8",
+        "vs ctxrep: max abs diff / mean cosine",
+    ]
     rows = [row(name) for name in systems]
     ratio_header = ["check", "measured", "target", "result"]
     ratio_rows = []
@@ -453,18 +484,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     trial = f" QUICK TRIAL (--limit {n}): not a benchmark result." if n < MIN_SENTENCES else ""
     skipped = f" Left out: {', '.join(sorted(skip))}." if skip else ""
     notes = [
-        (f"corpus: {args.corpus} ({CORPORA[args.corpus][0]}), first {n:,} sentences, "
-         f"{sum(len(s) for s in sentences):,} words, {tokens:,} tokens (non-pad, with [CLS]/[SEP]).{trial}{skipped}"),
-        (f"model: {MODEL} ({featurizer.num_layers} layers, {featurizer.dim} wide), last layer, mean of each word's "
-         f"pieces; transformers attention: {reference.model.config._attn_implementation}; "
-         f"{flops / 1e6:.1f} MFLOP per token."),
-        ("timing: tokenization through to numpy word vectors (model loading excluded); padding = share of the "
-         f"encoder's input positions that are pad; warm-up {len(warm)} sentences per system"
-         + (f" (the compiled system's, compilation included: {compile_seconds:.1f} s)" if compile_seconds else "")
-         + f"; best of {args.repeats} round-robin run(s)."),
-        (f"torch threads: {torch.get_num_threads()}; torch {torch.__version__}; "
-         f"transformers {transformers.__version__}; onnxruntime {_version('onnxruntime')}; "
-         f"python {platform.python_version()}; CPU: {cpu_model()} ({logical_cpus()} logical CPUs)."),
+        (
+            f"corpus: {args.corpus} ({CORPORA[args.corpus][0]}), first {n:,} sentences, "
+            f"{sum(len(s) for s in sentences):,} words, {tokens:,} tokens (non-pad, with [CLS]/[SEP]).{trial}{skipped}"
+        ),
+        (
+            f"model: {MODEL} ({featurizer.num_layers} layers, {featurizer.dim} wide), last layer, mean of each word's "
+            f"pieces; transformers attention: {reference.model.config._attn_implementation}; "
+            f"{flops / 1e6:.1f} MFLOP per token."
+        ),
+        (
+            "timing: tokenization through to numpy word vectors (model loading excluded); padding = share of the "
+            f"encoder's input positions that are pad; warm-up {len(warm)} sentences per system"
+            + (f" (the compiled system's, compilation included: {compile_seconds:.1f} s)" if compile_seconds else "")
+            + f"; best of {args.repeats} round-robin run(s)."
+        ),
+        (
+            f"torch threads: {torch.get_num_threads()}; torch {torch.__version__}; "
+            f"transformers {transformers.__version__}; onnxruntime {_version('onnxruntime')}; "
+            f"python {platform.python_version()}; CPU: {cpu_model()} ({logical_cpus()} logical CPUs)."
+        ),
     ]
 
     print(fmt_table(header, rows, markdown=False, text_columns=2))

@@ -75,12 +75,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-dir", default=None, help="Frozen-feature cache folder.")
     parser.add_argument("--markdown-out", default=None, help="Write the result table as Markdown here.")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-phrases", action="store_true",
-                        help="SST: train on every labelled phrase (GLUE's SST-2 training set), score on sentences.")
-    parser.add_argument("--crf", nargs="?", const="yes", default="no", choices=["no", "yes", "both"],
-                        help="CoNLL-2003: a CRF output layer (--crf), none (no), or runs with and without it (both).")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="Override one estimator setting of every run, e.g. --set lr=5e-5 --set pooling=mean.")
+    parser.add_argument(
+        "--train-phrases",
+        action="store_true",
+        help="SST: train on every labelled phrase (GLUE's SST-2 training set), score on sentences.",
+    )
+    parser.add_argument(
+        "--crf",
+        nargs="?",
+        const="yes",
+        default="no",
+        choices=["no", "yes", "both"],
+        help="CoNLL-2003: a CRF output layer (--crf), none (no), or runs with and without it (both).",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Override one estimator setting of every run, e.g. --set lr=5e-5 --set pooling=mean.",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -108,28 +122,42 @@ def main(argv: list[str] | None = None) -> None:
         print(f"== {task} {mode} {params}" + (" (trained on all phrases)" if phrases else ""), flush=True)
         started = time.perf_counter()
         name = f"{task}-{mode}" + ("-crf" if crf else "")
-        metrics = experiment(task=task, train=train, dev=dev, model=args.model, mode=mode,
-                             out_dir=out_root / name, limit=args.limit, random_state=args.seed,
-                             cache_dir=args.cache_dir, progress=True, train_phrases=phrases, **params)  # fmt: skip
+        metrics = experiment(
+            task=task,
+            train=train,
+            dev=dev,
+            model=args.model,
+            mode=mode,
+            out_dir=out_root / name,
+            limit=args.limit,
+            random_state=args.seed,
+            cache_dir=args.cache_dir,
+            progress=True,
+            train_phrases=phrases,
+            **params,
+        )
         if phrases:
             params = params | {"train": "all phrases"}
         seconds = time.perf_counter() - started
-        rows.append((task, mode, metrics["score_name"], metrics["score"], TARGETS.get((task, mode)), seconds,
-                     params))  # fmt: skip
+        rows.append((task, mode, metrics["score_name"], metrics["score"], TARGETS.get((task, mode)), seconds, params))
 
     header = "| task | mode | dev metric | score | target | wall clock | settings |\n|---|---|---|---|---|---|---|"
     lines = [header]
     for task, mode, name, score, target, seconds, params in rows:
         target_text = f">= {target:.2f} ({'met' if score >= target else 'missed'})" if target else "-"
         settings = ", ".join(f"{k}={v}" for k, v in params.items())
-        lines.append(f"| {task} | {mode} | {name} | {score:.4f} | {target_text} | {seconds / 60:.1f} min | {settings} |")
+        lines.append(
+            f"| {task} | {mode} | {name} | {score:.4f} | {target_text} | {seconds / 60:.1f} min | {settings} |"
+        )
     table = "\n".join(lines)
     gains = crf_gains(rows)
     if gains:
         table += "\n\n" + "\n".join(f"- {line}" for line in gains)
     print(table)
     if args.markdown_out:
-        command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+        command = "python " + " ".join(
+            shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])]
+        )
         text = (
             "# Frozen features vs fine-tuning (MiniLM)\n\n"
             f"Command: `{command}`\n\n"

@@ -55,8 +55,12 @@ def sst2(n_train: int, n_dev: int | None, seed: int):
     train, dev = read_sst(DATA / "sst" / "train.txt", classes=2), read_sst(DATA / "sst" / "dev.txt", classes=2)
     pick = rng.choice(len(train.texts), size=min(n_train, len(train.texts)), replace=False)
     dev_pick = rng.choice(len(dev.texts), size=n_dev, replace=False) if n_dev else range(len(dev.texts))
-    return ([train.texts[i] for i in pick], [train.labels[i] for i in pick], [dev.texts[i] for i in dev_pick],
-            [dev.labels[i] for i in dev_pick])
+    return (
+        [train.texts[i] for i in pick],
+        [train.labels[i] for i in pick],
+        [dev.texts[i] for i in dev_pick],
+        [dev.labels[i] for i in dev_pick],
+    )
 
 
 def conll(n_train: int, n_dev: int, seed: int):
@@ -89,8 +93,11 @@ def hf_heads():
             self.linear = nn.Linear(encoder.config.hidden_size, num_labels)
 
         def states(self, input_ids, attention_mask, token_type_ids):
-            return self.dropout(self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                             token_type_ids=token_type_ids).last_hidden_state)  # (batch, seq, hidden)
+            return self.dropout(
+                self.encoder(
+                    input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+                ).last_hidden_state
+            )  # (batch, seq, hidden)
 
     class MeanPoolClassifier(EncoderHead):
         """ctxrep's SequenceClassifier(pooling="mean"): dropout on the states, mean over real tokens, linear."""
@@ -122,13 +129,26 @@ def hf_arguments(out_dir: str, settings: dict, n_train: int, max_steps: int = -1
 
     steps = math.ceil(n_train / settings["batch_size"]) * settings["epochs"] if max_steps < 0 else max_steps
     return TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=settings["batch_size"],
-        per_device_eval_batch_size=settings["batch_size"], num_train_epochs=settings["epochs"], max_steps=max_steps,
-        learning_rate=settings["lr"], weight_decay=0.01, warmup_steps=int(0.1 * steps), lr_scheduler_type="linear",
-        max_grad_norm=1.0, train_sampling_strategy="group_by_length", seed=settings["seed"], use_cpu=True,
-        report_to=[], save_strategy="no", eval_strategy="no", logging_strategy="no", disable_tqdm=True,
+        output_dir=out_dir,
+        per_device_train_batch_size=settings["batch_size"],
+        per_device_eval_batch_size=settings["batch_size"],
+        num_train_epochs=settings["epochs"],
+        max_steps=max_steps,
+        learning_rate=settings["lr"],
+        weight_decay=0.01,
+        warmup_steps=int(0.1 * steps),
+        lr_scheduler_type="linear",
+        max_grad_norm=1.0,
+        train_sampling_strategy="group_by_length",
+        seed=settings["seed"],
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
         dataloader_num_workers=0,
-    )  # fmt: skip
+    )
 
 
 def hf_trainer(model, args, train, collator, tokenizer):
@@ -161,12 +181,16 @@ def hf_classifier(X, y, X_dev, settings, max_steps=-1):
     torch.manual_seed(settings["seed"])
     model = MeanPoolClassifier(AutoModel.from_pretrained(folder, add_pooling_layer=False), 2)
     encoded = tokenizer(X, truncation=True, max_length=settings["max_length"])
-    train = [{"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "label": label}
-             for ids, types, mask, label in zip(encoded["input_ids"], encoded["token_type_ids"],
-                                                encoded["attention_mask"], y)]  # fmt: skip
+    train = [
+        {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "label": label}
+        for ids, types, mask, label in zip(
+            encoded["input_ids"], encoded["token_type_ids"], encoded["attention_mask"], y
+        )
+    ]
     with tempfile.TemporaryDirectory() as out:
-        trainer = hf_trainer(model, hf_arguments(out, settings, len(X), max_steps), train,
-                             DataCollatorWithPadding(tokenizer), tokenizer)
+        trainer = hf_trainer(
+            model, hf_arguments(out, settings, len(X), max_steps), train, DataCollatorWithPadding(tokenizer), tokenizer
+        )
         trainer.train()
         fit_s = time.perf_counter() - started
         started = time.perf_counter()
@@ -202,8 +226,11 @@ def hf_tagger(X, y, X_dev, settings, max_steps=-1):
             for w in word_ids:  # the label sits on each word's first piece
                 targets.append(-100 if w is None or w == previous or tags is None else index[tags[k][w]])
                 previous = w
-            row = {"input_ids": enc["input_ids"][k], "token_type_ids": enc["token_type_ids"][k],
-                   "attention_mask": enc["attention_mask"][k]}  # fmt: skip
+            row = {
+                "input_ids": enc["input_ids"][k],
+                "token_type_ids": enc["token_type_ids"][k],
+                "attention_mask": enc["attention_mask"][k],
+            }
             if tags is not None:
                 row["labels"] = targets
             rows.append((row, word_ids))
@@ -211,15 +238,20 @@ def hf_tagger(X, y, X_dev, settings, max_steps=-1):
 
     train = [row for row, _ in encode(X, y)]
     with tempfile.TemporaryDirectory() as out:
-        trainer = hf_trainer(model, hf_arguments(out, settings, len(X), max_steps), train,
-                             DataCollatorForTokenClassification(tokenizer), tokenizer)
+        trainer = hf_trainer(
+            model,
+            hf_arguments(out, settings, len(X), max_steps),
+            train,
+            DataCollatorForTokenClassification(tokenizer),
+            tokenizer,
+        )
         trainer.train()
         fit_s = time.perf_counter() - started
         started = time.perf_counter()
         dev = encode(X_dev)
         logits = hf_predict(trainer, [row for row, _ in dev])  # (sentences, longest, labels), padded
         predicted = []
-        for (row, word_ids), scores, words in zip(dev, logits, X_dev):
+        for (_row, word_ids), scores, words in zip(dev, logits, X_dev):
             tags = ["O"] * len(words)  # words cut off by truncation stay "O"
             previous = None
             for position, w in enumerate(word_ids):
@@ -238,9 +270,19 @@ def ctxrep_run(kind: str, X, y, X_dev, settings, max_steps=None):
     """(fit seconds, predict seconds, dev predictions) for ctxrep's estimator."""
     from ctxrep.tasks import SequenceClassifier, TokenTagger
 
-    common = dict(model="minilm", max_epochs=settings["epochs"], batch_size=settings["batch_size"], lr=settings["lr"],
-                  weight_decay=0.01, warmup_fraction=0.1, max_grad_norm=1.0, dropout=0.1,
-                  max_length=settings["max_length"], random_state=settings["seed"], max_steps=max_steps)  # fmt: skip
+    common = dict(
+        model="minilm",
+        max_epochs=settings["epochs"],
+        batch_size=settings["batch_size"],
+        lr=settings["lr"],
+        weight_decay=0.01,
+        warmup_fraction=0.1,
+        max_grad_norm=1.0,
+        dropout=0.1,
+        max_length=settings["max_length"],
+        random_state=settings["seed"],
+        max_steps=max_steps,
+    )
     if kind == "sst2":
         est = SequenceClassifier(pooling="mean", **common)
     else:
@@ -276,8 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4, help="MiniLM fine-tunes best near 1e-4 (finetune.py).")
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="Runs per task, the systems' order alternating; the table gives medians.")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="Runs per task, the systems' order alternating; the table gives medians."
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -290,10 +333,19 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     tuned = tune_malloc()
     transformers.logging.set_verbosity_error()
-    settings = dict(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
-                    seed=args.seed, folder=load_encoder("minilm").source.folder)  # fmt: skip
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads, "
-          f"malloc tuned: {tuned}; {settings | {'folder': str(settings['folder'])}}", flush=True)  # fmt: skip
+    settings = dict(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_length=args.max_length,
+        seed=args.seed,
+        folder=load_encoder("minilm").source.folder,
+    )
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {args.threads} threads, "
+        f"malloc tuned: {tuned}; {settings | {'folder': str(settings['folder'])}}",
+        flush=True,
+    )
 
     tasks = ["sst2", "conll2003"] if args.task == "all" else [args.task]
     data = {}
@@ -319,8 +371,11 @@ def main(argv: list[str] | None = None) -> None:
                 fit_s, predict_s, predicted = systems[system](kind, X, y, X_dev, settings)
                 value = score(kind, y_dev, predicted)
                 results.setdefault((kind, system), []).append((fit_s, predict_s, value))
-                print(f"{kind} {system} run {repeat + 1}: fit {fit_s:.1f} s ({len(X) / fit_s:.1f} ex/s), "
-                      f"predict {predict_s:.2f} s, dev {value:.4f}", flush=True)  # fmt: skip
+                print(
+                    f"{kind} {system} run {repeat + 1}: fit {fit_s:.1f} s ({len(X) / fit_s:.1f} ex/s), "
+                    f"predict {predict_s:.2f} s, dev {value:.4f}",
+                    flush=True,
+                )
 
     metric = {"sst2": "dev accuracy", "conll2003": "dev entity F1"}
     lines = [
@@ -334,9 +389,11 @@ def main(argv: list[str] | None = None) -> None:
             fit_s, predict_s, value = med[system]
             fit_ratio = med["Trainer"][0] / fit_s
             predict_ratio = med["Trainer"][1] / predict_s
-            lines.append(f"| {kind} | {system} | {len(X)} | {len(X) / fit_s:.1f} | {len(X_dev)} | {predict_s:.2f} | "
-                         f"{len(X_dev) / predict_s:.0f} | {value:.4f} ({metric[kind]}) | {fit_ratio:.2f}x | "
-                         f"{predict_ratio:.2f}x |")  # fmt: skip
+            lines.append(
+                f"| {kind} | {system} | {len(X)} | {len(X) / fit_s:.1f} | {len(X_dev)} | {predict_s:.2f} | "
+                f"{len(X_dev) / predict_s:.0f} | {value:.4f} ({metric[kind]}) | {fit_ratio:.2f}x | "
+                f"{predict_ratio:.2f}x |"
+            )
     print("\nratios: the Trainer's time / this system's (medians over repeats)\n" + "\n".join(lines))
 
 

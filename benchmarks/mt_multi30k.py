@@ -47,8 +47,12 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--baseline-transformers", action="store_true", help="Train transformers' MarianMTModel instead.")
-    p.add_argument("--baseline-rows", type=int, default=0,
-                   help="Rows per padded batch for the baseline (0 = ctxrep's token budget / the mean longest side).")
+    p.add_argument(
+        "--baseline-rows",
+        type=int,
+        default=0,
+        help="Rows per padded batch for the baseline (0 = ctxrep's token budget / the mean longest side).",
+    )
     return p.parse_known_args(argv)
 
 
@@ -62,15 +66,23 @@ def stop_after(minutes: float) -> threading.Timer:
 
 def slice_data(args) -> dict[str, Path]:
     """The training / validation files, cut to --limit / --valid-limit lines in OUT/data when asked."""
-    files = {"src": args.data / "train.en", "tgt": args.data / "train.de",
-             "valid_src": args.data / "val.en", "valid_tgt": args.data / "val.de"}  # fmt: skip
+    files = {
+        "src": args.data / "train.en",
+        "tgt": args.data / "train.de",
+        "valid_src": args.data / "val.en",
+        "valid_tgt": args.data / "val.de",
+    }
     for f in files.values():
         if not f.is_file():
             sys.exit(f"{f} is missing; see ../shared/data/README.md (Multi30k is not part of the repository)")
     out = args.out / "data"
     out.mkdir(parents=True, exist_ok=True)
-    for key, limit in (("src", args.limit), ("tgt", args.limit), ("valid_src", args.valid_limit),
-                       ("valid_tgt", args.valid_limit)):  # fmt: skip
+    for key, limit in (
+        ("src", args.limit),
+        ("tgt", args.limit),
+        ("valid_src", args.valid_limit),
+        ("valid_tgt", args.valid_limit),
+    ):
         if limit:
             lines = files[key].read_text(encoding="utf-8").splitlines(keepends=True)[:limit]
             files[key] = out / files[key].name
@@ -137,9 +149,14 @@ def run_ctxrep(args, overrides) -> dict:
     train_seconds = time.perf_counter() - start
     model, tokenizer = load_translator(out)
     sources, refs = read_lines(files["valid_src"]), read_lines(files["valid_tgt"])
-    result = {"system": "ctxrep", "steps": metrics["step"], "train_seconds": train_seconds,
-              "tokens_per_s": training_speed(out / "log.jsonl"), "config": config.source,
-              **evaluate(lambda s, k: translate_sentences(model, tokenizer, s, k), sources, refs, args.beam)}  # fmt: skip
+    result = {
+        "system": "ctxrep",
+        "steps": metrics["step"],
+        "train_seconds": train_seconds,
+        "tokens_per_s": training_speed(out / "log.jsonl"),
+        "config": config.source,
+        **evaluate(lambda s, k: translate_sentences(model, tokenizer, s, k), sources, refs, args.beam),
+    }
     result["curve"] = str(plot_run(out, out / "curves.png"))
     return result
 
@@ -171,15 +188,28 @@ def run_transformers(args, overrides) -> dict:
     pairs = mtdata.encode_pairs(text, tokenizer, config.model.max_position_embeddings, skip_long=True)
     m = config.model
     hf_config = transformers.MarianConfig(
-        vocab_size=tokenizer.vocab_size, decoder_vocab_size=tokenizer.vocab_size, d_model=m.d_model,
-        encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers,
-        encoder_attention_heads=m.encoder_attention_heads, decoder_attention_heads=m.decoder_attention_heads,
-        encoder_ffn_dim=m.encoder_ffn_dim, decoder_ffn_dim=m.decoder_ffn_dim, dropout=m.dropout,
-        attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout,
-        activation_function=m.activation_function, max_position_embeddings=m.max_position_embeddings,
-        scale_embedding=m.scale_embedding, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-        forced_eos_token_id=1, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=tokenizer.vocab_size,
+        decoder_vocab_size=tokenizer.vocab_size,
+        d_model=m.d_model,
+        encoder_layers=m.encoder_layers,
+        decoder_layers=m.decoder_layers,
+        encoder_attention_heads=m.encoder_attention_heads,
+        decoder_attention_heads=m.decoder_attention_heads,
+        encoder_ffn_dim=m.encoder_ffn_dim,
+        decoder_ffn_dim=m.decoder_ffn_dim,
+        dropout=m.dropout,
+        attention_dropout=m.attention_dropout,
+        activation_dropout=m.activation_dropout,
+        activation_function=m.activation_function,
+        max_position_embeddings=m.max_position_embeddings,
+        scale_embedding=m.scale_embedding,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+        forced_eos_token_id=1,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(config.trainer.seed)
     model = transformers.MarianMTModel(hf_config)
     tc = config.trainer
@@ -209,12 +239,17 @@ def run_transformers(args, overrides) -> dict:
             labels = torch.from_numpy(batch["labels"])
             # Seq2SeqTrainer with label_smoothing_factor pops the labels (DataCollatorForSeq2Seq has made
             # decoder_input_ids = shift_tokens_right(labels)) and applies its LabelSmoother to the padded logits.
-            outputs = model(input_ids=input_ids, attention_mask=torch.from_numpy(batch["attention_mask"]),
-                            decoder_input_ids=torch.from_numpy(batch["decoder_input_ids"]))  # fmt: skip
+            outputs = model(
+                input_ids=input_ids,
+                attention_mask=torch.from_numpy(batch["attention_mask"]),
+                decoder_input_ids=torch.from_numpy(batch["decoder_input_ids"]),
+            )
             loss = torch.nn.functional.cross_entropy(
-                outputs.logits.reshape(-1, outputs.logits.shape[-1]), labels.reshape(-1),
-                ignore_index=-100, label_smoothing=config.training.label_smoothing,
-            )  # fmt: skip
+                outputs.logits.reshape(-1, outputs.logits.shape[-1]),
+                labels.reshape(-1),
+                ignore_index=-100,
+                label_smoothing=config.training.label_smoothing,
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if tc.grad_clip > 0:
@@ -240,21 +275,32 @@ def run_transformers(args, overrides) -> dict:
             for i in range(0, len(sentences), 64):
                 ids = tokenizer.encode_source(sentences[i : i + 64])
                 batch = mtdata.collate([np.array(x) for x in ids], [np.array([1])] * len(ids), 0, 0)
-                gen = model.generate(input_ids=torch.from_numpy(batch["input_ids"]),
-                                     attention_mask=torch.from_numpy(batch["attention_mask"]), num_beams=beam,
-                                     max_new_tokens=m.max_position_embeddings - 1)  # fmt: skip
+                gen = model.generate(
+                    input_ids=torch.from_numpy(batch["input_ids"]),
+                    attention_mask=torch.from_numpy(batch["attention_mask"]),
+                    num_beams=beam,
+                    max_new_tokens=m.max_position_embeddings - 1,
+                )
                 hyps.extend(tokenizer.decode_batch(gen.tolist()))
         return hyps
 
-    result = {"system": "transformers", "steps": step, "train_seconds": train_seconds,
-              "tokens_per_s": tokens / max(step_seconds, 1e-9), "rows_per_batch": rows,
-              **evaluate(generate, sources, refs, args.beam)}  # fmt: skip
+    result = {
+        "system": "transformers",
+        "steps": step,
+        "train_seconds": train_seconds,
+        "tokens_per_s": tokens / max(step_seconds, 1e-9),
+        "rows_per_batch": rows,
+        **evaluate(generate, sources, refs, args.beam),
+    }
     ours_file = args.out / "results-ctxrep.json"
     if ours_file.is_file():
         theirs = json.loads(ours_file.read_text())
         result["ctxrep_speedup"] = theirs["tokens_per_s"] / result["tokens_per_s"]
-        print(f"training speed: ctxrep {theirs['tokens_per_s']:.0f} tokens/s, transformers "
-              f"{result['tokens_per_s']:.0f} tokens/s: ratio {result['ctxrep_speedup']:.2f}x", flush=True)  # fmt: skip
+        print(
+            f"training speed: ctxrep {theirs['tokens_per_s']:.0f} tokens/s, transformers "
+            f"{result['tokens_per_s']:.0f} tokens/s: ratio {result['ctxrep_speedup']:.2f}x",
+            flush=True,
+        )
     return result
 
 
@@ -265,9 +311,11 @@ def main(argv=None) -> None:
     result = run(args, overrides)
     result["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else " ".join(argv)
     (args.out / f"results-{result['system']}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"| {result['system']} | {args.minutes:g} min | {result['steps']} steps | {result['tokens_per_s']:.0f} tok/s "
-          f"| BLEU beam {result['beam']['bleu']:.2f} / greedy {result['greedy']['bleu']:.2f} "
-          f"| chrF {result['beam']['chrf']:.2f} / {result['greedy']['chrf']:.2f} |")  # fmt: skip
+    print(
+        f"| {result['system']} | {args.minutes:g} min | {result['steps']} steps | {result['tokens_per_s']:.0f} tok/s "
+        f"| BLEU beam {result['beam']['bleu']:.2f} / greedy {result['greedy']['bleu']:.2f} "
+        f"| chrF {result['beam']['chrf']:.2f} / {result['greedy']['chrf']:.2f} |"
+    )
 
 
 if __name__ == "__main__":

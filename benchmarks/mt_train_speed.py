@@ -84,27 +84,44 @@ class System:
         self.name, self.config, self.pairs = name, config, pairs
         tc, m = config.trainer, config.model
         self.seconds, self.cpu_seconds, self.tokens, self.steps = 0.0, 0.0, 0, 0
-        schedule = lambda s: inverse_sqrt(s, m.d_model, tc.warmup_steps)
+
+        def schedule(s):
+            return inverse_sqrt(s, m.d_model, tc.warmup_steps)
+
         if name.startswith("ctxrep"):
             torch.manual_seed(tc.seed)
             self.model = MarianMTModel(marian_config(config, tokenizer.vocab_size))
-            self.objective = TranslationObjective(self.model, config.training.label_smoothing,
-                                                  fast_loss=name == "ctxrep")  # fmt: skip
+            self.objective = TranslationObjective(
+                self.model, config.training.label_smoothing, fast_loss=name == "ctxrep"
+            )
             self.optimizer = adamw(self.objective, tc.lr, tc.weight_decay, betas=tc.betas, eps=tc.eps)
             self.batches = mtdata.TokenBatches(pairs, seed=tc.seed)
         else:
             import transformers
 
             hf_config = transformers.MarianConfig(
-                vocab_size=tokenizer.vocab_size, decoder_vocab_size=tokenizer.vocab_size, d_model=m.d_model,
-                encoder_layers=m.encoder_layers, decoder_layers=m.decoder_layers,
-                encoder_attention_heads=m.encoder_attention_heads, decoder_attention_heads=m.decoder_attention_heads,
-                encoder_ffn_dim=m.encoder_ffn_dim, decoder_ffn_dim=m.decoder_ffn_dim, dropout=m.dropout,
-                attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout,
-                activation_function=m.activation_function, max_position_embeddings=m.max_position_embeddings,
-                scale_embedding=m.scale_embedding, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-                forced_eos_token_id=1, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-            )  # fmt: skip
+                vocab_size=tokenizer.vocab_size,
+                decoder_vocab_size=tokenizer.vocab_size,
+                d_model=m.d_model,
+                encoder_layers=m.encoder_layers,
+                decoder_layers=m.decoder_layers,
+                encoder_attention_heads=m.encoder_attention_heads,
+                decoder_attention_heads=m.decoder_attention_heads,
+                encoder_ffn_dim=m.encoder_ffn_dim,
+                decoder_ffn_dim=m.decoder_ffn_dim,
+                dropout=m.dropout,
+                attention_dropout=m.attention_dropout,
+                activation_dropout=m.activation_dropout,
+                activation_function=m.activation_function,
+                max_position_embeddings=m.max_position_embeddings,
+                scale_embedding=m.scale_embedding,
+                pad_token_id=0,
+                eos_token_id=1,
+                decoder_start_token_id=0,
+                forced_eos_token_id=1,
+                share_encoder_decoder_embeddings=True,
+                tie_word_embeddings=True,
+            )
             self.model = transformers.MarianMTModel(hf_config)
             if ctxrep_model is not None:  # the same initial weights
                 from ctxrep.models.marian import hf_parameter_names
@@ -145,12 +162,17 @@ class System:
             params = self.objective.parameters()
         else:
             self.model.train()
-            outputs = self.model(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"],
-                                 decoder_input_ids=tensors["decoder_input_ids"])  # fmt: skip
+            outputs = self.model(
+                input_ids=tensors["input_ids"],
+                attention_mask=tensors["attention_mask"],
+                decoder_input_ids=tensors["decoder_input_ids"],
+            )
             loss = torch.nn.functional.cross_entropy(
-                outputs.logits.reshape(-1, outputs.logits.shape[-1]), tensors["labels"].reshape(-1),
-                ignore_index=-100, label_smoothing=self.config.training.label_smoothing,
-            )  # fmt: skip
+                outputs.logits.reshape(-1, outputs.logits.shape[-1]),
+                tensors["labels"].reshape(-1),
+                ignore_index=-100,
+                label_smoothing=self.config.training.label_smoothing,
+            )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             loss = loss.item()
@@ -197,8 +219,11 @@ def main(argv=None) -> None:
         systems[name] = System(name, config, tokenizer, pairs, ours)
         ours = ours or getattr(systems[name], "model", None)
     for s in systems.values():
-        print(f"{s.name}: padding {100 * s.padding():.1f}% of computed positions"
-              + (f", {s.rows} rows per batch" if hasattr(s, "rows") else ""), flush=True)  # fmt: skip
+        print(
+            f"{s.name}: padding {100 * s.padding():.1f}% of computed positions"
+            + (f", {s.rows} rows per batch" if hasattr(s, "rows") else ""),
+            flush=True,
+        )
         for _ in range(args.warmup_steps):
             s.step(s.next_batch())
         s.seconds, s.cpu_seconds, s.tokens, s.steps = 0.0, 0.0, 0, 0
@@ -220,15 +245,20 @@ def main(argv=None) -> None:
             end = time.perf_counter() + args.seconds
             while time.perf_counter() < end:
                 s.step(s.next_batch())
-            print(f"round {r + 1} {s.name:17s} {(s.tokens - tokens) / (s.seconds - seconds):7.0f} tokens/s, "
-                  f"{(s.tokens - tokens) / (s.cpu_seconds - cpu):7.0f} per CPU second "
-                  f"({s.steps - steps} steps, loss {s.last_loss:.3f})", flush=True)  # fmt: skip
+            print(
+                f"round {r + 1} {s.name:17s} {(s.tokens - tokens) / (s.seconds - seconds):7.0f} tokens/s, "
+                f"{(s.tokens - tokens) / (s.cpu_seconds - cpu):7.0f} per CPU second "
+                f"({s.steps - steps} steps, loss {s.last_loss:.3f})",
+                flush=True,
+            )
     base = systems.get("transformers") or order[-1]
     for s in order:
         rate, cpu_rate = s.tokens / s.seconds, s.tokens / s.cpu_seconds
-        print(f"{s.name:17s} {rate:7.0f} tokens/s ({cpu_rate:7.0f} per CPU second) over {s.steps} steps; ratio to "
-              f"{base.name}: {rate / (base.tokens / base.seconds):.2f}x wall clock, "
-              f"{cpu_rate / (base.tokens / base.cpu_seconds):.2f}x CPU time")  # fmt: skip
+        print(
+            f"{s.name:17s} {rate:7.0f} tokens/s ({cpu_rate:7.0f} per CPU second) over {s.steps} steps; ratio to "
+            f"{base.name}: {rate / (base.tokens / base.seconds):.2f}x wall clock, "
+            f"{cpu_rate / (base.tokens / base.cpu_seconds):.2f}x CPU time"
+        )
 
 
 if __name__ == "__main__":

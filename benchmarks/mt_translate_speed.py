@@ -60,8 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--length-penalty", type=float, default=1.0, help="alpha in score = log P / |Y|^alpha.")
     p.add_argument("--max-len", type=int, default=0, help="Target tokens (with </s>) at most; 0 = from the sources.")
     p.add_argument("--batch-tokens", type=int, default=4096, help="Sentences x longest source per batch.")
-    p.add_argument("--systems", default="ctxrep,transformers,ctranslate2",
-                   help="Comma-separated subset of ctxrep, transformers, ctranslate2 (ctxrep is always run).")
+    p.add_argument(
+        "--systems",
+        default="ctxrep,transformers,ctranslate2",
+        help="Comma-separated subset of ctxrep, transformers, ctranslate2 (ctxrep is always run).",
+    )
     p.add_argument("--work", type=Path, default=None, help="Folder for the tiny model and conversions (a temp dir).")
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     return p.parse_args(argv)
@@ -89,10 +92,20 @@ def tiny_model(sources: list[str], refs: list[str], out: Path) -> Path:
 
     tok = train_joint_tokenizer([sources, refs], vocab_size=1000, out_dir=out, min_frequency=1)
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=tok.get_vocab_size(), d_model=64, encoder_layers=2, decoder_layers=2,
-                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                          decoder_ffn_dim=128, max_position_embeddings=256, pad_token_id=0, eos_token_id=1,
-                          dropout=0.0)  # fmt: skip
+    config = MarianConfig(
+        vocab_size=tok.get_vocab_size(),
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=1,
+        dropout=0.0,
+    )
     model = MarianMTModel(config)
     with torch.no_grad():
         model.final_logits_bias[0, 1] = 1.0  # make </s> likely, so that outputs end at several lengths
@@ -119,8 +132,17 @@ def ctxrep_system(model, tokenizer, args, max_len: int):
     from ctxrep.translate.search import translate
 
     def run(sentences: list[str], beam: int) -> list[str]:
-        return translate(model, tokenizer, sentences, beam=beam, batch_tokens=args.batch_tokens,
-                         length_penalty=args.length_penalty, penalty="hf", max_len_a=0.0, max_len_b=max_len)  # fmt: skip
+        return translate(
+            model,
+            tokenizer,
+            sentences,
+            beam=beam,
+            batch_tokens=args.batch_tokens,
+            length_penalty=args.length_penalty,
+            penalty="hf",
+            max_len_a=0.0,
+            max_len_b=max_len,
+        )
 
     return run
 
@@ -144,12 +166,20 @@ def transformers_system(model_dir: Path, tokenizer, args, max_len: int):
                 src[r, : len(ids[i])] = torch.tensor(ids[i])
                 mask[r, : len(ids[i])] = 1
             with torch.inference_mode():
-                found = model.generate(src, attention_mask=mask, num_beams=beam, do_sample=False,
-                                       length_penalty=args.length_penalty, early_stopping=True,
-                                       max_new_tokens=max_len, bad_words_ids=[[c.pad_token_id]],
-                                       decoder_start_token_id=c.decoder_start_token_id,
-                                       eos_token_id=c.eos_token_id, forced_eos_token_id=c.eos_token_id,
-                                       pad_token_id=c.pad_token_id)  # fmt: skip
+                found = model.generate(
+                    src,
+                    attention_mask=mask,
+                    num_beams=beam,
+                    do_sample=False,
+                    length_penalty=args.length_penalty,
+                    early_stopping=True,
+                    max_new_tokens=max_len,
+                    bad_words_ids=[[c.pad_token_id]],
+                    decoder_start_token_id=c.decoder_start_token_id,
+                    eos_token_id=c.eos_token_id,
+                    forced_eos_token_id=c.eos_token_id,
+                    pad_token_id=c.pad_token_id,
+                )
             rows = []
             for row in found[:, 1:].tolist():  # without the start token
                 rows.append(row[: row.index(c.eos_token_id)] if c.eos_token_id in row else row)
@@ -235,16 +265,24 @@ def ctranslate2_system(model_dir: Path, tokenizer, args, max_len: int, work: Pat
     original = vocabulary(tokenizer)  # CTranslate2 reads and writes pieces: the ids map to and from them
     to_piece = {i: piece for piece, i in original.items()}
     pad = to_piece[tokenizer.pad_id]
-    translator = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1,
-                                        intra_threads=args.threads)  # fmt: skip
+    translator = ctranslate2.Translator(
+        str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1, intra_threads=args.threads
+    )
 
     def run(sentences: list[str], beam: int) -> list[str]:
         tokens = [[to_piece[i] for i in row] for row in tokenizer.encode_source(sentences)]  # with </s>, as Marian
         # max_decoding_length counts the tokens before </s>; ctxrep's and transformers' limits count </s> too.
-        results = translator.translate_batch(tokens, beam_size=beam, length_penalty=args.length_penalty,
-                                             max_decoding_length=max_len - 1, min_decoding_length=0,
-                                             max_input_length=0, suppress_sequences=[[pad]],
-                                             max_batch_size=args.batch_tokens, batch_type="tokens")  # fmt: skip
+        results = translator.translate_batch(
+            tokens,
+            beam_size=beam,
+            length_penalty=args.length_penalty,
+            max_decoding_length=max_len - 1,
+            min_decoding_length=0,
+            max_input_length=0,
+            suppress_sequences=[[pad]],
+            max_batch_size=args.batch_tokens,
+            batch_type="tokens",
+        )
         return tokenizer.decode_batch([[original[p] for p in r.hypotheses[0]] for r in results])
 
     return run
@@ -260,8 +298,13 @@ def measure(run, sentences: list[str], refs: list[str], beam: int) -> dict:
     start, cpu = time.perf_counter(), time.process_time()
     hyps = run(sentences, beam)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
-    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "sentences_per_s": len(sentences) / seconds,
-            "bleu": score(hyps, refs).bleu, "hyps": hyps}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "sentences_per_s": len(sentences) / seconds,
+        "bleu": score(hyps, refs).bleu,
+        "hyps": hyps,
+    }
 
 
 def main(argv=None) -> None:
@@ -285,8 +328,10 @@ def main(argv=None) -> None:
         positions = model.config.max_position_embeddings
         if max(lengths) > positions:  # no system may translate them in full: the same sentences for all three
             kept = [i for i, n in enumerate(lengths) if n <= positions]
-            print(f"left out {len(sources) - len(kept)} sentence(s) longer than the model's {positions} positions",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"left out {len(sources) - len(kept)} sentence(s) longer than the model's {positions} positions",
+                file=sys.stderr,
+            )
             sources, refs, lengths = [sources[i] for i in kept], [refs[i] for i in kept], [lengths[i] for i in kept]
         longest = max(lengths)
         max_len = args.max_len or min(int(1.2 * longest) + 10, positions)
@@ -299,24 +344,39 @@ def main(argv=None) -> None:
         for search, beam in (("greedy", 1), (f"beam {args.beam}", args.beam)):
             for name, run in runners.items():
                 results[(name, search)] = measure(run, sources, refs, beam)
-                print(f"{name:12s} {search:7s} {results[(name, search)]['seconds']:8.1f} s", file=sys.stderr, flush=True)
+                print(
+                    f"{name:12s} {search:7s} {results[(name, search)]['seconds']:8.1f} s", file=sys.stderr, flush=True
+                )
 
-    print(f"\n{len(sources)} sentences of {args.data / 'val.en'}, model {'tiny random' if args.tiny else model_dir}, "
-          f"{args.threads} threads, float32, max length {max_len}, length penalty {args.length_penalty}\n")  # fmt: skip
-    print("| system | search | seconds | sentences/s | ctxrep speed-up | CPU seconds | ctxrep speed-up in CPU time "
-          "| BLEU | identical to ctxrep |")  # fmt: skip
+    print(
+        f"\n{len(sources)} sentences of {args.data / 'val.en'}, model {'tiny random' if args.tiny else model_dir}, "
+        f"{args.threads} threads, float32, max length {max_len}, length penalty {args.length_penalty}\n"
+    )
+    print(
+        "| system | search | seconds | sentences/s | ctxrep speed-up | CPU seconds | ctxrep speed-up in CPU time "
+        "| BLEU | identical to ctxrep |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for (name, search), r in results.items():
         ours = results[("ctxrep", search)]
         same = sum(a == b for a, b in zip(r["hyps"], ours["hyps"])) / len(sources)
-        row = {"system": name, "search": search, "seconds": r["seconds"], "sentences_per_s": r["sentences_per_s"],
-               "ctxrep_speedup": r["seconds"] / ours["seconds"], "cpu_seconds": r["cpu_seconds"],
-               "ctxrep_cpu_speedup": r["cpu_seconds"] / ours["cpu_seconds"], "bleu": r["bleu"],
-               "identical": same}  # fmt: skip
+        row = {
+            "system": name,
+            "search": search,
+            "seconds": r["seconds"],
+            "sentences_per_s": r["sentences_per_s"],
+            "ctxrep_speedup": r["seconds"] / ours["seconds"],
+            "cpu_seconds": r["cpu_seconds"],
+            "ctxrep_cpu_speedup": r["cpu_seconds"] / ours["cpu_seconds"],
+            "bleu": r["bleu"],
+            "identical": same,
+        }
         rows.append(row)
-        print(f"| {name} | {search} | {r['seconds']:.1f} | {r['sentences_per_s']:.1f} | {row['ctxrep_speedup']:.2f}x "
-              f"| {r['cpu_seconds']:.1f} | {row['ctxrep_cpu_speedup']:.2f}x | {r['bleu']:.2f} | {100 * same:.1f}% |")  # fmt: skip
+        print(
+            f"| {name} | {search} | {r['seconds']:.1f} | {r['sentences_per_s']:.1f} | {row['ctxrep_speedup']:.2f}x "
+            f"| {r['cpu_seconds']:.1f} | {row['ctxrep_cpu_speedup']:.2f}x | {r['bleu']:.2f} | {100 * same:.1f}% |"
+        )
     if args.json:
         settings = {k: str(v) for k, v in vars(args).items()} | {"max_len": max_len, "sentences": len(sources)}
         args.json.write_text(json.dumps({"settings": settings, "results": rows}, indent=2) + "\n")

@@ -51,9 +51,14 @@ def worker(args) -> dict:
     torch.set_num_threads(args.threads)
     out = Path(args.out_root) / args.worker
     objective = "mlm" if args.worker == CONTROL else args.worker
-    overrides = [("trainer.max_steps", "10000000"), ("trainer.eval_every", "0"), ("data.eval_fraction", "0"),
-                 ("trainer.checkpoint_every", "0"), ("tokenizer.vocab_size", str(args.vocab_size)),
-                 ("trainer.warmup_steps", str(args.lr_warmup))]  # fmt: skip
+    overrides = [
+        ("trainer.max_steps", "10000000"),
+        ("trainer.eval_every", "0"),
+        ("data.eval_fraction", "0"),
+        ("trainer.checkpoint_every", "0"),
+        ("tokenizer.vocab_size", str(args.vocab_size)),
+        ("trainer.warmup_steps", str(args.lr_warmup)),
+    ]
     config = load_config(args.config, overrides)
     shutil.rmtree(out / "checkpoint", ignore_errors=True)  # a fresh run; the tokenizer and packed text are reused
     tok = prepare_tokenizer(objective, config, args.train, out)
@@ -113,8 +118,10 @@ def sst2_probe(model_dir: Path, limit_sst: int | None) -> dict:
     featurizer = Featurizer(model_dir, layers=-1, pooling="mean", sentence_pooling="mean")
     x_train, x_dev = featurizer.embed_sentences(train_sst.texts), featurizer.embed_sentences(dev_sst.texts)
     accuracy = {}
-    for name, probe in (("sst2_dev_accuracy", LogisticRegression(max_iter=2000)),
-                        ("sst2_dev_accuracy_standardized", make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000)))):  # fmt: skip
+    for name, probe in (
+        ("sst2_dev_accuracy", LogisticRegression(max_iter=2000)),
+        ("sst2_dev_accuracy_standardized", make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))),
+    ):
         probe.fit(x_train, train_sst.labels)
         accuracy[name] = float(np.mean(probe.predict(x_dev) == np.array(dev_sst.labels)))
     return {
@@ -175,10 +182,17 @@ def run_group(objectives: list[str], args) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=30.0,
-                   help="training budget per objective: CPU minutes per thread (= wall-clock on an idle machine)")
-    p.add_argument("--objectives", default=",".join(OBJECTIVES),
-                   help=f"comma-separated, from {', '.join(OBJECTIVES)} and {CONTROL!r} (an untrained control)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=30.0,
+        help="training budget per objective: CPU minutes per thread (= wall-clock on an idle machine)",
+    )
+    p.add_argument(
+        "--objectives",
+        default=",".join(OBJECTIVES),
+        help=f"comma-separated, from {', '.join(OBJECTIVES)} and {CONTROL!r} (an untrained control)",
+    )
     p.add_argument("--config", default="small", help="model shape and training settings (a pretrain config)")
     p.add_argument("--vocab-size", type=int, default=16000, help="tokenizer entries (gutenberg/train is ~16 MB)")
     p.add_argument("--lr-warmup", type=int, default=200, help="learning-rate warm-up steps")
@@ -187,13 +201,20 @@ def main() -> None:
     p.add_argument("--eval-batches", type=int, default=20)
     p.add_argument("--limit-sst", type=int, default=None, help="use only the first N SST-2 train and dev sentences")
     p.add_argument("--threads", type=int, default=2, help="torch threads per objective")
-    p.add_argument("--parallel", type=int, default=1,
-                   help="objectives trained side by side (their clocks start together); "
-                        "threads x parallel should not exceed the cores")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="objectives trained side by side (their clocks start together); "
+        "threads x parallel should not exceed the cores",
+    )
     p.add_argument("--out-root", default="runs/objectives", help="one run folder per objective under this")
     p.add_argument("--markdown-out", default=None)
-    p.add_argument("--probe-only", action="store_true",
-                   help="only rerun the SST-2 probes on the models already saved under --out-root")
+    p.add_argument(
+        "--probe-only",
+        action="store_true",
+        help="only rerun the SST-2 probes on the models already saved under --out-root",
+    )
     p.add_argument("--worker", choices=(*OBJECTIVES, CONTROL), default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -217,8 +238,10 @@ def main() -> None:
         group = run_group(objectives[start : start + args.parallel], args)
         rows += group
         for r in group:
-            print(f"{r['objective']}: {r['steps']} steps, valid loss {r['valid_loss']:.3f}, SST-2 dev {r['sst2_dev_accuracy']:.3f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{r['objective']}: {r['steps']} steps, valid loss {r['valid_loss']:.3f}, SST-2 dev {r['sst2_dev_accuracy']:.3f}",
+                flush=True,
+            )
     n_train, n_dev = rows[0]["sst2_sizes"]
     lines = [
         f"Equal-compute pretraining ({args.minutes:g} CPU minutes per thread each, {args.threads} thread(s), "
@@ -232,9 +255,11 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['objective']} | {r['steps']} | {r['train_minutes']:.1f} | {r['tokens_per_s']:.0f} | "
-                     f"{r['train_loss']:.3f} | {r['valid_loss']:.3f} | {r['sst2_dev_accuracy']:.3f} | "
-                     f"{r['sst2_dev_accuracy_standardized']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {r['objective']} | {r['steps']} | {r['train_minutes']:.1f} | {r['tokens_per_s']:.0f} | "
+            f"{r['train_loss']:.3f} | {r['valid_loss']:.3f} | {r['sst2_dev_accuracy']:.3f} | "
+            f"{r['sst2_dev_accuracy_standardized']:.3f} |"
+        )
     lines += ["", "Command: `python benchmarks/objectives.py " + " ".join(sys.argv[1:]) + "`"]
     text = "\n".join(lines) + "\n"
     print("\n" + text)

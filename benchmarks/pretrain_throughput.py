@@ -66,8 +66,13 @@ def build(system: str):
         from ctxrep.models.bert import BertConfig
         from ctxrep.objectives.masked_lm import MaskedLMConfig, MaskedLMObjective
 
-        config = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-                            num_attention_heads=HEADS, intermediate_size=INTERMEDIATE)  # fmt: skip
+        config = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+        )
         model = MaskedLMObjective(config, MaskedLMConfig(mask_token_id=4, special_token_ids=(0, 1, 2, 3, 4)))
 
         def loss(masked, labels, mask):
@@ -75,8 +80,13 @@ def build(system: str):
     else:
         import transformers
 
-        config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-                                         num_attention_heads=HEADS, intermediate_size=INTERMEDIATE)  # fmt: skip
+        config = transformers.BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS,
+            intermediate_size=INTERMEDIATE,
+        )
         model = transformers.BertForMaskedLM(config)
 
         def loss(masked, labels, mask):
@@ -130,12 +140,30 @@ def worker(args) -> dict:
 
 
 def run_worker(system: str, malloc: str, args) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
-                                                           "GLIBC_TUNABLES")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")
+    }
     env["OMP_NUM_THREADS"] = str(args.threads)
-    cmd = [sys.executable, __file__, "--worker", system, "--malloc", malloc, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), "--seq", str(args.seq),
-           "--threads", str(args.threads)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        system,
+        "--malloc",
+        malloc,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--batch-size",
+        str(args.batch_size),
+        "--seq",
+        str(args.seq),
+        "--threads",
+        str(args.threads),
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"{system} ({malloc}) failed:\n{out.stderr[-2000:]}")
@@ -160,13 +188,20 @@ def main() -> None:
 
     peak = run_worker("peak", "tuned", args)["gflops"]
     rows = []
-    for system, malloc in (("ctxrep", "tuned"), ("transformers", "tuned"), ("transformers", "default"),
-                           ("ctxrep", "default")):  # fmt: skip
+    for system, malloc in (
+        ("ctxrep", "tuned"),
+        ("transformers", "tuned"),
+        ("transformers", "default"),
+        ("ctxrep", "default"),
+    ):
         r = run_worker(system, malloc, args)
         r.update(system=system, malloc=malloc, mfu=r["flops_per_step"] / r["step_s"] / (peak * 1e9))
         rows.append(r)
-        print(f"{system:12s} malloc={malloc:7s} {r['tokens_per_s']:9.0f} tokens/s  step {r['step_s'] * 1e3:7.1f} ms  "
-              f"MFU {r['mfu']:.1%}", flush=True)  # fmt: skip
+        print(
+            f"{system:12s} malloc={malloc:7s} {r['tokens_per_s']:9.0f} tokens/s  step {r['step_s'] * 1e3:7.1f} ms  "
+            f"MFU {r['mfu']:.1%}",
+            flush=True,
+        )
     ours = rows[0]["tokens_per_s"]
     lines = [
         f"MLM pretraining throughput, `small` shape (hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, intermediate "
@@ -180,8 +215,10 @@ def main() -> None:
         "|---|---|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['system']} | {r['malloc']} | {r['tokens_per_s']:.0f} | {r['step_s'] * 1e3:.1f} | "
-                     f"{r['mfu']:.1%} | {ours / r['tokens_per_s']:.2f}x |")  # fmt: skip
+        lines.append(
+            f"| {r['system']} | {r['malloc']} | {r['tokens_per_s']:.0f} | {r['step_s'] * 1e3:.1f} | "
+            f"{r['mfu']:.1%} | {ours / r['tokens_per_s']:.2f}x |"
+        )
     lines += ["", "Command: `python benchmarks/pretrain_throughput.py " + " ".join(sys.argv[1:]) + "`"]
     text = "\n".join(lines) + "\n"
     print()

@@ -1,6 +1,6 @@
 """Run by tests/test_distributed.py under torchrun (2 CPU processes); also gives it the single-process reference.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/_ddp_worker.py OUT_DIR
+python -m torch.distributed.run --nproc_per_node 2 tests/_ddp_worker.py OUT_DIR
 """
 
 from __future__ import annotations
@@ -20,8 +20,17 @@ from ctxrep.train import distributed
 from ctxrep.train.trainer import Trainer, TrainerConfig
 
 VOCAB, LENGTH = 40, 8
-CONFIG = TrainerConfig(lr=1e-2, eps=1e-3, max_steps=3, batch_size=8, accumulation_steps=2, grad_clip=0.5,
-                       warmup_steps=1, log_every=1, checkpoint_every=2)  # fmt: skip
+CONFIG = TrainerConfig(
+    lr=1e-2,
+    eps=1e-3,
+    max_steps=3,
+    batch_size=8,
+    accumulation_steps=2,
+    grad_clip=0.5,
+    warmup_steps=1,
+    log_every=1,
+    checkpoint_every=2,
+)
 
 
 class CausalLM(nn.Module):
@@ -30,8 +39,16 @@ class CausalLM(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(1)
-        config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=16, n_layer=2, n_head=2,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+        config = GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=LENGTH,
+            n_embd=16,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         self.model = GPT2LMHeadModel(config)
         self.rows_seen: list[list[int]] = []  # the rows this process trained on
 

@@ -6,10 +6,30 @@ import random
 from pathlib import Path
 
 LEXICON = {
-    "the": "der", "a": "ein", "man": "Mann", "woman": "Frau", "dog": "Hund", "cat": "Katze", "child": "Kind",
-    "sees": "sieht", "eats": "isst", "likes": "mag", "finds": "findet", "red": "rote", "big": "grosse",
-    "small": "kleine", "old": "alte", "ball": "Ball", "apple": "Apfel", "house": "Haus", "car": "Auto",
-    "and": "und", "today": "heute", "here": "hier", "green": "gruene", "bird": "Vogel",
+    "the": "der",
+    "a": "ein",
+    "man": "Mann",
+    "woman": "Frau",
+    "dog": "Hund",
+    "cat": "Katze",
+    "child": "Kind",
+    "sees": "sieht",
+    "eats": "isst",
+    "likes": "mag",
+    "finds": "findet",
+    "red": "rote",
+    "big": "grosse",
+    "small": "kleine",
+    "old": "alte",
+    "ball": "Ball",
+    "apple": "Apfel",
+    "house": "Haus",
+    "car": "Auto",
+    "and": "und",
+    "today": "heute",
+    "here": "hier",
+    "green": "gruene",
+    "bird": "Vogel",
 }
 WORDS = sorted(LEXICON)
 

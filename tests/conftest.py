@@ -22,8 +22,10 @@ def first_pieces(enc, num_words: int) -> list[int]:
     """Each word's first piece in a `tokenizers` Encoding, skipping a bare word-start marker ("▁", "Ġ") that the
     word has more pieces after: what ctxrep's "first" pooling reads (WordPieces.pooling_spans)."""
     first = [enc.word_ids.index(w) for w in range(num_words)]
-    return [f + 1 if enc.tokens[f] in ("\u2581", "\u0120") and f + 1 < len(enc.word_ids) and enc.word_ids[f + 1] == w
-            else f for w, f in enumerate(first)]  # fmt: skip
+    return [
+        f + 1 if enc.tokens[f] in ("\u2581", "\u0120") and f + 1 < len(enc.word_ids) and enc.word_ids[f + 1] == w else f
+        for w, f in enumerate(first)
+    ]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -48,10 +50,14 @@ def _roberta_tokenizer(dst: Path) -> None:
     from tokenizers import ByteLevelBPETokenizer, processors
 
     tok = ByteLevelBPETokenizer(add_prefix_space=True)
-    corpus = ["The quick brown fox jumps over the lazy dog.", "A crane lifted the steel beam.",
-              "Contextual word vectors depend on the sentence around the word."] * 20  # fmt: skip
-    tok.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])  # fmt: skip
+    corpus = [
+        "The quick brown fox jumps over the lazy dog.",
+        "A crane lifted the steel beam.",
+        "Contextual word vectors depend on the sentence around the word.",
+    ] * 20
+    tok.train_from_iterator(
+        corpus, vocab_size=300, min_frequency=1, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    )
     backend = tok._tokenizer
     backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     backend.save(str(dst / "tokenizer.json"))
@@ -61,16 +67,29 @@ def _roberta_tokenizer(dst: Path) -> None:
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Random bert / roberta / electra encoders saved with transformers' save_pretrained (safetensors)."""
     torch.manual_seed(0)
-    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    common = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     out = {}
     bert = transformers.BertModel(transformers.BertConfig(vocab_size=30522, max_position_embeddings=64, **common))
     out["bert"] = tmp_path_factory.mktemp("tiny-bert")
     bert.save_pretrained(out["bert"])
     _copy_bert_tokenizer(out["bert"])
 
-    roberta_cfg = transformers.RobertaConfig(vocab_size=300, max_position_embeddings=66, type_vocab_size=1,
-                                             pad_token_id=1, bos_token_id=0, eos_token_id=2, **common)  # fmt: skip
+    roberta_cfg = transformers.RobertaConfig(
+        vocab_size=300,
+        max_position_embeddings=66,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        **common,
+    )
     out["roberta"] = tmp_path_factory.mktemp("tiny-roberta")
     transformers.RobertaModel(roberta_cfg).save_pretrained(out["roberta"])
     _roberta_tokenizer(out["roberta"])
@@ -84,16 +103,20 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 # ---- the other families: ELMo (word level), XLNet (specials at the end), GPT-2 (causal) ----------------------
 
-CORPUS = ["The quick brown fox jumps over the lazy dog .", "A crane lifted the steel beam onto the roof .",
-          "Contextual word vectors depend on the sentence around the word .",
-          "john lives in paris , mary visited london today : good great fine nice , bad awful poor sad ."] * 30  # fmt: skip
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog .",
+    "A crane lifted the steel beam onto the roof .",
+    "Contextual word vectors depend on the sentence around the word .",
+    "john lives in paris , mary visited london today : good great fine nice , bad awful poor sad .",
+] * 30
 
 
 @pytest.fixture(scope="session")
 def elmo_dir(tmp_path_factory):
     torch.manual_seed(0)
-    config = ElmoConfig(filters=[(1, 4), (2, 8), (3, 8)], n_highway=1, lstm_dim=24, projection_dim=8,
-                        cell_clip=3.0, proj_clip=3.0)  # fmt: skip
+    config = ElmoConfig(
+        filters=[(1, 4), (2, 8), (3, 8)], n_highway=1, lstm_dim=24, projection_dim=8, cell_clip=3.0, proj_clip=3.0
+    )
     model = ElmoBiLM(config)
     for p in model.parameters():  # random, not zero, so that context matters
         torch.nn.init.normal_(p, std=0.3)
@@ -105,8 +128,7 @@ def elmo_dir(tmp_path_factory):
 def _unigram_tokenizer(specials: list[str]) -> HFTokenizer:
     tok = HFTokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials,
-                                                            unk_token="<unk>"))  # fmt: skip
+    tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=120, special_tokens=specials, unk_token="<unk>"))
     return tok
 
 
@@ -116,12 +138,21 @@ def xlnet_dir(tmp_path_factory):
     tok = _unigram_tokenizer(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
     sep, cls = tok.token_to_id("<sep>"), tok.token_to_id("<cls>")
     tok.post_processor = processors.TemplateProcessing(  # XLNet: A <sep> <cls>, the <cls> in segment 2
-        single="$A:0 <sep>:0 <cls>:2", pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2", special_tokens=[("<sep>", sep), ("<cls>", cls)]
+        single="$A:0 <sep>:0 <cls>:2",
+        pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2",
+        special_tokens=[("<sep>", sep), ("<cls>", cls)],
     )
     tok.save(str(path / "tokenizer.json"))
     torch.manual_seed(0)
-    cfg = transformers.XLNetConfig(vocab_size=tok.get_vocab_size(), d_model=32, n_layer=2, n_head=4, d_inner=64,
-                                   pad_token_id=tok.token_to_id("<pad>"), dropout=0.0)  # fmt: skip
+    cfg = transformers.XLNetConfig(
+        vocab_size=tok.get_vocab_size(),
+        d_model=32,
+        n_layer=2,
+        n_head=4,
+        d_inner=64,
+        pad_token_id=tok.token_to_id("<pad>"),
+        dropout=0.0,
+    )
     transformers.XLNetModel(cfg).save_pretrained(path)
     return path
 
@@ -135,7 +166,8 @@ def gpt2_dir(tmp_path_factory):
     tok.train_from_iterator(CORPUS, vocab_size=300, min_frequency=1, special_tokens=["<|endoftext|>"])
     tok._tokenizer.save(str(path / "tokenizer.json"))
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0,
-                                  eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        vocab_size=300, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+    )
     transformers.GPT2Model(cfg).save_pretrained(path)
     return path

@@ -14,9 +14,17 @@ from ctxrep.models.albert import AlbertConfig, AlbertForPreTraining, AlbertModel
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError
 
-TINY = dict(vocab_size=99, embedding_size=8, hidden_size=16, num_hidden_layers=3, num_attention_heads=4,
-            intermediate_size=24, max_position_embeddings=32, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0)  # fmt: skip
+TINY = dict(
+    vocab_size=99,
+    embedding_size=8,
+    hidden_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=24,
+    max_position_embeddings=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def padded_batch(vocab: int = 99, lengths=(11, 6, 2)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,10 +69,14 @@ def assert_parity(ours, ref, ids, mask, types) -> None:
 
 @pytest.mark.parametrize(
     "layout",
-    [dict(), dict(num_hidden_groups=3), dict(inner_group_num=2), dict(num_hidden_layers=4, num_hidden_groups=2,
-                                                                          inner_group_num=2)],
+    [
+        dict(),
+        dict(num_hidden_groups=3),
+        dict(inner_group_num=2),
+        dict(num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2),
+    ],
     ids=["one-group", "group-per-layer", "inner-2", "groups-2-inner-2"],
-)  # fmt: skip
+)
 def test_transformers_checkpoint_loads_with_parity(tmp_path, layout):
     ref = hf_saved(tmp_path, **layout)
     ours = AlbertModel.from_pretrained(tmp_path)
@@ -101,7 +113,9 @@ def test_ours_saved_loads_in_transformers_automodel(tmp_path, share):
     again = AlbertModel.from_pretrained(tmp_path)
     ids, mask, types = padded_batch()
     with torch.no_grad():
-        assert torch.equal(again(ids, attention_mask=mask).last_hidden_state, ours(ids, attention_mask=mask).last_hidden_state)
+        assert torch.equal(
+            again(ids, attention_mask=mask).last_hidden_state, ours(ids, attention_mask=mask).last_hidden_state
+        )
 
 
 def test_pretraining_wrapper_saves_albert_for_pretraining_layout(tmp_path):
@@ -136,8 +150,11 @@ def test_sharing_variants_have_the_right_parameter_counts():
     want = {"all": (1, 1), "attention": (1, layers), "ffn": (layers, 1), "none": (layers, layers)}
     for share, (n_att, n_ffn) in want.items():
         counts = _count(AlbertModel(AlbertConfig(**TINY, share=share)))
-        assert counts == {"attention": n_att * attention, "ffn": n_ffn * ffn,
-                          "total": rest + n_att * attention + n_ffn * ffn}, share  # fmt: skip
+        assert counts == {
+            "attention": n_att * attention,
+            "ffn": n_ffn * ffn,
+            "total": rest + n_att * attention + n_ffn * ffn,
+        }, share
     # "all" matches transformers' own count for the same shape.
     ref = transformers.AlbertModel(transformers.AlbertConfig(**TINY))
     assert _count(AlbertModel(AlbertConfig(**TINY)))["total"] == sum(p.numel() for p in ref.parameters())
@@ -168,7 +185,13 @@ def test_partial_sharing_round_trips_in_ctxrep_format_and_refuses_transformers_f
 def test_encoder_interface():
     model = AlbertModel(AlbertConfig(**TINY, inner_group_num=2))
     assert isinstance(model, Encoder)
-    assert (model.family, model.num_layers, model.num_heads, model.hidden_size, model.max_tokens) == ("albert", 6, 4, 16, 32)
+    assert (model.family, model.num_layers, model.num_heads, model.hidden_size, model.max_tokens) == (
+        "albert",
+        6,
+        4,
+        16,
+        32,
+    )
     assert model.reads_segments and not model.word_level
     assert model.input_embeddings().shape == (99, 8)
     ids, mask, types = padded_batch()
@@ -199,8 +222,9 @@ def test_bad_checkpoints_give_one_line_errors(tmp_path):
     config = json.loads((tmp_path / "good" / "config.json").read_text())
     (tmp_path / "bad" / "config.json").write_text(json.dumps(config | {"num_hidden_groups": 3}))
     save_file(load_file(tmp_path / "good" / "model.safetensors"), tmp_path / "bad" / "model.safetensors")
-    with pytest.raises(CheckpointError, match="missing .* encoder.albert_layer_groups.1.albert_layers.0.*check that "
-                                              "config.json"):  # fmt: skip
+    with pytest.raises(
+        CheckpointError, match="missing .* encoder.albert_layer_groups.1.albert_layers.0.*check that config.json"
+    ):
         AlbertModel.from_pretrained(tmp_path / "bad")
 
     (tmp_path / "bad" / "config.json").write_text(json.dumps(config | {"model_type": "bert"}))

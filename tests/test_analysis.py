@@ -13,10 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-
 import transformers
-
 from click.testing import CliRunner  # noqa: E402
 
 from ctxrep.analysis import attention, neighbors, probe  # noqa: E402
@@ -34,8 +31,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny-bert")
-    cfg = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                  intermediate_size=64)  # fmt: skip
+    cfg = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
     torch.manual_seed(0)
     transformers.BertModel(cfg).save_pretrained(path)
     source = resolve("minilm").folder
@@ -152,9 +150,14 @@ def test_probe_bad_inputs(fz, data_dir, tmp_path):
         probe.load_probe_data("upos", tmp_path / "empty.conllu")
     with pytest.raises(ValueError, match="word index 5 is outside sentence 0, which has 2 words"):
         probe.ProbeData("upos", [["a", "b"]], [((0, 5),)], ["X"])
-    (tmp_path / "noxpos.conllu").write_text(_conllu_text(2).replace("\tDT\t", "\t_\t").replace("\tNN\t", "\t_\t")
-                                            .replace("\tVBZ\t", "\t_\t").replace("\tRB\t", "\t_\t")
-                                            .replace("\t.\t_\t3", "\t_\t_\t3"))  # fmt: skip
+    (tmp_path / "noxpos.conllu").write_text(
+        _conllu_text(2)
+        .replace("\tDT\t", "\t_\t")
+        .replace("\tNN\t", "\t_\t")
+        .replace("\tVBZ\t", "\t_\t")
+        .replace("\tRB\t", "\t_\t")
+        .replace("\t.\t_\t3", "\t_\t_\t3")
+    )
     with pytest.raises(ValueError, match="XPOS column is empty"):
         probe.load_probe_data("xpos", tmp_path / "noxpos.conllu")
     with pytest.raises(FileNotFoundError, match="gold labels"):
@@ -338,8 +341,15 @@ def test_report_is_self_contained_and_escaped(report_page):
     assert not re.search(r"""(src|href)\s*=\s*["'](?!data:)""", page)
     images = re.findall(r'<img src="data:image/png;base64,', page)
     assert len(images) == 1 + 6 + 1  # probe plot, six grids, one heatmap
-    for section in ("UPOS probe by layer", "Attention heads", "Best head per dependency relation", "broke", "crane",
-                    "play", "WiC by layer"):  # fmt: skip
+    for section in (
+        "UPOS probe by layer",
+        "Attention heads",
+        "Best head per dependency relation",
+        "broke",
+        "crane",
+        "play",
+        "WiC by layer",
+    ):
         assert section in page
     numbers = json.loads((report_page.parent / "report.json").read_text())
     assert set(numbers) >= {"probe", "attention", "dependency_heads", "senses", "wic"}
@@ -387,10 +397,19 @@ def _render_check(page: Path, tmp_path: Path) -> dict:
     probe_page = tmp_path / "check.html"
     probe_page.write_text(text)
     run = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-         "--dump-dom", probe_page.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            _chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            probe_page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = re.search(r'data-check="([^"]*)"', run.stdout)
     assert found, f"chromium did not run the check (exit {run.returncode}): {run.stderr[-2000:]}"
     return json.loads(html.unescape(found.group(1)))
@@ -401,8 +420,10 @@ def test_report_renders_in_chromium(report_page, tmp_path):
     assert check == {"images": 8, "bad": [], "errors": []}
     # The check itself catches a broken image and a script error.
     broken = tmp_path / "broken.html"
-    broken.write_text('<!DOCTYPE html><html><head></head><body><img src="data:image/png;base64,AAAA" alt="x">'
-                      "<script>undefinedFunction()</script></body></html>")  # fmt: skip
+    broken.write_text(
+        '<!DOCTYPE html><html><head></head><body><img src="data:image/png;base64,AAAA" alt="x">'
+        "<script>undefinedFunction()</script></body></html>"
+    )
     check = _render_check(broken, tmp_path)
     assert check["bad"] == ["x"] and len(check["errors"]) == 1
 
@@ -421,62 +442,118 @@ def _one_line_error(result, fragment: str) -> None:
 
 
 def test_cli_probe(tiny_model, data_dir, tmp_path):
-    result = _invoke(cli.probe, ["--model", tiny_model, "--task", "upos", "--train", data_dir / "tiny.conllu",
-                                 "--out-dir", tmp_path, "--no-control"])  # fmt: skip
+    result = _invoke(
+        cli.probe,
+        [
+            "--model",
+            tiny_model,
+            "--task",
+            "upos",
+            "--train",
+            data_dir / "tiny.conllu",
+            "--out-dir",
+            tmp_path,
+            "--no-control",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "E[layer]" in result.output and (tmp_path / "probe.png").read_bytes().startswith(PNG)
     assert json.loads((tmp_path / "probe.json").read_text())["task"] == "upos"
-    _one_line_error(_invoke(cli.probe, ["--model", tiny_model, "--task", "lemma", "--train", data_dir / "tiny.conllu"]),
-                    "unknown probing task 'lemma'")  # fmt: skip
-    _one_line_error(_invoke(cli.probe, ["--model", tiny_model, "--task", "upos", "--train", tmp_path / "no.conllu"]),
-                    "no.conllu: no such upos data file")  # fmt: skip
-    _one_line_error(_invoke(cli.probe, ["--model", tmp_path / "nomodel", "--task", "upos", "--train",
-                                        data_dir / "tiny.conllu"]), "nomodel")  # fmt: skip
+    _one_line_error(
+        _invoke(cli.probe, ["--model", tiny_model, "--task", "lemma", "--train", data_dir / "tiny.conllu"]),
+        "unknown probing task 'lemma'",
+    )
+    _one_line_error(
+        _invoke(cli.probe, ["--model", tiny_model, "--task", "upos", "--train", tmp_path / "no.conllu"]),
+        "no.conllu: no such upos data file",
+    )
+    _one_line_error(
+        _invoke(cli.probe, ["--model", tmp_path / "nomodel", "--task", "upos", "--train", data_dir / "tiny.conllu"]),
+        "nomodel",
+    )
 
 
 def test_cli_attention(tiny_model, data_dir, tmp_path):
-    result = _invoke(cli.attention, ["--model", tiny_model, "--corpus", data_dir / "tiny.conllu", "--sentence",
-                                     "the dog barked", "--layer", 2, "--head", 1, "--out-dir", tmp_path])  # fmt: skip
+    result = _invoke(
+        cli.attention,
+        [
+            "--model",
+            tiny_model,
+            "--corpus",
+            data_dir / "tiny.conllu",
+            "--sentence",
+            "the dog barked",
+            "--layer",
+            2,
+            "--head",
+            1,
+            "--out-dir",
+            tmp_path,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "top head" in result.output and "best head per dependency relation" in result.output
     assert (tmp_path / "heatmap-L2-H1.png").is_file() and (tmp_path / "grid-entropy.png").is_file()
     assert json.loads((tmp_path / "dependency-heads.json").read_text())["relations"]
-    _one_line_error(_invoke(cli.attention, ["--model", tiny_model, "--sentence", "a b", "--layer", 9]),
-                    "layer 9 is out of range")  # fmt: skip
+    _one_line_error(
+        _invoke(cli.attention, ["--model", tiny_model, "--sentence", "a b", "--layer", 9]), "layer 9 is out of range"
+    )
     _one_line_error(_invoke(cli.attention, ["--model", tiny_model]), "nothing to do")
     (tmp_path / "empty.txt").write_text("\n\n")
-    _one_line_error(_invoke(cli.attention, ["--model", tiny_model, "--corpus", tmp_path / "empty.txt"]),
-                    "the corpus is empty")  # fmt: skip
+    _one_line_error(
+        _invoke(cli.attention, ["--model", tiny_model, "--corpus", tmp_path / "empty.txt"]), "the corpus is empty"
+    )
 
 
 def test_cli_neighbors(tiny_model, data_dir, tmp_path):
     ix = tmp_path / "ix"
-    result = _invoke(cli.neighbors, ["index", "--model", tiny_model, "--corpus", data_dir / "tiny.conllu",
-                                     "--layer", 1, "--out", ix])  # fmt: skip
+    result = _invoke(
+        cli.neighbors, ["index", "--model", tiny_model, "--corpus", data_dir / "tiny.conllu", "--layer", 1, "--out", ix]
+    )
     assert result.exit_code == 0, result.output
     assert "indexed 150 occurrences of 30 sentences at layer 1" in result.output
-    result = _invoke(cli.neighbors, ["query", "--index", ix, "--sentence", "the dog runs quickly .", "--word", 1,
-                                     "-k", 3])  # fmt: skip
+    result = _invoke(
+        cli.neighbors, ["query", "--index", ix, "--sentence", "the dog runs quickly .", "--word", 1, "-k", 3]
+    )
     assert result.exit_code == 0, result.output
     assert "contextual neighbours of 'dog' (layer 1)" in result.output and "static neighbours of 'dog'" in result.output
     assert result.output.count(" s") >= 3
-    _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix, "--sentence", "the dog", "--word", 4]),
-                    "word index 4 is outside the sentence, which has 2 words")  # fmt: skip
-    _one_line_error(_invoke(cli.neighbors, ["query", "--index", tmp_path / "none", "--sentence", "a", "--word", 0]),
-                    "missing")  # fmt: skip
+    _one_line_error(
+        _invoke(cli.neighbors, ["query", "--index", ix, "--sentence", "the dog", "--word", 4]),
+        "word index 4 is outside the sentence, which has 2 words",
+    )
+    _one_line_error(
+        _invoke(cli.neighbors, ["query", "--index", tmp_path / "none", "--sentence", "a", "--word", 0]), "missing"
+    )
     result = _invoke(cli.neighbors, ["static", "river", "--model", tiny_model, "-k", 4])
     assert result.exit_code == 0 and len(result.output.splitlines()) == 4, result.output
-    result = _invoke(cli.neighbors, ["wic", "--model", tiny_model, "--train", data_dir / "wic" / "train", "--dev",
-                                     data_dir / "wic" / "dev", "--out", tmp_path / "wic.json"])  # fmt: skip
+    result = _invoke(
+        cli.neighbors,
+        [
+            "wic",
+            "--model",
+            tiny_model,
+            "--train",
+            data_dir / "wic" / "train",
+            "--dev",
+            data_dir / "wic" / "dev",
+            "--out",
+            tmp_path / "wic.json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert len(json.loads((tmp_path / "wic.json").read_text())["layers"]) == 3
-    _one_line_error(_invoke(cli.neighbors, ["wic", "--model", tiny_model, "--train", tmp_path, "--dev", tmp_path]),
-                    "expected one *.data.txt file in the folder, found 0")  # fmt: skip
+    _one_line_error(
+        _invoke(cli.neighbors, ["wic", "--model", tiny_model, "--train", tmp_path, "--dev", tmp_path]),
+        "expected one *.data.txt file in the folder, found 0",
+    )
 
 
 def test_cli_report_and_help(tiny_model, data_dir, tmp_path):
-    result = _invoke(cli.report, [tiny_model, "--out", tmp_path, "--ud", data_dir / "tiny.conllu",
-                                  "--max-sentences", 5, "--no-control"])  # fmt: skip
+    result = _invoke(
+        cli.report,
+        [tiny_model, "--out", tmp_path, "--ud", data_dir / "tiny.conllu", "--max-sentences", 5, "--no-control"],
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "report.html").is_file() and "WiC" not in (tmp_path / "report.html").read_text()
     _one_line_error(_invoke(cli.report, [tiny_model, "--wic", tmp_path / "nowic"]), "--wic")
@@ -512,13 +589,18 @@ def tiny_elmo(tmp_path_factory) -> str:
 
 def test_elmo_models_get_probes_and_a_report_but_no_attention(tiny_elmo, data_dir, tmp_path):
     fz = Featurizer(tiny_elmo, layers="all")
-    for refused in (lambda: attention.head_statistics(fz, [["the", "dog", "runs"]]),
-                    lambda: attention.head_attention(fz, "the dog runs", 1, 0),
-                    lambda: attention.dependency_heads(fz, read_conllu(data_dir / "tiny.conllu"))):  # fmt: skip
+    for refused in (
+        lambda: attention.head_statistics(fz, [["the", "dog", "runs"]]),
+        lambda: attention.head_attention(fz, "the dog runs", 1, 0),
+        lambda: attention.dependency_heads(fz, read_conllu(data_dir / "tiny.conllu")),
+    ):
         with pytest.raises(ValueError, match="ELMo is a biLSTM: it has no attention heads; attention statistics"):
             refused()
-    for refused in (lambda: neighbors.static_neighbors(fz, "play"), lambda: neighbors.static_vector(fz, "play"),
-                    lambda: neighbors.StaticVocabulary.from_featurizer(fz)):  # fmt: skip
+    for refused in (
+        lambda: neighbors.static_neighbors(fz, "play"),
+        lambda: neighbors.static_vector(fz, "play"),
+        lambda: neighbors.StaticVocabulary.from_featurizer(fz),
+    ):
         with pytest.raises(ValueError, match="elmo has no table of static word vectors"):
             refused()
     page = build_report(fz, tmp_path / "report", ud_path=data_dir / "tiny.conllu", max_sentences=20, control=False)
@@ -575,15 +657,21 @@ def test_query_many_equals_one_query_at_a_time(fz, tmp_path):
 
 def test_cli_neighbors_queries_file_loads_the_index_once(tiny_model, data_dir, tmp_path, monkeypatch):
     ix = tmp_path / "ix"
-    assert _invoke(cli.neighbors, ["index", "--model", tiny_model, "--corpus", data_dir / "tiny.conllu",
-                                   "--layer", 1, "--out", ix]).exit_code == 0  # fmt: skip
+    assert (
+        _invoke(
+            cli.neighbors,
+            ["index", "--model", tiny_model, "--corpus", data_dir / "tiny.conllu", "--layer", 1, "--out", ix],
+        ).exit_code
+        == 0
+    )
     q = tmp_path / "q.txt"
     q.write_text("the dog runs quickly .\t1\n\nthe [[teacher]] waits today .\n")
     loads, embeds = [], []
     load, embed_words = neighbors.OccurrenceIndex.load.__func__, Featurizer.embed_words
-    monkeypatch.setattr(neighbors.OccurrenceIndex, "load",
-                        classmethod(lambda cls, d: loads.append(d) or load(cls, d)))  # fmt: skip
-    monkeypatch.setattr(Featurizer, "embed_words", lambda self, texts: embeds.append(len(texts)) or embed_words(self, texts))
+    monkeypatch.setattr(neighbors.OccurrenceIndex, "load", classmethod(lambda cls, d: loads.append(d) or load(cls, d)))
+    monkeypatch.setattr(
+        Featurizer, "embed_words", lambda self, texts: embeds.append(len(texts)) or embed_words(self, texts)
+    )
     result = _invoke(cli.neighbors, ["query", "--index", ix, "--queries", q, "-k", 3])
     assert result.exit_code == 0, result.output
     assert len(loads) == 1 and embeds == [2]  # one index, one featurizer call for both queries
@@ -591,14 +679,19 @@ def test_cli_neighbors_queries_file_loads_the_index_once(tiny_model, data_dir, t
     assert f"{q}:3: contextual neighbours of 'teacher' (layer 1):" in result.output
     assert result.output.count("static neighbours of") == 2
     # each answer is what the one-query form prints
-    single = _invoke(cli.neighbors, ["query", "--index", ix, "--sentence", "the teacher waits today .", "--word", 1,
-                                     "-k", 3])  # fmt: skip
+    single = _invoke(
+        cli.neighbors, ["query", "--index", ix, "--sentence", "the teacher waits today .", "--word", 1, "-k", 3]
+    )
     assert single.exit_code == 0 and result.output.endswith(single.output), (result.output, single.output)
     q.write_text("the dog runs quickly .\t1\nthe dog\t9\n")
-    _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix, "--queries", q]),
-                    f"{q}:2: word index 9 is outside the sentence, which has 2 words")  # fmt: skip
-    _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix, "--queries", q, "--sentence", "a", "--word", 0]),
-                    "either --queries FILE or --sentence with --word")  # fmt: skip
+    _one_line_error(
+        _invoke(cli.neighbors, ["query", "--index", ix, "--queries", q]),
+        f"{q}:2: word index 9 is outside the sentence, which has 2 words",
+    )
+    _one_line_error(
+        _invoke(cli.neighbors, ["query", "--index", ix, "--queries", q, "--sentence", "a", "--word", 0]),
+        "either --queries FILE or --sentence with --word",
+    )
     _one_line_error(_invoke(cli.neighbors, ["query", "--index", ix]), "nothing to query")
     help_text = _invoke(cli.neighbors, ["query", "--help"]).output
     assert "SENTENCE<TAB>WORD_INDEX" in help_text and "[[crane]]" in help_text
@@ -634,8 +727,10 @@ def test_every_exported_analysis_name_resolves_to_its_module_object():
 def test_importing_ctxrep_analysis_stays_cheap():
     import sys
 
-    code = ("import sys, ctxrep.analysis; heavy = [m for m in ('torch', 'numpy', 'ctxrep.analysis.probe', "
-            "'ctxrep.featurize') if m in sys.modules]; assert not heavy, heavy; print(len(ctxrep.analysis.__all__))")  # fmt: skip
+    code = (
+        "import sys, ctxrep.analysis; heavy = [m for m in ('torch', 'numpy', 'ctxrep.analysis.probe', "
+        "'ctxrep.featurize') if m in sys.modules]; assert not heavy, heavy; print(len(ctxrep.analysis.__all__))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 30

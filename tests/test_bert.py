@@ -29,10 +29,12 @@ def padded_batch(vocab: int, pad: int, lengths=(12, 7, 3), low: int = 5) -> tupl
 
 def assert_parity(ours, ref, ids, mask, token_type_ids=None) -> None:
     with torch.no_grad():
-        a = ours(ids, attention_mask=mask, token_type_ids=token_type_ids, output_hidden_states=True,
-                 output_attentions=True)  # fmt: skip
-        b = ref(ids, attention_mask=mask, token_type_ids=token_type_ids, output_hidden_states=True,
-                output_attentions=True)  # fmt: skip
+        a = ours(
+            ids, attention_mask=mask, token_type_ids=token_type_ids, output_hidden_states=True, output_attentions=True
+        )
+        b = ref(
+            ids, attention_mask=mask, token_type_ids=token_type_ids, output_hidden_states=True, output_attentions=True
+        )
     real = mask.bool()
     assert len(a.hidden_states) == len(b.hidden_states) == ours.num_layers + 1
     for layer, (x, y) in enumerate(zip(a.hidden_states, b.hidden_states)):
@@ -56,8 +58,9 @@ def test_minilm_parity_with_transformers(minilm_path):
     types[0, 20:] = 1
     assert_parity(ours, ref, ids, mask, types)
     with torch.no_grad():
-        assert torch.allclose(ours(ids, attention_mask=mask).pooler_output, ref(ids, attention_mask=mask).pooler_output,
-                              atol=1e-5)  # fmt: skip
+        assert torch.allclose(
+            ours(ids, attention_mask=mask).pooler_output, ref(ids, attention_mask=mask).pooler_output, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta", "electra"])
@@ -101,8 +104,14 @@ def test_save_round_trip_loads_in_transformers(tiny_models, tmp_path, kind):
 
 
 def test_masked_lm_checkpoint_with_prefix_loads(tmp_path):
-    cfg = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=32, max_position_embeddings=32)  # fmt: skip
+    cfg = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=32,
+    )
     ref = transformers.BertForMaskedLM(cfg).eval()
     ref.save_pretrained(tmp_path)
     ours = ctxrep.load_model(tmp_path)
@@ -161,7 +170,15 @@ def test_unsupported_model_type_and_position_type(tiny_models, tmp_path):
 
 
 def test_too_long_input_is_refused_with_advice():
-    model = BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
-                                 max_position_embeddings=16, vocab_size=50))  # fmt: skip
+    model = BertModel(
+        BertConfig(
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=8,
+            max_position_embeddings=16,
+            vocab_size=50,
+        )
+    )
     with pytest.raises(ValueError, match="longer than the model's 16 positions; ctxrep.Featurizer splits"):
         model(torch.ones(1, 17, dtype=torch.long))

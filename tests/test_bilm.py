@@ -252,10 +252,16 @@ WORDS = 29  # the word tokenizer's entries for TEXT below: 4 specials + 25 words
 def tiny_run_config(**data) -> dict:
     """A config as `ctxrep pretrain` reads it from TOML: [elmo] in the layout of ELMo's options.json."""
     elmo = {
-        "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4], [2, 4], [3, 8]], "n_highway": 1,
-                     "activation": "relu", "n_characters": 262, "max_characters_per_token": 50},
+        "char_cnn": {
+            "embedding": {"dim": 4},
+            "filters": [[1, 4], [2, 4], [3, 8]],
+            "n_highway": 1,
+            "activation": "relu",
+            "n_characters": 262,
+            "max_characters_per_token": 50,
+        },
         "lstm": {"dim": 24, "projection_dim": 8, "n_layers": 2, "use_skip_connections": True},
-    }  # fmt: skip
+    }
     return {
         "elmo": elmo,
         "tokenizer": {"vocab_size": WORDS, "min_frequency": 1, "lowercase": False},
@@ -288,9 +294,13 @@ def test_the_pipeline_builds_a_bilm_run_that_trains_and_saves_a_featurizer_folde
     assert batch["input_ids"].shape[1] <= 12 and (batch["input_ids"][batch["attention_mask"] == 1] > 0).all()
 
     trainer = Trainer(
-        run.objective, TrainerConfig(lr=3e-3, max_steps=10, batch_size=4, eval_batches=2, log_every=5),
-        run.train_data, out, eval_data=run.eval_data, save_model=run.save_model,
-    )  # fmt: skip
+        run.objective,
+        TrainerConfig(lr=3e-3, max_steps=10, batch_size=4, eval_batches=2, log_every=5),
+        run.train_data,
+        out,
+        eval_data=run.eval_data,
+        save_model=run.save_model,
+    )
     result = trainer.train()
     assert result["step"] == 10 and math.isfinite(result["eval_loss"])
     assert {"forward_ppl", "backward_ppl"} <= set(result)
@@ -331,7 +341,11 @@ def test_held_out_sentences_are_the_corpus_tail_and_not_trained_on(tmp_path, tex
 
 
 def test_strip_gutenberg_is_read_by_the_bilm_too(tmp_path, text_dir):
-    book = "*** START OF THE PROJECT GUTENBERG EBOOK X ***\n" + TEXT * 15 + "*** END OF THE PROJECT GUTENBERG EBOOK X ***\n"
+    book = (
+        "*** START OF THE PROJECT GUTENBERG EBOOK X ***\n"
+        + TEXT * 15
+        + "*** END OF THE PROJECT GUTENBERG EBOOK X ***\n"
+    )
     (text_dir / "a.txt").write_text("Licence zyxxy zyxxy.\n" * 30 + book)
     kept = bilm_run(tiny_run_config(), text_dir, tmp_path / "stripped").objective.vocab_words
     unstripped = bilm_run(tiny_run_config(strip_gutenberg=False), text_dir, tmp_path / "kept").objective.vocab_words
@@ -370,8 +384,20 @@ def test_pretrain_cli_trains_a_bilm_that_the_featurizer_reads(tmp_path, text_dir
     from ctxrep.cli import main
 
     out = tmp_path / "elmo-run"
-    args = ["pretrain", "--objective", "bilm", "--config", "tiny", "--corpus", str(text_dir), "--out", str(out),
-            "--max-steps", "6", "--tokenizer.vocab_size"]  # fmt: skip
+    args = [
+        "pretrain",
+        "--objective",
+        "bilm",
+        "--config",
+        "tiny",
+        "--corpus",
+        str(text_dir),
+        "--out",
+        str(out),
+        "--max-steps",
+        "6",
+        "--tokenizer.vocab_size",
+    ]
     # The tiny config's 1,000 entries are more words than this text has: the error says how many there are.
     result = CliRunner().invoke(main, [*args, "1000"])
     assert result.exit_code == 1 and "set --tokenizer.vocab_size " in result.output, result.output

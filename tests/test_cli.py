@@ -48,8 +48,25 @@ def test_embed_jsonl_sentences_all_layers_npy(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"id": 1, "body": "Dawn broke ."}\n{"id": 2, "body": ["Pre", "split"]}\n')
     out = tmp_path / "out"
-    result = run(["embed", "--input", str(src), "--out", str(out), "--format", "jsonl", "--text-field", "body",
-                  "--level", "sentence", "--layers", "all", "--storage", "npy"])  # fmt: skip
+    result = run(
+        [
+            "embed",
+            "--input",
+            str(src),
+            "--out",
+            str(out),
+            "--format",
+            "jsonl",
+            "--text-field",
+            "body",
+            "--level",
+            "sentence",
+            "--layers",
+            "all",
+            "--storage",
+            "npy",
+        ]
+    )
     assert result.exit_code == 0, result.output
     vectors, index = load_shards(out)
     assert vectors.shape == (2, 7, 384)
@@ -98,7 +115,9 @@ def test_interrupted_embed_resumes_after_the_last_complete_shard(tmp_path, monke
 
     embedded = []
     real_embed = Featurizer.embed_words
-    monkeypatch.setattr(Featurizer, "embed_words", lambda self, t, **k: embedded.append(len(t)) or real_embed(self, t, **k))
+    monkeypatch.setattr(
+        Featurizer, "embed_words", lambda self, t, **k: embedded.append(len(t)) or real_embed(self, t, **k)
+    )
     result = run(["embed", "--input", str(src), "--out", str(part), "--shard-size", "2"])
     assert result.exit_code == 0, result.output
     assert "resuming after 4 texts" in result.output
@@ -135,8 +154,11 @@ def test_embed_streams_with_bounded_memory(tmp_path, monkeypatch):
     seen_at_embed = []
     real_embed = Featurizer.embed_words
     monkeypatch.setattr(embed_module, "read_records", spy)
-    monkeypatch.setattr(Featurizer, "embed_words",
-                        lambda self, t, **k: seen_at_embed.append(len(read_so_far)) or real_embed(self, t, **k))  # fmt: skip
+    monkeypatch.setattr(
+        Featurizer,
+        "embed_words",
+        lambda self, t, **k: seen_at_embed.append(len(read_so_far)) or real_embed(self, t, **k),
+    )
     assert run(["embed", "--input", str(src), "--out", str(tmp_path / "o"), "--shard-size", "3"]).exit_code == 0
     assert seen_at_embed == [3, 6, 9]
 
@@ -180,9 +202,16 @@ def test_unknown_model_and_corrupt_weights(tmp_path, tiny_models):
 def test_info_describes_the_model():
     result = run(["info", "minilm"])
     assert result.exit_code == 0, result.output
-    for expected in ("family           bert encoder", "layers           6 (+ the input layer = layer 0)",
-                     "hidden size      384", "attention heads  12", "max tokens       512 per window",
-                     "22,713,216", "WordPiece, 30,522 entries", "special tokens   [CLS] A [SEP]"):  # fmt: skip
+    for expected in (
+        "family           bert encoder",
+        "layers           6 (+ the input layer = layer 0)",
+        "hidden size      384",
+        "attention heads  12",
+        "max tokens       512 per window",
+        "22,713,216",
+        "WordPiece, 30,522 entries",
+        "special tokens   [CLS] A [SEP]",
+    ):
         assert expected in result.output, result.output
 
 
@@ -190,10 +219,14 @@ def test_info_describes_the_model():
 def test_info_and_embed_take_an_elmo_folder_with_or_without_the_prefix(elmo_dir, tmp_path, prefix):
     result = run(["info", f"{prefix}{elmo_dir}"])
     assert result.exit_code == 0, result.output
-    for expected in ("family           elmo encoder", f"folder           {elmo_dir}\n", "options.json, weights.hdf5",
-                     "attention heads  none (ELMo is a biLSTM: it has no attention heads)",
-                     "tokenizer        words (characters): each word is read as up to 50 characters",
-                     "special tokens   none"):  # fmt: skip
+    for expected in (
+        "family           elmo encoder",
+        f"folder           {elmo_dir}\n",
+        "options.json, weights.hdf5",
+        "attention heads  none (ELMo is a biLSTM: it has no attention heads)",
+        "tokenizer        words (characters): each word is read as up to 50 characters",
+        "special tokens   none",
+    ):
         assert expected in result.output, result.output
     src = tmp_path / "in.txt"
     src.write_text("a crane flew\nover the lake\n")

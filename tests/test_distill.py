@@ -53,9 +53,16 @@ def fails(command, args, *fragments: str) -> str:
 
 def tiny_bert(layers: int = 4, hidden: int = 32, heads: int = 4, seed: int = 0) -> BertModel:
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=50, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=4 * hidden, max_position_embeddings=16, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)  # fmt: skip
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return BertModel(config).eval()
 
 
@@ -219,7 +226,19 @@ def corpus(tmp_path_factory) -> Path:
 def mlm_teacher(corpus, tmp_path_factory) -> Path:
     """A tiny BERT with its masked-LM head (BertForMaskedLM), from `ctxrep pretrain --objective mlm`."""
     out = tmp_path_factory.mktemp("teachers") / "mlm"
-    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", out, "--max-steps", 20, "--no-progress"]
+    args = [
+        "--objective",
+        "mlm",
+        "--config",
+        "tiny",
+        "--corpus",
+        corpus,
+        "--out",
+        out,
+        "--max-steps",
+        20,
+        "--no-progress",
+    ]
     result = run(pretrain, args)
     assert result.exit_code == 0, result.output
     return out
@@ -236,8 +255,22 @@ def plain_teacher(mlm_teacher, tmp_path_factory) -> Path:
 
 
 def distill_args(teacher: Path, corpus: Path, out: Path, *extra) -> list:
-    return ["--teacher", teacher, "--corpus", corpus, "--out", out, "--config", "tiny", "--student-layers", 1,
-            "--max-steps", 20, "--no-progress", *extra]  # fmt: skip
+    return [
+        "--teacher",
+        teacher,
+        "--corpus",
+        corpus,
+        "--out",
+        out,
+        "--config",
+        "tiny",
+        "--student-layers",
+        1,
+        "--max-steps",
+        20,
+        "--no-progress",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -282,8 +315,9 @@ def test_distilbert_recipe_with_an_mlm_teacher(mlm_student, mlm_teacher):
 
 def test_minilm_recipe_with_a_teacher_without_an_mlm_head(plain_teacher, corpus, tmp_path):
     out = tmp_path / "student"
-    result = run(distill, distill_args(plain_teacher, corpus, out, "--student-hidden-size", 32,
-                                       "--distill.alpha_hidden", 1.0))  # fmt: skip
+    result = run(
+        distill, distill_args(plain_teacher, corpus, out, "--student-hidden-size", 32, "--distill.alpha_hidden", 1.0)
+    )
     assert result.exit_code == 0, result.output
     check_loads_everywhere(out, plain_teacher)
     assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
@@ -292,7 +326,9 @@ def test_minilm_recipe_with_a_teacher_without_an_mlm_head(plain_teacher, corpus,
     assert train[-1]["loss"] < train[0]["loss"]
 
 
-def test_resumed_distillation_ends_where_an_uninterrupted_one_does(mlm_student, mlm_teacher, corpus, tmp_path, monkeypatch):
+def test_resumed_distillation_ends_where_an_uninterrupted_one_does(
+    mlm_student, mlm_teacher, corpus, tmp_path, monkeypatch
+):
     out = tmp_path / "resumed"
     with monkeypatch.context() as m:  # as if Ctrl-C were pressed during step 10 of 20
         m.setattr(Trainer, "_should_stop", lambda self: self.step == 10)
@@ -309,8 +345,23 @@ def test_resumed_distillation_ends_where_an_uninterrupted_one_does(mlm_student, 
 
 def test_pretrain_objective_distill_is_the_same_run(mlm_teacher, corpus, tmp_path):
     out = tmp_path / "same"
-    args = ["--objective", "distill", "--config", "tiny", "--corpus", corpus, "--out", out, "--max-steps", 6,
-            "--no-progress", "--distill.teacher", mlm_teacher, "--student_layers", 1]  # fmt: skip
+    args = [
+        "--objective",
+        "distill",
+        "--config",
+        "tiny",
+        "--corpus",
+        corpus,
+        "--out",
+        out,
+        "--max-steps",
+        6,
+        "--no-progress",
+        "--distill.teacher",
+        mlm_teacher,
+        "--student_layers",
+        1,
+    ]
     result = run(pretrain, args)
     assert result.exit_code == 0, result.output
     assert ctxrep.load_model(out).num_layers == 1
@@ -340,8 +391,12 @@ def test_a_family_that_cannot_be_distilled(mlm_teacher, corpus, tmp_path):
     folder = tmp_path / "gpt2"
     GPT2Model(GPT2Config(vocab_size=1000, n_positions=64, n_embd=16, n_layer=1, n_head=2)).save_pretrained(folder)
     shutil.copyfile(mlm_teacher / "tokenizer.json", folder / "tokenizer.json")
-    fails(distill, distill_args(folder, corpus, tmp_path / "o"), "a gpt2 model cannot be distilled",
-          "bert, electra, roberta")  # fmt: skip
+    fails(
+        distill,
+        distill_args(folder, corpus, tmp_path / "o"),
+        "a gpt2 model cannot be distilled",
+        "bert, electra, roberta",
+    )
 
 
 def test_a_student_with_another_tokenizer_is_refused(mlm_teacher, corpus, tmp_path):
@@ -351,8 +406,20 @@ def test_a_student_with_another_tokenizer_is_refused(mlm_teacher, corpus, tmp_pa
     other.add_tokens(["zzzq"])
     (tmp_path / "tok").mkdir()
     other.save(str(tmp_path / "tok" / "tokenizer.json"))
-    args = ["--objective", "distill", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
-            "--distill.teacher", mlm_teacher, "--tokenizer", tmp_path / "tok"]  # fmt: skip
+    args = [
+        "--objective",
+        "distill",
+        "--config",
+        "tiny",
+        "--corpus",
+        corpus,
+        "--out",
+        tmp_path / "o",
+        "--distill.teacher",
+        mlm_teacher,
+        "--tokenizer",
+        tmp_path / "tok",
+    ]
     fails(pretrain, args, "is not the teacher's tokenizer", "leave --tokenizer out")
 
 

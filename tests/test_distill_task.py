@@ -45,10 +45,21 @@ def softmax(z: list[float]) -> list[float]:
 def test_kd_loss_is_t_squared_kl_of_softened_distributions():
     from ctxrep.tasks import SequenceClassifier
 
-    student, teacher = torch.tensor([[1.0, 0.0, -1.0], [0.0, 2.0, 0.0]]), torch.tensor([[3.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    student, teacher = (
+        torch.tensor([[1.0, 0.0, -1.0], [0.0, 2.0, 0.0]]),
+        torch.tensor([[3.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+    )
     T = 2.0
-    by_hand = T * T * np.mean([kl(softmax([v / T for v in t]), softmax([v / T for v in s]))
-                               for s, t in zip(student.tolist(), teacher.tolist())])  # fmt: skip
+    by_hand = (
+        T
+        * T
+        * np.mean(
+            [
+                kl(softmax([v / T for v in t]), softmax([v / T for v in s]))
+                for s, t in zip(student.tolist(), teacher.tolist())
+            ]
+        )
+    )
     got = D.kd_loss(SequenceClassifier(), student, teacher, {}, temperature=T)
     assert float(got) == pytest.approx(by_hand, rel=1e-6)
     assert float(D.kd_loss(SequenceClassifier(), teacher, teacher, {}, temperature=T)) == pytest.approx(0, abs=1e-7)
@@ -69,8 +80,9 @@ def test_kd_rows_per_task():
     s, t = torch.randn(2, 6, 2, generator=g), torch.randn(2, 6, 2, generator=g)  # (batch, pieces, start/end)
     s[1, 4:], t[1, 4:] = -1e4, -1e4  # outside the context: SpanHead's fill
     got = D.kd_loss(SpanExtractor(), s, t, {}, temperature=3.0)
-    by_hand = 9 * np.mean([kl(softmax((t[r, :, k] / 3).tolist()), softmax((s[r, :, k] / 3).tolist()))
-                           for r in range(2) for k in range(2)])  # fmt: skip
+    by_hand = 9 * np.mean(
+        [kl(softmax((t[r, :, k] / 3).tolist()), softmax((s[r, :, k] / 3).tolist())) for r in range(2) for k in range(2)]
+    )
     assert float(got) == pytest.approx(by_hand, rel=1e-5)
     with pytest.raises(TypeError, match="takes a SequenceClassifier, TokenTagger or SpanExtractor"):
         D.soft_target_rows(object(), s, {})
@@ -112,8 +124,9 @@ def test_fit_trains_with_a_given_loss_and_its_parameters(tiny_models):
             return F.cross_entropy(logits, batch["labels"]) + (self.w - 1.0) ** 2
 
     loss = Pulled()
-    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=2, batch_size=4, lr=1e-2, random_state=0,
-                             weight_decay=0.0)  # fmt: skip
+    clf = SequenceClassifier(
+        model=str(tiny_models["bert"]), max_epochs=2, batch_size=4, lr=1e-2, random_state=0, weight_decay=0.0
+    )
     clf.fit(X, Y, train_loss=loss)
     assert loss.calls == 6 and 0.0 < float(loss.w.detach()) <= 1.0  # AdamW moved w towards 1
     assert all(not n.startswith("w") for n in clf.model_.state_dict())  # not part of the saved network
@@ -126,8 +139,9 @@ def test_fit_trains_with_a_given_loss_and_its_parameters(tiny_models):
 def teacher(tiny_models, tmp_path_factory):
     from ctxrep.tasks import SequenceClassifier
 
-    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=10, batch_size=4, lr=3e-3, random_state=0,
-                             dropout=0.0)  # fmt: skip
+    clf = SequenceClassifier(
+        model=str(tiny_models["bert"]), max_epochs=10, batch_size=4, lr=3e-3, random_state=0, dropout=0.0
+    )
     path = tmp_path_factory.mktemp("teacher") / "model"
     clf.fit(X, Y).save(path)
     assert clf.score(X, Y) == 1.0  # a teacher that knows the task
@@ -139,8 +153,18 @@ def test_distilled_classifier_fits_saves_loads_predicts_and_exports(teacher, tmp
 
     t = SequenceClassifier.load(teacher)
     t_state = {k: v.clone() for k, v in t.model_.state_dict().items()}
-    student = D.distill_estimator(t, X, Y, student_layers=1, temperature=2.0, alpha=0.7, hidden_loss="cosine",
-                                  encoder_dir=tmp_path / "work", max_epochs=3, lr=3e-3)  # fmt: skip
+    student = D.distill_estimator(
+        t,
+        X,
+        Y,
+        student_layers=1,
+        temperature=2.0,
+        alpha=0.7,
+        hidden_loss="cosine",
+        encoder_dir=tmp_path / "work",
+        max_epochs=3,
+        lr=3e-3,
+    )
     assert type(student) is SequenceClassifier and student.classes_.tolist() == [0, 1]
     encoder = student.model_.representation.encoder
     assert encoder.num_layers == 1 and student.distillation_["teacher_layers"] == [0]
@@ -182,13 +206,15 @@ def test_student_starts_from_the_teacher(teacher, tmp_path):
     from ctxrep.tasks import SequenceClassifier
 
     t = SequenceClassifier.load(teacher)
-    student = D.distill_estimator(t, X, Y, teacher_layers=[1], encoder_dir=tmp_path / "s", max_steps=1, lr=1e-12,
-                                  warmup_fraction=0.0)  # fmt: skip
+    student = D.distill_estimator(
+        t, X, Y, teacher_layers=[1], encoder_dir=tmp_path / "s", max_steps=1, lr=1e-12, warmup_fraction=0.0
+    )
     s_enc, t_enc = student.model_.representation.encoder, t.model_.representation.encoder
     assert torch.allclose(s_enc.layers[0].output.weight, t_enc.layers[1].output.weight, atol=1e-9)
     assert torch.allclose(student.model_.head.linear.weight, t.model_.head.linear.weight, atol=1e-9)
-    fresh = D.distill_estimator(t, X, Y, teacher_layers=[1], encoder_dir=tmp_path / "f", max_steps=1, lr=1e-12,
-                                copy_head=False, random_state=1)  # fmt: skip
+    fresh = D.distill_estimator(
+        t, X, Y, teacher_layers=[1], encoder_dir=tmp_path / "f", max_steps=1, lr=1e-12, copy_head=False, random_state=1
+    )
     assert not torch.allclose(fresh.model_.head.linear.weight, t.model_.head.linear.weight, atol=1e-3)
 
 
@@ -196,8 +222,17 @@ def test_narrower_student_learns_a_projection(teacher, tmp_path):
     from ctxrep.tasks import SequenceClassifier
 
     t = SequenceClassifier.load(teacher)
-    student = D.distill_estimator(t, X, Y, student_layers=1, student_hidden_size=16, hidden_loss="mse",
-                                  encoder_dir=tmp_path / "n", max_epochs=1, lr=3e-3)  # fmt: skip
+    student = D.distill_estimator(
+        t,
+        X,
+        Y,
+        student_layers=1,
+        student_hidden_size=16,
+        hidden_loss="mse",
+        encoder_dir=tmp_path / "n",
+        max_epochs=1,
+        lr=3e-3,
+    )
     assert student.model_.representation.encoder.hidden_size == 16
     assert transformers.AutoModel.from_pretrained(tmp_path / "n").config.hidden_size == 16
     assert np.isfinite(student.history_[-1]["train_loss"])
@@ -208,8 +243,16 @@ def test_distilled_tagger(tiny_models, tmp_path):
 
     t = TokenTagger(model=str(tiny_models["bert"]), max_epochs=4, batch_size=2, lr=3e-3, random_state=0, crf=True)
     t.fit(TAG_X, TAG_Y)
-    student = D.distill_estimator(t, TAG_X, TAG_Y, student_layers=1, encoder_dir=tmp_path / "e", max_epochs=1,
-                                  hidden_loss="cosine", eval_set=(TAG_X, TAG_Y))  # fmt: skip
+    student = D.distill_estimator(
+        t,
+        TAG_X,
+        TAG_Y,
+        student_layers=1,
+        encoder_dir=tmp_path / "e",
+        max_epochs=1,
+        hidden_loss="cosine",
+        eval_set=(TAG_X, TAG_Y),
+    )
     assert type(student) is TokenTagger and student.crf and "dev_score" in student.history_[-1]
     out = D.save_distilled(student, tmp_path / "out")
     loaded = TokenTagger.load(out / "model")
@@ -249,13 +292,26 @@ def test_bad_input_one_line_errors(teacher, tiny_models, gpt2_dir, tmp_path):
     refused("SequenceClassifier has no parameter 'epochs'", student_layers=1, epochs=2)
     refused("teacher is not fitted", teacher=SequenceClassifier())
 
-    frozen = SequenceClassifier(model=str(tiny_models["bert"]), mode="frozen", frozen_head="linear", pooling="mean",
-                                max_epochs=1, cache_dir=str(tmp_path / "cache"), random_state=0).fit(X, Y)  # fmt: skip
-    refused("trained with mode='frozen': .* nothing to distil into a smaller encoder; distil a teacher fitted with "
-            "mode='finetune'", teacher=frozen)  # fmt: skip
+    frozen = SequenceClassifier(
+        model=str(tiny_models["bert"]),
+        mode="frozen",
+        frozen_head="linear",
+        pooling="mean",
+        max_epochs=1,
+        cache_dir=str(tmp_path / "cache"),
+        random_state=0,
+    ).fit(X, Y)
+    refused(
+        "trained with mode='frozen': .* nothing to distil into a smaller encoder; distil a teacher fitted with "
+        "mode='finetune'",
+        teacher=frozen,
+    )
     gpt2 = SequenceClassifier(model=str(gpt2_dir), max_epochs=1, batch_size=4, random_state=0).fit(X, Y)
-    refused("a gpt2 teacher cannot be distilled: task-specific distillation builds students for bert, electra, "
-            "roberta encoders", teacher=gpt2)  # fmt: skip
+    refused(
+        "a gpt2 teacher cannot be distilled: task-specific distillation builds students for bert, electra, "
+        "roberta encoders",
+        teacher=gpt2,
+    )
 
 
 # ---- the command line ---------------------------------------------------------------------------------------------
@@ -276,9 +332,27 @@ def test_cli_distill_task(teacher, tmp_path):
     from ctxrep.tasks.experiment import read_task
 
     sst, out = sst_file(tmp_path / "sst.txt"), tmp_path / "student"
-    args = ["--teacher", str(teacher.parent), "--student-layers", "1", "--task", "sst2", "--train", str(sst),
-            "--dev", str(sst), "--out", str(out), "--max-epochs", "2", "--lr", "3e-3", "--hidden-loss", "cosine",
-            "--no-progress"]  # fmt: skip
+    args = [
+        "--teacher",
+        str(teacher.parent),
+        "--student-layers",
+        "1",
+        "--task",
+        "sst2",
+        "--train",
+        str(sst),
+        "--dev",
+        str(sst),
+        "--out",
+        str(out),
+        "--max-epochs",
+        "2",
+        "--lr",
+        "3e-3",
+        "--hidden-loss",
+        "cosine",
+        "--no-progress",
+    ]
     result = CliRunner().invoke(distill, args)
     assert result.exit_code == 0, result.output
     assert "2 -> 1 layers" in result.output and "dev score" in result.output
@@ -303,7 +377,7 @@ def test_cli_distill_task_bad_input(teacher, tmp_path):
         (["--task", "sst2", "--train", str(sst), "--resume"], "--resume is for --corpus runs"),
         (["--task", "sst2", "--train", str(sst), "--student-layers", "5"], "larger than the teacher's 2 layers"),
         (["--task", "conll2003", "--train", str(sst)], "holds a SequenceClassifier, but --task conll2003"),
-    ]  # fmt: skip
+    ]
     for extra, message in cases:
         result = CliRunner().invoke(distill, base + extra)
         assert result.exit_code == 1 and message in result.output, result.output

@@ -56,13 +56,26 @@ def test_incomplete_torchrun_environment_is_refused(monkeypatch):
 def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
     from _ddp_worker import train
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               str(WORKER), str(tmp_path / "ddp")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(WORKER),
+        str(tmp_path / "ddp"),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     # its own process group, so that a hung run can be killed whole (torchrun and both workers)
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         _, stderr = proc.communicate(timeout=240)
     except subprocess.TimeoutExpired:
@@ -88,7 +101,12 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
     assert [r["lr"] for r in ddp_log] == [r["lr"] for r in one_log]
     checkpoint = tmp_path / "ddp" / "checkpoint"
     assert {p.name for p in checkpoint.iterdir()} == {
-        "model.safetensors", "optimizer.pt", "rng-rank0.pt", "rng-rank1.pt", "trainer_state.json"}  # fmt: skip
+        "model.safetensors",
+        "optimizer.pt",
+        "rng-rank0.pt",
+        "rng-rank1.pt",
+        "trainer_state.json",
+    }
 
 
 def test_a_failure_on_rank_0_while_preparing_stops_every_rank(tmp_path):
@@ -110,8 +128,21 @@ def test_a_failure_on_rank_0_while_preparing_stops_every_rank(tmp_path):
         "Path(sys.argv[1], f'rank{ctx.rank}.txt').write_text('\\n'.join(lines))\n"
         "distributed.shutdown()\n"
     )
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(script),
+        str(tmp_path),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]

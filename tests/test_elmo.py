@@ -32,7 +32,12 @@ h5py = pytest.importorskip("h5py")  # a test extra of ctxrep; installed in the d
 TINY_OPTIONS = {
     # Clips this small are hit by the random test weights, so clipping is exercised (the published value is 3).
     "lstm": {
-        "use_skip_connections": True, "projection_dim": 5, "cell_clip": 0.8, "proj_clip": 0.6, "dim": 8, "n_layers": 2
+        "use_skip_connections": True,
+        "projection_dim": 5,
+        "cell_clip": 0.8,
+        "proj_clip": 0.6,
+        "dim": 8,
+        "n_layers": 2,
     },
     "char_cnn": {
         "activation": "relu",

@@ -44,7 +44,9 @@ def _same_vectors(out, reference, lines):
 def test_csv_by_column_name_with_quoted_commas_and_newlines(tmp_path, model, reference):
     src = tmp_path / "in.csv"
     # the second record's text holds a comma and is quoted; the first record's note spans two lines
-    src.write_text('id,text,note\n1,The vase broke .,"two\nlines"\n2,"Dawn broke , slowly .",x\n3,A crane lifted the beam,\n')
+    src.write_text(
+        'id,text,note\n1,The vase broke .,"two\nlines"\n2,"Dawn broke , slowly .",x\n3,A crane lifted the beam,\n'
+    )
     result = run(model, src, tmp_path / "out", "--format", "csv", "--text-column", "text")
     assert result.exit_code == 0, result.output
     _same_vectors(tmp_path / "out", reference, [2, 4, 5])  # the line where each record starts
@@ -126,8 +128,11 @@ def test_an_empty_input_is_a_warning_not_a_silent_success(tmp_path, model, conte
 @pytest.mark.parametrize(
     "content, args, message",
     [
-        (b"id,body\n1,a b\n", ["--format", "csv"],
-         "in.csv:1: no column 'text' in the header ('id', 'body'); choose the column with --text-column"),
+        (
+            b"id,body\n1,a b\n",
+            ["--format", "csv"],
+            "in.csv:1: no column 'text' in the header ('id', 'body'); choose the column with --text-column",
+        ),
         (b"id\ttext\n1\ta b\n", ["--format", "csv"], "(is the file tab-separated? pass --format tsv)"),
         (b"id,text\n1,a b\n2\n", ["--format", "csv"], "in.csv:3: 1 field(s), but the text column 'text' is field 2"),
         (b"id,text\n1,a b\n2,  \n", ["--format", "csv"], "in.csv:3: empty text in column 'text'"),

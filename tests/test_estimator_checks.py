@@ -40,8 +40,16 @@ def _one_thread():
 
 
 def make(cls, model, tmp_path, mode, **kw):
-    params = dict(model=str(model), mode=mode, max_epochs=2, batch_size=4, lr=3e-3, random_state=0, lstm_size=8,
-                  cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    params = dict(
+        model=str(model),
+        mode=mode,
+        max_epochs=2,
+        batch_size=4,
+        lr=3e-3,
+        random_state=0,
+        lstm_size=8,
+        cache_dir=str(tmp_path / "cache"),
+    )
     if cls is SpanExtractor:
         params["doc_stride"] = 8
     return cls(**params | kw)
@@ -55,8 +63,12 @@ def fingerprint(value):
     if isinstance(value, np.ndarray):
         return ("array", value.dtype.str, value.shape, value.tobytes() if value.dtype != object else value.tolist())
     if isinstance(value, torch.nn.Module):
-        return ("module", fingerprint(value.state_dict()), tuple(m.training for m in value.modules()),
-                tuple(p.requires_grad for p in value.parameters()))  # fmt: skip
+        return (
+            "module",
+            fingerprint(value.state_dict()),
+            tuple(m.training for m in value.modules()),
+            tuple(p.requires_grad for p in value.parameters()),
+        )
     if isinstance(value, LoadedEncoder):
         tokenizer = {k: v for k, v in vars(value.tokenizer).items() if k != "backend"}  # the Rust tokenizer: stateless
         return ("encoder", fingerprint(value.model), fingerprint(tokenizer), value.source)

@@ -52,8 +52,16 @@ def test_each_family_exports_with_parity(family_dirs, tmp_path, family):
 @pytest.mark.parametrize("share", ["all", "attention"])
 def test_albert_exports_from_the_encoder_and_from_its_folder(tmp_path, share):
     torch.manual_seed(0)
-    config = AlbertConfig(vocab_size=90, embedding_size=8, hidden_size=16, num_hidden_layers=3, num_attention_heads=4,
-                          intermediate_size=24, max_position_embeddings=32, share=share)  # fmt: skip
+    config = AlbertConfig(
+        vocab_size=90,
+        embedding_size=8,
+        hidden_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=32,
+        share=share,
+    )
     model = AlbertModel(config).eval()
     model.save_pretrained(tmp_path / "albert")
     encoder = AlbertModel.from_pretrained(tmp_path / "albert")
@@ -78,12 +86,17 @@ def test_elmo_is_refused_in_one_line(elmo_dir, tmp_path):
 
 def test_a_graph_that_differs_is_refused_and_not_written(tiny_models, tmp_path, monkeypatch):
     monkeypatch.setattr("ctxrep.export.check_onnx", lambda file, encoder: 0.5)
-    with pytest.raises(ExportError, match="bert: no ONNX export matched ctxrep's output \\(torchscript: max abs "
-                                          "difference 0.5 > 0.0001\\); try another --opset"):  # fmt: skip
+    with pytest.raises(
+        ExportError,
+        match="bert: no ONNX export matched ctxrep's output \\(torchscript: max abs "
+        "difference 0.5 > 0.0001\\); try another --opset",
+    ):
         export_onnx(tiny_models["bert"], tmp_path / "m.onnx", exporters=("torchscript",))
     # An exporter's reason is one line: torch.export's is its exception summary, not its advice.
-    advice = ("Failed to export the model with torch.export. \x1b[96mThis is step 1/3\x1b[0m of exporting.\n- Modify "
-              "the model code\n## Exception summary\n\n<class 'GuardOnDataDependentSymNode'>: Could not guard\n\nmore")
+    advice = (
+        "Failed to export the model with torch.export. \x1b[96mThis is step 1/3\x1b[0m of exporting.\n- Modify "
+        "the model code\n## Exception summary\n\n<class 'GuardOnDataDependentSymNode'>: Could not guard\n\nmore"
+    )
     assert _first_line(RuntimeError(advice)) == "<class 'GuardOnDataDependentSymNode'>: Could not guard"
     assert _first_line(RuntimeError("\x1b[96mplain\x1b[0m\nsecond")) == "plain"
     assert list(tmp_path.iterdir()) == []
@@ -92,8 +105,17 @@ def test_a_graph_that_differs_is_refused_and_not_written(tiny_models, tmp_path, 
 def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(TypeError, match="takes a ctxrep encoder or a model folder, got a Linear"):
         export_onnx(torch.nn.Linear(2, 2), tmp_path / "m.onnx")
-    model = AlbertModel(AlbertConfig(vocab_size=20, embedding_size=4, hidden_size=8, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=8, max_position_embeddings=16))  # fmt: skip
+    model = AlbertModel(
+        AlbertConfig(
+            vocab_size=20,
+            embedding_size=4,
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=8,
+            max_position_embeddings=16,
+        )
+    )
     with pytest.raises(ValueError, match="exporters must be a non-empty selection of"):
         export_onnx(model, tmp_path / "m.onnx", exporters=("jit",))
 
@@ -105,7 +127,10 @@ def test_cli_command(tiny_models, tmp_path):
     result = CliRunner().invoke(export, ["--format", "onnx", "--model", str(tiny_models["bert"]), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.is_file()
-    assert f"wrote {out} (bert, opset 17, torchscript exporter; inputs input_ids, attention_mask, token_type_ids)" in result.output
+    assert (
+        f"wrote {out} (bert, opset 17, torchscript exporter; inputs input_ids, attention_mask, token_type_ids)"
+        in result.output
+    )
     assert "max abs difference" in result.output
 
     result = CliRunner().invoke(export, ["--model", str(tmp_path / "nowhere"), "--out", str(out)])

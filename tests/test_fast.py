@@ -14,10 +14,20 @@ from ctxrep.featurize import Featurizer
 from ctxrep.inputs import WindowPlan, collate
 from ctxrep.models.loading import load_encoder
 
-WORDS = [["The", "bank", "raised", "its", "rates", "."], ["We", "sat", "on", "the", "river", "bank", "all", "day"],
-         ["A", "short", "one"], ["Unbelievably", "tedious", ",", "overlong", "and", "self-indulgent", "."]]  # fmt: skip
-TRANSFORMERS = [("bert", "tiny_models"), ("roberta", "tiny_models"), ("electra", "tiny_models"),
-                ("gpt2", "gpt2_dir"), ("xlnet", "xlnet_dir"), ("albert", "albert_dir")]  # fmt: skip
+WORDS = [
+    ["The", "bank", "raised", "its", "rates", "."],
+    ["We", "sat", "on", "the", "river", "bank", "all", "day"],
+    ["A", "short", "one"],
+    ["Unbelievably", "tedious", ",", "overlong", "and", "self-indulgent", "."],
+]
+TRANSFORMERS = [
+    ("bert", "tiny_models"),
+    ("roberta", "tiny_models"),
+    ("electra", "tiny_models"),
+    ("gpt2", "gpt2_dir"),
+    ("xlnet", "xlnet_dir"),
+    ("albert", "albert_dir"),
+]
 
 
 def _folder(request, family: str, fixture: str) -> str:
@@ -39,8 +49,11 @@ def test_compiled_encoder_matches_the_forward_on_padded_and_unpadded_batches(tin
     compiled = fast.compile_encoder(model)
     pieces = loaded.tokenizer.encode_words(WORDS)
     records = [w for i, p in enumerate(pieces) for w in WindowPlan(loaded.tokenizer, 64).single(i, p)]
-    batches = [collate(records, loaded.tokenizer), collate(records[2:3], loaded.tokenizer),
-               collate(records[:2], loaded.tokenizer)]  # fmt: skip
+    batches = [
+        collate(records, loaded.tokenizer),
+        collate(records[2:3], loaded.tokenizer),
+        collate(records[:2], loaded.tokenizer),
+    ]
     with torch.inference_mode():
         for batch in batches:  # new shapes reuse the dynamic-shape code
             for num_layers in (None, 1):
@@ -92,7 +105,10 @@ def test_a_failed_compile_falls_back_under_auto_and_is_one_line_under_true(tiny_
     monkeypatch.setattr(forced, "_compiled", no_compiler)
     ids = torch.tensor([[101, 2023, 102]])
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
-    with torch.inference_mode(), pytest.raises(RuntimeError, match="pass compile=False, or install a C.. compiler") as e:
+    with (
+        torch.inference_mode(),
+        pytest.raises(RuntimeError, match="pass compile=False, or install a C.. compiler") as e,
+    ):
         forced.encode(batch)
     assert "\n" not in str(e.value)
 
@@ -109,12 +125,15 @@ def test_worth_compiling_reads_the_token_count_and_never_compiles_elmo(tiny_mode
 
 
 def test_int8_word_vectors_of_minilm_stay_within_cosine_0_99_of_float32():
-    words = [s.split() for s in [
-        "The new museum opened its doors to the public on Saturday after years of delays .",
-        "I could n't put this book down : the characters feel alive and the ending surprised me .",
-        "Heavy rain flooded several roads near the airport , and flights were delayed for hours .",
-        "The algorithm sorts the list in place and returns the number of swaps it made .",
-    ]]  # fmt: skip
+    words = [
+        s.split()
+        for s in [
+            "The new museum opened its doors to the public on Saturday after years of delays .",
+            "I could n't put this book down : the characters feel alive and the ending surprised me .",
+            "Heavy rain flooded several roads near the airport , and flights were delayed for hours .",
+            "The algorithm sorts the list in place and returns the number of swaps it made .",
+        ]
+    ]
     float32 = Featurizer("minilm", compile=False).embed_words(words)
     quantized = Featurizer("minilm", quantize="int8")
     int8 = quantized.embed_words(words)
@@ -313,8 +332,9 @@ def test_estimator_bf16_autocast_trains_and_predicts_with_float32_weights(tiny_m
     from ctxrep.tasks import SequenceClassifier
 
     X, y = ["good great fine", "bad awful poor"] * 4, ["pos", "neg"] * 4
-    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=2, batch_size=4, lr=1e-3, random_state=0,
-                             bf16=True).fit(X, y)  # fmt: skip
+    clf = SequenceClassifier(
+        model=str(tiny_models["bert"]), max_epochs=2, batch_size=4, lr=1e-3, random_state=0, bf16=True
+    ).fit(X, y)
     assert all(np.isfinite(r["train_loss"]) for r in clf.history_)
     assert {p.dtype for p in clf.model_.parameters()} == {torch.float32}
     dtypes = []
@@ -330,8 +350,9 @@ def test_fused_query_key_value_path_equals_the_three_projections(tiny_models):
     loaded = load_encoder(str(tiny_models["bert"]))
     model = loaded.model.eval()
     pieces = loaded.tokenizer.encode_words(WORDS)
-    batch = collate([w for i, p in enumerate(pieces) for w in WindowPlan(loaded.tokenizer, 64).single(i, p)],
-                    loaded.tokenizer)  # fmt: skip
+    batch = collate(
+        [w for i, p in enumerate(pieces) for w in WindowPlan(loaded.tokenizer, 64).single(i, p)], loaded.tokenizer
+    )
     with torch.inference_mode():
         expected = model.encode(batch).hidden_states
     for layer in model.layers:

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import first_pieces
 
 import ctxrep
-from conftest import first_pieces
 from ctxrep import Featurizer, ScalarMix
 from ctxrep.inputs import WindowPlan, collate, split_windows, token_budget_batches, window_words
-from ctxrep.tokenize import WordPieces
 from ctxrep.models.loading import CheckpointError
+from ctxrep.tokenize import WordPieces
 
 TEXTS = ["The vase broke .", "Unbelievably, the newscaster broke into the broadcast!", ["Pre", "tokenized", "words"]]
 
@@ -34,8 +34,14 @@ def reference_word_vectors(path, words: list[str], pooling: str) -> np.ndarray:
     for w in range(len(words)):
         pos = [i for i, x in enumerate(word_ids) if x == w]
         pieces = hs[:, pos]
-        out.append({"mean": pieces.mean(1), "first": pieces[:, 0], "last": pieces[:, -1],
-                    "first_last": torch.cat([pieces[:, 0], pieces[:, -1]], -1)}[pooling])  # fmt: skip
+        out.append(
+            {
+                "mean": pieces.mean(1),
+                "first": pieces[:, 0],
+                "last": pieces[:, -1],
+                "first_last": torch.cat([pieces[:, 0], pieces[:, -1]], -1),
+            }[pooling]
+        )
     return torch.stack(out).numpy()
 
 
@@ -150,12 +156,15 @@ def test_long_text_words_take_the_window_with_most_context():
     spans = pieces.spans()
     windows = window_words(spans, fz.plan.window_size, fz.plan.stride)
     assert len(windows) > 3 and windows[0][0] == 0 and windows[-1][1] == len(words)
-    for (a0, a1), (b0, _) in zip(windows, windows[1:]):
+    for (_a0, a1), (b0, _) in zip(windows, windows[1:]):
         assert b0 <= a1, "consecutive windows leave no word uncovered"
     direct = fz.embed_words([words[w0:w1] for w0, w1 in windows])  # each window encoded on its own
     for w in range(len(words)):
-        candidates = [(min(spans[w][0] - spans[w0][0], spans[w1 - 1][1] - spans[w][1]), k)
-                      for k, (w0, w1) in enumerate(windows) if w0 <= w < w1]  # fmt: skip
+        candidates = [
+            (min(spans[w][0] - spans[w0][0], spans[w1 - 1][1] - spans[w][1]), k)
+            for k, (w0, w1) in enumerate(windows)
+            if w0 <= w < w1
+        ]
         _, k = max(candidates, key=lambda c: (c[0], -c[1]))
         np.testing.assert_allclose(vecs[w], direct[k][w - windows[k][0]], atol=1e-5, err_msg=f"word {w}")
 
@@ -181,11 +190,15 @@ def test_split_windows_gives_every_word_to_exactly_one_window():
     windows = split_windows(spans, 8, 4)
     owned = [w for _, _, words in windows for w in words]
     assert sorted(owned) == list(range(len(spans)))
-    assert all(p1 - p0 <= 8 and all(p0 <= spans[w][0] and spans[w][1] <= p1 for w in words) for p0, p1, words in windows)
+    assert all(
+        p1 - p0 <= 8 and all(p0 <= spans[w][0] and spans[w][1] <= p1 for w in words) for p0, p1, words in windows
+    )
 
 
 def test_pooling_spans_skip_a_bare_word_start_marker():
-    pieces = WordPieces([7, 40, 10, 8, 9, 7], [0, 0, 0, 1, 2, 3], ["\u2581", "j", "o", "\u2581in", "\u0120", "\u2581"], 4)
+    pieces = WordPieces(
+        [7, 40, 10, 8, 9, 7], [0, 0, 0, 1, 2, 3], ["\u2581", "j", "o", "\u2581in", "\u0120", "\u2581"], 4
+    )
     assert pieces.spans() == [(0, 3), (3, 4), (4, 5), (5, 6)]
     # "▁" + "j" + "o": pool from "j"; a word that is only a marker keeps it
     assert pieces.pooling_spans() == [(1, 3), (3, 4), (4, 5), (5, 6)]

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-
 from conftest import first_pieces
 
 from ctxrep import Featurizer

@@ -20,10 +20,18 @@ CSV = 'text,label\n"good, great fine",pos\n"bad awful\npoor sad",neg\n' + "good 
 TSV = "s1\ts2\ty\n" + "the cat\tgood great\tyes\nthe dog\tbad awful\tno\n" * 6
 CONLL = "-DOCSTART- -X- O\n\n" + "John NNP B-PER\nlives VBZ O\nin IN O\nParis NNP B-LOC\n\n" * 6
 CONTEXT = "the meeting was in london yesterday ."
-SPAN = [{"question": "where was the meeting ?", "context": CONTEXT,
-         "answers": {"text": ["london"], "answer_start": [CONTEXT.index("london")]}},
-        {"question": "when was the meeting ?", "context": CONTEXT,
-         "answers": [{"text": "yesterday", "answer_start": CONTEXT.index("yesterday")}]}] * 4  # fmt: skip
+SPAN = [
+    {
+        "question": "where was the meeting ?",
+        "context": CONTEXT,
+        "answers": {"text": ["london"], "answer_start": [CONTEXT.index("london")]},
+    },
+    {
+        "question": "when was the meeting ?",
+        "context": CONTEXT,
+        "answers": [{"text": "yesterday", "answer_start": CONTEXT.index("yesterday")}],
+    },
+] * 4
 
 
 @pytest.fixture(autouse=True)
@@ -43,8 +51,19 @@ def write(path, text: str, compress: bool = False):
 
 
 def run(tiny_models, tmp_path, args: list[str]):
-    base = ["--model", str(tiny_models["bert"]), "--batch-size", "4", "--lr", "3e-3", "--no-progress",
-            "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]  # fmt: skip
+    base = [
+        "--model",
+        str(tiny_models["bert"]),
+        "--batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--no-progress",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     return CliRunner().invoke(finetune, args + base)
 
 
@@ -62,8 +81,11 @@ def advice_options(message: str) -> set[str]:
 def test_classify_csv_with_a_gzipped_dev_file_and_max_steps(tiny_models, tmp_path):
     train = write(tmp_path / "train.csv", CSV)
     dev = write(tmp_path / "dev.csv.gz", CSV, compress=True)
-    result = run(tiny_models, tmp_path, ["--task", "classify", "--train", str(train), "--dev", str(dev),
-                                         "--max-steps", "4", "--max-epochs", "1"])  # fmt: skip
+    result = run(
+        tiny_models,
+        tmp_path,
+        ["--task", "classify", "--train", str(train), "--dev", str(dev), "--max-steps", "4", "--max-epochs", "1"],
+    )
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["train_examples"] == metrics["dev_examples"] == 12 and metrics["score_name"] == "accuracy"
@@ -73,8 +95,22 @@ def test_classify_csv_with_a_gzipped_dev_file_and_max_steps(tiny_models, tmp_pat
 
 def test_pair_tsv_with_named_columns(tiny_models, tmp_path):
     train = write(tmp_path / "train.tsv", TSV)
-    args = ["--task", "pair", "--train", str(train), "--dev", str(train), "--text-column", "s1",
-            "--text-pair-column", "s2", "--label-column", "y", "--max-epochs", "8"]  # fmt: skip
+    args = [
+        "--task",
+        "pair",
+        "--train",
+        str(train),
+        "--dev",
+        str(train),
+        "--text-column",
+        "s1",
+        "--text-pair-column",
+        "s2",
+        "--label-column",
+        "y",
+        "--max-epochs",
+        "8",
+    ]
     result = run(tiny_models, tmp_path, args)
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["score"] == 1.0
@@ -84,8 +120,23 @@ def test_pair_tsv_with_named_columns(tiny_models, tmp_path):
 
 def test_tag_gzipped_conll_with_column_options_and_a_crf(tiny_models, tmp_path):
     train = write(tmp_path / "train.iob.gz", CONLL, compress=True)
-    args = ["--task", "tag", "--train", str(train), "--dev", str(train), "--word-column", "0", "--tag-column", "-1",
-            "--crf", "--max-epochs", "12", "--lr", "1e-2"]  # fmt: skip
+    args = [
+        "--task",
+        "tag",
+        "--train",
+        str(train),
+        "--dev",
+        str(train),
+        "--word-column",
+        "0",
+        "--tag-column",
+        "-1",
+        "--crf",
+        "--max-epochs",
+        "12",
+        "--lr",
+        "1e-2",
+    ]
     result = run(tiny_models, tmp_path, args)
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -96,8 +147,20 @@ def test_tag_gzipped_conll_with_column_options_and_a_crf(tiny_models, tmp_path):
 def test_tag_jsonl_lists_and_token_accuracy_for_pos_tags(tiny_models, tmp_path):
     lines = [{"tokens": ["the", "cat", "runs"], "pos": ["DET", "NOUN", "VERB"]}] * 8
     train = write(tmp_path / "train.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
-    args = ["--task", "tag", "--train", str(train), "--dev", str(train), "--word-column", "tokens",
-            "--tag-column", "pos", "--max-epochs", "3"]  # fmt: skip
+    args = [
+        "--task",
+        "tag",
+        "--train",
+        str(train),
+        "--dev",
+        str(train),
+        "--word-column",
+        "tokens",
+        "--tag-column",
+        "pos",
+        "--max-epochs",
+        "3",
+    ]
     result = run(tiny_models, tmp_path, args)
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["score_name"] == "accuracy"
@@ -110,8 +173,9 @@ def test_span_squad_style_jsonl(tiny_models, tmp_path):
         data = table.read_questions(train)
     assert data.X[0] == (SPAN[0]["question"], CONTEXT) and data.y[:2] == [[("london", 19)], [("yesterday", 26)]]
     with pytest.warns(UserWarning, match="left out 1 question"):
-        result = run(tiny_models, tmp_path, ["--task", "span", "--train", str(train), "--dev", str(train),
-                                             "--max-epochs", "1"])  # fmt: skip
+        result = run(
+            tiny_models, tmp_path, ["--task", "span", "--train", str(train), "--dev", str(train), "--max-epochs", "1"]
+        )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["score_name"] == "f1"
 
@@ -137,42 +201,101 @@ def test_readers_read_csv_quoting_tsv_jsonl_and_conllu(tmp_path):
 @pytest.mark.parametrize(
     ("name", "text", "call", "message"),
     [
-        ("a.csv", "sentence,label\nhi,pos\n", lambda p: table.read_labelled_texts(p),
-         r"a\.csv:1: no column 'text' in the header \(columns: sentence, label\); name the column with --text-column"),
-        ("a.csv", "text,label\nhi,pos\n,neg\n", lambda p: table.read_labelled_texts(p),
-         r"a\.csv:3: the 'text' column \(--text-column\) is empty"),
-        ("a.csv", "text,label\nhi,pos\nho\n", lambda p: table.read_labelled_texts(p),
-         r"a\.csv:3: 1 field\(s\) but the header has 2; quote fields that hold commas"),
-        ("a.csv", "text,label\nhi,\n", lambda p: table.read_labelled_texts(p),
-         r"a\.csv:2: the label column 'label' \(--label-column\) is empty"),
-        ("a.csv", "text,label\nhi,pos\n", lambda p: table.read_labelled_texts(p, label_column=5),
-         r"a\.csv:1: --label-column 5 is out of range: the header has 2 columns"),
-        ("a.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": "1"}\n', lambda p: table.read_labelled_texts(p),
-         r"a\.jsonl:2: a str label, but line 1 has a float one"),
-        ("a.jsonl", '{"text": "a", "label": 1}\n{"text": "b" "label": 1}\n', lambda p: table.read_labelled_texts(p),
-         r"a\.jsonl:2: invalid JSON at column 14: Expecting .,. delimiter"),
-        ("a.jsonl", '{"sentence": "a", "label": 1}\n', lambda p: table.read_labelled_texts(p),
-         r"a\.jsonl:1: no field 'text' in the JSON object \(fields: sentence, label\); name the field with --text-column"),
-        ("a.txt", "hello\n", lambda p: table.read_labelled_texts(p),
-         r"a\.txt: cannot tell the format from the file name; give --format"),
+        (
+            "a.csv",
+            "sentence,label\nhi,pos\n",
+            lambda p: table.read_labelled_texts(p),
+            r"a\.csv:1: no column 'text' in the header \(columns: sentence, label\); name the column with --text-column",
+        ),
+        (
+            "a.csv",
+            "text,label\nhi,pos\n,neg\n",
+            lambda p: table.read_labelled_texts(p),
+            r"a\.csv:3: the 'text' column \(--text-column\) is empty",
+        ),
+        (
+            "a.csv",
+            "text,label\nhi,pos\nho\n",
+            lambda p: table.read_labelled_texts(p),
+            r"a\.csv:3: 1 field\(s\) but the header has 2; quote fields that hold commas",
+        ),
+        (
+            "a.csv",
+            "text,label\nhi,\n",
+            lambda p: table.read_labelled_texts(p),
+            r"a\.csv:2: the label column 'label' \(--label-column\) is empty",
+        ),
+        (
+            "a.csv",
+            "text,label\nhi,pos\n",
+            lambda p: table.read_labelled_texts(p, label_column=5),
+            r"a\.csv:1: --label-column 5 is out of range: the header has 2 columns",
+        ),
+        (
+            "a.jsonl",
+            '{"text": "a", "label": 1}\n{"text": "b", "label": "1"}\n',
+            lambda p: table.read_labelled_texts(p),
+            r"a\.jsonl:2: a str label, but line 1 has a float one",
+        ),
+        (
+            "a.jsonl",
+            '{"text": "a", "label": 1}\n{"text": "b" "label": 1}\n',
+            lambda p: table.read_labelled_texts(p),
+            r"a\.jsonl:2: invalid JSON at column 14: Expecting .,. delimiter",
+        ),
+        (
+            "a.jsonl",
+            '{"sentence": "a", "label": 1}\n',
+            lambda p: table.read_labelled_texts(p),
+            r"a\.jsonl:1: no field 'text' in the JSON object \(fields: sentence, label\); name the field with --text-column",
+        ),
+        (
+            "a.txt",
+            "hello\n",
+            lambda p: table.read_labelled_texts(p),
+            r"a\.txt: cannot tell the format from the file name; give --format",
+        ),
         ("a.csv", "text,label\n", lambda p: table.read_labelled_texts(p), r"a\.csv: no examples in the file"),
-        ("a.conll", "EU B-ORG\nrejects\n", lambda p: table.read_tagged(p, tag_column=1),
-         r"a\.conll:2: the row has 1 column\(s\) but --tag-column is 1"),
-        ("a.conll", "EU B-ORG\n", lambda p: table.read_tagged(p, tag_column="ner"),
-         r"a\.conll: --tag-column 'ner' is a name, but a CoNLL-style file has no header"),
+        (
+            "a.conll",
+            "EU B-ORG\nrejects\n",
+            lambda p: table.read_tagged(p, tag_column=1),
+            r"a\.conll:2: the row has 1 column\(s\) but --tag-column is 1",
+        ),
+        (
+            "a.conll",
+            "EU B-ORG\n",
+            lambda p: table.read_tagged(p, tag_column="ner"),
+            r"a\.conll: --tag-column 'ner' is a name, but a CoNLL-style file has no header",
+        ),
         ("a.csv", "w,t\n", lambda p: table.read_tagged(p), r"a\.csv: --task tag reads CoNLL-style column files"),
-        ("a.jsonl", '{"tokens": ["a", "b"], "tags": ["O"]}\n', lambda p: table.read_tagged(p, "tokens", "tags"),
-         r"a\.jsonl:1: 2 words but 1 tags"),
-        ("a.jsonl", json.dumps(SPAN[0] | {"answers": {"text": ["paris"], "answer_start": [19]}}) + "\n",
-         lambda p: table.read_questions(p),
-         r"a\.jsonl:1: answer 1 is 'paris' but the context at character 19 reads 'londo'; fix answer_start"),
-        ("a.json", '{\n  "version": "v2.0",\n  "data": []\n}\n', lambda p: table.read_questions(p),
-         r"a\.json:1: this looks like one indented JSON document, not JSON Lines.*--task squad"),
-        ("a.jsonl", json.dumps({"version": "v2.0", "data": []}) + "\n", lambda p: table.read_questions(p),
-         r"a\.jsonl:1: this is a SQuAD JSON document, not JSONL; read it with --task squad"),
+        (
+            "a.jsonl",
+            '{"tokens": ["a", "b"], "tags": ["O"]}\n',
+            lambda p: table.read_tagged(p, "tokens", "tags"),
+            r"a\.jsonl:1: 2 words but 1 tags",
+        ),
+        (
+            "a.jsonl",
+            json.dumps(SPAN[0] | {"answers": {"text": ["paris"], "answer_start": [19]}}) + "\n",
+            lambda p: table.read_questions(p),
+            r"a\.jsonl:1: answer 1 is 'paris' but the context at character 19 reads 'londo'; fix answer_start",
+        ),
+        (
+            "a.json",
+            '{\n  "version": "v2.0",\n  "data": []\n}\n',
+            lambda p: table.read_questions(p),
+            r"a\.json:1: this looks like one indented JSON document, not JSON Lines.*--task squad",
+        ),
+        (
+            "a.jsonl",
+            json.dumps({"version": "v2.0", "data": []}) + "\n",
+            lambda p: table.read_questions(p),
+            r"a\.jsonl:1: this is a SQuAD JSON document, not JSONL; read it with --task squad",
+        ),
         ("a.csv", "text,label\n\xe9,pos\n", None, r"a\.csv:2: invalid UTF-8 byte"),
     ],
-)  # fmt: skip
+)
 def test_reader_errors_name_the_file_the_line_and_an_option_that_exists(tmp_path, name, text, call, message):
     path = tmp_path / name
     if call is None:  # latin-1 bytes
@@ -200,24 +323,37 @@ def test_cli_errors_name_the_file_and_line_and_only_options_that_exist(tiny_mode
     dev = write(tmp_path / "dev.csv", "text,label\ngood,pos\nmeh,neutral\n")
     jsonl = write(tmp_path / "t.jsonl", '{"sentence": "x", "label": 1}\n')
     cases = [
-        (["--task", "classify", "--train", str(good), "--dev", str(dev)],
-         r"dev\.csv:3: label 'neutral' does not occur in .*train\.csv"),
-        (["--task", "classify", "--train", str(jsonl), "--dev", str(jsonl)], r"t\.jsonl:1: no field 'text'.*--text-column"),
-        (["--task", "classify", "--train", str(good), "--dev", str(good), "--text-pair-column", "b"],
-         r"--task classify does not read --text-pair-column.*use --task pair"),
-        (["--task", "classify", "--train", str(good), "--dev", str(good), "--word-column", "0"],
-         r"--task classify does not read --word-column; it reads --format, --text-column, --label-column"),
-        (["--task", "sst2", "--train", str(good), "--dev", str(good), "--text-column", "x"],
-         r"--text-column: column options are for your own files"),
+        (
+            ["--task", "classify", "--train", str(good), "--dev", str(dev)],
+            r"dev\.csv:3: label 'neutral' does not occur in .*train\.csv",
+        ),
+        (
+            ["--task", "classify", "--train", str(jsonl), "--dev", str(jsonl)],
+            r"t\.jsonl:1: no field 'text'.*--text-column",
+        ),
+        (
+            ["--task", "classify", "--train", str(good), "--dev", str(good), "--text-pair-column", "b"],
+            r"--task classify does not read --text-pair-column.*use --task pair",
+        ),
+        (
+            ["--task", "classify", "--train", str(good), "--dev", str(good), "--word-column", "0"],
+            r"--task classify does not read --word-column; it reads --format, --text-column, --label-column",
+        ),
+        (
+            ["--task", "sst2", "--train", str(good), "--dev", str(good), "--text-column", "x"],
+            r"--text-column: column options are for your own files",
+        ),
         (["--task", "classify", "--train", str(good), "--dev", str(good), "--crf"], r"--crf and --tag-scheme are for"),
         (["--task", "tag", "--train", str(good), "--dev", str(good)], r"train\.csv: --task tag reads CoNLL-style"),
         (["--task", "span", "--train", str(good), "--dev", str(good)], r"train\.csv: --task span reads JSONL"),
-        (["--task", "classify", "--train", str(tmp_path / "missing.csv"), "--dev", str(good)], r"missing\.csv: no such file"),
-    ]  # fmt: skip
+        (
+            ["--task", "classify", "--train", str(tmp_path / "missing.csv"), "--dev", str(good)],
+            r"missing\.csv: no such file",
+        ),
+    ]
     for args, message in cases:
         result = run(tiny_models, tmp_path, args + ["--max-epochs", "1"])
         assert result.exit_code != 0, args
         assert re.search(message, result.output), (message, result.output)
         named = advice_options(result.output)
         assert named <= OPTIONS, (named - OPTIONS, result.output)
-

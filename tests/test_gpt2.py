@@ -11,30 +11,37 @@ import torch
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
+from ctxrep.models.folders import CheckpointError, read_state_dict, write_safetensors  # noqa: E402
 from ctxrep.models.gpt2 import (  # noqa: E402
+    TRANSPOSED,
     GPT2Config,
     GPT2LMHeadModel,
-    TRANSPOSED,
     GPT2Model,
     filter_logits,
     hf_parameter_names,
 )
-from ctxrep.models.folders import CheckpointError, read_state_dict, write_safetensors  # noqa: E402
 
 VOCAB, POSITIONS, EOS = 97, 24, 96
 TOL = 1e-5
 
 
-def hf_config(**overrides) -> "transformers.GPT2Config":
+def hf_config(**overrides) -> transformers.GPT2Config:
     kwargs = dict(
-        vocab_size=VOCAB, n_positions=POSITIONS, n_embd=32, n_layer=2, n_head=4, n_inner=48,
-        bos_token_id=EOS, eos_token_id=EOS, initializer_range=0.2,  # wide weights: logits far apart
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        n_positions=POSITIONS,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_inner=48,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+        initializer_range=0.2,  # wide weights: logits far apart
+    )
     return transformers.GPT2Config(**(kwargs | overrides))
 
 
 @pytest.fixture(scope="module")
-def hf_lm(tmp_path_factory) -> tuple["transformers.GPT2LMHeadModel", object]:
+def hf_lm(tmp_path_factory) -> tuple[transformers.GPT2LMHeadModel, object]:
     """A random transformers GPT2LMHeadModel and the folder it saved itself into."""
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(hf_config()).eval()
@@ -192,9 +199,7 @@ def test_cached_generation_equals_uncached_recomputation(ours):
     sampled = ours.generate(
         prompt, 12, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, generator=torch.Generator().manual_seed(7)
     )
-    expected = naive_generate(
-        ours, prompt, 12, True, 20, 0.9, 0.8, generator=torch.Generator().manual_seed(7)
-    )
+    expected = naive_generate(ours, prompt, 12, True, 20, 0.9, 0.8, generator=torch.Generator().manual_seed(7))
     assert torch.equal(sampled, expected)
     assert not torch.equal(sampled, greedy)
 
@@ -208,9 +213,13 @@ def test_greedy_generation_matches_transformers(hf_lm, ours):
     assert torch.equal(ours.generate(prompt, 15, eos_token_id=EOS), ref)
     # Without an end-of-sequence token every row runs to the full length.
     ref = hf.generate(
-        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=15, do_sample=False,
-        eos_token_id=None, pad_token_id=EOS,
-    )  # fmt: skip
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=15,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=EOS,
+    )
     assert torch.equal(ours.generate(prompt, 15), ref)
 
 

@@ -99,8 +99,10 @@ class FakeServer:
             sha = self._commit(h, repo_id, rev, body)
             if sha is not None:
                 files = self.repos[repo_id]["commits"][sha]
-                listing = [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                           for p, b in files.items()]  # fmt: skip
+                listing = [
+                    {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                    for p, b in files.items()
+                ]
                 self._send(h, 200, json.dumps(listing).encode(), body, {"Content-Type": "application/json"})
             return
         else:  # /api/models/{repo}: the default branch
@@ -108,8 +110,13 @@ class FakeServer:
         sha = self._commit(h, repo_id, rev, body)
         if sha is not None:
             files = self.repos[repo_id]["commits"][sha]
-            info = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
-                    "siblings": [{"rfilename": p} for p in files]}  # fmt: skip
+            info = {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": sha,
+                "private": False,
+                "siblings": [{"rfilename": p} for p in files],
+            }
             self._send(h, 200, json.dumps(info).encode(), body, {"Content-Type": "application/json"})
 
     def _resolve(self, h, repo_id: str, rev: str, file: str, body: bool) -> None:
@@ -120,8 +127,9 @@ class FakeServer:
         if data is None:
             return self._send(h, 404, b"Entry not found", body, {"X-Error-Code": "EntryNotFound"})
         etag = hashlib.sha256(data).hexdigest()
-        self._send(h, 200, data, body, {"ETag": f'"{etag}"', "X-Repo-Commit": sha,
-                                        "Content-Type": "application/octet-stream"})  # fmt: skip
+        self._send(
+            h, 200, data, body, {"ETag": f'"{etag}"', "X-Repo-Commit": sha, "Content-Type": "application/octet-stream"}
+        )
 
     @staticmethod
     def _send(h, status: int, data: bytes, body: bool, headers: dict | None = None, cut: int | None = None) -> None:
@@ -190,7 +198,10 @@ def bert_files(tiny_models) -> dict[str, bytes]:
 
 def test_parse_hub_name():
     assert hub.parse_hub_name("bert-base-cased") == ("bert-base-cased", None)
-    assert hub.parse_hub_name("google/electra-small-discriminator@v1.0") == ("google/electra-small-discriminator", "v1.0")
+    assert hub.parse_hub_name("google/electra-small-discriminator@v1.0") == (
+        "google/electra-small-discriminator",
+        "v1.0",
+    )
     for bad in ("org/name@", "@main", "a@b@c", "org/name@bad rev"):
         with pytest.raises(CheckpointError, match="NAME@REVISION"):
             hub.parse_hub_name(bad)
@@ -208,8 +219,9 @@ def test_download_fetches_only_what_ctxrep_reads_and_loads_like_the_local_folder
     s = server({"org/tiny-bert": {"refs": {"main": _sha(1)}, "commits": {_sha(1): bert_files}}})
     folder = hub.hub_folder("org/tiny-bert", progress=False)
     assert folder.name == _sha(1)
-    assert sorted(_files(folder)) == sorted(["config.json", "model.safetensors", "tokenizer.json",
-                                             "tokenizer_config.json", "vocab.txt"])  # fmt: skip
+    assert sorted(_files(folder)) == sorted(
+        ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt"]
+    )
     assert s.fetched("pytorch_model.bin") == 0 and s.fetched("README.md") == 0 and s.fetched(".onnx") == 0
     for name, data in _files(folder).items():
         assert data == bert_files[name], name
@@ -310,8 +322,12 @@ def test_repository_without_weights_or_config_is_refused(server, bert_files):
     no_weights = {k: v for k, v in bert_files.items() if k not in ("model.safetensors", "pytorch_model.bin")}
     no_weights["model-00001-of-00002.safetensors"] = b"x"
     no_config = {k: v for k, v in bert_files.items() if k != "config.json"}
-    server({"org/sharded": {"refs": {"main": _sha(6)}, "commits": {_sha(6): no_weights}},
-            "org/noconfig": {"refs": {"main": _sha(7)}, "commits": {_sha(7): no_config}}})  # fmt: skip
+    server(
+        {
+            "org/sharded": {"refs": {"main": _sha(6)}, "commits": {_sha(6): no_weights}},
+            "org/noconfig": {"refs": {"main": _sha(7)}, "commits": {_sha(7): no_config}},
+        }
+    )
     with pytest.raises(CheckpointError, match="sharded weights .*model-00001-of-00002.safetensors"):
         hub.hub_folder("org/sharded", progress=False)
     with pytest.raises(CheckpointError, match="has no config.json"):
@@ -330,8 +346,9 @@ def test_cached_hub_folder_without_a_download_is_none(hub_env):
 
 def _tiny_elmo(path: Path, seed: int = 0, projection_dim: int = 8) -> Path:
     torch.manual_seed(seed)
-    config = ElmoConfig(filters=[(1, 4), (2, 8)], n_highway=1, lstm_dim=16, projection_dim=projection_dim,
-                        cell_clip=3.0, proj_clip=3.0)  # fmt: skip
+    config = ElmoConfig(
+        filters=[(1, 4), (2, 8)], n_highway=1, lstm_dim=16, projection_dim=projection_dim, cell_clip=3.0, proj_clip=3.0
+    )
     model = ElmoBiLM(config)
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.3)
@@ -342,8 +359,10 @@ def _tiny_elmo(path: Path, seed: int = 0, projection_dim: int = 8) -> Path:
 def _published(folder: Path, short: str) -> dict[str, bytes]:
     """AllenNLP's layout: /FOLDER/elmo_FOLDER_options.json and _weights.hdf5."""
     name = hub.ELMO_DOWNLOADS[short]
-    return {f"/elmo/{name}/elmo_{name}_options.json": (folder / "options.json").read_bytes(),
-            f"/elmo/{name}/elmo_{name}_weights.hdf5": (folder / "weights.hdf5").read_bytes()}  # fmt: skip
+    return {
+        f"/elmo/{name}/elmo_{name}_options.json": (folder / "options.json").read_bytes(),
+        f"/elmo/{name}/elmo_{name}_weights.hdf5": (folder / "weights.hdf5").read_bytes(),
+    }
 
 
 def test_published_elmo_urls_are_allennlps(monkeypatch):

@@ -24,10 +24,24 @@ PAD, EOS, VOCAB = 59, 0, 60
 
 
 def hf_config(**overrides) -> transformers.MarianConfig:
-    kwargs = dict(vocab_size=VOCAB, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=40,
-                  pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, forced_eos_token_id=EOS,
-                  scale_embedding=True, activation_function="swish", dropout=0.0)  # fmt: skip
+    kwargs = dict(
+        vocab_size=VOCAB,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=40,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+        forced_eos_token_id=EOS,
+        scale_embedding=True,
+        activation_function="swish",
+        dropout=0.0,
+    )
     return transformers.MarianConfig(**(kwargs | overrides))
 
 
@@ -191,8 +205,13 @@ def test_incremental_decoding_equals_transformers_with_its_cache(marian_dir):
         past = None
         for i in range(dec.shape[1]):
             a = ours.decode(dec[:, i : i + 1], cache).logits
-            b = ref(encoder_outputs=enc, attention_mask=mask, decoder_input_ids=dec[:, i : i + 1], past_key_values=past,
-                    use_cache=True)  # fmt: skip
+            b = ref(
+                encoder_outputs=enc,
+                attention_mask=mask,
+                decoder_input_ids=dec[:, i : i + 1],
+                past_key_values=past,
+                use_cache=True,
+            )
             past = b.past_key_values
             assert torch.allclose(a, b.logits, atol=1e-5), f"step {i}"
 
@@ -213,8 +232,11 @@ def test_cache_reorder_and_keep_follow_the_rows(marian_dir):
         cache.keep(torch.tensor([0, 2]))
         step = ours.decode(rows[[1, 0, 4, 4], 4:5], cache).logits
         keep = torch.tensor([0, 2])
-        full = ours(ids[keep].repeat_interleave(2, 0), attention_mask=mask[keep].repeat_interleave(2, 0),
-                    decoder_input_ids=rows[[1, 0, 4, 4], :5]).logits  # fmt: skip
+        full = ours(
+            ids[keep].repeat_interleave(2, 0),
+            attention_mask=mask[keep].repeat_interleave(2, 0),
+            decoder_input_ids=rows[[1, 0, 4, 4], :5],
+        ).logits
     assert torch.allclose(step[:, 0], full[:, 4], atol=1e-5)
 
 
@@ -225,8 +247,9 @@ def test_encoder_interface(marian_dir):
     assert (ours.num_layers, ours.num_heads, ours.hidden_size, ours.max_tokens) == (2, 4, 16, 40)
     assert ours.input_embeddings() is ours.shared.weight
     with torch.no_grad():
-        out = ours.encode({"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)},
-                          output_attentions=True)  # fmt: skip
+        out = ours.encode(
+            {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}, output_attentions=True
+        )
         first = ours.encode({"input_ids": ids, "attention_mask": mask}, num_layers=1)
     assert len(out.hidden_states) == 3 and len(out.attentions) == 2
     assert torch.equal(out.last_hidden_state, out.hidden_states[-1])
@@ -241,8 +264,10 @@ def test_positions_are_marian_not_interleaved():
         assert torch.allclose(pe[:, 4 + i], torch.cos(pos / 10000 ** (2 * i / 8)), atol=1e-6)
     ref = transformers.models.marian.modeling_marian.MarianSinusoidalPositionalEmbedding(50, 8).create_weight()
     assert torch.equal(pe, ref)
-    assert torch.allclose(sinusoidal_positions(7, 5), transformers.models.marian.modeling_marian.
-                          MarianSinusoidalPositionalEmbedding(7, 5).create_weight())  # fmt: skip
+    assert torch.allclose(
+        sinusoidal_positions(7, 5),
+        transformers.models.marian.modeling_marian.MarianSinusoidalPositionalEmbedding(7, 5).create_weight(),
+    )
 
 
 def test_save_round_trip_loads_in_transformers(marian_dir, tmp_path):
@@ -264,15 +289,28 @@ def test_save_round_trip_loads_in_transformers(marian_dir, tmp_path):
 
 def test_fresh_model_saves_and_transformers_agrees(tmp_path):
     torch.manual_seed(0)
-    ours = MarianMTModel(MarianConfig(vocab_size=30, d_model=8, encoder_layers=1, decoder_layers=2,
-                                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
-                                      decoder_ffn_dim=16, max_position_embeddings=16, dropout=0.0)).eval()  # fmt: skip
+    ours = MarianMTModel(
+        MarianConfig(
+            vocab_size=30,
+            d_model=8,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=16,
+            decoder_ffn_dim=16,
+            max_position_embeddings=16,
+            dropout=0.0,
+        )
+    ).eval()
     ours.save_pretrained(tmp_path)
     ref = transformers.MarianMTModel.from_pretrained(tmp_path).eval()
     ids = torch.randint(3, 30, (2, 5))
     dec = torch.randint(3, 30, (2, 4))
     with torch.no_grad():
-        assert torch.allclose(ours(ids, decoder_input_ids=dec).logits, ref(ids, decoder_input_ids=dec).logits, atol=1e-5)
+        assert torch.allclose(
+            ours(ids, decoder_input_ids=dec).logits, ref(ids, decoder_input_ids=dec).logits, atol=1e-5
+        )
 
 
 def test_separate_vocabularies_round_trip(tmp_path):
@@ -282,19 +320,35 @@ def test_separate_vocabularies_round_trip(tmp_path):
     ids, mask = source_batch()
     dec = target_batch()
     with torch.no_grad():
-        assert torch.allclose(ours(ids, attention_mask=mask, decoder_input_ids=dec).logits,
-                              ref(ids, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-5)  # fmt: skip
+        assert torch.allclose(
+            ours(ids, attention_mask=mask, decoder_input_ids=dec).logits,
+            ref(ids, attention_mask=mask, decoder_input_ids=dec).logits,
+            atol=1e-5,
+        )
         ours.save_pretrained(tmp_path / "ours")
         again = transformers.MarianMTModel.from_pretrained(tmp_path / "ours").eval()
-        assert torch.allclose(again(ids, attention_mask=mask, decoder_input_ids=dec).logits,
-                              ref(ids, attention_mask=mask, decoder_input_ids=dec).logits, atol=1e-5)  # fmt: skip
+        assert torch.allclose(
+            again(ids, attention_mask=mask, decoder_input_ids=dec).logits,
+            ref(ids, attention_mask=mask, decoder_input_ids=dec).logits,
+            atol=1e-5,
+        )
 
 
 def test_pre_ln_saves_only_in_ctxrep_format(tmp_path):
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=30, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                          decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
-                          max_position_embeddings=16, normalize_before=True, dropout=0.0)  # fmt: skip
+    config = MarianConfig(
+        vocab_size=30,
+        d_model=8,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        max_position_embeddings=16,
+        normalize_before=True,
+        dropout=0.0,
+    )
     ours = MarianMTModel(config).eval()
     with pytest.raises(ValueError, match="cannot save a pre-LayerNorm model .* save with format='ctxrep'"):
         ours.save_pretrained(tmp_path / "m", format="marian")
@@ -322,11 +376,15 @@ def test_older_checkpoint_with_tied_copies_and_pytorch_bin_loads(marian_dir, tmp
     a, b = MarianMTModel.from_pretrained(marian_dir), MarianMTModel.from_pretrained(tmp_path)
     ids, mask = source_batch()
     with torch.no_grad():
-        assert torch.equal(a(ids, attention_mask=mask, decoder_input_ids=target_batch()).logits,
-                           b(ids, attention_mask=mask, decoder_input_ids=target_batch()).logits)  # fmt: skip
+        assert torch.equal(
+            a(ids, attention_mask=mask, decoder_input_ids=target_batch()).logits,
+            b(ids, attention_mask=mask, decoder_input_ids=target_batch()).logits,
+        )
     state["model.decoder.embed_positions.weight"] = torch.zeros(40, 16)  # learned positions: not a Marian model
     torch.save(state, tmp_path / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match="model.decoder.embed_positions.weight differs from the sinusoidal position table"):
+    with pytest.raises(
+        CheckpointError, match="model.decoder.embed_positions.weight differs from the sinusoidal position table"
+    ):
         MarianMTModel.from_pretrained(tmp_path)
 
 
@@ -347,8 +405,11 @@ def test_unknown_missing_and_misshaped_weights_are_all_named(marian_dir, tmp_pat
 
 
 def test_checkpoint_of_another_model_type_is_refused(tmp_path):
-    transformers.BertModel(transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                                   num_attention_heads=2, intermediate_size=32)).save_pretrained(tmp_path)  # fmt: skip
+    transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+        )
+    ).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match=r"model_type is 'bert', expected 'marian' or 'ctxrep_mt'") as e:
         MarianMTModel.from_pretrained(tmp_path)
     assert "\n" not in str(e.value)
@@ -376,10 +437,16 @@ def test_bad_config_is_refused():
 
 # ---- the MT tokenizer -------------------------------------------------------------------------------------------
 
-LINES = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.",
-         "Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde spielen im Schnee.",
-         "A little girl climbs into a wooden playhouse.", "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
-         "People are walking down the street near a market.", "Leute gehen die Straße entlang nahe einem Markt."]  # fmt: skip
+LINES = [
+    "A man in a blue shirt is standing on a ladder.",
+    "Two dogs play in the snow.",
+    "Ein Mann in einem blauen Hemd steht auf einer Leiter.",
+    "Zwei Hunde spielen im Schnee.",
+    "A little girl climbs into a wooden playhouse.",
+    "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
+    "People are walking down the street near a market.",
+    "Leute gehen die Straße entlang nahe einem Markt.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -390,9 +457,15 @@ def opus_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("opus")
     for side, lines in (("source", LINES[0::2] * 6), ("target", LINES[1::2] * 6)):
         (path / f"{side}.txt").write_text("\n".join(lines) + "\n")
-        spm.SentencePieceTrainer.train(input=str(path / f"{side}.txt"), model_prefix=str(path / side), vocab_size=45,
-                                       model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-                                       minloglevel=2)  # fmt: skip
+        spm.SentencePieceTrainer.train(
+            input=str(path / f"{side}.txt"),
+            model_prefix=str(path / side),
+            vocab_size=45,
+            model_type="unigram",
+            character_coverage=1.0,
+            hard_vocab_limit=False,
+            minloglevel=2,
+        )
         (path / f"{side}.model").rename(path / f"{side}.spm")
     pieces = []
     for side in ("source", "target"):

@@ -68,18 +68,32 @@ def albert_dir(tmp_path_factory) -> Path:
     tok = Tokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     corpus = [" ".join(w) for w in SENTENCES] + X_CLS + [" ".join(x) for x in X_TAG] + [CONTEXT, "the bank loan river"]
-    tok.train_from_iterator(corpus * 5, trainers.UnigramTrainer(
-        vocab_size=150, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"], unk_token="<unk>"))  # fmt: skip
+    tok.train_from_iterator(
+        corpus * 5,
+        trainers.UnigramTrainer(
+            vocab_size=150, special_tokens=["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"], unk_token="<unk>"
+        ),
+    )
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+        single="[CLS]:0 $A:0 [SEP]:0",
+        pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
     )
     tok.save(str(path / "tokenizer.json"))
     torch.manual_seed(0)
-    config = transformers.AlbertConfig(vocab_size=tok.get_vocab_size(), embedding_size=8, hidden_size=16,
-                                       num_hidden_layers=2, num_attention_heads=4, intermediate_size=24,
-                                       max_position_embeddings=64, pad_token_id=tok.token_to_id("<pad>"),
-                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+    config = transformers.AlbertConfig(
+        vocab_size=tok.get_vocab_size(),
+        embedding_size=8,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=24,
+        max_position_embeddings=64,
+        pad_token_id=tok.token_to_id("<pad>"),
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     transformers.AlbertModel(config).save_pretrained(path)
     return path
 
@@ -121,16 +135,21 @@ def data(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("matrix-data")
     blocks = []
     for i, words in enumerate(SENTENCES):
-        rows = zip(words, ["DET", "NOUN", "VERB", "ADV", "PUNCT"], [2, 3, 0, 3, 3],
-                   ["det", "nsubj", "root", "advmod", "punct"])  # fmt: skip
-        blocks.append(f"# sent_id = s{i}\n" + "\n".join(f"{k + 1}\t{w}\t{w}\t{u}\t_\t_\t{h}\t{r}\t_\t_"
-                                                       for k, (w, u, h, r) in enumerate(rows)))  # fmt: skip
+        rows = zip(
+            words, ["DET", "NOUN", "VERB", "ADV", "PUNCT"], [2, 3, 0, 3, 3], ["det", "nsubj", "root", "advmod", "punct"]
+        )
+        blocks.append(
+            f"# sent_id = s{i}\n"
+            + "\n".join(f"{k + 1}\t{w}\t{w}\t{u}\t_\t_\t{h}\t{r}\t_\t_" for k, (w, u, h, r) in enumerate(rows))
+        )
     (d / "ud.conllu").write_text("\n\n".join(blocks) + "\n\n")
     (d / "text.txt").write_text("\n".join(" ".join(w) for w in SENTENCES) + "\n")
     for split in ("train", "dev"):
         (d / "wic" / split).mkdir(parents=True)
-        rows = [f"bank\tN\t1-1\tthe bank approved my loan\t{'the bank gave a loan' if i % 2 else 'the bank of the river'}"
-                for i in range(4)]  # fmt: skip
+        rows = [
+            f"bank\tN\t1-1\tthe bank approved my loan\t{'the bank gave a loan' if i % 2 else 'the bank of the river'}"
+            for i in range(4)
+        ]
         (d / "wic" / split / f"{split}.data.txt").write_text("\n".join(rows) + "\n")
         (d / "wic" / split / f"{split}.gold.txt").write_text("\n".join("TF"[i % 2 == 0] for i in range(4)) + "\n")
     return d
@@ -196,8 +215,13 @@ def test_the_encoder_answers_for_its_family(family, model):
 def test_info(family, model):
     out = ok(run("info", model))
     m = load_encoder(model).model
-    for expected in (f"{family.name} encoder", f"{m.num_layers} (+ the input layer", f"hidden size      {m.hidden_size}",
-                     f"{m.max_tokens} per window", f"{sum(p.numel() for p in m.parameters()):,}"):  # fmt: skip
+    for expected in (
+        f"{family.name} encoder",
+        f"{m.num_layers} (+ the input layer",
+        f"hidden size      {m.hidden_size}",
+        f"{m.max_tokens} per window",
+        f"{sum(p.numel() for p in m.parameters()):,}",
+    ):
         assert expected in out, out
     if family.attention:
         assert f"attention heads  {m.num_heads}\n" in out
@@ -217,8 +241,21 @@ def test_embed(model, data, tmp_path):
 
 
 def test_attention(family, model, data, tmp_path):
-    args = ["attention", "--model", model, "--corpus", data / "ud.conllu", "--sentence", "the dog runs today .",
-            "--layer", 1, "--head", 0, "--out-dir", tmp_path]  # fmt: skip
+    args = [
+        "attention",
+        "--model",
+        model,
+        "--corpus",
+        data / "ud.conllu",
+        "--sentence",
+        "the dog runs today .",
+        "--layer",
+        1,
+        "--head",
+        0,
+        "--out-dir",
+        tmp_path,
+    ]
     if not family.attention:
         refused(run(*args), load_encoder(model).model.no_attention_reason())
         refused(run("attention", "--model", model, "--sentence", "the dog runs"), "has no attention heads")
@@ -237,14 +274,40 @@ def test_attention(family, model, data, tmp_path):
     gone = [(layer, h) for layer, kept in enumerate(m.kept_heads()) for h in range(m.num_heads) if h not in kept]
     if gone:  # the grids keep the original numbering; a pruned head's heatmap is refused in one line
         layer, h = gone[0]
-        refused(run("attention", "--model", model, "--sentence", "the dog runs", "--layer", layer + 1, "--head", h,
-                    "--out-dir", tmp_path / "gone"), f"head {h} of layer {layer + 1} was pruned")  # fmt: skip
+        refused(
+            run(
+                "attention",
+                "--model",
+                model,
+                "--sentence",
+                "the dog runs",
+                "--layer",
+                layer + 1,
+                "--head",
+                h,
+                "--out-dir",
+                tmp_path / "gone",
+            ),
+            f"head {h} of layer {layer + 1} was pruned",
+        )
 
 
 def test_neighbors(family, model, data, tmp_path):
     ok(run("neighbors", "index", "--model", model, "--corpus", data / "text.txt", "--out", tmp_path / "ix"))
-    out = ok(run("neighbors", "query", "--index", tmp_path / "ix", "--sentence", "the cat sleeps often .", "--word", 1,
-                 "-k", 3))  # fmt: skip
+    out = ok(
+        run(
+            "neighbors",
+            "query",
+            "--index",
+            tmp_path / "ix",
+            "--sentence",
+            "the cat sleeps often .",
+            "--word",
+            1,
+            "-k",
+            3,
+        )
+    )
     assert "contextual neighbours of 'cat'" in out and out.count(" s") >= 3
     static = run("neighbors", "static", "cat", "--model", model, "-k", 3)
     if family.static_table:
@@ -253,8 +316,20 @@ def test_neighbors(family, model, data, tmp_path):
     else:
         assert "static neighbours of 'cat': none (" in out
         refused(static, "has no table of static word vectors")
-    ok(run("neighbors", "wic", "--model", model, "--train", data / "wic" / "train", "--dev", data / "wic" / "dev",
-           "--out", tmp_path / "wic.json"))  # fmt: skip
+    ok(
+        run(
+            "neighbors",
+            "wic",
+            "--model",
+            model,
+            "--train",
+            data / "wic" / "train",
+            "--dev",
+            data / "wic" / "dev",
+            "--out",
+            tmp_path / "wic.json",
+        )
+    )
     assert len(json.loads((tmp_path / "wic.json").read_text())["layers"]) == load_encoder(model).model.num_layers + 1
 
 
@@ -266,13 +341,28 @@ def test_probe(model, data, tmp_path):
 
 
 def test_report(family, model, data, tmp_path):
-    ok(run("report", model, "--out", tmp_path, "--ud", data / "ud.conllu", "--max-sentences", 8, "--no-control",
-           "--wic", data / "wic"))  # fmt: skip
+    ok(
+        run(
+            "report",
+            model,
+            "--out",
+            tmp_path,
+            "--ud",
+            data / "ud.conllu",
+            "--max-sentences",
+            8,
+            "--no-control",
+            "--wic",
+            data / "wic",
+        )
+    )
     page = (tmp_path / "report.html").read_text()
     numbers = json.loads((tmp_path / "report.json").read_text())
     for section in ("UPOS probe by layer", "One word, several senses", "WiC by layer"):
         assert section in page
-    assert ("attention" in numbers) == family.attention and ("Best head per dependency relation" in page) == family.attention
+    assert ("attention" in numbers) == family.attention and (
+        "Best head per dependency relation" in page
+    ) == family.attention
     assert ("attention" in numbers["left_out"]) == (not family.attention)
     assert ("static_neighbors" in numbers["left_out"]) == (not family.static_table)
     assert all(bool(s["static_neighbors"]) == family.static_table for s in numbers["senses"].values())
@@ -280,9 +370,30 @@ def test_report(family, model, data, tmp_path):
 
 @pytest.mark.parametrize("mode", ["finetune", "frozen"])
 def test_finetune(model, data, tmp_path, mode):
-    out = ok(run("finetune", "--task", "upos", "--train", data / "ud.conllu", "--dev", data / "ud.conllu", "--model",
-                 model, "--mode", mode, "--out", tmp_path / "run", "--max-epochs", 1, "--batch-size", 4,
-                 "--cache-dir", tmp_path / "cache", "--no-progress"))  # fmt: skip
+    out = ok(
+        run(
+            "finetune",
+            "--task",
+            "upos",
+            "--train",
+            data / "ud.conllu",
+            "--dev",
+            data / "ud.conllu",
+            "--model",
+            model,
+            "--mode",
+            mode,
+            "--out",
+            tmp_path / "run",
+            "--max-epochs",
+            1,
+            "--batch-size",
+            4,
+            "--cache-dir",
+            tmp_path / "cache",
+            "--no-progress",
+        )
+    )
     assert "dev " in out and (tmp_path / "run" / "metrics.json").is_file()
 
 
@@ -312,8 +423,17 @@ def test_featurizer(model):
 def test_estimators(model, tmp_path, mode):
     from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
 
-    common = dict(model=model, mode=mode, max_epochs=1, batch_size=4, lr=1e-3, random_state=0, lstm_size=8,
-                  cache_dir=str(tmp_path / "cache"), progress=False)  # fmt: skip
+    common = dict(
+        model=model,
+        mode=mode,
+        max_epochs=1,
+        batch_size=4,
+        lr=1e-3,
+        random_state=0,
+        lstm_size=8,
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+    )
     torch.manual_seed(0)
     clf = SequenceClassifier(**common)
     assert clf.fit(X_CLS, Y_CLS) is clf
@@ -340,8 +460,10 @@ def test_int8(family, model, data, tmp_path):
         assert "\n" not in str(e.value)
         with pytest.raises(ValueError, match="biLSTM over characters"):
             SequenceClassifier(model=model, quantize="int8", max_epochs=1).fit(X_CLS, Y_CLS)
-        refused(run("embed", "--model", model, "--input", data / "text.txt", "--out", tmp_path / "o", "--quantize",
-                    "int8"), "biLSTM over characters")  # fmt: skip
+        refused(
+            run("embed", "--model", model, "--input", data / "text.txt", "--out", tmp_path / "o", "--quantize", "int8"),
+            "biLSTM over characters",
+        )
         return
     ok(run("embed", "--model", model, "--input", data / "text.txt", "--out", tmp_path / "o", "--quantize", "int8"))
     common = dict(model=model, max_epochs=1, batch_size=4, lr=1e-3, random_state=0, progress=False)

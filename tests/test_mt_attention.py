@@ -24,8 +24,12 @@ from ctxrep.translate.attention import (
 from ctxrep.translate.search import greedy_search, translate
 from ctxrep.translate.tokenizer import MTTokenizer
 
-LINES = ["a man in a blue shirt is standing on a ladder .", "two dogs play in the snow .",
-         "ein mann in einem blauen hemd steht auf einer leiter .", "zwei hunde spielen im schnee ."]  # fmt: skip
+LINES = [
+    "a man in a blue shirt is standing on a ladder .",
+    "two dogs play in the snow .",
+    "ein mann in einem blauen hemd steht auf einer leiter .",
+    "zwei hunde spielen im schnee .",
+]
 SOURCE = "a man in a blue shirt is standing on a ladder ."
 TARGET = "zwei hunde spielen im schnee ."
 
@@ -42,10 +46,20 @@ def mt_dir(tmp_path_factory):
     tok.train_from_iterator(LINES * 5, trainers.BpeTrainer(vocab_size=60, special_tokens=["<pad>", "</s>", "<unk>"]))
     tok.save(str(path / "tokenizer.json"))
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=tok.get_vocab_size(), d_model=16, encoder_layers=2, decoder_layers=2,
-                          encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                          decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
-                          dropout=0.0)  # fmt: skip
+    config = MarianConfig(
+        vocab_size=tok.get_vocab_size(),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        dropout=0.0,
+    )
     model = MarianMTModel(config)
     mt = MTTokenizer.from_model_dir(path)
     pairs = list(zip(mt.encode_source(LINES[:2]), mt.encode_target(LINES[2:])))
@@ -110,7 +124,9 @@ def test_greedy_target_is_the_models_translation_and_rows_sum_to_one(translator)
     np.testing.assert_allclose(a.weights.sum(axis=1), 1.0, atol=1e-5)
     # The translation re-encodes to the pieces the model generated, so teacher-forcing it must give the same
     # weights: the words found by decoding the generated pieces are those found by encoding the words alone.
-    assert tok.encode_target([translation])[0][:-1] == greedy_search(model, torch.tensor(tok.encode_source([SOURCE])))[0]
+    assert (
+        tok.encode_target([translation])[0][:-1] == greedy_search(model, torch.tensor(tok.encode_source([SOURCE])))[0]
+    )
     np.testing.assert_allclose(cross_attention(model, tok, SOURCE, translation).weights, a.weights, atol=1e-6)
 
 
@@ -149,7 +165,10 @@ def test_png_is_written_with_a_size_that_fits_thirty_words(translator, tmp_path)
 def test_html_page_escapes_user_text(translator, tmp_path):
     model, tok = translator
     evil = "<script>alert(1)</script> a man & 'dogs'"
-    alignments = [cross_attention(model, tok, evil, '<img src=x onerror="alert(2)"> zwei'), cross_attention(model, tok, SOURCE)]
+    alignments = [
+        cross_attention(model, tok, evil, '<img src=x onerror="alert(2)"> zwei'),
+        cross_attention(model, tok, SOURCE),
+    ]
     page = alignment_html(alignments, tmp_path / "align.html").read_text(encoding="utf-8")
     assert "<script" not in page and "<img src=x" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -181,7 +200,9 @@ def test_write_attention_writes_png_or_html_and_refuses_bad_arguments(mt_dir, tm
         write_attention(mt_dir, SOURCE, tmp_path / "b.png", head=-3)
     with pytest.raises(ValueError, match="the source sentence is empty"):
         write_attention(mt_dir, "  ", tmp_path / "b.png")
-    with pytest.raises(ValueError, match=r"the source has \d+ tokens \(with </s>\), more than the model's 64 positions"):
+    with pytest.raises(
+        ValueError, match=r"the source has \d+ tokens \(with </s>\), more than the model's 64 positions"
+    ):
         write_attention(mt_dir, " ".join(LINES * 3), tmp_path / "b.png")
     with pytest.raises(FileNotFoundError, match="no such model folder"):
         write_attention(tmp_path / "missing", SOURCE, tmp_path / "b.png")
@@ -190,8 +211,12 @@ def test_write_attention_writes_png_or_html_and_refuses_bad_arguments(mt_dir, tm
 
 # ---- an OPUS-MT folder (SentencePiece pieces, <pad> last) ------------------------------------------------------
 
-OPUS_LINES = ["A man in a blue shirt is standing on a ladder.", "Two dogs play in the snow.",
-              "Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde spielen im Schnee."]  # fmt: skip
+OPUS_LINES = [
+    "A man in a blue shirt is standing on a ladder.",
+    "Two dogs play in the snow.",
+    "Ein Mann in einem blauen Hemd steht auf einer Leiter.",
+    "Zwei Hunde spielen im Schnee.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -205,9 +230,15 @@ def opus_dir(tmp_path_factory):
     pieces = []
     for side, lines in (("source", OPUS_LINES[:2] * 8), ("target", OPUS_LINES[2:] * 8)):
         (path / f"{side}.txt").write_text("\n".join(lines) + "\n")
-        spm.SentencePieceTrainer.train(input=str(path / f"{side}.txt"), model_prefix=str(path / side), vocab_size=40,
-                                       model_type="unigram", character_coverage=1.0, hard_vocab_limit=False,
-                                       minloglevel=2)  # fmt: skip
+        spm.SentencePieceTrainer.train(
+            input=str(path / f"{side}.txt"),
+            model_prefix=str(path / side),
+            vocab_size=40,
+            model_type="unigram",
+            character_coverage=1.0,
+            hard_vocab_limit=False,
+            minloglevel=2,
+        )
         (path / f"{side}.model").rename(path / f"{side}.spm")
         sp = spm.SentencePieceProcessor(model_file=str(path / f"{side}.spm"))
         pieces += [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())]  # after <unk> <s> </s>
@@ -217,10 +248,20 @@ def opus_dir(tmp_path_factory):
     vocab["<pad>"] = len(vocab)
     (path / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=len(vocab), d_model=16, encoder_layers=1, decoder_layers=1,
-                          encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                          decoder_ffn_dim=32, max_position_embeddings=64, pad_token_id=vocab["<pad>"],
-                          eos_token_id=0, dropout=0.0)  # fmt: skip
+    config = MarianConfig(
+        vocab_size=len(vocab),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=vocab["<pad>"],
+        eos_token_id=0,
+        dropout=0.0,
+    )
     MarianMTModel(config).save_pretrained(path)
     return path
 

@@ -30,8 +30,22 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
 
 
 def _train_args(corpus, out: Path, *extra: str) -> list[str]:
-    return ["train", "--config", "tiny", "--src", corpus["src"], "--tgt", corpus["tgt"],
-            "--valid-src", corpus["valid_src"], "--valid-tgt", corpus["valid_tgt"], "--out", out, *extra]  # fmt: skip
+    return [
+        "train",
+        "--config",
+        "tiny",
+        "--src",
+        corpus["src"],
+        "--tgt",
+        corpus["tgt"],
+        "--valid-src",
+        corpus["valid_src"],
+        "--valid-tgt",
+        corpus["valid_tgt"],
+        "--out",
+        out,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +77,21 @@ def test_train_writes_a_marian_folder_that_transformers_loads(trained, corpus):
     mask = (ids != 0).long()
     dec = torch.tensor([[0, 5, 6], [0, 7, 8]])
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids, attention_mask=mask, decoder_input_ids=dec).logits,
-                                   theirs(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits,
-                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+        torch.testing.assert_close(
+            ours(ids, attention_mask=mask, decoder_input_ids=dec).logits,
+            theirs(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits,
+            atol=1e-4,
+            rtol=1e-4,
+        )
 
 
 def test_saved_model_is_the_mean_of_the_last_snapshots(trained):
     snapshots = sorted((trained / SNAPSHOT_DIR).glob("step-*.safetensors"))
     assert [p.name for p in snapshots] == ["step-0000020.safetensors", "step-0000030.safetensors"]  # average_last 2
-    expected = {k: (a + b) / 2 for (k, a), b in zip(*(load_file(str(p)).items() for p in snapshots[:1]),
-                                                    load_file(str(snapshots[1])).values())}  # fmt: skip
+    expected = {
+        k: (a + b) / 2
+        for (k, a), b in zip(*(load_file(str(p)).items() for p in snapshots[:1]), load_file(str(snapshots[1])).values())
+    }
     model = MarianMTModel.from_pretrained(trained)
     state = model.state_dict()
     for name, value in expected.items():
@@ -116,13 +135,21 @@ def test_translate_file_and_stdin_then_score(trained, corpus, tmp_path):
     assert "\nchrF2 = " in result.stdout
 
     text = corpus["valid_src"].read_text(encoding="utf-8").splitlines()
-    piped = _invoke("translate", "--model", trained, "--beam", "2", "--no-progress",
-                    input="\n".join(text[:3] + [""] + text[3:5]) + "\n")  # fmt: skip
+    piped = _invoke(
+        "translate",
+        "--model",
+        trained,
+        "--beam",
+        "2",
+        "--no-progress",
+        input="\n".join(text[:3] + [""] + text[3:5]) + "\n",
+    )
     assert piped.exit_code == 0, piped.output
     assert piped.stdout.splitlines() == lines[:3] + [""] + lines[3:5]  # an empty line stays an empty line
 
-    nbest = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "3", "--n-best", "3",
-                    "--no-progress")  # fmt: skip
+    nbest = _invoke(
+        "translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "3", "--n-best", "3", "--no-progress"
+    )
     rows = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
     assert len(rows) == 90 and [int(r[0]) for r in rows[:6]] == [0, 0, 0, 1, 1, 1]
     assert all(float(rows[i][2]) >= float(rows[i + 1][2]) for i in (0, 1))  # best first
@@ -138,12 +165,25 @@ def test_translate_search_options_reach_the_search(trained, corpus):
         (["--penalty", "hf", "--length-penalty", "1.0"], dict(penalty="hf", length_penalty=1.0)),
         (["--max-len-a", "0", "--max-len-b", "2"], dict(max_len_a=0.0, max_len_b=2)),
     ):
-        result = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "3",
-                         "--no-progress", *options)  # fmt: skip
+        result = _invoke(
+            "translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "3", "--no-progress", *options
+        )
         assert result.exit_code == 0, result.output
         assert result.stdout.splitlines() == translate(model, tokenizer, sources, beam=3, **kwargs)
-    short = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--beam", "1", "--no-progress",
-                    "--max-len-a", "0", "--max-len-b", "2")  # fmt: skip
+    short = _invoke(
+        "translate",
+        "--model",
+        trained,
+        "--input",
+        corpus["valid_src"],
+        "--beam",
+        "1",
+        "--no-progress",
+        "--max-len-a",
+        "0",
+        "--max-len-b",
+        "2",
+    )
     assert max(len(tokenizer.encode_source([line])[0]) for line in short.stdout.splitlines()) <= 3  # 1 word + </s>
     bad = _invoke("translate", "--model", trained, "--input", corpus["valid_src"], "--penalty", "fairseq")
     assert bad.exit_code != 0 and "'fairseq' is not one of 'gnmt', 'hf'" in bad.output
@@ -171,8 +211,22 @@ def test_translate_progress_bar_only_when_asked_or_on_a_terminal(trained, corpus
     def stderr_on_a_terminal(*extra: str) -> str:
         leader, follower = pty.openpty()
         fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
-        args = [sys.executable, "-c", "from ctxrep.cli import main; main()", "mt", "translate", "--model",
-                str(trained), "--input", str(corpus["valid_src"]), "--out", str(tmp_path / "hyp.de"), "--beam", "2", *extra]  # fmt: skip
+        args = [
+            sys.executable,
+            "-c",
+            "from ctxrep.cli import main; main()",
+            "mt",
+            "translate",
+            "--model",
+            str(trained),
+            "--input",
+            str(corpus["valid_src"]),
+            "--out",
+            str(tmp_path / "hyp.de"),
+            "--beam",
+            "2",
+            *extra,
+        ]
         process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=follower)
         os.close(follower)
         seen = b""
@@ -200,11 +254,26 @@ def test_attention_command_writes_the_alignment_png_or_html(trained, corpus, tmp
     assert result.exit_code == 0, result.output
     words = len(source.split()) + 1  # and </s>
     assert result.stdout.startswith(f"wrote {tmp_path / 'a.png'}: ")
-    assert f" target x {words} source words, decoder layer 2 of 2, mean of the heads, greedy translation" in result.stdout
+    assert (
+        f" target x {words} source words, decoder layer 2 of 2, mean of the heads, greedy translation" in result.stdout
+    )
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    result = _invoke("attention", "--model", trained, "--source", source, "--target", target, "--layer", "0",
-                     "--head", "1", "--out", tmp_path / "page.html")  # fmt: skip
+    result = _invoke(
+        "attention",
+        "--model",
+        trained,
+        "--source",
+        source,
+        "--target",
+        target,
+        "--layer",
+        "0",
+        "--head",
+        "1",
+        "--out",
+        tmp_path / "page.html",
+    )
     assert result.exit_code == 0, result.output
     n = len(target.split()) + 1
     assert f": {n} target x {words} source words, decoder layer 1 of 2, head 1, given target (teacher-forced)" in (
@@ -215,7 +284,9 @@ def test_attention_command_writes_the_alignment_png_or_html(trained, corpus, tmp
 
     msg = _error(_invoke("attention", "--model", trained, "--source", source, "--out", tmp_path / "a.pdf"))
     assert "a.pdf: the file name must end with .png or .html" in msg
-    msg = _error(_invoke("attention", "--model", trained, "--source", source, "--layer", "2", "--out", tmp_path / "b.png"))
+    msg = _error(
+        _invoke("attention", "--model", trained, "--source", source, "--layer", "2", "--out", tmp_path / "b.png")
+    )
     assert "layer 2 is out of range: the model has 2 decoder layers" in msg
     msg = _error(_invoke("attention", "--model", tmp_path / "missing", "--source", source, "--out", tmp_path / "b.png"))
     assert "no such model folder" in msg

@@ -90,8 +90,7 @@ train_joint_tokenizer([[s for s, _ in pairs], [t for _, t in pairs]], 120, sys.a
 def test_joint_vocabulary_is_identical_across_processes(tmp_path, kind):
     outs = [tmp_path / "one", tmp_path / "two"]
     for out in outs:
-        subprocess.run([sys.executable, "-c", TRAIN_TOKENIZER, str(out), kind], check=True,
-                       cwd=Path(__file__).parent)  # fmt: skip
+        subprocess.run([sys.executable, "-c", TRAIN_TOKENIZER, str(out), kind], check=True, cwd=Path(__file__).parent)
     first, second = ((o / "tokenizer.json").read_bytes() for o in outs)
     assert first == second
     spec = json.loads(first)
@@ -128,8 +127,11 @@ def test_encode_pairs_refuses_or_skips_long_lines(tmp_path, tokenizer):
     lines[1] = ""  # line 2: skipped as empty, so numbering must still follow the file
     tgt.write_text("\n".join(lines) + "\n")
     corpus = read_parallel(src, tgt)
-    with pytest.raises(DataError, match=rf"^{src}:7: \d+ tokens \(with </s>\), more than the model's 16 positions; "
-                                        r".*--skip-long"):  # fmt: skip
+    with pytest.raises(
+        DataError,
+        match=rf"^{src}:7: \d+ tokens \(with </s>\), more than the model's 16 positions; "
+        r".*--skip-long",
+    ):
         encode_pairs(corpus, tokenizer, 16)
     pairs = encode_pairs(corpus, tokenizer, 16, skip_long=True)
     assert (pairs.skipped_long, pairs.first_long_line) == (1, 7)

@@ -45,10 +45,18 @@ def mlm_config(**overrides) -> MaskedLMConfig:
 
 def bert_config(model_type: str = "bert", **overrides) -> BertConfig:
     kwargs = dict(
-        model_type=model_type, vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        initializer_range=0.2, pad_token_id=PAD if model_type != "roberta" else 1,
-    )  # fmt: skip
+        model_type=model_type,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.2,
+        pad_token_id=PAD if model_type != "roberta" else 1,
+    )
     return BertConfig(**(kwargs | overrides))
 
 
@@ -233,8 +241,12 @@ def test_mlm_loss_matches_transformers_and_decoder_sees_only_selected_positions(
     cls = transformers.BertForMaskedLM if model_type == "bert" else transformers.RobertaForMaskedLM
     ref = cls.from_pretrained(tmp_path, attn_implementation="eager").eval()
     with torch.no_grad():
-        expected = ref(input_ids=masked, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
-                       labels=labels).loss  # fmt: skip
+        expected = ref(
+            input_ids=masked,
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            labels=labels,
+        ).loss
     assert abs(out.loss.item() - float(expected)) < TOL
     assert out.metrics["mlm_loss"] == pytest.approx(float(expected), abs=TOL)
     assert out.num_tokens == int(batch["attention_mask"].sum())
@@ -250,8 +262,13 @@ def test_bert_pretraining_with_nsp_matches_transformers(tmp_path):
     obj.save_pretrained(tmp_path)
     ref = transformers.BertForPreTraining.from_pretrained(tmp_path, attn_implementation="eager").eval()
     with torch.no_grad():
-        r = ref(input_ids=masked, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
-                labels=labels, next_sentence_label=nsp_labels)  # fmt: skip
+        r = ref(
+            input_ids=masked,
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            labels=labels,
+            next_sentence_label=nsp_labels,
+        )
         enc = obj.encoder(masked, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"])
         nsp_logits = obj.nsp_head(enc.pooler_output)
     assert torch.allclose(nsp_logits, r.seq_relationship_logits, atol=TOL)
@@ -395,8 +412,19 @@ def test_electra_saves_the_discriminator_for_transformers_and_ctxrep(tmp_path):
 
 
 def gpt2_config() -> GPT2Config:
-    return GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
-                      embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.2, bos_token_id=2, eos_token_id=2)  # fmt: skip
+    return GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        initializer_range=0.2,
+        bos_token_id=2,
+        eos_token_id=2,
+    )
 
 
 def test_causal_lm_loss_ignores_padding_and_loads_in_transformers(tmp_path):

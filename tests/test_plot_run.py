@@ -15,8 +15,10 @@ BLUE = np.array([0x1F, 0x77, 0xB4]) / 255  # matplotlib's first colour, C0
 
 
 def write_log(run_dir, steps: int, eval_at_end: bool = True) -> list[dict]:
-    records = [{"step": s, "loss": 7.0 - 0.3 * s, "lr": 1e-3 * (s - 1), "tokens_per_s": 800.0 + 10 * s}
-               for s in range(1, steps + 1)]  # fmt: skip
+    records = [
+        {"step": s, "loss": 7.0 - 0.3 * s, "lr": 1e-3 * (s - 1), "tokens_per_s": 800.0 + 10 * s}
+        for s in range(1, steps + 1)
+    ]
     if eval_at_end:
         records.append({"step": steps, "eval_loss": 6.0, "eval_perplexity": float(np.exp(6.0))})
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -72,8 +74,12 @@ def test_a_translation_run_gets_a_bleu_panel():
     records = [{"step": s, "loss": 5.0 - s / 100, "lr": 1e-3, "tokens_per_s": 5000.0} for s in range(1, 301)]
     records += [{"step": 100, "eval_loss": 4.5, "eval_bleu": 12.5}, {"step": 300, "eval_loss": 3.5, "eval_bleu": 30.0}]
     fig = draw_run(records)
-    assert [ax.get_title() for ax in fig.axes] == ["loss", "learning rate", "tokens / s",
-                                                   "validation BLEU (during training)"]  # fmt: skip
+    assert [ax.get_title() for ax in fig.axes] == [
+        "loss",
+        "learning rate",
+        "tokens / s",
+        "validation BLEU (during training)",
+    ]
     (bleu,) = fig.axes[3].get_lines()
     assert list(bleu.get_xdata()) == [100, 300] and list(bleu.get_ydata()) == [12.5, 30.0]
     assert len(draw_run(records[:300]).axes) == 3  # no BLEU in the log: the usual three panels

@@ -22,10 +22,18 @@ from ctxrep.inputs import split_windows
 from ctxrep.models.loading import CheckpointError
 from ctxrep.models.sentence_transformers import read_sentence_pooling
 
-SHORT = ["A crane caught a fish .", "Unbelievably, the newscaster broke into the broadcast!", "Dawn broke .",
-         ["Pre", "tokenized", "words"]]  # fmt: skip
-ALL_MODES = ("pooling_mode_cls_token", "pooling_mode_max_tokens", "pooling_mode_mean_tokens",
-             "pooling_mode_mean_sqrt_len_tokens")  # fmt: skip
+SHORT = [
+    "A crane caught a fish .",
+    "Unbelievably, the newscaster broke into the broadcast!",
+    "Dawn broke .",
+    ["Pre", "tokenized", "words"],
+]
+ALL_MODES = (
+    "pooling_mode_cls_token",
+    "pooling_mode_max_tokens",
+    "pooling_mode_mean_tokens",
+    "pooling_mode_mean_sqrt_len_tokens",
+)
 
 
 def _model(path: Path):
@@ -109,7 +117,24 @@ def test_no_truncation_at_max_seq_length(fz_model, minilm_path):
 
 
 def test_long_text_windows_are_weighted_as_documented(minilm_path):
-    words = ["Unbelievably", ",", "the", "newscaster", "broke", "into", "the", "broadcast", "with", "news", "of", "a", "crane", "that", "fell", "."] * 2
+    words = [
+        "Unbelievably",
+        ",",
+        "the",
+        "newscaster",
+        "broke",
+        "into",
+        "the",
+        "broadcast",
+        "with",
+        "news",
+        "of",
+        "a",
+        "crane",
+        "that",
+        "fell",
+        ".",
+    ] * 2
     fz = Featurizer("minilm", sentence_pooling="model", max_length=12)
     got = fz.embed_sentences([words, "Dawn broke ."])
     np.testing.assert_allclose(got[0], reference_windowed(minilm_path, words, 12), atol=1e-5)
@@ -130,10 +155,14 @@ def _st_folder(tmp_path: Path, bert: Path, modules: list[str], pooling: dict) ->
     folder = tmp_path / "st"
     shutil.copytree(bert, folder)
     paths = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize", "Dense": "2_Dense"}
-    (folder / "modules.json").write_text(json.dumps([
-        {"idx": i, "name": str(i), "path": paths[m], "type": f"sentence_transformers.models.{m}"}
-        for i, m in enumerate(modules)
-    ]))  # fmt: skip
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": i, "name": str(i), "path": paths[m], "type": f"sentence_transformers.models.{m}"}
+                for i, m in enumerate(modules)
+            ]
+        )
+    )
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **pooling}))
     return folder
@@ -172,8 +201,9 @@ def test_layouts_ctxrep_does_not_apply_are_refused(tmp_path, tiny_models, module
 
 def test_pooling_dimension_must_fit_the_model(tmp_path, tiny_models):
     folder = _st_folder(tmp_path, tiny_models["bert"], ["Transformer", "Pooling"], {"pooling_mode_mean_tokens": True})
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 384,
-                                                                  "pooling_mode_mean_tokens": True}))  # fmt: skip
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 384, "pooling_mode_mean_tokens": True})
+    )
     with pytest.raises(CheckpointError, match="word_embedding_dimension=384 but the model's hidden size is 32"):
         Featurizer(folder, sentence_pooling="model").embed_sentences(["Dawn broke ."])
 

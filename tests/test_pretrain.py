@@ -43,8 +43,38 @@ def write_corpus(folder: Path, documents: int = 8, sentences: int = 60, seed: in
     """A made-up language (Zipfian words, frequent word-to-word transitions) with enough distinct words to
     fill a 1000-entry WordPiece or BPE vocabulary; one document per file."""
     rng = random.Random(seed)
-    syllables = ["ka", "lo", "mi", "tu", "ren", "sa", "vo", "pi", "dar", "en", "ul", "gor", "fe", "shi", "na",
-                 "bel", "tor", "qui", "as", "mun", "ze", "ri", "pol", "ha", "ost", "ny", "cle", "wa", "jo", "ix"]  # fmt: skip
+    syllables = [
+        "ka",
+        "lo",
+        "mi",
+        "tu",
+        "ren",
+        "sa",
+        "vo",
+        "pi",
+        "dar",
+        "en",
+        "ul",
+        "gor",
+        "fe",
+        "shi",
+        "na",
+        "bel",
+        "tor",
+        "qui",
+        "as",
+        "mun",
+        "ze",
+        "ri",
+        "pol",
+        "ha",
+        "ost",
+        "ny",
+        "cle",
+        "wa",
+        "jo",
+        "ix",
+    ]
     words = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(900)})
     weights = [1.0 / (i + 1) for i in range(len(words))]
     folder.mkdir(parents=True, exist_ok=True)
@@ -113,9 +143,22 @@ def mlm_run(corpus, tmp_path_factory) -> Path:
 # ------------------------------------------------------------------------------ every objective
 
 
-HF_CLASS = {"mlm": "AutoModel", "mlm+nsp": "AutoModel", "mlm+sop": "AutoModel", "electra": "AutoModel",
-            "clm": "AutoModelForCausalLM", "plm": "AutoModel"}  # fmt: skip
-MODEL_TYPE = {"mlm": "bert", "mlm+nsp": "bert", "mlm+sop": "albert", "electra": "electra", "clm": "gpt2", "plm": "xlnet"}
+HF_CLASS = {
+    "mlm": "AutoModel",
+    "mlm+nsp": "AutoModel",
+    "mlm+sop": "AutoModel",
+    "electra": "AutoModel",
+    "clm": "AutoModelForCausalLM",
+    "plm": "AutoModel",
+}
+MODEL_TYPE = {
+    "mlm": "bert",
+    "mlm+nsp": "bert",
+    "mlm+sop": "albert",
+    "electra": "electra",
+    "clm": "gpt2",
+    "plm": "xlnet",
+}
 
 
 @pytest.mark.parametrize("objective", ["mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm"])
@@ -228,26 +271,55 @@ def test_resume_needs_a_run(corpus, tmp_path):
 
 def test_empty_corpus(tmp_path):
     (tmp_path / "empty.txt").write_text("\n  \n")
-    fails(["--objective", "mlm", "--config", "tiny", "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "o"],
-          "corpus is empty")  # fmt: skip
+    fails(
+        ["--objective", "mlm", "--config", "tiny", "--corpus", tmp_path / "empty.txt", "--out", tmp_path / "o"],
+        "corpus is empty",
+    )
 
 
 def test_binary_corpus(tmp_path):
     (tmp_path / "data.txt").write_bytes(b"some text\x00\x01\x02 more")
-    fails(["--objective", "clm", "--config", "tiny", "--corpus", tmp_path / "data.txt", "--out", tmp_path / "o"],
-          "data.txt", "NUL")  # fmt: skip
+    fails(
+        ["--objective", "clm", "--config", "tiny", "--corpus", tmp_path / "data.txt", "--out", tmp_path / "o"],
+        "data.txt",
+        "NUL",
+    )
 
 
 def test_corpus_smaller_than_one_sequence(mlm_run, tmp_path):
     (tmp_path / "short.txt").write_text("Kalo mitu ren sava.\n")
-    args = ["--objective", "mlm", "--config", "tiny", "--corpus", tmp_path / "short.txt", "--out", tmp_path / "o",
-            "--tokenizer", mlm_run, "--data.eval_fraction", 0]  # fmt: skip
+    args = [
+        "--objective",
+        "mlm",
+        "--config",
+        "tiny",
+        "--corpus",
+        tmp_path / "short.txt",
+        "--out",
+        tmp_path / "o",
+        "--tokenizer",
+        mlm_run,
+        "--data.eval_fraction",
+        0,
+    ]
     fails(args, "fewer than one sequence", "max_length=64")
 
 
 def test_tokenizer_and_model_vocabulary_sizes_must_match(corpus, mlm_run, tmp_path):
-    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
-            "--tokenizer", mlm_run / "tokenizer.json", "--tokenizer.vocab_size", 1200]  # fmt: skip
+    args = [
+        "--objective",
+        "mlm",
+        "--config",
+        "tiny",
+        "--corpus",
+        corpus,
+        "--out",
+        tmp_path / "o",
+        "--tokenizer",
+        mlm_run / "tokenizer.json",
+        "--tokenizer.vocab_size",
+        1200,
+    ]
     fails(args, "has 1000 entries", "vocab_size is 1200", "tiny.toml")
 
 
@@ -256,16 +328,30 @@ def test_corpus_too_small_to_hold_out_an_evaluation_slice(mlm_run, tmp_path):
     per_line = len(Tokenizer.from_model_dir(mlm_run).backend.encode(line, add_special_tokens=False).ids)
     lines = -(-100 // per_line)  # about 100 tokens: more than one 64-token sequence, less than two
     (tmp_path / "small.txt").write_text(line * lines)
-    args = ["--objective", "mlm", "--config", "tiny", "--corpus", tmp_path / "small.txt", "--out", tmp_path / "o",
-            "--tokenizer", mlm_run]  # fmt: skip
+    args = [
+        "--objective",
+        "mlm",
+        "--config",
+        "tiny",
+        "--corpus",
+        tmp_path / "small.txt",
+        "--out",
+        tmp_path / "o",
+        "--tokenizer",
+        mlm_run,
+    ]
     fails(args, "too small to hold out", "--data.eval_fraction 0")
 
 
 def test_unknown_config_key_names_the_key_and_the_file(corpus, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text((CONFIG_DIR / "tiny.toml").read_text().replace("hidden_size = 64", "hiden_size = 64"))
-    fails(["--objective", "mlm", "--config", bad, "--corpus", corpus, "--out", tmp_path / "o"],
-          "unknown key 'hiden_size'", "[encoder]", str(bad))  # fmt: skip
+    fails(
+        ["--objective", "mlm", "--config", bad, "--corpus", corpus, "--out", tmp_path / "o"],
+        "unknown key 'hiden_size'",
+        "[encoder]",
+        str(bad),
+    )
 
 
 @pytest.mark.parametrize(
@@ -283,13 +369,19 @@ def test_bad_overrides(corpus, tmp_path, override, message):
 
 
 def test_unknown_config_name_lists_the_shipped_ones(corpus, tmp_path):
-    fails(["--objective", "mlm", "--config", "huge", "--corpus", corpus, "--out", tmp_path / "o"],
-          "'huge'", "bert-base", "electra-small", "roberta-base", "small", "tiny")  # fmt: skip
+    fails(
+        ["--objective", "mlm", "--config", "huge", "--corpus", corpus, "--out", tmp_path / "o"],
+        "'huge'",
+        "bert-base",
+        "electra-small",
+        "roberta-base",
+        "small",
+        "tiny",
+    )
 
 
 def test_sequence_longer_than_the_positions(corpus, tmp_path):
-    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
-            "--max_length", 128]  # fmt: skip
+    args = ["--objective", "mlm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o", "--max_length", 128]
     fails(args, "max_length=128 is longer than the model's 64 positions")
 
 
@@ -304,18 +396,34 @@ def test_shipped_configs_load_with_their_published_shapes():
     assert "elmo" in small.raw and "elmo" in load_config("tiny").raw
     base = load_config("bert-base").encoder
     assert (base.hidden_size, base.num_hidden_layers, base.num_attention_heads, base.intermediate_size) == (
-        768, 12, 12, 3072)  # fmt: skip
+        768,
+        12,
+        12,
+        3072,
+    )
     roberta = load_config("roberta-base")
     assert roberta.encoder.max_position_embeddings == 514 and roberta.tokenizer.vocab_size == 50265
     assert roberta.trainer.betas == (0.9, 0.98)
     electra = load_config("electra-small")
     assert (electra.encoder.hidden_size, electra.encoder.embedding_size, electra.encoder.num_hidden_layers) == (
-        256, 128, 12)  # fmt: skip
+        256,
+        128,
+        12,
+    )
 
 
 def test_overrides_are_typed_and_reach_every_section():
-    config = load_config("tiny", [("trainer.lr", "3e-3"), ("batch_size", "16"), ("betas", "[0.9, 0.98]"),
-                                  ("lowercase", "false"), ("elmo.lstm.dim", "64"), ("trainer.warmup_steps", "2")])  # fmt: skip
+    config = load_config(
+        "tiny",
+        [
+            ("trainer.lr", "3e-3"),
+            ("batch_size", "16"),
+            ("betas", "[0.9, 0.98]"),
+            ("lowercase", "false"),
+            ("elmo.lstm.dim", "64"),
+            ("trainer.warmup_steps", "2"),
+        ],
+    )
     assert config.trainer.lr == 3e-3 and config.trainer.batch_size == 16 and config.trainer.betas == (0.9, 0.98)
     assert config.tokenizer.lowercase is False and config.trainer.warmup_steps == 2
     assert config.raw["elmo"]["lstm"]["dim"] == 64
@@ -346,7 +454,9 @@ def test_held_out_split_is_the_tail_and_keeps_every_sentence(corpus, mlm_run):
     assert split_held_out(packed, DataSection(max_length=64, eval_fraction=0.1))[1].num_sentences == 48
     assert held_out.num_documents >= 2 and train_part.num_documents >= 2
     assert train_part.num_sentences + held_out.num_sentences == packed.num_sentences
-    np.testing.assert_array_equal(held_out.sentence(held_out.num_sentences - 1), packed.sentence(packed.num_sentences - 1))
+    np.testing.assert_array_equal(
+        held_out.sentence(held_out.num_sentences - 1), packed.sentence(packed.num_sentences - 1)
+    )
     np.testing.assert_array_equal(held_out.sentence(0), packed.sentence(train_part.num_sentences))
     assert split_held_out(packed, DataSection(eval_fraction=0.0)) == (packed, None)
 
@@ -378,9 +488,17 @@ def test_pretrain_json_records_what_the_objective_read(mlm_run):
 @pytest.mark.parametrize(
     "objective, override, message",
     [
-        ("bilm", ["--encoder.hidden_size", "32"], "[encoder] hidden_size is read by mlm, mlm+nsp, mlm+sop, electra, clm, plm, not by bilm"),
+        (
+            "bilm",
+            ["--encoder.hidden_size", "32"],
+            "[encoder] hidden_size is read by mlm, mlm+nsp, mlm+sop, electra, clm, plm, not by bilm",
+        ),
         ("mlm", ["--elmo.lstm.dim", "16"], "[elmo] lstm.dim is read by bilm, not by mlm"),
-        ("clm", ["--mask_prob", "0.2"], "[objective] mask_prob is read by mlm, mlm+nsp, mlm+sop, electra, distill, not by clm"),
+        (
+            "clm",
+            ["--mask_prob", "0.2"],
+            "[objective] mask_prob is read by mlm, mlm+nsp, mlm+sop, electra, distill, not by clm",
+        ),
         ("plm", ["--max_position_embeddings", "128"], "--objective clm"),
         ("mlm", ["--short_seq_prob", "0.2"], "read by mlm+nsp, mlm+sop, not by mlm"),
         ("mlm", ["--share", "none"], "[encoder] share is read by mlm+sop, not by mlm"),
@@ -411,14 +529,34 @@ def test_a_key_no_objective_reads_names_the_key_and_the_file(corpus, tmp_path, r
 
 @pytest.mark.parametrize("objective, kind", [("clm", "wordpiece"), ("bilm", "bpe"), ("mlm", "word")])
 def test_a_tokenizer_kind_the_objective_cannot_train_is_refused(corpus, tmp_path, objective, kind):
-    args = ["--objective", objective, "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
-            "--tokenizer.kind", kind]  # fmt: skip
+    args = [
+        "--objective",
+        objective,
+        "--config",
+        "tiny",
+        "--corpus",
+        corpus,
+        "--out",
+        tmp_path / "o",
+        "--tokenizer.kind",
+        kind,
+    ]
     fails(args, f"kind={kind!r}", f"{objective} trains a")
 
 
 def test_bilm_refuses_a_subword_tokenizer(corpus, mlm_run, tmp_path):
-    args = ["--objective", "bilm", "--config", "tiny", "--corpus", corpus, "--out", tmp_path / "o",
-            "--tokenizer", mlm_run]  # fmt: skip
+    args = [
+        "--objective",
+        "bilm",
+        "--config",
+        "tiny",
+        "--corpus",
+        corpus,
+        "--out",
+        tmp_path / "o",
+        "--tokenizer",
+        mlm_run,
+    ]
     fails(args, "not word-level", "--kind word")
 
 
@@ -456,8 +594,20 @@ def test_two_identical_runs_in_two_processes_train_the_same_model(corpus, tmp_pa
     for hash_seed in ("1", "2"):
         out = tmp_path / f"run{hash_seed}"
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
-        args = ["pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out),
-                "--max-steps", "20", "--no-progress"]  # fmt: skip
+        args = [
+            "pretrain",
+            "--objective",
+            "mlm",
+            "--config",
+            "tiny",
+            "--corpus",
+            str(corpus),
+            "--out",
+            str(out),
+            "--max-steps",
+            "20",
+            "--no-progress",
+        ]
         command = [sys.executable, "-c", RUN_IN_A_SUBPROCESS, *args]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -471,8 +621,21 @@ def test_two_identical_runs_in_two_processes_train_the_same_model(corpus, tmp_pa
 
 @pytest.mark.parametrize("kind, size", [("wordpiece", 300), ("bpe", 400)])
 def test_tokenizer_train_cli(corpus, tmp_path, kind, size):
-    result = run(tokenizer_group, ["train", corpus / "doc0.txt", corpus / "doc1.txt", "--kind", kind,
-                                   "--vocab-size", size, "--out", tmp_path / "tok", "--lowercase"])  # fmt: skip
+    result = run(
+        tokenizer_group,
+        [
+            "train",
+            corpus / "doc0.txt",
+            corpus / "doc1.txt",
+            "--kind",
+            kind,
+            "--vocab-size",
+            size,
+            "--out",
+            tmp_path / "tok",
+            "--lowercase",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert f"{size} entries" in result.output
     tok = Tokenizer.from_model_dir(tmp_path / "tok")
@@ -481,10 +644,16 @@ def test_tokenizer_train_cli(corpus, tmp_path, kind, size):
 
 def test_tokenizer_train_cli_bad_input(tmp_path):
     (tmp_path / "a.txt").write_text("Kalo mitu.\n")
-    fails(["train", tmp_path / "a.txt", "--kind", "bpe", "--vocab-size", 100, "--out", tmp_path / "tok"],
-          "vocab_size=100 is too small", command=tokenizer_group)  # fmt: skip
-    fails(["train", tmp_path / "missing.txt", "--kind", "wordpiece", "--vocab-size", 100, "--out", tmp_path / "t"],
-          "no such file", command=tokenizer_group)  # fmt: skip
+    fails(
+        ["train", tmp_path / "a.txt", "--kind", "bpe", "--vocab-size", 100, "--out", tmp_path / "tok"],
+        "vocab_size=100 is too small",
+        command=tokenizer_group,
+    )
+    fails(
+        ["train", tmp_path / "missing.txt", "--kind", "wordpiece", "--vocab-size", 100, "--out", tmp_path / "t"],
+        "no such file",
+        command=tokenizer_group,
+    )
 
 
 def test_the_cli_offers_every_objective_of_the_library():
@@ -499,7 +668,8 @@ def test_progress_flag_draws_or_silences_the_training_bar(corpus, tmp_path, capf
     from ctxrep.train.pretrain import load_config
     from ctxrep.train.pretrain import pretrain as run_pretraining
 
-    run_pretraining("mlm", load_config("tiny", objective="mlm"), corpus, tmp_path / "out", max_steps=2,
-                    progress=progress)  # fmt: skip
+    run_pretraining(
+        "mlm", load_config("tiny", objective="mlm"), corpus, tmp_path / "out", max_steps=2, progress=progress
+    )
     err = capfd.readouterr().err
     assert ("train:" in err) == progress, err[-500:]

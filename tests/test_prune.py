@@ -173,14 +173,23 @@ def small_task():
     """A float64 BERT with a linear head on [CLS], and one example per batch: importance is then exactly
     E_x |dL(x)/dxi| (Michel et al. sec. 4.1)."""
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, initializer_range=0.5)  # fmt: skip
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        initializer_range=0.5,
+    )
     encoder = BertModel(config).double().eval()
     head = torch.nn.Linear(16, 3).double()
     g = torch.Generator().manual_seed(3)
-    batches = [{"input_ids": torch.randint(1, 50, (1, 6), generator=g), "labels": torch.tensor([k % 3])}
-               for k in range(5)]  # fmt: skip
+    batches = [
+        {"input_ids": torch.randint(1, 50, (1, 6), generator=g), "labels": torch.tensor([k % 3])} for k in range(5)
+    ]
 
     def loss(batch, head_mask=None):
         out = encoder(batch["input_ids"], head_mask=head_mask)
@@ -227,8 +236,10 @@ def test_importance_of_pruned_heads_is_zero_and_bad_loss_functions_are_refused()
 def test_other_families_cannot_be_pruned(elmo_dir, gpt2_dir):
     _, batches, loss = small_task()
     for model in (ctxrep.load_model(f"elmo:{elmo_dir}"), ctxrep.load_model(gpt2_dir)):
-        message = (rf"^a {model.family} model cannot be pruned: attention-head pruning is implemented for "
-                   r"bert, electra, roberta; fine-tune one of those to prune it$")  # fmt: skip
+        message = (
+            rf"^a {model.family} model cannot be pruned: attention-head pruning is implemented for "
+            r"bert, electra, roberta; fine-tune one of those to prune it$"
+        )
         with pytest.raises(ValueError, match=message):
             P.head_importance(model, batches, loss)
         with pytest.raises(ValueError, match=message):
@@ -246,8 +257,14 @@ def test_heatmap_png(tmp_path):
 
 def tiny_encoder(layers=3, heads=4) -> BertModel:
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30, hidden_size=8 * heads, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=16, max_position_embeddings=8)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30,
+        hidden_size=8 * heads,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=16,
+        max_position_embeddings=8,
+    )
     return BertModel(config).eval()
 
 
@@ -283,9 +300,14 @@ def test_prune_iteratively_recomputes_importance_each_step():
 
 def test_prune_iteratively_refuses_impossible_fractions():
     encoder = tiny_encoder()
-    with pytest.raises(ValueError, match=(r"^fraction 0\.8 would remove 10 of 12 heads, but each of the 3 layers keeps "
-                                          r"at least one: at most 9 heads \(fraction 0\.750\) can go; lower the "
-                                          r"fraction$")):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^fraction 0\.8 would remove 10 of 12 heads, but each of the 3 layers keeps "
+            r"at least one: at most 9 heads \(fraction 0\.750\) can go; lower the "
+            r"fraction$"
+        ),
+    ):
         P.prune_iteratively(encoder, lambda m: torch.rand(3, 4), 0.8)
     with pytest.raises(ValueError, match=r"fraction must be in \[0, 1\)"):
         P.prune_iteratively(encoder, lambda m: torch.rand(3, 4), 1.0)
@@ -302,8 +324,14 @@ def test_prune_iteratively_refuses_impossible_fractions():
 
 def test_accuracy_curve(tmp_path):
     encoder = tiny_encoder()
-    points = P.accuracy_curve(encoder, lambda m: torch.rand(3, 4), lambda: sum(encoder.heads_per_layer()) / 12,
-                              fraction=0.5, steps=3, png=tmp_path / "curve.png")  # fmt: skip
+    points = P.accuracy_curve(
+        encoder,
+        lambda m: torch.rand(3, 4),
+        lambda: sum(encoder.heads_per_layer()) / 12,
+        fraction=0.5,
+        steps=3,
+        png=tmp_path / "curve.png",
+    )
     assert points == [(0.0, 1.0), (1 / 6, 5 / 6), (2 / 6, 4 / 6), (0.5, 0.5)]
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -318,8 +346,9 @@ Y = [1, 1, 0, 0] * 3  # SST-2 labels, as read_task gives them
 def classifier_dir(tiny_models, tmp_path_factory):
     from ctxrep.tasks import SequenceClassifier
 
-    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=3, batch_size=4, lr=3e-3, random_state=0,
-                             dropout=0.0)  # fmt: skip
+    clf = SequenceClassifier(
+        model=str(tiny_models["bert"]), max_epochs=3, batch_size=4, lr=3e-3, random_state=0, dropout=0.0
+    )
     path = tmp_path_factory.mktemp("clf") / "model"
     clf.fit(X, Y).save(path)
     return path
@@ -345,8 +374,15 @@ def test_estimator_loss_is_the_task_loss(classifier_dir):
 def test_frozen_estimator_has_no_heads_to_prune(tiny_models, tmp_path):
     from ctxrep.tasks import SequenceClassifier
 
-    clf = SequenceClassifier(model=str(tiny_models["bert"]), mode="frozen", frozen_head="linear", pooling="mean",
-                             max_epochs=1, cache_dir=str(tmp_path / "cache"), random_state=0).fit(X, Y)  # fmt: skip
+    clf = SequenceClassifier(
+        model=str(tiny_models["bert"]),
+        mode="frozen",
+        frozen_head="linear",
+        pooling="mean",
+        max_epochs=1,
+        cache_dir=str(tmp_path / "cache"),
+        random_state=0,
+    ).fit(X, Y)
     with pytest.raises(ValueError, match="trained with mode='frozen': its encoder is not part of the task model"):
         P.estimator_loss(clf, X, Y)
 
@@ -362,14 +398,39 @@ def test_cli_prune(classifier_dir, tmp_path):
 
     sst = sst_file(tmp_path / "sst.txt")
     out = tmp_path / "pruned"
-    args = ["--model", str(classifier_dir.parent), "--task", "sst2", "--train", str(sst), "--dev", str(sst),
-            "--fraction", "0.25", "--steps", "2", "--curve", "--finetune-epochs", "1", "--importance-fraction", "0.5",
-            "--out", str(out)]  # fmt: skip
+    args = [
+        "--model",
+        str(classifier_dir.parent),
+        "--task",
+        "sst2",
+        "--train",
+        str(sst),
+        "--dev",
+        str(sst),
+        "--fraction",
+        "0.25",
+        "--steps",
+        "2",
+        "--curve",
+        "--finetune-epochs",
+        "1",
+        "--importance-fraction",
+        "0.5",
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(prune, args)
     assert result.exit_code == 0, result.output
     assert "step 2: removed" in result.output and "pruned 2 of 8 heads (fraction 0.250)" in result.output
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "importance.png", "curve.png", "prune.json",
-                 "estimator/config.json"):  # fmt: skip
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "importance.png",
+        "curve.png",
+        "prune.json",
+        "estimator/config.json",
+    ):
         assert (out / name).is_file(), name
     report = json.loads((out / "prune.json").read_text())
     assert [round(p["fraction"], 3) for p in report["curve"]] == [0.0, 0.125, 0.25]
@@ -388,16 +449,33 @@ def test_cli_prune_bad_input(classifier_dir, tmp_path):
     sst = sst_file(tmp_path / "sst.txt")
     base = ["--model", str(classifier_dir), "--train", str(sst), "--out", str(tmp_path / "out")]
     cases = [
-        (["--task", "sst2", "--fraction", "0.9"],
-         "error: fraction 0.9 would remove 7 of 8 heads, but each of the 2 layers keeps at least one"),
-        (["--task", "conll2003", "--fraction", "0.25"],
-         "holds a SequenceClassifier, but --task conll2003 is a TokenTagger"),
+        (
+            ["--task", "sst2", "--fraction", "0.9"],
+            "error: fraction 0.9 would remove 7 of 8 heads, but each of the 2 layers keeps at least one",
+        ),
+        (
+            ["--task", "conll2003", "--fraction", "0.25"],
+            "holds a SequenceClassifier, but --task conll2003 is a TokenTagger",
+        ),
         (["--task", "sst2", "--fraction", "0.25", "--curve"], "--curve scores every pruning step on held-out data"),
-    ]  # fmt: skip
+    ]
     for extra, message in cases:
         result = CliRunner().invoke(prune, base + extra)
         assert result.exit_code == 1 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
-    result = CliRunner().invoke(prune, ["--model", str(tmp_path), "--task", "sst2", "--train", str(sst),
-                                        "--fraction", "0.25", "--out", str(tmp_path / "o")])  # fmt: skip
+    result = CliRunner().invoke(
+        prune,
+        [
+            "--model",
+            str(tmp_path),
+            "--task",
+            "sst2",
+            "--train",
+            str(sst),
+            "--fraction",
+            "0.25",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert result.exit_code == 1 and "not a saved task model" in result.output

@@ -12,8 +12,8 @@ import pytest
 from ctxrep.data.conll import ConllSentence, iter_conll, iter_utf8_lines, read_conll
 from ctxrep.data.conllu import iter_conllu, read_conllu
 from ctxrep.data.glue import iter_glue_tsv, read_glue_tsv
-from ctxrep.data.sst import parse_sst_tree, read_sst, sst_label
 from ctxrep.data.squad import read_squad
+from ctxrep.data.sst import parse_sst_tree, read_sst, sst_label
 from ctxrep.data.tags import Entity, bio_to_iobes, entities, entity_scores, iob1_to_bio
 from ctxrep.data.wic import iter_wic, read_wic
 
@@ -81,7 +81,7 @@ def test_conll_token_column_and_token_only_input():
     (plain,) = iter_conll(["\ufeffHello", "world"])
     assert plain.words == ["Hello", "world"]
     with pytest.raises(ValueError, match="has only a token column, so it has no tags"):
-        plain.tags
+        _ = plain.tags
     with pytest.raises(ValueError, match=r"^<input>:1: the row has 3 column\(s\) but token_column is 3"):
         list(iter_conll(["a b c"], token_column=3))
 
@@ -126,13 +126,24 @@ def test_conll2003_official_counts():
 def test_entities_follow_conlleval():
     # IOB1: I- starts an entity after O or another type; B- splits two adjacent same-type entities
     assert entities(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG", "O"]) == [
-        Entity("PER", 0, 2), Entity("PER", 2, 3), Entity("LOC", 4, 5), Entity("ORG", 5, 6)]  # fmt: skip
+        Entity("PER", 0, 2),
+        Entity("PER", 2, 3),
+        Entity("LOC", 4, 5),
+        Entity("ORG", 5, 6),
+    ]
     # BIO with an I- that starts an entity, and a type change inside B-I
     assert entities(["O", "I-PER", "I-PER", "B-MISC", "I-LOC"]) == [
-        Entity("PER", 1, 3), Entity("MISC", 3, 4), Entity("LOC", 4, 5)]  # fmt: skip
+        Entity("PER", 1, 3),
+        Entity("MISC", 3, 4),
+        Entity("LOC", 4, 5),
+    ]
     # IOBES: E and S close an entity; an I or E right after E starts a new one
     assert entities(["S-PER", "B-LOC", "I-LOC", "E-LOC", "E-LOC", "I-ORG", "E-ORG"]) == [
-        Entity("PER", 0, 1), Entity("LOC", 1, 4), Entity("LOC", 4, 5), Entity("ORG", 5, 7)]  # fmt: skip
+        Entity("PER", 0, 1),
+        Entity("LOC", 1, 4),
+        Entity("LOC", 4, 5),
+        Entity("ORG", 5, 7),
+    ]
     assert entities(["O", "O"]) == [] and entities([]) == []
     with pytest.raises(ValueError, match=r"tag 2 is 'X-PER'; expected 'O' or one of B-, I-, E-, S-"):
         entities(["O", "X-PER"])
@@ -142,9 +153,22 @@ def test_entities_follow_conlleval():
 
 def test_scheme_conversion():
     assert iob1_to_bio(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"]) == [
-        "B-PER", "I-PER", "B-PER", "O", "B-LOC", "B-ORG"]  # fmt: skip
+        "B-PER",
+        "I-PER",
+        "B-PER",
+        "O",
+        "B-LOC",
+        "B-ORG",
+    ]
     assert bio_to_iobes(["B-PER", "I-PER", "I-PER", "B-LOC", "O", "B-ORG", "I-ORG"]) == [
-        "B-PER", "I-PER", "E-PER", "S-LOC", "O", "B-ORG", "E-ORG"]  # fmt: skip
+        "B-PER",
+        "I-PER",
+        "E-PER",
+        "S-LOC",
+        "O",
+        "B-ORG",
+        "E-ORG",
+    ]
     iob1 = ["I-MISC", "O", "I-PER", "B-PER", "I-PER"]
     assert bio_to_iobes(iob1_to_bio(iob1)) == bio_to_iobes(iob1) == ["S-MISC", "O", "S-PER", "B-PER", "E-PER"]
 
@@ -251,7 +275,14 @@ def test_sst_parse_known_answer():
     tree = parse_sst_tree("(3 (2 It) (4 (4 (2 's) (4 good)) (2 .)))")
     assert tree.label == 3 and tree.text == "It 's good ."
     assert [(n.label, n.text) for n in tree.subtrees()] == [
-        (3, "It 's good ."), (2, "It"), (4, "'s good ."), (4, "'s good"), (2, "'s"), (4, "good"), (2, ".")]  # fmt: skip
+        (3, "It 's good ."),
+        (2, "It"),
+        (4, "'s good ."),
+        (4, "'s good"),
+        (2, "'s"),
+        (4, "good"),
+        (2, "."),
+    ]
     assert parse_sst_tree("(2 8 1\\/2)").leaves() == ["8", "1\\/2"]  # a multi-word leaf in the treebank
 
 
@@ -266,7 +297,15 @@ def test_read_sst_label_schemes(tmp_path):
     assert len(phrases.texts) == 7 + 5 + 3 + 2 and phrases.texts.count("It") == 2
     deduped = read_sst(path, classes=2, phrases=True, dedup=True)
     assert deduped.texts == [
-        "It 's good .", "'s good .", "'s good", "good", "Not bad 8 1\\/2", "bad 8 1\\/2", "bad", "great"]  # fmt: skip
+        "It 's good .",
+        "'s good .",
+        "'s good",
+        "good",
+        "Not bad 8 1\\/2",
+        "bad 8 1\\/2",
+        "bad",
+        "great",
+    ]
     assert deduped.labels == [1, 1, 1, 1, 0, 0, 0, 1]
     assert [sst_label(x, 2) for x in range(5)] == [0, 0, None, 1, 1]
     with pytest.raises(ValueError, match=r"classes must be 5, 3 or 2, got 4"):
@@ -308,11 +347,15 @@ def test_glue_single_and_pair(tmp_path):
     path = write(tmp_path / "dev.tsv", 'sentence\tlabel\nit \'s "great\t1\na "quoted" one"\t0\n')
     examples = read_glue_tsv(path, text_a="sentence")
     assert [(e.text_a, e.text_b, e.label, e.line) for e in examples] == [
-        ('it \'s "great', None, "1", 2), ('a "quoted" one"', None, "0", 3)]  # fmt: skip
+        ("it 's \"great", None, "1", 2),
+        ('a "quoted" one"', None, "0", 3),
+    ]
     lines = ["index\tsentence1\tsentence2\tgold_label", "0\tA man.\tA person.\tentailment", "1\tX\tY\tneutral"]
     pairs = list(iter_glue_tsv(lines, "sentence1", "sentence2", "gold_label"))
     assert [(e.text_a, e.text_b, e.label) for e in pairs] == [
-        ("A man.", "A person.", "entailment"), ("X", "Y", "neutral")]  # fmt: skip
+        ("A man.", "A person.", "entailment"),
+        ("X", "Y", "neutral"),
+    ]
     unlabelled = list(iter_glue_tsv(lines, "sentence2", label=None))
     assert [(e.text_a, e.label) for e in unlabelled] == [("A person.", None), ("Y", None)]
 
@@ -337,12 +380,26 @@ def squad_file(tmp_path: Path, qas: list[dict], context: str = "Paris is the cap
 
 
 def test_squad_known_answer(tmp_path):
-    path = squad_file(tmp_path, [
-        {"id": "q1", "question": "What is Paris?", "answers": [
-            {"text": "the capital of France", "answer_start": 9}, {"text": "capital", "answer_start": 13}]},
-        {"id": "q2", "question": "Who?", "answers": [], "is_impossible": True,
-         "plausible_answers": [{"text": "Paris", "answer_start": 0}]},
-    ])  # fmt: skip
+    path = squad_file(
+        tmp_path,
+        [
+            {
+                "id": "q1",
+                "question": "What is Paris?",
+                "answers": [
+                    {"text": "the capital of France", "answer_start": 9},
+                    {"text": "capital", "answer_start": 13},
+                ],
+            },
+            {
+                "id": "q2",
+                "question": "Who?",
+                "answers": [],
+                "is_impossible": True,
+                "plausible_answers": [{"text": "Paris", "answer_start": 0}],
+            },
+        ],
+    )
     q1, q2 = read_squad(path)
     assert (q1.id, q1.title, q1.question, q1.is_impossible) == ("q1", "Paris", "What is Paris?", False)
     assert [(a.text, a.start) for a in q1.answers] == [("the capital of France", 9), ("capital", 13)]
@@ -353,16 +410,22 @@ def test_squad_known_answer(tmp_path):
 @pytest.mark.parametrize(
     "qa, message",
     [
-        ({"id": "q7", "question": "?", "answers": [{"text": "France", "answer_start": 20}]},
-         r"example 'q7': answer 1 is 'France' but context\[20:26\] is ' of Fr'; fix its answer_start"),
+        (
+            {"id": "q7", "question": "?", "answers": [{"text": "France", "answer_start": 20}]},
+            r"example 'q7': answer 1 is 'France' but context\[20:26\] is ' of Fr'; fix its answer_start",
+        ),
         ({"id": "q8", "question": "?", "answers": []}, r"example 'q8': no answers and is_impossible is not true"),
-        ({"id": "q9", "question": "?", "is_impossible": True, "answers": [{"text": "Paris", "answer_start": 0}]},
-         r"example 'q9': is_impossible is true but it has 1 answer"),
+        (
+            {"id": "q9", "question": "?", "is_impossible": True, "answers": [{"text": "Paris", "answer_start": 0}]},
+            r"example 'q9': is_impossible is true but it has 1 answer",
+        ),
         ({"question": "?", "answers": []}, r"data\[0\].paragraphs\[0\].qas\[0\]: missing key 'id'"),
-        ({"id": "q3", "question": "?", "answers": [{"text": "P", "answer_start": "0"}]},
-         r"example 'q3' answer 1: 'answer_start' should be an integer, found '0'"),
+        (
+            {"id": "q3", "question": "?", "answers": [{"text": "P", "answer_start": "0"}]},
+            r"example 'q3' answer 1: 'answer_start' should be an integer, found '0'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_squad_bad_input_names_example(tmp_path, qa, message):
     path = squad_file(tmp_path, [qa])
     with pytest.raises(ValueError, match=f"^{esc(path)}: {message}"):

@@ -33,10 +33,22 @@ def models_dir(tmp_path_factory):
     lengths and beam search finds other outputs than greedy search (a random model rarely stops, or always does).
     Saved by ctxrep, read by transformers."""
     torch.manual_seed(0)
-    model = MarianMTModel(MarianConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
-                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                       decoder_ffn_dim=64, max_position_embeddings=64, pad_token_id=PAD,
-                                       eos_token_id=EOS, dropout=0.0))  # fmt: skip
+    model = MarianMTModel(
+        MarianConfig(
+            vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            dropout=0.0,
+        )
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for step in range(60):
         ids, mask = sources(16, seed=100 + step)
@@ -64,8 +76,9 @@ def test_greedy_equals_transformers_generate(models_dir):
     ids, mask = sources(16)
     found = greedy_search(ours, ids, mask, max_len_a=0, max_len_b=NEW_TOKENS)
     with torch.no_grad():
-        expected = ref.generate(ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=NEW_TOKENS,
-                                bad_words_ids=[[PAD]])  # fmt: skip
+        expected = ref.generate(
+            ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=NEW_TOKENS, bad_words_ids=[[PAD]]
+        )
     expected = [strip(row) for row in expected.tolist()]
     assert found == expected
     lengths = {len(row) for row in found}
@@ -79,9 +92,18 @@ def test_beam_search_equals_transformers_generate(models_dir):
     ids, mask = sources(16, seed=2)
     found = beam_search(ours, ids, mask, beam=4, length_penalty=1.0, penalty="hf", max_len_a=0, max_len_b=NEW_TOKENS)
     with torch.no_grad():
-        out = ref.generate(ids, attention_mask=mask, num_beams=4, do_sample=False, length_penalty=1.0,
-                           early_stopping=True, max_new_tokens=NEW_TOKENS, bad_words_ids=[[PAD]],
-                           return_dict_in_generate=True, output_scores=True)  # fmt: skip
+        out = ref.generate(
+            ids,
+            attention_mask=mask,
+            num_beams=4,
+            do_sample=False,
+            length_penalty=1.0,
+            early_stopping=True,
+            max_new_tokens=NEW_TOKENS,
+            bad_words_ids=[[PAD]],
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
     expected = [strip(row) for row in out.sequences.tolist()]
     assert [h[0].tokens for h in found] == expected
     assert torch.allclose(torch.tensor([h[0].score for h in found]), out.sequences_scores, atol=1e-4)
@@ -93,12 +115,23 @@ def test_beam_search_n_best_equals_transformers_num_return_sequences(models_dir)
     ours = MarianMTModel.from_pretrained(models_dir)
     ref = transformers.MarianMTModel.from_pretrained(models_dir).eval()
     ids, mask = sources(6, seed=3)
-    found = beam_search(ours, ids, mask, beam=5, n_best=3, length_penalty=0.5, penalty="hf", max_len_a=0,
-                        max_len_b=NEW_TOKENS)  # fmt: skip
+    found = beam_search(
+        ours, ids, mask, beam=5, n_best=3, length_penalty=0.5, penalty="hf", max_len_a=0, max_len_b=NEW_TOKENS
+    )
     with torch.no_grad():
-        out = ref.generate(ids, attention_mask=mask, num_beams=5, num_return_sequences=3, do_sample=False,
-                           length_penalty=0.5, early_stopping=True, max_new_tokens=NEW_TOKENS, bad_words_ids=[[PAD]],
-                           return_dict_in_generate=True, output_scores=True)  # fmt: skip
+        out = ref.generate(
+            ids,
+            attention_mask=mask,
+            num_beams=5,
+            num_return_sequences=3,
+            do_sample=False,
+            length_penalty=0.5,
+            early_stopping=True,
+            max_new_tokens=NEW_TOKENS,
+            bad_words_ids=[[PAD]],
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
     expected = [strip(row) for row in out.sequences.tolist()]
     assert [h.tokens for hyps in found for h in hyps] == expected
     scores = torch.tensor([[h.score for h in hyps] for hyps in found])
@@ -110,8 +143,9 @@ def test_beam_search_n_best_equals_transformers_num_return_sequences(models_dir)
 def test_gnmt_penalty_scores_and_order(models_dir):
     ours = MarianMTModel.from_pretrained(models_dir)
     ids, mask = sources(6, seed=4)
-    found = beam_search(ours, ids, mask, beam=4, n_best=4, length_penalty=0.6, penalty="gnmt", max_len_a=0,
-                        max_len_b=NEW_TOKENS)  # fmt: skip
+    found = beam_search(
+        ours, ids, mask, beam=4, n_best=4, length_penalty=0.6, penalty="gnmt", max_len_a=0, max_len_b=NEW_TOKENS
+    )
     for i, hyps in enumerate(found):
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
@@ -149,8 +183,12 @@ def test_bad_search_arguments_are_refused(models_dir):
 
 # ---- translate() ------------------------------------------------------------------------------------------------
 
-LINES = ["a man in a blue shirt is standing on a ladder .", "two dogs play in the snow .",
-         "ein mann in einem blauen hemd steht auf einer leiter .", "zwei hunde spielen im schnee ."]  # fmt: skip
+LINES = [
+    "a man in a blue shirt is standing on a ladder .",
+    "two dogs play in the snow .",
+    "ein mann in einem blauen hemd steht auf einer leiter .",
+    "zwei hunde spielen im schnee .",
+]
 
 
 @pytest.fixture(scope="module")
@@ -162,10 +200,20 @@ def mt_dir(tmp_path_factory):
     tok.train_from_iterator(LINES * 5, trainers.BpeTrainer(vocab_size=80, special_tokens=["<pad>", "</s>", "<unk>"]))
     tok.save(str(path / "tokenizer.json"))
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=tok.get_vocab_size(), d_model=16, encoder_layers=1, decoder_layers=1,
-                          encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                          decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=0, eos_token_id=1,
-                          dropout=0.0)  # fmt: skip
+    config = MarianConfig(
+        vocab_size=tok.get_vocab_size(),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        pad_token_id=0,
+        eos_token_id=1,
+        dropout=0.0,
+    )
     model = MarianMTModel(config)
     with torch.no_grad():
         model.final_logits_bias[0, 1] = 1.5
@@ -198,8 +246,11 @@ def test_translate_refuses_or_skips_long_sentences(mt_dir):
     tok = MTTokenizer.from_model_dir(mt_dir)
     long = " ".join(LINES * 2)  # more than 32 tokens
     assert len(tok.encode_source([long])[0]) > 32
-    with pytest.raises(ValueError, match=r"sentence 2 has \d+ tokens \(with </s>\), more than the model's 32 positions "
-                                         r"\(and 1 more sentences are too long\); .*skip_long=True") as e:  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"sentence 2 has \d+ tokens \(with </s>\), more than the model's 32 positions "
+        r"\(and 1 more sentences are too long\); .*skip_long=True",
+    ) as e:
         translate(model, tok, ["two dogs", "snow", long, "a man", long])
     assert "\n" not in str(e.value)
     out = translate(model, tok, ["two dogs", "snow", long, "a man", long], skip_long=True)

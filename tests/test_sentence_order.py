@@ -39,7 +39,9 @@ def tokenizer_dir(tmp_path_factory):
 
 def pack(tmp_path, tokenizer_dir, sentences_per_doc):
     write_docs(tmp_path / "text", sentences_per_doc)
-    return pack_corpus(tmp_path / "text", tokenizer_dir, tmp_path / "packed", CorpusConfig(num_workers=1), progress=False)
+    return pack_corpus(
+        tmp_path / "text", tokenizer_dir, tmp_path / "packed", CorpusConfig(num_workers=1), progress=False
+    )
 
 
 def parse(tokens: list[str]) -> list[tuple[int, int]]:
@@ -102,15 +104,23 @@ def test_corpus_of_one_token_documents_is_refused(tmp_path, tokenizer_dir):
     (tmp_path / "text").mkdir()
     for d in range(3):  # each document one sentence of one token: no pair has a second segment
         (tmp_path / "text" / f"doc{d}.txt").write_text(f"d{d}s0w0\n")
-    corpus = pack_corpus(tmp_path / "text", tokenizer_dir, tmp_path / "packed", CorpusConfig(num_workers=1),
-                         progress=False)  # fmt: skip
+    corpus = pack_corpus(
+        tmp_path / "text", tokenizer_dir, tmp_path / "packed", CorpusConfig(num_workers=1), progress=False
+    )
     assert corpus.num_tokens == 3
     with pytest.raises(PackingError, match="no segment pair can be made .* one sentence of one token"):
         SentenceOrderPacker(corpus, SegmentPairConfig(max_length=5)).next_instance()
 
 
-TINY = dict(vocab_size=60, embedding_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=24, max_position_embeddings=32)  # fmt: skip
+TINY = dict(
+    vocab_size=60,
+    embedding_size=8,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=24,
+    max_position_embeddings=32,
+)
 
 
 def objective(**overrides) -> SentenceOrderObjective:
@@ -128,8 +138,12 @@ def make_batch() -> dict[str, torch.Tensor]:
     ids[mask == 0] = 0
     types = torch.zeros_like(ids)
     types[:, 7:] = 1
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types * mask,
-            "sentence_order_label": torch.tensor([0, 1, 1])}  # fmt: skip
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "token_type_ids": types * mask,
+        "sentence_order_label": torch.tensor([0, 1, 1]),
+    }
 
 
 def test_mlm_plus_sop_loss_matches_albert_for_pretraining(tmp_path):
@@ -142,11 +156,17 @@ def test_mlm_plus_sop_loss_matches_albert_for_pretraining(tmp_path):
     obj.save_pretrained(tmp_path)
     ref = transformers.AlbertForPreTraining.from_pretrained(tmp_path).eval()
     with torch.no_grad():
-        r = ref(masked, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"], labels=labels,
-                sentence_order_label=batch["sentence_order_label"])  # fmt: skip
+        r = ref(
+            masked,
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            labels=labels,
+            sentence_order_label=batch["sentence_order_label"],
+        )
     assert float(out.loss.detach()) == pytest.approx(float(r.loss), abs=1e-5)
-    assert out.metrics["sop_loss"] == pytest.approx(float(F.cross_entropy(r.sop_logits, batch["sentence_order_label"])),
-                                                    abs=1e-5)  # fmt: skip
+    assert out.metrics["sop_loss"] == pytest.approx(
+        float(F.cross_entropy(r.sop_logits, batch["sentence_order_label"])), abs=1e-5
+    )
     assert out.num_tokens == int(batch["attention_mask"].sum())
     # The saved folder's encoder loads in transformers' AutoModel and in ctxrep with the objective's outputs.
     auto = transformers.AutoModel.from_pretrained(tmp_path).eval()

@@ -48,8 +48,9 @@ class Rows:
 
 
 def config(**overrides) -> TrainerConfig:
-    return TrainerConfig(**({"lr": 1e-2, "max_steps": 4, "batch_size": 2, "log_every": 1, "checkpoint_every": 0}
-                            | overrides))  # fmt: skip
+    return TrainerConfig(
+        **({"lr": 1e-2, "max_steps": 4, "batch_size": 2, "log_every": 1, "checkpoint_every": 0} | overrides)
+    )
 
 
 def test_a_warm_up_longer_than_the_run_warns_and_names_an_option_that_exists(tmp_path):
@@ -57,8 +58,11 @@ def test_a_warm_up_longer_than_the_run_warns_and_names_an_option_that_exists(tmp
     rate never got above 2.9% of its peak."""
     from ctxrep.train.pretrain import load_config
 
-    with pytest.warns(UserWarning, match=r"warmup_steps=1000 is as long as the run or longer \(max_steps=30\): the "
-                                         r"learning rate never gets above 2\.9% of lr=0\.01") as record:  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"warmup_steps=1000 is as long as the run or longer \(max_steps=30\): the "
+        r"learning rate never gets above 2\.9% of lr=0\.01",
+    ) as record:
         Trainer(Regression(), config(warmup_steps=1000, max_steps=30), Rows(), tmp_path / "a", progress=False).train()
     message = str(record[0].message)
     suggested = re.search(r"e\.g\. --(\S+) (\d+)$", message)
@@ -68,8 +72,9 @@ def test_a_warm_up_longer_than_the_run_warns_and_names_an_option_that_exists(tmp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Trainer(Regression(), config(warmup_steps=3, max_steps=30), Rows(), tmp_path / "b", progress=False).train()
-        Trainer(Regression(), config(max_steps=30), Rows(), tmp_path / "c", progress=False,
-                schedule=lambda step: 1.0).train()  # fmt: skip
+        Trainer(
+            Regression(), config(max_steps=30), Rows(), tmp_path / "c", progress=False, schedule=lambda step: 1.0
+        ).train()
 
 
 def test_no_progress_silences_the_bar(tmp_path, capsys):

@@ -10,10 +10,18 @@ from ctxrep.data.tags import entities
 from ctxrep.tasks import TokenTagger
 
 # BIO data in which an I- tag only ever follows B- or I- of its type; "smith" is always I-PER
-X = [["john", "smith", "lives", "in", "paris"], ["mary", "jones", "visited", "new", "york", "today"],
-     ["we", "met", "john", "smith"], ["the", "city", "of", "new", "york"]] * 3  # fmt: skip
-Y = [["B-PER", "I-PER", "O", "O", "B-LOC"], ["B-PER", "I-PER", "O", "B-LOC", "I-LOC", "O"],
-     ["O", "O", "B-PER", "I-PER"], ["O", "O", "O", "B-LOC", "I-LOC"]] * 3  # fmt: skip
+X = [
+    ["john", "smith", "lives", "in", "paris"],
+    ["mary", "jones", "visited", "new", "york", "today"],
+    ["we", "met", "john", "smith"],
+    ["the", "city", "of", "new", "york"],
+] * 3
+Y = [
+    ["B-PER", "I-PER", "O", "O", "B-LOC"],
+    ["B-PER", "I-PER", "O", "B-LOC", "I-LOC", "O"],
+    ["O", "O", "B-PER", "I-PER"],
+    ["O", "O", "O", "B-LOC", "I-LOC"],
+] * 3
 
 
 @pytest.fixture(autouse=True)
@@ -25,9 +33,19 @@ def _one_thread():
 
 
 def tagger(tiny_models, tmp_path, mode, **kw) -> TokenTagger:
-    params = dict(model=str(tiny_models["bert"]), mode=mode, batch_size=4, lr=1e-2, random_state=0, lstm_size=16,
-                  dropout=0.0, cache_dir=str(tmp_path / "cache"), crf=True, tag_scheme="bio",
-                  max_epochs=15 if mode == "finetune" else 40)  # fmt: skip
+    params = dict(
+        model=str(tiny_models["bert"]),
+        mode=mode,
+        batch_size=4,
+        lr=1e-2,
+        random_state=0,
+        lstm_size=16,
+        dropout=0.0,
+        cache_dir=str(tmp_path / "cache"),
+        crf=True,
+        tag_scheme="bio",
+        max_epochs=15 if mode == "finetune" else 40,
+    )
     return TokenTagger(**(params | kw))
 
 

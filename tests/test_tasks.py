@@ -24,8 +24,16 @@ Y_SPAN = [("paris", CTX.index("paris")), ("london", 19)] * 4
 
 
 def common(tiny_models, tmp_path, mode="finetune", **kw):
-    params = dict(model=str(tiny_models["bert"]), mode=mode, batch_size=4, lr=3e-3, random_state=0,
-                  cache_dir=str(tmp_path / "cache"), lstm_size=8, dropout=0.0)  # fmt: skip
+    params = dict(
+        model=str(tiny_models["bert"]),
+        mode=mode,
+        batch_size=4,
+        lr=3e-3,
+        random_state=0,
+        cache_dir=str(tmp_path / "cache"),
+        lstm_size=8,
+        dropout=0.0,
+    )
     return params | kw
 
 
@@ -132,8 +140,17 @@ def test_warm_start_continues(tiny_models, tmp_path):
 
 def test_early_stopping_stops(tiny_models, tmp_path):
     # a learning rate too small to change the held-out accuracy: no improvement after the first epoch
-    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=20, lr=1e-12, early_stopping=True,
-                                      n_iter_no_change=1, validation_fraction=0.25))  # fmt: skip
+    clf = SequenceClassifier(
+        **common(
+            tiny_models,
+            tmp_path,
+            max_epochs=20,
+            lr=1e-12,
+            early_stopping=True,
+            n_iter_no_change=1,
+            validation_fraction=0.25,
+        )
+    )
     clf.fit(X_CLS, Y_CLS)
     assert clf.n_epochs_ == 2 and all("validation_score" in h for h in clf.history_)
     with pytest.raises(ValueError, match="validation_fraction > 0"):
@@ -178,8 +195,16 @@ def test_frozen_feature_cache_hit(tiny_models, tmp_path, monkeypatch):
 def test_frozen_fit_is_the_same_on_a_cold_and_a_warm_cache(tiny_models, tmp_path):
     """The held-out split and eval_set are featurized once, before training draws any random number; loading the
     encoder on the cold path used to draw from the global RNG mid-training and change later epochs' dropout."""
-    params = common(tiny_models, tmp_path, "frozen", max_epochs=3, dropout=0.3, early_stopping=True,
-                    validation_fraction=0.25, n_iter_no_change=5)  # fmt: skip
+    params = common(
+        tiny_models,
+        tmp_path,
+        "frozen",
+        max_epochs=3,
+        dropout=0.3,
+        early_stopping=True,
+        validation_fraction=0.25,
+        n_iter_no_change=5,
+    )
     eval_set = (["good fine", "awful sad"], ["pos", "neg"])
     cold = SequenceClassifier(**params).fit(X_CLS, Y_CLS, eval_set=eval_set)
     warm = SequenceClassifier(**params).fit(X_CLS, Y_CLS, eval_set=eval_set)
@@ -198,8 +223,9 @@ def test_held_out_data_is_encoded_once_per_fit(tiny_models, tmp_path, monkeypatc
         return encode(self, X, y, call)
 
     monkeypatch.setattr(SequenceClassifier, "_examples", counting)
-    params = common(tiny_models, tmp_path, max_epochs=3, early_stopping=True, validation_fraction=0.25,
-                    n_iter_no_change=5)  # fmt: skip
+    params = common(
+        tiny_models, tmp_path, max_epochs=3, early_stopping=True, validation_fraction=0.25, n_iter_no_change=5
+    )
     clf = SequenceClassifier(**params).fit(X_CLS, Y_CLS, eval_set=(X_CLS[:2], Y_CLS[:2]))
     assert len(clf.history_) == 3 and all("dev_score" in h and "validation_score" in h for h in clf.history_)
     assert calls == [9, 3, 2]  # training part, held-out part, eval_set: once each, not once per epoch
@@ -209,8 +235,9 @@ def test_held_out_data_is_encoded_once_per_fit(tiny_models, tmp_path, monkeypatc
 
 
 def test_discriminative_lr_param_groups(tiny_models, tmp_path):
-    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, lr=1e-3, discriminative_lr=True,
-                                      discriminative_lr_factor=2.0))  # fmt: skip
+    clf = SequenceClassifier(
+        **common(tiny_models, tmp_path, max_epochs=1, lr=1e-3, discriminative_lr=True, discriminative_lr_factor=2.0)
+    )
     clf.fit(X_CLS, Y_CLS)
     groups = make_optimizer(clf.model_, clf._loop_settings()).param_groups
     lr_by_depth = {g["depth"]: g["lr"] for g in groups}
@@ -272,10 +299,23 @@ def test_cli_finetune_sst2_and_conll(tiny_models, tmp_path):
     conll.write_text("John NNP I-NP I-PER\nlives VBZ I-VP O\nin IN I-PP O\nParis NNP I-NP I-LOC\n\n" * 4)
     runner = CliRunner()
     model = str(tiny_models["bert"])
-    base = ["--model", model, "--max-epochs", "2", "--batch-size", "4", "--lr", "3e-3", "--no-progress",
-            "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    base = [
+        "--model",
+        model,
+        "--max-epochs",
+        "2",
+        "--batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--no-progress",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     out = tmp_path / "sst-out"
-    result = runner.invoke(finetune, ["--task", "sst2", "--train", str(sst), "--dev", str(sst), "--out", str(out)] + base)
+    result = runner.invoke(
+        finetune, ["--task", "sst2", "--train", str(sst), "--dev", str(sst), "--out", str(out)] + base
+    )
     assert result.exit_code == 0, result.output
     assert "macro f1" in result.output and "accuracy" in result.output
     for name in ("metrics.json", "confusion.png", "learning_curve.png", "model/config.json", "model/model.safetensors"):
@@ -288,8 +328,9 @@ def test_cli_finetune_sst2_and_conll(tiny_models, tmp_path):
     assert result.exit_code == 0, result.output
     assert "PER" in result.output and (out / "learning_curve.png").is_file()
     assert json.loads((out / "metrics.json").read_text())["score_name"] == "entity_f1"
-    result = runner.invoke(finetune, ["--task", "sst2", "--train", str(tmp_path / "missing"), "--dev", str(sst),
-                                      "--out", str(out)] + base)  # fmt: skip
+    result = runner.invoke(
+        finetune, ["--task", "sst2", "--train", str(tmp_path / "missing"), "--dev", str(sst), "--out", str(out)] + base
+    )
     assert result.exit_code == 1 and "error:" in result.output
 
 
@@ -333,8 +374,9 @@ def test_gpt2_classifier_reads_the_last_token_and_no_segments(gpt2_dir, tiny_mod
 
 
 def test_elmo_finetune_trains_the_bilm_and_the_mix(elmo_dir, tiny_models, tmp_path):
-    clf = SequenceClassifier(**common(tiny_models, tmp_path, model=f"elmo:{elmo_dir}", max_epochs=2,
-                                      discriminative_lr=True))  # fmt: skip
+    clf = SequenceClassifier(
+        **common(tiny_models, tmp_path, model=f"elmo:{elmo_dir}", max_epochs=2, discriminative_lr=True)
+    )
     before = Elmo(load_model(f"elmo:{elmo_dir}"), dropout=0.0, freeze=False).state_dict()
     clf.fit(X_CLS, Y_CLS)
     after = clf.model_.representation.encoder.state_dict()
@@ -361,9 +403,16 @@ def test_sst_phrases_for_training(tmp_path):
     phrases = read_task("sst2", sst, phrases=True)
     # every distinct labelled phrase except the neutral ones (label 2): "film" is dropped
     assert sorted(zip(phrases.X, phrases.y)) == sorted(
-        [("good great film", 1), ("good", 1), ("great film", 1), ("great", 1), ("bad awful", 0), ("bad", 0),
-         ("awful", 0)]
-    )  # fmt: skip
+        [
+            ("good great film", 1),
+            ("good", 1),
+            ("great film", 1),
+            ("great", 1),
+            ("bad awful", 0),
+            ("bad", 0),
+            ("awful", 0),
+        ]
+    )
     conll = tmp_path / "x.conll"
     conll.write_text("EU I-ORG\n")
     with pytest.raises(ValueError, match="train_phrases is for the SST tasks"):
@@ -395,8 +444,11 @@ def test_max_steps_stops_training_and_lays_out_the_schedule(tiny_models, tmp_pat
 def test_a_warm_up_as_long_as_the_run_warns(tiny_models, tmp_path):
     import warnings
 
-    with pytest.warns(UserWarning, match=r"warm-up \(3 steps .*\) is as long as the run \(3 optimizer steps\).* "
-                                         r"never gets above 67% of lr.*lower warmup_fraction") as record:  # fmt: skip
+    with pytest.warns(
+        UserWarning,
+        match=r"warm-up \(3 steps .*\) is as long as the run \(3 optimizer steps\).* "
+        r"never gets above 67% of lr.*lower warmup_fraction",
+    ) as record:
         SequenceClassifier(**common(tiny_models, tmp_path, max_steps=3, warmup_fraction=1.0)).fit(X_CLS, Y_CLS)
     assert record[0].filename == __file__  # pointed at the caller's fit
     with warnings.catch_warnings(record=True) as caught:
@@ -474,8 +526,9 @@ def test_fused_adamw_fits_as_the_for_loop_reference(tiny_models, tmp_path, monke
     groups = make_optimizer(reference.model_, reference._loop_settings()).param_groups
     assert not any(g["fused"] or g["foreach"] for g in groups)
     assert [h["dev_score"] for h in fast.history_] == [h["dev_score"] for h in reference.history_]
-    np.testing.assert_allclose([h["train_loss"] for h in fast.history_], [h["train_loss"] for h in reference.history_],
-                               rtol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        [h["train_loss"] for h in fast.history_], [h["train_loss"] for h in reference.history_], rtol=1e-4
+    )
     for (name, a), b in zip(fast.model_.state_dict().items(), reference.model_.state_dict().values()):
         # The key bias adds q.b to every score of a query, which the softmax over keys ignores: its gradient is zero
         # but for rounding, and AdamW turns that noise into steps near lr * |g| / eps of either sign. The two

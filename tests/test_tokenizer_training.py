@@ -87,7 +87,7 @@ def test_bpe_follows_roberta_conventions(bpe_dir):
     # add_prefix_space: the first word is encoded like any other word.
     first = tok.backend.encode("cat", add_special_tokens=False).ids
     inner = tok.backend.encode("a cat", add_special_tokens=False).ids
-    assert inner[-len(first):] == first
+    assert inner[-len(first) :] == first
     # Byte level: characters never seen in training still round-trip exactly.
     text = "naïve café ☃ 東京"
     enc = tok.backend.encode(text)
@@ -172,7 +172,9 @@ def test_word_level_lowercase(tmp_path, corpus_file):
 
 
 def test_word_level_vocab_without_room_for_a_word_is_refused(tmp_path, corpus_file):
-    with pytest.raises(ValueError, match=r"vocab_size=4 is too small for a word tokenizer: it needs at least 5 .*1 word"):
+    with pytest.raises(
+        ValueError, match=r"vocab_size=4 is too small for a word tokenizer: it needs at least 5 .*1 word"
+    ):
         train_tokenizer(corpus_file, "word", 4, tmp_path)
 
 
@@ -209,8 +211,13 @@ def test_the_same_call_writes_a_byte_identical_tokenizer_in_other_processes(kind
     for hash_seed in ("1", "2"):  # Python's hash seed differs; the Rust trainers' hash maps differ per process anyway
         out = tmp_path / f"{kind}-{hash_seed}"
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        done = subprocess.run([sys.executable, "-c", TRAIN_IN_A_SUBPROCESS, str(tmp_path / "text"), kind, str(size),
-                               str(out)], env=env, capture_output=True, text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", TRAIN_IN_A_SUBPROCESS, str(tmp_path / "text"), kind, str(size), str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         files.append((out / "tokenizer.json").read_bytes())
     assert files[0] == files[1]

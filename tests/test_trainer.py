@@ -19,9 +19,9 @@ from ctxrep.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from ctxrep.models.loading import CheckpointError
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import allocator
+from ctxrep.train.optim import param_groups
 from ctxrep.train.plot import plot_run
 from ctxrep.train.schedules import slanted_triangular, warmup_decay
-from ctxrep.train.optim import param_groups
 from ctxrep.train.trainer import Trainer, TrainerConfig, TrainerError
 
 VOCAB, LENGTH = 40, 8
@@ -33,8 +33,16 @@ class CausalLM(nn.Module):
     def __init__(self, n_embd: int = 16, dropout: float = 0.0, seed: int = 0) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=n_embd, n_layer=2, n_head=2,
-                            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)  # fmt: skip
+        config = GPT2Config(
+            vocab_size=VOCAB,
+            n_positions=LENGTH,
+            n_embd=n_embd,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+        )
         self.model = GPT2LMHeadModel(config)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
@@ -154,8 +162,14 @@ def test_param_groups_by_depth_with_discriminative_learning_rates():
     depth = {n: int(n.split(".")[3]) + 1 for n, _ in objective.named_parameters() if ".h." in n}  # blocks 1, 2
     optimizer = adamw(objective, 1e-3, 0.1, depth=depth, default_depth=0, lr_at_depth=discriminative(1e-3, 2.0, 2))
     groups = optimizer.param_groups
-    assert [(g["depth"], g["weight_decay"]) for g in groups] == [(0, 0.1), (0, 0.0), (1, 0.1), (1, 0.0), (2, 0.1),
-                                                                  (2, 0.0)]  # fmt: skip
+    assert [(g["depth"], g["weight_decay"]) for g in groups] == [
+        (0, 0.1),
+        (0, 0.0),
+        (1, 0.1),
+        (1, 0.0),
+        (2, 0.1),
+        (2, 0.0),
+    ]
     assert [g["lr"] for g in groups] == pytest.approx([2.5e-4, 2.5e-4, 5e-4, 5e-4, 1e-3, 1e-3])
     names = {id(p): n for n, p in objective.named_parameters()}
     in_groups = [names[id(p)] for g in groups for p in g["params"]]
@@ -201,7 +215,13 @@ def test_log_records_and_evaluation(tmp_path):
     trainer = Trainer(CausalLM(), cfg, Rows(), tmp_path, eval_data=Rows(seed=99), save_model=saved.append)
     result = trainer.train()
     records = read_log(tmp_path)
-    assert [(r["step"], "eval_loss" in r) for r in records] == [(1, False), (2, False), (2, True), (4, False), (4, True)]
+    assert [(r["step"], "eval_loss" in r) for r in records] == [
+        (1, False),
+        (2, False),
+        (2, True),
+        (4, False),
+        (4, True),
+    ]
     train = [r for r in records if "loss" in r]
     assert set(train[0]) == {"step", "loss", "lr", "tokens_per_s", "grad_norm", "first_id"}
     # lr of the step that was logged: warm-up 0, 0.5e-3 (step 2); decay 1e-3 (step 3), 0.5e-3 (step 4)

@@ -49,8 +49,9 @@ def test_the_notebook_runs(tmp_path, this_python_kernel):
     workdir.mkdir()
     threads = os.environ.get("CTXREP_TEST_THREADS", "2")
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=this_python_kernel,
-                            resources={"metadata": {"path": str(workdir)}})  # fmt: skip
+    client = NotebookClient(
+        nb, timeout=CELL_TIMEOUT_S, kernel_name=this_python_kernel, resources={"metadata": {"path": str(workdir)}}
+    )
     start = time.perf_counter()
     client.execute(env=env)  # raises CellExecutionError, naming the cell, if any cell fails
     took = time.perf_counter() - start
@@ -59,8 +60,13 @@ def test_the_notebook_runs(tmp_path, this_python_kernel):
     assert all(c.execution_count for c in code)
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
     # the notebook wrote its own data where it ran, and drew the probe and the attention head
-    assert {p.name for p in (workdir / "tutorial_data").iterdir()} >= {"senses.tsv", "reviews.tsv", "pos.txt",
-                                                                       "probe.png", "attention.png"}  # fmt: skip
+    assert {p.name for p in (workdir / "tutorial_data").iterdir()} >= {
+        "senses.tsv",
+        "reviews.tsv",
+        "pos.txt",
+        "probe.png",
+        "attention.png",
+    }
     images = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
     assert len(images) == 2
     # the claim of section 1: at the top layer, occurrences of different senses are further apart than same-sense ones

@@ -18,8 +18,10 @@ def _embed(tmp_path, model, *args, name="out") -> str:
     src = tmp_path / "in.txt"
     src.write_text("\n".join(LINES) + "\n")
     out = tmp_path / name
-    result = CliRunner().invoke(embed, ["--model", str(model), "--input", str(src), "--out", str(out), "--skip-empty",
-                                        "--shard-size", "2", *args])  # fmt: skip
+    result = CliRunner().invoke(
+        embed,
+        ["--model", str(model), "--input", str(src), "--out", str(out), "--skip-empty", "--shard-size", "2", *args],
+    )
     assert result.exit_code == 0, result.output
     return str(out)
 

@@ -97,8 +97,13 @@ def test_left_padding_matches_transformers_and_the_unpadded_run(tmp_path):
     ids, token_types, perm_mask, target_mapping = inputs()
     attention_mask = torch.ones(2, SEQ)
     attention_mask[1, :3] = 0  # XLNet pads on the left
-    kw = dict(attention_mask=attention_mask, token_type_ids=token_types, perm_mask=perm_mask,
-              target_mapping=target_mapping, output_hidden_states=True)  # fmt: skip
+    kw = dict(
+        attention_mask=attention_mask,
+        token_type_ids=token_types,
+        perm_mask=perm_mask,
+        target_mapping=target_mapping,
+        output_hidden_states=True,
+    )
     with torch.no_grad():
         ref = hf(ids, **kw)
         out = ours(ids, **kw)
@@ -134,8 +139,12 @@ def test_two_segments_with_mems_match_transformers(tmp_path, overrides):
     ref_mems, our_mems = None, None
     with torch.no_grad():
         for s in (slice(0, SEQ), slice(SEQ, 2 * SEQ)):
-            kw = dict(token_type_ids=token_types[:, s], perm_mask=None if uni else perm_mask[:, s, s],
-                      target_mapping=target_mapping[:, :, s], output_hidden_states=True)  # fmt: skip
+            kw = dict(
+                token_type_ids=token_types[:, s],
+                perm_mask=None if uni else perm_mask[:, s, s],
+                target_mapping=target_mapping[:, :, s],
+                output_hidden_states=True,
+            )
             ref = hf(ids[:, s], **kw, mems=ref_mems, use_mems=True)
             out = ours(ids[:, s], **kw, mems=our_mems)
             close(out.logits, ref.logits)
@@ -191,8 +200,10 @@ def test_saved_folders_load_in_transformers_with_identical_outputs(tmp_path):
         hf_lm = transformers.XLNetLMHeadModel.from_pretrained(tmp_path / "lm").eval()
         close(hf_lm(ids, **kw).logits, expected.logits)
         hf_enc = transformers.XLNetModel.from_pretrained(tmp_path / "enc").eval()
-        close(hf_enc(ids, token_type_ids=token_types).last_hidden_state,
-              ours.transformer(ids, token_type_ids=token_types).last_hidden_state)  # fmt: skip
+        close(
+            hf_enc(ids, token_type_ids=token_types).last_hidden_state,
+            ours.transformer(ids, token_type_ids=token_types).last_hidden_state,
+        )
         # and back into ctxrep, both ways round
         again = XLNetLMHeadModel.from_pretrained(tmp_path / "lm")
         close(again(ids, **kw).logits, expected.logits, atol=0)
@@ -253,8 +264,9 @@ def test_loader_refuses_an_untied_lm_head(tmp_path):
 
 
 def test_config_from_hf_dict_reads_the_original_names():
-    config = XLNetConfig.from_hf_dict({"n_token": 99, "d_model": 64, "n_head": 4, "n_layer": 1, "untie_r": True,
-                                       "pad_token_id": None})  # fmt: skip
+    config = XLNetConfig.from_hf_dict(
+        {"n_token": 99, "d_model": 64, "n_head": 4, "n_layer": 1, "untie_r": True, "pad_token_id": None}
+    )
     assert (config.vocab_size, config.d_head, config.pad_token_id) == (99, 16, 5)
 
 

@@ -96,13 +96,29 @@ def _export(wrapper: nn.Module, example: dict[str, torch.Tensor], file: Path, op
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
             axes = {k: {0: "batch", 1: "sequence"} for k in [*names, OUTPUT_NAME]}
-            torch.onnx.export(wrapper, args, str(file), input_names=names, output_names=[OUTPUT_NAME],
-                              opset_version=opset, dynamo=False, dynamic_axes=axes)  # fmt: skip
+            torch.onnx.export(
+                wrapper,
+                args,
+                str(file),
+                input_names=names,
+                output_names=[OUTPUT_NAME],
+                opset_version=opset,
+                dynamo=False,
+                dynamic_axes=axes,
+            )
         else:
             batch_dim, seq_dim = torch.export.Dim("batch"), torch.export.Dim("sequence")
             shapes = {k: {0: batch_dim, 1: seq_dim} for k in names}
-            program = torch.onnx.export(wrapper, args, input_names=names, output_names=[OUTPUT_NAME],
-                                        opset_version=opset, dynamo=True, dynamic_shapes=shapes, verbose=False)  # fmt: skip
+            program = torch.onnx.export(
+                wrapper,
+                args,
+                input_names=names,
+                output_names=[OUTPUT_NAME],
+                opset_version=opset,
+                dynamo=True,
+                dynamic_shapes=shapes,
+                verbose=False,
+            )
             program.save(str(file), external_data=False)
 
 
@@ -158,7 +174,9 @@ def export_onnx(
         import onnx  # noqa: F401  (torch.onnx.export needs it)
         import onnxruntime  # noqa: F401
     except ImportError as e:
-        raise ExportError(f"ONNX export needs onnx, onnxscript and onnxruntime ({e}): pip install onnx onnxscript onnxruntime") from e
+        raise ExportError(
+            f"ONNX export needs onnx, onnxscript and onnxruntime ({e}): pip install onnx onnxscript onnxruntime"
+        ) from e
     unknown = [e for e in exporters if e not in EXPORTERS]
     if unknown or not exporters:
         raise ValueError(f"exporters must be a non-empty selection of {EXPORTERS}, got {tuple(exporters)}")

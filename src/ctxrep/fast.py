@@ -79,10 +79,12 @@ class CompiledEncoder(nn.Module):
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             self.failed = f"{type(e).__name__}: {first}"
             if not self.fallback:
-                raise RuntimeError(f"torch.compile failed ({self.failed}): pass compile=False, or install a C++ "
-                                   "compiler for Inductor") from e
-            warnings.warn(f"torch.compile failed ({self.failed}); running the encoder uncompiled", RuntimeWarning,
-                          stacklevel=2)
+                raise RuntimeError(
+                    f"torch.compile failed ({self.failed}): pass compile=False, or install a C++ compiler for Inductor"
+                ) from e
+            warnings.warn(
+                f"torch.compile failed ({self.failed}); running the encoder uncompiled", RuntimeWarning, stacklevel=2
+            )
             return self.encoder.encode(batch, num_layers=num_layers)
         return EncoderOutput(last_hidden_state=hidden_states[-1], hidden_states=tuple(hidden_states))
 
@@ -188,8 +190,13 @@ def full_range_is_exact() -> bool:
     (reduce_range) cannot. A known answer decides: 64 inputs at the top of the range times weights of 1."""
     with _quantized_engine(int8_engine()), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch marks its quantized tensors deprecated
-        weight = torch.quantize_per_channel(torch.ones(8, 64), torch.full((8,), 1 / 127, dtype=torch.double),
-                                            torch.zeros(8, dtype=torch.long), 0, torch.qint8)  # fmt: skip
+        weight = torch.quantize_per_channel(
+            torch.ones(8, 64),
+            torch.full((8,), 1 / 127, dtype=torch.double),
+            torch.zeros(8, dtype=torch.long),
+            0,
+            torch.qint8,
+        )
         packed = torch.ops.quantized.linear_prepack(weight, None)
         y = torch.ops.quantized.linear_dynamic(torch.ones(4, 64), packed, reduce_range=False)
     return bool(torch.allclose(y, torch.full_like(y, 64.0), rtol=1e-2))
@@ -227,7 +234,9 @@ class Int8Linear(nn.Module):
         self.reduce_range = not full_range_is_exact()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.float() * self.inv_smooth, self._packed, reduce_range=self.reduce_range)
+        y = torch.ops.quantized.linear_dynamic(
+            x.float() * self.inv_smooth, self._packed, reduce_range=self.reduce_range
+        )
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -23,8 +23,16 @@ import torch
 from tqdm.auto import tqdm
 
 from ctxrep import fast
-from ctxrep.inputs import (EncoderInput, Text, WindowPlan, as_list, collate, split_windows, token_budget_batches,
-                           words_of)  # fmt: skip
+from ctxrep.inputs import (
+    EncoderInput,
+    Text,
+    WindowPlan,
+    as_list,
+    collate,
+    split_windows,
+    token_budget_batches,
+    words_of,
+)
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import TokenPooler, read_sentence_pooling
@@ -101,8 +109,10 @@ class Featurizer:
         self._packed: list[tuple[torch.nn.Module, torch.nn.Module]] = []
         self._compiled: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # the same for the compiled encoder
         if self.model.word_level and (quantize or compile is True):
-            raise ValueError(f"{self.model.family} is a biLSTM over characters: compile and quantize are for "
-                             "Transformer encoders; leave them at their defaults")
+            raise ValueError(
+                f"{self.model.family} is a biLSTM over characters: compile and quantize are for "
+                "Transformer encoders; leave them at their defaults"
+            )
         self.compile = compile
         self.quantize = quantize
         if self.model.word_level and sentence_pooling == "cls":
@@ -136,26 +146,29 @@ class Featurizer:
         compiling, or one compiled earlier), else `_encoder`. int8 runs uncompiled."""
         if self._compiled and self._compiled[0][0] is self.model:
             return self._compiled[0][1]
-        if self.quantize is None and (self.compile is True or (self.compile == "auto" and
-                                                                fast.worth_compiling(num_tokens, self.model))):
+        if self.quantize is None and (
+            self.compile is True or (self.compile == "auto" and fast.worth_compiling(num_tokens, self.model))
+        ):
             compiled = fast.compile_encoder(self.model, fallback=self.compile == "auto")  # "auto" never fails a call
             self._compiled[:] = [(self.model, compiled)]
             return self._compiled[0][1]
         return self._encoder
 
-    def with_layers(self, layers: int | Sequence[int] | str | ScalarMix) -> "Featurizer":
+    def with_layers(self, layers: int | Sequence[int] | str | ScalarMix) -> Featurizer:
         """A copy that returns other layers, sharing the model and tokenizer (nothing is reloaded)."""
         view = copy.copy(self)
         view.layer_indices, view.mix = view._parse_layers(layers)
         view.single_layer = isinstance(layers, int) or view.mix is not None
         return view
 
-    def with_model(self, model: Encoder) -> "Featurizer":
+    def with_model(self, model: Encoder) -> Featurizer:
         """A copy over another model of the same shape that reads the same tokenizer (e.g. the random-init control
         of a probe); the same layers and pooling, its own inference copy."""
         if model.num_layers != self.model.num_layers or model.hidden_size != self.model.hidden_size:
-            raise ValueError(f"with_model needs a model of the same shape: {model.num_layers} layers x "
-                             f"{model.hidden_size} instead of {self.model.num_layers} x {self.model.hidden_size}")
+            raise ValueError(
+                f"with_model needs a model of the same shape: {model.num_layers} layers x "
+                f"{model.hidden_size} instead of {self.model.num_layers} x {self.model.hidden_size}"
+            )
         view = copy.copy(self)
         view.model = model
         view._packed = []
@@ -209,7 +222,9 @@ class Featurizer:
         pieces = self.tokenizer.encode_words(words)
         return [Alignment(w, p.tokens, p.word_ids) for w, p in zip(words, pieces)]
 
-    def _windows(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None) -> tuple[list[EncoderInput], list[int]]:
+    def _windows(
+        self, texts: Sequence[Text], text_pairs: Sequence[Text] | None
+    ) -> tuple[list[EncoderInput], list[int]]:
         texts = as_list(texts)
         if self.tokenizer.word_level:
             self.tokenizer.reset()  # number only this call's words: memory stays bounded over a corpus
@@ -229,8 +244,14 @@ class Featurizer:
 
     # ---- running the encoder --------------------------------------------------------------------
 
-    def _run(self, windows: list[EncoderInput], word_counts: list[int], want_words: bool, want_cls: bool,
-             tokens: tuple[TokenPooler, list[np.ndarray]] | None = None):  # fmt: skip
+    def _run(
+        self,
+        windows: list[EncoderInput],
+        word_counts: list[int],
+        want_words: bool,
+        want_cls: bool,
+        tokens: tuple[TokenPooler, list[np.ndarray]] | None = None,
+    ):
         """Encode all windows; returns per-text word arrays and per-text mean CLS vectors (as requested). `tokens`:
         a TokenPooler fed every batch, with one weight array per window (sentence_pooling="model")."""
         n_out = 1 if self.single_layer else len(self.layer_indices)
@@ -253,7 +274,9 @@ class Featurizer:
                 start += size
                 inputs = {k: v.to(device) for k, v in collate(batch, self.tokenizer).items()}
                 out = encoder.encode(inputs, num_layers=top if top < self.model.num_layers else None)
-                selected = torch.stack([out.hidden_states[i] for i in self.layer_indices])  # (layers, batch, seq, hidden)
+                selected = torch.stack(
+                    [out.hidden_states[i] for i in self.layer_indices]
+                )  # (layers, batch, seq, hidden)
                 selected = selected.float().cpu()  # no copy for a float32 model on CPU
                 if self.mix is not None:
                     selected = self.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
@@ -265,8 +288,9 @@ class Featurizer:
                         cls_count[w.text] += 1
                 if tokens is not None:
                     pooler, weights = tokens
-                    pooler.add(selected, [w.text for w in batch], [weights[i] for i in rows],
-                               [w.cls_position for w in batch])  # fmt: skip
+                    pooler.add(
+                        selected, [w.text for w in batch], [weights[i] for i in rows], [w.cls_position for w in batch]
+                    )
                 bar.update(int(inputs["attention_mask"].sum()))
         bar.close()
         cls = cls_sum / cls_count[:, None, None] if want_cls else None

@@ -171,8 +171,10 @@ def split_windows(spans: list[tuple[int, int]], size: int, stride: int) -> list[
     """(first piece, last piece + 1, the words it owns) of each window over one text (see window_words). Each word
     is owned by the window where min(left context, right context) is largest. A word longer than a whole window
     is cut to the window's `size` pieces."""
-    bounds = [(w0, w1, spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + size))
-              for w0, w1 in window_words(spans, size, stride)]  # fmt: skip
+    bounds = [
+        (w0, w1, spans[w0][0], min(spans[w1 - 1][1], spans[w0][0] + size))
+        for w0, w1 in window_words(spans, size, stride)
+    ]
     owner, best = [-1] * len(spans), [-1] * len(spans)
     for k, (w0, w1, p0, p1) in enumerate(bounds):
         for w in range(w0, w1):

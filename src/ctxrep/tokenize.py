@@ -15,8 +15,12 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tokenizers
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TokenizerError(ValueError):
@@ -49,8 +53,13 @@ class SpecialTemplate:
             types = self.prefix_types + [self.type_a] * len(ids_a) + self.single_suffix_types
         else:
             ids = self.prefix + ids_a + self.middle + ids_b + self.suffix
-            types = (self.prefix_types + [self.type_a] * len(ids_a) + self.middle_types + [self.type_b] * len(ids_b)
-                     + self.suffix_types)  # fmt: skip
+            types = (
+                self.prefix_types
+                + [self.type_a] * len(ids_a)
+                + self.middle_types
+                + [self.type_b] * len(ids_b)
+                + self.suffix_types
+            )
         return ids, types, len(self.prefix)
 
 
@@ -101,7 +110,7 @@ class Tokenizer:
         self.unk_token = getattr(tokenizer.model, "unk_token", None)
 
     @classmethod
-    def from_model_dir(cls, path: str | Path) -> "Tokenizer":
+    def from_model_dir(cls, path: str | Path) -> Tokenizer:
         """tokenizer.json; or vocab.txt (WordPiece, BERT) / vocab.json + merges.txt (byte-level BPE, RoBERTa)."""
         path = Path(path)
         if (path / "tokenizer.json").is_file():
@@ -208,7 +217,7 @@ class WordTokenizer:
     def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
         return self.template.build_inputs(ids_a, ids_b)
 
-    def char_table(self) -> "torch.Tensor":
+    def char_table(self) -> torch.Tensor:
         """(len(words), max_characters_per_token) ELMo character ids of every word so far; row 0 (padding) is 0."""
         import torch
 

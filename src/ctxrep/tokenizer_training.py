@@ -145,7 +145,10 @@ def train_tokenizer(
         )
     elif kind == "bpe":
         tok.post_processor = processors.RobertaProcessing(
-            ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=True  # (sep, cls)
+            ("</s>", 2),
+            ("<s>", 0),
+            trim_offsets=True,
+            add_prefix_space=True,  # (sep, cls)
         )
 
     out = Path(out_dir)

@@ -92,7 +92,9 @@ class Vectors:
             shard = _Shard(self.path / s["file"], self.path / s["index"], first, int(s["texts"]), int(s["rows"]))
             for f in (shard.file, shard.index_file):
                 if not f.is_file():
-                    raise VectorsError(f"{f}: listed in {manifest_file} but missing; run ctxrep embed again into an empty folder")
+                    raise VectorsError(
+                        f"{f}: listed in {manifest_file} but missing; run ctxrep embed again into an empty folder"
+                    )
             self._shards.append(shard)
             first += shard.texts
         self._firsts = [s.first_text for s in self._shards]
@@ -144,9 +146,11 @@ class Vectors:
             empty = np.zeros(0, np.int64)
             return VectorIndex(empty, empty, empty, [])
         return VectorIndex(
-            np.concatenate([p.text for p in parts]), np.concatenate([p.line for p in parts]),
-            np.concatenate([p.word for p in parts]), [t for p in parts for t in p.token],
-        )  # fmt: skip
+            np.concatenate([p.text for p in parts]),
+            np.concatenate([p.line for p in parts]),
+            np.concatenate([p.word for p in parts]),
+            [t for p in parts for t in p.token],
+        )
 
     def array(self) -> np.ndarray:
         """All rows in one in-memory array (rows, ...) in index order: reads every shard."""
@@ -194,7 +198,9 @@ def _map_npy(file: Path) -> np.ndarray:
     try:
         return np.load(file, mmap_mode="r")
     except (ValueError, OSError) as e:
-        raise VectorsError(f"{file}: not a readable .npy shard ({e}); run ctxrep embed again into an empty folder") from None
+        raise VectorsError(
+            f"{file}: not a readable .npy shard ({e}); run ctxrep embed again into an empty folder"
+        ) from None
 
 
 _SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
@@ -236,7 +242,9 @@ def _read_index(file: Path, rows: int) -> VectorIndex:
                 word.append(int(values[3]))
                 token.append(values[4])
             except (IndexError, ValueError):
-                raise VectorsError(f"{file}:{n}: malformed index line; run ctxrep embed again into an empty folder") from None
+                raise VectorsError(
+                    f"{file}:{n}: malformed index line; run ctxrep embed again into an empty folder"
+                ) from None
     if len(text) != rows:
         raise VectorsError(f"{file}: {len(text)} index lines but the manifest lists {rows} rows; the folder is damaged")
     return VectorIndex(np.array(text, np.int64), np.array(line, np.int64), np.array(word, np.int64), token)

@@ -12,23 +12,50 @@ import importlib
 
 _EXPORTS = {
     # linear probes per layer and over a learned ScalarMix (probe.py)
-    "ProbeData": "probe", "load_probe_data": "probe", "read_wic_pairs": "probe", "split_data": "probe",
-    "extract_features": "probe", "fit_linear_probe": "probe", "fit_mix_probe": "probe", "MixProbe": "probe",
-    "run_probe": "probe", "ProbeRow": "probe", "ProbeResult": "probe",
+    "ProbeData": "probe",
+    "load_probe_data": "probe",
+    "read_wic_pairs": "probe",
+    "split_data": "probe",
+    "extract_features": "probe",
+    "fit_linear_probe": "probe",
+    "fit_mix_probe": "probe",
+    "MixProbe": "probe",
+    "run_probe": "probe",
+    "ProbeRow": "probe",
+    "ProbeResult": "probe",
     # attention heads (attention.py)
-    "require_attention": "attention", "head_statistics": "attention", "AttentionStats": "attention",
-    "dependency_heads": "attention", "DependencyHeads": "attention", "RelationHead": "attention",
-    "word_attention": "attention", "head_attention": "attention", "save_heatmap_png": "attention",
-    "save_grid_png": "attention", "pruned_heads_mask": "attention",
+    "require_attention": "attention",
+    "head_statistics": "attention",
+    "AttentionStats": "attention",
+    "dependency_heads": "attention",
+    "DependencyHeads": "attention",
+    "RelationHead": "attention",
+    "word_attention": "attention",
+    "head_attention": "attention",
+    "save_heatmap_png": "attention",
+    "save_grid_png": "attention",
+    "pruned_heads_mask": "attention",
     # neighbours in context, the static contrast, WiC by layer (neighbors.py)
-    "OccurrenceIndex": "neighbors", "Occurrence": "neighbors", "Neighbor": "neighbors", "Query": "neighbors",
-    "parse_query": "neighbors", "read_queries": "neighbors", "StaticVocabulary": "neighbors",
-    "static_vector": "neighbors", "static_neighbors": "neighbors", "no_static_table_reason": "neighbors",
-    "wic_cosines": "neighbors", "best_threshold": "neighbors", "evaluate_wic": "neighbors", "WicLayer": "neighbors",
+    "OccurrenceIndex": "neighbors",
+    "Occurrence": "neighbors",
+    "Neighbor": "neighbors",
+    "Query": "neighbors",
+    "parse_query": "neighbors",
+    "read_queries": "neighbors",
+    "StaticVocabulary": "neighbors",
+    "static_vector": "neighbors",
+    "static_neighbors": "neighbors",
+    "no_static_table_reason": "neighbors",
+    "wic_cosines": "neighbors",
+    "best_threshold": "neighbors",
+    "evaluate_wic": "neighbors",
+    "WicLayer": "neighbors",
     "WicResult": "neighbors",
     # the one-page report (report.py)
-    "build_report": "report", "SenseDemo": "report", "sense_similarities": "report",
-}  # fmt: skip
+    "build_report": "report",
+    "SenseDemo": "report",
+    "sense_similarities": "report",
+}
 _SUBMODULES = ("probe", "attention", "neighbors", "report")
 
 __all__ = sorted(_EXPORTS)

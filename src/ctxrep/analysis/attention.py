@@ -79,8 +79,10 @@ def require_attention(fz: Featurizer) -> None:
     """A one-line error for a model without attention heads (the encoder interface says which: ELMo's biLSTM)."""
     m = fz.model
     if not m.has_attention:
-        raise ValueError(f"{m.no_attention_reason()}; attention statistics and heatmaps need a model with "
-                         "attention heads (a Transformer: BERT, RoBERTa, ELECTRA, GPT-2, XLNet, ...)")  # fmt: skip
+        raise ValueError(
+            f"{m.no_attention_reason()}; attention statistics and heatmaps need a model with "
+            "attention heads (a Transformer: BERT, RoBERTa, ELECTRA, GPT-2, XLNet, ...)"
+        )
 
 
 def pruned_heads_mask(fz: Featurizer) -> torch.Tensor:
@@ -92,7 +94,9 @@ def pruned_heads_mask(fz: Featurizer) -> torch.Tensor:
     return mask
 
 
-def _attentions(fz: Featurizer, inputs: list[_Sentence], batch_size: int = 16) -> Iterator[tuple[_Sentence, torch.Tensor]]:
+def _attentions(
+    fz: Featurizer, inputs: list[_Sentence], batch_size: int = 16
+) -> Iterator[tuple[_Sentence, torch.Tensor]]:
     """Each input with its attention probabilities (layers, heads, seq, seq), in input order; a pruned head's
     entries are NaN (heads in the original numbering)."""
     fz.model.eval()
@@ -152,8 +156,10 @@ class AttentionStats:
 
     def table(self) -> str:
         """Each statistic's per-layer head average, and its top head."""
-        lines = [f"attention | {self.model} | {self.n_sentences} sentences, {self.n_tokens} tokens"
-                 + (f" ({self.n_skipped} too long, skipped)" if self.n_skipped else "")]  # fmt: skip
+        lines = [
+            f"attention | {self.model} | {self.n_sentences} sentences, {self.n_tokens} tokens"
+            + (f" ({self.n_skipped} too long, skipped)" if self.n_skipped else "")
+        ]
         n_layers = len(next(iter(self.stats.values())))
         lines.append(f"{'':<9}" + "".join(f"{'L' + str(j + 1):>7}" for j in range(n_layers)) + "   top head")
         for name in self.stats:
@@ -193,8 +199,12 @@ def head_statistics(fz: Featurizer, sentences: Sequence[str | Sequence[str]], ba
         sums["entropy"] += -(a * torch.log(a.clamp_min(1e-12))).sum((-1, -2))
         n_tokens += n
     pruned = pruned_heads_mask(fz)
-    stats = {name: [[None if p else v for v, p in zip(row, gone)] for row, gone in
-                    zip((s / n_tokens).tolist(), pruned.tolist())] for name, s in sums.items()}  # fmt: skip
+    stats = {
+        name: [
+            [None if p else v for v, p in zip(row, gone)] for row, gone in zip((s / n_tokens).tolist(), pruned.tolist())
+        ]
+        for name, s in sums.items()
+    }
     return AttentionStats(model_name(fz), len(inputs), n_tokens, skipped, stats)
 
 
@@ -220,11 +230,15 @@ class DependencyHeads:
     relations: list[RelationHead] = field(default_factory=list)  # most frequent relation first
 
     def table(self) -> str:
-        lines = [f"best head per dependency relation | {self.model} | {self.n_sentences} sentences",
-                 f"{'relation':<14}{'count':>7}{'head':>9}{'acc':>7}{'offset':>8}{'base':>7}"]  # fmt: skip
+        lines = [
+            f"best head per dependency relation | {self.model} | {self.n_sentences} sentences",
+            f"{'relation':<14}{'count':>7}{'head':>9}{'acc':>7}{'offset':>8}{'base':>7}",
+        ]
         for r in self.relations:
-            lines.append(f"{r.relation:<14}{r.count:>7}{'L' + str(r.layer) + '-H' + str(r.head):>9}"
-                         f"{r.accuracy:>7.3f}{r.baseline_offset:>+8d}{r.baseline_accuracy:>7.3f}")  # fmt: skip
+            lines.append(
+                f"{r.relation:<14}{r.count:>7}{'L' + str(r.layer) + '-H' + str(r.head):>9}"
+                f"{r.accuracy:>7.3f}{r.baseline_offset:>+8d}{r.baseline_accuracy:>7.3f}"
+            )
         return "\n".join(lines)
 
     def save_json(self, path: str | os.PathLike) -> None:
@@ -249,12 +263,14 @@ def dependency_heads(fz: Featurizer, sentences: Sequence, batch_size: int = 16, 
         raise ValueError("no parsed sentences to evaluate attention heads on (empty corpus)")
     for i, s in enumerate(sentences):
         if not len(s.words) == len(s.heads) == len(s.deprels):
-            raise ValueError(f"sentence {i}: {len(s.words)} words but {len(s.heads)} heads and {len(s.deprels)} "
-                             "relations")  # fmt: skip
+            raise ValueError(
+                f"sentence {i}: {len(s.words)} words but {len(s.heads)} heads and {len(s.deprels)} relations"
+            )
         for d, h in enumerate(s.heads):
             if not 0 <= h <= len(s.words):
-                raise ValueError(f"sentence {i}: word {d + 1} has head {h}, outside the sentence's "
-                                 f"{len(s.words)} words")  # fmt: skip
+                raise ValueError(
+                    f"sentence {i}: word {d + 1} has head {h}, outside the sentence's {len(s.words)} words"
+                )
     require_attention(fz)
     encoded = [(s, _encode(fz, i, list(s.words))) for i, s in enumerate(sentences)]
     kept = [s for s, x in encoded if x is not None]
@@ -280,8 +296,9 @@ def dependency_heads(fz: Featurizer, sentences: Sequence, batch_size: int = 16, 
         c = correct[rel].masked_fill(pruned, -1)  # a pruned head is never the best
         layer, head = np.unravel_index(int(c.argmax()), tuple(c.shape))
         offset, hits = offsets[rel].most_common(1)[0]
-        rows.append(RelationHead(rel, count, int(layer) + 1, int(head), float(c[layer, head]) / count, offset,
-                                 hits / count))  # fmt: skip
+        rows.append(
+            RelationHead(rel, count, int(layer) + 1, int(head), float(c[layer, head]) / count, offset, hits / count)
+        )
     return DependencyHeads(model_name(fz), len(inputs), skipped, rows)
 
 
@@ -297,8 +314,7 @@ def _check_head(fz: Featurizer, layer: int, head: int) -> None:
         raise ValueError(f"head {head!r} is out of range: each layer has heads 0..{n_heads - 1}")
     kept = fz.model.kept_heads()[layer - 1]
     if head not in kept:
-        raise ValueError(f"head {head} of layer {layer} was pruned; that layer keeps heads "
-                         f"{', '.join(map(str, kept))}")  # fmt: skip
+        raise ValueError(f"head {head} of layer {layer} was pruned; that layer keeps heads {', '.join(map(str, kept))}")
 
 
 def head_attention(
@@ -308,14 +324,16 @@ def head_attention(
     _check_head(fz, layer, head)
     x = _encode(fz, 0, words_of(sentence, 0))
     if x is None:
-        raise ValueError(f"the sentence is longer than the model's window of {fz.plan.max_length} pieces; "
-                         "draw a shorter sentence")  # fmt: skip
+        raise ValueError(
+            f"the sentence is longer than the model's window of {fz.plan.max_length} pieces; draw a shorter sentence"
+        )
     _, a = next(_attentions(fz, [x]))
     return x.tokens, a[layer - 1, head].numpy()
 
 
-def save_heatmap_png(fz: Featurizer, sentence: str | Sequence[str], layer: int, head: int,
-                     path: str | os.PathLike) -> None:  # fmt: skip
+def save_heatmap_png(
+    fz: Featurizer, sentence: str | Sequence[str], layer: int, head: int, path: str | os.PathLike
+) -> None:
     """A heatmap of one head's attention on one sentence: rows attend (queries), columns are attended to."""
     tokens, a = head_attention(fz, sentence, layer, head)
     tokens = [t.replace("$", r"\$") for t in tokens]  # a '$' would start matplotlib's mathtext

@@ -78,12 +78,19 @@ def parse_query(line: str, source: str = "<query>") -> Query:
         try:
             word = int(index.strip())
         except ValueError:
-            raise ValueError(f"{source}: the text after the tab must be the 0-based index of the query word, got "
-                             f"{index.strip()!r}; expected {QUERY_FORMAT}") from None  # fmt: skip
+            raise ValueError(
+                f"{source}: the text after the tab must be the 0-based index of the query word, got "
+                f"{index.strip()!r}; expected {QUERY_FORMAT}"
+            ) from None
     else:
         words = line.split()
-        marked = [i for i, w in enumerate(words) if w.startswith(QUERY_MARK[0]) and w.endswith(QUERY_MARK[1])
-                  and len(w) > len(QUERY_MARK[0]) + len(QUERY_MARK[1])]  # fmt: skip
+        marked = [
+            i
+            for i, w in enumerate(words)
+            if w.startswith(QUERY_MARK[0])
+            and w.endswith(QUERY_MARK[1])
+            and len(w) > len(QUERY_MARK[0]) + len(QUERY_MARK[1])
+        ]
         if len(marked) != 1:
             found = "no word is" if not marked else f"{len(marked)} words are"
             raise ValueError(f"{source}: {found} marked [[like this]] and there is no tab; expected {QUERY_FORMAT}")
@@ -116,15 +123,18 @@ def read_queries(path: str | os.PathLike) -> list[Query]:
 
 def _check_word(words: list[str], word: int) -> None:
     if not isinstance(word, int) or not 0 <= word < len(words):
-        raise ValueError(f"word index {word!r} is outside the sentence, which has {len(words)} words "
-                         f"(0..{len(words) - 1}): {' '.join(words)!r}")  # fmt: skip
+        raise ValueError(
+            f"word index {word!r} is outside the sentence, which has {len(words)} words "
+            f"(0..{len(words) - 1}): {' '.join(words)!r}"
+        )
 
 
 class OccurrenceIndex:
     """A cosine HNSW index over the word occurrences of a corpus at one layer of one model."""
 
-    def __init__(self, index, sentences: list[list[str]], occurrences: list[Occurrence], model: str,
-                 layer: int, pooling: str) -> None:  # fmt: skip
+    def __init__(
+        self, index, sentences: list[list[str]], occurrences: list[Occurrence], model: str, layer: int, pooling: str
+    ) -> None:
         self.index = index
         self.sentences = sentences
         self.occurrences = occurrences
@@ -137,8 +147,14 @@ class OccurrenceIndex:
         return self.index.dim
 
     @classmethod
-    def build(cls, fz: Featurizer, sentences: Sequence[str | Sequence[str]], layer: int = -1, m: int = 16,
-              ef_construction: int = 200) -> "OccurrenceIndex":  # fmt: skip
+    def build(
+        cls,
+        fz: Featurizer,
+        sentences: Sequence[str | Sequence[str]],
+        layer: int = -1,
+        m: int = 16,
+        ef_construction: int = 200,
+    ) -> OccurrenceIndex:
         """Embed every word of `sentences` at `layer` (0 = embeddings, negative counts from the top) and index it."""
         import hnswlib
 
@@ -180,7 +196,7 @@ class OccurrenceIndex:
         (directory / META_FILE).write_text(json.dumps(meta) + "\n")
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "OccurrenceIndex":
+    def load(cls, directory: str | os.PathLike) -> OccurrenceIndex:
         import hnswlib
 
         directory = Path(directory)
@@ -196,8 +212,10 @@ class OccurrenceIndex:
         index = hnswlib.Index(space="cosine", dim=dim)
         index.load_index(str(directory / INDEX_FILE), max_elements=len(occurrences))
         if index.get_current_count() != len(occurrences):
-            raise ValueError(f"{directory}: the index holds {index.get_current_count()} vectors but the metadata "
-                             f"lists {len(occurrences)} occurrences; rebuild it")  # fmt: skip
+            raise ValueError(
+                f"{directory}: the index holds {index.get_current_count()} vectors but the metadata "
+                f"lists {len(occurrences)} occurrences; rebuild it"
+            )
         return cls(index, sentences, occurrences, meta["model"], int(meta["layer"]), meta.get("pooling", "mean"))
 
     def search(self, vector: np.ndarray, k: int = 10) -> list[Neighbor]:
@@ -206,8 +224,10 @@ class OccurrenceIndex:
             raise ValueError(f"k must be at least 1, got {k}")
         vector = np.asarray(vector, dtype=np.float32).reshape(1, -1)
         if vector.shape[1] != self.dim:
-            raise ValueError(f"the index holds {self.dim}-wide vectors but the query is {vector.shape[1]}-wide; "
-                             f"query with the model the index was built with ({self.model})")  # fmt: skip
+            raise ValueError(
+                f"the index holds {self.dim}-wide vectors but the query is {vector.shape[1]}-wide; "
+                f"query with the model the index was built with ({self.model})"
+            )
         k = min(k, len(self.occurrences))
         self.index.set_ef(max(50, 2 * k))
         labels, distances = self.index.knn_query(vector, k=k, num_threads=1)
@@ -229,8 +249,9 @@ class OccurrenceIndex:
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         if fz.pooling != self.pooling:
-            raise ValueError(f"the index was built with pooling {self.pooling!r} but the featurizer pools "
-                             f"{fz.pooling!r}")  # fmt: skip
+            raise ValueError(
+                f"the index was built with pooling {self.pooling!r} but the featurizer pools {fz.pooling!r}"
+            )
         for q in queries:
             try:
                 _check_word(q.words, q.word)
@@ -251,7 +272,7 @@ class StaticVocabulary:
     vectors: np.ndarray  # (words, embedding size), rows of unit length
 
     @classmethod
-    def from_featurizer(cls, fz: Featurizer) -> "StaticVocabulary":
+    def from_featurizer(cls, fz: Featurizer) -> StaticVocabulary:
         table = _embedding_matrix(fz)  # first: a model without one (ELMo) has no vocabulary either
         vocab = fz.tokenizer.backend.get_vocab()
         candidates = sorted({_strip_marker(t) for t in vocab if not _is_special(t)} - {""})
@@ -280,8 +301,10 @@ def no_static_table_reason(fz: Featurizer) -> str | None:
     """Why `fz`'s model has no static neighbours (one line), or None when it has a token-embedding table."""
     if fz.model.input_embeddings() is not None:
         return None
-    return (f"{fz.model.family} has no table of static word vectors (it reads characters: its layer 0 is computed "
-            "from them); static neighbours need a model with a token-embedding matrix (BERT, GPT-2, ...)")  # fmt: skip
+    return (
+        f"{fz.model.family} has no table of static word vectors (it reads characters: its layer 0 is computed "
+        "from them); static neighbours need a model with a token-embedding matrix (BERT, GPT-2, ...)"
+    )
 
 
 def _embedding_matrix(fz: Featurizer) -> np.ndarray:
@@ -301,8 +324,9 @@ def static_vector(fz: Featurizer, word: str) -> np.ndarray:
     return table[ids].mean(axis=0)
 
 
-def static_neighbors(fz: Featurizer, word: str, k: int = 10, vocabulary: StaticVocabulary | None = None
-                     ) -> list[tuple[str, float]]:  # fmt: skip
+def static_neighbors(
+    fz: Featurizer, word: str, k: int = 10, vocabulary: StaticVocabulary | None = None
+) -> list[tuple[str, float]]:
     """The k vocabulary words whose input embeddings are closest (cosine) to `word`'s, the word itself left out."""
     _embedding_matrix(fz)  # a one-line error for a model without one, before anything is computed
     vocabulary = vocabulary or StaticVocabulary.from_featurizer(fz)
@@ -341,8 +365,10 @@ class WicResult:
         return max(self.layers, key=lambda r: r.train_accuracy)
 
     def table(self) -> str:
-        lines = [f"WiC by layer | {self.model} | threshold on {self.n_train} train pairs, scored on {self.n_dev} dev",
-                 f"{'layer':<7}{'threshold':>10}{'train':>8}{'dev':>8}"]  # fmt: skip
+        lines = [
+            f"WiC by layer | {self.model} | threshold on {self.n_train} train pairs, scored on {self.n_dev} dev",
+            f"{'layer':<7}{'threshold':>10}{'train':>8}{'dev':>8}",
+        ]
         for r in self.layers:
             lines.append(f"{r.layer:<7}{r.threshold:>10.3f}{r.train_accuracy:>8.3f}{r.dev_accuracy:>8.3f}")
         return "\n".join(lines)
@@ -360,8 +386,9 @@ def wic_cosines(fz: Featurizer, pairs: Sequence) -> np.ndarray:
     for k, p in enumerate(pairs):
         for which, words, index in ((1, p.sentence1, p.idx1), (2, p.sentence2, p.idx2)):
             if not 0 <= index < len(words):
-                raise ValueError(f"pair {k}: word index {index} is outside sentence {which}, which has "
-                                 f"{len(words)} words")  # fmt: skip
+                raise ValueError(
+                    f"pair {k}: word index {index} is outside sentence {which}, which has {len(words)} words"
+                )
     vectors = with_layers(fz, "all").embed_words([p.sentence1 for p in pairs] + [p.sentence2 for p in pairs])
     u = torch.from_numpy(np.stack([vectors[k][p.idx1] for k, p in enumerate(pairs)]))
     v = torch.from_numpy(np.stack([vectors[len(pairs) + k][p.idx2] for k, p in enumerate(pairs)]))

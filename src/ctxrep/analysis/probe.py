@@ -60,11 +60,15 @@ class ProbeData:
         for k, example in enumerate(self.positions):
             for s, w in example:
                 if not 0 <= s < len(self.sentences):
-                    raise ValueError(f"{self.source}: example {k} points at sentence {s}, but there are "
-                                     f"{len(self.sentences)} sentences")
+                    raise ValueError(
+                        f"{self.source}: example {k} points at sentence {s}, but there are "
+                        f"{len(self.sentences)} sentences"
+                    )
                 if not 0 <= w < len(self.sentences[s]):
-                    raise ValueError(f"{self.source}: example {k}: word index {w} is outside sentence {s}, which "
-                                     f"has {len(self.sentences[s])} words")
+                    raise ValueError(
+                        f"{self.source}: example {k}: word index {w} is outside sentence {s}, which "
+                        f"has {len(self.sentences[s])} words"
+                    )
 
 
 def load_probe_data(task: str, path: str | os.PathLike, max_sentences: int | None = None) -> ProbeData:
@@ -283,8 +287,13 @@ class ProbeResult:
         width = 0.8 / len(self.rows)
         fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * n + 2), 3.6), dpi=100)
         for k, (row, colour) in enumerate(zip(self.rows, ("tab:blue", "tab:grey"))):
-            ax.bar(layers + (k - (len(self.rows) - 1) / 2) * width, row.layer_accuracy, width, color=colour,
-                   label=f"{row.name} (mix {row.mix_accuracy:.3f})")  # fmt: skip
+            ax.bar(
+                layers + (k - (len(self.rows) - 1) / 2) * width,
+                row.layer_accuracy,
+                width,
+                color=colour,
+                label=f"{row.name} (mix {row.mix_accuracy:.3f})",
+            )
         ax.axhline(self.rows[0].mix_accuracy, color="tab:blue", linestyle="--", linewidth=1)
         ax.axhline(self.majority_accuracy, color="black", linestyle=":", linewidth=1, label="majority")
         ax.set_xticks(layers)
@@ -344,8 +353,9 @@ def run_probe(
     for name, f in models:
         torch.manual_seed(seed)
         rows.append(
-            _probe_row(name, extract_features(f, train), y_train, extract_features(f, dev), y_dev,
-                       len(labels), l2, max_iter)  # fmt: skip
+            _probe_row(
+                name, extract_features(f, train), y_train, extract_features(f, dev), y_dev, len(labels), l2, max_iter
+            )
         )
     return ProbeResult(train.task, model_name(fz), labels, len(train.labels), len(dev.labels), majority_acc, rows)
 
@@ -362,7 +372,8 @@ def split_data(data: ProbeData, dev_fraction: float = 0.2) -> tuple[ProbeData, P
         used = sorted({s for k in chosen for s, _ in data.positions[k]})
         new_index = {s: i for i, s in enumerate(used)}
         positions = [tuple((new_index[s], w) for s, w in data.positions[k]) for k in chosen]
-        return ProbeData(data.task, [data.sentences[s] for s in used], positions,
-                         [data.labels[k] for k in chosen], data.source)  # fmt: skip
+        return ProbeData(
+            data.task, [data.sentences[s] for s in used], positions, [data.labels[k] for k in chosen], data.source
+        )
 
     return part(lambda s: s < cut), part(lambda s: s >= cut)

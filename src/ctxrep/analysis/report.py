@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ctxrep.analysis import attention, neighbors, probe
-from ctxrep.analysis._common import as_featurizer, model_name, read_sentences, with_layers
+from ctxrep.analysis._common import as_featurizer, model_name, with_layers
 from ctxrep.featurize import Featurizer
 
 
@@ -40,26 +40,38 @@ class SenseDemo:
 SENSE_DEMOS = [
     SenseDemo(
         "broke",
-        ["He broke the window with a stone .", "The glass broke when it fell .",
-         "After paying the rent I was completely broke .", "The company went broke last year ."],
+        [
+            "He broke the window with a stone .",
+            "The glass broke when it fell .",
+            "After paying the rent I was completely broke .",
+            "The company went broke last year .",
+        ],
         [1, 2, 7, 3],
         ["shattered", "shattered", "penniless", "penniless"],
     ),
     SenseDemo(
         "crane",
-        ["The crane lifted the steel beam onto the roof .", "Workers operated a tall crane at the building site .",
-         "A white crane stood in the shallow marsh .", "The crane spread its wings and flew over the lake ."],
+        [
+            "The crane lifted the steel beam onto the roof .",
+            "Workers operated a tall crane at the building site .",
+            "A white crane stood in the shallow marsh .",
+            "The crane spread its wings and flew over the lake .",
+        ],
         [1, 4, 2, 1],
         ["machine", "machine", "bird", "bird"],
     ),
     SenseDemo(
         "play",
-        ["The children play in the park after school .", "They play football every Sunday .",
-         "We watched a play at the theatre last night .", "The play was written by Shakespeare ."],
+        [
+            "The children play in the park after school .",
+            "They play football every Sunday .",
+            "We watched a play at the theatre last night .",
+            "The play was written by Shakespeare .",
+        ],
         [2, 1, 3, 1],
         ["verb", "verb", "drama", "drama"],
     ),
-]  # fmt: skip
+]
 
 DEFAULT_SENTENCES = [
     "The quick brown fox jumps over the lazy dog .",
@@ -104,8 +116,14 @@ def sense_similarities(fz: Featurizer, demo: SenseDemo, layers: list[int]) -> li
     unit = target / np.linalg.norm(target, axis=-1, keepdims=True).clip(1e-12)
     rows = []
     for a, b in combinations(range(len(words)), 2):
-        rows.append({"a": a, "b": b, "same_sense": demo.senses[a] == demo.senses[b],
-                     "cosine": [float(x) for x in (unit[a] * unit[b]).sum(-1)]})  # fmt: skip
+        rows.append(
+            {
+                "a": a,
+                "b": b,
+                "same_sense": demo.senses[a] == demo.senses[b],
+                "cosine": [float(x) for x in (unit[a] * unit[b]).sum(-1)],
+            }
+        )
     return rows
 
 
@@ -128,8 +146,7 @@ def _attention_sections(fz: Featurizer, sentences: list[list[str]], parsed, body
         "and the entropy of each head.</p>"
         + f'<div class="grids">{images}</div>'
         + f"<p>Layer {layer + 1}, head {head} (the head that attends most to the previous token) on "
-        f"<q>{html.escape(demo_sentence)}</q>:</p>"
-        + _img(heatmap, f"attention of layer {layer + 1} head {head}")
+        f"<q>{html.escape(demo_sentence)}</q>:</p>" + _img(heatmap, f"attention of layer {layer + 1} head {head}")
     )
     if parsed:
         deps = attention.dependency_heads(fz, parsed, min_count=10)
@@ -137,9 +154,20 @@ def _attention_sections(fz: Featurizer, sentences: list[list[str]], parsed, body
         body.append(
             "<h3>Best head per dependency relation</h3><p>Word-level attention from dependent to head; "
             "relations with at least 10 dependents; the baseline always predicts the most common offset.</p>"
-            + _table(["relation", "count", "head", "accuracy", "baseline offset", "baseline accuracy"],
-                     [[r.relation, r.count, f"L{r.layer}-H{r.head}", r.accuracy, f"{r.baseline_offset:+d}",
-                       r.baseline_accuracy] for r in deps.relations])  # fmt: skip
+            + _table(
+                ["relation", "count", "head", "accuracy", "baseline offset", "baseline accuracy"],
+                [
+                    [
+                        r.relation,
+                        r.count,
+                        f"L{r.layer}-H{r.head}",
+                        r.accuracy,
+                        f"{r.baseline_offset:+d}",
+                        r.baseline_accuracy,
+                    ]
+                    for r in deps.relations
+                ],
+            )
         )
 
 
@@ -164,12 +192,20 @@ def build_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     name = model_name(fz)
     heads = fz.model.num_heads  # None: no attention (ELMo's biLSTM)
-    numbers: dict = {"model": name, "family": fz.model.family, "layers": fz.num_layers,
-                     "hidden": fz.model.hidden_size, "heads": heads, "left_out": {}}  # fmt: skip
+    numbers: dict = {
+        "model": name,
+        "family": fz.model.family,
+        "layers": fz.num_layers,
+        "hidden": fz.model.hidden_size,
+        "heads": heads,
+        "left_out": {},
+    }
     shape = f"{heads} heads per layer" if fz.model.has_attention else "no attention heads"
-    body = [f"<h1>ctxrep analysis report</h1><p>model <code>{html.escape(name)}</code> "
-            f"({html.escape(fz.model.family)}): {fz.num_layers} layers, "
-            f"hidden size {fz.model.hidden_size}, {shape}.</p>"]  # fmt: skip
+    body = [
+        f"<h1>ctxrep analysis report</h1><p>model <code>{html.escape(name)}</code> "
+        f"({html.escape(fz.model.family)}): {fz.num_layers} layers, "
+        f"hidden size {fz.model.hidden_size}, {shape}.</p>"
+    ]
 
     # -- probing
     parsed = None
@@ -209,8 +245,10 @@ def build_report(
     layers = [0, *shown]
     no_static = neighbors.no_static_table_reason(fz)  # ELMo reads characters: no static word table
     vocabulary = None if no_static else neighbors.StaticVocabulary.from_featurizer(fz)
-    body.append("<h2>One word, several senses</h2><p>Cosine of the word's vectors in two sentences at layer 0 "
-                "(embeddings) and higher layers: contextual vectors should separate the senses.</p>")  # fmt: skip
+    body.append(
+        "<h2>One word, several senses</h2><p>Cosine of the word's vectors in two sentences at layer 0 "
+        "(embeddings) and higher layers: contextual vectors should separate the senses.</p>"
+    )
     if no_static:
         numbers["left_out"]["static_neighbors"] = no_static
         body.append(f"<p>Static neighbours left out: {html.escape(no_static)}.</p>")
@@ -225,11 +263,18 @@ def build_report(
         )
         body.append(
             f"<h3>{html.escape(demo.word)}</h3><ol start=0>{listing}</ol>"
-            + _table(["pair", "same sense", *[f"cos L{j}" for j in layers]],
-                     [[f"{p['a']}-{p['b']}", "yes" if p["same_sense"] else "no", *p["cosine"]] for p in pairs])
-            + ("<p>Static neighbours (input embeddings): "
-               + html.escape(", ".join(f"{w} ({s:.2f})" for w, s in static)) + "</p>" if static else "")
-        )  # fmt: skip
+            + _table(
+                ["pair", "same sense", *[f"cos L{j}" for j in layers]],
+                [[f"{p['a']}-{p['b']}", "yes" if p["same_sense"] else "no", *p["cosine"]] for p in pairs],
+            )
+            + (
+                "<p>Static neighbours (input embeddings): "
+                + html.escape(", ".join(f"{w} ({s:.2f})" for w, s in static))
+                + "</p>"
+                if static
+                else ""
+            )
+        )
 
     # -- WiC
     if wic_path is not None:
@@ -242,8 +287,10 @@ def build_report(
             "<h2>WiC by layer</h2>"
             f"<p>Cosine of the target word in the two sentences; threshold chosen on {wic.n_train} train pairs, "
             f"accuracy on {wic.n_dev} dev pairs (chance 0.5).</p>"
-            + _table(["layer", "threshold", "train accuracy", "dev accuracy"],
-                     [[r.layer, r.threshold, r.train_accuracy, r.dev_accuracy] for r in wic.layers])  # fmt: skip
+            + _table(
+                ["layer", "threshold", "train accuracy", "dev accuracy"],
+                [[r.layer, r.threshold, r.train_accuracy, r.dev_accuracy] for r in wic.layers],
+            )
         )
 
     page = out_dir / "report.html"

@@ -119,18 +119,24 @@ def neighbors_index(model, corpus, layer, max_sentences, out_dir) -> None:
         raise ValueError(f"--max-sentences must be at least 1, got {max_sentences}")
     index = OccurrenceIndex.build(_featurizer(model), read_sentences(corpus, max_sentences), layer=layer)
     index.save(_out_dir(out_dir))
-    click.echo(f"indexed {len(index.occurrences)} occurrences of {len(index.sentences)} sentences at layer "
-               f"{index.layer} in {out_dir}")  # fmt: skip
+    click.echo(
+        f"indexed {len(index.occurrences)} occurrences of {len(index.sentences)} sentences at layer "
+        f"{index.layer} in {out_dir}"
+    )
 
 
 @neighbors.command("query")
 @click.option("--index", "index_dir", required=True, help="Folder written by `neighbors index`.")
 @click.option("--sentence", default=None, help="The query sentence (whitespace-tokenized); with --word.")
 @click.option("--word", default=None, type=int, help="0-based index of the query word in --sentence.")
-@click.option("--queries", "queries_path", default=None,
-              help="A file of queries instead of --sentence/--word, one a line (blank lines skipped): "
-                   "SENTENCE<TAB>WORD_INDEX (0-based), or the sentence with one word marked, as in "
-                   "'A [[crane]] lifted the beam .'. The index and model are loaded once for all of them.")
+@click.option(
+    "--queries",
+    "queries_path",
+    default=None,
+    help="A file of queries instead of --sentence/--word, one a line (blank lines skipped): "
+    "SENTENCE<TAB>WORD_INDEX (0-based), or the sentence with one word marked, as in "
+    "'A [[crane]] lifted the beam .'. The index and model are loaded once for all of them.",
+)
 @click.option("-k", "--k", default=10, show_default=True, help="How many neighbours.")
 @click.option("--model", default=None, help="Model to embed the queries with (default: the index's model).")
 @user_errors
@@ -139,8 +145,13 @@ def neighbors_query(index_dir, sentence, word, queries_path, k, model) -> None:
 
     One query (--sentence and --word) or a file of them (--queries FILE); each answer of a file starts with
     its FILE:LINE."""
-    from ctxrep.analysis.neighbors import (OccurrenceIndex, StaticVocabulary, no_static_table_reason, parse_query,
-                                           read_queries)  # fmt: skip
+    from ctxrep.analysis.neighbors import (
+        OccurrenceIndex,
+        StaticVocabulary,
+        no_static_table_reason,
+        parse_query,
+        read_queries,
+    )
 
     if queries_path is not None:
         if sentence is not None or word is not None:
@@ -171,8 +182,9 @@ def _print_query(q, hits, layer: int, fz, k: int, no_static: str | None, vocabul
         click.echo(f"static neighbours of {q.target!r}: none ({no_static})")
         return
     static = static_neighbors(fz, q.target, k, vocabulary)
-    click.echo(f"static neighbours of {q.target!r} (input embeddings): "
-               + ", ".join(f"{w} ({s:.2f})" for w, s in static))  # fmt: skip
+    click.echo(
+        f"static neighbours of {q.target!r} (input embeddings): " + ", ".join(f"{w} ({s:.2f})" for w, s in static)
+    )
 
 
 @neighbors.command("static")
@@ -210,8 +222,9 @@ def neighbors_wic(model, train_path, dev_path, max_pairs, out_file) -> None:
 
 @click.command()
 @click.argument("model", default="minilm")
-@click.option("--out", "--out-dir", "out_dir", default="report", show_default=True,
-              help="Where report.html and report.json go.")  # fmt: skip
+@click.option(
+    "--out", "--out-dir", "out_dir", default="report", show_default=True, help="Where report.html and report.json go."
+)
 @click.option("--ud", "ud_path", default=None, help="A CoNLL-U file for the probe and attention sections.")
 @click.option("--wic", "wic_path", default=None, help="A WiC folder with train/ and dev/: WiC by layer.")
 @click.option("--max-sentences", default=300, show_default=True, help="Sentences of --ud to use.")
@@ -228,8 +241,9 @@ def report(model, out_dir, ud_path, wic_path, max_sentences, control) -> None:
     for option, path in (("--ud", ud_path), ("--wic", wic_path)):
         if path is not None and not Path(path).exists():
             raise FileNotFoundError(f"{option} {path}: no such file or folder")
-    page = build_report(model, _out_dir(out_dir), ud_path=ud_path, wic_path=wic_path, max_sentences=max_sentences,
-                        control=control)  # fmt: skip
+    page = build_report(
+        model, _out_dir(out_dir), ud_path=ud_path, wic_path=wic_path, max_sentences=max_sentences, control=control
+    )
     click.echo(f"wrote {page}")
 
 

@@ -51,8 +51,12 @@ def print_table(labels: list[str], sims: np.ndarray) -> None:
 
 @click.command()
 @click.option("--model", default="minilm", show_default=True, help="Packaged model name or model folder.")
-@click.option("--low-layer", default=None, type=int,
-              help="The low layer to contrast with the top layer [default: 1, or 0 for a 1-layer model].")
+@click.option(
+    "--low-layer",
+    default=None,
+    type=int,
+    help="The low layer to contrast with the top layer [default: 1, or 0 for a 1-layer model].",
+)
 @user_errors
 def demo(model: str, low_layer: int | None) -> None:
     """Show that the same word gets different vectors in different contexts."""
@@ -89,9 +93,7 @@ def demo(model: str, low_layer: int | None) -> None:
     for layer in (low_layer, top):
         sims = cosine_matrix(crane[:, layer])
         gaps[layer] = (sims[same].mean(), sims[different].mean())
-        click.echo(
-            f'"crane", layer {layer}: same sense {gaps[layer][0]:.2f}, different sense {gaps[layer][1]:.2f}'
-        )
+        click.echo(f'"crane", layer {layer}: same sense {gaps[layer][0]:.2f}, different sense {gaps[layer][1]:.2f}')
         print_table([f"{s}  [{sense}]" for s, sense in CRANE], sims)
         click.echo("")
     verdict = "closer" if gaps[top][0] > gaps[top][1] else "NOT closer"

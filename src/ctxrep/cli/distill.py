@@ -27,45 +27,98 @@ from ctxrep.tasks.experiment import TASKS
 
 
 def _layer_list(text: str | None) -> tuple[int, ...]:
-    """"0,2,5" -> (0, 2, 5)."""
+    """ "0,2,5" -> (0, 2, 5)."""
     if not text:
         return ()
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--teacher-layers {text!r}: give teacher layer numbers separated by commas, like 0,2,5") from None
+        raise ValueError(
+            f"--teacher-layers {text!r}: give teacher layer numbers separated by commas, like 0,2,5"
+        ) from None
 
 
 @click.command("distill", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--teacher", required=True, help="The teacher: a model folder or name (BERT, RoBERTa, ELECTRA; minilm).")
-@click.option("--corpus", type=click.Path(), default=None,
-              help="Raw text (a .txt file or a folder of them): task-agnostic distillation.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Run folder; becomes the student's model folder.")
-@click.option("--student-layers", type=int, default=0, show_default=True,
-              help="K layers, spread over the teacher's from first to last (0: half of them).")
+@click.option(
+    "--corpus",
+    type=click.Path(),
+    default=None,
+    help="Raw text (a .txt file or a folder of them): task-agnostic distillation.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Run folder; becomes the student's model folder.",
+)
+@click.option(
+    "--student-layers",
+    type=int,
+    default=0,
+    show_default=True,
+    help="K layers, spread over the teacher's from first to last (0: half of them).",
+)
 @click.option("--teacher-layers", default=None, help="Copy exactly these teacher layers, e.g. 0,2,5 (bottom first).")
-@click.option("--student-hidden-size", type=int, default=0, show_default=True,
-              help="A narrower student (fresh weights, the teacher's heads); 0: the teacher's width, layers copied.")
-@click.option("--config", "config_name", default="distill", show_default=True,
-              help="A shipped pretraining config or a TOML file: [data], [trainer], [objective] masking, [distill].")
+@click.option(
+    "--student-hidden-size",
+    type=int,
+    default=0,
+    show_default=True,
+    help="A narrower student (fresh weights, the teacher's heads); 0: the teacher's width, layers copied.",
+)
+@click.option(
+    "--config",
+    "config_name",
+    default="distill",
+    show_default=True,
+    help="A shipped pretraining config or a TOML file: [data], [trainer], [objective] masking, [distill].",
+)
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps (overrides [trainer] max_steps).")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--task", type=click.Choice(TASKS), default=None,
-              help="Task-specific distillation: the task of the fine-tuned --teacher (as in finetune).")
-@click.option("--train", "train", type=click.Path(dir_okay=False), default=None,
-              help="With --task: the training file the student learns on.")
-@click.option("--dev", "dev", type=click.Path(dir_okay=False), default=None,
-              help="With --task: a development file; the teacher's and the student's scores on it are printed.")
-@click.option("--student", default=None,
-              help="With --task: a ready student encoder (folder or name) with the teacher's tokenizer, instead of one "
-                   "built from the teacher.")
+@click.option(
+    "--task",
+    type=click.Choice(TASKS),
+    default=None,
+    help="Task-specific distillation: the task of the fine-tuned --teacher (as in finetune).",
+)
+@click.option(
+    "--train",
+    "train",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --task: the training file the student learns on.",
+)
+@click.option(
+    "--dev",
+    "dev",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --task: a development file; the teacher's and the student's scores on it are printed.",
+)
+@click.option(
+    "--student",
+    default=None,
+    help="With --task: a ready student encoder (folder or name) with the teacher's tokenizer, instead of one "
+    "built from the teacher.",
+)
 @click.option("--temperature", type=float, default=2.0, show_default=True, help="With --task: softmax temperature T.")
-@click.option("--alpha", type=float, default=0.5, show_default=True,
-              help="With --task: weight of the soft targets; 1 - alpha goes to the hard labels.")
-@click.option("--hidden-loss", type=click.Choice(["none", "cosine", "mse"]), default="none", show_default=True,
-              help="With --task: also match the hidden states of mapped layers.")
+@click.option(
+    "--alpha",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="With --task: weight of the soft targets; 1 - alpha goes to the hard labels.",
+)
+@click.option(
+    "--hidden-loss",
+    type=click.Choice(["none", "cosine", "mse"]),
+    default="none",
+    show_default=True,
+    help="With --task: also match the hidden states of mapped layers.",
+)
 @click.option("--hidden-weight", type=float, default=1.0, show_default=True, help="With --task: weight of that loss.")
 @click.option("--max-epochs", type=int, default=3, show_default=True, help="With --task: passes over --train.")
 @click.option("--batch-size", type=int, default=None, help="With --task: batch size (default: the teacher's).")
@@ -74,9 +127,32 @@ def _layer_list(text: str | None) -> tuple[int, ...]:
 @click.option("--seed", type=int, default=0, show_default=True, help="With --task: random seed.")
 @click.pass_context
 @user_errors
-def distill(ctx, teacher, corpus, out_dir, student_layers, teacher_layers, student_hidden_size, config_name, max_steps,
-            resume, progress, task, train, dev, student, temperature, alpha, hidden_loss, hidden_weight, max_epochs,
-            batch_size, lr, limit, seed) -> None:  # fmt: skip
+def distill(
+    ctx,
+    teacher,
+    corpus,
+    out_dir,
+    student_layers,
+    teacher_layers,
+    student_hidden_size,
+    config_name,
+    max_steps,
+    resume,
+    progress,
+    task,
+    train,
+    dev,
+    student,
+    temperature,
+    alpha,
+    hidden_loss,
+    hidden_weight,
+    max_epochs,
+    batch_size,
+    lr,
+    limit,
+    seed,
+) -> None:
     """Distil --teacher into a smaller student encoder on --corpus, or a fine-tuned task model into a smaller one
     with --task and --train; the student is saved to --out.
 
@@ -96,9 +172,28 @@ def distill(ctx, teacher, corpus, out_dir, student_layers, teacher_layers, stude
         if resume or ctx.args or config_name != "distill":
             given = "--resume" if resume else "--config" if config_name != "distill" else " ".join(ctx.args)
             raise ValueError(f"{given} is for --corpus runs; task-specific distillation does not read it")
-        _distill_task(teacher, task, train, dev, out_dir, student_layers, _layer_list(teacher_layers),
-                      student_hidden_size, student, temperature, alpha, hidden_loss, hidden_weight, max_epochs,
-                      max_steps, batch_size, lr, limit, seed, progress)  # fmt: skip
+        _distill_task(
+            teacher,
+            task,
+            train,
+            dev,
+            out_dir,
+            student_layers,
+            _layer_list(teacher_layers),
+            student_hidden_size,
+            student,
+            temperature,
+            alpha,
+            hidden_loss,
+            hidden_weight,
+            max_epochs,
+            max_steps,
+            batch_size,
+            lr,
+            limit,
+            seed,
+            progress,
+        )
         return
     if corpus is None:
         raise ValueError(
@@ -123,9 +218,28 @@ def distill(ctx, teacher, corpus, out_dir, student_layers, teacher_layers, stude
         click.echo(f"step {metrics['step']}: {loss}{held_out}; wrote the student to {out_dir}")
 
 
-def _distill_task(teacher_dir, task, train, dev, out_dir, student_layers, teacher_layers, student_hidden_size, student,
-                  temperature, alpha, hidden_loss, hidden_weight, max_epochs, max_steps, batch_size, lr, limit, seed,
-                  progress) -> None:  # fmt: skip
+def _distill_task(
+    teacher_dir,
+    task,
+    train,
+    dev,
+    out_dir,
+    student_layers,
+    teacher_layers,
+    student_hidden_size,
+    student,
+    temperature,
+    alpha,
+    hidden_loss,
+    hidden_weight,
+    max_epochs,
+    max_steps,
+    batch_size,
+    lr,
+    limit,
+    seed,
+    progress,
+) -> None:
     """Task-specific distillation from the command line (see the module docstring for --out)."""
     import json
     import time
@@ -146,20 +260,38 @@ def _distill_task(teacher_dir, task, train, dev, out_dir, student_layers, teache
     params |= {k: v for k, v in (("batch_size", batch_size), ("lr", lr), ("max_steps", max_steps)) if v is not None}
     started = time.perf_counter()
     student_est = distill_estimator(
-        teacher, data.X, data.y, student_layers=student_layers or None, temperature=temperature, alpha=alpha,
-        hidden_loss=None if hidden_loss == "none" else hidden_loss, hidden_weight=hidden_weight,
-        teacher_layers=teacher_layers or None, student_hidden_size=student_hidden_size or None, student=student,
-        encoder_dir=out / "encoder", **params,
-    )  # fmt: skip
+        teacher,
+        data.X,
+        data.y,
+        student_layers=student_layers or None,
+        temperature=temperature,
+        alpha=alpha,
+        hidden_loss=None if hidden_loss == "none" else hidden_loss,
+        hidden_weight=hidden_weight,
+        teacher_layers=teacher_layers or None,
+        student_hidden_size=student_hidden_size or None,
+        student=student,
+        encoder_dir=out / "encoder",
+        **params,
+    )
     seconds = time.perf_counter() - started
     save_distilled(student_est, out)
     t_encoder, s_encoder = teacher.model_.representation.encoder, student_est.model_.representation.encoder
-    report = {"teacher": str(source), "task": task, "train": str(train), "train_examples": len(data.X),
-              "seconds": seconds, "teacher_parameters": parameter_count(t_encoder),
-              "student_parameters": parameter_count(s_encoder), "student_layers": s_encoder.num_layers,
-              "student_hidden_size": s_encoder.hidden_size} | student_est.distillation_  # fmt: skip
-    summary = (f"{t_encoder.num_layers} -> {s_encoder.num_layers} layers, encoder parameters "
-               f"{report['teacher_parameters']:,} -> {report['student_parameters']:,}")  # fmt: skip
+    report = {
+        "teacher": str(source),
+        "task": task,
+        "train": str(train),
+        "train_examples": len(data.X),
+        "seconds": seconds,
+        "teacher_parameters": parameter_count(t_encoder),
+        "student_parameters": parameter_count(s_encoder),
+        "student_layers": s_encoder.num_layers,
+        "student_hidden_size": s_encoder.hidden_size,
+    } | student_est.distillation_
+    summary = (
+        f"{t_encoder.num_layers} -> {s_encoder.num_layers} layers, encoder parameters "
+        f"{report['teacher_parameters']:,} -> {report['student_parameters']:,}"
+    )
     if dev_data is not None:
         report["dev"], report["dev_examples"] = str(dev), len(dev_data.X)
         report["teacher_dev_score"] = float(teacher.score(dev_data.X, dev_data.y))

@@ -215,32 +215,76 @@ def _write_json_atomic(file: Path, obj: dict) -> None:
 @click.option("--model", default="minilm", show_default=True, help="Packaged model name or model folder.")
 @click.option("--input", "input_path", required=True, help="Input file, or - for standard input.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="text: one text per line; jsonl: one JSON object per line; csv/tsv: a header line, then one row "
-                   "per text; conll: token columns, blank-line separated. A .gz input is decompressed.")
-@click.option("--text-column", "--text-field", "text_column", default=None,
-              help="The JSONL field, or the CSV/TSV column (header name or 1-based number), holding the text "
-                   "[default: text].")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="text: one text per line; jsonl: one JSON object per line; csv/tsv: a header line, then one row "
+    "per text; conll: token columns, blank-line separated. A .gz input is decompressed.",
+)
+@click.option(
+    "--text-column",
+    "--text-field",
+    "text_column",
+    default=None,
+    help="The JSONL field, or the CSV/TSV column (header name or 1-based number), holding the text [default: text].",
+)
 @click.option("--level", type=click.Choice(["word", "sentence"]), default="word", show_default=True)
 @click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list, 'all' or 'mix'.")
-@click.option("--pooling", type=click.Choice(["first", "last", "mean", "first_last"]), default="mean", show_default=True,
-              help="How a word's subword pieces become one vector.")
-@click.option("--sentence-pooling", type=click.Choice(["mean", "cls", "model"]), default="mean", show_default=True,
-              help="--level sentence: mean of the word vectors, the classification token, or the model folder's own "
-                   "pooling (a sentence-transformers folder: modules.json).")
+@click.option(
+    "--pooling",
+    type=click.Choice(["first", "last", "mean", "first_last"]),
+    default="mean",
+    show_default=True,
+    help="How a word's subword pieces become one vector.",
+)
+@click.option(
+    "--sentence-pooling",
+    type=click.Choice(["mean", "cls", "model"]),
+    default="mean",
+    show_default=True,
+    help="--level sentence: mean of the word vectors, the classification token, or the model folder's own "
+    "pooling (a sentence-transformers folder: modules.json).",
+)
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
 @click.option("--batch-tokens", default=2048, show_default=True, help="Token budget of one encoder batch.")
 @click.option("--threads", type=int, default=None, help="Torch threads (default: torch's choice).")
-@click.option("--quantize", type=click.Choice(["int8"]), default=None,
-              help="int8 linear layers (per-channel weights, calibrated activations): faster on CPU, vectors at a "
-                   "mean cosine of about 0.99 to float32. Transformer models only.")
-@click.option("--compile/--no-compile", "compile_", default=None,
-              help="torch.compile the encoder (default: only when a shard is large enough to repay the compilation).")
+@click.option(
+    "--quantize",
+    type=click.Choice(["int8"]),
+    default=None,
+    help="int8 linear layers (per-channel weights, calibrated activations): faster on CPU, vectors at a "
+    "mean cosine of about 0.99 to float32. Transformer models only.",
+)
+@click.option(
+    "--compile/--no-compile",
+    "compile_",
+    default=None,
+    help="torch.compile the encoder (default: only when a shard is large enough to repay the compilation).",
+)
 @user_errors
-def embed(model, input_path, out_dir, fmt, text_column, level, layers, pooling, sentence_pooling, shard_size, storage,
-          skip_empty, batch_tokens, threads, quantize, compile_) -> None:  # fmt: skip
+def embed(
+    model,
+    input_path,
+    out_dir,
+    fmt,
+    text_column,
+    level,
+    layers,
+    pooling,
+    sentence_pooling,
+    shard_size,
+    storage,
+    skip_empty,
+    batch_tokens,
+    threads,
+    quantize,
+    compile_,
+) -> None:
     """Write word- or sentence-level vectors of every text in INPUT to shards in OUT."""
     from ctxrep.featurize import Featurizer
 
@@ -251,10 +295,18 @@ def embed(model, input_path, out_dir, fmt, text_column, level, layers, pooling, 
     text_field = text_column or DEFAULT_TEXT_COLUMN
     out = Path(out_dir)
     settings = {
-        "model": model, "format": fmt, "text_field": text_field, "level": level, "layers": layers,
-        "pooling": pooling, "sentence_pooling": sentence_pooling, "shard_size": shard_size, "storage": storage,
-        "skip_empty": skip_empty, **_fingerprint(input_path),
-    }  # fmt: skip
+        "model": model,
+        "format": fmt,
+        "text_field": text_field,
+        "level": level,
+        "layers": layers,
+        "pooling": pooling,
+        "sentence_pooling": sentence_pooling,
+        "shard_size": shard_size,
+        "storage": storage,
+        "skip_empty": skip_empty,
+        **_fingerprint(input_path),
+    }
     if quantize is not None:  # changes the vectors: a resumed run must use the same setting
         settings["quantize"] = quantize
     manifest_file = out / "manifest.json"
@@ -275,9 +327,16 @@ def embed(model, input_path, out_dir, fmt, text_column, level, layers, pooling, 
     out.mkdir(parents=True, exist_ok=True)
     done_texts = sum(s["texts"] for s in shards)
 
-    fz = Featurizer(model, layers=parse_layers(layers), pooling=pooling, sentence_pooling=sentence_pooling,
-                    batch_tokens=batch_tokens, num_threads=threads, quantize=quantize,
-                    compile="auto" if compile_ is None else compile_)  # fmt: skip
+    fz = Featurizer(
+        model,
+        layers=parse_layers(layers),
+        pooling=pooling,
+        sentence_pooling=sentence_pooling,
+        batch_tokens=batch_tokens,
+        num_threads=threads,
+        quantize=quantize,
+        compile="auto" if compile_ is None else compile_,
+    )
     dim = fz.sentence_dim if level == "sentence" else fz.dim
     manifest = {"settings": settings, "dim": dim, "shards": shards, "complete": False}
     source = "<stdin>" if input_path == "-" else input_path
@@ -318,16 +377,23 @@ def _counting(stream, bar) -> Iterator[bytes]:
         yield raw
 
 
-def _write_shard(fz, batch: list[Record], first_text: int, level: str, storage: str, out: Path, shards: list[dict],
-                 manifest: dict, manifest_file: Path) -> None:  # fmt: skip
+def _write_shard(
+    fz,
+    batch: list[Record],
+    first_text: int,
+    level: str,
+    storage: str,
+    out: Path,
+    shards: list[dict],
+    manifest: dict,
+    manifest_file: Path,
+) -> None:
     k = len(shards)
     words = [r.words for r in batch]
     if level == "word":
         per_text = fz.embed_words(words)
         vectors = np.concatenate(per_text) if per_text else np.zeros((0, fz.dim), np.float32)
-        index = [
-            (first_text + t, r.line, w, word) for t, r in enumerate(batch) for w, word in enumerate(r.words)
-        ]
+        index = [(first_text + t, r.line, w, word) for t, r in enumerate(batch) for w, word in enumerate(r.words)]
     else:
         vectors = fz.embed_sentences(words)
         index = [(first_text + t, r.line, -1, "") for t, r in enumerate(batch)]
@@ -353,8 +419,16 @@ def _write_shard(fz, batch: list[Record], first_text: int, level: str, storage: 
     os.replace(tmp, out / name)
     os.replace(index_tmp, out / index_name)
     digest = hashlib.sha256((out / name).read_bytes()).hexdigest()[:16]
-    shards.append({"file": name, "index": index_name, "texts": len(batch), "rows": len(index),
-                   "first_line": batch[0].line, "sha256_16": digest})  # fmt: skip
+    shards.append(
+        {
+            "file": name,
+            "index": index_name,
+            "texts": len(batch),
+            "rows": len(index),
+            "first_line": batch[0].line,
+            "sha256_16": digest,
+        }
+    )
     _write_json_atomic(manifest_file, manifest)
 
 
@@ -376,6 +450,12 @@ def load_shards(out_dir: str | os.PathLike) -> tuple[np.ndarray, list[dict]]:
             for line in f:
                 values = line.rstrip("\n").split("\t")
                 row = dict(zip(header, values))
-                index.append({"text": int(row["text"]), "line": int(row["line"]), "word": int(row["word"]),
-                              "token": row["token"]})  # fmt: skip
+                index.append(
+                    {
+                        "text": int(row["text"]),
+                        "line": int(row["line"]),
+                        "word": int(row["word"]),
+                        "token": row["token"],
+                    }
+                )
     return (np.concatenate(vectors) if vectors else np.zeros((0, manifest["dim"]), np.float32)), index

@@ -8,13 +8,19 @@ from ctxrep.cli.common import user_errors
 
 
 @click.command()
-@click.option("--format", "format_", type=click.Choice(["onnx"]), default="onnx", show_default=True,
-              help="Output format.")  # fmt: skip
+@click.option(
+    "--format", "format_", type=click.Choice(["onnx"]), default="onnx", show_default=True, help="Output format."
+)
 @click.option("--model", required=True, help="A model folder, packaged name ('minilm') or cached Hub name.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The .onnx file to write.")
 @click.option("--opset", type=int, default=17, show_default=True, help="ONNX opset version.")
-@click.option("--atol", type=float, default=1e-4, show_default=True,
-              help="Largest |ONNX Runtime - ctxrep| difference of last_hidden_state accepted.")  # fmt: skip
+@click.option(
+    "--atol",
+    type=float,
+    default=1e-4,
+    show_default=True,
+    help="Largest |ONNX Runtime - ctxrep| difference of last_hidden_state accepted.",
+)
 @user_errors
 def export(format_: str, model: str, out: str, opset: int, atol: float) -> None:
     """Export MODEL's encoder (inputs input_ids, attention_mask[, token_type_ids]; output last_hidden_state; dynamic

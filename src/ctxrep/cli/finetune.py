@@ -15,46 +15,84 @@ from ctxrep.tasks.tagger import TAG_SCHEMES
 
 TAGGING = ("conll2003", "upos", "tag")
 # option -> the reader setting it fills (ctxrep.data.table's keyword arguments)
-COLUMN_OPTIONS = ("format", "text_column", "text_pair_column", "label_column", "word_column", "tag_column",
-                  "question_column", "context_column", "answers_column")  # fmt: skip
+COLUMN_OPTIONS = (
+    "format",
+    "text_column",
+    "text_pair_column",
+    "label_column",
+    "word_column",
+    "tag_column",
+    "question_column",
+    "context_column",
+    "answers_column",
+)
 
 
 @click.command("finetune")
-@click.option("--task", type=click.Choice(ALL_TASKS), required=True,
-              help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad), or your own files: "
-                   "classify (text -> label), pair (two texts -> label), tag (a tag per word), span (SQuAD-style "
-                   "question answering).")  # fmt: skip
-@click.option("--train", "train", type=click.Path(dir_okay=False), required=True,
-              help="Training file (gzip-compressed read as is).")  # fmt: skip
+@click.option(
+    "--task",
+    type=click.Choice(ALL_TASKS),
+    required=True,
+    help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad), or your own files: "
+    "classify (text -> label), pair (two texts -> label), tag (a tag per word), span (SQuAD-style "
+    "question answering).",
+)
+@click.option(
+    "--train",
+    "train",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Training file (gzip-compressed read as is).",
+)
 @click.option("--dev", "dev", type=click.Path(dir_okay=False), required=True, help="Development file.")
-@click.option("--format", type=click.Choice(["csv", "tsv", "jsonl", "conll"]), default=None,
-              help="Your files' format (default: from the name: .csv, .tsv, .jsonl; tag: CoNLL columns).")
-@click.option("--text-column", default=None, help="classify / pair: the text column (header name, 0-based index "
-              "or JSONL field). [default: text]")  # fmt: skip
+@click.option(
+    "--format",
+    type=click.Choice(["csv", "tsv", "jsonl", "conll"]),
+    default=None,
+    help="Your files' format (default: from the name: .csv, .tsv, .jsonl; tag: CoNLL columns).",
+)
+@click.option(
+    "--text-column",
+    default=None,
+    help="classify / pair: the text column (header name, 0-based index or JSONL field). [default: text]",
+)
 @click.option("--text-pair-column", default=None, help="pair: the second text's column. [default: text_pair]")
 @click.option("--label-column", default=None, help="classify / pair: the label column. [default: label]")
-@click.option("--word-column", default=None, help="tag: the word column (0-based, negative from the end; JSONL: "
-              "a field holding a list). [default: 0]")  # fmt: skip
+@click.option(
+    "--word-column",
+    default=None,
+    help="tag: the word column (0-based, negative from the end; JSONL: a field holding a list). [default: 0]",
+)
 @click.option("--tag-column", default=None, help="tag: the tag column. [default: -1]")
 @click.option("--question-column", default=None, help="span: the question field. [default: question]")
 @click.option("--context-column", default=None, help="span: the context field. [default: context]")
-@click.option("--answers-column", default=None,
-              help='span: the answers field ({"text": [...], "answer_start": [...]}). [default: answers]')
+@click.option(
+    "--answers-column",
+    default=None,
+    help='span: the answers field ({"text": [...], "answer_start": [...]}). [default: answers]',
+)
 @click.option("--model", default="minilm", show_default=True, help="Encoder name or folder.")
 @click.option("--mode", type=click.Choice(["finetune", "frozen"]), default="finetune", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Output folder.")
 @click.option("--max-epochs", type=int, default=3, show_default=True)
-@click.option("--max-steps", type=int, default=None,
-              help="Stop after this many optimizer steps (the schedule is laid out over them; --max-epochs is then "
-                   "ignored).")  # fmt: skip
+@click.option(
+    "--max-steps",
+    type=int,
+    default=None,
+    help="Stop after this many optimizer steps (the schedule is laid out over them; --max-epochs is then ignored).",
+)
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--lr", type=float, default=None, help="Peak learning rate (default 5e-5 finetune, 1e-3 frozen).")
 @click.option("--warmup-fraction", type=float, default=0.1, show_default=True, help="Share of steps of warm-up.")
 @click.option("--max-length", type=int, default=None, help="Longest input in pieces (default: the model's).")
 @click.option("--limit", type=int, default=None, help="Use only the first N train and dev examples.")
 @click.option("--crf", is_flag=True, help="Tagging: a CRF output layer with Viterbi decoding.")
-@click.option("--tag-scheme", type=click.Choice(TAG_SCHEMES), default=None,
-              help="Tagging: entity scoring scheme (default: auto; conll2003: iob1; upos: none).")
+@click.option(
+    "--tag-scheme",
+    type=click.Choice(TAG_SCHEMES),
+    default=None,
+    help="Tagging: entity scoring scheme (default: auto; conll2003: iob1; upos: none).",
+)
 @click.option("--early-stopping", is_flag=True, help="Hold out --validation-fraction and stop when it stalls.")
 @click.option("--validation-fraction", type=float, default=0.1, show_default=True)
 @click.option("--slanted-triangular", is_flag=True, help="ULMFiT's slanted triangular schedule.")
@@ -63,8 +101,11 @@ COLUMN_OPTIONS = ("format", "text_column", "text_pair_column", "label_column", "
 @click.option("--cache-dir", default=None, help="Frozen-feature cache (default ~/.cache/ctxrep/features).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--progress/--no-progress", default=True, show_default=True)
-@click.option("--train-phrases", is_flag=True,
-              help="SST: train on every labelled phrase of the trees (GLUE's SST-2 training set).")  # fmt: skip
+@click.option(
+    "--train-phrases",
+    is_flag=True,
+    help="SST: train on every labelled phrase of the trees (GLUE's SST-2 training set).",
+)
 @user_errors
 def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, **options) -> None:
     """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots)."""
@@ -85,7 +126,16 @@ def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, s
             )
         tagger_options = {"crf": crf} | ({"tag_scheme": tag_scheme} if tag_scheme is not None else {})
     metrics = experiment(
-        task=task, train=train, dev=dev, out_dir=out_dir, limit=limit, echo=click.echo, train_phrases=train_phrases,
-        columns=columns if task in FILE_TASKS else None, random_state=seed, **options, **tagger_options,
-    )  # fmt: skip
+        task=task,
+        train=train,
+        dev=dev,
+        out_dir=out_dir,
+        limit=limit,
+        echo=click.echo,
+        train_phrases=train_phrases,
+        columns=columns if task in FILE_TASKS else None,
+        random_state=seed,
+        **options,
+        **tagger_options,
+    )
     click.echo(f"dev {metrics['score_name']} {metrics['score']:.4f}; wrote {out_dir}")

@@ -24,8 +24,13 @@ def info(model: str) -> None:
         special = "none"
     else:
         tokenizer = f"{type(tok.backend.model).__name__}, {tok.vocab_size:,} entries"
-        special = " ".join([*(tok.backend.id_to_token(i) for i in tok.template.prefix), "A",
-                            *(tok.backend.id_to_token(i) for i in tok.template.single_suffix)])  # fmt: skip
+        special = " ".join(
+            [
+                *(tok.backend.id_to_token(i) for i in tok.template.prefix),
+                "A",
+                *(tok.backend.id_to_token(i) for i in tok.template.single_suffix),
+            ]
+        )
     rows = [
         ("model", model),
         ("folder", str(folder)),

@@ -1,9 +1,9 @@
 """`ctxrep mt`: train a translation model on parallel files, translate a file or stdin, score with sacreBLEU.
 
-    ctxrep mt train --config multi30k --src train.en --tgt train.de --valid-src val.en --valid-tgt val.de --out runs/en-de
-    ctxrep mt translate --model runs/en-de --input val.en --out hyp.de --beam 5
-    ctxrep mt score --hyp hyp.de --ref val.de
-    ctxrep mt attention --model runs/en-de --source "A man is sleeping ." --out align.png
+ctxrep mt train --config multi30k --src train.en --tgt train.de --valid-src val.en --valid-tgt val.de --out runs/en-de
+ctxrep mt translate --model runs/en-de --input val.en --out hyp.de --beam 5
+ctxrep mt score --hyp hyp.de --ref val.de
+ctxrep mt attention --model runs/en-de --source "A man is sleeping ." --out align.png
 """
 
 from __future__ import annotations
@@ -23,20 +23,30 @@ def mt() -> None:
 
 
 @mt.command("train", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option("--config", "config_name", default="multi30k", show_default=True,
-              help="A shipped config (tiny, multi30k, base) or a TOML file.")
+@click.option(
+    "--config",
+    "config_name",
+    default="multi30k",
+    show_default=True,
+    help="A shipped config (tiny, multi30k, base) or a TOML file.",
+)
 @click.option("--src", type=click.Path(), required=True, help="Training source sentences, one per line.")
 @click.option("--tgt", type=click.Path(), required=True, help="Training target sentences, aligned with --src.")
 @click.option("--valid-src", type=click.Path(), default=None, help="Validation source sentences.")
 @click.option("--valid-tgt", type=click.Path(), default=None, help="Validation target sentences.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Run folder; becomes the model folder (Marian format + tokenizer.json).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="Run folder; becomes the model folder (Marian format + tokenizer.json).",
+)
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps (overrides [trainer] max_steps).")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
 @click.option("--skip-long", is_flag=True, help="Leave out training pairs longer than the model's positions.")
 @click.pass_context
 @user_errors
-def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume, skip_long) -> None:  # fmt: skip
+def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume, skip_long) -> None:
     """Train a translation model from --src to --tgt into --out.
 
     Any config field can be overridden as --section.field VALUE (e.g. --trainer.lr 2.0), or --field VALUE
@@ -55,34 +65,80 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
         distributed.shutdown()
     if dist.is_main:
         loss = f"loss {metrics['loss']:.4f}" if "loss" in metrics else "no new steps"
-        held_out = "".join(f", {name} {metrics[key]:.2f}" for key, name in
-                           (("eval_loss", "valid loss"), ("eval_bleu", "valid BLEU")) if key in metrics)  # fmt: skip
+        held_out = "".join(
+            f", {name} {metrics[key]:.2f}"
+            for key, name in (("eval_loss", "valid loss"), ("eval_bleu", "valid BLEU"))
+            if key in metrics
+        )
         click.echo(f"step {metrics['step']}: {loss}{held_out}; wrote {out_dir}")
 
 
 @mt.command("translate")
 @click.option("--model", "model_dir", type=click.Path(), required=True, help="A Marian-format model folder.")
 @click.option("--input", "input_file", type=click.Path(), default=None, help="Source sentences; stdin when omitted.")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
-              help="Translations, one line per input line; stdout when omitted.")
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Translations, one line per input line; stdout when omitted.",
+)
 @click.option("--beam", type=int, default=5, show_default=True, help="Beam size; 1 = greedy.")
-@click.option("--n-best", type=int, default=1, show_default=True,
-              help="Hypotheses per sentence; above 1 each line is 'LINE ||| TEXT ||| SCORE' (Moses' n-best format).")
-@click.option("--length-penalty", type=float, default=0.6, show_default=True,
-              help="alpha of the length penalty (0 = none): hypotheses score log P / lp(|Y|).")
-@click.option("--penalty", type=click.Choice(["gnmt", "hf"]), default="gnmt", show_default=True,
-              help="lp(|Y|) = ((5 + |Y|) / 6)^alpha (GNMT, the Transformer paper's) or |Y|^alpha (transformers').")
-@click.option("--max-len-a", type=float, default=1.2, show_default=True,
-              help="Translations stop at max-len-a x source tokens + max-len-b.")
+@click.option(
+    "--n-best",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Hypotheses per sentence; above 1 each line is 'LINE ||| TEXT ||| SCORE' (Moses' n-best format).",
+)
+@click.option(
+    "--length-penalty",
+    type=float,
+    default=0.6,
+    show_default=True,
+    help="alpha of the length penalty (0 = none): hypotheses score log P / lp(|Y|).",
+)
+@click.option(
+    "--penalty",
+    type=click.Choice(["gnmt", "hf"]),
+    default="gnmt",
+    show_default=True,
+    help="lp(|Y|) = ((5 + |Y|) / 6)^alpha (GNMT, the Transformer paper's) or |Y|^alpha (transformers').",
+)
+@click.option(
+    "--max-len-a",
+    type=float,
+    default=1.2,
+    show_default=True,
+    help="Translations stop at max-len-a x source tokens + max-len-b.",
+)
 @click.option("--max-len-b", type=int, default=10, show_default=True)
-@click.option("--skip-long", is_flag=True,
-              help="Write an empty line for sentences longer than the model's positions instead of stopping.")
+@click.option(
+    "--skip-long",
+    is_flag=True,
+    help="Write an empty line for sentences longer than the model's positions instead of stopping.",
+)
 @click.option("--batch-tokens", type=int, default=4096, show_default=True, help="Source tokens per batch.")
-@click.option("--progress/--no-progress", default=None,
-              help="A progress bar on stderr (default: only when stderr is a terminal, as `ctxrep embed`).")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="A progress bar on stderr (default: only when stderr is a terminal, as `ctxrep embed`).",
+)
 @user_errors
-def translate(model_dir, input_file, out_file, beam, n_best, length_penalty, penalty, max_len_a, max_len_b, skip_long,
-              batch_tokens, progress) -> None:  # fmt: skip
+def translate(
+    model_dir,
+    input_file,
+    out_file,
+    beam,
+    n_best,
+    length_penalty,
+    penalty,
+    max_len_a,
+    max_len_b,
+    skip_long,
+    batch_tokens,
+    progress,
+) -> None:
     """Translate --input (or stdin) with the model in --model, to --out (or stdout)."""
     from tqdm.auto import tqdm
 
@@ -114,9 +170,19 @@ def translate(model_dir, input_file, out_file, beam, n_best, length_penalty, pen
     # carries the translations.
     disable = None if progress is None else not progress
     with tqdm(total=len(todo), disable=disable, desc="translate", unit="sent", file=sys.stderr) as bar:
-        results = translate_n_best(model, tokenizer, [lines[i].strip() for i in todo], beam=beam, n_best=n_best,
-                                   batch_tokens=batch_tokens, length_penalty=length_penalty, penalty=penalty,
-                                   max_len_a=max_len_a, max_len_b=max_len_b, progress=bar.update)  # fmt: skip
+        results = translate_n_best(
+            model,
+            tokenizer,
+            [lines[i].strip() for i in todo],
+            beam=beam,
+            n_best=n_best,
+            batch_tokens=batch_tokens,
+            length_penalty=length_penalty,
+            penalty=penalty,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            progress=bar.update,
+        )
     for i, hyps in zip(todo, results):
         outputs[i] = hyps
     text = []
@@ -132,8 +198,11 @@ def translate(model_dir, input_file, out_file, beam, n_best, length_penalty, pen
         sys.stdout.write(body)
         sys.stdout.flush()
     if skipped:
-        click.echo(f"skipped {len(skipped)} line(s) longer than {limit} tokens (the first at {where}:{skipped[0]}); "
-                   "their output lines are empty", err=True)  # fmt: skip
+        click.echo(
+            f"skipped {len(skipped)} line(s) longer than {limit} tokens (the first at {where}:{skipped[0]}); "
+            "their output lines are empty",
+            err=True,
+        )
 
 
 @mt.command("score")
@@ -150,11 +219,19 @@ def score(hyp, ref) -> None:
 @mt.command("attention")
 @click.option("--model", "model_dir", type=click.Path(), required=True, help="A Marian-format model folder.")
 @click.option("--source", required=True, help="The source sentence.")
-@click.option("--target", default=None, help="A translation to teacher-force; the model's greedy translation when omitted.")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), required=True,
-              help="FILE.png (the heatmap) or FILE.html (an offline page with the heatmap and the numbers).")
-@click.option("--layer", type=int, default=-1, show_default=True,
-              help="Decoder layer, 0-based; negative counts from the last.")
+@click.option(
+    "--target", default=None, help="A translation to teacher-force; the model's greedy translation when omitted."
+)
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="FILE.png (the heatmap) or FILE.html (an offline page with the heatmap and the numbers).",
+)
+@click.option(
+    "--layer", type=int, default=-1, show_default=True, help="Decoder layer, 0-based; negative counts from the last."
+)
 @click.option("--head", type=int, default=None, help="One attention head; the mean over the heads when omitted.")
 @user_errors
 def attention(model_dir, source, target, out_file, layer, head) -> None:
@@ -162,5 +239,7 @@ def attention(model_dir, source, target, out_file, layer, head) -> None:
     from ctxrep.translate.attention import write_attention
 
     alignment = write_attention(model_dir, source, out_file, target=target, layer=layer, head=head)
-    click.echo(f"wrote {out_file}: {len(alignment.target_words)} target x {len(alignment.source_words)} source words, "
-               f"{alignment.describe()}")
+    click.echo(
+        f"wrote {out_file}: {len(alignment.target_words)} target x {len(alignment.source_words)} source words, "
+        f"{alignment.describe()}"
+    )

@@ -6,7 +6,16 @@ import click
 
 from ctxrep.cli.common import user_errors
 
-OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm", "distill")  # as ctxrep.train.pretrain.OBJECTIVES
+OBJECTIVES = (
+    "mlm",
+    "mlm+nsp",
+    "mlm+sop",
+    "electra",
+    "clm",
+    "plm",
+    "bilm",
+    "distill",
+)  # as ctxrep.train.pretrain.OBJECTIVES
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
@@ -29,23 +38,31 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-@click.command(
-    "pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True}
-)
+@click.command("pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--objective", type=click.Choice(OBJECTIVES), required=True, help="Pretraining objective.")
-@click.option("--config", "config_name", default="small", show_default=True,
-              help="A shipped config (tiny, small, bert-base, roberta-base, electra-small, distill) or a TOML file.")
+@click.option(
+    "--config",
+    "config_name",
+    default="small",
+    show_default=True,
+    help="A shipped config (tiny, small, bert-base, roberta-base, electra-small, distill) or a TOML file.",
+)
 @click.option("--corpus", type=click.Path(), required=True, help="A .txt file or a folder of .txt files.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Run folder; becomes the model folder.")
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Run folder; becomes the model folder."
+)
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps (overrides [trainer] max_steps).")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
-@click.option("--tokenizer", type=click.Path(), default=None,
-              help="Use this tokenizer.json (or its folder) instead of training one.")
+@click.option(
+    "--tokenizer",
+    type=click.Path(),
+    default=None,
+    help="Use this tokenizer.json (or its folder) instead of training one.",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_context
 @user_errors
-def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, tokenizer, progress) -> None:  # fmt: skip
+def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, tokenizer, progress) -> None:
     """Pretrain --objective on --corpus with --config into --out.
 
     Any config field that --objective reads can be overridden as --section.field VALUE (e.g. --trainer.lr

@@ -19,8 +19,14 @@ import click
 from ctxrep.cli.common import user_errors
 from ctxrep.tasks.experiment import TASKS
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                   "merges.txt")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def _estimator_folder(path: Path) -> Path:
@@ -49,28 +55,71 @@ def _load_estimator(path: Path, task: str):
 
 
 @click.command("prune")
-@click.option("--model", "model_dir", type=click.Path(file_okay=False, exists=True), required=True,
-              help="A fine-tuned task model: the --out folder of `ctxrep finetune` (or its model/ folder).")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(file_okay=False, exists=True),
+    required=True,
+    help="A fine-tuned task model: the --out folder of `ctxrep finetune` (or its model/ folder).",
+)
 @click.option("--task", type=click.Choice(TASKS), required=True, help="Data set format and task (as in finetune).")
-@click.option("--train", "train", type=click.Path(dir_okay=False), required=True,
-              help="Training file: head importance is computed on a held-out slice of it.")
+@click.option(
+    "--train",
+    "train",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Training file: head importance is computed on a held-out slice of it.",
+)
 @click.option("--fraction", type=float, required=True, help="Share of all attention heads to remove, in [0, 1).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Output folder.")
-@click.option("--steps", type=int, default=1, show_default=True,
-              help="Prune in this many steps, recomputing importance after each.")
-@click.option("--dev", "dev", type=click.Path(dir_okay=False), default=None,
-              help="Development file: scored before and after pruning (and at each step with --curve).")
+@click.option(
+    "--steps",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Prune in this many steps, recomputing importance after each.",
+)
+@click.option(
+    "--dev",
+    "dev",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Development file: scored before and after pruning (and at each step with --curve).",
+)
 @click.option("--curve", is_flag=True, help="Write curve.png: dev score against the fraction pruned (needs --dev).")
-@click.option("--finetune-epochs", type=int, default=0, show_default=True,
-              help="Fine-tune the pruned model this many epochs on the rest of the training data.")
-@click.option("--importance-fraction", type=float, default=0.1, show_default=True,
-              help="Share of the training data held out to compute head importance on.")
+@click.option(
+    "--finetune-epochs",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Fine-tune the pruned model this many epochs on the rest of the training data.",
+)
+@click.option(
+    "--importance-fraction",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Share of the training data held out to compute head importance on.",
+)
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Batch size for head importance.")
 @click.option("--limit", type=int, default=None, help="Use only the first N train and dev examples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the held-out slice.")
 @user_errors
-def prune(model_dir, task, train, fraction, out_dir, steps, dev, curve, finetune_epochs, importance_fraction,
-          batch_size, limit, seed) -> None:  # fmt: skip
+def prune(
+    model_dir,
+    task,
+    train,
+    fraction,
+    out_dir,
+    steps,
+    dev,
+    curve,
+    finetune_epochs,
+    importance_fraction,
+    batch_size,
+    limit,
+    seed,
+) -> None:
     """Prune the least important attention heads (Michel et al. 2019) of a fine-tuned model; save it to --out."""
     import numpy as np
 
@@ -96,8 +145,10 @@ def prune(model_dir, task, train, fraction, out_dir, steps, dev, curve, finetune
     n_held = max(1, round(importance_fraction * len(data.X)))
     held, rest = np.sort(order[:n_held]), np.sort(order[n_held:])
     if finetune_epochs and len(rest) == 0:
-        raise ValueError("no training examples left to fine-tune on after holding out the importance slice; "
-                         "lower --importance-fraction or add data")  # fmt: skip
+        raise ValueError(
+            "no training examples left to fine-tune on after holding out the importance slice; "
+            "lower --importance-fraction or add data"
+        )
     X_held, y_held = [data.X[i] for i in held], [data.y[i] for i in held]
     dev_data = read_task(task, dev, limit) if dev is not None else None
 
@@ -110,8 +161,14 @@ def prune(model_dir, task, train, fraction, out_dir, steps, dev, curve, finetune
     def score() -> float:
         return float(estimator.score(dev_data.X, dev_data.y))
 
-    report: dict = {"model": str(source), "task": task, "fraction": fraction, "steps": steps,
-                    "importance_examples": len(X_held), "parameters_before": P.parameter_count(encoder)}  # fmt: skip
+    report: dict = {
+        "model": str(source),
+        "task": task,
+        "fraction": fraction,
+        "steps": steps,
+        "importance_examples": len(X_held),
+        "parameters_before": P.parameter_count(encoder),
+    }
     if dev_data is not None:
         report["dev_score_before"] = score()
     out.mkdir(parents=True, exist_ok=True)
@@ -129,17 +186,28 @@ def prune(model_dir, task, train, fraction, out_dir, steps, dev, curve, finetune
     if curve:
         P.curve_png(points, out / "curve.png", f"dev score ({task})")
         report["curve"] = [{"fraction": f, "dev_score": s} for f, s in points]
-    report["steps_log"] = [{"step": r.step, "removed": {str(k): v for k, v in r.heads.items()},
-                            "fraction": r.fraction, "importance": r.importance.tolist()} for r in history]  # fmt: skip
+    report["steps_log"] = [
+        {
+            "step": r.step,
+            "removed": {str(k): v for k, v in r.heads.items()},
+            "fraction": r.fraction,
+            "importance": r.importance.tolist(),
+        }
+        for r in history
+    ]
 
     if finetune_epochs:
         warm, epochs = estimator.warm_start, estimator.max_epochs
         estimator.set_params(warm_start=True, max_epochs=finetune_epochs)
         estimator.fit([data.X[i] for i in rest], [data.y[i] for i in rest])
         estimator.set_params(warm_start=warm, max_epochs=epochs)
-    report |= {"pruned_heads": {str(k): v for k, v in P.pruned_heads(encoder).items()},
-               "heads_per_layer": encoder.heads_per_layer(), "fraction_pruned": P.pruned_fraction(encoder),
-               "parameters_after": P.parameter_count(encoder), "finetune_epochs": finetune_epochs}  # fmt: skip
+    report |= {
+        "pruned_heads": {str(k): v for k, v in P.pruned_heads(encoder).items()},
+        "heads_per_layer": encoder.heads_per_layer(),
+        "fraction_pruned": P.pruned_fraction(encoder),
+        "parameters_after": P.parameter_count(encoder),
+        "finetune_epochs": finetune_epochs,
+    }
     if dev_data is not None:
         report["dev_score_after"] = score()
 
@@ -150,9 +218,11 @@ def prune(model_dir, task, train, fraction, out_dir, steps, dev, curve, finetune
     estimator.set_params(model=str(out.resolve()))  # the saved task model rebuilds its (pruned) encoder from --out
     estimator.save(out / "estimator")
     (out / "prune.json").write_text(json.dumps(report, indent=2) + "\n")
-    summary = (f"pruned {sum(len(v) for v in P.pruned_heads(encoder).values())} of "
-               f"{encoder.num_layers * encoder.num_heads} heads (fraction {report['fraction_pruned']:.3f}); "
-               f"parameters {report['parameters_before']:,} -> {report['parameters_after']:,}")  # fmt: skip
+    summary = (
+        f"pruned {sum(len(v) for v in P.pruned_heads(encoder).values())} of "
+        f"{encoder.num_layers * encoder.num_heads} heads (fraction {report['fraction_pruned']:.3f}); "
+        f"parameters {report['parameters_before']:,} -> {report['parameters_after']:,}"
+    )
     if dev_data is not None:
         summary += f"; dev score {report['dev_score_before']:.4f} -> {report['dev_score_after']:.4f}"
     click.echo(f"{summary}; wrote {out}")

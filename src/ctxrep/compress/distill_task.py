@@ -56,8 +56,14 @@ from ctxrep.tasks import loop
 logger = logging.getLogger(__name__)
 
 HIDDEN_LOSSES = (None, "cosine", "mse")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                   "merges.txt")  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 # ---- the loss terms --------------------------------------------------------------------------------------------
@@ -82,17 +88,26 @@ def soft_target_rows(estimator, logits: torch.Tensor, batch: dict) -> torch.Tens
     )
 
 
-def kd_loss(estimator, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict,
-            temperature: float) -> torch.Tensor:  # fmt: skip
+def kd_loss(
+    estimator, student_logits: torch.Tensor, teacher_logits: torch.Tensor, batch: dict, temperature: float
+) -> torch.Tensor:
     """L_kd of the module docstring: T^2 times the mean KL from the teacher's softened distribution to the
     student's over the task's rows (`soft_target_rows`)."""
-    return soft_target_kl(soft_target_rows(estimator, student_logits, batch),
-                          soft_target_rows(estimator, teacher_logits, batch), temperature)  # fmt: skip
+    return soft_target_kl(
+        soft_target_rows(estimator, student_logits, batch),
+        soft_target_rows(estimator, teacher_logits, batch),
+        temperature,
+    )
 
 
-def hidden_state_loss(student_states: Sequence[torch.Tensor], teacher_states: Sequence[torch.Tensor],
-                      layers: Sequence[int], mask: torch.Tensor, kind: str,
-                      projection: nn.Module | None = None) -> torch.Tensor:  # fmt: skip
+def hidden_state_loss(
+    student_states: Sequence[torch.Tensor],
+    teacher_states: Sequence[torch.Tensor],
+    layers: Sequence[int],
+    mask: torch.Tensor,
+    kind: str,
+    projection: nn.Module | None = None,
+) -> torch.Tensor:
     """L_hidden of the module docstring: student layer j (hidden_states[j], j >= 1) against teacher layer
     layers[j - 1] + 1, through `projection` when given; `mask` (batch, pieces) marks real pieces."""
     distance = cosine_loss if kind == "cosine" else hidden_mse
@@ -113,8 +128,16 @@ class DistillationLoss(nn.Module):
     set): the loop trains them with the student. The teacher and student estimators are held as plain
     attributes, so the teacher's weights are never in this module's parameters."""
 
-    def __init__(self, teacher, student, layers: Sequence[int], temperature: float, alpha: float,
-                 hidden_loss: str | None, hidden_weight: float) -> None:  # fmt: skip
+    def __init__(
+        self,
+        teacher,
+        student,
+        layers: Sequence[int],
+        temperature: float,
+        alpha: float,
+        hidden_loss: str | None,
+        hidden_weight: float,
+    ) -> None:
         super().__init__()
         self.teacher, self.student = teacher, student
         self.layers = list(layers)
@@ -158,9 +181,13 @@ class DistillationLoss(nn.Module):
         if self.hidden_loss is not None and self.hidden_weight > 0:
             mask = batch["attention_mask"].bool()
             loss = loss + self.hidden_weight * hidden_state_loss(
-                self._states["student"], self._states["teacher"], self.layers, mask, self.hidden_loss,
+                self._states["student"],
+                self._states["teacher"],
+                self.layers,
+                mask,
+                self.hidden_loss,
                 self.projection,
-            )  # fmt: skip
+            )
         return loss
 
 
@@ -308,8 +335,14 @@ def distill_estimator(
     finally:
         est.set_params(warm_start=teacher.warm_start)
     _write_encoder(est.model_.representation.encoder, encoder_dir, encoder_dir)  # the trained weights
-    est.distillation_ = {"teacher": str(teacher.model), "teacher_layers": layers, "temperature": temperature,
-                         "alpha": alpha, "hidden_loss": hidden_loss, "hidden_weight": hidden_weight}  # fmt: skip
+    est.distillation_ = {
+        "teacher": str(teacher.model),
+        "teacher_layers": layers,
+        "temperature": temperature,
+        "alpha": alpha,
+        "hidden_loss": hidden_loss,
+        "hidden_weight": hidden_weight,
+    }
     return est
 
 
@@ -331,5 +364,14 @@ def save_distilled(estimator, out: str | os.PathLike) -> Path:
     return out
 
 
-__all__ = ["DistillationLoss", "distill_estimator", "export_encoder", "hidden_state_loss", "kd_loss",
-           "same_tokenizer", "save_distilled", "soft_target_rows", "teacher_encoder"]  # fmt: skip
+__all__ = [
+    "DistillationLoss",
+    "distill_estimator",
+    "export_encoder",
+    "hidden_state_loss",
+    "kd_loss",
+    "same_tokenizer",
+    "save_distilled",
+    "soft_target_rows",
+    "teacher_encoder",
+]

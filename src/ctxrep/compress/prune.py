@@ -174,14 +174,13 @@ def heatmap_png(
 # ---- pruning ---------------------------------------------------------------------------------------------------
 
 
-def least_important(
-    importance: torch.Tensor, alive: Sequence[Sequence[int]], count: int
-) -> dict[int, list[int]]:
+def least_important(importance: torch.Tensor, alive: Sequence[Sequence[int]], count: int) -> dict[int, list[int]]:
     """The `count` live heads of lowest importance over all layers, keeping at least one head in every layer.
     `alive[l]` lists layer l's remaining heads (original numbering). Ties go to the lower layer, then head."""
     remaining = [len(heads) for heads in alive]
-    candidates = sorted((float(importance[layer, head]), layer, head) for layer, heads in enumerate(alive)
-                        for head in heads)  # fmt: skip
+    candidates = sorted(
+        (float(importance[layer, head]), layer, head) for layer, heads in enumerate(alive) for head in heads
+    )
     chosen: dict[int, list[int]] = {}
     for _, layer, head in candidates:
         if sum(len(v) for v in chosen.values()) == count:
@@ -275,8 +274,13 @@ def accuracy_curve(
     scores the model that holds the encoder on held-out data (dev), not on the data importance is computed on.
     With `png`, also draws the curve there."""
     points = [(pruned_fraction(encoder), float(score_fn()))]
-    prune_iteratively(encoder, importance_fn, fraction, steps,
-                      after_step=lambda record: points.append((record.fraction, float(score_fn()))))  # fmt: skip
+    prune_iteratively(
+        encoder,
+        importance_fn,
+        fraction,
+        steps,
+        after_step=lambda record: points.append((record.fraction, float(score_fn()))),
+    )
     if png is not None:
         curve_png(points, png, score_name)
     return points
@@ -351,7 +355,20 @@ def parameter_count(module: nn.Module) -> int:
 
 
 __all__ = [
-    "PruneStep", "TaskLoss", "accuracy_curve", "check_prunable", "curve_png", "estimator_loss", "head_importance",
-    "head_mask_applied", "heatmap_png", "least_important", "normalize_per_layer", "parameter_count",
-    "prunable_families", "prune_iteratively", "pruned_fraction", "pruned_heads",
-]  # fmt: skip
+    "PruneStep",
+    "TaskLoss",
+    "accuracy_curve",
+    "check_prunable",
+    "curve_png",
+    "estimator_loss",
+    "head_importance",
+    "head_mask_applied",
+    "heatmap_png",
+    "least_important",
+    "normalize_per_layer",
+    "parameter_count",
+    "prunable_families",
+    "prune_iteratively",
+    "pruned_fraction",
+    "pruned_heads",
+]

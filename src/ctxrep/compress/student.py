@@ -109,7 +109,9 @@ def student_config(
         config.embedding_size = h  # fresh embeddings of the student's own width
         config.pruned_heads = {}
     else:
-        config.pruned_heads = {j: list(teacher.pruned_heads[i]) for j, i in enumerate(layers) if i in teacher.pruned_heads}
+        config.pruned_heads = {
+            j: list(teacher.pruned_heads[i]) for j, i in enumerate(layers) if i in teacher.pruned_heads
+        }
     config.__post_init__()  # check the new shape as a fresh config would be
     return config
 

@@ -56,7 +56,7 @@ def iter_utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(
-                    f"{path}:{number}: invalid UTF-8 byte {raw[e.start:e.start + 1]!r} at column "
+                    f"{path}:{number}: invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at column "
                     f"{e.start + 1}; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
                 ) from None
             if number == 1:
@@ -69,9 +69,7 @@ def _split_row(text: str) -> list[str]:
     return text.split("\t") if "\t" in text else text.split(" ")
 
 
-def iter_conll(
-    lines: Iterable[str], source: str = "<input>", token_column: int = 0
-) -> Iterator[ConllSentence]:
+def iter_conll(lines: Iterable[str], source: str = "<input>", token_column: int = 0) -> Iterator[ConllSentence]:
     """Stream sentences from the lines of a CoNLL column file.
 
     `source` names the input in error messages; `token_column` is the 0-based column holding the
@@ -121,10 +119,6 @@ def iter_conll(
 
 def read_conll(path: str | Path, token_column: int = 0) -> list[ConllSentence]:
     """Read a whole CoNLL column file (UTF-8) into memory."""
-    sentences = list(
-        iter_conll((text for _, text in iter_utf8_lines(path)), str(path), token_column)
-    )
-    logger.info(
-        "%s: %d sentences, %d tokens", path, len(sentences), sum(len(s.words) for s in sentences)
-    )
+    sentences = list(iter_conll((text for _, text in iter_utf8_lines(path)), str(path), token_column))
+    logger.info("%s: %d sentences, %d tokens", path, len(sentences), sum(len(s.words) for s in sentences))
     return sentences

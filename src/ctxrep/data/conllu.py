@@ -114,7 +114,5 @@ def _finish(sentence: ConlluSentence, word_lines: list[int], source: str) -> Con
 def read_conllu(path: str | Path) -> list[ConlluSentence]:
     """Read a whole CoNLL-U file (UTF-8) into memory."""
     sentences = list(iter_conllu((text for _, text in iter_utf8_lines(path)), str(path)))
-    logger.info(
-        "%s: %d sentences, %d words", path, len(sentences), sum(len(s.words) for s in sentences)
-    )
+    logger.info("%s: %d sentences, %d words", path, len(sentences), sum(len(s.words) for s in sentences))
     return sentences

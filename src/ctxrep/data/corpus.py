@@ -41,7 +41,7 @@ import re
 import shutil
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -157,9 +157,7 @@ _BLANK_LINES = re.compile(r"\n[ \t]*\n\s*")
 def iter_documents(files: Sequence[Path], config: CorpusConfig) -> Iterator[Document]:
     """Every non-blank document of `files`, in order (see the module docstring for the rules)."""
     if config.document_boundary not in ("file", "blank_line"):
-        raise CorpusError(
-            f"document_boundary={config.document_boundary!r} is not known: use 'file' or 'blank_line'"
-        )
+        raise CorpusError(f"document_boundary={config.document_boundary!r} is not known: use 'file' or 'blank_line'")
     for file in files:
         text = read_text(file)
         if config.strip_gutenberg:
@@ -232,7 +230,7 @@ class PackedCorpus:
         self.manifest = manifest
 
     @classmethod
-    def open(cls, path: str | Path) -> "PackedCorpus":
+    def open(cls, path: str | Path) -> PackedCorpus:
         """Open a directory written by `pack_corpus` (cheap: the token array is memory-mapped)."""
         path = Path(path)
         manifest_file = path / MANIFEST_FILE
@@ -359,9 +357,10 @@ def pack_corpus(
     document_starts: list[int] = []
     num_sentences = 0
     num_tokens = 0
-    with open(out / TOKENS_FILE, "wb") as sink, tqdm(
-        total=total_bytes, unit="B", unit_scale=True, desc="tokenize", disable=not progress
-    ) as bar:
+    with (
+        open(out / TOKENS_FILE, "wb") as sink,
+        tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", disable=not progress) as bar,
+    ):
         for task, (tokens, piece_counts, lengths) in _run_tasks(_tasks(files, config), out, config.num_workers):
             for (new_document, _), count in zip(task.pieces, piece_counts):
                 if new_document:

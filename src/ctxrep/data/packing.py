@@ -39,7 +39,7 @@ class ShortSequenceWarmup:
     steps: int = 0
 
     @classmethod
-    def from_fraction(cls, total_steps: int, fraction: float = 0.9, max_length: int = 128) -> "ShortSequenceWarmup":
+    def from_fraction(cls, total_steps: int, fraction: float = 0.9, max_length: int = 128) -> ShortSequenceWarmup:
         return cls(max_length=max_length, steps=int(round(total_steps * fraction)))
 
 

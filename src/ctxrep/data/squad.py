@@ -97,19 +97,19 @@ def read_squad(path: str | Path) -> list[SquadExample]:
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise ValueError(
-            f"{path}:{line}: invalid UTF-8 byte {raw[e.start:e.start + 1]!r}; "
-            "re-encode the file as UTF-8"
+            f"{path}:{line}: invalid UTF-8 byte {raw[e.start : e.start + 1]!r}; re-encode the file as UTF-8"
         ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(
-            f"{path}:{e.lineno}: invalid JSON at column {e.colno}: {e.msg}; "
-            "the file must be one SQuAD JSON document"
+            f"{path}:{e.lineno}: invalid JSON at column {e.colno}: {e.msg}; the file must be one SQuAD JSON document"
         ) from None
     examples = list(iter_squad(data, str(path)))
     logger.info(
         "%s: %d questions, %d impossible",
-        path, len(examples), sum(e.is_impossible for e in examples),
+        path,
+        len(examples),
+        sum(e.is_impossible for e in examples),
     )
     return examples

@@ -123,9 +123,7 @@ class SSTData:
     labels: list[int]
 
 
-def read_sst(
-    path: str | Path, classes: int = 5, phrases: bool = False, dedup: bool = False
-) -> SSTData:
+def read_sst(path: str | Path, classes: int = 5, phrases: bool = False, dedup: bool = False) -> SSTData:
     """Texts and labels from an SST tree file.
 
     phrases=False gives one example per sentence (the root's label); phrases=True one per node.

@@ -39,8 +39,18 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 FORMATS = ("csv", "tsv", "jsonl", "conll")
-SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
-            ".conll": "conll", ".conllu": "conll", ".iob": "conll", ".bio": "conll"}  # fmt: skip
+SUFFIXES = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".conll": "conll",
+    ".conllu": "conll",
+    ".iob": "conll",
+    ".bio": "conll",
+}
 GZIP_MAGIC = b"\x1f\x8b"
 DOCSTART = "-DOCSTART-"
 
@@ -86,7 +96,7 @@ def numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
                     raise ValueError(
-                        f"{path}:{number}: invalid UTF-8 byte {raw[e.start:e.start + 1]!r} at column {e.start + 1}; "
+                        f"{path}:{number}: invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at column {e.start + 1}; "
                         "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
                     ) from None
                 yield number, text.removeprefix("\ufeff") if number == 1 else text
@@ -247,8 +257,9 @@ def read_labelled_texts(
     columns, rows = _table(path, format)
     data = TaskData([], [], [], str(path))
     for line, row in rows:
-        text = _text(path, line, _field(path, line, row, columns, text_column, "--text-column"), "--text-column",
-                     text_column)  # fmt: skip
+        text = _text(
+            path, line, _field(path, line, row, columns, text_column, "--text-column"), "--text-column", text_column
+        )
         if text_pair_column is not None:
             pair = _field(path, line, row, columns, text_pair_column, "--text-pair-column")
             text = (text, _text(path, line, pair, "--text-pair-column", text_pair_column))
@@ -298,8 +309,9 @@ def read_tagged(
             data.y.append(tags)
             data.lines.append(line)
     else:
-        for sentence in _conll_sentences(path, _column_index(path, word_column, "--word-column"),
-                                         _column_index(path, tag_column, "--tag-column")):  # fmt: skip
+        for sentence in _conll_sentences(
+            path, _column_index(path, word_column, "--word-column"), _column_index(path, tag_column, "--tag-column")
+        ):
             data.X.append(sentence[0])
             data.y.append(sentence[1])
             data.lines.append(sentence[2])
@@ -374,10 +386,20 @@ def read_questions(
     for line, row in _rows(path, "jsonl"):
         if "data" in row and "version" in row:
             raise ValueError(f"{path}:{line}: this is a SQuAD JSON document, not JSONL; read it with --task squad")
-        question = _text(path, line, _field(path, line, row, None, question_column, "--question-column"),
-                         "--question-column", question_column)  # fmt: skip
-        context = _text(path, line, _field(path, line, row, None, context_column, "--context-column"),
-                        "--context-column", context_column)  # fmt: skip
+        question = _text(
+            path,
+            line,
+            _field(path, line, row, None, question_column, "--question-column"),
+            "--question-column",
+            question_column,
+        )
+        context = _text(
+            path,
+            line,
+            _field(path, line, row, None, context_column, "--context-column"),
+            "--context-column",
+            context_column,
+        )
         answers = _answers(path, line, _field(path, line, row, None, answers_column, "--answers-column"), context)
         if not answers:
             skipped += 1
@@ -386,14 +408,19 @@ def read_questions(
         data.y.append(answers)
         data.lines.append(line)
     if skipped:
-        warnings.warn(f"{path}: left out {skipped} question(s) without answers; span extraction trains and scores "
-                      "answerable questions", stacklevel=2)  # fmt: skip
+        warnings.warn(
+            f"{path}: left out {skipped} question(s) without answers; span extraction trains and scores "
+            "answerable questions",
+            stacklevel=2,
+        )
     return _nonempty(data, "answerable questions")
 
 
 def _answers(path: Path, line: int, value: Any, context: str) -> list[tuple[str, int]]:
-    how = ('answers are {"text": [...], "answer_start": [...]}, a list of {"text": ..., "answer_start": ...} '
-           "objects, or one such object (--answers-column names the field)")  # fmt: skip
+    how = (
+        'answers are {"text": [...], "answer_start": [...]}, a list of {"text": ..., "answer_start": ...} '
+        "objects, or one such object (--answers-column names the field)"
+    )
     if isinstance(value, dict) and isinstance(value.get("text"), list):
         texts, starts = value["text"], value.get("answer_start")
         if not isinstance(starts, list) or len(starts) != len(texts):
@@ -408,8 +435,10 @@ def _answers(path: Path, line: int, value: Any, context: str) -> list[tuple[str,
     out = []
     for n, (text, start) in enumerate(pairs, start=1):
         if not isinstance(text, str) or not text or isinstance(start, bool) or not isinstance(start, int):
-            raise ValueError(f"{path}:{line}: answer {n} needs a non-empty text and an integer answer_start, "
-                             f"found {text!r} at {start!r}; {how}")  # fmt: skip
+            raise ValueError(
+                f"{path}:{line}: answer {n} needs a non-empty text and an integer answer_start, "
+                f"found {text!r} at {start!r}; {how}"
+            )
         found = context[start : start + len(text)]
         if found != text:
             raise ValueError(
@@ -420,5 +449,12 @@ def _answers(path: Path, line: int, value: Any, context: str) -> list[tuple[str,
     return out
 
 
-__all__ = ["FORMATS", "TaskData", "detect_format", "numbered_lines", "read_labelled_texts", "read_questions",
-           "read_tagged"]  # fmt: skip
+__all__ = [
+    "FORMATS",
+    "TaskData",
+    "detect_format",
+    "numbered_lines",
+    "read_labelled_texts",
+    "read_questions",
+    "read_tagged",
+]

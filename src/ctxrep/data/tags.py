@@ -45,12 +45,8 @@ def entities(tags: Sequence[str]) -> list[Entity]:
     prev_prefix, prev_type = "O", ""
     for i, tag in enumerate([*tags, "O"]):  # the final "O" closes an entity that runs to the end
         prefix, type_ = _split_tag(tag, i)
-        ends = prev_prefix in ("E", "S") or (
-            prev_prefix != "O" and (prefix in ("B", "S", "O") or type_ != prev_type)
-        )
-        starts = prefix in ("B", "S") or (
-            prefix != "O" and (prev_prefix in ("O", "E", "S") or type_ != prev_type)
-        )
+        ends = prev_prefix in ("E", "S") or (prev_prefix != "O" and (prefix in ("B", "S", "O") or type_ != prev_type))
+        starts = prefix in ("B", "S") or (prefix != "O" and (prev_prefix in ("O", "E", "S") or type_ != prev_type))
         if ends and start is not None:
             found.append(Entity(prev_type, start, i))
             start = None

@@ -78,9 +78,7 @@ def iter_wic(
         if gold_lines is not None:
             gold = gold.strip()
             if gold not in ("T", "F"):
-                raise ValueError(
-                    f"{gold_source}:{number}: label is {gold!r}; each line must be T or F"
-                )
+                raise ValueError(f"{gold_source}:{number}: label is {gold!r}; each line must be T or F")
             pair.label = gold == "T"
         yield pair
 

@@ -119,7 +119,7 @@ class AlbertConfig:
         return self.share in ("all", "none")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "AlbertConfig":
+    def from_dict(cls, d: dict) -> AlbertConfig:
         """From config.json: transformers' AlbertConfig fields, or ctxrep's format with `ctxrep_share`."""
         names = {f.name for f in fields(cls)} - {"share"}
         kwargs = {k: v for k, v in d.items() if k in names}
@@ -140,9 +140,17 @@ class AlbertConfig:
         if self.share == "none":  # one group of weights per layer run: transformers' format can say that
             d["num_hidden_groups"] = self.num_hidden_layers
         if self.transformers_compatible:
-            return d | {"model_type": HF_MODEL_TYPE, "architectures": ["AlbertModel"], "bos_token_id": 2,
-                        "eos_token_id": 3}  # fmt: skip
-        return d | {"model_type": CTXREP_MODEL_TYPE, "ctxrep_share": self.share, "architectures": ["ctxrep.AlbertModel"]}
+            return d | {
+                "model_type": HF_MODEL_TYPE,
+                "architectures": ["AlbertModel"],
+                "bos_token_id": 2,
+                "eos_token_id": 3,
+            }
+        return d | {
+            "model_type": CTXREP_MODEL_TYPE,
+            "ctxrep_share": self.share,
+            "architectures": ["ctxrep.AlbertModel"],
+        }
 
 
 class Embeddings(nn.Module):
@@ -157,7 +165,9 @@ class Embeddings(nn.Module):
         self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
         # transformers' summation order (word + segment, then + position), so float rounding matches too.
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(position_ids)
@@ -305,7 +315,9 @@ class AlbertModel(Encoder):
         # always kept: whether the batch has padding is data, and the exported graph must serve every batch.
         if attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.all())):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
-        x = self.embedding_hidden_mapping_in(self.embeddings(input_ids, token_type_ids, position_ids))  # (batch, seq, H)
+        x = self.embedding_hidden_mapping_in(
+            self.embeddings(input_ids, token_type_ids, position_ids)
+        )  # (batch, seq, H)
         hidden_states = [x]
         attentions = []
         n = self.num_layers if num_layers is None else num_layers
@@ -325,7 +337,7 @@ class AlbertModel(Encoder):
     # ---- checkpoint folders -----------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "AlbertModel":
+    def from_pretrained(cls, path: str | Path) -> AlbertModel:
         """An AlbertModel / AlbertForPreTraining / AlbertForMaskedLM folder saved by transformers, or a folder that
         ctxrep saved (either format). Pretraining-head weights are named in a log message and not loaded."""
         path = Path(path)
@@ -352,9 +364,12 @@ class AlbertModel(Encoder):
         found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in BUFFERS}
         expected = {ckpt: tuple(ours[our].shape) for ckpt, our in names.items()}
         check_weights(
-            found, expected, source, f"an ALBERT encoder (share={self.config.share!r})",
+            found,
+            expected,
+            source,
+            f"an ALBERT encoder (share={self.config.share!r})",
             hint="check that config.json (num_hidden_groups, inner_group_num, sizes) belongs to these weights",
-        )  # fmt: skip
+        )
         if heads:
             logger.info("%s: not loading %d pretraining-head weights: %s", source, len(heads), ", ".join(heads))
         with torch.no_grad():
@@ -395,8 +410,13 @@ def hf_parameter_names(config: AlbertConfig) -> dict[str, str]:
         "pooler.weight": "pooler.weight",
         "pooler.bias": "pooler.bias",
     }
-    attention = {"attention.query": "query", "attention.key": "key", "attention.value": "value",
-                 "attention.dense": "dense", "attention.LayerNorm": "norm"}  # fmt: skip
+    attention = {
+        "attention.query": "query",
+        "attention.key": "key",
+        "attention.value": "value",
+        "attention.dense": "dense",
+        "attention.LayerNorm": "norm",
+    }
     ffn = {"ffn": "ffn", "ffn_output": "ffn_output", "full_layer_layer_norm": "norm"}
     k = config.inner_group_num
     groups = config.num_hidden_layers if config.share == "none" else config.num_hidden_groups
@@ -486,14 +506,17 @@ class AlbertForPreTraining(nn.Module):
         """AlbertForPreTraining's names -> ours. The decoder weight is the word embedding matrix, left out as
         transformers leaves out tied weights; predictions.decoder.bias is the same tensor as predictions.bias."""
         names = {"albert." + ckpt: "albert." + our for ckpt, our in self.albert.checkpoint_names().items()}
-        head = {"predictions.dense": "predictions.dense", "predictions.LayerNorm": "predictions.norm",
-                "sop_classifier.classifier": "sop_classifier.classifier"}  # fmt: skip
+        head = {
+            "predictions.dense": "predictions.dense",
+            "predictions.LayerNorm": "predictions.norm",
+            "sop_classifier.classifier": "sop_classifier.classifier",
+        }
         names |= {f"{ckpt}.{p}": f"{our}.{p}" for ckpt, our in head.items() for p in ("weight", "bias")}
         names["predictions.bias"] = "predictions.bias"
         return names
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "AlbertForPreTraining":
+    def from_pretrained(cls, path: str | Path) -> AlbertForPreTraining:
         """An AlbertForPreTraining folder (transformers' or this class's save_pretrained), heads included."""
         path = Path(path)
         model = cls(AlbertConfig.from_dict(read_config(path, MODEL_TYPES)))

@@ -82,7 +82,7 @@ class BertConfig:
         return self.max_position_embeddings - self.position_offset
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "BertConfig":
+    def from_hf_dict(cls, d: dict) -> BertConfig:
         if d.get("position_embedding_type", "absolute") != "absolute":
             raise CheckpointError(
                 f"position_embedding_type={d['position_embedding_type']!r} is not supported: ctxrep's encoder "
@@ -445,12 +445,12 @@ class BertModel(Encoder):
     # ---- Hugging Face folder format -------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "BertModel":
+    def from_pretrained(cls, path: str | Path) -> BertModel:
         path = Path(path)
         hf_config = read_config(path, MODEL_TYPES)
         state = read_state_dict(path)
         prefix = _checkpoint_prefix(state, hf_config["model_type"])
-        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)} | {
+        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)} | {
             k: v for k, v in state.items() if not k.startswith(prefix)
         }
         try:
@@ -491,9 +491,14 @@ class BertModel(Encoder):
 _BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 # Weights of heads that sit on top of the encoder in pre-training / task checkpoints.
 _HEAD_PREFIXES = (
-    "cls.", "lm_head.", "discriminator_predictions.", "generator_predictions.", "generator_lm_head.",
-    "classifier.", "qa_outputs.",
-)  # fmt: skip
+    "cls.",
+    "lm_head.",
+    "discriminator_predictions.",
+    "generator_predictions.",
+    "generator_lm_head.",
+    "classifier.",
+    "qa_outputs.",
+)
 
 
 def _checkpoint_prefix(state: dict[str, torch.Tensor], model_type: str) -> str:

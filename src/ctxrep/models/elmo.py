@@ -56,9 +56,7 @@ def _boundary_char_ids(special: int, max_chars: int) -> list[int]:
     return [i + 1 for i in ids]
 
 
-def batch_to_ids(
-    sentences: list[list[str]], max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN
-) -> torch.Tensor:
+def batch_to_ids(sentences: list[list[str]], max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> torch.Tensor:
     """Tokenised sentences -> character ids (batch, max_words, max_characters_per_token), 0 = padding word.
 
     Each word becomes [begin-of-word, its UTF-8 bytes, end-of-word, padding...], every id shifted up by one.
@@ -165,7 +163,7 @@ class ElmoConfig:
         return sum(num for _, num in self.filters)
 
     @classmethod
-    def from_options(cls, options: dict, source: str = "options.json") -> "ElmoConfig":
+    def from_options(cls, options: dict, source: str = "options.json") -> ElmoConfig:
         """Build from the parsed options.json; unknown keys inside char_cnn / lstm are refused (they could
         change the network), other top-level keys (training hyper-parameters) are ignored."""
         try:
@@ -355,7 +353,7 @@ class ElmoBiLM(Encoder):
     # ---- Official bilm-tf / AllenNLP files ----------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "ElmoBiLM":
+    def from_pretrained(cls, path: str | Path) -> ElmoBiLM:
         """Load DIR/options.json + DIR/weights.hdf5 (or DIR's single *options.json + *weights.hdf5 pair,
         the names of the published downloads, e.g. elmo_2x1024_128_2048cnn_1xhighway_options.json)."""
         path = Path(path).expanduser()
@@ -364,7 +362,7 @@ class ElmoBiLM(Encoder):
         return cls.from_files(_find_file(path, OPTIONS_FILE), _find_file(path, WEIGHTS_FILE))
 
     @classmethod
-    def from_files(cls, options_file: str | Path, weight_file: str | Path) -> "ElmoBiLM":
+    def from_files(cls, options_file: str | Path, weight_file: str | Path) -> ElmoBiLM:
         options_file, weight_file = Path(options_file), Path(weight_file)
         try:
             options = json.loads(options_file.read_text())
@@ -385,10 +383,13 @@ class ElmoBiLM(Encoder):
     def load_official_arrays(self, arrays: dict[str, np.ndarray], source: str = "weight file") -> None:
         """Copy bilm-tf datasets into this model; refuse anything missing, unknown or mis-shaped."""
         check_weights(
-            {k: tuple(v.shape) for k, v in arrays.items()}, official_shapes(self.config), source,
-            "the weights of these options", hint="Use the options.json published with this weight file",
+            {k: tuple(v.shape) for k, v in arrays.items()},
+            official_shapes(self.config),
+            source,
+            "the weights of these options",
+            hint="Use the options.json published with this weight file",
             noun="datasets",
-        )  # fmt: skip
+        )
         state = _from_official(self.config, arrays)
         self.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in state.items()})
 
@@ -444,7 +445,7 @@ class Elmo(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kwargs) -> "Elmo":
+    def from_pretrained(cls, path: str | Path, **kwargs) -> Elmo:
         return cls(ElmoBiLM.from_pretrained(path), **kwargs)
 
     @property

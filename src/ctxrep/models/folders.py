@@ -27,7 +27,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(st)
         except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{st}: corrupt or unreadable safetensors file ({e}); re-download or re-save it") from e
+            raise CheckpointError(
+                f"{st}: corrupt or unreadable safetensors file ({e}); re-download or re-save it"
+            ) from e
     if pt.is_file():
         try:
             state = torch.load(pt, map_location="cpu", weights_only=True)
@@ -67,7 +69,9 @@ def check_weights(
     if mis_shaped:
         problems.append(f"{len(mis_shaped)} {noun} with the wrong shape: {', '.join(mis_shaped)}")
     if problems:
-        raise CheckpointError(f"{source}: cannot load as {what}: " + "; ".join(problems) + (f". {hint}" if hint else ""))
+        raise CheckpointError(
+            f"{source}: cannot load as {what}: " + "; ".join(problems) + (f". {hint}" if hint else "")
+        )
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:

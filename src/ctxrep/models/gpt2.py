@@ -76,7 +76,7 @@ class GPT2Config:
             self.n_inner = 4 * self.n_embd
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "GPT2Config":
+    def from_hf_dict(cls, d: dict) -> GPT2Config:
         if d.get("add_cross_attention"):
             raise CheckpointError(
                 "add_cross_attention=true is not supported: ctxrep's GPT-2 is a decoder-only language model "
@@ -314,7 +314,7 @@ class GPT2Model(Encoder):
     # ---- Hugging Face folder format -------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "GPT2Model":
+    def from_pretrained(cls, path: str | Path) -> GPT2Model:
         """Load a GPT2Model or GPT2LMHeadModel folder; an LM head, if present, is not part of the decoder."""
         path = Path(path)
         config, state = _read_checkpoint(path)
@@ -476,7 +476,7 @@ class GPT2LMHeadModel(nn.Module):
     # ---- Hugging Face folder format -------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "GPT2LMHeadModel":
+    def from_pretrained(cls, path: str | Path) -> GPT2LMHeadModel:
         """Load a GPT2LMHeadModel or GPT2Model folder; the head is the token embedding matrix."""
         path = Path(path)
         config, state = _read_checkpoint(path)

@@ -31,18 +31,23 @@ from ctxrep.models.folders import CheckpointError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in order of preference; read by folders.read_state_dict
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
     "vocab.txt",  # WordPiece (BERT, ELECTRA)
-    "vocab.json", "merges.txt",  # byte-level BPE (RoBERTa, GPT-2)
-    "spiece.model", "source.spm", "target.spm",  # SentencePiece (XLNet, ALBERT, Marian)
-)  # fmt: skip
+    "vocab.json",
+    "merges.txt",  # byte-level BPE (RoBERTa, GPT-2)
+    "spiece.model",
+    "source.spm",
+    "target.spm",  # SentencePiece (XLNet, ALBERT, Marian)
+)
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
 _REVISION = re.compile(r"^[\w.\-/]+$")  # branch, tag or commit hash
 
 
 def parse_hub_name(name: str) -> tuple[str, str | None]:
-    """"org/name@revision" -> ("org/name", "revision"); a name without "@" has revision None."""
+    """ "org/name@revision" -> ("org/name", "revision"); a name without "@" has revision None."""
     repo_id, at, revision = str(name).partition("@")
     if not at:
         return repo_id, None
@@ -129,7 +134,9 @@ def cached_hub_folder(name: str, revision: str | None = None) -> Path | None:
 
 def _one_revision(name: str, pinned: str | None, revision: str | None) -> str | None:
     if pinned is not None and revision is not None and pinned != revision:
-        raise CheckpointError(f"model {name!r} pins revision {pinned!r} but revision={revision!r} was also given; give one")
+        raise CheckpointError(
+            f"model {name!r} pins revision {pinned!r} but revision={revision!r} was also given; give one"
+        )
     return pinned or revision
 
 
@@ -224,9 +231,14 @@ def hub_folder(name: str, revision: str | None = None, progress: bool = True) ->
     files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
     try:
         folder = hub.snapshot_download(
-            repo_id, revision=revision, cache_dir=str(cache), endpoint=endpoint, allow_patterns=files,
-            library_name="ctxrep", tqdm_class=None if progress else _SilentTqdm,
-        )  # fmt: skip
+            repo_id,
+            revision=revision,
+            cache_dir=str(cache),
+            endpoint=endpoint,
+            allow_patterns=files,
+            library_name="ctxrep",
+            tqdm_class=None if progress else _SilentTqdm,
+        )
     except OSError as e:  # HfHubHTTPError and httpx's errors included: the connection broke during the download
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
@@ -297,8 +309,14 @@ def elmo_download(name: str, progress: bool = True) -> Path:
         if not files[kind].is_file():
             _fetch(urls[kind], files[kind], progress)
     _check_elmo_files(f"elmo:{short}", files["options.json"], files["weights.hdf5"])
-    _write_json_atomic(dest / _CHECKED, {"options": urls["options.json"], "weights": urls["weights.hdf5"],
-                                         "weights_bytes": files["weights.hdf5"].stat().st_size})  # fmt: skip
+    _write_json_atomic(
+        dest / _CHECKED,
+        {
+            "options": urls["options.json"],
+            "weights": urls["weights.hdf5"],
+            "weights_bytes": files["weights.hdf5"].stat().st_size,
+        },
+    )
     return dest
 
 
@@ -327,8 +345,10 @@ def _fetch(url: str, file: Path, progress: bool) -> None:
         with urllib.request.urlopen(url, timeout=60) as response:
             total = response.headers.get("Content-Length")
             total = int(total) if total and total.isdigit() else None
-            with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, desc=file.name,
-                                               disable=None if progress else True) as bar:  # fmt: skip
+            with (
+                open(tmp, "wb") as out,
+                tqdm(total=total, unit="B", unit_scale=True, desc=file.name, disable=None if progress else True) as bar,
+            ):
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
                     bar.update(len(chunk))

@@ -49,8 +49,13 @@ MODEL_TYPES = (MARIAN, OWN_FORMAT)
 IGNORE_INDEX = -100  # a label that does not count in the loss (torch's cross_entropy default)
 
 # activation_function strings as transformers' config.json spells them.
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "silu": F.silu,
-               "gelu_new": lambda x: F.gelu(x, approximate="tanh")}  # fmt: skip
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "swish": F.silu,
+    "silu": F.silu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+}
 
 
 @dataclass
@@ -88,8 +93,10 @@ class MarianConfig:
             self.decoder_vocab_size = self.vocab_size
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.pad_token_id
-        for width, heads, side in ((self.d_model, self.encoder_attention_heads, "encoder"),
-                                   (self.d_model, self.decoder_attention_heads, "decoder")):  # fmt: skip
+        for width, heads, side in (
+            (self.d_model, self.encoder_attention_heads, "encoder"),
+            (self.d_model, self.decoder_attention_heads, "decoder"),
+        ):
             if width % heads:
                 raise ValueError(f"d_model {width} is not a multiple of {side}_attention_heads {heads}")
         if self.activation_function not in ACTIVATIONS:
@@ -103,15 +110,19 @@ class MarianConfig:
             )
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "MarianConfig":
+    def from_hf_dict(cls, d: dict) -> MarianConfig:
         """From a config.json dict. Options of older Marian configs that change the network are refused."""
         if d.get("model_type") == MARIAN:
             # Older transformers wrote these BART-era switches into OPUS-MT configs; the Marian network has them
             # at the values on the right, and transformers ignores the keys today, so another value means a model
             # that neither transformers nor ctxrep runs as it was trained.
-            for key, value in (("normalize_before", False), ("normalize_embedding", False),
-                               ("add_final_layer_norm", False), ("static_position_embeddings", True),
-                               ("add_bias_logits", False)):  # fmt: skip
+            for key, value in (
+                ("normalize_before", False),
+                ("normalize_embedding", False),
+                ("add_final_layer_norm", False),
+                ("static_position_embeddings", True),
+                ("add_bias_logits", False),
+            ):
                 if key in d and d[key] != value:
                     raise CheckpointError(
                         f"config.json has {key}={d[key]!r}, which a Marian model does not support (only {value!r}); "
@@ -196,7 +207,9 @@ class Attention(nn.Module):
         (broadcast to (batch, heads, q_len, k_len)); is_causal: the lower-triangular mask (queries = keys)."""
         dropout_p = self.dropout_p if self.training else 0.0
         if not output_attentions:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal), None
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            ), None
         if is_causal:
             t = q.shape[2]
             mask = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()  # (q_len, k_len)
@@ -262,7 +275,7 @@ class DecoderLayer(nn.Module):
         self,
         y: torch.Tensor,
         layer: int,
-        cache: "DecoderCache",
+        cache: DecoderCache,
         self_mask: torch.Tensor | None,
         is_causal: bool,
         output_attentions: bool,
@@ -288,11 +301,15 @@ class DecoderLayer(nn.Module):
         q = q.reshape(rows // g, c.num_heads, g * t, c.head_dim)  # (sentences, heads, group * new, head_dim)
         k, v = cache.cross[layer]  # (sentences, heads, src, head_dim)
         context, cross_probs = c.attend(q, k, v, cache.source_mask, False, output_attentions)
-        context = context.view(rows // g, c.num_heads, g, t, c.head_dim).transpose(1, 2)  # (sentences, group, heads, new, hd)
+        context = context.view(rows // g, c.num_heads, g, t, c.head_dim).transpose(
+            1, 2
+        )  # (sentences, group, heads, new, hd)
         context = context.reshape(rows, c.num_heads, t, c.head_dim)  # (rows, heads, new, head_dim)
         if cross_probs is not None:
             src = cross_probs.shape[-1]
-            cross_probs = cross_probs.view(rows // g, c.num_heads, g, t, src).transpose(1, 2)  # (sent, group, heads, new, src)
+            cross_probs = cross_probs.view(rows // g, c.num_heads, g, t, src).transpose(
+                1, 2
+            )  # (sent, group, heads, new, src)
             cross_probs = cross_probs.reshape(rows, c.num_heads, t, src)  # (rows, heads, new, src)
         y = y + self.dropout(c.out_proj(c.merge(context)))
         if not self.pre_ln:
@@ -391,7 +408,11 @@ def _select_and_append(past: torch.Tensor, rows: torch.Tensor | None, new: torch
 
 
 def projected_smoothed_loss(
-    states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, targets: torch.Tensor, epsilon: float,
+    states: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    targets: torch.Tensor,
+    epsilon: float,
     chunk_elements: int = 1 << 22,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(label-smoothed loss, NLL), summed over tokens, of the logits z = states W^T + b, without ever holding
@@ -413,8 +434,9 @@ def projected_smoothed_loss(
     chunk = max(1, chunk_elements // weight.shape[0])
     states = states.to(weight.dtype)  # bf16 autocast's states: the chunks compute in the weights' float32
     with torch.autocast(states.device.type, enabled=False):
-        return _ProjectedSmoothedLoss.apply(states, weight, bias.to(weight.dtype), targets, float(epsilon), chunk,
-                                            needs_grad)  # fmt: skip
+        return _ProjectedSmoothedLoss.apply(
+            states, weight, bias.to(weight.dtype), targets, float(epsilon), chunk, needs_grad
+        )
 
 
 class _ProjectedSmoothedLoss(torch.autograd.Function):
@@ -449,8 +471,10 @@ class _ProjectedSmoothedLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_nll):
         grad_states, grad_weight = ctx.saved_tensors
         if grad_states is None:
-            raise RuntimeError("projected_smoothed_loss was computed without gradients (under no_grad or for "
-                               "tensors that need none); compute it with grad enabled to backpropagate")  # fmt: skip
+            raise RuntimeError(
+                "projected_smoothed_loss was computed without gradients (under no_grad or for "
+                "tensors that need none); compute it with grad enabled to backpropagate"
+            )
         scale = grad_loss.to(grad_states.dtype)
         return grad_states * scale, grad_weight * scale, None, None, None, None, None
 
@@ -503,9 +527,10 @@ class MarianMTModel(Encoder):
         self.shared = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_token_id)
         # Separate target embeddings only in models with two vocabularies (some OPUS-MT "tc" models).
         self.decoder_embed_tokens = (
-            None if config.share_encoder_decoder_embeddings
+            None
+            if config.share_encoder_decoder_embeddings
             else nn.Embedding(config.decoder_vocab_size, d, padding_idx=config.pad_token_id)
-        )  # fmt: skip
+        )
         # The pre-softmax projection is the target embedding matrix (sec. 3.4) unless tie_word_embeddings is off.
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(d, config.decoder_vocab_size, bias=False)
         # A constant bias on the logits (a buffer in transformers too: OPUS-MT models carry it, zeros here).
@@ -559,8 +584,13 @@ class MarianMTModel(Encoder):
 
     def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> EncoderOutput:
         """The encoder stack on batch["input_ids"], ["attention_mask"] (batch, src)."""
-        return self.encode_source(batch["input_ids"], batch.get("attention_mask"), output_hidden_states=True,
-                                  output_attentions=output_attentions, num_layers=num_layers)  # fmt: skip
+        return self.encode_source(
+            batch["input_ids"],
+            batch.get("attention_mask"),
+            output_hidden_states=True,
+            output_attentions=output_attentions,
+            num_layers=num_layers,
+        )
 
     # ---- embeddings and the two stacks ----
 
@@ -694,8 +724,9 @@ class MarianMTModel(Encoder):
         states = self.decode(decoder_input_ids, cache, project=False).last_hidden_state  # (batch, tgt, d_model)
         keep = labels != IGNORE_INDEX  # (batch, tgt)
         targets = labels[keep]  # (tokens,)
-        loss, nll = projected_smoothed_loss(states[keep], self.output_weight(), self.final_logits_bias[0], targets,
-                                            label_smoothing)  # fmt: skip
+        loss, nll = projected_smoothed_loss(
+            states[keep], self.output_weight(), self.final_logits_bias[0], targets, label_smoothing
+        )
         return loss, nll, int(targets.numel())
 
     def shift_right(self, labels: torch.Tensor) -> torch.Tensor:
@@ -756,7 +787,7 @@ class MarianMTModel(Encoder):
     # ---- Hugging Face's Marian folder format ----------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "MarianMTModel":
+    def from_pretrained(cls, path: str | Path) -> MarianMTModel:
         """A folder with config.json (model_type "marian", or ctxrep's "ctxrep_mt") and model.safetensors or
         pytorch_model.bin, as transformers' MarianMTModel (or MarianModel) saves it."""
         path = Path(path)
@@ -781,8 +812,9 @@ class MarianMTModel(Encoder):
             if hf in state:
                 copy = state.pop(hf)
                 expected = self.positions if original is None else state.get(original)
-                if expected is not None and (copy.shape != expected.shape
-                                             or not torch.allclose(copy.float(), expected.float(), atol=1e-5)):  # fmt: skip
+                if expected is not None and (
+                    copy.shape != expected.shape or not torch.allclose(copy.float(), expected.float(), atol=1e-5)
+                ):
                     raise CheckpointError(
                         f"{source}: {hf} differs from {original or 'the sinusoidal position table'}, of which it should "
                         "be a copy; this checkpoint was not trained as a Marian model that ctxrep can run"
@@ -818,9 +850,14 @@ class MarianMTModel(Encoder):
         path = write_folder(path, config, tensors)
         if not own:  # what transformers' generate() should do by default: Marian's conventions
             c = self.config
-            generation = {"decoder_start_token_id": c.decoder_start_token_id, "eos_token_id": c.eos_token_id,
-                          "forced_eos_token_id": c.eos_token_id, "pad_token_id": c.pad_token_id,
-                          "bad_words_ids": [[c.pad_token_id]], "max_length": c.max_position_embeddings}  # fmt: skip
+            generation = {
+                "decoder_start_token_id": c.decoder_start_token_id,
+                "eos_token_id": c.eos_token_id,
+                "forced_eos_token_id": c.eos_token_id,
+                "pad_token_id": c.pad_token_id,
+                "bad_words_ids": [[c.pad_token_id]],
+                "max_length": c.max_position_embeddings,
+            }
             (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         return path
 
@@ -849,16 +886,25 @@ def hf_parameter_names(config: MarianConfig) -> dict[str, str]:
     names = {"model.shared.weight": "shared.weight", "final_logits_bias": "final_logits_bias"}
     if not config.share_encoder_decoder_embeddings:
         # transformers keeps no model.shared then: the encoder's table is model.encoder.embed_tokens.
-        names = {"model.encoder.embed_tokens.weight": "shared.weight",
-                 "model.decoder.embed_tokens.weight": "decoder_embed_tokens.weight",
-                 "final_logits_bias": "final_logits_bias"}  # fmt: skip
+        names = {
+            "model.encoder.embed_tokens.weight": "shared.weight",
+            "model.decoder.embed_tokens.weight": "decoder_embed_tokens.weight",
+            "final_logits_bias": "final_logits_bias",
+        }
     if not config.tie_word_embeddings:
         names["lm_head.weight"] = "lm_head.weight"
     attention = ("q_proj", "k_proj", "v_proj", "out_proj")
-    per_encoder_layer = [f"self_attn.{p}" for p in attention] + ["self_attn_layer_norm", "fc1", "fc2", "final_layer_norm"]
+    per_encoder_layer = [f"self_attn.{p}" for p in attention] + [
+        "self_attn_layer_norm",
+        "fc1",
+        "fc2",
+        "final_layer_norm",
+    ]
     per_decoder_layer = per_encoder_layer + [f"encoder_attn.{p}" for p in attention] + ["encoder_attn_layer_norm"]
-    for side, count, per_layer in (("encoder", config.encoder_layers, per_encoder_layer),
-                                   ("decoder", config.decoder_layers, per_decoder_layer)):  # fmt: skip
+    for side, count, per_layer in (
+        ("encoder", config.encoder_layers, per_encoder_layer),
+        ("decoder", config.decoder_layers, per_decoder_layer),
+    ):
         for i in range(count):
             for module in per_layer:
                 for p in ("weight", "bias"):

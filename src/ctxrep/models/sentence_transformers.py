@@ -84,7 +84,7 @@ def read_sentence_pooling(folder: str | Path) -> SentencePooling:
     kinds: list[tuple[str, str]] = []  # (last part of the module type, its path)
     for i, m in enumerate(modules):
         if not isinstance(m, dict) or not isinstance(m.get("type"), str):
-            raise CheckpointError(f"{modules_file}: entry {i} has no \"type\"; expected sentence-transformers' layout")
+            raise CheckpointError(f'{modules_file}: entry {i} has no "type"; expected sentence-transformers\' layout')
         kinds.append((m["type"].rsplit(".", 1)[-1], str(m.get("path", ""))))
     names = [k for k, _ in kinds]
     others = [f"{k} ({p or '.'})" for k, p in kinds if k not in ("Transformer", "Pooling", "Normalize")]
@@ -146,7 +146,9 @@ class TokenPooler:
         self.cls_sums = torch.zeros(num_texts, num_layers, hidden, dtype=torch.float64)
         self.cls_counts = torch.zeros(num_texts, dtype=torch.float64)
 
-    def add(self, selected: torch.Tensor, texts: list[int], row_weights: list[np.ndarray], cls_positions: list[int]) -> None:
+    def add(
+        self, selected: torch.Tensor, texts: list[int], row_weights: list[np.ndarray], cls_positions: list[int]
+    ) -> None:
         """selected: (layers, batch, seq, hidden); for each row: its text, its weights (one per position, no
         padding) and where its classification token sits."""
         weights = torch.zeros(selected.shape[1], selected.shape[2])  # (batch, seq): padding weighs 0
@@ -162,7 +164,9 @@ class TokenPooler:
             for r, t in enumerate(texts):
                 self.maxes[t] = torch.maximum(self.maxes[t], row_max[r])
         if "cls" in self.pooling.modes:
-            at_cls = h[:, torch.arange(len(texts)), torch.tensor(cls_positions)].transpose(0, 1)  # (batch, layers, hidden)
+            at_cls = h[:, torch.arange(len(texts)), torch.tensor(cls_positions)].transpose(
+                0, 1
+            )  # (batch, layers, hidden)
             self.cls_sums.index_add_(0, rows, at_cls)
             self.cls_counts.index_add_(0, rows, torch.ones(len(texts), dtype=torch.float64))
 

@@ -79,12 +79,10 @@ class XLNetConfig:
         if self.attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
         if self.ff_activation not in ACTIVATIONS:
-            raise ValueError(
-                f"ff_activation {self.ff_activation!r} is not supported; use one of {sorted(ACTIVATIONS)}"
-            )
+            raise ValueError(f"ff_activation {self.ff_activation!r} is not supported; use one of {sorted(ACTIVATIONS)}")
 
     @classmethod
-    def from_hf_dict(cls, d: dict) -> "XLNetConfig":
+    def from_hf_dict(cls, d: dict) -> XLNetConfig:
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in names}
         if "vocab_size" not in kwargs and "n_token" in d:  # the name in the original XLNet release
@@ -490,7 +488,7 @@ class XLNetModel(Encoder):
     # ---- Hugging Face folder format -------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "XLNetModel":
+    def from_pretrained(cls, path: str | Path) -> XLNetModel:
         """Load an XLNetModel or XLNetLMHeadModel (etc.) folder; head weights are not part of the encoder."""
         path = Path(path)
         config, state = _read_folder(path)
@@ -511,7 +509,11 @@ class XLNetModel(Encoder):
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' XLNetModel loads."""
         ours = self.state_dict()
-        write_folder(path, self.config.to_hf_dict("XLNetModel"), {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()})
+        write_folder(
+            path,
+            self.config.to_hf_dict("XLNetModel"),
+            {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()},
+        )
 
 
 @dataclass
@@ -563,9 +565,15 @@ class XLNetLMHeadModel(nn.Module):
     ) -> XLNetLMOutput:
         """labels: (batch, num_predict) with target_mapping, else (batch, seq); -100 = no loss."""
         out = self.transformer(
-            input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems,
-            output_hidden_states=output_hidden_states, output_attentions=output_attentions,
-        )  # fmt: skip
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            perm_mask,
+            target_mapping,
+            mems,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
         x = out.query_last_hidden_state if target_mapping is not None else out.last_hidden_state
         logits = F.linear(x, self.transformer.word_embedding.weight, self.lm_bias)  # (batch, n, vocab)
         loss = None
@@ -588,7 +596,7 @@ class XLNetLMHeadModel(nn.Module):
         )
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "XLNetLMHeadModel":
+    def from_pretrained(cls, path: str | Path) -> XLNetLMHeadModel:
         path = Path(path)
         config, state = _read_folder(path)
         model = cls(config)
@@ -630,16 +638,33 @@ class XLNetLMHeadModel(nn.Module):
 
 # Weights of heads that sit on top of the encoder in pre-training / task checkpoints.
 _HEAD_PREFIXES = (
-    "lm_loss.", "sequence_summary.", "logits_proj.", "classifier.", "qa_outputs.",
-    "start_logits.", "end_logits.", "answer_class.",
-)  # fmt: skip
+    "lm_loss.",
+    "sequence_summary.",
+    "logits_proj.",
+    "classifier.",
+    "qa_outputs.",
+    "start_logits.",
+    "end_logits.",
+    "answer_class.",
+)
 
 
 def hf_parameter_names(config: XLNetConfig) -> dict[str, str]:
     """transformers' XLNetModel name -> ctxrep's name, for every weight of the encoder."""
     names = {"word_embedding.weight": "word_embedding.weight", "mask_emb": "mask_emb"}
-    attention = ("q", "k", "v", "o", "r", "r_r_bias", "r_s_bias", "r_w_bias", "seg_embed",
-                 "layer_norm.weight", "layer_norm.bias")  # fmt: skip
+    attention = (
+        "q",
+        "k",
+        "v",
+        "o",
+        "r",
+        "r_r_bias",
+        "r_s_bias",
+        "r_w_bias",
+        "seg_embed",
+        "layer_norm.weight",
+        "layer_norm.bias",
+    )
     ff = ("layer_norm.weight", "layer_norm.bias", "layer_1.weight", "layer_1.bias", "layer_2.weight", "layer_2.bias")
     for i in range(config.n_layer):
         names |= {f"layer.{i}.rel_attn.{p}": f"layers.{i}.attention.{p}" for p in attention}
@@ -674,9 +699,12 @@ def _copy_weights(
     """Copy state[hf] into model[names[hf]]; refuse anything missing, unknown or mis-shaped, naming them all."""
     ours = model.state_dict()
     check_weights(
-        {k: tuple(v.shape) for k, v in state.items()}, {hf: tuple(ours[our].shape) for hf, our in names.items()},
-        source, what, hint="Check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights",
-    )  # fmt: skip
+        {k: tuple(v.shape) for k, v in state.items()},
+        {hf: tuple(ours[our].shape) for hf, our in names.items()},
+        source,
+        what,
+        hint="Check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights",
+    )
     with torch.no_grad():
         for hf, our in names.items():
             ours[our].copy_(state[hf].to(ours[our].dtype))

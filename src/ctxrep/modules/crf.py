@@ -63,7 +63,9 @@ class CRF(nn.Module):
         if mask is None:
             return torch.ones(batch, seq, dtype=torch.bool, device=emissions.device)
         if tuple(mask.shape) != (batch, seq):
-            raise ValueError(f"CRF mask must be (batch, seq) = {(batch, seq)} like the emissions, got {tuple(mask.shape)}")
+            raise ValueError(
+                f"CRF mask must be (batch, seq) = {(batch, seq)} like the emissions, got {tuple(mask.shape)}"
+            )
         mask = mask.bool()
         empty = (~mask[:, 0]).nonzero().flatten().tolist()
         if empty:
@@ -84,7 +86,9 @@ class CRF(nn.Module):
         """score(E, y) of the given tag paths, (batch,). Tags at padded positions are ignored (any value)."""
         mask = self._check(emissions, mask)
         if tuple(tags.shape) != tuple(mask.shape):
-            raise ValueError(f"CRF tags must be (batch, seq) = {tuple(mask.shape)} like the emissions, got {tuple(tags.shape)}")
+            raise ValueError(
+                f"CRF tags must be (batch, seq) = {tuple(mask.shape)} like the emissions, got {tuple(tags.shape)}"
+            )
         tags = torch.where(mask, tags.long(), torch.zeros_like(tags, dtype=torch.long))
         bad = mask & ((tags < 0) | (tags >= self.num_tags))
         if bad.any():

@@ -48,9 +48,7 @@ class ProjectedLSTM(nn.Module):
             self.state_gates.bias.zero_()
             self.state_gates.bias[cell_size : 2 * cell_size] = 1.0
 
-    def step(
-        self, x_gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, x_gates: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One step from precomputed input gates W x_t (batch, 4*cell): returns (h_t, c_t)."""
         gates = x_gates + self.state_gates(h)
         i, f, g, o = gates.chunk(4, dim=-1)

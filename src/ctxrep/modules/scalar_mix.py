@@ -34,9 +34,7 @@ class ScalarMix(nn.Module):
         if initial_scalar_parameters is None:
             initial_scalar_parameters = [0.0] * num_layers
         if len(initial_scalar_parameters) != num_layers:
-            raise ValueError(
-                f"ScalarMix got {len(initial_scalar_parameters)} initial weights for {num_layers} layers"
-            )
+            raise ValueError(f"ScalarMix got {len(initial_scalar_parameters)} initial weights for {num_layers} layers")
         self.num_layers = num_layers
         self.do_layer_norm = do_layer_norm
         scalars = torch.tensor([float(s) for s in initial_scalar_parameters])
@@ -49,7 +47,7 @@ class ScalarMix(nn.Module):
             self.register_buffer("gamma", gamma_t)
 
     @classmethod
-    def from_weights(cls, weights: Sequence[float], gamma: float = 1.0) -> "ScalarMix":
+    def from_weights(cls, weights: Sequence[float], gamma: float = 1.0) -> ScalarMix:
         """A fixed mix whose normalised weights are `weights` (they must be positive; they are renormalised)."""
         w = torch.tensor([float(x) for x in weights])
         if (w <= 0).any():

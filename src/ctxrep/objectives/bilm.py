@@ -101,7 +101,9 @@ def log_inclusion_prob(ids: torch.Tensor, vocab_size: int, num_samples: int) -> 
     return torch.log(-torch.expm1(num_samples * torch.log1p(-p))).float()
 
 
-def full_softmax_nll(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def full_softmax_nll(
+    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
     """-log softmax(W h + b)_y for each row: hidden (n, dim), targets (n,) -> (n,); computed in row chunks."""
     rows = max(1, _FULL_SOFTMAX_ELEMENTS // weight.shape[0])
     out = [
@@ -199,9 +201,14 @@ class BiLMObjective(nn.Module):
             v, s = self.vocab_size, self.config.num_samples
             candidates = sample_log_uniform(v, s, device=input_ids.device)
             nll = sampled_softmax_nll(
-                hidden, both, weight, bias, candidates,
-                log_inclusion_prob(candidates, v, s), log_inclusion_prob(both, v, s),
-            )  # fmt: skip
+                hidden,
+                both,
+                weight,
+                bias,
+                candidates,
+                log_inclusion_prob(candidates, v, s),
+                log_inclusion_prob(both, v, s),
+            )
         else:
             nll = full_softmax_nll(hidden, both, weight, bias)
         n = targets.shape[0]

@@ -223,7 +223,9 @@ class DistillationObjective(nn.Module):
         self.masker = None
         if teacher_head is not None:
             if mlm is None:
-                raise ValueError("the teacher has a masked-LM head, so distillation masks its input: pass mlm=MaskedLMConfig")
+                raise ValueError(
+                    "the teacher has a masked-LM head, so distillation masks its input: pass mlm=MaskedLMConfig"
+                )
             self.masker = BatchMasker(mlm, s.vocab_size, word_start)
             self.head = MaskedLMHead(s, self.student.embeddings.word_embeddings)
             if s.hidden_size == t.hidden_size:  # DistilBERT copies the teacher's head too
@@ -298,7 +300,10 @@ class DistillationObjective(nn.Module):
             terms["kd"] = (c.alpha_kd, soft_target_kl(student_logits, teacher_logits, c.temperature))
             terms["mlm"] = (c.alpha_mlm, mlm)
             if c.alpha_cos:
-                terms["cos"] = (c.alpha_cos, cosine_loss(self._mapped(s_out.last_hidden_state), t_out.last_hidden_state, real))
+                terms["cos"] = (
+                    c.alpha_cos,
+                    cosine_loss(self._mapped(s_out.last_hidden_state), t_out.last_hidden_state, real),
+                )
         else:
             s_att, s_val = relation_scores(self.student.layers[-1], s_out.hidden_states[-2])
             with torch.no_grad():
@@ -308,7 +313,8 @@ class DistillationObjective(nn.Module):
         if c.alpha_hidden:
             mapping = [0, *(i + 1 for i in c.layers)]  # g(m): embeddings to embeddings, layer m to its teacher layer
             mse = sum(
-                hidden_mse(self._mapped(s_out.hidden_states[m]), t_out.hidden_states[g], real) for m, g in enumerate(mapping)
+                hidden_mse(self._mapped(s_out.hidden_states[m]), t_out.hidden_states[g], real)
+                for m, g in enumerate(mapping)
             )
             terms["hidden"] = (c.alpha_hidden, mse)
         loss = sum(alpha * value for alpha, value in terms.values())
@@ -325,4 +331,3 @@ class DistillationObjective(nn.Module):
         tensors |= head_tensors(self.head, _HEAD_PREFIX[s.model_type], s.model_type)
         arch = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}[s.model_type]
         return write_folder(path, s.to_hf_dict() | {"architectures": [arch]}, tensors)
-

@@ -62,7 +62,7 @@ class MaskedLMConfig:
         return 1.0 - self.replace_prob - self.random_prob
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Tokenizer, **kwargs) -> "MaskedLMConfig":
+    def from_tokenizer(cls, tokenizer: Tokenizer, **kwargs) -> MaskedLMConfig:
         """A config with the tokenizer's mask token and special tokens; other fields from kwargs."""
         added = tokenizer.backend.get_added_tokens_decoder()  # id -> AddedToken
         specials = tuple(sorted(i for i, tok in added.items() if tok.special))
@@ -115,7 +115,7 @@ def word_start_table(tokenizer: Tokenizer) -> torch.Tensor:
             )
         for token, i in vocab.items():
             table[i] = token.startswith(marker)
-    for i, tok in tokenizer.backend.get_added_tokens_decoder().items():
+    for i, _tok in tokenizer.backend.get_added_tokens_decoder().items():
         table[i] = True
     return table
 
@@ -228,9 +228,14 @@ class BatchMasker:
             ids = input_ids[row, :n]
             gen = torch.Generator(device=input_ids.device).manual_seed(static_mask_seed(c.seed, copy, ids))
             m, lab = mask_tokens(
-                ids[None], special[row, :n][None], self.vocab_size, c.mask_token_id, c, gen,
+                ids[None],
+                special[row, :n][None],
+                self.vocab_size,
+                c.mask_token_id,
+                c,
+                gen,
                 None if starts is None else starts[row, :n][None],
-            )  # fmt: skip
+            )
             masked[row, :n], labels[row, :n] = m[0], lab[0]
         return masked, labels
 

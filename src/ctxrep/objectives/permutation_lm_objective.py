@@ -25,9 +25,7 @@ class PermutationLMObjective(nn.Module):
     special_token_ids: the tokenizer's special tokens (<sep>, <cls>, ...), never predicted and seen by all.
     """
 
-    def __init__(
-        self, config: XLNetConfig, plm: PermutationLMConfig, special_token_ids: tuple[int, ...] = ()
-    ) -> None:
+    def __init__(self, config: XLNetConfig, plm: PermutationLMConfig, special_token_ids: tuple[int, ...] = ()) -> None:
         super().__init__()
         if plm.k < 1:
             raise ValueError(f"k={plm.k} must be at least 1 (predict the last 1/k of each factorization order)")
@@ -50,8 +48,9 @@ class PermutationLMObjective(nn.Module):
         if bool(predicted.any()):
             hits = out.logits.argmax(-1) == sampled.labels  # (batch, num_predict)
             metrics["plm_accuracy"] = float(hits[predicted].float().mean())
-        return ObjectiveOutput(loss=out.loss, num_tokens=int(attention_mask.sum()), metrics=metrics,
-                               nll=metrics["plm_loss"])  # fmt: skip
+        return ObjectiveOutput(
+            loss=out.loss, num_tokens=int(attention_mask.sum()), metrics=metrics, nll=metrics["plm_loss"]
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """An XLNetLMHeadModel folder (transformers' AutoModel and ctxrep.load_model load the encoder)."""

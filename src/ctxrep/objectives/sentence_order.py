@@ -97,7 +97,9 @@ class SentenceOrderObjective(nn.Module):
     `masked_lm.word_start_table(tokenizer)`, needed for whole-word masking (ALBERT used n-gram masking; not here).
     """
 
-    def __init__(self, encoder_config: AlbertConfig, mlm: MaskedLMConfig, word_start: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, encoder_config: AlbertConfig, mlm: MaskedLMConfig, word_start: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         self.config = encoder_config
         self.mlm = mlm
@@ -136,12 +138,17 @@ class SentenceOrderObjective(nn.Module):
         mlm, logits, targets = mlm_loss(self.model.predictions, out.last_hidden_state, labels)
         sop_logits = self.model.sop_classifier(out.pooler_output)  # (batch, 2)
         sop = sentence_order_loss(sop_logits, sentence_order_label)
-        metrics = {"mlm_loss": float(mlm.detach()), "masked_tokens": float(targets.numel()), "sop_loss": float(sop.detach()),
-                   "sop_accuracy": float((sop_logits.argmax(-1) == sentence_order_label).float().mean())}  # fmt: skip
+        metrics = {
+            "mlm_loss": float(mlm.detach()),
+            "masked_tokens": float(targets.numel()),
+            "sop_loss": float(sop.detach()),
+            "sop_accuracy": float((sop_logits.argmax(-1) == sentence_order_label).float().mean()),
+        }
         if targets.numel():
             metrics["mlm_accuracy"] = float((logits.argmax(-1) == targets).float().mean())
-        return ObjectiveOutput(loss=mlm + sop, num_tokens=int(attention_mask.sum()), metrics=metrics,
-                               nll=metrics["mlm_loss"])  # fmt: skip
+        return ObjectiveOutput(
+            loss=mlm + sop, num_tokens=int(attention_mask.sum()), metrics=metrics, nll=metrics["mlm_loss"]
+        )
 
     def save_pretrained(self, path: str | Path) -> Path:
         """An AlbertForPreTraining folder: transformers' AutoModel and ctxrep's AlbertModel load its encoder."""

@@ -109,7 +109,7 @@ class TaskEstimator:
     def get_params(self, deep: bool = True) -> dict:
         return {name: getattr(self, name) for name in self._get_param_names()}
 
-    def set_params(self, **params) -> "TaskEstimator":
+    def set_params(self, **params) -> TaskEstimator:
         valid = self._get_param_names()
         for name, value in params.items():
             if name not in valid:
@@ -173,15 +173,17 @@ class TaskEstimator:
         if self.quantize not in (None, "int8"):
             raise ValueError(f"quantize must be None or 'int8', got {self.quantize!r}")
         if self.quantize and self.mode == "frozen":
-            raise ValueError("quantize='int8' applies to a fine-tuned encoder; in mode='frozen' the features come from "
-                             "the featurizer: use mode='finetune', or quantize=None")  # fmt: skip
+            raise ValueError(
+                "quantize='int8' applies to a fine-tuned encoder; in mode='frozen' the features come from "
+                "the featurizer: use mode='finetune', or quantize=None"
+            )
         rs = self.random_state
         if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or rs < 0):
             raise ValueError(f"random_state must be a non-negative int or None, got {rs!r}")
 
     # ---- fit -------------------------------------------------------------------------------------
 
-    def fit(self, X, y, eval_set: tuple | None = None, train_loss=None) -> "TaskEstimator":
+    def fit(self, X, y, eval_set: tuple | None = None, train_loss=None) -> TaskEstimator:
         """Train on X, y. `eval_set=(X_dev, y_dev)` records the dev score after every epoch in history_.
         `train_loss(logits, batch) -> scalar`: a loss to train with instead of the task's own (`_head_loss`), e.g.
         compress/distill_task.py's distillation loss; when it is an nn.Module, its parameters train too."""
@@ -202,8 +204,10 @@ class TaskEstimator:
             self.backbone_ = load_encoder(self.model)
             self.backbone_.model.to(self.device)  # frozen mode featurizes with it on the estimator's device
             if self.quantize and self.backbone_.model.word_level:  # said before training, not at predict time
-                raise ValueError(f"quantize='int8': {self.backbone_.model.family} is a biLSTM over characters; int8 "
-                                 "applies to Transformer linear layers: use quantize=None")  # fmt: skip
+                raise ValueError(
+                    f"quantize='int8': {self.backbone_.model.family} is a biLSTM over characters; int8 "
+                    "applies to Transformer linear layers: use quantize=None"
+                )
             if self.mode == "frozen":
                 encoder = self.backbone_.model
                 self.frozen_shape_ = [encoder.num_layers + 1, encoder.hidden_size]
@@ -242,11 +246,18 @@ class TaskEstimator:
         self.model_.to(self.device)
         with loop.seeded_torch(seed + self.n_epochs_):  # dropout
             best = loop.train(
-                self.model_, examples, [_length(e) for e in examples], lambda rows: self._batch(rows, call),
-                self._head_loss if train_loss is None else train_loss, evaluate, self._loop_settings(), rng,
-                self.history_, first_epoch=self.n_epochs_,
+                self.model_,
+                examples,
+                [_length(e) for e in examples],
+                lambda rows: self._batch(rows, call),
+                self._head_loss if train_loss is None else train_loss,
+                evaluate,
+                self._loop_settings(),
+                rng,
+                self.history_,
+                first_epoch=self.n_epochs_,
                 extra=train_loss if isinstance(train_loss, nn.Module) else None,
-            )  # fmt: skip
+            )
         self.n_epochs_ = self.history_[-1]["epoch"]
         if best is not None:
             self.best_validation_score_ = best
@@ -254,15 +265,23 @@ class TaskEstimator:
 
     def _loop_settings(self) -> loop.LoopSettings:
         return loop.LoopSettings(
-            max_epochs=self.max_epochs, batch_size=self.batch_size, lr=self._lr(), weight_decay=self.weight_decay,
-            warmup_fraction=self.warmup_fraction, slanted_triangular=self.slanted_triangular,
+            max_epochs=self.max_epochs,
+            batch_size=self.batch_size,
+            lr=self._lr(),
+            weight_decay=self.weight_decay,
+            warmup_fraction=self.warmup_fraction,
+            slanted_triangular=self.slanted_triangular,
             max_grad_norm=self.max_grad_norm,
             discriminative_lr_factor=self.discriminative_lr_factor if self.discriminative_lr else None,
             gradual_unfreezing=self.gradual_unfreezing and self.mode == "finetune",
-            early_stopping=self.early_stopping, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
-            progress=self.progress, desc=type(self).__name__, bf16=bool(self.bf16),
+            early_stopping=self.early_stopping,
+            n_iter_no_change=self.n_iter_no_change,
+            tol=self.tol,
+            progress=self.progress,
+            desc=type(self).__name__,
+            bf16=bool(self.bf16),
             max_steps=int(self.max_steps) if self.max_steps is not None else None,
-        )  # fmt: skip
+        )
 
     def _lr(self) -> float:
         """The peak learning rate: lr, or 5e-5 to fine-tune and 1e-3 for a head on frozen features."""
@@ -282,7 +301,9 @@ class TaskEstimator:
         if tokenizer.word_level:
             tokenizer = WordTokenizer(max_characters_per_token=tokenizer.max_characters_per_token)
         features = (
-            FeatureCache(loaded, self._frozen_pooling(), self.cache_dir, self.progress) if self.mode == "frozen" else None
+            FeatureCache(loaded, self._frozen_pooling(), self.cache_dir, self.progress)
+            if self.mode == "frozen"
+            else None
         )
         limit = loaded.model.max_tokens
         return Call(tokenizer, features, min(self.max_length or limit, limit))
@@ -302,8 +323,14 @@ class TaskEstimator:
             rep = Representation("finetune", encoder=encoder, dropout=self.dropout)
         else:
             n_layers, dim = self.frozen_shape_
-            rep = Representation("frozen", num_layers=n_layers, dim=dim, frozen_head=self.frozen_head,
-                                 lstm_size=self.lstm_size, dropout=self.dropout)  # fmt: skip
+            rep = Representation(
+                "frozen",
+                num_layers=n_layers,
+                dim=dim,
+                frozen_head=self.frozen_head,
+                lstm_size=self.lstm_size,
+                dropout=self.dropout,
+            )
         return TaskNetwork(rep, self._make_head(rep.out_dim))
 
     def _frozen_pooling(self) -> str:
@@ -344,7 +371,9 @@ class TaskEstimator:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "model_"):
-            raise ValueError(f"this {type(self).__name__} is not fitted yet: call fit(X, y) first (or load a saved one)")
+            raise ValueError(
+                f"this {type(self).__name__} is not fitted yet: call fit(X, y) first (or load a saved one)"
+            )
 
     def _forward_all(self, records: list, call: Call) -> list:
         """The head's output for every record, in order: the records sorted by length and run in batches under a
@@ -445,7 +474,7 @@ class TaskEstimator:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "TaskEstimator":
+    def load(cls, path: str | os.PathLike) -> TaskEstimator:
         """Rebuild a saved estimator. The base encoder named in `model` must be available (finetune: its
         architecture is rebuilt from it, every weight then comes from model.safetensors; frozen: it featurizes
         texts the cache has not seen)."""

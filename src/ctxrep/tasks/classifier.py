@@ -222,7 +222,9 @@ class SequenceClassifier(TaskEstimator):
         plan = WindowPlan(call.tokenizer, call.max_length)
         pieces_a = call.tokenizer.encode_words([a for a, _ in X])
         pieces_b = call.tokenizer.encode_words([b for _, b in X]) if pairs else [None] * len(X)
-        return [Example(plan.truncated(i, a, b), label=int(labels[i])) for i, (a, b) in enumerate(zip(pieces_a, pieces_b))]
+        return [
+            Example(plan.truncated(i, a, b), label=int(labels[i])) for i, (a, b) in enumerate(zip(pieces_a, pieces_b))
+        ]
 
     def _collate(self, examples: list[Example], call: Call) -> dict[str, torch.Tensor]:
         if self.mode == "frozen":

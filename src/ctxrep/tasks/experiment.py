@@ -238,8 +238,14 @@ def experiment(
     started = time.perf_counter()
     estimator.fit(train_data.X, train_data.y, eval_set=(dev_data.X, dev_data.y))
     train_seconds = time.perf_counter() - started
-    metrics: dict = {"task": task, "model": model, "mode": mode, "train_examples": len(train_data.X),
-                     "dev_examples": len(dev_data.X), "train_seconds": train_seconds}  # fmt: skip
+    metrics: dict = {
+        "task": task,
+        "model": model,
+        "mode": mode,
+        "train_examples": len(train_data.X),
+        "dev_examples": len(dev_data.X),
+        "train_seconds": train_seconds,
+    }
     tagging = task in ("conll2003", "upos", "tag")
     entity_report = tagging and estimator.entity_scoring_
     if task in ("sst2", "sst5", "glue-pair", "classify", "pair") or (tagging and not entity_report):

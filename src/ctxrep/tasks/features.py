@@ -95,8 +95,13 @@ def cached_features(
     features.flush()
     del features
     np.save(folder / "offsets.npy", offsets, allow_pickle=False)
-    meta = {"model": loaded.source.name, "layers": "all", "pooling": pooling, "texts": len(texts),
-            "pairs": pairs is not None}  # fmt: skip
+    meta = {
+        "model": loaded.source.name,
+        "layers": "all",
+        "pooling": pooling,
+        "texts": len(texts),
+        "pairs": pairs is not None,
+    }
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return _read(folder, hit=False)
 

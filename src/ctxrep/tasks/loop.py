@@ -111,9 +111,19 @@ def make_optimizer(network: TaskNetwork, settings: LoopSettings) -> torch.optim.
         prefix, own = settings.own_lr
         depth = depth | {name: top + 1 for name, _ in network.named_parameters() if name.startswith(prefix)}
         below = lr_at_depth or (lambda d: settings.lr)
-        lr_at_depth = lambda d: own if d == top + 1 else below(d)
-    return adamw(network, settings.lr, settings.weight_decay, depth=depth, default_depth=top, lr_at_depth=lr_at_depth,
-                 fused=settings.fused_adamw)  # fmt: skip
+
+        def lr_at_depth(d):
+            return own if d == top + 1 else below(d)
+
+    return adamw(
+        network,
+        settings.lr,
+        settings.weight_decay,
+        depth=depth,
+        default_depth=top,
+        lr_at_depth=lr_at_depth,
+        fused=settings.fused_adamw,
+    )
 
 
 def length_bucketed_batches(lengths: list[int], batch_size: int, rng: np.random.Generator, pool_batches: int = 50):

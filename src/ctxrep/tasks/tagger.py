@@ -259,8 +259,11 @@ class TokenTagger(TaskEstimator):
         """(batch, words, pieces) weights: row (r, j) is 1 at word j's first piece ("first"), or 1 / k over its k
         pieces ("mean"). Built with one scatter from flat index lists, not one tensor write per word."""
         n_words = max(1, max(len(w.input.words) for w in windows))
-        spans = [(r, j, s, e if self.word_pooling == "mean" else s + 1)
-                 for r, w in enumerate(windows) for j, (_, s, e) in enumerate(w.input.words)]  # fmt: skip
+        spans = [
+            (r, j, s, e if self.word_pooling == "mean" else s + 1)
+            for r, w in enumerate(windows)
+            for j, (_, s, e) in enumerate(w.input.words)
+        ]
         rows = [r for r, _, s, e in spans for _ in range(s, e)]
         words = [j for _, j, s, e in spans for _ in range(s, e)]
         pieces = [p for _, _, s, e in spans for p in range(s, e)]

@@ -92,7 +92,5 @@ def can_fuse(params: list[torch.Tensor]) -> bool:
     """Whether torch's fused AdamW takes these parameters: floating point, all on one device of a kind it supports."""
     devices = {p.device for p in params}
     return (
-        len(devices) == 1
-        and next(iter(devices)).type in FUSED_DEVICES
-        and all(p.is_floating_point() for p in params)
+        len(devices) == 1 and next(iter(devices)).type in FUSED_DEVICES and all(p.is_floating_point() for p in params)
     )

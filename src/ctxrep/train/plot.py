@@ -62,9 +62,11 @@ def draw_run(records: list[dict], title: str = ""):
 
     bleu = any("eval_bleu" in r for r in records)  # a translation run: its validation BLEU gets a panel too
     fig, axes = plt.subplots(1, 4 if bleu else 3, figsize=(17 if bleu else 13, 3.6), dpi=100)
-    panels = [(axes[0], "loss", [("loss", "train", "-"), ("eval_loss", "held-out", "--")]),
-              (axes[1], "learning rate", [("lr", None, "-")]),
-              (axes[2], "tokens / s", [("tokens_per_s", None, "-")])]  # fmt: skip
+    panels = [
+        (axes[0], "loss", [("loss", "train", "-"), ("eval_loss", "held-out", "--")]),
+        (axes[1], "learning rate", [("lr", None, "-")]),
+        (axes[2], "tokens / s", [("tokens_per_s", None, "-")]),
+    ]
     if bleu:
         panels.append((axes[3], "validation BLEU (during training)", [("eval_bleu", None, "-")]))
     for ax, title_, keys in panels:

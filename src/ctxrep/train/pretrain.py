@@ -93,7 +93,9 @@ class EncoderSection:
     onto XLNetConfig. Read by mlm, mlm+nsp, mlm+sop, electra, clm and plm; the keys a family has no counterpart
     for are marked."""
 
-    model_type: str = _key("bert", BERTS)  # "bert" or "roberta"; electra builds ELECTRA, mlm+sop ALBERT, clm GPT-2, plm XLNet
+    model_type: str = _key(
+        "bert", BERTS
+    )  # "bert" or "roberta"; electra builds ELECTRA, mlm+sop ALBERT, clm GPT-2, plm XLNet
     hidden_size: int = 256
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
@@ -143,7 +145,9 @@ class ObjectiveSection:
     whole_word: bool = _key(False, MASKING)
     static_copies: int = _key(0, MASKING)  # 0 = dynamic masking (RoBERTa); N = one of N fixed masks per sequence (BERT)
     short_seq_prob: float = _key(0.1, ("mlm+nsp", "mlm+sop"))  # pairs aiming at a random shorter length (BERT, ALBERT)
-    generator_size_fraction: float = _key(0.25, ("electra",))  # generator hidden / heads / intermediate vs discriminator
+    generator_size_fraction: float = _key(
+        0.25, ("electra",)
+    )  # generator hidden / heads / intermediate vs discriminator
     disc_weight: float = _key(50.0, ("electra",))  # lambda
     k: int = _key(6, ("plm",))  # predict the last 1/K of each factorization order
     span_prediction: bool = _key(False, ("plm",))
@@ -306,8 +310,10 @@ def _check_keys(raw: dict, source: str) -> None:
                     )
                 unknown = sorted(set(inner) - set(ELMO_KEYS[key])) if isinstance(inner, dict) else ["(a value)"]
                 if unknown:
-                    raise PretrainError(f"{source}: unknown key(s) {', '.join(unknown)} in [elmo.{key}]; known: "
-                                        f"{', '.join(ELMO_KEYS[key])}")  # fmt: skip
+                    raise PretrainError(
+                        f"{source}: unknown key(s) {', '.join(unknown)} in [elmo.{key}]; known: "
+                        f"{', '.join(ELMO_KEYS[key])}"
+                    )
             elif key not in _field_types(SECTIONS[section]):
                 known = ", ".join(_field_types(SECTIONS[section]))
                 raise PretrainError(f"{source}: unknown key {key!r} in [{section}]; known: {known}")
@@ -329,8 +335,10 @@ def _apply_override(raw: dict, key: str, text: str, source: str, objective: str 
         elif section == "elmo":
             table, _, leaf = name.partition(".")
             if leaf not in ELMO_KEYS.get(table, ()):
-                raise PretrainError(f"--{key}: [elmo] has no key {name!r}; known: "
-                                    + ", ".join(f"{t}.{k}" for t, keys in ELMO_KEYS.items() for k in keys))  # fmt: skip
+                raise PretrainError(
+                    f"--{key}: [elmo] has no key {name!r}; known: "
+                    + ", ".join(f"{t}.{k}" for t, keys in ELMO_KEYS.items() for k in keys)
+                )
         else:
             raise PretrainError(f"--{key}: unknown section {section!r} (sections: {', '.join(SECTION_READERS)})")
     else:
@@ -478,7 +486,9 @@ def _corpus_config(data: DataSection) -> CorpusConfig:
     if data.document_boundary not in ("file", "blank_line"):
         raise PretrainError(f"[data] document_boundary={data.document_boundary!r}: use 'file' or 'blank_line'")
     if data.num_workers < -1:
-        raise PretrainError(f"[data] num_workers={data.num_workers}: use 0 (this process), N processes, or -1 (one per CPU)")
+        raise PretrainError(
+            f"[data] num_workers={data.num_workers}: use 0 (this process), N processes, or -1 (one per CPU)"
+        )
     workers = None if data.num_workers == -1 else data.num_workers  # CorpusConfig: None = one per CPU, 0/1 = here
     return CorpusConfig(data.document_boundary, data.strip_gutenberg, workers)
 
@@ -530,8 +540,9 @@ def prepare_tokenizer(
     else:
         extra = len(XLNET_SPECIALS) if objective == "plm" else 0
         corpus_config = _corpus_config(config.data)
-        train_tokenizer(corpus, kind, t.vocab_size - extra, out, t.lowercase, t.min_frequency, corpus_config,
-                        show_progress=progress)  # fmt: skip
+        train_tokenizer(
+            corpus, kind, t.vocab_size - extra, out, t.lowercase, t.min_frequency, corpus_config, show_progress=progress
+        )
         if objective == "plm":
             _add_xlnet_template(out)
         where = f"the {kind} tokenizer trained on {corpus}"
@@ -557,8 +568,10 @@ def teacher_tokenizer(config: PretrainConfig, out: Path, tokenizer: str | Path |
     teacher = _teacher_name(config)
     folder = resolve_model_path(teacher)
     own = Tokenizer.from_model_dir(folder)
-    for other, where in ((tokenizer, f"--tokenizer {tokenizer}"), (out if (out / "tokenizer.json").is_file() else None,
-                                                                   f"{out / 'tokenizer.json'} (from an earlier run)")):  # fmt: skip
+    for other, where in (
+        (tokenizer, f"--tokenizer {tokenizer}"),
+        (out if (out / "tokenizer.json").is_file() else None, f"{out / 'tokenizer.json'} (from an earlier run)"),
+    ):
         if other is None:
             continue
         other = Path(other)
@@ -617,9 +630,14 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
         from ctxrep.objectives.masked_lm import MaskedLMConfig
 
         mlm = MaskedLMConfig.from_tokenizer(
-            tokenizer, mask_prob=o.mask_prob, replace_prob=o.replace_prob, random_prob=o.random_prob,
-            whole_word=o.whole_word, static_copies=o.static_copies or None, seed=config.trainer.seed,
-        )  # fmt: skip
+            tokenizer,
+            mask_prob=o.mask_prob,
+            replace_prob=o.replace_prob,
+            random_prob=o.random_prob,
+            whole_word=o.whole_word,
+            static_copies=o.static_copies or None,
+            seed=config.trainer.seed,
+        )
 
     if objective in BERTS:
         from ctxrep.objectives.masked_lm import MaskedLMObjective
@@ -649,12 +667,20 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
 
         eos = tokenizer.backend.token_to_id("</s>")
         gpt2 = GPT2Config(
-            vocab_size=vocab_size, n_positions=enc.max_position_embeddings, n_embd=enc.hidden_size,
-            n_layer=enc.num_hidden_layers, n_head=enc.num_attention_heads, n_inner=enc.intermediate_size,
-            resid_pdrop=enc.hidden_dropout_prob, embd_pdrop=enc.hidden_dropout_prob,
-            attn_pdrop=enc.attention_probs_dropout_prob, initializer_range=enc.initializer_range,
-            bos_token_id=tokenizer.backend.token_to_id("<s>"), eos_token_id=eos, pad_token_id=tokenizer.pad_token_id,
-        )  # fmt: skip
+            vocab_size=vocab_size,
+            n_positions=enc.max_position_embeddings,
+            n_embd=enc.hidden_size,
+            n_layer=enc.num_hidden_layers,
+            n_head=enc.num_attention_heads,
+            n_inner=enc.intermediate_size,
+            resid_pdrop=enc.hidden_dropout_prob,
+            embd_pdrop=enc.hidden_dropout_prob,
+            attn_pdrop=enc.attention_probs_dropout_prob,
+            initializer_range=enc.initializer_range,
+            bos_token_id=tokenizer.backend.token_to_id("<s>"),
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         module = CausalLMObjective(gpt2)
         positions = gpt2.n_positions
     elif objective == "plm":
@@ -663,12 +689,19 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
         from ctxrep.objectives.permutation_lm_objective import PermutationLMObjective
 
         xlnet = XLNetConfig(
-            vocab_size=vocab_size, d_model=enc.hidden_size, n_layer=enc.num_hidden_layers,
-            n_head=enc.num_attention_heads, d_inner=enc.intermediate_size, ff_activation=enc.hidden_act,
-            dropout=enc.hidden_dropout_prob, initializer_range=enc.initializer_range, layer_norm_eps=enc.layer_norm_eps,
-            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.backend.token_to_id("<s>"),
+            vocab_size=vocab_size,
+            d_model=enc.hidden_size,
+            n_layer=enc.num_hidden_layers,
+            n_head=enc.num_attention_heads,
+            d_inner=enc.intermediate_size,
+            ff_activation=enc.hidden_act,
+            dropout=enc.hidden_dropout_prob,
+            initializer_range=enc.initializer_range,
+            layer_norm_eps=enc.layer_norm_eps,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.backend.token_to_id("<s>"),
             eos_token_id=tokenizer.backend.token_to_id("</s>"),
-        )  # fmt: skip
+        )
         special_ids = tuple(sorted(i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special))
         plm = PermutationLMConfig(o.k, o.span_prediction, o.max_span, o.bidirectional_context)
         module = PermutationLMObjective(xlnet, plm, special_ids)
@@ -738,18 +771,37 @@ def _distill_objective(config: PretrainConfig, tokenizer: Tokenizer):
                 f"{teacher.config.vocab_size} embedding rows; distil with the teacher's own tokenizer"
             )
         layers = choose_layers(teacher, d.student_layers or None, d.teacher_layers or None)
-        shape = student_config(teacher.config, layers, d.student_hidden_size or None, d.student_intermediate_size or None)
+        shape = student_config(
+            teacher.config, layers, d.student_hidden_size or None, d.student_intermediate_size or None
+        )
         distill = DistillConfig(
-            str(folder.resolve()), tuple(layers), shape.hidden_size, shape.intermediate_size, d.temperature,
-            d.alpha_kd, d.alpha_mlm, d.alpha_cos, d.alpha_attention, d.alpha_value, d.alpha_hidden, d.kd_masked_only,
-        )  # fmt: skip
+            str(folder.resolve()),
+            tuple(layers),
+            shape.hidden_size,
+            shape.intermediate_size,
+            d.temperature,
+            d.alpha_kd,
+            d.alpha_mlm,
+            d.alpha_cos,
+            d.alpha_attention,
+            d.alpha_value,
+            d.alpha_hidden,
+            d.kd_masked_only,
+        )
         mlm = None
         if head is not None:
             mlm = MaskedLMConfig.from_tokenizer(
-                tokenizer, mask_prob=o.mask_prob, replace_prob=o.replace_prob, random_prob=o.random_prob,
-                whole_word=o.whole_word, static_copies=o.static_copies or None, seed=config.trainer.seed,
-            )  # fmt: skip
-        return DistillationObjective(teacher, head, distill, mlm, _word_start(tokenizer, o) if head is not None else None)
+                tokenizer,
+                mask_prob=o.mask_prob,
+                replace_prob=o.replace_prob,
+                random_prob=o.random_prob,
+                whole_word=o.whole_word,
+                static_copies=o.static_copies or None,
+                seed=config.trainer.seed,
+            )
+        return DistillationObjective(
+            teacher, head, distill, mlm, _word_start(tokenizer, o) if head is not None else None
+        )
     except (CheckpointError, PretrainError):  # already say where
         raise
     except ValueError as e:  # the student's shape or the loss weights
@@ -778,15 +830,23 @@ def _bert_config(config: PretrainConfig, model_type: str, tokenizer: Tokenizer):
 
     enc = config.encoder
     return BertConfig(
-        model_type=model_type, vocab_size=config.tokenizer.vocab_size, hidden_size=enc.hidden_size,
-        num_hidden_layers=enc.num_hidden_layers, num_attention_heads=enc.num_attention_heads,
-        intermediate_size=enc.intermediate_size, hidden_act=enc.hidden_act,
-        hidden_dropout_prob=enc.hidden_dropout_prob, attention_probs_dropout_prob=enc.attention_probs_dropout_prob,
-        max_position_embeddings=enc.max_position_embeddings, type_vocab_size=enc.type_vocab_size,
-        layer_norm_eps=enc.layer_norm_eps, initializer_range=enc.initializer_range,
-        pad_token_id=tokenizer.pad_token_id, embedding_size=enc.embedding_size or None,
+        model_type=model_type,
+        vocab_size=config.tokenizer.vocab_size,
+        hidden_size=enc.hidden_size,
+        num_hidden_layers=enc.num_hidden_layers,
+        num_attention_heads=enc.num_attention_heads,
+        intermediate_size=enc.intermediate_size,
+        hidden_act=enc.hidden_act,
+        hidden_dropout_prob=enc.hidden_dropout_prob,
+        attention_probs_dropout_prob=enc.attention_probs_dropout_prob,
+        max_position_embeddings=enc.max_position_embeddings,
+        type_vocab_size=enc.type_vocab_size,
+        layer_norm_eps=enc.layer_norm_eps,
+        initializer_range=enc.initializer_range,
+        pad_token_id=tokenizer.pad_token_id,
+        embedding_size=enc.embedding_size or None,
         add_pooling_layer=model_type != "electra",
-    )  # fmt: skip
+    )
 
 
 def _albert_config(config: PretrainConfig, tokenizer: Tokenizer):
@@ -794,15 +854,22 @@ def _albert_config(config: PretrainConfig, tokenizer: Tokenizer):
 
     enc = config.encoder
     return AlbertConfig(
-        vocab_size=config.tokenizer.vocab_size, embedding_size=enc.embedding_size or min(128, enc.hidden_size),
-        hidden_size=enc.hidden_size, num_hidden_layers=enc.num_hidden_layers,
-        num_attention_heads=enc.num_attention_heads, intermediate_size=enc.intermediate_size,
-        hidden_act=enc.hidden_act, hidden_dropout_prob=enc.hidden_dropout_prob,
+        vocab_size=config.tokenizer.vocab_size,
+        embedding_size=enc.embedding_size or min(128, enc.hidden_size),
+        hidden_size=enc.hidden_size,
+        num_hidden_layers=enc.num_hidden_layers,
+        num_attention_heads=enc.num_attention_heads,
+        intermediate_size=enc.intermediate_size,
+        hidden_act=enc.hidden_act,
+        hidden_dropout_prob=enc.hidden_dropout_prob,
         attention_probs_dropout_prob=enc.attention_probs_dropout_prob,
-        max_position_embeddings=enc.max_position_embeddings, type_vocab_size=enc.type_vocab_size,
-        layer_norm_eps=enc.layer_norm_eps, initializer_range=enc.initializer_range,
-        pad_token_id=tokenizer.pad_token_id, share=enc.share,
-    )  # fmt: skip
+        max_position_embeddings=enc.max_position_embeddings,
+        type_vocab_size=enc.type_vocab_size,
+        layer_norm_eps=enc.layer_norm_eps,
+        initializer_range=enc.initializer_range,
+        pad_token_id=tokenizer.pad_token_id,
+        share=enc.share,
+    )
 
 
 def _packer(
@@ -853,7 +920,8 @@ def split_held_out(
         raise PackingError(
             f"{corpus.path}: the corpus ({corpus.num_tokens} tokens in {n} sentences, {corpus.num_documents} "
             f"documents) is too small to hold out {data.eval_fraction:.0%} of its sentences (at least one sequence "
-            f"of max_length={data.max_length} tokens" + (f" and {min_documents} documents" if min_documents > 1 else "")
+            f"of max_length={data.max_length} tokens"
+            + (f" and {min_documents} documents" if min_documents > 1 else "")
             + ") for evaluation and still train; use more text, or set --data.eval_fraction 0 to train without "
             "evaluation"
         )

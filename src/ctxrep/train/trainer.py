@@ -185,8 +185,13 @@ class Trainer:
         saved_at = self.step if resume else -1  # a resumed run that had already finished saves nothing new
         evaluated_at = -1
         previous_handler = self._install_sigint_handler()
-        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not (ctx.is_main and self.progress), desc="train",
-                   dynamic_ncols=True)  # fmt: skip
+        bar = tqdm(
+            total=cfg.max_steps,
+            initial=self.step,
+            disable=not (ctx.is_main and self.progress),
+            desc="train",
+            dynamic_ncols=True,
+        )
         try:
             while self.step < cfg.max_steps:
                 lr = self.optimizer.param_groups[0]["lr"]
@@ -226,7 +231,7 @@ class Trainer:
         result["step"] = self.step
         return result
 
-    def _train_step(self) -> "_StepOutput":
+    def _train_step(self) -> _StepOutput:
         cfg, ctx = self.config, self.ctx
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)

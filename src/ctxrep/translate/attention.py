@@ -119,13 +119,18 @@ def _split(tokenizer: MTTokenizer, text: str, side: str) -> _Split:
     encode = tokenizer.encode_source if side == "source" else tokenizer.encode_target
     found = _split_text(encode, text, tokenizer.eos_id)
     if found is None:
-        logger.warning("the %s's words do not encode to its own pieces one by one; words are read from the "
-                       "detokenized pieces instead", side)  # fmt: skip
+        logger.warning(
+            "the %s's words do not encode to its own pieces one by one; words are read from the "
+            "detokenized pieces instead",
+            side,
+        )
         found = _split_ids(tokenizer, encode([text])[0][:-1])
     return found
 
 
-def pool_to_words(piece_weights: np.ndarray, source_word_of: Sequence[int], target_word_of: Sequence[int]) -> np.ndarray:
+def pool_to_words(
+    piece_weights: np.ndarray, source_word_of: Sequence[int], target_word_of: Sequence[int]
+) -> np.ndarray:
     """(target pieces, source pieces) -> (target words, source words): columns summed within a source word, rows
     averaged within a target word. word_of lists give each piece's word index (0, 0, 1, 2, 2, ...)."""
     n_src, n_tgt = max(source_word_of) + 1, max(target_word_of) + 1
@@ -154,8 +159,10 @@ def _index(value: int | None, count: int, what: str) -> int | None:
     if value is None:
         return None
     if not -count <= value < count:
-        raise ValueError(f"{what} {value} is out of range: the model has {count} decoder {what}s "
-                         f"(0..{count - 1}, or -{count}..-1 from the last)")  # fmt: skip
+        raise ValueError(
+            f"{what} {value} is out of range: the model has {count} decoder {what}s "
+            f"(0..{count - 1}, or -{count}..-1 from the last)"
+        )
     return value % count
 
 
@@ -189,8 +196,10 @@ def cross_attention(
     src = _split(tokenizer, source, "source")
     limit = model.max_tokens
     if len(src.ids) > limit:
-        raise ValueError(f"the source has {len(src.ids)} tokens (with </s>), more than the model's {limit} positions; "
-                         "shorten or split the sentence")  # fmt: skip
+        raise ValueError(
+            f"the source has {len(src.ids)} tokens (with </s>), more than the model's {limit} positions; "
+            "shorten or split the sentence"
+        )
     device = next(model.parameters()).device
     input_ids = torch.tensor([src.ids], device=device)
     was_training = model.training
@@ -202,8 +211,10 @@ def cross_attention(
             else:
                 tgt = _split(tokenizer, target, "target")
                 if len(tgt.ids) > limit:
-                    raise ValueError(f"the target has {len(tgt.ids)} tokens (with </s>), more than the model's "
-                                     f"{limit} positions; shorten the translation")  # fmt: skip
+                    raise ValueError(
+                        f"the target has {len(tgt.ids)} tokens (with </s>), more than the model's "
+                        f"{limit} positions; shorten the translation"
+                    )
             decoder_input_ids = torch.tensor([[c.decoder_start_token_id] + tgt.ids[:-1]], device=device)
             out = model(input_ids, decoder_input_ids=decoder_input_ids, output_attentions=True)
     finally:
@@ -232,8 +243,10 @@ def alignment_png(alignment: Alignment, path: str | os.PathLike | io.IOBase) -> 
     w = np.asarray(alignment.weights, dtype=float)
     n_tgt, n_src = w.shape
     if (n_tgt, n_src) != (len(alignment.target_words), len(alignment.source_words)):
-        raise ValueError(f"weights have shape {w.shape} but there are {len(alignment.target_words)} target and "
-                         f"{len(alignment.source_words)} source words; build the Alignment with cross_attention")  # fmt: skip
+        raise ValueError(
+            f"weights have shape {w.shape} but there are {len(alignment.target_words)} target and "
+            f"{len(alignment.source_words)} source words; build the Alignment with cross_attention"
+        )
     longest = max(len(x) for x in alignment.source_words + alignment.target_words)
     margin = 0.6 + 0.075 * min(longest, 25)  # room for the longest label, in inches
     width = min(24.0, margin + 0.32 * n_src + 1.4)
@@ -272,8 +285,12 @@ def _cell(value: float) -> str:
 def alignment_section(alignment: Alignment, title: str = "") -> str:
     """One alignment as an HTML fragment (heading, the sentences, the PNG inline, the numbers as a shaded
     table); every piece of user text is escaped, so any page can embed it."""
-    source = " ".join(alignment.source_words[:-1] if alignment.source_words[-1:] == [EOS_WORD] else alignment.source_words)
-    target = " ".join(alignment.target_words[:-1] if alignment.target_words[-1:] == [EOS_WORD] else alignment.target_words)
+    source = " ".join(
+        alignment.source_words[:-1] if alignment.source_words[-1:] == [EOS_WORD] else alignment.source_words
+    )
+    target = " ".join(
+        alignment.target_words[:-1] if alignment.target_words[-1:] == [EOS_WORD] else alignment.target_words
+    )
     header = "<tr><th></th>" + "".join(f"<th>{html.escape(x)}</th>" for x in alignment.source_words) + "</tr>"
     rows = "".join(
         f"<tr><th>{html.escape(word)}</th>" + "".join(_cell(float(v)) for v in row) + "</tr>"

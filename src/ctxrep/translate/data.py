@@ -129,8 +129,11 @@ def read_parallel(src: str | Path, tgt: str | Path) -> ParallelCorpus:
     if corpus.skipped_empty:
         logger.warning(
             "%s / %s: skipped %d pair(s) with an empty side (the first at line %d)",
-            src, tgt, corpus.skipped_empty, corpus.first_empty_line,
-        )  # fmt: skip
+            src,
+            tgt,
+            corpus.skipped_empty,
+            corpus.first_empty_line,
+        )
     return corpus
 
 
@@ -173,8 +176,13 @@ def train_joint_tokenizer(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_input_names": ["input_ids", "attention_mask"],
-                "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}  # fmt: skip
+    settings = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_input_names": ["input_ids", "attention_mask"],
+        "pad_token": "<pad>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     return HFTokenizer.from_file(str(out / "tokenizer.json"))
 
@@ -248,8 +256,11 @@ def encode_pairs(corpus: ParallelCorpus, tokenizer, max_positions: int, skip_lon
     if skipped:
         logger.warning(
             "%s: skipped %d pair(s) longer than %d tokens (the first at line %d)",
-            corpus.src_path, skipped, max_positions, first,
-        )  # fmt: skip
+            corpus.src_path,
+            skipped,
+            max_positions,
+            first,
+        )
     return EncodedPairs(keep_src, keep_tgt, np.asarray(keep_lines, dtype=np.int64), skipped, first)
 
 
@@ -275,12 +286,19 @@ def collate(src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], pad_id: int, d
         labels[i, : len(t)] = t
         decoder_input_ids[i, 0] = decoder_start_id
         decoder_input_ids[i, 1 : len(t)] = t[:-1]
-    return {"input_ids": input_ids, "attention_mask": attention_mask,
-            "decoder_input_ids": decoder_input_ids, "labels": labels}  # fmt: skip
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "decoder_input_ids": decoder_input_ids,
+        "labels": labels,
+    }
 
 
 def plan_batches(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, budget: int, rng: np.random.Generator | None = None,
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    budget: int,
+    rng: np.random.Generator | None = None,
     row_multiple: int = 1,
 ) -> list[np.ndarray]:
     """Pair indices cut into batches of rows x max(longest source, longest target) <= budget.
@@ -325,9 +343,13 @@ class TokenBatches:
     """
 
     def __init__(
-        self, pairs: EncodedPairs, pad_id: int = PAD_ID, decoder_start_id: int = PAD_ID, seed: int = 0,
+        self,
+        pairs: EncodedPairs,
+        pad_id: int = PAD_ID,
+        decoder_start_id: int = PAD_ID,
+        seed: int = 0,
         row_multiple: int = 1,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pairs = pairs
         self.pad_id, self.decoder_start_id = pad_id, decoder_start_id
         self.seed, self.row_multiple = seed, row_multiple
@@ -349,12 +371,18 @@ class TokenBatches:
             plan = self._planned(budget)
         rows = plan[self.index]
         self.index += 1
-        return collate([self.pairs.src[i] for i in rows], [self.pairs.tgt[i] for i in rows],
-                       self.pad_id, self.decoder_start_id)  # fmt: skip
+        return collate(
+            [self.pairs.src[i] for i in rows], [self.pairs.tgt[i] for i in rows], self.pad_id, self.decoder_start_id
+        )
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_pairs": len(self.pairs),
-                "num_tokens": self.pairs.num_tokens}  # fmt: skip
+        return {
+            "epoch": self.epoch,
+            "index": self.index,
+            "seed": self.seed,
+            "num_pairs": len(self.pairs),
+            "num_tokens": self.pairs.num_tokens,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if (state["num_pairs"], state["num_tokens"]) != (len(self.pairs), self.pairs.num_tokens):

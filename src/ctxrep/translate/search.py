@@ -67,7 +67,9 @@ def _next_log_probs(
     return log_probs
 
 
-def _source(model: MarianMTModel, src_ids: torch.Tensor, src_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _source(
+    model: MarianMTModel, src_ids: torch.Tensor, src_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(model.parameters()).device
     src_ids = src_ids.to(device)
     src_mask = torch.ones_like(src_ids) if src_mask is None else src_mask.to(device)
@@ -250,7 +252,9 @@ def translate_n_best(
             + "; shorten or split it, or skip such sentences with skip_long=True (--skip-long)"
         )
     if long:
-        logger.warning("skipped %d sentences longer than the model's %d positions (first: %d)", len(long), limit, long[0])
+        logger.warning(
+            "skipped %d sentences longer than the model's %d positions (first: %d)", len(long), limit, long[0]
+        )
     skipped = set(long)
     lengths = [len(row) for row in ids]
     order = sorted((i for i in range(len(ids)) if i not in skipped), key=lambda i: lengths[i])
@@ -295,7 +299,18 @@ def translate(
 ) -> list[str | None]:
     """The best translation of each sentence, in input order (None for a sentence skipped by skip_long);
     see `translate_n_best` for the arguments."""
-    found = translate_n_best(model, tokenizer, sentences, beam=beam, n_best=1, batch_tokens=batch_tokens,
-                             length_penalty=length_penalty, penalty=penalty, max_len_a=max_len_a,
-                             max_len_b=max_len_b, skip_long=skip_long, progress=progress)  # fmt: skip
+    found = translate_n_best(
+        model,
+        tokenizer,
+        sentences,
+        beam=beam,
+        n_best=1,
+        batch_tokens=batch_tokens,
+        length_penalty=length_penalty,
+        penalty=penalty,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        skip_long=skip_long,
+        progress=progress,
+    )
     return [None if f is None else f[0][0] for f in found]

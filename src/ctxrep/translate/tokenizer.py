@@ -34,7 +34,7 @@ class MTTokenizer:
     target_vocab_size: int
 
     @staticmethod
-    def from_model_dir(path: str | Path) -> "MTTokenizer":
+    def from_model_dir(path: str | Path) -> MTTokenizer:
         """tokenizer.json if the folder has one, else the OPUS-MT files; a one-line error if neither."""
         path = Path(path)
         if (path / "tokenizer.json").is_file():

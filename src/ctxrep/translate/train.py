@@ -127,7 +127,10 @@ class MTConfig:
             raise MTTrainError(f"{self.source}: [training] average_last={tr.average_last} must be 1 or more")
         if tr.bleu_sentences < 0 or tr.bleu_beam < 1:
             raise MTTrainError(f"{self.source}: [training] bleu_sentences must be >= 0 and bleu_beam >= 1")
-        if self.model.d_model % self.model.encoder_attention_heads or self.model.d_model % self.model.decoder_attention_heads:
+        if (
+            self.model.d_model % self.model.encoder_attention_heads
+            or self.model.d_model % self.model.decoder_attention_heads
+        ):
             raise MTTrainError(f"{self.source}: [model] d_model={self.model.d_model} must be a multiple of the heads")
 
 
@@ -152,8 +155,9 @@ def load_config(name_or_path: str | Path, overrides: Sequence[tuple[str, str]] =
         raise MTTrainError(f"{path}: not valid TOML ({e})") from None
     for section, table in raw.items():
         if section not in SECTIONS:
-            raise MTTrainError(f"{path}: unknown section [{section}]; the sections are "
-                               + ", ".join(f"[{s}]" for s in SECTIONS))  # fmt: skip
+            raise MTTrainError(
+                f"{path}: unknown section [{section}]; the sections are " + ", ".join(f"[{s}]" for s in SECTIONS)
+            )
         unknown = [k for k in table if k not in _field_types(SECTIONS[section])]
         if unknown:
             known = ", ".join(_field_types(SECTIONS[section]))
@@ -163,16 +167,18 @@ def load_config(name_or_path: str | Path, overrides: Sequence[tuple[str, str]] =
         if "." in key:
             section, name = key.split(".", 1)
             if section not in SECTIONS or name not in _field_types(SECTIONS[section]):
-                raise MTTrainError(f"--{key}: no such config field; fields are --section.name with sections "
-                                   + ", ".join(SECTIONS))  # fmt: skip
+                raise MTTrainError(
+                    f"--{key}: no such config field; fields are --section.name with sections " + ", ".join(SECTIONS)
+                )
         else:
             owners = [s for s, cls in SECTIONS.items() if key in _field_types(cls)]
             if len(owners) != 1:
                 problem = "no config section has it" if not owners else f"sections {', '.join(owners)} all have it"
                 raise MTTrainError(f"--{key}: {problem}; use --section.{key} (sections: {', '.join(SECTIONS)})")
             section, name = owners[0], key
-        raw.setdefault(section, {})[name] = _coerce(_parse_value(text), _field_types(SECTIONS[section])[name],
-                                                    f"--{key}")  # fmt: skip
+        raw.setdefault(section, {})[name] = _coerce(
+            _parse_value(text), _field_types(SECTIONS[section])[name], f"--{key}"
+        )
     sections = {}
     for name, cls in SECTIONS.items():
         hints = _field_types(cls)
@@ -232,12 +238,15 @@ def average_state_dicts(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
             continue
         if set(state) != set(total):
             diff = sorted(set(state) ^ set(total))[:3]
-            raise MTTrainError(f"{path} and {first} hold different tensors ({', '.join(diff)}); average checkpoints "
-                               "of one run only")  # fmt: skip
+            raise MTTrainError(
+                f"{path} and {first} hold different tensors ({', '.join(diff)}); average checkpoints of one run only"
+            )
         for k, v in state.items():
             if v.shape != total[k].shape:
-                raise MTTrainError(f"{path}: {k} is {tuple(v.shape)}, {tuple(total[k].shape)} in {first}; average "
-                                   "checkpoints of one model shape only")  # fmt: skip
+                raise MTTrainError(
+                    f"{path}: {k} is {tuple(v.shape)}, {tuple(total[k].shape)} in {first}; average "
+                    "checkpoints of one model shape only"
+                )
             total[k] += v.double()
     dtypes = {k: v.dtype for k, v in load_file(str(first)).items()}
     return {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
@@ -263,10 +272,16 @@ class TranslationObjective(nn.Module):
     def losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(label-smoothed loss, NLL, tokens) of a batch, summed over its real target tokens."""
         if self.fast_loss:
-            return self.model.translation_loss(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"],
-                                               batch["labels"], self.label_smoothing)  # fmt: skip
-        out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                         decoder_input_ids=batch["decoder_input_ids"])  # fmt: skip
+            return self.model.translation_loss(
+                batch["input_ids"],
+                batch["attention_mask"],
+                batch["decoder_input_ids"],
+                batch["labels"],
+                self.label_smoothing,
+            )
+        out = self.model(
+            batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=batch["decoder_input_ids"]
+        )
         return label_smoothed_loss(out.logits, batch["labels"], self.label_smoothing)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
@@ -285,8 +300,11 @@ class TranslationObjective(nn.Module):
             loss, nll, n = self.losses(batch)
             loss_sum, nll_sum, count = loss_sum + float(loss), nll_sum + float(nll), count + n
         nll = nll_sum / max(count, 1)
-        return {"eval_loss": loss_sum / max(count, 1), "eval_nll": nll,
-                "eval_perplexity": math.exp(nll) if nll < 700 else float("inf")}  # fmt: skip
+        return {
+            "eval_loss": loss_sum / max(count, 1),
+            "eval_nll": nll,
+            "eval_perplexity": math.exp(nll) if nll < 700 else float("inf"),
+        }
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -298,8 +316,13 @@ def marian_config(config: MTConfig, vocab_size: int):
 
     shape = dataclasses.asdict(config.model)
     try:
-        return MarianConfig(**shape, vocab_size=vocab_size, pad_token_id=mtdata.PAD_ID, eos_token_id=mtdata.EOS_ID,
-                            decoder_start_token_id=mtdata.PAD_ID)  # fmt: skip
+        return MarianConfig(
+            **shape,
+            vocab_size=vocab_size,
+            pad_token_id=mtdata.PAD_ID,
+            eos_token_id=mtdata.EOS_ID,
+            decoder_start_token_id=mtdata.PAD_ID,
+        )
     except (TypeError, ValueError) as e:
         raise MTTrainError(f"{config.source}: [model] does not make a MarianConfig ({e})") from None
 
@@ -347,9 +370,14 @@ def train_mt(
     if valid_pairs is not None:
         evaluate = validation(objective, valid_pairs, valid_text, tok, config)
     trainer = Trainer(
-        objective, config.trainer, batches, out, save_model=save, evaluate=evaluate,
+        objective,
+        config.trainer,
+        batches,
+        out,
+        save_model=save,
+        evaluate=evaluate,
         schedule=lambda step: inverse_sqrt(step, config.model.d_model, config.trainer.warmup_steps),
-    )  # fmt: skip
+    )
     holder["trainer"] = trainer
     return trainer.train(resume=resume)
 
@@ -362,8 +390,9 @@ def _prepare_tokenizer(config: MTConfig, text: mtdata.ParallelCorpus, out: Path)
         t = config.tokenizer
         tok = mtdata.train_joint_tokenizer([text.src, text.tgt], t.vocab_size, out, t.kind, t.min_frequency)
     if [tok.token_to_id(s) for s in mtdata.SPECIALS] != [mtdata.PAD_ID, mtdata.EOS_ID, mtdata.UNK_ID]:
-        raise MTTrainError(f"{out}/tokenizer.json does not have <pad>, </s>, <unk> at ids 0, 1, 2; remove it to "
-                           "train a new one")  # fmt: skip
+        raise MTTrainError(
+            f"{out}/tokenizer.json does not have <pad>, </s>, <unk> at ids 0, 1, 2; remove it to train a new one"
+        )
 
 
 def _check_out_dir(out: Path, config: MTConfig, resume: bool, ctx) -> None:
@@ -373,8 +402,9 @@ def _check_out_dir(out: Path, config: MTConfig, resume: bool, ctx) -> None:
             raise MTTrainError(f"{out}: nothing to resume (no checkpoint); start the run without --resume")
         return
     if has_checkpoint:
-        raise MTTrainError(f"{out} already holds a checkpoint; pass --resume to continue that run, or choose "
-                           "another --out folder")  # fmt: skip
+        raise MTTrainError(
+            f"{out} already holds a checkpoint; pass --resume to continue that run, or choose another --out folder"
+        )
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         settings = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
@@ -408,8 +438,13 @@ class SnapshotSaver:
         averaged.save_pretrained(out)
 
 
-def validation(objective: TranslationObjective, pairs: mtdata.EncodedPairs, text: mtdata.ParallelCorpus, tokenizer,
-               config: MTConfig) -> Callable[[], dict[str, float]]:  # fmt: skip
+def validation(
+    objective: TranslationObjective,
+    pairs: mtdata.EncodedPairs,
+    text: mtdata.ParallelCorpus,
+    tokenizer,
+    config: MTConfig,
+) -> Callable[[], dict[str, float]]:
     """The Trainer's evaluate=: validation loss over every pair, BLEU / chrF of the first bleu_sentences."""
     budget, n = config.data.eval_batch_tokens, config.training.bleu_sentences
 
