@@ -111,13 +111,18 @@ class Tokenizer:
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> Tokenizer:
-        """tokenizer.json; or vocab.txt (WordPiece, BERT) / vocab.json + merges.txt (byte-level BPE, RoBERTa)."""
+        """tokenizer.json; or a SentencePiece model (sentencepiece.bpe.model, spiece.model, spm.model: converted once
+        and cached, see ctxrep.tokenizer_files); or vocab.txt (WordPiece, BERT) / vocab.json + merges.txt (byte-level
+        BPE, RoBERTa)."""
+        from ctxrep.tokenizer_files import TokenizerFileError, load_backend
+
         path = Path(path)
-        if (path / "tokenizer.json").is_file():
-            try:
-                return cls(tokenizers.Tokenizer.from_file(str(path / "tokenizer.json")))
-            except Exception as e:  # tokenizers raises a bare Exception for malformed files
-                raise TokenizerError(f"{path / 'tokenizer.json'}: cannot load tokenizer ({e})") from e
+        try:
+            backend = load_backend(path)
+        except TokenizerFileError as e:
+            raise TokenizerError(str(e)) from e
+        if backend is not None:
+            return cls(backend)
         settings = _read_json(path / "tokenizer_config.json")
         if (path / "vocab.txt").is_file():
             from tokenizers.implementations import BertWordPieceTokenizer
@@ -135,7 +140,8 @@ class Tokenizer:
             )
             return cls(backend)
         raise TokenizerError(
-            f"{path}: no tokenizer found: expected tokenizer.json, vocab.txt, or vocab.json + merges.txt"
+            f"{path}: no tokenizer found: expected tokenizer.json, a SentencePiece model (sentencepiece.bpe.model, "
+            "spiece.model, spm.model), vocab.txt, or vocab.json + merges.txt"
         )
 
     @property
