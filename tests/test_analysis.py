@@ -458,6 +458,8 @@ def test_cli_probe(tiny_model, data_dir, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "E[layer]" in result.output and (tmp_path / "probe.png").read_bytes().startswith(PNG)
+    # no terminal here: plain progress lines on stderr, ending with every probe fitted (3 layers + the mix)
+    assert re.search(r"^probe: 4/4 probes \(100%\)", result.stderr, re.M), result.stderr
     assert json.loads((tmp_path / "probe.json").read_text())["task"] == "upos"
     _one_line_error(
         _invoke(cli.probe, ["--model", tiny_model, "--task", "lemma", "--train", data_dir / "tiny.conllu"]),
@@ -556,6 +558,10 @@ def test_cli_report_and_help(tiny_model, data_dir, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "report.html").is_file() and "WiC" not in (tmp_path / "report.html").read_text()
+    stages = [line for line in result.stderr.splitlines() if line.startswith("report: [")]
+    assert [s.split("]")[0] for s in stages] == ["report: [1/3", "report: [2/3", "report: [3/3"], result.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["model"] == str(tiny_model)  # as the user typed it
+    assert "UPOS probes on 5 sentences" in stages[0] and re.search(r"^report: 3/3 sections", result.stderr, re.M)
     _one_line_error(_invoke(cli.report, [tiny_model, "--wic", tmp_path / "nowic"]), "--wic")
     for command in cli.COMMANDS:
         result = _invoke(command, ["--help"])

@@ -29,9 +29,8 @@ def as_featurizer(model: str | os.PathLike | Featurizer) -> Featurizer:
 
 
 def model_name(fz: Featurizer) -> str:
-    """The model's folder name (a packaged model's package name: its weights sit in <package>/model)."""
-    path = fz.source.folder
-    return path.parent.name if path.name == "model" and path.parent.name else path.name
+    """The model as the user named it (`minilm`, `bert-base-cased`, a folder path), not the folder it resolved to."""
+    return str(fz.source.name)
 
 
 def read_sentences(path: str | os.PathLike, max_sentences: int | None = None) -> list[list[str]]:

@@ -30,6 +30,7 @@ from torch import nn
 from ctxrep.analysis._common import model_name, random_control, with_layers
 from ctxrep.featurize import Featurizer
 from ctxrep.modules.scalar_mix import ScalarMix
+from ctxrep.progress import progress as show_progress
 
 TASKS = ("upos", "xpos", "ner", "wic")
 
@@ -313,14 +314,16 @@ class ProbeResult:
         plt.close(fig)
 
 
-def _probe_row(name: str, x_train, y_train, x_dev, y_dev, n_classes: int, l2: float, max_iter: int) -> ProbeRow:
+def _probe_row(name: str, x_train, y_train, x_dev, y_dev, n_classes: int, l2: float, max_iter: int, bar) -> ProbeRow:
     x_train, x_dev = _standardise(torch.from_numpy(x_train), torch.from_numpy(x_dev))
     accs = []
     for j in range(x_train.shape[1]):
         linear = fit_linear_probe(x_train[:, j], y_train, n_classes, l2, max_iter)
         with torch.no_grad():
             accs.append(float((linear(x_dev[:, j]).argmax(-1) == y_dev).float().mean()))
+        bar.update(1)
     mix = fit_mix_probe(x_train, y_train, n_classes, l2, max_iter)
+    bar.update(1)
     with torch.no_grad():
         mix_acc = float((mix(x_dev).argmax(-1) == y_dev).float().mean())
         weights = mix.mix.weights
@@ -336,8 +339,10 @@ def run_probe(
     l2: float = 1e-3,
     max_iter: int = 100,
     seed: int = 0,
+    progress: bool = False,
 ) -> ProbeResult:
-    """Probe every layer and a ScalarMix of all layers of `fz`'s model (and of a random-init control)."""
+    """Probe every layer and a ScalarMix of all layers of `fz`'s model (and of a random-init control).
+    progress: say what is being done on stderr (a bar on a terminal, plain lines in a log)."""
     if train.task != dev.task:
         raise ValueError(f"train is task {train.task!r} but dev is task {dev.task!r}")
     labels = sorted(set(train.labels))
@@ -349,14 +354,17 @@ def run_probe(
     majority = Counter(train.labels).most_common(1)[0][0]
     majority_acc = sum(t == majority for t in dev.labels) / len(dev.labels)
     models = [("model", fz)] + ([("random-init", random_control(fz, seed))] if control else [])
+    n_probes = fz.num_layers + 2  # one per layer (embeddings included) and the mix
+    bar = show_progress(total=len(models) * n_probes, desc="probe", unit="probes", enabled=progress)
     rows = []
     for name, f in models:
         torch.manual_seed(seed)
-        rows.append(
-            _probe_row(
-                name, extract_features(f, train), y_train, extract_features(f, dev), y_dev, len(labels), l2, max_iter
-            )
-        )
+        bar.set_postfix_str(f"{name}: featurizing {len(train.sentences) + len(dev.sentences):,} sentences")
+        x_train, x_dev = extract_features(f, train), extract_features(f, dev)
+        bar.set_postfix_str(f"{name}: fitting")
+        rows.append(_probe_row(name, x_train, y_train, x_dev, y_dev, len(labels), l2, max_iter, bar))
+    bar.set_postfix_str("")
+    bar.close()
     return ProbeResult(train.task, model_name(fz), labels, len(train.labels), len(dev.labels), majority_acc, rows)
 
 

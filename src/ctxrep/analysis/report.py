@@ -25,6 +25,7 @@ import numpy as np
 from ctxrep.analysis import attention, neighbors, probe
 from ctxrep.analysis._common import as_featurizer, model_name, with_layers
 from ctxrep.featurize import Featurizer
+from ctxrep.progress import progress as show_progress
 
 
 @dataclass
@@ -180,14 +181,22 @@ def build_report(
     max_wic_pairs: int = 1000,
     control: bool = True,
     seed: int = 0,
+    progress: bool = False,
 ) -> Path:
     """Run the battery and write out_dir/report.html (self-contained) and out_dir/report.json; return the page path.
 
     ud_path: a CoNLL-U file (its first `max_sentences` sentences are probed, 80% train / 20% dev, and used for
         the attention statistics); without it the attention section uses a few built-in sentences.
     wic_path: a WiC folder with train/ and dev/ (each holding *.data.txt and *.gold.txt).
+    progress: say on stderr which section is being computed (a bar on a terminal, plain lines in a log).
     """
     fz = as_featurizer(model)
+    sections = ["UPOS probe"] * (ud_path is not None) + ["attention", "sense demos"] + ["WiC"] * (wic_path is not None)
+    bar = show_progress(total=len(sections), desc="report", unit="sections", enabled=progress)
+
+    def start(section: str, what: str) -> None:
+        bar.write(f"report: [{sections.index(section) + 1}/{len(sections)}] {what}")
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = model_name(fz)
@@ -217,7 +226,9 @@ def build_report(
             raise ValueError(f"{ud_path}: no sentences (empty corpus)")
         data = probe.load_probe_data("upos", ud_path, max_sentences)
         train, dev = probe.split_data(data)
-        result = probe.run_probe(fz, train, dev, control=control, seed=seed)
+        start("UPOS probe", f"UPOS probes on {len(data.sentences):,} sentences, {fz.num_layers + 1} layers")
+        result = probe.run_probe(fz, train, dev, control=control, seed=seed, progress=progress)
+        bar.update(1)
         numbers["probe"] = result.to_dict()
         header = ["", *[f"L{j}" for j in range(fz.num_layers + 1)], "mix", "E[layer]"]
         rows = [[r.name, *r.layer_accuracy, r.mix_accuracy, r.expected_layer] for r in result.rows]
@@ -234,13 +245,17 @@ def build_report(
 
     # -- attention
     sentences = [s.words for s in parsed] if parsed else [s.split() for s in DEFAULT_SENTENCES]
+    start("attention", f"attention statistics over {len(sentences):,} sentences")
     if fz.model.has_attention:
         _attention_sections(fz, sentences, parsed, body, numbers)
     else:
         numbers["left_out"]["attention"] = fz.model.no_attention_reason()
         body.append(f"<h2>Attention heads</h2><p>Left out: {html.escape(fz.model.no_attention_reason())}.</p>")
 
+    bar.update(1)
+
     # -- sense demos
+    start("sense demos", f"sense demos ({len(SENSE_DEMOS)} words) and static neighbours")
     shown = sorted({1, max(1, fz.num_layers // 2), fz.num_layers})
     layers = [0, *shown]
     no_static = neighbors.no_static_table_reason(fz)  # ELMo reads characters: no static word table
@@ -276,12 +291,16 @@ def build_report(
             )
         )
 
+    bar.update(1)
+
     # -- WiC
     if wic_path is not None:
         wic_path = Path(wic_path)
         train_pairs = probe.read_wic_pairs(wic_path / "train", max_wic_pairs)
         dev_pairs = probe.read_wic_pairs(wic_path / "dev")
+        start("WiC", f"WiC by layer on {len(train_pairs):,} train / {len(dev_pairs):,} dev pairs")
         wic = neighbors.evaluate_wic(fz, train_pairs, dev_pairs)
+        bar.update(1)
         numbers["wic"] = asdict(wic)
         body.append(
             "<h2>WiC by layer</h2>"
@@ -296,6 +315,7 @@ def build_report(
     page = out_dir / "report.html"
     page.write_text(_PAGE.format(title=html.escape(f"ctxrep report: {name}"), body="\n".join(body)), encoding="utf-8")
     (out_dir / "report.json").write_text(json.dumps(numbers, indent=2) + "\n")
+    bar.close()
     return page
 
 

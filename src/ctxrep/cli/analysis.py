@@ -38,8 +38,9 @@ def _out_dir(path: str) -> Path:
 @click.option("--control/--no-control", default=True, show_default=True, help="Also probe a random-init model.")
 @click.option("--out-dir", default="probe-out", show_default=True, help="Where probe.json and probe.png go.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the control model and the probes.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Say what is being done on stderr.")
 @user_errors
-def probe(model, task, train_path, dev_path, max_sentences, control, out_dir, seed) -> None:
+def probe(model, task, train_path, dev_path, max_sentences, control, out_dir, seed, progress) -> None:
     """Linear probes per layer and over a learned ScalarMix of all layers (Tenney et al. 2019)."""
     from ctxrep.analysis.probe import load_probe_data, run_probe, split_data
 
@@ -51,7 +52,7 @@ def probe(model, task, train_path, dev_path, max_sentences, control, out_dir, se
     else:
         dev = load_probe_data(task, dev_path, max_sentences)
     out = _out_dir(out_dir)
-    result = run_probe(_featurizer(model), train, dev, control=control, seed=seed)
+    result = run_probe(_featurizer(model), train, dev, control=control, seed=seed, progress=progress)
     click.echo(result.table())
     result.save_json(out / "probe.json")
     result.save_plot(out / "probe.png")
@@ -229,8 +230,9 @@ def neighbors_wic(model, train_path, dev_path, max_pairs, out_file) -> None:
 @click.option("--wic", "wic_path", default=None, help="A WiC folder with train/ and dev/: WiC by layer.")
 @click.option("--max-sentences", default=300, show_default=True, help="Sentences of --ud to use.")
 @click.option("--control/--no-control", default=True, show_default=True, help="Probe a random-init control too.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Say what is being done on stderr.")
 @user_errors
-def report(model, out_dir, ud_path, wic_path, max_sentences, control) -> None:
+def report(model, out_dir, ud_path, wic_path, max_sentences, control, progress) -> None:
     """Write one self-contained HTML page about MODEL: probes, attention, sense demos, WiC.
 
     MODEL is a packaged model name (minilm) or a model folder."""
@@ -242,7 +244,13 @@ def report(model, out_dir, ud_path, wic_path, max_sentences, control) -> None:
         if path is not None and not Path(path).exists():
             raise FileNotFoundError(f"{option} {path}: no such file or folder")
     page = build_report(
-        model, _out_dir(out_dir), ud_path=ud_path, wic_path=wic_path, max_sentences=max_sentences, control=control
+        model,
+        _out_dir(out_dir),
+        ud_path=ud_path,
+        wic_path=wic_path,
+        max_sentences=max_sentences,
+        control=control,
+        progress=progress,
     )
     click.echo(f"wrote {page}")
 
