@@ -3,7 +3,7 @@
 `import ctxrep` is cheap: torch and tokenizers are imported on first use of these names.
 """
 
-__all__ = ["load_model", "load_encoder", "load_vectors", "Featurizer", "ScalarMix"]
+__all__ = ["load_model", "load_encoder", "load_vectors", "Featurizer", "ScalarMix", "SequenceRegressor"]
 __version__ = "0.1.0"
 
 
@@ -28,4 +28,8 @@ def __getattr__(name: str):
         from ctxrep.modules.scalar_mix import ScalarMix
 
         return ScalarMix
+    if name == "SequenceRegressor":
+        from ctxrep.tasks.regressor import SequenceRegressor
+
+        return SequenceRegressor
     raise AttributeError(f"module 'ctxrep' has no attribute {name!r}")

@@ -1,4 +1,6 @@
-"""SequenceClassifier: one label per text or per text pair, on top of a contextual encoder.
+"""SequenceClassifier: one label per text or per text pair, on top of a contextual encoder (SequenceTask holds
+what it shares with ctxrep.tasks.regressor.SequenceRegressor: texts or pairs, records, batches, the pooling head,
+`rank` as a cross-encoder).
 
 Heads (over the units of a text: pieces when fine-tuning, words on frozen features):
   cls     the classification token when fine-tuning; the final forward and backward states (forward at the last
@@ -30,7 +32,16 @@ class Example:
 
     input: EncoderInput | None = None
     features: np.ndarray | None = None
-    label: int = IGNORE
+    label: int | float = IGNORE  # a class index (classifier) or a standardised score (regressor)
+
+
+@dataclass
+class Ranking:
+    """What `rank` returns: each candidate's score (in the candidates' order) and the candidate indices, best
+    first."""
+
+    scores: np.ndarray  # (n_candidates,) float
+    order: np.ndarray  # (n_candidates,) or (top_k,) int indices into the candidates
 
 
 class PoolingHead(nn.Module):
@@ -67,7 +78,133 @@ class PoolingHead(nn.Module):
         return self.linear(pooled)  # (batch, classes)
 
 
-class SequenceClassifier(TaskEstimator):
+class SequenceTask(TaskEstimator):
+    """What the sequence estimators share: X is a list of texts or of (text_a, text_b) pairs, each split on
+    whitespace into words; one target per example, read from the pooled units of the text (PoolingHead).
+    SequenceClassifier and SequenceRegressor add their targets, head outputs and loss."""
+
+    # ---- data -------------------------------------------------------------------------------------
+
+    def _check_params(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        if self.mode == "frozen" and self.frozen_head == "linear" and self.pooling == "cls":
+            raise ValueError(
+                "pooling='cls' on frozen features needs the BiLSTM's final states: use frozen_head='bilstm', "
+                "or pooling='mean' / 'concat'"
+            )
+
+    @staticmethod
+    def _is_pair(x) -> bool:
+        return isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, str) for t in x)
+
+    def _check_X(self, X) -> list[tuple[list[str], list[str] | None]]:
+        """(words of text_a, words of text_b or None) per example."""
+        if isinstance(X, str):
+            raise TypeError("X must be a list of texts (or of (text_a, text_b) pairs), got a single string")
+        X = list(X)
+        pair_flags = [self._is_pair(x) for x in X]
+        for i, x in enumerate(X):
+            if not pair_flags[i] and not isinstance(x, str):
+                raise TypeError(f"example {i}: expected a string or a (text_a, text_b) pair, got {type(x).__name__}")
+        if X and any(pair_flags) and not all(pair_flags):
+            first_single = pair_flags.index(False)
+            raise ValueError(
+                f"X mixes single texts and pairs (example {first_single} is a single text, example "
+                f"{pair_flags.index(True)} a pair); give all single texts or all (text_a, text_b) pairs"
+            )
+        pairs = bool(X) and all(pair_flags)
+        if hasattr(self, "pairs_") and X and pairs != self.pairs_:
+            trained, given = ("sentence pairs", "single texts") if self.pairs_ else ("single texts", "sentence pairs")
+            raise ValueError(
+                f"this {type(self).__name__} was trained on {trained} but X holds {given}; give X in the same form as at fit"
+            )
+
+        def words(text: str, i: int, which: str) -> list[str]:
+            w = text.split()
+            if not w:
+                raise ValueError(f"example {i}: {which} is empty; every text needs at least one word")
+            return w
+
+        if pairs:
+            return [(words(a, i, "text_a"), words(b, i, "text_b")) for i, (a, b) in enumerate(X)]
+        return [(words(t, i, "the text"), None) for i, t in enumerate(X)]
+
+    def _check_X_y(self, X, y, fitting: bool):
+        if fitting and hasattr(self, "pairs_") and not self.warm_start:
+            del self.pairs_  # a new fit may switch between single texts and pairs
+        X = self._check_X(X)
+        if fitting:
+            self.pairs_ = bool(X) and X[0][1] is not None
+        y = list(y)
+        if len(y) != len(X):
+            raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; give one label per example")
+        return X, y
+
+    def _examples(self, X, y, call: Call) -> list[Example]:
+        labels = self._encode_labels(y) if y is not None else [IGNORE] * len(X)
+        pairs = bool(X) and X[0][1] is not None
+        if self.mode == "frozen":
+            store = call.features([a for a, _ in X], [b for _, b in X] if pairs else None)
+            return [Example(features=store[i], label=self._target(labels[i])) for i in range(len(X))]
+        plan = WindowPlan(call.tokenizer, call.max_length)
+        pieces_a = call.tokenizer.encode_words([a for a, _ in X])
+        pieces_b = call.tokenizer.encode_words([b for _, b in X]) if pairs else [None] * len(X)
+        return [
+            Example(plan.truncated(i, a, b), label=self._target(labels[i]))
+            for i, (a, b) in enumerate(zip(pieces_a, pieces_b))
+        ]
+
+    def _collate(self, examples: list[Example], call: Call) -> dict[str, torch.Tensor]:
+        if self.mode == "frozen":
+            batch = pad_features([e.features for e in examples])
+        else:
+            batch = collate([e.input for e in examples], call.tokenizer)
+            if not self._word_level:  # ELMo has no classification token: the head uses its final states
+                batch["cls_position"] = torch.tensor([e.input.cls_position for e in examples])
+        batch["labels"] = torch.tensor([e.label for e in examples])
+        return batch
+
+    def _state_to_json(self) -> dict:
+        return super()._state_to_json() | {"pairs": self.pairs_}
+
+    def _state_from_json(self, state: dict) -> None:
+        super()._state_from_json(state)
+        self.pairs_ = state["pairs"]
+
+    def _target(self, value):
+        """One encoded target as a Python number (an int class index, or a float score)."""
+        return value.item() if hasattr(value, "item") else value
+
+    # ---- ranking (a cross-encoder) ----------------------------------------------------------------
+
+    def _pair_scores(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        raise NotImplementedError
+
+    def rank(self, query: str, candidates, top_k: int | None = None) -> Ranking:
+        """Use a model trained on (text_a, text_b) pairs as a cross-encoder reranker: score (query, candidate) for
+        every candidate (the regressor's prediction, or the classifier's probability of its last class, e.g. 1 /
+        "entailment" / "similar": see SequenceClassifier.rank) and order them, highest first. Returns
+        Ranking(scores in candidate order, order = candidate indices best first, top_k of them when given)."""
+        self._check_fitted()
+        if not self.pairs_:
+            raise ValueError(
+                f"rank scores (query, candidate) pairs, but this {type(self).__name__} was trained on single texts; "
+                "train it on (text_a, text_b) pairs to use it as a cross-encoder"
+            )
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a string, got {type(query).__name__}")
+        if isinstance(candidates, str):
+            raise TypeError("candidates must be a list of strings, got a single string")
+        candidates = list(candidates)
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+        scores = self._pair_scores([(query, c) for c in candidates]) if candidates else np.zeros(0, np.float32)
+        order = np.argsort(-scores, kind="stable")  # ties keep the candidates' order
+        return Ranking(scores, order[:top_k] if top_k is not None else order)
+
+
+class SequenceClassifier(SequenceTask):
     """Classify texts (X: list of strings) or text pairs (X: list of (text_a, text_b)); texts are split on
     whitespace into words. Fine-tuning truncates a text (the longer of a pair first) to max_length pieces.
 
@@ -139,65 +276,10 @@ class SequenceClassifier(TaskEstimator):
         self.device = device
         self.bf16 = bf16
 
-    # ---- data -------------------------------------------------------------------------------------
-
-    def _check_params(self) -> None:
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-        if self.mode == "frozen" and self.frozen_head == "linear" and self.pooling == "cls":
-            raise ValueError(
-                "pooling='cls' on frozen features needs the BiLSTM's final states: use frozen_head='bilstm', "
-                "or pooling='mean' / 'concat'"
-            )
-
-    @staticmethod
-    def _is_pair(x) -> bool:
-        return isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, str) for t in x)
-
-    def _check_X(self, X) -> list[tuple[list[str], list[str] | None]]:
-        """(words of text_a, words of text_b or None) per example."""
-        if isinstance(X, str):
-            raise TypeError("X must be a list of texts (or of (text_a, text_b) pairs), got a single string")
-        X = list(X)
-        pair_flags = [self._is_pair(x) for x in X]
-        for i, x in enumerate(X):
-            if not pair_flags[i] and not isinstance(x, str):
-                raise TypeError(f"example {i}: expected a string or a (text_a, text_b) pair, got {type(x).__name__}")
-        if X and any(pair_flags) and not all(pair_flags):
-            first_single = pair_flags.index(False)
-            raise ValueError(
-                f"X mixes single texts and pairs (example {first_single} is a single text, example "
-                f"{pair_flags.index(True)} a pair); give all single texts or all (text_a, text_b) pairs"
-            )
-        pairs = bool(X) and all(pair_flags)
-        if hasattr(self, "pairs_") and X and pairs != self.pairs_:
-            trained, given = ("sentence pairs", "single texts") if self.pairs_ else ("single texts", "sentence pairs")
-            raise ValueError(
-                f"this classifier was trained on {trained} but X holds {given}; give X in the same form as at fit"
-            )
-
-        def words(text: str, i: int, which: str) -> list[str]:
-            w = text.split()
-            if not w:
-                raise ValueError(f"example {i}: {which} is empty; every text needs at least one word")
-            return w
-
-        if pairs:
-            return [(words(a, i, "text_a"), words(b, i, "text_b")) for i, (a, b) in enumerate(X)]
-        return [(words(t, i, "the text"), None) for i, t in enumerate(X)]
-
-    def _check_X_y(self, X, y, fitting: bool):
-        if fitting and hasattr(self, "pairs_") and not self.warm_start:
-            del self.pairs_  # a new fit may switch between single texts and pairs
-        X = self._check_X(X)
-        if fitting:
-            self.pairs_ = bool(X) and X[0][1] is not None
-        y = list(y)
-        if len(y) != len(X):
-            raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; give one label per example")
-        return X, y
+    # ---- targets ----------------------------------------------------------------------------------
 
     def _learn_targets(self, y) -> None:
+        _refuse_continuous_labels(y)
         self.classes_ = np.unique(np.asarray(y))
 
     def _check_same_targets(self, y) -> None:
@@ -213,29 +295,6 @@ class SequenceClassifier(TaskEstimator):
             )
         return np.searchsorted(self.classes_, y)
 
-    def _examples(self, X, y, call: Call) -> list[Example]:
-        labels = self._encode_labels(y) if y is not None else [IGNORE] * len(X)
-        pairs = bool(X) and X[0][1] is not None
-        if self.mode == "frozen":
-            store = call.features([a for a, _ in X], [b for _, b in X] if pairs else None)
-            return [Example(features=store[i], label=int(labels[i])) for i in range(len(X))]
-        plan = WindowPlan(call.tokenizer, call.max_length)
-        pieces_a = call.tokenizer.encode_words([a for a, _ in X])
-        pieces_b = call.tokenizer.encode_words([b for _, b in X]) if pairs else [None] * len(X)
-        return [
-            Example(plan.truncated(i, a, b), label=int(labels[i])) for i, (a, b) in enumerate(zip(pieces_a, pieces_b))
-        ]
-
-    def _collate(self, examples: list[Example], call: Call) -> dict[str, torch.Tensor]:
-        if self.mode == "frozen":
-            batch = pad_features([e.features for e in examples])
-        else:
-            batch = collate([e.input for e in examples], call.tokenizer)
-            if not self._word_level:  # ELMo has no classification token: the head uses its final states
-                batch["cls_position"] = torch.tensor([e.input.cls_position for e in examples])
-        batch["labels"] = torch.tensor([e.label for e in examples])
-        return batch
-
     # ---- head -------------------------------------------------------------------------------------
 
     def _make_head(self, in_dim: int) -> nn.Module:
@@ -244,13 +303,6 @@ class SequenceClassifier(TaskEstimator):
 
     def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         return F.cross_entropy(logits, batch["labels"])
-
-    def _state_to_json(self) -> dict:
-        return super()._state_to_json() | {"pairs": self.pairs_}
-
-    def _state_from_json(self, state: dict) -> None:
-        super()._state_from_json(state)
-        self.pairs_ = state["pairs"]
 
     # ---- prediction -------------------------------------------------------------------------------
 
@@ -269,6 +321,15 @@ class SequenceClassifier(TaskEstimator):
             return self.classes_[:0]
         return self.classes_[torch.stack(outputs).argmax(dim=-1).numpy()]
 
+    def _pair_scores(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        """The probability of the last class (classes_[-1]: 1, True, "similar", ... as sorted) for each pair."""
+        return self.predict_proba(pairs)[:, -1].astype(np.float64)
+
+    def rank(self, query: str, candidates, top_k: int | None = None) -> Ranking:
+        """Rerank `candidates` for `query` by the probability of the last class, classes_[-1] (labels sort, so with
+        labels 0/1 or False/True that is the positive one); see SequenceTask.rank."""
+        return super().rank(query, candidates, top_k)
+
     def _score(self, X, y, predicted) -> float:
         """Accuracy."""
         y = np.asarray(y)
@@ -277,4 +338,29 @@ class SequenceClassifier(TaskEstimator):
         return float(np.mean(predicted == y)) if len(y) else 0.0
 
 
-__all__ = ["SequenceClassifier", "PoolingHead", "POOLINGS"]
+def _refuse_continuous_labels(y) -> None:
+    """Scores such as 0.0-5.0 similarity given to a classifier would silently become one class per distinct value:
+    numeric labels (or numeric strings) with a fractional value among at least 3 distinct ones stop here."""
+    values = []
+    for label in y:
+        if isinstance(label, (bool, np.bool_)):
+            return
+        if isinstance(label, str):
+            try:
+                label = float(label)
+            except ValueError:
+                return
+        elif not isinstance(label, (int, float, np.integer, np.floating)):
+            return
+        values.append(float(label))
+    distinct = set(values)
+    fractional = [v for v in distinct if np.isfinite(v) and not float(v).is_integer()]
+    if fractional and len(distinct) >= 3:
+        shown = ", ".join(f"{v:g}" for v in sorted(fractional)[:3])
+        raise ValueError(
+            f"the labels look like continuous scores ({len(distinct)} distinct values, e.g. {shown}): a classifier "
+            "would treat each value as its own class; use ctxrep.SequenceRegressor (ctxrep finetune --task regress)"
+        )
+
+
+__all__ = ["SequenceClassifier", "SequenceTask", "PoolingHead", "POOLINGS", "Ranking"]

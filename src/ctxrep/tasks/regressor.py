@@ -1,0 +1,230 @@
+"""SequenceRegressor: one real-valued score per text or per text pair (STS-B, SICK-R), on top of a contextual encoder.
+
+The texts, pairs, records, batches and pooling head are the classifier's (classifier.SequenceTask); the regressor
+adds its targets and loss:
+  targets   standardised at fit, z = (y - mean_y) / std_y (target_mean_, target_scale_), so that one learning rate
+            suits scores on any scale; predictions are mean_y + std_y * z_hat
+  head      the pooled vector -> one linear output z_hat
+  loss      mean squared error (z_hat - z)^2
+  score     R^2 = 1 - sum (y - y_hat)^2 / sum (y - mean(y))^2 (scikit-learn's RegressorMixin.score);
+            `evaluate` adds Pearson's r and Spearman's rho, the STS measures
+A model trained on pairs is a cross-encoder: `rank(query, candidates)` orders candidates by predicted score.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.tasks.classifier import PoolingHead, Ranking, SequenceTask
+
+
+class SequenceRegressor(SequenceTask):
+    """Predict a score for texts (X: list of strings) or text pairs (X: list of (text_a, text_b)); y: numbers.
+    Texts are split on whitespace into words; fine-tuning truncates a text (the longer of a pair first) to
+    max_length pieces.
+
+    pooling: "cls", "mean" or "concat" (see ctxrep.tasks.classifier).
+    Other parameters: see `ctxrep.tasks.base.TaskEstimator`.
+    """
+
+    _estimator_type = "regressor"
+
+    def __init__(
+        self,
+        model: str = "minilm",
+        mode: str = "finetune",
+        pooling: str = "cls",
+        max_epochs: int = 3,
+        batch_size: int = 32,
+        max_steps: int | None = None,
+        lr: float | None = None,
+        weight_decay: float = 0.01,
+        warmup_fraction: float = 0.1,
+        max_grad_norm: float = 1.0,
+        dropout: float = 0.1,
+        max_length: int | None = None,
+        frozen_head: str = "bilstm",
+        lstm_size: int = 256,
+        validation_fraction: float = 0.1,
+        early_stopping: bool = False,
+        n_iter_no_change: int = 2,
+        tol: float = 1e-4,
+        warm_start: bool = False,
+        discriminative_lr: bool = False,
+        discriminative_lr_factor: float = 2.6,
+        slanted_triangular: bool = False,
+        gradual_unfreezing: bool = False,
+        cache_dir: str | None = None,
+        random_state: int | None = None,
+        progress: bool = False,
+        quantize: str | None = None,
+        device: str = "cpu",
+        bf16: bool = False,
+    ) -> None:
+        self.model = model
+        self.mode = mode
+        self.pooling = pooling
+        self.max_epochs = max_epochs
+        self.batch_size = batch_size
+        self.max_steps = max_steps
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_fraction = warmup_fraction
+        self.max_grad_norm = max_grad_norm
+        self.dropout = dropout
+        self.max_length = max_length
+        self.frozen_head = frozen_head
+        self.lstm_size = lstm_size
+        self.validation_fraction = validation_fraction
+        self.early_stopping = early_stopping
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.warm_start = warm_start
+        self.discriminative_lr = discriminative_lr
+        self.discriminative_lr_factor = discriminative_lr_factor
+        self.slanted_triangular = slanted_triangular
+        self.gradual_unfreezing = gradual_unfreezing
+        self.cache_dir = cache_dir
+        self.random_state = random_state
+        self.progress = progress
+        self.quantize = quantize
+        self.device = device
+        self.bf16 = bf16
+
+    # ---- targets ----------------------------------------------------------------------------------
+
+    def _check_X_y(self, X, y, fitting: bool):
+        X, y = super()._check_X_y(X, y, fitting)
+        return X, _scores(y)
+
+    def _learn_targets(self, y) -> None:
+        y = np.asarray(y, dtype=np.float64)
+        self.target_mean_ = float(y.mean())
+        spread = float(y.std())
+        self.target_scale_ = spread if spread > 0 else 1.0  # every target equal: z = 0 for all
+
+    def _encode_labels(self, y) -> np.ndarray:
+        """z = (y - target_mean_) / target_scale_."""
+        return ((np.asarray(y, dtype=np.float64) - self.target_mean_) / self.target_scale_).astype(np.float32)
+
+    def _state_to_json(self) -> dict:
+        return super()._state_to_json() | {"target_mean": self.target_mean_, "target_scale": self.target_scale_}
+
+    def _state_from_json(self, state: dict) -> None:
+        super()._state_from_json(state)
+        self.target_mean_ = state["target_mean"]
+        self.target_scale_ = state["target_scale"]
+
+    # ---- head -------------------------------------------------------------------------------------
+
+    def _make_head(self, in_dim: int) -> nn.Module:
+        bidirectional = self.frozen_head == "bilstm" if self.mode == "frozen" else self._word_level
+        return PoolingHead(in_dim, 1, self.pooling, bidirectional)
+
+    def _head_loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.mse_loss(outputs.squeeze(-1).float(), batch["labels"].float())
+
+    # ---- prediction -------------------------------------------------------------------------------
+
+    def _decode(self, X, examples, outputs) -> np.ndarray:
+        if not outputs:
+            return np.zeros(0, dtype=np.float64)
+        z = torch.stack(outputs).reshape(-1).double().numpy()
+        return self.target_mean_ + self.target_scale_ * z
+
+    def _score(self, X, y, predicted) -> float:
+        """R^2, the coefficient of determination (scikit-learn's RegressorMixin.score)."""
+        return r2_score(np.asarray(y, dtype=np.float64), predicted)
+
+    def evaluate(self, X, y) -> dict:
+        """{"pearson", "spearman", "r2", "mse", "n"} of the predictions for X against y."""
+        self._check_fitted()
+        X, y = self._check_X_y(X, y, fitting=False)
+        predicted = self._predict_checked(X) if X else np.zeros(0)
+        return regression_report(np.asarray(y, dtype=np.float64), predicted)
+
+    def _pair_scores(self, pairs: list[tuple[str, str]]) -> np.ndarray:
+        return np.asarray(self.predict(pairs), dtype=np.float64)
+
+    def rank(self, query: str, candidates, top_k: int | None = None) -> Ranking:
+        """Rerank `candidates` for `query` by predicted score, highest first (see SequenceTask.rank)."""
+        return super().rank(query, candidates, top_k)
+
+
+def _scores(y) -> list[float]:
+    """y as floats; a value that is not a finite number names its example."""
+    out = []
+    for i, value in enumerate(y):
+        if isinstance(value, (bool, np.bool_)):
+            raise ValueError(f"example {i}: the target {value!r} is a bool; a regressor needs numbers (scores)")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"example {i}: the target {value!r} is not a number; a regressor needs a score per example (for "
+                "class labels use SequenceClassifier)"
+            ) from None
+        if not np.isfinite(number):
+            raise ValueError(f"example {i}: the target is {number}; give a finite score")
+        out.append(number)
+    return out
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Pearson's r = cov(x, y) / (std(x) std(y)); 0.0 when either is constant."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    dx, dy = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((dx * dx).sum() * (dy * dy).sum())
+    return float((dx * dy).sum() / denominator) if denominator > 0 else 0.0
+
+
+def rankdata(x: np.ndarray) -> np.ndarray:
+    """1-based ranks with ties given their average rank (scipy.stats.rankdata's "average")."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    sorted_x = x[order]
+    starts = np.concatenate([[True], sorted_x[1:] != sorted_x[:-1]])
+    group = np.cumsum(starts) - 1  # group id of each sorted position
+    first = np.flatnonzero(starts)
+    last = np.concatenate([first[1:], [len(x)]]) - 1
+    average = (first + last) / 2 + 1  # mean 1-based rank of each tie group
+    ranks = np.empty(len(x))
+    ranks[order] = average[group]
+    return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho: Pearson's r of the ranks (ties averaged)."""
+    return pearson(rankdata(x), rankdata(y)) if len(x) else 0.0
+
+
+def r2_score(y: np.ndarray, predicted: np.ndarray) -> float:
+    """1 - SS_res / SS_tot; with constant y, 1.0 for a perfect prediction and 0.0 otherwise (as scikit-learn)."""
+    y, predicted = np.asarray(y, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    if len(y) != len(predicted):
+        raise ValueError(f"X has {len(predicted)} examples but y has {len(y)} scores")
+    if not len(y):
+        return 0.0
+    residual = float(((y - predicted) ** 2).sum())
+    total = float(((y - y.mean()) ** 2).sum())
+    if total == 0:
+        return 1.0 if residual == 0 else 0.0
+    return 1.0 - residual / total
+
+
+def regression_report(y: np.ndarray, predicted: np.ndarray) -> dict:
+    """Pearson, Spearman, R^2 and mean squared error of `predicted` against `y`."""
+    y, predicted = np.asarray(y, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    return {
+        "pearson": pearson(predicted, y),
+        "spearman": spearman(predicted, y),
+        "r2": r2_score(y, predicted),
+        "mse": float(((y - predicted) ** 2).mean()) if len(y) else 0.0,
+        "n": int(len(y)),
+    }
+
+
+__all__ = ["SequenceRegressor", "pearson", "spearman", "rankdata", "r2_score", "regression_report"]
