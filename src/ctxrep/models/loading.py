@@ -23,6 +23,7 @@ import torch
 
 from ctxrep.models.albert import AlbertModel
 from ctxrep.models.bert import BertModel
+from ctxrep.models.deberta_v2 import DebertaV2Model
 from ctxrep.models.elmo import OPTIONS_FILE, WEIGHTS_FILE, ElmoBiLM
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, read_config
@@ -41,6 +42,7 @@ FAMILIES: dict[str, type[Encoder]] = {
     "bert": BertModel,
     "roberta": BertModel,
     "electra": BertModel,
+    "deberta-v2": DebertaV2Model,  # DeBERTa-v2 and v3 (disentangled attention)
     "gpt2": GPT2Model,
     "xlnet": XLNetModel,
     "albert": AlbertModel,
