@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import ctxrep.cli.embed as embed_module
+import ctxrep.embed_corpus as embed_module
 from ctxrep import Featurizer
 from ctxrep.cli import main
 from ctxrep.cli.embed import load_shards
@@ -97,7 +97,7 @@ def test_interrupted_embed_resumes_after_the_last_complete_shard(tmp_path, monke
     full = tmp_path / "full"
     assert run(["embed", "--input", str(src), "--out", str(full), "--shard-size", "2"]).exit_code == 0
 
-    real_write = embed_module._write_shard
+    real_write = embed_module.write_shard
     calls = []
 
     def write_then_crash(*args, **kwargs):
@@ -107,11 +107,11 @@ def test_interrupted_embed_resumes_after_the_last_complete_shard(tmp_path, monke
         return real_write(*args, **kwargs)
 
     part = tmp_path / "part"
-    monkeypatch.setattr(embed_module, "_write_shard", write_then_crash)
+    monkeypatch.setattr(embed_module, "write_shard", write_then_crash)
     result = run(["embed", "--input", str(src), "--out", str(part), "--shard-size", "2"])
     assert result.exit_code != 0
     assert not json.loads((part / "manifest.json").read_text())["complete"]
-    monkeypatch.setattr(embed_module, "_write_shard", real_write)
+    monkeypatch.setattr(embed_module, "write_shard", real_write)
 
     embedded = []
     real_embed = Featurizer.embed_words

@@ -137,7 +137,7 @@ def test_an_empty_input_is_a_warning_not_a_silent_success(tmp_path, model, conte
         (b"id,text\n1,a b\n2\n", ["--format", "csv"], "in.csv:3: 1 field(s), but the text column 'text' is field 2"),
         (b"id,text\n1,a b\n2,  \n", ["--format", "csv"], "in.csv:3: empty text in column 'text'"),
         (b"id,text\n1,a b\n\n", ["--format", "csv"], "in.csv:3: empty line"),
-        (b"a b\n", ["--text-column", "body"], "--text-column applies to --format jsonl, csv or tsv, not text"),
+        (b"a b\n", ["--text-column", "body"], "--text-column applies to --format jsonl, csv, tsv or parquet, not text"),
         (b'{"body": "a"}\n', ["--format", "jsonl"], "in.csv:1: no 'text' field; choose the field with --text-column"),
     ],
 )

@@ -49,7 +49,7 @@ def test_word_vectors_per_text_match_the_shards_and_are_mapped(tmp_path, tiny_mo
     assert len(idx) == len(index)
     assert idx.line.tolist() == [r["line"] for r in index] and idx.word.tolist() == [r["word"] for r in index]
     assert idx.text.tolist() == [r["text"] for r in index] and idx.token == [r["token"] for r in index]
-    np.testing.assert_array_equal(vectors.array(), all_rows)
+    np.testing.assert_array_equal(vectors.array, all_rows)
 
 
 def test_sentence_vectors_of_all_layers(tmp_path, tiny_models):

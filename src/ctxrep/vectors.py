@@ -3,14 +3,17 @@
     vectors = load_vectors("out/")
     len(vectors)            # texts
     vectors[0]              # (words, dim) or (words, layers, dim) for word level; (dim,) or (layers, dim) for sentences
+    vectors.row_shape       # the shape of one row: (dim,) or (layers, dim)
     vectors.words(0)        # the words of text 0, as embedded (word level)
     vectors.line(0)         # the 1-based input line where text 0 starts
     vectors.index()         # every row: text, line, word, token (numpy arrays)
+    vectors.array           # every row in one in-memory array (reads all shards)
     for array in vectors: ...
 
 Each shard is mapped, not read: .npy shards with np.load(mmap_mode="r"); .safetensors shards by mapping the
 tensor's bytes at the offset its header gives (safetensors' own layout: an 8-byte little-endian header length, a
 JSON header, then the raw data), so that both storages give the same np.memmap and a text costs only its rows.
+A folder of Parquet files written by `ctxrep embed --engine ray --storage parquet` is read too (`ctxrep.ray_embed`).
 """
 
 from __future__ import annotations
@@ -86,9 +89,12 @@ class Vectors:
                 f"{len(shards)} complete shards); run the same command again to finish it",
                 stacklevel=3,
             )
+        self.row_shape: tuple[int, ...] = tuple(manifest.get("row_shape") or [self.dim])
         self._shards: list[_Shard] = []
         first = 0
         for s in shards:
+            if int(s.get("first_text", first)) != first:  # an unfinished run of several workers: a shard missing
+                break  # before this one; only the texts before the gap are readable
             shard = _Shard(self.path / s["file"], self.path / s["index"], first, int(s["texts"]), int(s["rows"]))
             for f in (shard.file, shard.index_file):
                 if not f.is_file():
@@ -110,7 +116,12 @@ class Vectors:
         return sum(s.rows for s in self._shards)
 
     def __repr__(self) -> str:
-        return f"Vectors({str(self.path)!r}, texts={len(self)}, rows={self.num_rows}, level={self.level!r}, dim={self.dim})"
+        shape = "x".join(map(str, self.row_shape))
+        model = self.settings.get("model")
+        return (
+            f"Vectors({str(self.path)!r}, model={model!r}, texts={len(self)}, rows={self.num_rows}, "
+            f"level={self.level!r}, row_shape={shape})"
+        )
 
     # ---- access -----------------------------------------------------------------------------------------
 
@@ -152,10 +163,12 @@ class Vectors:
             [t for p in parts for t in p.token],
         )
 
+    @property
     def array(self) -> np.ndarray:
-        """All rows in one in-memory array (rows, ...) in index order: reads every shard."""
+        """Every row in one in-memory array, (rows, *row_shape), in index order. Reads every shard on each access:
+        keep the result (`a = vectors.array`) rather than reading it in a loop."""
         if not self._shards:
-            return np.zeros((0, self.dim), np.float32)
+            return np.zeros((0, *self.row_shape), np.float32)
         return np.concatenate([np.asarray(self._vectors(s)) for s in self._shards])
 
     # ---- internals --------------------------------------------------------------------------------------
@@ -173,9 +186,11 @@ class Vectors:
     def _vectors(self, shard: _Shard) -> np.ndarray:
         if shard._vectors is None:
             array = _map_npy(shard.file) if shard.file.suffix == ".npy" else _map_safetensors(shard.file)
-            if len(array) != shard.rows or array.shape[-1] != self.dim:
+            if "row_shape" not in self.manifest and len(array):  # written before manifests kept the row shape
+                self.row_shape = tuple(array.shape[1:])
+            if len(array) != shard.rows or tuple(array.shape[1:]) != self.row_shape:
                 raise VectorsError(
-                    f"{shard.file}: {array.shape} does not match the manifest ({shard.rows} rows of width {self.dim}); "
+                    f"{shard.file}: {array.shape} does not match the manifest ({shard.rows} rows of {self.row_shape}); "
                     "the folder was changed after ctxrep embed wrote it: run it again into an empty folder"
                 )
             shard._vectors = array
@@ -251,5 +266,21 @@ def _read_index(file: Path, rows: int) -> VectorIndex:
 
 
 def load_vectors(path: str | Path) -> Vectors:
-    """Open the output folder of `ctxrep embed` (memory-mapped); see the module docstring."""
+    """Open the output folder of `ctxrep embed` (its --out): a `Vectors` with one array per input text, mapped from
+    the shards (nothing is read until used).
+
+        vectors = ctxrep.load_vectors("out/")
+        len(vectors)         # number of texts
+        vectors[i]           # text i: (words, dim) or (words, layers, dim) at word level;
+                             #         (dim,) or (layers, dim) at sentence level; a read-only np.memmap view
+        vectors.row_shape    # one row's shape: (dim,) or (layers, dim) with --layers all / a list
+        vectors.words(i)     # text i's words (word level), one per row of vectors[i]
+        vectors.line(i)      # the 1-based input line (or Parquet row) of text i
+        vectors.index()      # every row's text, line, word position and word, as arrays
+        vectors.array        # every row in one in-memory array (reads all shards)
+        vectors.settings     # what the run asked for (model as typed, layers, pooling, input)
+
+    Raises VectorsError (a ValueError) for a folder that is not `ctxrep embed` output; warns for an unfinished run
+    (run the same command again to finish it).
+    """
     return Vectors(path)
