@@ -3,7 +3,16 @@
 `import ctxrep` is cheap: torch and tokenizers are imported on first use of these names.
 """
 
-__all__ = ["load_model", "load_encoder", "load_vectors", "Featurizer", "ScalarMix", "SequenceRegressor"]
+__all__ = [
+    "load_model",
+    "load_encoder",
+    "load_vectors",
+    "Featurizer",
+    "ScalarMix",
+    "SequenceRegressor",
+    "similarity",
+    "SentenceIndex",
+]
 __version__ = "0.1.0"
 
 
@@ -32,4 +41,12 @@ def __getattr__(name: str):
         from ctxrep.tasks.regressor import SequenceRegressor
 
         return SequenceRegressor
+    if name == "similarity":
+        from ctxrep.sentence_similarity import similarity
+
+        return similarity
+    if name == "SentenceIndex":
+        from ctxrep.sentence_index import SentenceIndex
+
+        return SentenceIndex
     raise AttributeError(f"module 'ctxrep' has no attribute {name!r}")

@@ -37,6 +37,7 @@ from ctxrep.models.encoder import Encoder
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import TokenPooler, read_sentence_pooling
 from ctxrep.modules.scalar_mix import ScalarMix
+from ctxrep.sentence_similarity import normalize_rows
 
 POOLINGS = ("first", "last", "mean", "first_last")
 SENTENCE_POOLINGS = ("mean", "cls", "model")
@@ -73,6 +74,8 @@ class Featurizer:
         once a call's work is large enough to pay for the compilation, `fast.worth_compiling`; stay eager before).
     quantize: None (float) or "int8": linear layers in int8 (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated
         on `fast.CALIBRATION_TEXTS`); every Transformer family, CPU only.
+    normalize: embed_sentences returns unit-length vectors, v / max(||v||, 1e-12) per layer (so that a dot product is
+        the cosine, as sentence-transformers' normalize_embeddings); word vectors are left as they are.
     The model's device and dtype are used as they are: move `featurizer.model` to "cuda" or bfloat16, or call
     inside `torch.autocast`; vectors come back as float32 numpy arrays.
     """
@@ -90,6 +93,7 @@ class Featurizer:
         progress: bool = False,
         compile: bool | str = "auto",
         quantize: str | None = None,
+        normalize: bool = False,
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -115,6 +119,7 @@ class Featurizer:
             )
         self.compile = compile
         self.quantize = quantize
+        self.normalize = bool(normalize)  # embed_sentences: unit-length vectors (cosine = dot product)
         if self.model.word_level and sentence_pooling == "cls":
             raise ValueError(f"{self.model.family} has no classification token: use sentence_pooling='mean'")
         self.pooling = pooling
@@ -342,7 +347,8 @@ class Featurizer:
         one window, the average over its windows).
         """
         if self.sentence_pooling == "model":
-            return self._embed_sentences_model(texts, text_pairs)
+            out = self._embed_sentences_model(texts, text_pairs)
+            return normalize_rows(out) if self.normalize else out
         windows, counts = self._windows(texts, text_pairs)
         if self.sentence_pooling == "cls":
             _, cls = self._run(windows, counts, want_words=False, want_cls=True)
@@ -350,6 +356,7 @@ class Featurizer:
         else:
             words, _ = self._run(windows, counts, want_words=True, want_cls=False)
             out = np.stack([w.mean(axis=0) for w in words]) if words else np.zeros((0, 1, self.dim), np.float32)
+        out = normalize_rows(out) if self.normalize else out  # (texts, layers, dim): each layer's vector
         return out[:, 0] if self.single_layer else out
 
     def _embed_sentences_model(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None) -> np.ndarray:

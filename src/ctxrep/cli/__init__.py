@@ -17,6 +17,7 @@ def _register() -> None:
     from ctxrep.cli.embed import embed
     from ctxrep.cli.export import export
     from ctxrep.cli.finetune import finetune
+    from ctxrep.cli.index import COMMANDS as INDEX
     from ctxrep.cli.info import info
     from ctxrep.cli.mt import mt
     from ctxrep.cli.plot_run import plot_run
@@ -25,6 +26,8 @@ def _register() -> None:
     from ctxrep.cli.tokenizer import tokenizer
 
     for command in (embed, demo, info, finetune, pretrain, distill, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
+        main.add_command(command)
+    for command in INDEX:  # index build, search
         main.add_command(command)
 
 

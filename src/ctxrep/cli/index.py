@@ -1,0 +1,110 @@
+"""`ctxrep index build` and `ctxrep search`: a sentence index (ctxrep.SentenceIndex) from the command line.
+
+ctxrep index build --input faq.txt --out ix/                       # one text per line; ids = line numbers
+ctxrep index build --input faq.csv --text-column question --id-column qid --out ix/
+ctxrep index build --vectors vecs/ --input faq.txt --out ix/        # `ctxrep embed --level sentence` output
+ctxrep search --index ix/ --query "how do I reset my password" -k 10
+ctxrep search --index ix/ --queries questions.txt -k 5 --out hits.tsv
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ctxrep.cli.common import user_errors
+
+
+@click.group("index")
+def index() -> None:
+    """Build a sentence index for `ctxrep search`."""
+
+
+@index.command("build")
+@click.option("--input", "input_path", default=None, help="Texts: one per line, or CSV/TSV/JSONL with --text-column.")
+@click.option("--vectors", "vectors_dir", default=None, help="A `ctxrep embed --level sentence` folder: no embedding.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index folder to write.")
+@click.option("--model", default="minilm", show_default=True, help="Model name or folder (not with --vectors).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "csv", "tsv", "jsonl"]),
+    default=None,
+    help="Input format [default: from the file name; text otherwise].",
+)
+@click.option("--text-column", default="text", show_default=True, help="CSV/TSV/JSONL column holding the text.")
+@click.option("--id-column", default=None, help="CSV/TSV/JSONL column holding each text's id [default: line number].")
+@click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list or 'mix'.")
+@click.option(
+    "--sentence-pooling",
+    type=click.Choice(["mean", "cls", "model"]),
+    default="mean",
+    show_default=True,
+    help="Mean of words, the classification token, or a sentence-transformers folder's own pooling.",
+)
+@click.option("--metric", type=click.Choice(["cosine", "dot"]), default="cosine", show_default=True)
+@click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
+@user_errors
+def build(
+    input_path, vectors_dir, out_dir, model, fmt, text_column, id_column, layers, sentence_pooling, metric, device
+) -> None:
+    """Embed the texts of INPUT (or take the vectors of an embed run) and write a searchable index to OUT."""
+    from ctxrep.sentence_index import SentenceIndex, read_texts
+
+    if input_path is None and vectors_dir is None:
+        raise ValueError("give --input (texts to embed) or --vectors (a `ctxrep embed --level sentence` folder)")
+    items = read_texts(input_path, fmt, text_column, id_column) if input_path is not None else None
+    if vectors_dir is not None:
+        ids, texts = (items.ids, items.texts) if items is not None else (None, None)
+        ix = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric)
+    else:
+        from ctxrep.featurize import Featurizer
+        from ctxrep.sentence_index import parse_layers
+
+        kwargs = {"device": device} if device else {}
+        fz = Featurizer(model, layers=parse_layers(layers), sentence_pooling=sentence_pooling, progress=True, **kwargs)
+        ix = SentenceIndex.build(items.texts, ids=items.ids, featurizer=fz, metric=metric)
+    ix.save(out_dir)
+    click.echo(f"indexed {len(ix)} texts ({ix.dim} wide, {metric}) in {out_dir}")
+
+
+@click.command("search")
+@click.option("--index", "index_dir", required=True, help="A folder written by `ctxrep index build`.")
+@click.option("--query", "queries", multiple=True, help="A query text (repeatable).")
+@click.option("--queries", "queries_file", default=None, help="A file of queries, one per line.")
+@click.option("-k", "k", default=10, show_default=True, help="Neighbours per query.")
+@click.option("--out", "out_path", default=None, help="Write the hits as TSV here instead of standard output.")
+@click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
+@user_errors
+def search(index_dir, queries, queries_file, k, out_path, device) -> None:
+    """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV)."""
+    from ctxrep.sentence_index import SentenceIndex, read_texts
+
+    queries = list(queries)
+    if queries_file is not None:
+        queries += read_texts(queries_file, "text", "text", None).texts
+    if not queries:
+        raise ValueError("give --query TEXT or --queries FILE")
+    if k < 1:
+        raise ValueError(f"-k must be at least 1, got {k}")
+    ix = SentenceIndex.load(index_dir)
+    if device and ix.featurizer_settings:
+        ix.featurizer_settings = {**ix.featurizer_settings, "device": device}
+    hits = ix.search(queries, k=k)
+    out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout
+    try:
+        out.write("query\trank\tscore\tid\ttext\n")
+        for q, h in enumerate(hits, start=1):
+            for rank, (i, text, score) in enumerate(h, start=1):
+                shown = "" if text is None else text.replace("\t", " ").replace("\n", " ")
+                out.write(f"{q}\t{rank}\t{score:.4f}\t{i}\t{shown}\n")
+    finally:
+        if out_path:
+            out.close()
+    if out_path:
+        click.echo(f"wrote {sum(len(h) for h in hits)} hits for {len(queries)} queries to {Path(out_path)}")
+
+
+COMMANDS = (index, search)

@@ -1,0 +1,534 @@
+"""A nearest-neighbour index of sentence vectors: build, add, search the k nearest, save, load.
+
+    index = ctxrep.SentenceIndex.build(texts, model="minilm")           # embeds the texts (ctxrep.Featurizer)
+    index.add(more_texts)
+    hits = index.search("How do I reset my password?", k=5)          # one Hits: ids, texts, scores, best first
+    index.save("ix/");  index = ctxrep.SentenceIndex.load("ix/")
+    index = ctxrep.SentenceIndex.from_vectors("vecs/")                # `ctxrep embed --level sentence` output
+
+Scores are cosine similarities (metric="cosine": vectors are stored L2-normalised and compared by dot product) or
+raw dot products (metric="dot"). Up to `exact_below` items the search is exact: one matrix product over all stored
+vectors. Above it, an HNSW graph (hnswlib, Malkov & Yashunin 2018) answers in about log(n) distance computations,
+approximately; `exact=True` on `search` asks for the exact answer at any size.
+
+On disk (no pickle: every file is plain numpy, JSON or hnswlib's own format):
+    index.json     metric, dim, count, the featurizer settings that embed queries (model, layers, pooling,
+                   sentence_pooling), hnswlib's parameters
+    vectors.npy    (count, dim) float32, as searched (normalised for cosine)
+    items.jsonl    one {"id": ..., "text": ...} per line, in row order (text null when unknown)
+    hnsw.bin       hnswlib's graph (only above exact_below)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ctxrep.sentence_similarity import METRICS, normalize_rows
+
+__all__ = ["SentenceIndex", "Hits", "SentenceIndexError"]
+
+FORMAT_VERSION = 1
+EXACT_BELOW = 20_000  # items up to which search is one exact matrix product (about 30 MB of float32 at 384 wide)
+
+
+class SentenceIndexError(ValueError):
+    """A folder that is not a readable sentence index, or a request it cannot answer (one line, says what to do)."""
+
+
+@dataclass
+class Hits:
+    """The k nearest items of one query, best first."""
+
+    ids: list
+    texts: list[str | None]
+    scores: np.ndarray  # (k,) float32, cosine or dot product
+    rows: np.ndarray  # (k,) int64 row numbers in the index
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __iter__(self):
+        return iter(zip(self.ids, self.texts, self.scores.tolist()))
+
+
+class SentenceIndex:
+    """Sentence vectors with their ids and texts, searchable by cosine or dot product; see the module docstring.
+
+    dim: vector width. metric: "cosine" or "dot". featurizer_settings: how queries given as text are embedded
+    (keyword arguments of ctxrep.Featurizer: model, layers, pooling, sentence_pooling); None for an index of bare
+    vectors, which then takes only vector queries. exact_below: the size up to which search is exact.
+    hnsw_m / hnsw_ef_construction / hnsw_ef: hnswlib's M, ef_construction and the search-time ef (at least k).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        metric: str = "cosine",
+        featurizer_settings: dict | None = None,
+        exact_below: int = EXACT_BELOW,
+        hnsw_m: int = 32,
+        hnsw_ef_construction: int = 200,
+        hnsw_ef: int = 100,
+    ) -> None:
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        self.dim = int(dim)
+        self.metric = metric
+        self.featurizer_settings = dict(featurizer_settings) if featurizer_settings else None
+        self.exact_below = exact_below
+        self.hnsw_m, self.hnsw_ef_construction, self.hnsw_ef = hnsw_m, hnsw_ef_construction, hnsw_ef
+        self._chunks: list[np.ndarray] = []  # float32 (rows, dim) blocks, concatenated on demand
+        self._vectors = np.zeros((0, self.dim), np.float32)
+        self.ids: list = []
+        self.texts: list[str | None] = []
+        self._id_set: set = set()
+        self._hnsw = None  # hnswlib.Index over the first `_hnsw_rows` rows
+        self._hnsw_rows = 0
+        self._featurizer = None
+
+    # ---- building ------------------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls,
+        texts: Sequence[str],
+        ids: Sequence | None = None,
+        featurizer=None,
+        model: str = "minilm",
+        metric: str = "cosine",
+        **kwargs,
+    ) -> SentenceIndex:
+        """Embed `texts` with `featurizer` (a ctxrep.Featurizer) or Featurizer(model) and index them; ids default to
+        0, 1, 2, ... (row numbers)."""
+        from ctxrep.featurize import Featurizer
+
+        fz = featurizer if featurizer is not None else Featurizer(model)
+        index = cls(fz.sentence_dim, metric, featurizer_settings=featurizer_settings_of(fz), **kwargs)
+        index._featurizer = fz
+        index.add(texts, ids=ids)
+        return index
+
+    @classmethod
+    def from_vectors(
+        cls,
+        vectors,
+        ids: Sequence | None = None,
+        texts: Sequence[str | None] | None = None,
+        metric: str = "cosine",
+        featurizer_settings: dict | None = None,
+        **kwargs,
+    ) -> SentenceIndex:
+        """An index over given vectors: an (n, dim) array, or the folder of a `ctxrep embed --level sentence` run
+        (read memory-mapped; ids default to its input line numbers, and queries are embedded with its settings)."""
+        if isinstance(vectors, (str, os.PathLike)):
+            from ctxrep.vectors import load_vectors
+
+            stored = load_vectors(vectors)
+            if stored.level != "sentence":
+                raise SentenceIndexError(
+                    f"{vectors}: holds word vectors; a sentence index needs `ctxrep embed --level sentence` output"
+                )
+            s = stored.settings
+            if ids is None:
+                ids = stored.index().line.tolist()
+            if featurizer_settings is None and "model" in s:
+                featurizer_settings = _settings_from_embed(s)
+            vectors = stored.array  # every row, in one array (a method in older ctxrep versions)
+            vectors = vectors() if callable(vectors) else vectors
+        array = np.asarray(vectors, dtype=np.float32)
+        if array.ndim != 2:
+            raise SentenceIndexError(
+                f"vectors must be (n, dim), got shape {array.shape}; give one layer's sentence vectors"
+            )
+        index = cls(array.shape[1], metric, featurizer_settings=featurizer_settings, **kwargs)
+        index.add_vectors(array, ids=ids, texts=texts)
+        return index
+
+    def add(self, texts: Sequence[str], ids: Sequence | None = None) -> SentenceIndex:
+        """Embed `texts` with the index's featurizer and add them (ids: default the next row numbers)."""
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        vectors = self._embed(texts) if texts else np.zeros((0, self.dim), np.float32)
+        return self.add_vectors(vectors, ids=ids, texts=texts)
+
+    def add_vectors(self, vectors, ids: Sequence | None = None, texts: Sequence[str | None] | None = None):
+        """Add (n, dim) vectors with their ids (default: the next row numbers) and texts (default: none)."""
+        array = np.asarray(vectors, dtype=np.float32)
+        if array.ndim == 1:
+            array = array[None, :]
+        if array.ndim != 2 or array.shape[1] != self.dim:
+            raise SentenceIndexError(f"vectors of shape {array.shape} do not fit this index of {self.dim}-wide vectors")
+        n = len(array)
+        start = len(self)
+        ids = list(range(start, start + n)) if ids is None else list(ids)
+        texts = [None] * n if texts is None else list(texts)
+        if len(ids) != n or len(texts) != n:
+            raise SentenceIndexError(
+                f"{n} vectors but {len(ids)} ids and {len(texts)} texts; give one of each per vector"
+            )
+        for i in ids:
+            if not isinstance(i, (str, int, np.integer)) or isinstance(i, bool):
+                raise SentenceIndexError(
+                    f"id {i!r} is a {type(i).__name__}; ids are strings or integers (saved as JSON)"
+                )
+        ids = [int(i) if isinstance(i, np.integer) else i for i in ids]
+        seen = set()
+        for i in ids:
+            if i in self._id_set or i in seen:
+                raise SentenceIndexError(f"id {i!r} is already in the index; ids must be unique")
+            seen.add(i)
+        if not np.isfinite(array).all():
+            row = int(np.argwhere(~np.isfinite(array))[0, 0])
+            raise SentenceIndexError(f"vector {row} (id {ids[row]!r}) holds NaN or infinity")
+        if self.metric == "cosine":
+            array = normalize_rows(array)
+        self._chunks.append(np.ascontiguousarray(array))
+        self.ids.extend(ids)
+        self.texts.extend(texts)
+        self._id_set.update(ids)
+        return self
+
+    # ---- search ----------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def vectors(self) -> np.ndarray:
+        """(count, dim) float32: the stored vectors (unit length for cosine)."""
+        if self._chunks:
+            self._vectors = (
+                np.concatenate([self._vectors, *self._chunks])
+                if len(self._vectors)
+                else (np.concatenate(self._chunks) if len(self._chunks) > 1 else self._chunks[0])
+            )
+            self._chunks = []
+        return self._vectors
+
+    def search(self, queries, k: int = 10, exact: bool | None = None) -> Hits | list[Hits]:
+        """The k nearest items of each query (a text, a list of texts, a vector (dim,) or rows (n, dim)), best first:
+        one Hits for a single query, a list of Hits for several. exact: None = exact up to exact_below items."""
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 1)
+        if isinstance(queries, str) or (isinstance(queries, Sequence) and queries and isinstance(queries[0], str)):
+            q = self._embed([queries] if single else list(queries))
+        else:
+            q = np.asarray(queries, dtype=np.float32)
+            q = q[None, :] if q.ndim == 1 else q
+            if q.ndim != 2 or q.shape[1] != self.dim:
+                raise SentenceIndexError(
+                    f"query vectors of shape {q.shape} do not fit this index of {self.dim}-wide vectors"
+                )
+        if self.metric == "cosine":
+            q = normalize_rows(q)
+        k = min(int(k), len(self))
+        if k == 0:
+            empty = Hits([], [], np.zeros(0, np.float32), np.zeros(0, np.int64))
+            return empty if single else [empty for _ in range(len(q))]
+        use_exact = exact if exact is not None else len(self) <= self.exact_below
+        rows, scores = self._exact(q, k) if use_exact else self._approximate(q, k)
+        hits = [
+            Hits([self.ids[r] for r in rr], [self.texts[r] for r in rr], ss.astype(np.float32), rr.astype(np.int64))
+            for rr, ss in zip(rows, scores)
+        ]
+        return hits[0] if single else hits
+
+    def _exact(self, q: np.ndarray, k: int, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top k by one matrix product per block of queries: (queries, k) rows and scores, best first."""
+        vectors = self.vectors
+        rows_out, scores_out = [], []
+        for start in range(0, len(q), block):
+            s = q[start : start + block] @ vectors.T  # (block, count)
+            top = (
+                np.argpartition(-s, k - 1, axis=1)[:, :k]
+                if k < s.shape[1]
+                else np.tile(np.arange(s.shape[1]), (len(s), 1))
+            )
+            top_scores = np.take_along_axis(s, top, axis=1)
+            order = np.lexsort((top, -top_scores), axis=1)  # best score first; ties by row number
+            rows_out.append(np.take_along_axis(top, order, axis=1))
+            scores_out.append(np.take_along_axis(top_scores, order, axis=1))
+        return np.concatenate(rows_out), np.concatenate(scores_out)
+
+    def _approximate(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """HNSW search (hnswlib, inner-product space: score = dot product of the stored and query vectors)."""
+        graph = self._graph()
+        graph.set_ef(max(self.hnsw_ef, k))
+        labels, distances = graph.knn_query(q, k=k)  # hnswlib's "ip" distance is 1 - dot
+        return labels.astype(np.int64), (1.0 - distances).astype(np.float32)
+
+    def _graph(self):
+        """hnswlib's index over every stored row (rows added since it was built are inserted now)."""
+        try:
+            import hnswlib
+        except ImportError as e:
+            raise SentenceIndexError(
+                f"searching more than {self.exact_below} items approximately needs hnswlib: pip install hnswlib "
+                "(or ctxrep[analysis]), or search with exact=True"
+            ) from e
+        vectors = self.vectors
+        if self._hnsw is None:
+            self._hnsw = hnswlib.Index(space="ip", dim=self.dim)
+            self._hnsw.init_index(
+                max_elements=max(len(vectors), 1),
+                ef_construction=self.hnsw_ef_construction,
+                M=self.hnsw_m,
+                random_seed=100,
+            )
+            self._hnsw_rows = 0
+        if self._hnsw_rows < len(vectors):
+            self._hnsw.resize_index(max(len(vectors), self._hnsw.get_max_elements()))
+            new = np.arange(self._hnsw_rows, len(vectors))
+            self._hnsw.add_items(vectors[new], new)
+            self._hnsw_rows = len(vectors)
+        return self._hnsw
+
+    # ---- queries as text ----------------------------------------------------------------------------
+
+    def featurizer(self):
+        """The Featurizer that embeds text queries (built from featurizer_settings on first use)."""
+        if self._featurizer is None:
+            if not self.featurizer_settings:
+                raise SentenceIndexError(
+                    "this index was built from bare vectors and does not know which model made them: search it with "
+                    "vectors, or pass featurizer_settings={'model': ...} when you build it"
+                )
+            from ctxrep.featurize import Featurizer
+            from ctxrep.modules.scalar_mix import ScalarMix
+
+            settings = dict(self.featurizer_settings)
+            if isinstance(settings.get("layers"), dict):  # a ScalarMix, saved as its weights
+                settings["layers"] = ScalarMix.from_weights(
+                    settings["layers"]["mix"], gamma=settings["layers"]["gamma"]
+                )
+            self._featurizer = Featurizer(**settings)
+        return self._featurizer
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        out = self.featurizer().embed_sentences(texts)
+        if out.ndim != 2:
+            raise SentenceIndexError(f"the featurizer gives {out.shape[1:]} per text; a sentence index needs one layer")
+        if out.shape[1] != self.dim:
+            raise SentenceIndexError(
+                f"the featurizer gives {out.shape[1]}-wide vectors but the index holds {self.dim}-wide ones"
+            )
+        return out
+
+    # ---- save / load --------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write index.json, vectors.npy, items.jsonl (and hnsw.bin above exact_below) into the folder `path`."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        vectors = self.vectors
+        np.save(path / "vectors.npy", vectors)
+        with open(path / "items.jsonl", "w", encoding="utf-8") as f:
+            for i, t in zip(self.ids, self.texts):
+                f.write(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n")
+        graph = None
+        if len(self) > self.exact_below:
+            self._graph().save_index(str(path / "hnsw.bin"))
+            graph = "hnsw.bin"
+        elif (path / "hnsw.bin").exists():
+            (path / "hnsw.bin").unlink()  # a stale graph from an earlier, larger save
+        meta = {
+            "format": "ctxrep-sentence-index",
+            "version": FORMAT_VERSION,
+            "metric": self.metric,
+            "dim": self.dim,
+            "count": len(self),
+            "featurizer": self.featurizer_settings,
+            "exact_below": self.exact_below,
+            "hnsw": {"M": self.hnsw_m, "ef_construction": self.hnsw_ef_construction, "ef": self.hnsw_ef, "file": graph},
+        }
+        (path / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, featurizer=None) -> SentenceIndex:
+        """Read a folder written by `save`. `featurizer`: a ready ctxrep.Featurizer for text queries (else one is
+        built from the saved settings on the first text query)."""
+        path = Path(path)
+        meta_file = path / "index.json"
+        if not meta_file.is_file():
+            raise SentenceIndexError(
+                f"{path}: not a sentence index (no index.json); build one with `ctxrep index build`"
+            )
+        try:
+            meta = json.loads(meta_file.read_text())
+            if meta.get("format") != "ctxrep-sentence-index":
+                raise KeyError("format")
+            hnsw = meta["hnsw"]
+            index = cls(
+                meta["dim"],
+                meta["metric"],
+                featurizer_settings=meta.get("featurizer"),
+                exact_below=meta["exact_below"],
+                hnsw_m=hnsw["M"],
+                hnsw_ef_construction=hnsw["ef_construction"],
+                hnsw_ef=hnsw["ef"],
+            )
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SentenceIndexError(
+                f"{meta_file}: not written by SentenceIndex.save ({type(e).__name__}: {e})"
+            ) from None
+        try:
+            vectors = np.load(path / "vectors.npy", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise SentenceIndexError(
+                f"{path / 'vectors.npy'}: missing or unreadable ({e}); build the index again"
+            ) from None
+        ids, texts = [], []
+        items = path / "items.jsonl"
+        if not items.is_file():
+            raise SentenceIndexError(f"{items}: missing; build the index again")
+        with open(items, encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                try:
+                    item = json.loads(line)
+                    ids.append(item["id"])
+                    texts.append(item["text"])
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise SentenceIndexError(
+                        f'{items}:{n}: not an {{"id", "text"}} line; build the index again'
+                    ) from None
+        if vectors.shape != (meta["count"], meta["dim"]) or len(ids) != meta["count"]:
+            raise SentenceIndexError(
+                f"{path}: index.json says {meta['count']} x {meta['dim']} but vectors.npy is {vectors.shape} and "
+                f"items.jsonl has {len(ids)} lines; the folder was changed: build the index again"
+            )
+        index._vectors = vectors.astype(np.float32, copy=False)
+        index.ids, index.texts, index._id_set = ids, texts, set(ids)
+        graph_file = hnsw.get("file")
+        if graph_file and (path / graph_file).is_file():
+            import hnswlib
+
+            graph = hnswlib.Index(space="ip", dim=index.dim)
+            graph.load_index(str(path / graph_file), max_elements=len(vectors))
+            index._hnsw, index._hnsw_rows = graph, len(vectors)
+        index._featurizer = featurizer
+        return index
+
+
+def featurizer_settings_of(fz) -> dict:
+    """The keyword arguments that rebuild `fz`'s sentence vectors (what SentenceIndex saves for text queries)."""
+    from ctxrep.featurize import Featurizer
+
+    if not isinstance(fz, Featurizer):
+        raise TypeError(f"featurizer must be a ctxrep.Featurizer, got {type(fz).__name__}")
+    if fz.mix is not None:  # saved as its weights and scale; rebuilt with ScalarMix.from_weights
+        layers = {"mix": fz.mix.weights.detach().cpu().tolist(), "gamma": float(fz.mix.gamma.detach().reshape(-1)[0])}
+    else:
+        layers = fz.layer_indices[0] if fz.single_layer else list(fz.layer_indices)
+    model = Path(fz.source.name).expanduser().resolve() if _is_user_folder(fz.source) else fz.source.name
+    return {
+        "model": str(model),
+        "layers": layers,
+        "pooling": fz.pooling,
+        "sentence_pooling": fz.sentence_pooling,
+        "normalize": fz.normalize,
+    }
+
+
+def _is_user_folder(source) -> bool:
+    from ctxrep.models.loading import PACKAGED_MODELS
+
+    return str(source.name) not in PACKAGED_MODELS and Path(str(source.name)).expanduser().is_dir()
+
+
+def parse_layers(value: str) -> int | list[int] | str:
+    """The --layers option's text ("-1", "0,3,6", "mix", "all") as Featurizer's `layers`."""
+    value = value.strip()
+    if value in ("all", "mix"):
+        return value
+    try:
+        parts = [int(x) for x in value.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--layers must be a layer index, a comma-separated list, 'all' or 'mix'; got {value!r}"
+        ) from None
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _settings_from_embed(settings: dict) -> dict:
+    """Featurizer keyword arguments from a `ctxrep embed` manifest's settings."""
+    out = {
+        "model": settings["model"],
+        "layers": parse_layers(str(settings.get("layers", "-1"))),
+        "pooling": settings.get("pooling", "mean"),
+        "sentence_pooling": settings.get("sentence_pooling", "mean"),
+    }
+    if settings.get("quantize"):
+        out["precision"] = settings["quantize"]
+    if settings.get("precision") and settings["precision"] != "fp32":
+        out["precision"] = settings["precision"]
+    return out
+
+
+@dataclass
+class Texts:
+    """Texts read from a file, with their ids (the id column, or the 1-based line number) and lines."""
+
+    texts: list[str]
+    ids: list
+    lines: list[int]
+
+
+def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "text", id_column: str | None = None):
+    """Texts to index or queries: a plain text file (one text per line, ids = line numbers) or a CSV / TSV / JSONL
+    file with a text column and optionally an id column (ctxrep.data.table's formats). A missing column, an empty
+    text or a repeated id stops with `FILE:LINE: what is wrong`."""
+    from ctxrep.data.table import _field, _table, _text, detect_format, numbered_lines
+
+    path = Path(path)
+    if format is None:
+        name = path.name.lower().removesuffix(".gz")
+        known = (".csv", ".tsv", ".tab", ".jsonl", ".ndjson")
+        format = detect_format(path, None) if Path(name).suffix in known else "text"
+    out = Texts([], [], [])
+    if format == "text":
+        for line, raw in numbered_lines(path):
+            text = raw.rstrip("\r\n")
+            if not text.strip():
+                raise ValueError(f"{path}:{line}: empty line; give one text per line (remove the blank line)")
+            out.texts.append(text)
+            out.ids.append(line)
+            out.lines.append(line)
+    else:
+        columns, rows = _table(path, format)
+        first_line: dict = {}
+        for line, row in rows:
+            value = _field(path, line, row, columns, text_column, "--text-column")
+            text = _text(path, line, value, "--text-column", text_column)
+            if id_column is not None:
+                value = _field(path, line, row, columns, id_column, "--id-column")
+                if isinstance(value, str):
+                    value = value.strip()
+                if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
+                    raise ValueError(
+                        f"{path}:{line}: the id column {id_column!r} (--id-column) holds {value!r}; ids are "
+                        "non-empty strings or integers"
+                    )
+                if value in first_line:
+                    raise ValueError(
+                        f"{path}:{line}: id {value!r} was already used on line {first_line[value]}; ids must be unique"
+                    )
+                first_line[value] = line
+            else:
+                value = line
+            out.texts.append(text)
+            out.ids.append(value)
+            out.lines.append(line)
+    if not out.texts:
+        raise ValueError(f"{path}: no texts in the file; is it the right file (and --format)?")
+    return out

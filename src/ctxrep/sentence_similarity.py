@@ -1,0 +1,118 @@
+"""Similarity of sentence vectors (or of texts, through a Featurizer): cosine or dot product.
+
+    ctxrep.similarity(u, v)                          # two vectors -> a float
+    ctxrep.similarity(U, V)                          # (n, d) and (m, d) -> (n, m), every row of U against every row of V
+    ctxrep.similarity(U, V, pairwise=True)           # (n, d) and (n, d) -> (n,), row i against row i
+    ctxrep.similarity("A cat sat .", ["A cat sat down .", "Stocks fell ."])   # texts: through Featurizer("minilm")
+    ctxrep.similarity(texts_a, texts_b, featurizer=fz, pairwise=True)          # any featurizer's sentence vectors
+
+cosine(u, v) = u . v / (max(||u||, eps) max(||v||, eps)), eps = 1e-12 (torch.nn.functional.normalize's); dot(u, v) = u . v.
+A zero vector has cosine 0 with everything. Computed in float64, returned as float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+METRICS = ("cosine", "dot")
+EPS = 1e-12
+
+__all__ = ["similarity", "normalize_rows", "METRICS"]
+
+
+def normalize_rows(x: np.ndarray) -> np.ndarray:
+    """x / max(||x||, eps) along the last axis (L2) as float32; zero rows stay zero."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x.astype(np.float64), axis=-1, keepdims=True)
+    return (x / np.maximum(norms, EPS)).astype(np.float32)
+
+
+def _is_texts(x) -> bool:
+    if isinstance(x, str):
+        return True
+    return isinstance(x, Sequence) and not isinstance(x, np.ndarray) and len(x) > 0 and isinstance(x[0], str)
+
+
+_FEATURIZERS: dict[str, object] = {}  # model name -> Featurizer: similarity(texts) loads a model once per process
+
+
+def _featurizer(model):
+    from ctxrep.featurize import Featurizer
+
+    if isinstance(model, Featurizer):
+        return model
+    key = str(model)
+    if key not in _FEATURIZERS:
+        _FEATURIZERS.clear()  # keep one model in memory, not one per name ever asked
+        _FEATURIZERS[key] = Featurizer(model)
+    return _FEATURIZERS[key]
+
+
+def _vectors(x, featurizer, side: str) -> tuple[np.ndarray, bool]:
+    """(2-D float64 array, whether x was one item) from a vector, an array of rows, a text or a list of texts."""
+    if _is_texts(x):
+        single = isinstance(x, str)
+        out = featurizer().embed_sentences([x] if single else list(x))
+        if out.ndim != 2:
+            raise ValueError(
+                f"similarity needs one vector per text, but the featurizer returns {out.shape[1:]} per text (several "
+                "layers); give it one layer or a ScalarMix"
+            )
+        return out.astype(np.float64), single
+    array = np.asarray(x, dtype=np.float64) if not isinstance(x, np.ndarray) else x.astype(np.float64, copy=False)
+    if array.ndim == 1:
+        return array[None, :], True
+    if array.ndim != 2:
+        raise ValueError(
+            f"similarity: {side} is a {array.ndim}-D array {array.shape}; give one vector (d,), rows of vectors (n, d), "
+            "a text or a list of texts"
+        )
+    return array, False
+
+
+def similarity(
+    a,
+    b,
+    metric: str = "cosine",
+    pairwise: bool = False,
+    featurizer=None,
+    model: str = "minilm",
+) -> float | np.ndarray:
+    """Cosine (or dot-product) similarity of `a` and `b`, each a vector (d,), rows (n, d), a text or a list of texts.
+
+    Texts become sentence vectors through `featurizer` (a ctxrep.Featurizer: its layers, pooling and normalisation)
+    or, without one, `Featurizer(model)` (loaded once per process and model). Two single items give a float; otherwise
+    an (n, m) matrix of every row of a against every row of b, or with pairwise=True an (n,) array of a[i] against
+    b[i]. A single item against rows gives (m,).
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    fz_cache: list = []
+
+    def get_featurizer():
+        if not fz_cache:
+            fz_cache.append(_featurizer(featurizer if featurizer is not None else model))
+        return fz_cache[0]
+
+    u, single_a = _vectors(a, get_featurizer, "a")
+    v, single_b = _vectors(b, get_featurizer, "b")
+    if u.shape[1] != v.shape[1]:
+        raise ValueError(f"similarity: a's vectors are {u.shape[1]} wide but b's are {v.shape[1]}; use the same model")
+    if metric == "cosine":
+        u = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), EPS)
+        v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), EPS)
+    if pairwise:
+        if len(u) != len(v):
+            raise ValueError(f"similarity(pairwise=True): a has {len(u)} rows but b has {len(v)}; give equal numbers")
+        out = np.einsum("nd,nd->n", u, v)  # (n,)
+        return float(out[0]) if single_a and single_b else out
+    out = u @ v.T  # (n, m)
+    if single_a and single_b:
+        return float(out[0, 0])
+    if single_a:
+        return out[0]
+    if single_b:
+        return out[:, 0]
+    return out
