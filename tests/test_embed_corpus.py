@@ -4,6 +4,14 @@ one-process folder, and a worker killed with SIGKILL followed by a rerun."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -65,3 +73,100 @@ def test_library_call_matches_the_featurizer(corpus, tmp_path):
     expected = ctxrep.Featurizer("minilm").embed_words(TEXTS)
     np.testing.assert_allclose(vectors, np.concatenate(expected), atol=1e-5)
     assert [r["text"] for r in index if r["word"] == 0] == list(range(11))
+
+
+def _same_folder(a: Path, b: Path, atol: float = 1e-6) -> None:
+    """Two embed folders hold the same shards (boundaries, rows, index files byte for byte) and vectors."""
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    assert ma["complete"] and mb["complete"]
+    strip = ("sha256_16",)  # the bytes of the vectors may differ in the last bit between thread layouts
+    assert [{k: v for k, v in s.items() if k not in strip} for s in ma["shards"]] == [
+        {k: v for k, v in s.items() if k not in strip} for s in mb["shards"]
+    ]
+    assert (ma["texts"], ma["rows"], ma["row_shape"]) == (mb["texts"], mb["rows"], mb["row_shape"])
+    for s in ma["shards"]:
+        assert (a / s["index"]).read_bytes() == (b / s["index"]).read_bytes()
+    va, ia = load_shards(a)
+    vb, ib = load_shards(b)
+    assert ia == ib
+    np.testing.assert_allclose(va, vb, atol=atol, rtol=0)
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())  # no .tmp left behind
+
+
+def test_two_workers_write_the_one_process_folder(corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    embed_corpus(EmbedJob(str(corpus), str(one), shard_size=3, threads=1), show_progress=False)
+    logs = []
+    summary = embed_corpus(
+        EmbedJob(str(corpus), str(two), shard_size=3, threads=2), workers=2, show_progress=False, log=logs.append
+    )
+    assert "embedding with 2 worker processes (cpu x 1 threads, cpu x 1 threads)" in logs
+    assert summary.shards == 4 and summary.texts == 11
+    _same_folder(one, two)
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    kids = []
+    for task in tasks.iterdir():
+        kids += [int(c) for c in (task / "children").read_text().split()]
+    return kids
+
+
+def _embed_workers(pid: int) -> list[int]:
+    """The worker processes of the `ctxrep embed` with this pid (multiprocessing's spawned children, not its
+    resource tracker)."""
+    found = []
+    for child in _children(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except FileNotFoundError:
+            continue
+        if "spawn_main" in cmdline:
+            found.append(child)
+    return found
+
+
+def test_a_worker_killed_with_sigkill_then_the_same_command_again_gives_the_full_folder(tmp_path):
+    src = tmp_path / "in.txt"
+    texts = [f"text {i} : {' '.join(TEXTS[i % len(TEXTS)].split()[: 3 + i % 9])}" for i in range(240)]
+    src.write_text("\n".join(texts) + "\n")
+    out, reference = tmp_path / "killed", tmp_path / "reference"
+    command = [
+        sys.executable,
+        "-c",
+        "from ctxrep.cli import main; main()",
+        "embed",
+        "--input",
+        str(src),
+        "--out",
+        str(out),
+    ]
+    command += ["--shard-size", "4", "--workers", "2", "--threads", "2"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    manifest = out / "manifest.json"
+    deadline = time.monotonic() + 120
+    victim = None
+    while time.monotonic() < deadline and first.poll() is None:
+        workers = _embed_workers(first.pid)
+        if manifest.is_file() and len(json.loads(manifest.read_text())["shards"]) >= 2 and len(workers) == 2:
+            victim = workers[1]
+            os.kill(victim, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    _, stderr = first.communicate(timeout=120)
+    assert victim is not None, f"the run ended before a worker could be killed: {stderr}"
+    assert first.returncode == 1, stderr
+    assert f"(pid {victim}) was killed by signal 9" in stderr and "run the same command again to finish" in stderr
+    kept = json.loads(manifest.read_text())
+    assert not kept["complete"] and 2 <= len(kept["shards"]) < 60
+
+    second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert f"resuming after {sum(s['texts'] for s in kept['shards'])} texts" in second.stderr
+    embed_corpus(EmbedJob(str(src), str(reference), shard_size=4, threads=1), show_progress=False)
+    _same_folder(out, reference)
+    index = ctxrep.load_vectors(out).index()
+    assert sorted(set(index.text.tolist())) == list(range(240))  # every text once: none lost, none twice
+    assert len(index) == sum(len(t.split()) for t in texts)
