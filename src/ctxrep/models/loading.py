@@ -29,6 +29,7 @@ from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, read_config
 from ctxrep.models.gpt2 import GPT2Model
 from ctxrep.models.marian import MarianMTModel
+from ctxrep.models.modernbert import ModernBertModel
 from ctxrep.models.xlnet import XLNetModel
 
 __all__ = ["CheckpointError", "LoadedEncoder", "load_encoder", "load_model", "resolve", "PACKAGED_MODELS"]
@@ -43,6 +44,7 @@ FAMILIES: dict[str, type[Encoder]] = {
     "roberta": BertModel,
     "electra": BertModel,
     "deberta-v2": DebertaV2Model,  # DeBERTa-v2 and v3 (disentangled attention)
+    "modernbert": ModernBertModel,  # rotary positions, alternating local and global attention
     "gpt2": GPT2Model,
     "xlnet": XLNetModel,
     "albert": AlbertModel,

@@ -1,0 +1,474 @@
+"""ModernBERT: a pre-norm, bias-free encoder with rotary positions, GeGLU feed-forwards and alternating local and
+global attention (Warner et al. 2024, "Smarter, Better, Faster, Longer", sec. 2.1).
+
+    x_0 = LN(E[w])                                                     token embeddings only, no position table
+    x = x + Attn(LN(x))        (layer 1 has no LayerNorm here: x_0 is already normalised)
+    x = x + W_o (GELU(x W_i^a) * (x W_i^g))                            GeGLU (Shazeer 2020), W_i = [W_i^a; W_i^g]
+    h_L = LN(x)                                                        final norm
+
+Attention is Vaswani et al.'s softmax(QK^T / sqrt(d)) V with rotary positions (Su et al. 2021, eq. 34: q and k of
+position m rotated by m * theta_i, theta_i = base^(-2i/d)): every `global_attn_every_n_layers`-th layer (layer 1,
+4, 7, ...) attends globally with base `global_rope_theta` (160,000); the others attend within a sliding window,
+|i - j| <= local_attention / 2 (64 of 128), with base `local_rope_theta` (10,000). Every LayerNorm and linear layer
+is bias-free unless the config says otherwise (norm_bias, attention_bias, mlp_bias).
+
+Hidden states: entry 0 is the embedding output, entry l < L the residual stream after layer l, entry L the final
+LayerNorm of layer L's output (= last_hidden_state, as transformers >= 5 returns it; 4.x returned the stream before
+the final norm there).
+
+Reads top to bottom: config, rotary positions, attention, feed-forward, layer, encoder, then the loader and saver
+for the Hugging Face folder format (config.json + model.safetensors).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.outputs import EncoderOutput
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "modernbert"
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# hidden_activation strings as transformers' config.json spells them.
+ACTIVATIONS = {"gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "relu": F.relu, "silu": F.silu}
+
+
+@dataclass
+class ModernBertConfig:
+    """Everything needed to rebuild the network; field names and defaults are those of transformers' config.json
+    (ModernBERT-base's). `layer_types` lists each layer's attention; when config.json has none it follows
+    global_attn_every_n_layers (layer i is global when i % n == 0)."""
+
+    vocab_size: int = 50368
+    hidden_size: int = 768
+    intermediate_size: int = 1152
+    num_hidden_layers: int = 22
+    num_attention_heads: int = 12
+    hidden_activation: str = "gelu"
+    max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    attention_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    mlp_dropout: float = 0.0
+    global_attn_every_n_layers: int = 3
+    global_rope_theta: float = 160_000.0
+    local_rope_theta: float = 10_000.0
+    local_attention: int = 128  # the whole window; a token sees local_attention // 2 on each side
+    pad_token_id: int = 50283
+    bos_token_id: int = 50281
+    eos_token_id: int = 50282
+    cls_token_id: int = 50281
+    sep_token_id: int = 50282
+    layer_types: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise ValueError(
+                f"rotary positions need an even head size, got {self.hidden_size // self.num_attention_heads}"
+            )
+        if self.hidden_activation not in ACTIVATIONS:
+            raise ValueError(
+                f"hidden_activation {self.hidden_activation!r} is not supported; use one of {sorted(ACTIVATIONS)}"
+            )
+        if not self.layer_types:
+            n = self.global_attn_every_n_layers
+            self.layer_types = [LOCAL if i % n else GLOBAL for i in range(self.num_hidden_layers)]
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= {GLOBAL, LOCAL}:
+            raise ValueError(
+                f"layer_types must name {GLOBAL!r} or {LOCAL!r} for each of the {self.num_hidden_layers} layers, "
+                f"got {self.layer_types}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> ModernBertConfig:
+        d = dict(d)
+        if d.get("rope_scaling"):
+            raise CheckpointError(f"rope_scaling={d['rope_scaling']!r} is not supported: ctxrep implements plain RoPE")
+        rope = d.pop("rope_parameters", None) or {}  # transformers >= 5: {layer type: {"rope_theta", "rope_type"}}
+        for kind, key in ((GLOBAL, "global_rope_theta"), (LOCAL, "local_rope_theta")):
+            params = rope.get(kind) or {}
+            if params.get("rope_type", "default") != "default":
+                raise CheckpointError(
+                    f"rope_parameters[{kind!r}] has rope_type {params['rope_type']!r}: ctxrep implements plain RoPE"
+                )
+            if "rope_theta" in params:
+                d[key] = params["rope_theta"]
+        if d.get("head_dim") not in (None, d.get("hidden_size", 768) // d.get("num_attention_heads", 12)):
+            raise CheckpointError(f"head_dim={d['head_dim']} differs from hidden_size / num_attention_heads")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+
+    def to_hf_dict(self) -> dict:
+        """transformers 4.x reads global_attn_every_n_layers and the two rope thetas; 5.x reads layer_types (when
+        the layers do not follow one every-n pattern, 4.x would build the wrong one: write with care)."""
+        d = asdict(self)
+        d["model_type"] = MODEL_TYPE
+        d["architectures"] = ["ModernBertModel"]
+        n = self.global_attn_every_n_layers
+        if self.layer_types != [LOCAL if i % n else GLOBAL for i in range(self.num_hidden_layers)]:
+            del d["global_attn_every_n_layers"]
+        return d
+
+
+# ---- rotary positions -------------------------------------------------------------------------------------
+
+
+def rotary_tables(seq: int, head_dim: int, base: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of m * theta_i for positions m < seq, theta_i = base^(-2i/d), each angle twice (the two halves
+    of a head are rotated as pairs (x_i, x_{i + d/2})). (seq, head_dim) each, float32."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim))
+    angles = torch.arange(seq, device=device).float()[:, None] * inv_freq[None, :]  # (seq, head_dim / 2)
+    angles = torch.cat([angles, angles], dim=-1)  # (seq, head_dim)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """R_m x: (x_i, x_{i + d/2}) -> (x_i cos - x_{i + d/2} sin, x_{i + d/2} cos + x_i sin). x: (b, heads, seq, d)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+# ---- the network ------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Multi-head attention with rotary q and k; query, key and value from one product (Wqkv)."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.Wqkv = nn.Linear(h, 3 * h, bias=config.attention_bias)
+        self.Wo = nn.Linear(h, h, bias=config.attention_bias)
+        self.dropout_p = config.attention_dropout
+        self.out_drop = nn.Dropout(config.attention_dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        output_attentions: bool,
+        head_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # mask: bool, True where query i may read key j: (batch, 1, 1, seq) or (batch, 1, seq, seq)
+        b, t, _ = x.shape
+        qkv = self.Wqkv(x).view(b, t, 3, self.num_heads, self.head_dim)  # (batch, seq, 3, heads, head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
+        q, k = rotate(q, *rotary), rotate(k, *rotary)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if output_attentions:
+            scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (batch, heads, seq, seq)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout_p, self.training) @ v
+        else:
+            probs = None
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if head_mask is not None:
+            context = context * head_mask.to(context.dtype)[None, :, None, None]  # (batch, heads, seq, head_dim)
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, hidden)
+        return self.out_drop(self.Wo(context)), probs
+
+
+class GeGLU(nn.Module):
+    """W_o (act(x W_i^a) * x W_i^g): Wi holds [W_i^a; W_i^g] (2 x intermediate rows)."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.activation = ACTIVATIONS[config.hidden_activation]
+        self.drop = nn.Dropout(config.mlp_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, gate = self.Wi(x).chunk(2, dim=-1)  # (batch, seq, intermediate) each
+        return self.Wo(self.drop(self.activation(a) * gate))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm block: x = x + Attn(LN(x)); x = x + GeGLU(LN(x)). The first layer has no attention LayerNorm."""
+
+    def __init__(self, config: ModernBertConfig, layer: int) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.local = config.layer_types[layer] == LOCAL
+        self.attn_norm = nn.LayerNorm(h, eps=config.norm_eps, bias=config.norm_bias) if layer > 0 else None
+        self.attn = Attention(config)
+        self.mlp_norm = nn.LayerNorm(h, eps=config.norm_eps, bias=config.norm_bias)
+        self.mlp = GeGLU(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+        output_attentions: bool = False,
+        head_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, probs = self.attn(
+            self.attn_norm(x) if self.attn_norm is not None else x, rotary, mask, output_attentions, head_mask
+        )
+        x = x + a
+        return x + self.mlp(self.mlp_norm(x)), probs
+
+
+class ModernBertModel(Encoder):
+    """The encoder. `forward` takes transformers' ModernBertModel arguments and returns the same fields."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.embeddings = nn.Module()
+        self.embeddings.tok_embeddings = nn.Embedding(config.vocab_size, h, padding_idx=config.pad_token_id)
+        self.embeddings.norm = nn.LayerNorm(h, eps=config.norm_eps, bias=config.norm_bias)
+        self.embedding_dropout = nn.Dropout(config.embedding_dropout)
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(h, eps=config.norm_eps, bias=config.norm_bias)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # transformers: truncated normal at +-2 std; output projections std / sqrt(2 L)
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    # ---- the encoder interface (models/encoder.py) ----
+    family = MODEL_TYPE
+    reads_segments = False  # no segment embeddings
+    prepack_for_inference = True  # the featurizer times whether pre-packed linear layers pay on this CPU
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def max_tokens(self) -> int:
+        """max_position_embeddings: 8,192 for the published models (rotary positions need no table)."""
+        return self.config.max_position_embeddings
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.embeddings.tok_embeddings.weight
+
+    def layer_of(self, name: str) -> int:
+        """embeddings.* 0; layers.i.* i + 1; final_norm.* num_layers."""
+        parts = name.split(".")
+        if parts[0] == "embeddings":
+            return 0
+        if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
+            return int(parts[1]) + 1
+        if parts[0] == "final_norm":
+            return self.num_layers
+        raise self.unknown_parameter(name)
+
+    can_distill = True
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> ModernBertModel:
+        """A student ModernBERT whose layer j is this model's layers[j] with its kind of attention (global / local);
+        of this width, embeddings, layers and final norm copied; narrower, fresh (the global torch RNG). The first
+        student layer must be layer 0: ModernBERT's first layer has no attention LayerNorm, the others have one."""
+        layers = check_student_layers(layers, self.num_layers)
+        if layers[0] != 0:
+            raise ValueError(
+                f"a ModernBERT student starts at the teacher's layer 0, not {layers[0]} (only the first layer works "
+                "without an attention LayerNorm); name layer 0 first"
+            )
+        h, inner = student_widths(
+            self.hidden_size, self.num_heads, self.config.intermediate_size, hidden_size, intermediate_size
+        )
+        config = copy.deepcopy(self.config)
+        config.num_hidden_layers, config.hidden_size, config.intermediate_size = len(layers), h, inner
+        config.layer_types = [self.config.layer_types[i] for i in layers]
+        config.__post_init__()
+        student = ModernBertModel(config)
+        if h == self.hidden_size:
+            student.embeddings.load_state_dict(self.embeddings.state_dict())
+            student.final_norm.load_state_dict(self.final_norm.state_dict())
+            for j, i in enumerate(layers):
+                student.layers[j].load_state_dict(self.layers[i].state_dict())
+        return student.train(self.training)
+
+    def attention_masks(self, attention_mask: torch.Tensor | None, t: int, device: torch.device) -> dict:
+        """Boolean masks (True: may attend) for each layer type: global (batch, 1, 1, seq) keys at real tokens,
+        None without padding; local (batch, 1, seq, seq) also |i - j| <= local_attention // 2, None when every
+        pair is in the window. A query whose window holds only padding keeps its own position, so that no row is
+        empty (an empty row would give NaN at padding, which later layers would read as 0 * NaN)."""
+        keys = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            keys = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        half = self.config.local_attention // 2
+        if t - 1 <= half:
+            return {GLOBAL: keys, LOCAL: keys}
+        pos = torch.arange(t, device=device)
+        band = (pos[:, None] - pos[None, :]).abs() <= half  # (seq, seq)
+        local = band[None, None] if keys is None else (band & keys) | torch.eye(t, dtype=torch.bool, device=device)
+        return {GLOBAL: keys, LOCAL: local}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+        head_mask: torch.Tensor | None = None,
+    ) -> EncoderOutput:
+        """input_ids, attention_mask: (batch, seq); token_type_ids are not read (there are no segments).
+        `num_layers` stops after that many layers (the final norm only after the last one); head_mask:
+        (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it)."""
+        b, t = input_ids.shape
+        if t > self.max_tokens:
+            raise ValueError(
+                f"sequence of {t} tokens is longer than the model's {self.max_tokens} positions; "
+                "ctxrep.Featurizer splits long texts into windows for you"
+            )
+        if head_mask is not None:
+            head_mask = _check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
+        masks = self.attention_masks(attention_mask, t, input_ids.device)
+        d = self.config.head_dim
+        rotary = {
+            GLOBAL: rotary_tables(t, d, self.config.global_rope_theta, input_ids.device),
+            LOCAL: rotary_tables(t, d, self.config.local_rope_theta, input_ids.device),
+        }
+        x = self.embedding_dropout(self.embeddings.norm(self.embeddings.tok_embeddings(input_ids)))  # (b, seq, h)
+        hidden_states = [x]
+        attentions = []
+        stop = num_layers if num_layers is not None else self.num_layers
+        for i, layer in enumerate(self.layers[:stop]):
+            kind = LOCAL if layer.local else GLOBAL
+            x, probs = layer(
+                x, rotary[kind], masks[kind], output_attentions, head_mask[i] if head_mask is not None else None
+            )
+            if i == self.num_layers - 1:
+                x = self.final_norm(x)
+            hidden_states.append(x)
+            attentions.append(probs)
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+    # ---- Hugging Face folder format -------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModernBertModel:
+        path = Path(path)
+        hf_config = read_config(path, (MODEL_TYPE,))
+        state = read_state_dict(path)
+        if any(k.startswith("model.layers.") for k in state):  # ModernBertForMaskedLM etc.: the encoder under "model."
+            state = {k.removeprefix("model."): v for k, v in state.items()}
+        try:
+            config = ModernBertConfig.from_hf_dict(hf_config)
+        except CheckpointError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
+        model = cls(config)
+        model.load_hf_state_dict(state, source=str(path))
+        model.eval()
+        return model
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
+        names = hf_parameter_names(self.config)  # hf name -> our name
+        ours = self.state_dict()
+        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]  # MLM / task heads
+        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads}
+        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
+        check_weights(found, expected, source, "a modernbert encoder")
+        if heads:
+            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
+        with torch.no_grad():
+            for hf, our in names.items():
+                ours[our].copy_(state[hf].to(ours[our].dtype))
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write config.json + model.safetensors that transformers' AutoModel loads (as ModernBertModel)."""
+        ours = self.state_dict()
+        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
+        write_folder(path, self.config.to_hf_dict(), tensors)
+
+
+def _check_head_mask(head_mask: torch.Tensor, num_layers: int, num_heads: int) -> torch.Tensor:
+    shape = (num_layers, num_heads)
+    if head_mask.dim() == 1 and head_mask.shape[0] == num_heads:
+        return head_mask.expand(shape)  # (layers, heads)
+    if tuple(head_mask.shape) != shape:
+        raise ValueError(
+            f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or ({num_heads},)"
+        )
+    return head_mask
+
+
+_HEAD_PREFIXES = ("head.", "decoder.", "classifier.", "drop.")
+
+
+def hf_parameter_names(config: ModernBertConfig) -> dict[str, str]:
+    """transformers' name -> ctxrep's name, for every weight of the encoder (the same names: nothing is renamed,
+    but the list is explicit about which biases exist)."""
+    norm = ("weight", "bias") if config.norm_bias else ("weight",)
+    attn = ("weight", "bias") if config.attention_bias else ("weight",)
+    mlp = ("weight", "bias") if config.mlp_bias else ("weight",)
+    names = {"embeddings.tok_embeddings.weight": "embeddings.tok_embeddings.weight"}
+    names |= {f"embeddings.norm.{p}": f"embeddings.norm.{p}" for p in norm}
+    for i in range(config.num_hidden_layers):
+        layer = {f"attn.{m}.{p}" for m in ("Wqkv", "Wo") for p in attn}
+        layer |= {f"mlp.{m}.{p}" for m in ("Wi", "Wo") for p in mlp}
+        layer |= {f"mlp_norm.{p}" for p in norm}
+        if i > 0:
+            layer |= {f"attn_norm.{p}" for p in norm}
+        names |= {f"layers.{i}.{n}": f"layers.{i}.{n}" for n in sorted(layer)}
+    names |= {f"final_norm.{p}": f"final_norm.{p}" for p in norm}
+    return names

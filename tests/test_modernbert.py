@@ -1,0 +1,231 @@
+"""ModernBERT: parity with transformers' ModernBertModel on tiny random configs (every hidden state and attention
+map, padding in the batch, local windows shorter than the batch), both config.json formats, round trips both ways,
+the MLM checkpoint layout, the interface members."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+import ctxrep
+from ctxrep.models.loading import CheckpointError
+from ctxrep.models.modernbert import GLOBAL, LOCAL, ModernBertConfig, ModernBertModel
+
+COMMON = dict(
+    vocab_size=120,
+    hidden_size=32,
+    intermediate_size=40,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    cls_token_id=1,
+    sep_token_id=2,
+)
+CONFIGS = {
+    # the published shape: bias-free, global every 3rd layer, a window of +-2 (shorter than the batch)
+    "base": dict(local_attention=4, global_attn_every_n_layers=3),
+    # biases everywhere, global every 2nd layer, other rope bases, a window of +-3
+    "biases": dict(
+        local_attention=6,
+        global_attn_every_n_layers=2,
+        norm_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
+        global_rope_theta=5000.0,
+        local_rope_theta=500.0,
+    ),
+    # a window wider than every sequence: local layers attend like global ones (but with their own rope base)
+    "wide-window": dict(local_attention=64, global_attn_every_n_layers=2, hidden_activation="gelu_pytorch_tanh"),
+}
+
+
+def padded_batch(vocab: int = 120, pad: int = 0, lengths=(14, 9, 3)) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, vocab, (len(lengths), max(lengths)), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    ids[mask == 0] = pad
+    return ids, mask
+
+
+def reference(kind: str, path) -> transformers.ModernBertModel:
+    torch.manual_seed(0)
+    cfg = transformers.ModernBertConfig(**COMMON, **CONFIGS[kind])
+    ref = transformers.ModernBertModel(cfg).eval()
+    with torch.no_grad():  # norms and biases away from their 1 / 0 init, so that a swapped name shows
+        for name, p in ref.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    ref.save_pretrained(path)
+    ref.set_attn_implementation("eager")  # attention maps
+    return ref
+
+
+def assert_parity(ours, ref, ids, mask) -> None:
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+        b = ref(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+        fast = ours(ids, attention_mask=mask, output_hidden_states=True)  # SDPA path
+    real = mask.bool()
+    L = ours.num_layers
+    assert len(a.hidden_states) == len(b.hidden_states) == L + 1
+    # entry L: the final norm (transformers >= 5's hidden_states[L]; 4.x gave the pre-norm stream there)
+    want = list(b.hidden_states[:L]) + [b.last_hidden_state]
+    for layer, (x, y, z) in enumerate(zip(a.hidden_states, want, fast.hidden_states)):
+        assert torch.allclose(x[real], y[real], atol=1e-5), f"hidden state {layer} differs"
+        assert torch.allclose(z[real], y[real], atol=1e-5), f"hidden state {layer} differs (SDPA)"
+    assert len(a.attentions) == len(b.attentions) == L
+    for layer, (x, y) in enumerate(zip(a.attentions, b.attentions)):
+        q = real[:, None, :, None].expand_as(x)  # rows of real query tokens
+        assert torch.allclose(x[q], y[q], atol=1e-5), f"attention {layer} differs"
+    assert torch.allclose(a.last_hidden_state[real], b.last_hidden_state[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_parity_with_transformers(kind, tmp_path):
+    ref = reference(kind, tmp_path)
+    ours = ctxrep.load_model(tmp_path)
+    assert type(ours) is ModernBertModel and ours.family == "modernbert"
+    assert_parity(ours, ref, *padded_batch())
+    assert_parity(ours, ref, *padded_batch(lengths=(5, 5)))  # no padding
+
+
+def test_local_layers_see_only_their_window(tmp_path):
+    reference("base", tmp_path)
+    ours = ctxrep.load_model(tmp_path)
+    assert ours.config.layer_types == [GLOBAL, LOCAL, LOCAL, GLOBAL]
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        att = ours(ids, attention_mask=mask, output_attentions=True).attentions
+    i, j = torch.meshgrid(torch.arange(14), torch.arange(14), indexing="ij")
+    outside = (i - j).abs() > 2
+    assert (att[1][0][:, outside] == 0).all() and (att[0][0][:, outside] > 0).all()
+    assert (att[3][1][:, :9, 9:] == 0).all()  # padding keys get nothing in a global layer either
+
+
+def test_published_config_format_loads(tmp_path):
+    """ModernBERT-base's config.json as published (transformers 4.48): global_attn_every_n_layers and the two rope
+    thetas instead of layer_types / rope_parameters; the MLM checkpoint (model. prefix, head, decoder)."""
+    torch.manual_seed(0)
+    cfg = transformers.ModernBertConfig(**COMMON, **CONFIGS["biases"])
+    mlm = transformers.ModernBertForMaskedLM(cfg).eval()
+    mlm.save_pretrained(tmp_path)
+    published = {k: v for k, v in json.loads((tmp_path / "config.json").read_text()).items()}
+    published.pop("layer_types")
+    published.pop("rope_parameters")
+    published |= dict(global_rope_theta=5000.0, local_rope_theta=500.0, global_attn_every_n_layers=2)
+    published |= dict(architectures=["ModernBertForMaskedLM"], position_embedding_type="absolute", layer_norm_eps=1e-5)
+    (tmp_path / "config.json").write_text(json.dumps(published))
+    assert any(k.startswith("model.") for k in load_file(tmp_path / "model.safetensors"))
+    ours = ctxrep.load_model(tmp_path)
+    assert ours.config.layer_types == [GLOBAL, LOCAL, GLOBAL, LOCAL]
+    assert (ours.config.global_rope_theta, ours.config.local_rope_theta) == (5000.0, 500.0)
+    ref = transformers.ModernBertModel.from_pretrained(tmp_path).eval()  # transformers reads the same file alike
+    ref.set_attn_implementation("eager")
+    assert_parity(ours, ref, *padded_batch())
+
+
+@pytest.mark.parametrize("kind", ["base", "biases"])
+def test_save_round_trip_loads_in_transformers(kind, tmp_path):
+    reference(kind, tmp_path / "src")
+    ours = ctxrep.load_model(tmp_path / "src")
+    ours.save_pretrained(tmp_path / "out")
+    ref = transformers.AutoModel.from_pretrained(tmp_path / "out").eval()
+    assert type(ref) is transformers.ModernBertModel and ref.config.layer_types == ours.config.layer_types
+    again = ctxrep.load_model(tmp_path / "out")
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask).last_hidden_state
+        b = ref(ids, attention_mask=mask).last_hidden_state
+        c = again(ids, attention_mask=mask).last_hidden_state
+    assert torch.allclose(a[mask.bool()], b[mask.bool()], atol=1e-5)
+    assert torch.equal(a, c)
+    saved = load_file(tmp_path / "out" / "model.safetensors").keys()
+    assert saved == load_file(tmp_path / "src" / "model.safetensors").keys()
+
+
+def test_unknown_missing_and_misshaped_weights_are_all_named(tmp_path):
+    reference("base", tmp_path / "src")
+    shutil.copy(tmp_path / "src" / "config.json", tmp_path / "config.json")
+    state = load_file(tmp_path / "src" / "model.safetensors")
+    state["layers.0.attn_norm.weight"] = torch.ones(32)  # layer 0 has none
+    del state["final_norm.weight"]
+    state["layers.2.mlp.Wi.weight"] = torch.ones(40, 32)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError) as e:
+        ctxrep.load_model(tmp_path)
+    msg = str(e.value)
+    assert "1 unknown weights: layers.0.attn_norm.weight" in msg
+    assert "missing 1 weights: final_norm.weight" in msg
+    assert "layers.2.mlp.Wi.weight (40, 32) (expected (80, 32))" in msg
+
+
+def test_bad_config_is_one_line(tmp_path):
+    reference("base", tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_parameters"]["full_attention"]["rope_type"] = "yarn"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="rope_type 'yarn': ctxrep implements plain RoPE"):
+        ctxrep.load_model(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["rope_parameters"]["full_attention"]["rope_type"] = "default"
+    cfg["layer_types"] = ["full_attention", "chunked_attention", "full_attention", "full_attention"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="config.json: layer_types must name"):
+        ctxrep.load_model(tmp_path)
+
+
+def test_interface_members(tmp_path):
+    reference("base", tmp_path)
+    m = ctxrep.load_model(tmp_path)
+    assert (m.num_layers, m.num_heads, m.hidden_size, m.max_tokens) == (4, 4, 32, 64)
+    assert not m.reads_segments and m.input_embeddings().shape == (120, 32)
+    assert ModernBertConfig().max_position_embeddings == 8192  # the published models' max_tokens
+    depth = {n: m.layer_of(n) for n, _ in m.named_parameters()}
+    assert depth["embeddings.norm.weight"] == 0 and depth["layers.0.attn.Wqkv.weight"] == 1
+    assert depth["layers.3.mlp.Wo.weight"] == 4 == depth["final_norm.weight"]
+    assert sorted(set(depth.values())) == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="not a parameter"):
+        m.layer_of("layers.4.attn.Wo.weight")
+    assert not m.can_prune_heads and m.can_distill
+    ids, mask = padded_batch()
+    xi = torch.ones(4, 4)
+    xi[2, 1] = 0
+    with torch.no_grad():
+        masked = m(ids, attention_mask=mask, head_mask=xi).last_hidden_state
+        m.layers[2].attn.Wo.weight[:, 8:16] = 0
+        zeroed = m(ids, attention_mask=mask).last_hidden_state
+    assert torch.allclose(masked, zeroed, atol=1e-6)
+
+
+def test_student_keeps_layer_kinds_and_starts_at_layer_0(tmp_path):
+    reference("base", tmp_path)
+    teacher = ctxrep.load_model(tmp_path)
+    student = teacher.init_student([0, 2])
+    assert student.config.layer_types == [GLOBAL, LOCAL] and student.layers[0].attn_norm is None
+    for a, b in zip(student.layers[1].state_dict().values(), teacher.layers[2].state_dict().values()):
+        assert torch.equal(a, b)
+    student.save_pretrained(tmp_path / "student")
+    ref = transformers.AutoModel.from_pretrained(tmp_path / "student").eval()
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        a, b = student(ids, attention_mask=mask).last_hidden_state, ref(ids, attention_mask=mask).last_hidden_state
+    assert torch.allclose(a[mask.bool()], b[mask.bool()], atol=1e-5)
+    with pytest.raises(ValueError, match="starts at the teacher's layer 0, not 1"):
+        teacher.init_student([1, 3])
+    assert teacher.init_student([0, 3], hidden_size=16).config.intermediate_size == 20
+
+
+def test_too_long_input_is_refused_with_advice():
+    model = ModernBertModel(ModernBertConfig(**COMMON | {"max_position_embeddings": 16}))
+    with pytest.raises(ValueError, match="longer than the model's 16 positions; ctxrep.Featurizer splits"):
+        model(torch.ones(1, 17, dtype=torch.long))
