@@ -74,13 +74,13 @@ def test_compile_auto_stays_eager_for_small_calls_and_compiles_for_large_ones(ti
     tokens_small = sum(len(w) + 2 for w in small)
     monkeypatch.setattr(fast, "COMPILE_MIN_TOKENS", tokens_small + 1)
     np.testing.assert_allclose(auto.embed_words(small)[0], eager.embed_words(small)[0], atol=1e-6)
-    assert auto._compiled == []  # too small to pay for compiling
+    assert auto.runtime._compiled is None  # too small to pay for compiling
     for ours, reference in zip(auto.embed_words(large), eager.embed_words(large)):
         np.testing.assert_allclose(ours, reference, atol=1e-4)
-    assert isinstance(auto._compiled[0][1], fast.CompiledEncoder)
+    assert isinstance(auto.runtime._compiled, fast.CompiledEncoder)
     auto.embed_words(small)  # once compiled, small calls use it too
-    assert auto._encoder_for(1) is auto._compiled[0][1]
-    assert auto.with_layers(-1)._encoder_for(1) is auto._compiled[0][1]  # views share it
+    assert auto.runtime._encoder_for(1) is auto.runtime._compiled
+    assert auto.with_layers(-1).runtime._encoder_for(1) is auto.runtime._compiled  # views share it
 
 
 def test_a_failed_compile_falls_back_under_auto_and_is_one_line_under_true(tiny_models, monkeypatch):
@@ -91,8 +91,8 @@ def test_a_failed_compile_falls_back_under_auto_and_is_one_line_under_true(tiny_
     reference = Featurizer(str(tiny_models["bert"]), compile=False).embed_words(words)
     monkeypatch.setattr(fast, "COMPILE_MIN_TOKENS", 1)
     auto = Featurizer(str(tiny_models["bert"]))
-    auto._compiled[:] = [(auto.model, fast.compile_encoder(auto.model, fallback=True))]
-    monkeypatch.setattr(auto._compiled[0][1], "_compiled", no_compiler)
+    auto.runtime._compiled = fast.compile_encoder(auto.model, fallback=True)
+    monkeypatch.setattr(auto.runtime._compiled, "_compiled", no_compiler)
     with pytest.warns(RuntimeWarning, match="torch.compile failed .*No working C.. compiler found\\); running the"):
         out = auto.embed_words(words)
     for a, b in zip(out, reference):
@@ -135,32 +135,36 @@ def test_int8_word_vectors_of_minilm_stay_within_cosine_0_99_of_float32():
         ]
     ]
     float32 = Featurizer("minilm", compile=False).embed_words(words)
-    quantized = Featurizer("minilm", quantize="int8")
+    quantized = Featurizer("minilm", precision="int8")
     int8 = quantized.embed_words(words)
     cosines = _word_cosines(int8, float32)
     assert cosines.mean() >= 0.99 and cosines.min() > 0.95
     linears = [m for m in quantized.model.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) >= 6 * 6  # q, k, v, attention output, intermediate, output per layer (and a pooler)
     layers = quantized.model.num_layers  # query, key and value run as one int8 product per layer
-    assert sum(isinstance(m, fast.Int8Linear) for m in quantized._encoder.modules()) == len(linears) - 2 * layers
-    assert all(isinstance(layer.attention.query_key_value, fast.Int8Linear) for layer in quantized._encoder.layers)
-    assert not any(isinstance(m, torch.nn.Linear) for m in quantized._encoder.modules())  # the copy, not the model
+    assert sum(isinstance(m, fast.Int8Linear) for m in quantized.runtime.encoder.modules()) == len(linears) - 2 * layers
+    assert all(
+        isinstance(layer.attention.query_key_value, fast.Int8Linear) for layer in quantized.runtime.encoder.layers
+    )
+    assert not any(
+        isinstance(m, torch.nn.Linear) for m in quantized.runtime.encoder.modules()
+    )  # the copy, not the model
 
 
 @pytest.mark.parametrize("family, fixture", TRANSFORMERS, ids=[f for f, _ in TRANSFORMERS])
-def test_every_transformer_family_accepts_quantize_int8(family, fixture, request):
+def test_every_transformer_family_accepts_precision_int8(family, fixture, request):
     folder = _folder(request, family, fixture)
-    int8 = Featurizer(folder, quantize="int8")
+    int8 = Featurizer(folder, precision="int8")
     assert int8.model.family == family
     float32 = Featurizer(folder, compile=False).embed_words(WORDS)
     ours = int8.embed_words(WORDS)
     assert [a.shape for a in ours] == [a.shape for a in float32]
-    assert any(isinstance(m, fast.Int8Linear) for m in int8._encoder.modules())
+    assert any(isinstance(m, fast.Int8Linear) for m in int8.runtime.encoder.modules())
     assert _word_cosines(ours, float32).mean() > 0.97  # random tiny models: a loose check that it computes the same
 
 
 def test_elmo_refuses_int8_and_compile_in_one_line(elmo_dir):
-    for kwargs in ({"quantize": "int8"}, {"compile": True}):
+    for kwargs in ({"precision": "int8"}, {"compile": True}):
         with pytest.raises(ValueError, match="ELMo|elmo|biLSTM") as e:
             Featurizer(f"elmo:{elmo_dir}", **kwargs)
         assert "\n" not in str(e.value) and "Transformer" in str(e.value)
@@ -223,6 +227,17 @@ def test_featurizer_refuses_unknown_compile_and_quantize_values(tiny_models):
         Featurizer(str(tiny_models["bert"]), compile="yes")
     with pytest.raises(ValueError, match="quantize must be None or 'int8', got 'int4'"):
         Featurizer(str(tiny_models["bert"]), quantize="int4")
+    with pytest.raises(ValueError, match="precision must be one of .*'auto'.*, got 'int4'"):
+        Featurizer(str(tiny_models["bert"]), precision="int4")
+    with pytest.raises(ValueError, match="backend must be one of .*'openvino'.*, got 'tensorrt'"):
+        Featurizer(str(tiny_models["bert"]), backend="tensorrt")
+    with pytest.raises(ValueError, match="backend='onnxruntime' runs precision fp32 / int8, not 'bf16'"):
+        Featurizer(str(tiny_models["bert"]), backend="onnxruntime", precision="bf16")
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        Featurizer(str(tiny_models["bert"]), device="gpu0")
+    with pytest.warns(DeprecationWarning, match="quantize='int8' is now precision='int8'"):
+        old = Featurizer(str(tiny_models["bert"]), quantize="int8")
+    assert old.precision == "int8" and old.quantize == "int8"
 
 
 # ---- device and dtype flow through ----------------------------------------------------------------------------
@@ -244,7 +259,7 @@ def test_the_featurizer_sends_inputs_to_the_models_device(tiny_models):
     with pytest.raises(Stop):
         fz.embed_words(WORDS[:1])
     assert seen == [("meta", "meta")]  # no oneDNN copy of a model off the CPU; inputs moved to its device
-    assert fz._encoder is fz.model
+    assert fz.runtime.encoder is fz.model
 
 
 def test_bfloat16_models_and_autocast_give_float32_vectors_close_to_float32(tiny_models):
@@ -252,7 +267,7 @@ def test_bfloat16_models_and_autocast_give_float32_vectors_close_to_float32(tiny
     reference = Featurizer(folder, compile=False).embed_words(WORDS)
     bf16 = Featurizer(folder, compile=False)
     bf16.model.to(torch.bfloat16)
-    assert bf16._encoder is bf16.model  # not pre-packed into float32 by oneDNN
+    assert bf16.runtime.encoder is bf16.model  # not pre-packed into float32 by oneDNN
     out = bf16.embed_words(WORDS)
     assert all(a.dtype == np.float32 for a in out)
     assert _word_cosines(out, reference).mean() > 0.99

@@ -261,47 +261,42 @@ def test_hub_cache_is_used_when_present(tiny_models, tmp_path, monkeypatch):
     assert Featurizer("org/tiny", layers=-1).embed_words(["hello"])[0].shape == (1, 32)
 
 
-def test_views_share_one_inference_copy_and_with_model_builds_its_own(tiny_models, monkeypatch):
-    import ctxrep.featurize as featurize
+def test_views_share_one_runtime_and_with_model_builds_its_own(tiny_models, monkeypatch):
+    from ctxrep.runtime.torch_backend import TorchRuntime
 
     built = []
-    real = featurize._prepack_for_inference
-    monkeypatch.setattr(featurize, "_prepack_for_inference", lambda m: built.append(m) or real(m))
+    real = TorchRuntime._build
+    monkeypatch.setattr(TorchRuntime, "_build", lambda self: built.append(self.model) or real(self))
     fz = Featurizer(str(tiny_models["bert"]), layers="all")
     words = [["the", "dog", "runs"]]
     for layers in (-1, 0, [1, 2], "mix"):
         fz.with_layers(layers).embed_words(words)
     expected = fz.embed_words(words)[0]
-    assert built == [fz.model]  # packed once, whatever the views
+    assert built == [fz.model]  # built once, whatever the views
     other = type(fz.model)(fz.model.config).eval()
     control = fz.with_model(other)
     assert control.embed_words(words)[0].shape == expected.shape and built == [fz.model, other]
-    np.testing.assert_allclose(fz.embed_words(words)[0], expected)  # the original keeps its model and copy
+    np.testing.assert_allclose(fz.embed_words(words)[0], expected)  # the original keeps its model and runtime
     assert built == [fz.model, other]
     with pytest.raises(ValueError, match="with_model needs a model of the same shape: 6 layers x 384"):
         fz.with_model(ctxrep.load_model("minilm"))
 
 
-def test_prepacked_copy_matches_the_model_and_is_used_only_where_timing_says_it_pays(tiny_models, monkeypatch):
-    import ctxrep.featurize as featurize
+def test_prepacked_copy_matches_the_model_and_is_chosen_by_the_cpu_vendor_not_a_timing(tiny_models, monkeypatch):
+    from ctxrep.runtime import hardware, torch_backend
 
-    fz = Featurizer(str(tiny_models["bert"]), layers="all")
+    fz = Featurizer(str(tiny_models["bert"]), layers="all", compile=False)
     pieces = fz.tokenizer.encode_words([["the", "dog", "runs", "home"], ["a", "cat"]])
     records = [w for i, p in enumerate(pieces) for w in WindowPlan(fz.tokenizer, 64).single(i, p)]
     batch = collate(records, fz.tokenizer)
-    packed = featurize._prepack_for_inference(fz.model, always=True)
+    packed = torch_backend.prepack_for_inference(fz.model)
     assert packed is not fz.model
     with torch.inference_mode():
         expected = fz.model.encode(batch).hidden_states
         got = packed.encode(batch).hidden_states
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
-    largest = (fz.model.config.hidden_size, fz.model.config.intermediate_size, torch.get_num_threads())
-    for pays in (True, False):  # the timing's answer decides (kept per shape and thread count)
-        monkeypatch.setattr(featurize, "_PREPACK_PAYS", {largest: pays})
-        assert (featurize._prepack_for_inference(fz.model) is not fz.model) is pays
-    monkeypatch.setattr(featurize, "_PREPACK_PAYS", {})
-    state = torch.get_rng_state()
-    answer = featurize._prepacking_pays(32, 64)  # a real timing, measured once, drawing nothing from the global RNG
-    assert torch.equal(torch.get_rng_state(), state)
-    assert isinstance(answer, bool) and featurize._PREPACK_PAYS == {(32, 64, torch.get_num_threads()): answer}
+    for vendor, pays in (("AuthenticAMD", True), ("GenuineIntel", False), ("", False)):
+        monkeypatch.setattr(hardware, "cpu_vendor", lambda v=vendor: v)
+        fresh = Featurizer(str(tiny_models["bert"]), compile=False)
+        assert (fresh.runtime.encoder is not fresh.model) is pays  # the same answer on every run of one machine

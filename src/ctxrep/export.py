@@ -87,7 +87,16 @@ def _check_batches(encoder: Encoder) -> list[dict[str, torch.Tensor]]:
     return [_batch(encoder, [n, n - 4, 3], seed=1), _batch(encoder, [min(5, n)], seed=2)]
 
 
-def _export(wrapper: nn.Module, example: dict[str, torch.Tensor], file: Path, opset: int, exporter: str) -> None:
+def _export(
+    wrapper: nn.Module,
+    example: dict[str, torch.Tensor],
+    file: Path,
+    opset: int,
+    exporter: str,
+    output_names: tuple[str, ...] = (OUTPUT_NAME,),
+) -> None:
+    """Write `wrapper` (inputs named as `example`'s keys, outputs `output_names`, each (batch, sequence, ...)) to
+    `file` with dynamic batch and sequence axes."""
     names = list(example)
     args = tuple(example[k] for k in names)
     with warnings.catch_warnings():
@@ -95,13 +104,13 @@ def _export(wrapper: nn.Module, example: dict[str, torch.Tensor], file: Path, op
         # data-dependent Python branches (traced on a padded example), so its warnings are not the user's concern.
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
-            axes = {k: {0: "batch", 1: "sequence"} for k in [*names, OUTPUT_NAME]}
+            axes = {k: {0: "batch", 1: "sequence"} for k in [*names, *output_names]}
             torch.onnx.export(
                 wrapper,
                 args,
                 str(file),
                 input_names=names,
-                output_names=[OUTPUT_NAME],
+                output_names=list(output_names),
                 opset_version=opset,
                 dynamo=False,
                 dynamic_axes=axes,
@@ -113,7 +122,7 @@ def _export(wrapper: nn.Module, example: dict[str, torch.Tensor], file: Path, op
                 wrapper,
                 args,
                 input_names=names,
-                output_names=[OUTPUT_NAME],
+                output_names=list(output_names),
                 opset_version=opset,
                 dynamo=True,
                 dynamic_shapes=shapes,

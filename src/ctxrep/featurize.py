@@ -16,13 +16,12 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ctxrep import fast
+from ctxrep import runtime
 from ctxrep.inputs import (
     EncoderInput,
     Text,
@@ -69,11 +68,21 @@ class Featurizer:
         below, each of its pieces counts once, from the window that owns its word, and each window's special tokens
         count 1 / (number of windows), so the mean is over as many positions as one long sequence would have.
     stride: how many pieces each window of a long text advances (default: half a window).
-    batch_tokens: the token budget of one batch (padded batch size x longest sequence).
+    batch_tokens: the token budget of one batch (padded batch size x longest sequence); None: 2,048 on a CPU, sized
+        for the GPU's memory on CUDA (`runtime.hardware.default_batch_tokens`). Batching never changes a vector.
     compile: run the encoder under torch.compile (`ctxrep.fast.compile_encoder`): True, False, or "auto" (compile
         once a call's work is large enough to pay for the compilation, `fast.worth_compiling`; stay eager before).
-    quantize: None (float) or "int8": linear layers in int8 (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated
-        on `fast.CALIBRATION_TEXTS`); every Transformer family, CPU only.
+    device: where the model runs ("cpu", "cuda", "cuda:1"); None: where it is (the CPU after loading). On CUDA,
+        batches go through pinned memory with non-blocking copies, and pooling of one batch overlaps the next's run.
+    precision: "fp32" (default: the model as it is, exact), "bf16" / "fp16" (a copy cast to that type), "int8" (the
+        backend's int8 path, CPU only), or "auto": the fastest precision on this hardware whose vectors keep a mean
+        cosine >= 0.999 to float32, read from its description (bf16 on GPUs and on CPUs with avx512_bf16 or AMX,
+        else fp32; `runtime.hardware.auto_precision`); the choice is in `featurizer.precision` after construction.
+    backend: what runs the encoder (`ctxrep.runtime`): "torch" (every family, every precision), "onnxruntime"
+        (fp32, int8) or "openvino" (fp32, bf16, fp16, int8; `pip install 'ctxrep[openvino]'`). The ONNX/OpenVINO
+        graphs are exported once per model, depth and precision into $CTXREP_CACHE/graphs and checked against the
+        torch forward when written. ELMo runs on torch only. Windows, pooling and mixes are the same on every backend.
+    quantize: deprecated spelling of precision="int8" (quantize="int8"), kept for old code.
     normalize: embed_sentences returns unit-length vectors, v / max(||v||, 1e-12) per layer (so that a dot product is
         the cosine, as sentence-transformers' normalize_embeddings); word vectors are left as they are.
     The model's device and dtype are used as they are: move `featurizer.model` to "cuda" or bfloat16, or call
@@ -88,12 +97,15 @@ class Featurizer:
         sentence_pooling: str = "mean",
         stride: int | None = None,
         max_length: int | None = None,
-        batch_tokens: int = 2048,
+        batch_tokens: int | None = None,
         num_threads: int | None = None,
         progress: bool = False,
         compile: bool | str = "auto",
         quantize: str | None = None,
         normalize: bool = False,
+        device: str | torch.device | None = None,
+        precision: str = "fp32",
+        backend: str = "torch",
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -103,22 +115,31 @@ class Featurizer:
             raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
         if quantize not in (None, "int8"):
             raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+        if quantize is not None:
+            warnings.warn("quantize='int8' is now precision='int8'", DeprecationWarning, stacklevel=2)
+            precision = "int8"
+        runtime.check_precision(precision)
+        runtime.runtime_class(backend).require()  # an unknown backend, or a missing package, is said here
+        device = runtime.parse_device(device)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         loaded = model if isinstance(model, LoadedEncoder) else load_encoder(model)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
-        # [(model, its inference copy)]: one slot that the views from with_layers share, so it is built once
-        self._packed: list[tuple[torch.nn.Module, torch.nn.Module]] = []
-        self._compiled: list[tuple[torch.nn.Module, torch.nn.Module]] = []  # the same for the compiled encoder
-        if self.model.word_level and (quantize or compile is True):
+        if device is not None:
+            self.model.to(device)
+        if self.model.word_level and compile is True:
             raise ValueError(
-                f"{self.model.family} is a biLSTM over characters: compile and quantize are for "
-                "Transformer encoders; leave them at their defaults"
+                f"{self.model.family} is a biLSTM over characters: compile is for Transformer encoders; "
+                "leave it at its default"
             )
         self.compile = compile
-        self.quantize = quantize
+        self.backend = backend
+        # the runtime class and the concrete precision ("auto" decided), chosen once, here
+        self._runtime_class, self.precision = runtime.resolve(self.model, backend, precision)
+        # [(model, its runtime)]: one slot that the views from with_layers share, so the runtime is built once
+        self._runtimes: list[tuple[torch.nn.Module, tuple, object]] = []
         self.normalize = bool(normalize)  # embed_sentences: unit-length vectors (cosine = dot product)
         if self.model.word_level and sentence_pooling == "cls":
             raise ValueError(f"{self.model.family} has no classification token: use sentence_pooling='mean'")
@@ -126,38 +147,30 @@ class Featurizer:
         self.sentence_pooling = sentence_pooling
         # sentence_pooling="model": the folder's modules.json + Pooling config, read (or refused) once, here
         self.model_pooling = read_sentence_pooling(self.source.folder) if sentence_pooling == "model" else None
-        self.batch_tokens = batch_tokens
         self.progress = progress
         self.max_length = min(max_length or self.model.max_tokens, self.model.max_tokens)
+        self.batch_tokens = batch_tokens or runtime.hardware.default_batch_tokens(
+            next(self.model.parameters()).device, self.model.hidden_size, self.model.num_layers
+        )
         self.plan = WindowPlan(self.tokenizer, self.max_length, stride)
         self.layer_indices, self.mix = self._parse_layers(layers)
         self.single_layer = isinstance(layers, int) or self.mix is not None  # one array per word, no layer axis
 
     @property
-    def _encoder(self) -> torch.nn.Module:
-        """The inference copy of `self.model`, built once for this featurizer and its `with_layers` views (rebuilt
-        if `self.model` was replaced)."""
-        if not self._packed or self._packed[0][0] is not self.model:
-            self._packed[:] = [(self.model, self._inference_copy())]
-        return self._packed[0][1]
+    def runtime(self):
+        """The backend's runtime over `self.model` (`ctxrep.runtime`), built on first use for this featurizer and its
+        `with_layers` views (rebuilt if `self.model` was replaced, moved or cast)."""
+        first = next(self.model.parameters())
+        where = (first.device, first.dtype)
+        if not self._runtimes or self._runtimes[0][0] is not self.model or self._runtimes[0][1] != where:
+            built = self._runtime_class(self.model, self.tokenizer, self.precision, self.compile, self.max_length)
+            self._runtimes[:] = [(self.model, where, built)]
+        return self._runtimes[0][2]
 
-    def _inference_copy(self) -> torch.nn.Module:
-        if self.quantize == "int8":
-            return fast.quantize_int8(self.model, fast.calibration_batches(self.tokenizer, self.max_length))
-        return _prepack_for_inference(self.model)
-
-    def _encoder_for(self, num_tokens: int) -> torch.nn.Module:
-        """The compiled encoder when `compile` asks for it (True; or "auto" and a call of `num_tokens` that pays for
-        compiling, or one compiled earlier), else `_encoder`. int8 runs uncompiled."""
-        if self._compiled and self._compiled[0][0] is self.model:
-            return self._compiled[0][1]
-        if self.quantize is None and (
-            self.compile is True or (self.compile == "auto" and fast.worth_compiling(num_tokens, self.model))
-        ):
-            compiled = fast.compile_encoder(self.model, fallback=self.compile == "auto")  # "auto" never fails a call
-            self._compiled[:] = [(self.model, compiled)]
-            return self._compiled[0][1]
-        return self._encoder
+    @property
+    def quantize(self) -> str | None:
+        """Deprecated: "int8" when precision is "int8", else None."""
+        return "int8" if self.precision == "int8" else None
 
     def with_layers(self, layers: int | Sequence[int] | str | ScalarMix) -> Featurizer:
         """A copy that returns other layers, sharing the model and tokenizer (nothing is reloaded)."""
@@ -176,8 +189,8 @@ class Featurizer:
             )
         view = copy.copy(self)
         view.model = model
-        view._packed = []
-        view._compiled = []
+        view._runtime_class, view.precision = runtime.resolve(model, self.backend, self.precision)
+        view._runtimes = []
         return view
 
     @property
@@ -263,40 +276,60 @@ class Featurizer:
         word_out = [np.zeros((c, n_out, self.dim), dtype=np.float32) for c in word_counts] if want_words else None
         cls_sum = np.zeros((len(word_counts), n_out, self.model.hidden_size), dtype=np.float32) if want_cls else None
         cls_count = np.zeros(len(word_counts), dtype=np.int64)
-        top = max(self.layer_indices)
         order = sorted(range(len(windows)), key=lambda i: len(windows[i].input_ids))
         batches = token_budget_batches([len(windows[i].input_ids) for i in order], self.batch_tokens)
         num_tokens = sum(len(w.input_ids) for w in windows)
         bar = tqdm(total=num_tokens, unit="tok", disable=not self.progress, desc="embed")
         self.model.eval()
-        encoder = self._encoder_for(num_tokens)
-        device = next(self.model.parameters()).device
+        run = self.runtime
+        cuda = run.device.type == "cuda"
+
+        def pool(batch: list[EncoderInput], rows: list[int], selected: torch.Tensor, done, real: int) -> None:
+            """Pool one batch's hidden states (layers, batch, seq, hidden), float32 on the CPU once `done`."""
+            if done is not None:
+                done.synchronize()  # its copy into host memory has landed
+            if self.mix is not None:
+                selected = self.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
+            if want_words:
+                self._pool_words(selected, batch, word_out)
+            if want_cls:
+                for r, w in enumerate(batch):
+                    cls_sum[w.text] += selected[:, r, w.cls_position].numpy()
+                    cls_count[w.text] += 1
+            if tokens is not None:
+                pooler, weights = tokens
+                pooler.add(
+                    selected, [w.text for w in batch], [weights[i] for i in rows], [w.cls_position for w in batch]
+                )
+            bar.update(real)
+
         with torch.inference_mode():
-            start = 0
+            start, pending = 0, None  # pending: the previous batch, pooled while the device runs the next one
             for size in batches:
                 rows = order[start : start + size]
                 batch = [windows[i] for i in rows]
                 start += size
-                inputs = {k: v.to(device) for k, v in collate(batch, self.tokenizer).items()}
-                out = encoder.encode(inputs, num_layers=top if top < self.model.num_layers else None)
-                selected = torch.stack(
-                    [out.hidden_states[i] for i in self.layer_indices]
-                )  # (layers, batch, seq, hidden)
-                selected = selected.float().cpu()  # no copy for a float32 model on CPU
-                if self.mix is not None:
-                    selected = self.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
-                if want_words:
-                    self._pool_words(selected, batch, word_out)
-                if want_cls:
-                    for r, w in enumerate(batch):
-                        cls_sum[w.text] += selected[:, r, w.cls_position].numpy()
-                        cls_count[w.text] += 1
-                if tokens is not None:
-                    pooler, weights = tokens
-                    pooler.add(
-                        selected, [w.text for w in batch], [weights[i] for i in rows], [w.cls_position for w in batch]
-                    )
-                bar.update(int(inputs["attention_mask"].sum()))
+                collated = collate(batch, self.tokenizer)
+                real = int(collated["attention_mask"].sum())
+                if cuda:  # pinned host memory: the copies run asynchronously with the host's work
+                    inputs = {k: v.pin_memory().to(run.device, non_blocking=True) for k, v in collated.items()}
+                else:
+                    inputs = {k: v.to(run.device) for k, v in collated.items()}
+                selected = run.hidden_states(inputs, self.layer_indices, call_tokens=num_tokens)  # (layers, b, t, h)
+                done = None
+                if cuda:
+                    host = torch.empty(selected.shape, dtype=torch.float32, pin_memory=True)
+                    host.copy_(selected.float(), non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record()
+                    selected = host
+                else:
+                    selected = selected.float().cpu()  # no copy for float32 on the CPU
+                if pending is not None:
+                    pool(*pending)
+                pending = (batch, rows, selected, done, real)
+            if pending is not None:
+                pool(*pending)
         bar.close()
         cls = cls_sum / cls_count[:, None, None] if want_cls else None
         return word_out, cls
@@ -394,68 +427,3 @@ class Featurizer:
                 windows.append(row)
                 weights.append(w)
         return windows, [len(w) for w in words], weights
-
-
-def _prepack_for_inference(model: torch.nn.Module, always: bool = False) -> torch.nn.Module:
-    """A copy of `model` whose linear layers run through oneDNN with pre-packed weights, where that is faster.
-
-    Same results (to ~1e-6). Whether it is faster depends on the CPU: measured 1.4-2x the default BLAS path on an
-    AMD EPYC, 0.8x on an Ice Lake Xeon, for the same shapes. So the first call times the model's largest linear
-    layer both ways (`_prepacking_pays`, once per shape and thread count per process) and pre-packs only where
-    that wins; `always=True` skips the timing (tests). Inference only: `self.model` stays the ordinary module.
-    """
-    if not torch.backends.mkldnn.is_available() or any(p.device.type != "cpu" for p in model.parameters()):
-        return model
-    if any(p.dtype != torch.float32 for p in model.parameters()):  # to_mkldnn would turn a bfloat16 model float32
-        return model
-    if not model.prepack_for_inference:  # measured faster for the BERT family only
-        return model
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    if not linears:
-        return model
-    largest = max(linears, key=lambda m: m.weight.numel())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.utils.mkldnn builds TorchScript modules
-        try:
-            from torch.utils import mkldnn
-
-            if not always and not _prepacking_pays(largest.in_features, largest.out_features):
-                return model
-            return mkldnn.to_mkldnn(copy.deepcopy(model))
-        except (RuntimeError, AttributeError):  # a torch build without a usable oneDNN path
-            return model
-
-
-_PREPACK_PAYS: dict[tuple[int, int, int], bool] = {}
-
-
-def _prepacking_pays(in_features: int, out_features: int, rows: int = 1024, repeats: int = 3) -> bool:
-    """Whether a pre-packed oneDNN linear layer of this shape beats the plain one on this CPU (best of `repeats`
-    timings each, 1,024 rows: a 2,048-token batch's order of size). About 0.1 s for MiniLM's shape, once."""
-    import time
-
-    from torch.utils import mkldnn
-
-    key = (in_features, out_features, torch.get_num_threads())
-    if key not in _PREPACK_PAYS:
-        generator = torch.Generator().manual_seed(0)  # the caller's RNG is left as it was
-        weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
-        bias = torch.zeros(out_features)
-        packed = mkldnn.MkldnnLinear(SimpleNamespace(weight=weight, bias=bias), torch.float32)  # reads the two
-
-        def plain(x: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.linear(x, weight, bias)
-
-        x = torch.randn(rows, in_features, generator=generator)
-
-        def best(layer) -> float:
-            times = []
-            for _ in range(repeats + 1):  # the first call warms up
-                start = time.perf_counter()
-                layer(x)
-                times.append(time.perf_counter() - start)
-            return min(times[1:])
-
-        with torch.inference_mode():
-            _PREPACK_PAYS[key] = best(packed) < 0.95 * best(plain)
-    return _PREPACK_PAYS[key]

@@ -1,0 +1,155 @@
+"""OpenVINO (CPU): ctxrep's exported graph as OpenVINO IR, run at float32, bfloat16 or float16 (the plugin's
+inference-precision hint), or NNCF's post-training int8 quantization of it."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ctxrep import fast
+from ctxrep.models.encoder import Encoder
+from ctxrep.runtime import graphs
+from ctxrep.runtime.hardware import cpu_has_bf16
+
+HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+
+
+def ir_file(model: Encoder, top: int) -> Path:
+    """KEY/openvino.xml (+ .bin): fp32.onnx read by OpenVINO and saved as IR, checked against the torch forward."""
+    fp32 = graphs.fp32_onnx(model, top)
+    path = fp32.parent / "openvino.xml"
+    if path.is_file():
+        return path
+    import openvino as ov
+
+    core = ov.Core()
+    with tempfile.TemporaryDirectory(dir=fp32.parent) as tmp:
+        candidate = Path(tmp) / path.name
+        ov.save_model(core.read_model(str(fp32)), str(candidate), compress_to_fp16=False)
+        compiled = compile_ir(core, candidate, "f32", 1)
+        encoder = graphs.float_copy(model)
+        reference = graphs.HiddenStates(encoder, top)
+        diff, cosine = graphs.compare(
+            lambda feed: run_compiled(compiled, feed), reference, graphs.check_batches(encoder)
+        )
+        if not diff <= graphs.FP32_TOLERANCE:
+            raise graphs.GraphError(
+                f"{model.family}: OpenVINO's float32 graph differs from the torch forward by {diff:.3g} (relative) > "
+                f"{graphs.FP32_TOLERANCE:g}: use backend='onnxruntime' or 'torch' for this model"
+            )
+        os.replace(candidate.with_suffix(".bin"), path.with_suffix(".bin"))
+        os.replace(candidate, path)
+    graphs.record_check(path.parent, path.name, {"max_relative_diff": diff, "cosine": cosine})
+    return path
+
+
+def int8_ir_file(model: Encoder, tokenizer, top: int, max_length: int) -> Path:
+    """KEY/openvino-int8.xml: NNCF post-training quantization (model_type TRANSFORMER: SmoothQuant, int8 matrix
+    products, the rest as the plugin runs it) calibrated on `fast.CALIBRATION_TEXTS`, one sentence per sample."""
+    fp32 = ir_file(model, top)
+    path = fp32.parent / "openvino-int8.xml"
+    if path.is_file():
+        return path
+    try:
+        import nncf
+    except ImportError as e:
+        raise ValueError(
+            f"backend='openvino' with precision='int8' needs nncf ({e}): pip install 'ctxrep[openvino]'"
+        ) from e
+    import openvino as ov
+
+    core = ov.Core()
+    names = [i.get_any_name() for i in core.read_model(str(fp32)).inputs]
+    samples = [
+        {k: v.numpy() for k, v in b.items() if k in names}
+        for b in fast.calibration_batches(tokenizer, max_length, batch_size=1)
+    ]
+    quantized = nncf.quantize(
+        core.read_model(str(fp32)),
+        nncf.Dataset(samples),
+        model_type=nncf.ModelType.TRANSFORMER,
+        subset_size=len(samples),
+    )
+    with tempfile.TemporaryDirectory(dir=fp32.parent) as tmp:
+        candidate = Path(tmp) / path.name
+        ov.save_model(quantized, str(candidate), compress_to_fp16=False)
+        compiled = compile_ir(core, candidate, int8_hint(), 1)
+        encoder = graphs.float_copy(model)
+        reference = graphs.HiddenStates(encoder, top)
+        diff, cosine = graphs.compare(
+            lambda feed: run_compiled(compiled, feed), reference, graphs.check_batches(encoder)
+        )
+        graphs.check_quantized(model, "OpenVINO int8", cosine)
+        os.replace(candidate.with_suffix(".bin"), path.with_suffix(".bin"))
+        os.replace(candidate, path)
+    graphs.record_check(path.parent, path.name, {"max_relative_diff": diff, "cosine": cosine})
+    return path
+
+
+def int8_hint() -> str:
+    """The precision of the operations NNCF left unquantized: bfloat16 where the CPU has it natively, else float32."""
+    return "bf16" if cpu_has_bf16() else "f32"
+
+
+def compile_ir(core, path: Path, hint: str, threads: int):
+    return core.compile_model(
+        str(path),
+        "CPU",
+        {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, threads), "PERFORMANCE_HINT": "LATENCY"},
+    )
+
+
+def run_compiled(compiled, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    names = [i.get_any_name() for i in compiled.inputs]
+    result = compiled({k: feed[k] for k in names})
+    return [np.asarray(result[o]) for o in compiled.outputs]
+
+
+class OpenVinoRuntime:
+    """Batch in, hidden states out, through an OpenVINO compiled model over the cached IR (exported on first use)."""
+
+    backend = "openvino"
+    precisions = ("fp32", "bf16", "fp16", "int8")
+
+    @staticmethod
+    def require() -> None:
+        """A one-line error when OpenVINO is not installed."""
+        try:
+            import openvino  # noqa: F401
+        except ImportError as e:
+            raise ValueError(f"backend='openvino' needs openvino and nncf ({e}): pip install 'ctxrep[openvino]'") from e
+
+    def __init__(self, model: Encoder, tokenizer, precision: str, compile: bool | str, max_length: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.precision = precision
+        self.max_length = max_length
+        self.device = torch.device("cpu")
+        self._compiled: dict[int, tuple[object, object]] = {}  # deepest layer -> (compiled model, infer request)
+
+    def _request(self, top: int):
+        if top not in self._compiled:
+            import openvino as ov
+
+            if self.precision == "int8":
+                path, hint = int8_ir_file(self.model, self.tokenizer, top, self.max_length), int8_hint()
+            else:
+                path, hint = ir_file(self.model, top), HINTS[self.precision]
+            compiled = compile_ir(ov.Core(), path, hint, torch.get_num_threads())
+            self._compiled[top] = (compiled, compiled.create_infer_request())
+        return self._compiled[top]
+
+    def hidden_states(
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+    ) -> torch.Tensor:
+        """(len(layers), batch, seq, hidden) float32 on the CPU."""
+        compiled, request = self._request(max(layers))
+        names = [i.get_any_name() for i in compiled.inputs]
+        request.infer({k: batch[k].numpy() for k in names})
+        out = [request.get_output_tensor(i).data for i in layers]  # views of the request's buffers
+        return torch.stack([torch.from_numpy(np.asarray(o, dtype=np.float32)) for o in out])

@@ -1,0 +1,102 @@
+"""The PyTorch runtime: the encoder's own forward, on its device, at the chosen precision.
+
+  fp32        the model itself; on CPUs where the rule in `hardware.prepack_pays` says so, a copy whose linear layers
+              are oneDNN pre-packed (the same results to ~1e-6); torch.compile for large calls (`compile`)
+  bf16, fp16  a copy of the model cast to that dtype (the model stays as it was); compiled like fp32
+  int8        `fast.quantize_int8`'s copy: SmoothQuant-calibrated int8 linear layers, CPU only
+
+Every family runs here, ELMo included (its biLSTM runs in float32 or a cast copy; compile and int8 refuse it).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ctxrep import fast
+from ctxrep.models.encoder import Encoder
+from ctxrep.runtime.hardware import prepack_pays
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchRuntime:
+    """Batch in, hidden states out, through the encoder's PyTorch forward. The inference copy (pre-packed, cast or
+    int8) is built on first use and kept; `model` is never changed."""
+
+    backend = "torch"
+    precisions = ("fp32", "bf16", "fp16", "int8")
+
+    @staticmethod
+    def require() -> None:
+        """Nothing to check: torch is always there."""
+
+    def __init__(self, model: Encoder, tokenizer, precision: str, compile: bool | str, max_length: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.precision = precision
+        self.compile = compile
+        self.max_length = max_length
+        self.device = next(model.parameters()).device
+        self._inference: torch.nn.Module | None = None
+        self._compiled: fast.CompiledEncoder | None = None
+
+    @property
+    def encoder(self) -> torch.nn.Module:
+        """The inference copy this runtime runs (built on first use)."""
+        if self._inference is None:
+            self._inference = self._build()
+        return self._inference
+
+    def _build(self) -> torch.nn.Module:
+        if self.precision == "int8":
+            return fast.quantize_int8(self.model, fast.calibration_batches(self.tokenizer, self.max_length))
+        dtype = DTYPES[self.precision]
+        if self.precision != "fp32" and any(p.dtype != dtype for p in self.model.parameters()):
+            return copy.deepcopy(self.model).to(dtype).eval()
+        return prepack_for_inference(self.model) if prepack_pays() else self.model
+
+    def _encoder_for(self, call_tokens: int) -> torch.nn.Module:
+        """The compiled copy when `compile` asks for it (True; or "auto" and a call of `call_tokens` that pays for
+        compiling, or one compiled earlier), else `encoder`. int8 runs uncompiled."""
+        if self._compiled is not None:
+            return self._compiled
+        if self.precision != "int8" and (
+            self.compile is True or (self.compile == "auto" and fast.worth_compiling(call_tokens, self.model))
+        ):
+            base = self.model if self.precision == "fp32" else self.encoder  # compiled code folds the weights in
+            self._compiled = fast.compile_encoder(base, fallback=self.compile == "auto")  # "auto" never fails a call
+            return self._compiled
+        return self.encoder
+
+    def hidden_states(
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+    ) -> torch.Tensor:
+        """(len(layers), batch, seq, hidden) on the model's device, in the runtime's dtype; the encoder stops after
+        the highest layer asked for."""
+        top = max(layers)
+        out = self._encoder_for(call_tokens).encode(batch, num_layers=top if top < self.model.num_layers else None)
+        return torch.stack([out.hidden_states[i] for i in layers])
+
+
+def prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose linear layers run through oneDNN with pre-packed weights (the same results to ~1e-6);
+    the model itself where that path does not apply (off the CPU, not float32, a family that has not asked for it
+    with `prepack_for_inference`, or a torch build without oneDNN). Inference only."""
+    if not torch.backends.mkldnn.is_available() or any(p.device.type != "cpu" for p in model.parameters()):
+        return model
+    if any(p.dtype != torch.float32 for p in model.parameters()):  # to_mkldnn would turn a bfloat16 model float32
+        return model
+    if not getattr(model, "prepack_for_inference", False):  # measured faster for the BERT family only
+        return model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.utils.mkldnn builds TorchScript modules
+        try:
+            from torch.utils import mkldnn
+
+            return mkldnn.to_mkldnn(copy.deepcopy(model))
+        except (RuntimeError, AttributeError):  # a torch build without a usable oneDNN path
+            return model
