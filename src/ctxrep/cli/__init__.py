@@ -21,6 +21,7 @@ def _register() -> None:
     from ctxrep.cli.info import info
     from ctxrep.cli.mt import mt
     from ctxrep.cli.plot_run import plot_run
+    from ctxrep.cli.predict import predict
     from ctxrep.cli.pretrain import pretrain
     from ctxrep.cli.prune import prune
     from ctxrep.cli.tokenizer import tokenizer
@@ -29,6 +30,7 @@ def _register() -> None:
         main.add_command(command)
     for command in INDEX:  # index build, search
         main.add_command(command)
+    main.add_command(predict)
 
 
 _register()

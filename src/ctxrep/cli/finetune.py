@@ -1,8 +1,9 @@
 """`ctxrep finetune`: train a task model on a data set, evaluate it on dev, save model, metrics and plots.
 
---task names a benchmark data set in its own format (sst2, sst5, conll2003, upos, glue-pair, squad) or says what to
-do with the user's own files (classify, pair, tag, span: ctxrep.data.table reads CSV / TSV / JSONL / CoNLL columns,
-gzip-compressed or not, with the column options below).
+--task names a benchmark data set in its own format (sst2, sst5, conll2003, upos, glue-pair, squad, stsb, sick-r) or
+says what to do with the user's own files (classify, pair, regress, tag, span, wic: ctxrep.data.table reads CSV / TSV
+/ JSONL / CoNLL columns, gzip-compressed or not, with the column options below; wic also reads WiC's own files).
+It ends by printing how to apply the model (`ctxrep predict`) and how to load it in Python.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ COLUMN_OPTIONS = (
     "--task",
     type=click.Choice(ALL_TASKS),
     required=True,
-    help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad), or your own files: "
-    "classify (text -> label), pair (two texts -> label), tag (a tag per word), span (SQuAD-style "
-    "question answering).",
+    help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad; stsb: the STS benchmark's sts-*.csv "
+    "or GLUE's STS-B TSV; sick-r: SICK_*.txt relatedness), or your own files: classify (text -> label), pair (two "
+    "texts -> label), regress (a text or two -> a numeric score), tag (a tag per word), span (SQuAD-style question "
+    "answering), wic (two texts with the target word marked [[word]] -> label; or WiC's *.data.txt with "
+    "*.gold.txt beside it).",
 )
 @click.option(
     "--train",
@@ -54,10 +57,19 @@ COLUMN_OPTIONS = (
 @click.option(
     "--text-column",
     default=None,
-    help="classify / pair: the text column (header name, 0-based index or JSONL field). [default: text]",
+    help="classify / pair / regress / wic: the text column (header name, 0-based index or JSONL field). "
+    "[default: text]",
 )
-@click.option("--text-pair-column", default=None, help="pair: the second text's column. [default: text_pair]")
-@click.option("--label-column", default=None, help="classify / pair: the label column. [default: label]")
+@click.option(
+    "--text-pair-column",
+    default=None,
+    help="pair / wic: the second text's column [default: text_pair]; regress: give it for text pairs.",
+)
+@click.option(
+    "--label-column",
+    default=None,
+    help="classify / pair / wic: the label column; regress: the score column. [default: label]",
+)
 @click.option(
     "--word-column",
     default=None,
@@ -100,14 +112,19 @@ COLUMN_OPTIONS = (
 @click.option("--gradual-unfreezing", is_flag=True, help="Unfreeze one encoder layer per epoch from the top.")
 @click.option("--cache-dir", default=None, help="Frozen-feature cache (default ~/.cache/ctxrep/features).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="A progress bar on a terminal (plain lines in a log); --no-progress: plain progress lines every ~10 s.",
+)
 @click.option(
     "--train-phrases",
     is_flag=True,
     help="SST: train on every labelled phrase of the trees (GLUE's SST-2 training set).",
 )
 @user_errors
-def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, **options) -> None:
+def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, progress, **options) -> None:
     """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots)."""
     from ctxrep.tasks.experiment import experiment
 
@@ -135,7 +152,35 @@ def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, s
         train_phrases=train_phrases,
         columns=columns if task in FILE_TASKS else None,
         random_state=seed,
+        progress=True if progress else "lines",
         **options,
         **tagger_options,
     )
     click.echo(f"dev {metrics['score_name']} {metrics['score']:.4f}; wrote {out_dir}")
+    click.echo(how_to_use(task, out_dir, metrics["estimator"]))
+
+
+EXAMPLE_INPUT = {  # what predict takes, by task kind, for the Python lines printed at the end
+    "regress": '[("A man is playing a guitar.", "A man plays the guitar.")]',
+    "pair": '[("A man is playing a guitar.", "A man plays the guitar.")]',
+    "wic": '[("He sat on the [[bank]] .", "She went to the [[bank]] .")]',
+    "tag": '[["John", "lives", "in", "Paris"]]',
+    "span": '[("Where does John live?", "John lives in Paris.")]',
+    "classify": '["a fine, moving film"]',
+}
+KIND = {"stsb": "regress", "sick-r": "regress", "glue-pair": "pair", "conll2003": "tag", "upos": "tag", "squad": "span"}
+
+
+def how_to_use(task: str, out_dir, estimator: str) -> str:
+    """The lines `ctxrep finetune` ends with: how to predict from the CLI and how to load the model in Python."""
+    model = f"{out_dir}/model"
+    example = EXAMPLE_INPUT.get(KIND.get(task, task), EXAMPLE_INPUT["classify"])
+    return "\n".join(
+        [
+            "use it:",
+            f"  ctxrep predict --model {model} --input FILE --out preds.csv   # FILE read as --task {task} reads it",
+            f"  python: from ctxrep.tasks import {estimator}",
+            f"          model = {estimator}.load({model!r})          # or ctxrep.tasks.load({model!r})",
+            f"          model.predict({example})",
+        ]
+    )

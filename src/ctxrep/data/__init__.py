@@ -1,6 +1,6 @@
 """Readers for the data sets people bring, and the packed pretraining corpus.
 
-    from ctxrep.data import read_conll, read_conllu, read_sst, read_glue_tsv, read_squad, read_wic
+    from ctxrep.data import read_conll, read_conllu, read_sst, read_glue_tsv, read_squad, read_wic, read_sts
     from ctxrep.data import read_labelled_texts, read_tagged, read_questions   # CSV / TSV / JSONL / CoNLL task files
 
 Each name is imported on first use (`import ctxrep.data` alone loads no reader and no numpy).
@@ -36,8 +36,13 @@ _EXPORTS = {
     "read_wic": "wic",
     "iter_wic": "wic",
     "WicPair": "wic",
+    # graded similarity: STS benchmark, GLUE STS-B, SICK (sts.py)
+    "read_sts": "sts",
+    "read_sick": "sts",
+    "ScoredPair": "sts",
     # the user's own task files: CSV / TSV / JSONL / CoNLL columns, gzip or not (table.py)
     "read_labelled_texts": "table",
+    "read_scored_texts": "table",
     "read_tagged": "table",
     "read_questions": "table",
     "TaskData": "table",
@@ -101,6 +106,10 @@ __all__ = [
     "read_wic",
     "sst_label",
     "read_labelled_texts",
+    "read_scored_texts",
+    "read_sick",
+    "read_sts",
+    "ScoredPair",
     "read_tagged",
     "read_questions",
     "TaskData",

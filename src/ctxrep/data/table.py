@@ -30,6 +30,7 @@ import csv
 import gzip
 import json
 import logging
+import math
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -245,11 +246,12 @@ def _nonempty(data: TaskData, what: str) -> TaskData:
 def read_labelled_texts(
     path: str | Path,
     text_column: str | int = "text",
-    label_column: str | int = "label",
+    label_column: str | int | None = "label",
     text_pair_column: str | int | None = None,
     format: str | None = None,
 ) -> TaskData:
-    """Texts (or (text, text_pair) pairs with `text_pair_column`) and their labels from a CSV, TSV or JSONL file."""
+    """Texts (or (text, text_pair) pairs with `text_pair_column`) and their labels from a CSV, TSV or JSONL file;
+    `label_column=None` reads unlabelled input (y: None each), as `ctxrep predict` does."""
     path = Path(path)
     format = detect_format(path, format)
     if format == "conll":
@@ -263,13 +265,42 @@ def read_labelled_texts(
         if text_pair_column is not None:
             pair = _field(path, line, row, columns, text_pair_column, "--text-pair-column")
             text = (text, _text(path, line, pair, "--text-pair-column", text_pair_column))
-        label = _label(path, line, _field(path, line, row, columns, label_column, "--label-column"), label_column)
+        label = None
+        if label_column is not None:
+            label = _label(path, line, _field(path, line, row, columns, label_column, "--label-column"), label_column)
         data.X.append(text)
         data.y.append(label)
         data.lines.append(line)
-    _check_label_types(data, zip(data.lines, data.y))
+    if label_column is not None:
+        _check_label_types(data, zip(data.lines, data.y))
     logger.info("%s: %d examples, %d labels", path, len(data.X), len(set(map(str, data.y))))
     return _nonempty(data, "examples")
+
+
+def read_scored_texts(
+    path: str | Path,
+    text_column: str | int = "text",
+    label_column: str | int = "label",
+    text_pair_column: str | int | None = None,
+    format: str | None = None,
+) -> TaskData:
+    """Texts (or (text, text_pair) pairs) and a numeric score each (regression) from a CSV, TSV or JSONL file; a
+    score that is not a number names its file and line."""
+    data = read_labelled_texts(path, text_column, label_column, text_pair_column, format)
+    scores = []
+    for line, value in zip(data.lines, data.y):
+        try:
+            score = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            score = math.nan
+        if not math.isfinite(score):
+            raise ValueError(
+                f"{path}:{line}: the score column {label_column!r} (--label-column) holds {value!r}, which is not a "
+                "number; --task regress needs a numeric score per example (for class labels use --task classify)"
+            )
+        scores.append(score)
+    data.y = scores
+    return data
 
 
 # ---- tag ------------------------------------------------------------------------------------------------
@@ -278,11 +309,15 @@ def read_labelled_texts(
 def read_tagged(
     path: str | Path,
     word_column: str | int = 0,
-    tag_column: str | int = -1,
+    tag_column: str | int | None = -1,
     format: str | None = None,
 ) -> TaskData:
     """Sentences (word lists) and their tags from a CoNLL-style column file (columns by 0-based index, negative
-    from the end) or a JSONL file (word and tag fields holding lists)."""
+    from the end) or a JSONL file (word and tag fields holding lists). `tag_column=None` reads words only (y: None
+    each), as `ctxrep predict` does."""
+    unlabelled = tag_column is None
+    if unlabelled:
+        tag_column = word_column
     path = Path(path)
     format = detect_format(path, format, default="conll")
     if format in ("csv", "tsv"):
@@ -315,7 +350,10 @@ def read_tagged(
             data.X.append(sentence[0])
             data.y.append(sentence[1])
             data.lines.append(sentence[2])
-    _check_label_types(data, ((line, t) for line, tags in zip(data.lines, data.y) for t in tags))
+    if unlabelled:
+        data.y = [None] * len(data.X)
+    else:
+        _check_label_types(data, ((line, t) for line, tags in zip(data.lines, data.y) for t in tags))
     logger.info("%s: %d sentences, %d words", path, len(data.X), sum(len(x) for x in data.X))
     return _nonempty(data, "sentences")
 
@@ -367,13 +405,14 @@ def read_questions(
     path: str | Path,
     question_column: str = "question",
     context_column: str = "context",
-    answers_column: str = "answers",
+    answers_column: str | None = "answers",
     format: str | None = None,
 ) -> TaskData:
     """SQuAD-style JSONL: one question per line with its context and answers as text plus character start, either
     {"text": [...], "answer_start": [...]} (Hugging Face datasets), a list of {"text", "answer_start"} objects, or
     one such object. X: (question, context) pairs; y: a list of (text, start) answers per question. Questions
-    without answers (SQuAD 2.0's unanswerable ones) are left out, with a warning."""
+    without answers (SQuAD 2.0's unanswerable ones) are left out, with a warning. `answers_column=None` reads the
+    questions alone (y: None each), as `ctxrep predict` does."""
     path = Path(path)
     format = detect_format(path, format, default="jsonl")
     if format != "jsonl":
@@ -400,6 +439,11 @@ def read_questions(
             "--context-column",
             context_column,
         )
+        if answers_column is None:
+            data.X.append((question, context))
+            data.y.append(None)
+            data.lines.append(line)
+            continue
         answers = _answers(path, line, _field(path, line, row, None, answers_column, "--answers-column"), context)
         if not answers:
             skipped += 1
@@ -456,5 +500,6 @@ __all__ = [
     "numbered_lines",
     "read_labelled_texts",
     "read_questions",
+    "read_scored_texts",
     "read_tagged",
 ]

@@ -1,6 +1,7 @@
 """Task models on top of contextual representations: fine-tuned or on frozen features.
 
     from ctxrep.tasks import SequenceClassifier, SequenceRegressor, TokenTagger, SpanExtractor
+    from ctxrep.tasks import WordInContextClassifier, load   # load: any saved estimator (OUT/model)
 
 scikit-learn-style estimators (fit / predict / score, get_params / set_params) on one base class
 (`ctxrep.tasks.base.TaskEstimator`) built from parts: the network (tasks/network.py), the training loop
@@ -13,5 +14,34 @@ from ctxrep.tasks.experiment import experiment
 from ctxrep.tasks.regressor import SequenceRegressor
 from ctxrep.tasks.span import SpanExtractor
 from ctxrep.tasks.tagger import TokenTagger
+from ctxrep.tasks.wic import WordInContextClassifier
 
-__all__ = ["SequenceClassifier", "SequenceRegressor", "TokenTagger", "SpanExtractor", "experiment"]
+ESTIMATORS = {
+    cls.__name__: cls
+    for cls in (SequenceClassifier, SequenceRegressor, WordInContextClassifier, TokenTagger, SpanExtractor)
+}
+
+
+def load(path):
+    """A saved estimator of any kind (the class named in its config.json), e.g. `ctxrep finetune`'s OUT/model."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{path}: no config.json; expected a folder written by an estimator's save (OUT/model)")
+    name = json.loads(config.read_text()).get("estimator")
+    if name not in ESTIMATORS:
+        raise ValueError(f"{config}: estimator {name!r} is not one of {', '.join(ESTIMATORS)}")
+    return ESTIMATORS[name].load(path)
+
+
+__all__ = [
+    "SequenceClassifier",
+    "SequenceRegressor",
+    "WordInContextClassifier",
+    "TokenTagger",
+    "SpanExtractor",
+    "experiment",
+    "load",
+]

@@ -1,14 +1,19 @@
 """Read a data set with ctxrep's readers, train a task model, evaluate on dev, write a report.
 
-Tasks: the named benchmark data sets (TASKS: sst2, sst5, conll2003, upos, glue-pair, squad, each in its own
-format), or the user's own files (FILE_TASKS, read by ctxrep.data.table with the column settings in `columns`):
+Tasks: the named benchmark data sets (TASKS: sst2, sst5, conll2003, upos, glue-pair, squad, stsb, sick-r, each in
+its own format), or the user's own files (FILE_TASKS, read by ctxrep.data.table with the column settings in `columns`):
   classify   CSV / TSV / JSONL, a text and a label per example      -> SequenceClassifier
   pair       CSV / TSV / JSONL, two texts and a label               -> SequenceClassifier on pairs
+  regress    CSV / TSV / JSONL, a text (or two) and a numeric score -> SequenceRegressor (Pearson, Spearman)
   tag        CoNLL-style columns or JSONL lists, a tag per word     -> TokenTagger
   span       SQuAD-style JSONL (question, context, answers)         -> SpanExtractor
+  wic        WiC's own files (*.data.txt with *.gold.txt beside it), or CSV / TSV / JSONL with two texts whose
+             target word is marked [[word]] and a label              -> WordInContextClassifier
+stsb reads the STS benchmark's sts-*.csv or GLUE's STS-B TSV, sick-r SICK's SICK_*.txt (ctxrep.data.sts).
 
 out_dir/
-  model/            the estimator (model.safetensors + config.json; load with <Class>.load)
+  model/            the estimator (model.safetensors + config.json; load with ctxrep.tasks.load or <Class>.load)
+                    and task.json (the task and column settings `ctxrep predict` reads the input with)
   metrics.json      dev metrics, parameters, per-epoch history, wall-clock seconds
   report.txt        the printed classification / entity report
   confusion.png     classification tasks (sst2, sst5, glue-pair, upos)
@@ -24,13 +29,17 @@ from pathlib import Path
 
 import numpy as np
 
-TASKS = ("sst2", "sst5", "conll2003", "upos", "glue-pair", "squad")  # named benchmark data sets
-FILE_TASKS = ("classify", "pair", "tag", "span")  # the user's own files (ctxrep.data.table)
+TASKS = ("sst2", "sst5", "conll2003", "upos", "glue-pair", "squad", "stsb", "sick-r")  # named benchmark data sets
+FILE_TASKS = ("classify", "pair", "regress", "tag", "span", "wic")  # the user's own files (ctxrep.data.table)
+REGRESSION = ("regress", "stsb", "sick-r")
+CLASSIFICATION = ("sst2", "sst5", "glue-pair", "classify", "pair", "wic")
 ALL_TASKS = TASKS + FILE_TASKS
 # the `columns` settings each file task reads (ctxrep.data.table's keyword arguments; --text-column etc. on the CLI)
 COLUMNS = {
     "classify": ("format", "text_column", "label_column"),
     "pair": ("format", "text_column", "text_pair_column", "label_column"),
+    "regress": ("format", "text_column", "text_pair_column", "label_column"),
+    "wic": ("format", "text_column", "text_pair_column", "label_column"),
     "tag": ("format", "word_column", "tag_column"),
     "span": ("format", "question_column", "context_column", "answers_column"),
 }
@@ -43,17 +52,62 @@ class Dataset:
     lines: list[int] | None = None  # each example's first line (file tasks)
 
 
+def is_wic_file(path: str | Path, columns: dict | None) -> bool:
+    """Whether --task wic reads WiC's own layout (a *.data.txt file, or any name but .csv/.tsv/.jsonl without
+    --format) rather than a table of marked texts."""
+    from ctxrep.data.table import SUFFIXES
+
+    if (columns or {}).get("format") is not None:
+        return False
+    name = Path(path).name.lower().removesuffix(".gz")
+    return name.endswith(".data.txt") or Path(name).suffix not in SUFFIXES
+
+
+def wic_gold_path(path: str | Path) -> Path | None:
+    """WiC's gold file beside a data file (train.data.txt -> train.gold.txt), or None when there is none."""
+    path = Path(path)
+    if not path.name.endswith(".data.txt"):
+        return None
+    gold = path.with_name(path.name.removesuffix(".data.txt") + ".gold.txt")
+    return gold if gold.is_file() else None
+
+
 def read_task(
-    task: str, path: str | Path, limit: int | None = None, phrases: bool = False, columns: dict | None = None
+    task: str,
+    path: str | Path,
+    limit: int | None = None,
+    phrases: bool = False,
+    columns: dict | None = None,
+    labelled: bool = True,
 ) -> Dataset:
     """Examples of `task` from one file; `limit` keeps the first N. For SST, `phrases=True` gives every distinct
     labelled phrase of the trees (as GLUE's SST-2 training set does), not only the sentences. For a file task,
-    `columns` holds the reader's settings (COLUMNS[task]: format, text_column, ...)."""
+    `columns` holds the reader's settings (COLUMNS[task]: format, text_column, ...). `labelled=False` (prediction)
+    reads a file task's input without its label column; y is then a list of None."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     lines = None
-    if task in FILE_TASKS:
+    if task == "wic" and is_wic_file(path, columns):
+        from ctxrep.data.wic import read_wic
+
+        given = [k for k, v in (columns or {}).items() if v is not None]
+        if given:
+            raise ValueError(
+                f"{path}: WiC's own files have fixed fields, so {', '.join('--' + k.replace('_', '-') for k in given)} "
+                "does not apply; column options are for a CSV / TSV / JSONL file of marked texts"
+            )
+        gold = wic_gold_path(path)
+        if gold is None and labelled:
+            raise ValueError(
+                f"{path}: no gold file beside it (WiC's labels are in NAME.gold.txt next to NAME.data.txt); "
+                "put it there, or give a CSV / TSV / JSONL file with a label column"
+            )
+        pairs = read_wic(path, gold if labelled else None)
+        X = [((p.sentence1, p.idx1), (p.sentence2, p.idx2)) for p in pairs]
+        y = [("T" if p.label else "F") if p.label is not None else None for p in pairs]
+        lines = [p.line for p in pairs]
+    elif task in FILE_TASKS:
         from ctxrep.data import table
 
         columns = {k: v for k, v in (columns or {}).items() if v is not None}
@@ -65,13 +119,26 @@ def read_task(
                 + ", ".join("--" + k.replace("_", "-") for k in COLUMNS[task])
                 + hint
             )
-        if task in ("classify", "pair"):
-            if task == "pair":
+        if task in ("classify", "pair", "regress", "wic"):
+            if task in ("pair", "wic"):
                 columns.setdefault("text_pair_column", "text_pair")
-            data = table.read_labelled_texts(path, **columns)
+            if not labelled:
+                columns["label_column"] = None
+            reader = table.read_scored_texts if task == "regress" and labelled else table.read_labelled_texts
+            data = reader(path, **columns)
+            if task == "wic":  # every text marks its target: a text without one names its file and line
+                from ctxrep.tasks.wic import parse_target
+
+                for line, (a, b) in zip(data.lines, data.X):
+                    parse_target(a, f"{path}:{line}", f"the {columns.get('text_column', 'text')!r} text")
+                    parse_target(b, f"{path}:{line}", f"the {columns['text_pair_column']!r} text")
         elif task == "tag":
+            if not labelled:
+                columns["tag_column"] = None
             data = table.read_tagged(path, **columns)
         else:
+            if not labelled:
+                columns["answers_column"] = None
             data = table.read_questions(path, **columns)
         X, y, lines = data.X, data.y, data.lines
     elif columns and any(v is not None for v in columns.values()):
@@ -103,9 +170,14 @@ def read_task(
     elif task == "squad":
         from ctxrep.data.squad import read_squad
 
-        examples = [e for e in read_squad(path) if e.answers]
+        examples = [e for e in read_squad(path) if e.answers or not labelled]
         X = [(e.question, e.context) for e in examples]
         y = [[(a.text, a.start) for a in e.answers] for e in examples]
+    elif task in ("stsb", "sick-r"):
+        from ctxrep.data.sts import read_sts
+
+        pairs = read_sts(path, layout="sick" if task == "sick-r" else None)
+        X, y, lines = [(p.text_a, p.text_b) for p in pairs], [p.score for p in pairs], [p.line for p in pairs]
     else:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(ALL_TASKS)}")
     if limit is not None:
@@ -118,7 +190,7 @@ def read_task(
 
 def check_dev_labels(task: str, train: Dataset, dev: Dataset, train_path, dev_path) -> None:
     """A dev label that the training file never has cannot be predicted: name its line (file tasks)."""
-    if task not in ("classify", "pair", "tag") or dev.lines is None:
+    if task not in ("classify", "pair", "tag", "wic") or dev.lines is None:
         return
     known = {label for labels in train.y for label in (labels if task == "tag" else [labels])}
     for line, labels in zip(dev.lines, dev.y):
@@ -132,10 +204,14 @@ def check_dev_labels(task: str, train: Dataset, dev: Dataset, train_path, dev_pa
 
 
 def make_estimator(task: str, **params):
-    from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
+    from ctxrep.tasks import SequenceClassifier, SequenceRegressor, SpanExtractor, TokenTagger, WordInContextClassifier
 
     if task in ("sst2", "sst5", "glue-pair", "classify", "pair"):
         return SequenceClassifier(**params)
+    if task in REGRESSION:
+        return SequenceRegressor(**params)
+    if task == "wic":
+        return WordInContextClassifier(**params)
     if task == "conll2003":
         return TokenTagger(**({"tag_scheme": "iob1"} | params))
     if task == "upos":
@@ -193,6 +269,23 @@ def _plot_confusion(matrix: np.ndarray, labels: list, file: Path) -> None:
     plt.close(fig)
 
 
+def _plot_scatter(gold: np.ndarray, predicted: np.ndarray, file: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    ax.scatter(gold, predicted, s=6, alpha=0.4)
+    low, high = float(min(gold.min(), predicted.min())), float(max(gold.max(), predicted.max()))
+    ax.plot([low, high], [low, high], color="grey", linewidth=0.8)
+    ax.set_xlabel("gold score")
+    ax.set_ylabel("predicted score")
+    fig.tight_layout()
+    fig.savefig(file, dpi=100)
+    plt.close(fig)
+
+
 def _plot_curve(history: list[dict], metric: str, file: Path) -> None:
     import matplotlib
 
@@ -235,11 +328,16 @@ def experiment(
     estimator = make_estimator(task, model=model, mode=mode, **params)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    echo(
+        f"{task}: {len(train_data.X):,} training and {len(dev_data.X):,} dev examples; training "
+        f"{type(estimator).__name__} ({mode}, {model})"
+    )
     started = time.perf_counter()
     estimator.fit(train_data.X, train_data.y, eval_set=(dev_data.X, dev_data.y))
     train_seconds = time.perf_counter() - started
     metrics: dict = {
         "task": task,
+        "estimator": type(estimator).__name__,
         "model": model,
         "mode": mode,
         "train_examples": len(train_data.X),
@@ -248,7 +346,16 @@ def experiment(
     }
     tagging = task in ("conll2003", "upos", "tag")
     entity_report = tagging and estimator.entity_scoring_
-    if task in ("sst2", "sst5", "glue-pair", "classify", "pair") or (tagging and not entity_report):
+    if task in REGRESSION:
+        predicted = estimator.predict(dev_data.X)
+        from ctxrep.tasks.regressor import regression_report
+
+        result = regression_report(np.asarray(dev_data.y, dtype=np.float64), predicted)
+        metrics |= result
+        text = "\n".join(f"{name:<9}{result[name]:.4f}" for name in ("pearson", "spearman", "r2", "mse"))
+        metrics["score_name"], metrics["score"] = "pearson", result["pearson"]
+        _plot_scatter(np.asarray(dev_data.y, dtype=np.float64), predicted, out / "scatter.png")
+    elif task in CLASSIFICATION or (tagging and not entity_report):
         predicted = estimator.predict(dev_data.X)
         gold = dev_data.y
         if tagging:
@@ -279,6 +386,9 @@ def experiment(
     echo(text)
     (out / "report.txt").write_text(text + "\n")
     estimator.save(out / "model")
+    task_settings = {"task": task, "columns": {k: v for k, v in (columns or {}).items() if v is not None}}
+    (out / "model" / "task.json").write_text(json.dumps(task_settings, indent=2) + "\n")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    _plot_curve(estimator.history_, metrics["score_name"], out / "learning_curve.png")
+    curve_metric = "r2" if task in REGRESSION else metrics["score_name"]  # the per-epoch dev_score is score()'s
+    _plot_curve(estimator.history_, curve_metric, out / "learning_curve.png")
     return metrics

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ctxrep.tasks.network import TaskNetwork, network_depths, unfreeze_from_top
 from ctxrep.train.allocator import tune_malloc
@@ -66,12 +65,27 @@ class LoopSettings:
     early_stopping: bool
     n_iter_no_change: int
     tol: float
-    progress: bool = False
+    progress: bool | str = False  # see progress_display
     desc: str = "fit"
     max_steps: int | None = None  # optimizer steps; None: max_epochs full epochs
     own_lr: tuple[str, float] | None = None  # (parameter-name prefix, its learning rate), e.g. the CRF's
     fused_adamw: bool = True  # torch's fused AdamW kernel where it applies; False: the for-loop reference
     bf16: bool = False  # bfloat16 autocast for the forward pass and the loss (weights and optimizer stay float32)
+
+
+def progress_display(setting: bool | str, *, total: int | None, desc: str, unit: str):
+    """The estimators' `progress` parameter as a display: False, nothing; True, a bar on a terminal and plain lines
+    otherwise (ctxrep.progress.progress); "lines", plain lines at most every 10 s even on a terminal (what
+    `ctxrep finetune --no-progress` asks for: a log that still says how far along the work is)."""
+    from ctxrep.progress import LineProgress, progress
+
+    if setting == "lines":
+        return LineProgress(total=total, desc=desc, unit=unit)
+    return progress(total=total, desc=desc, unit=unit, enabled=bool(setting))
+
+
+def _shown(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def plan_steps(n_examples: int, settings: LoopSettings) -> tuple[int, int, int]:
@@ -179,7 +193,7 @@ def train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     device_type = next(network.parameters()).device.type
     best_score, best_state, since_best, steps = -math.inf, None, 0, 0
-    bar = tqdm(total=total, desc=settings.desc, unit="batch", disable=not settings.progress)
+    bar = progress_display(settings.progress, total=total, desc=settings.desc, unit="batches")
     try:
         for epoch in range(epochs):
             if settings.gradual_unfreezing:
@@ -201,12 +215,14 @@ def train(
                 steps += 1
                 epoch_loss += float(loss.detach())
                 n += 1
+                bar.set_postfix_str(f"epoch {first_epoch + epoch + 1}, loss {epoch_loss / n:.4f}", refresh=False)
                 bar.update(1)
-                bar.set_postfix(loss=f"{epoch_loss / n:.4f}")
             network.eval()
             record = {"epoch": first_epoch + epoch + 1, "steps": steps, "train_loss": epoch_loss / max(1, n)}
             record |= evaluate()
             history.append(record)
+            if settings.progress:
+                bar.write(f"{settings.desc}: " + ", ".join(f"{k} {_shown(v)}" for k, v in record.items()))
             logger.info("epoch %s", record)
             if settings.early_stopping:
                 score = record["validation_score"]

@@ -1,0 +1,54 @@
+"""`ctxrep predict`: apply a model that `ctxrep finetune` trained to a file (ctxrep.tasks.predict)."""
+
+from __future__ import annotations
+
+import click
+
+from ctxrep.cli.common import user_errors
+from ctxrep.tasks.experiment import ALL_TASKS
+
+COLUMN_OPTIONS = (
+    "format",
+    "text_column",
+    "text_pair_column",
+    "word_column",
+    "question_column",
+    "context_column",
+)
+
+
+@click.command("predict")
+@click.option(
+    "--model",
+    "model_dir",
+    type=click.Path(file_okay=False),
+    required=True,
+    help="A saved estimator: `ctxrep finetune`'s OUT/model (or a folder an estimator's save wrote).",
+)
+@click.option("--input", "input_path", type=click.Path(dir_okay=False), required=True, help="Examples to predict.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Predictions: .csv, .tsv or .jsonl (tags: CoNLL columns for any other name).",
+)
+@click.option(
+    "--task",
+    type=click.Choice(ALL_TASKS),
+    default=None,
+    help="How to read --input (default: the task the model was trained on, from MODEL/task.json).",
+)
+@click.option("--format", type=click.Choice(["csv", "tsv", "jsonl", "conll"]), default=None, help="--input's format.")
+@click.option("--text-column", default=None, help="The text column (default: as at training).")
+@click.option("--text-pair-column", default=None, help="The second text's column (default: as at training).")
+@click.option("--word-column", default=None, help="tag: the word column (default: as at training).")
+@click.option("--question-column", default=None, help="span: the question field (default: as at training).")
+@click.option("--context-column", default=None, help="span: the context field (default: as at training).")
+@user_errors
+def predict(model_dir, input_path, out, task, **options) -> None:
+    """Predict every example of --input with a fine-tuned model; write one row per example to --out."""
+    from ctxrep.tasks.predict import predict_file
+
+    columns = {name: options.pop(name) for name in COLUMN_OPTIONS}
+    result = predict_file(model_dir, input_path, out, task=task, columns=columns, echo=click.echo)
+    click.echo(f"wrote {result.examples:,} predictions ({result.task}) to {result.out}")
