@@ -30,6 +30,8 @@ from ctxrep.models.folders import CheckpointError, read_config
 from ctxrep.models.gpt2 import GPT2Model
 from ctxrep.models.marian import MarianMTModel
 from ctxrep.models.modernbert import ModernBertModel
+from ctxrep.models.mpnet import MPNetModel
+from ctxrep.models.t5 import T5EncoderModel
 from ctxrep.models.xlnet import XLNetModel
 
 __all__ = ["CheckpointError", "LoadedEncoder", "load_encoder", "load_model", "resolve", "PACKAGED_MODELS"]
@@ -43,6 +45,10 @@ FAMILIES: dict[str, type[Encoder]] = {
     "bert": BertModel,
     "roberta": BertModel,
     "electra": BertModel,
+    "xlm-roberta": BertModel,  # RoBERTa's network (models/bert.py); family "xlm-roberta"
+    "camembert": BertModel,  # RoBERTa's network (models/bert.py); family "camembert"
+    "mpnet": MPNetModel,  # relative position bias shared across layers (all-mpnet-base-v2)
+    "t5": T5EncoderModel,  # T5's encoder: T5EncoderModel folders, or a whole T5 (sentence-t5, flan-t5) without its decoder
     "deberta-v2": DebertaV2Model,  # DeBERTa-v2 and v3 (disentangled attention)
     "modernbert": ModernBertModel,  # rotary positions, alternating local and global attention
     "gpt2": GPT2Model,

@@ -1,0 +1,373 @@
+"""MPNet's encoder (Song et al. 2020): BERT's post-LayerNorm layers plus a relative position bias in every attention.
+
+    scores_h(i, j) = q_i . k_j / sqrt(d_k) + b_h(bucket(j - i))          (Song et al. 2020; T5's bias, Raffel et al.
+    Attn = softmax(scores + padding mask) V                               2020, sec. 2.1)
+
+The bias table b (num_buckets x heads) is one parameter shared by every layer: the bias is computed once per
+forward pass, from the token positions 0..T-1 (not the position ids, so padding does not move it), and the same
+(1, heads, T, T) tensor is added in every layer. Buckets as in T5, bidirectional: half the buckets for each
+direction, exact distances below 8, log-spaced up to 128 beyond (transformers' MPNetEncoder, which always uses 32
+buckets in that computation).
+
+Embeddings are RoBERTa's without token types: positions numbered from padding_idx + 1 over the non-pad tokens,
+padding_idx fixed at 1 (as in transformers' MPNetEmbeddings, whatever pad_token_id says). The tanh pooler over the
+first token is loaded when the checkpoint has it. Loading and saving follow transformers' MPNetModel names.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.models.bert import ACTIVATIONS
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.outputs import EncoderOutput
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "mpnet"
+PADDING_IDX = 1  # transformers' MPNetEmbeddings.padding_idx: fixed, not read from the config
+BUCKETS = 32  # the number of buckets transformers' MPNetEncoder.compute_position_bias uses
+MAX_DISTANCE = 128
+
+
+@dataclass
+class MPNetConfig:
+    """Everything needed to rebuild the network; field names are those of transformers' MPNetConfig."""
+
+    vocab_size: int = 30527
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 514
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    relative_attention_num_buckets: int = 32
+    pad_token_id: int = 1
+    bos_token_id: int = 0
+    eos_token_id: int = 2
+    add_pooling_layer: bool = True
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        if self.relative_attention_num_buckets < BUCKETS:
+            raise ValueError(
+                f"relative_attention_num_buckets is {self.relative_attention_num_buckets}, but MPNet's bias reads "
+                f"{BUCKETS} buckets"
+            )
+
+    @property
+    def max_tokens(self) -> int:
+        """Positions start at padding_idx + 1, so two rows of the table are never used by a token."""
+        return self.max_position_embeddings - PADDING_IDX - 1
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> MPNetConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+
+    def to_hf_dict(self) -> dict:
+        d = asdict(self)
+        del d["add_pooling_layer"]
+        d["model_type"] = MODEL_TYPE
+        d["architectures"] = ["MPNetModel"]
+        return d
+
+
+def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int = BUCKETS) -> torch.Tensor:
+    """T5's bidirectional buckets of j - i: keys after the query in the upper half; |j - i| < num_buckets / 4 exact,
+    larger distances log-spaced up to MAX_DISTANCE, anything farther in the last bucket of its half."""
+    n = -relative_position
+    half = num_buckets // 2
+    bucket = (n < 0).long() * half  # keys after the query
+    n = n.abs()
+    exact = half // 2
+    large = exact + (torch.log(n.float() / exact) / math.log(MAX_DISTANCE / exact) * (half - exact)).long()
+    large = large.clamp(max=half - 1)
+    return bucket + torch.where(n < exact, n, large)
+
+
+class Embeddings(nn.Module):
+    """e_t = dropout(LN(W_word[x_t] + P[pos_t])), pos_t counting non-pad tokens from padding_idx + 1."""
+
+    def __init__(self, config: MPNetConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, h, padding_idx=PADDING_IDX)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, h, padding_idx=PADDING_IDX)
+        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)  # (batch, seq, hidden)
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """softmax(QK^T / sqrt(d_k) + bias + mask) V, bias (1, heads, seq, seq) the shared relative position bias."""
+
+    def __init__(self, config: MPNetConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = h // self.num_heads
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.output = nn.Linear(h, h)
+        self.dropout_p = config.attention_probs_dropout_prob
+        # fast.py's int8 slot: one product for query, key and value when set (fusable_qkv_modules).
+        self.query_key_value: nn.Module | None = None
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # bias: (batch or 1, heads, seq, seq) float, the position bias plus the padding mask (dtype's min).
+        b, t, _ = x.shape
+        if self.query_key_value is None:
+            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        else:
+            q, k, v = map(self._heads, self.query_key_value(x).chunk(3, dim=-1))
+        dropout_p = self.dropout_p if self.training else 0.0
+        if output_attentions:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + bias  # (batch, heads, seq, seq)
+            probs = scores.softmax(dim=-1)
+            context = F.dropout(probs, dropout_p, self.training) @ v
+        else:
+            probs = None
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, hidden)
+        return self.output(context), probs
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, config: MPNetConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.attention = SelfAttention(config)
+        self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(h, config.intermediate_size)
+        self.output = nn.Linear(config.intermediate_size, h)
+        self.output_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, probs = self.attention(x, bias, output_attentions)
+        x = self.attention_norm(x + self.dropout(a))
+        f = self.output(self.activation(self.intermediate(x)))
+        return self.output_norm(x + self.dropout(f)), probs
+
+
+class MPNetModel(Encoder):
+    """The encoder. `forward` follows transformers' MPNetModel: same arguments, same output fields."""
+
+    def __init__(self, config: MPNetConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+        # One table for every layer: b_h(bucket), (num_buckets, heads).
+        self.relative_attention_bias = nn.Embedding(config.relative_attention_num_buckets, config.num_attention_heads)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.add_pooling_layer else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                nn.init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    # ---- the encoder interface (models/encoder.py) ----
+    family = MODEL_TYPE
+    reads_segments = False  # no token-type embeddings
+    prepack_for_inference = True
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_attention_heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_tokens
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.embeddings.word_embeddings.weight
+
+    def layer_of(self, name: str) -> int:
+        """embeddings.* 0; layers.i.* i + 1; the shared relative_attention_bias (read by every layer: the highest
+        one that uses it, models/encoder.py) and the pooler num_layers."""
+        parts = name.split(".")
+        if parts[0] == "embeddings" and name in dict(self.named_parameters()):
+            return 0
+        if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
+            return int(parts[1]) + 1
+        if name == "relative_attention_bias.weight" or (parts[0] == "pooler" and self.pooler is not None):
+            return self.num_layers
+        raise self.unknown_parameter(name)
+
+    def fusable_qkv_modules(self) -> list[str]:
+        """Every layer's attention: query, key and value read the same x; `query_key_value` runs them as one."""
+        return [f"layers.{i}.attention" for i in range(self.num_layers)]
+
+    def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Non-pad tokens count up from padding_idx + 1; pad tokens sit at padding_idx (fairseq's make_positions)."""
+        not_pad = input_ids.ne(PADDING_IDX).long()
+        return torch.cumsum(not_pad, dim=1) * not_pad + PADDING_IDX
+
+    def position_bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """(1, heads, seq, seq): b_h(bucket(j - i)) from the shared table, over positions 0..seq-1."""
+        pos = torch.arange(seq_len, device=device)
+        bucket = relative_position_bucket(pos[None, :] - pos[:, None])  # (seq, seq), j - i
+        return self.relative_attention_bias(bucket).permute(2, 0, 1)[None]  # (1, heads, seq, seq)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+    ) -> EncoderOutput:
+        """input_ids, attention_mask: (batch, seq); token_type_ids must be None or zero (MPNet has none).
+        `num_layers` stops after that many layers (and skips the pooler)."""
+        if input_ids.shape[1] > self.config.max_tokens:
+            raise ValueError(
+                f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
+                "positions; ctxrep.Featurizer splits long texts into windows for you"
+            )
+        if token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError("MPNet has no token-type (segment) embeddings: pass token_type_ids=None")
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids)
+        x = self.embeddings(input_ids, position_ids)
+        bias = self.position_bias(input_ids.shape[1], input_ids.device).to(x.dtype)  # (1, heads, seq, seq)
+        if attention_mask is not None and not bool(attention_mask.all()):
+            pad = ~attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+            bias = bias.masked_fill(pad, torch.finfo(bias.dtype).min)  # (batch, heads, seq, seq)
+        hidden_states, attentions = [x], []
+        for layer in self.layers[: num_layers if num_layers is not None else len(self.layers)]:
+            x, probs = layer(x, bias, output_attentions)
+            hidden_states.append(x)
+            attentions.append(probs)
+        pooled = None
+        if self.pooler is not None and num_layers is None:
+            pooled = torch.tanh(self.pooler(x[:, 0]))
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+            pooler_output=pooled,
+        )
+
+    # ---- Hugging Face folder format -------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> MPNetModel:
+        """An MPNetModel folder, or MPNetForMaskedLM / a task model (encoder under 'mpnet.'; heads not loaded)."""
+        path = Path(path)
+        hf_config = read_config(path, (MODEL_TYPE,))
+        state = read_state_dict(path)
+        if any(k.startswith("mpnet.encoder.") for k in state):
+            state = {k.removeprefix("mpnet."): v for k, v in state.items()}
+        try:
+            config = MPNetConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
+        except ValueError as e:
+            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
+        model = cls(config)
+        model.load_hf_state_dict(state, source=str(path))
+        model.eval()
+        return model
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
+        names = hf_parameter_names(self.config)  # hf name -> our name
+        ours = self.state_dict()
+        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]
+        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in _BUFFERS}
+        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
+        check_weights(found, expected, source, "an MPNet encoder")
+        if heads:
+            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
+        with torch.no_grad():
+            for hf, our in names.items():
+                ours[our].copy_(state[hf].to(ours[our].dtype))
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write config.json + model.safetensors that transformers' MPNetModel / AutoModel loads."""
+        ours = self.state_dict()
+        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
+        write_folder(path, self.config.to_hf_dict(), tensors)
+
+
+_BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not a weight
+_HEAD_PREFIXES = ("lm_head.", "classifier.", "qa_outputs.")
+
+
+def hf_parameter_names(config: MPNetConfig) -> dict[str, str]:
+    """transformers' MPNetModel name -> ctxrep's name, for every weight of the encoder."""
+    names = {
+        "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+        "embeddings.LayerNorm.weight": "embeddings.norm.weight",
+        "embeddings.LayerNorm.bias": "embeddings.norm.bias",
+        "encoder.relative_attention_bias.weight": "relative_attention_bias.weight",
+    }
+    per_layer = {
+        "attention.attn.q": "attention.query",
+        "attention.attn.k": "attention.key",
+        "attention.attn.v": "attention.value",
+        "attention.attn.o": "attention.output",
+        "attention.LayerNorm": "attention_norm",
+        "intermediate.dense": "intermediate",
+        "output.dense": "output",
+        "output.LayerNorm": "output_norm",
+    }
+    for i in range(config.num_hidden_layers):
+        for hf, our in per_layer.items():
+            for p in ("weight", "bias"):
+                names[f"encoder.layer.{i}.{hf}.{p}"] = f"layers.{i}.{our}.{p}"
+    if config.add_pooling_layer:
+        names |= {f"pooler.dense.{p}": f"pooler.{p}" for p in ("weight", "bias")}
+    return names

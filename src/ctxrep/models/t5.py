@@ -1,0 +1,401 @@
+"""T5's encoder (Raffel et al. 2020): pre-RMSNorm layers, no biases, a bucketed relative position bias, no scaling.
+
+    x_0 = dropout(E[tokens])                                          (no position embeddings)
+    a   = x + Attn(RMSNorm(x));   x' = a + FFN(RMSNorm(a))            (pre-norm; Raffel et al. 2020, sec. 2.1)
+    out = RMSNorm(x_L)                                                 (the encoder's final norm)
+
+    RMSNorm(x) = w * x / sqrt(mean(x^2) + eps)                         (Zhang & Sennrich 2019: no mean, no bias)
+    Attn       = softmax(Q K^T + b_h(bucket(j - i)) + mask) V          (no 1/sqrt(d_k): folded into the init)
+    FFN        = W_o relu(W_i x)                                        feed_forward_proj "relu" (T5 v1.0)
+               = W_o (gelu_tanh(W_i0 x) * W_i1 x)                       "gated-gelu" (T5 v1.1, flan-t5; Shazeer 2020)
+
+The relative position bias table b (num_buckets x heads) lives in the first layer's attention, which computes
+the bias from the positions 0..T-1 once; every later layer adds the same (1, heads, T, T) tensor (transformers'
+T5Stack passes the first layer's bias on). Buckets, bidirectional: half for each direction, distances below
+num_buckets / 4 exact, log-spaced up to relative_attention_max_distance beyond.
+
+Checkpoints: a T5EncoderModel folder (shared.weight + encoder.*), or a whole T5 (T5Model,
+T5ForConditionalGeneration: sentence-t5 and flan-t5 ship these), whose decoder.* and lm_head.weight are left
+out by name (logged), as `DECODER_PREFIXES` lists; any other weight ctxrep does not know is refused.
+`hidden_states` follow transformers: entry 0 the embeddings, entry l the output of layer l, the last one after the
+final RMSNorm; `num_layers` stops early and then skips the final norm, so they stay a prefix of the full run's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.outputs import EncoderOutput
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "t5"
+DEFAULT_MAX_TOKENS = 512  # T5's pre-training length; relative positions themselves have no limit
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# transformers' dense_act_fn names (feed_forward_proj "gated-gelu" means gelu_new, the tanh approximation).
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "silu": F.silu}
+
+
+@dataclass
+class T5Config:
+    """Everything the encoder needs; field names are those of transformers' T5Config."""
+
+    vocab_size: int = 32128
+    d_model: int = 512
+    d_kv: int = 64
+    d_ff: int = 2048
+    num_layers: int = 6
+    num_heads: int = 8
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    dropout_rate: float = 0.1
+    layer_norm_epsilon: float = 1e-6
+    initializer_factor: float = 1.0
+    feed_forward_proj: str = "relu"  # "relu", "gated-gelu", or "[gated-]ACT"
+    pad_token_id: int = 0
+    eos_token_id: int = 1
+    n_positions: int = DEFAULT_MAX_TOKENS  # not read by the network: the window ctxrep cuts long texts into
+
+    def __post_init__(self) -> None:
+        parts = self.feed_forward_proj.split("-")
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated") or self.dense_act_fn not in ACTIVATIONS:
+            raise ValueError(
+                f"feed_forward_proj {self.feed_forward_proj!r} is not supported; use ACT or gated-ACT with ACT one of "
+                f"{sorted(ACTIVATIONS)}"
+            )
+
+    @property
+    def is_gated_act(self) -> bool:
+        return self.feed_forward_proj.startswith("gated-")
+
+    @property
+    def dense_act_fn(self) -> str:
+        """transformers' T5Config: the part after "gated-", and gelu_new for the historical "gated-gelu"."""
+        return "gelu_new" if self.feed_forward_proj == "gated-gelu" else self.feed_forward_proj.split("-")[-1]
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> T5Config:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names and v is not None})
+
+    def to_hf_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(
+            model_type=MODEL_TYPE,
+            architectures=["T5EncoderModel"],
+            is_encoder_decoder=False,
+            use_cache=False,
+            dense_act_fn=self.dense_act_fn,
+            is_gated_act=self.is_gated_act,
+        )
+        return d
+
+
+class RMSNorm(nn.Module):
+    """w * x / sqrt(mean(x^2) + eps): T5's LayerNorm, without mean subtraction or bias; mean taken in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)  # (batch, seq, 1)
+        return self.weight * (x * torch.rsqrt(variance + self.eps)).to(self.weight.dtype)
+
+
+def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Bidirectional buckets of j - i (Mesh TensorFlow's): keys after the query in the upper half; |j - i| below
+    num_buckets / 4 exact, larger distances log-spaced up to max_distance, farther ones in the last bucket."""
+    half = num_buckets // 2
+    bucket = (relative_position > 0).long() * half
+    n = relative_position.abs()
+    exact = half // 2
+    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
+    large = large.clamp(max=half - 1)
+    return bucket + torch.where(n < exact, n, large)
+
+
+class SelfAttention(nn.Module):
+    """softmax(Q K^T + bias) V with bias-free projections; head width d_kv (heads * d_kv may differ from d_model).
+    The first layer's attention owns the relative position table and computes the bias (`position_bias`)."""
+
+    def __init__(self, config: T5Config, has_relative_attention_bias: bool) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = config.num_heads, config.d_kv
+        inner = config.num_heads * config.d_kv
+        self.query = nn.Linear(config.d_model, inner, bias=False)
+        self.key = nn.Linear(config.d_model, inner, bias=False)
+        self.value = nn.Linear(config.d_model, inner, bias=False)
+        self.output = nn.Linear(inner, config.d_model, bias=False)
+        self.dropout_p = config.dropout_rate
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+        self.relative_attention_bias = (
+            nn.Embedding(config.relative_attention_num_buckets, config.num_heads)
+            if has_relative_attention_bias
+            else None
+        )
+
+    def position_bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """(1, heads, seq, seq): b_h(bucket(j - i)) over positions 0..seq-1."""
+        pos = torch.arange(seq_len, device=device)
+        bucket = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(bucket).permute(2, 0, 1)[None]  # (1, heads, seq, seq)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, d_kv)
+
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # bias: (batch or 1, heads, seq, seq), the position bias plus the padding mask (dtype's min at pad keys).
+        b, t, _ = x.shape
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        dropout_p = self.dropout_p if self.training else 0.0
+        if output_attentions:
+            probs = (q @ k.transpose(-2, -1) + bias).softmax(dim=-1)  # (batch, heads, seq, seq); no 1/sqrt(d_k)
+            context = F.dropout(probs, dropout_p, self.training) @ v
+        else:
+            probs = None
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=1.0
+            )
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, inner)
+        return self.output(context), probs
+
+
+class FeedForward(nn.Module):
+    """W_o act(W_i x), or gated: W_o (act(W_i0 x) * W_i1 x); no biases."""
+
+    def __init__(self, config: T5Config) -> None:
+        super().__init__()
+        self.gated = config.is_gated_act
+        self.wi = nn.Linear(config.d_model, config.d_ff, bias=False)  # W_i, or W_i0 when gated
+        self.wi_gate = nn.Linear(config.d_model, config.d_ff, bias=False) if self.gated else None  # W_i1
+        self.wo = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.activation = ACTIVATIONS[config.dense_act_fn]
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.activation(self.wi(x))  # (batch, seq, d_ff)
+        if self.wi_gate is not None:
+            h = h * self.wi_gate(x)
+        return self.wo(self.dropout(h))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm block: x = x + Attn(RMSNorm(x)); x = x + FFN(RMSNorm(x))."""
+
+    def __init__(self, config: T5Config, layer: int) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+        self.attention = SelfAttention(config, has_relative_attention_bias=layer == 0)
+        self.ffn_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+        self.ffn = FeedForward(config)
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(
+        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, probs = self.attention(self.attention_norm(x), bias, output_attentions)
+        x = x + self.dropout(a)
+        return x + self.dropout(self.ffn(self.ffn_norm(x))), probs
+
+
+class T5EncoderModel(Encoder):
+    """The encoder. `forward` follows transformers' T5EncoderModel: same arguments, same output fields."""
+
+    def __init__(self, config: T5Config) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_layers))
+        self.final_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout_rate)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """Mesh TensorFlow's init as transformers' T5PreTrainedModel: N(0, f) embeddings, N(0, f / sqrt(fan_in))
+        projections (query additionally / sqrt(d_kv): the scaling T5 leaves out of attention)."""
+        f, d, d_kv, heads = (
+            self.config.initializer_factor,
+            self.config.d_model,
+            self.config.d_kv,
+            self.config.num_heads,
+        )
+        nn.init.normal_(self.embed_tokens.weight, std=f)
+        for layer in self.layers:
+            att = layer.attention
+            nn.init.normal_(att.query.weight, std=f * (d * d_kv) ** -0.5)
+            for lin in (att.key, att.value):
+                nn.init.normal_(lin.weight, std=f * d**-0.5)
+            nn.init.normal_(att.output.weight, std=f * (heads * d_kv) ** -0.5)
+            if att.relative_attention_bias is not None:
+                nn.init.normal_(att.relative_attention_bias.weight, std=f * d**-0.5)
+            for lin in (layer.ffn.wi, layer.ffn.wi_gate):
+                if lin is not None:
+                    nn.init.normal_(lin.weight, std=f * d**-0.5)
+            nn.init.normal_(layer.ffn.wo.weight, std=f * self.config.d_ff**-0.5)
+
+    # ---- the encoder interface (models/encoder.py) ----
+    family = MODEL_TYPE
+    reads_segments = False  # no token-type embeddings
+    prepack_for_inference = True
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.config.num_heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.d_model
+
+    @property
+    def max_tokens(self) -> int:
+        """T5's positions are relative, so no table limits the length; windows are cut at the pre-training length
+        (config n_positions, 512 for the published models), the length the bias buckets were trained on."""
+        return self.config.n_positions
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.embed_tokens.weight
+
+    def layer_of(self, name: str) -> int:
+        """embed_tokens 0; layers.i.* i + 1, except the relative position table in layer 0's attention, which every
+        layer reads (the highest one that uses it: num_layers, models/encoder.py); final_norm num_layers."""
+        parts = name.split(".")
+        if name == "embed_tokens.weight":
+            return 0
+        if name == "layers.0.attention.relative_attention_bias.weight" or name == "final_norm.weight":
+            return self.num_layers
+        if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
+            if name in dict(self.named_parameters()):
+                return int(parts[1]) + 1
+        raise self.unknown_parameter(name)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+    ) -> EncoderOutput:
+        """input_ids, attention_mask: (batch, seq). token_type_ids must be None or zero and position_ids None: T5
+        has neither segment nor absolute position embeddings."""
+        if token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError("T5 has no token-type (segment) embeddings: pass token_type_ids=None")
+        if position_ids is not None:
+            raise ValueError("T5's positions are relative (from 0 in every sequence): pass position_ids=None")
+        x = self.dropout(self.embed_tokens(input_ids))  # (batch, seq, d_model)
+        bias = self.layers[0].attention.position_bias(input_ids.shape[1], input_ids.device).to(x.dtype)
+        if attention_mask is not None and not bool(attention_mask.all()):
+            pad = ~attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+            bias = bias.masked_fill(pad, torch.finfo(bias.dtype).min)  # (batch, heads, seq, seq)
+        stop = num_layers if num_layers is not None else self.num_layers
+        hidden_states, attentions = [x], []
+        for layer in self.layers[:stop]:
+            x, probs = layer(x, bias, output_attentions)
+            hidden_states.append(x)
+            attentions.append(probs)
+        if stop == self.num_layers:
+            x = self.dropout(self.final_norm(x))
+            hidden_states[-1] = x
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+    # ---- Hugging Face folder format -------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> T5EncoderModel:
+        """A T5EncoderModel folder, or a whole T5 whose decoder and LM head are left out by name."""
+        path = Path(path)
+        hf_config = read_config(path, (MODEL_TYPE,))
+        try:
+            config = T5Config.from_hf_dict(hf_config)
+        except ValueError as e:
+            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
+        model = cls(config)
+        model.load_hf_state_dict(read_state_dict(path), source=str(path))
+        model.eval()
+        return model
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy weights named as in transformers into this model; the decoder half of a whole T5 is left out by
+        name; anything else missing, unknown or mis-shaped is refused."""
+        names = hf_parameter_names(self.config)  # hf name -> our name
+        state = dict(state)
+        # shared.weight and encoder.embed_tokens.weight are one tied table; a checkpoint may store either or both.
+        if "shared.weight" not in state and "encoder.embed_tokens.weight" in state:
+            state["shared.weight"] = state["encoder.embed_tokens.weight"]
+        tied = state.pop("encoder.embed_tokens.weight", None)
+        if tied is not None and not torch.equal(tied, state["shared.weight"]):
+            raise CheckpointError(
+                f"{source}: encoder.embed_tokens.weight differs from shared.weight; T5's encoder reads one tied table"
+            )
+        decoder = [k for k in state if k.startswith(DECODER_PREFIXES)]
+        found = {k: tuple(v.shape) for k, v in state.items() if k not in decoder}
+        ours = self.state_dict()
+        check_weights(found, {hf: tuple(ours[our].shape) for hf, our in names.items()}, source, "a T5 encoder")
+        if decoder:
+            logger.info(
+                "%s: a whole T5 checkpoint: loading its encoder; its %d decoder and LM-head weights are not part of "
+                "the encoder and are left out",
+                source,
+                len(decoder),
+            )
+        with torch.no_grad():
+            for hf, our in names.items():
+                ours[our].copy_(state[hf].to(ours[our].dtype))
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write config.json + model.safetensors that transformers' T5EncoderModel loads."""
+        ours = self.state_dict()
+        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
+        write_folder(path, self.config.to_hf_dict(), tensors)
+
+
+# The decoder half of T5Model / T5ForConditionalGeneration checkpoints, not part of the encoder.
+DECODER_PREFIXES = ("decoder.", "lm_head.")
+
+
+def hf_parameter_names(config: T5Config) -> dict[str, str]:
+    """transformers' T5EncoderModel name -> ctxrep's name, for every weight of the encoder."""
+    names = {"shared.weight": "embed_tokens.weight", "encoder.final_layer_norm.weight": "final_norm.weight"}
+    ffn = {"wi_0": "wi", "wi_1": "wi_gate", "wo": "wo"} if config.is_gated_act else {"wi": "wi", "wo": "wo"}
+    for i in range(config.num_layers):
+        hf, our = f"encoder.block.{i}.layer", f"layers.{i}"
+        for p, q in {"q": "query", "k": "key", "v": "value", "o": "output"}.items():
+            names[f"{hf}.0.SelfAttention.{p}.weight"] = f"{our}.attention.{q}.weight"
+        names[f"{hf}.0.layer_norm.weight"] = f"{our}.attention_norm.weight"
+        for p, q in ffn.items():
+            names[f"{hf}.1.DenseReluDense.{p}.weight"] = f"{our}.ffn.{q}.weight"
+        names[f"{hf}.1.layer_norm.weight"] = f"{our}.ffn_norm.weight"
+    names["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
+        "layers.0.attention.relative_attention_bias.weight"
+    )
+    return names
