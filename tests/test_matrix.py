@@ -473,3 +473,19 @@ def test_int8(family, model, data, tmp_path):
     np.testing.assert_allclose(clf.predict_proba(X_CLS), expected, atol=0.05)
     tagger = TokenTagger(**common, quantize="int8").fit(X_TAG, Y_TAG)
     assert [len(p) for p in tagger.predict(X_TAG)] == [len(x) for x in X_TAG]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_backends(family, model, backend, tmp_path, monkeypatch):
+    """The Featurizer on ONNX Runtime and OpenVINO at float32 (every layer within 1e-4 of torch) for every
+    Transformer family; ELMo stays on torch and says so in one line. Precisions: tests/test_runtime.py."""
+    monkeypatch.setenv("CTXREP_CACHE", str(tmp_path))  # the exported graphs
+    if family.name == "elmo":
+        with pytest.raises(ValueError, match="runs on backend='torch' only") as e:
+            ctxrep.Featurizer(model, backend=backend)
+        assert "\n" not in str(e.value)
+        return
+    reference = ctxrep.Featurizer(model, layers="all", compile=False).embed_words(SENTENCES[:4])
+    ours = ctxrep.Featurizer(model, layers="all", compile=False, backend=backend).embed_words(SENTENCES[:4])
+    for a, b in zip(ours, reference):
+        np.testing.assert_allclose(a, b, atol=1e-4)

@@ -64,7 +64,7 @@ def int8_ir_file(model: Encoder, tokenizer, top: int, max_length: int) -> Path:
     import openvino as ov
 
     core = ov.Core()
-    names = [i.get_any_name() for i in core.read_model(str(fp32)).inputs]
+    names = input_names(core.read_model(str(fp32)))
     samples = [
         {k: v.numpy() for k, v in b.items() if k in names}
         for b in fast.calibration_batches(tokenizer, max_length, batch_size=1)
@@ -104,8 +104,15 @@ def compile_ir(core, path: Path, hint: str, threads: int):
     )
 
 
+def input_names(model) -> list[str]:
+    """The graph's input names in order, as ctxrep names them (an input may carry other names beside its own, e.g.
+    a dynamo-exported XLNet's 'pad_2'; get_any_name may pick one of those)."""
+    known = ("input_ids", "attention_mask", "token_type_ids")
+    return [next((n for n in known if n in i.get_names()), i.get_any_name()) for i in model.inputs]
+
+
 def run_compiled(compiled, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    names = [i.get_any_name() for i in compiled.inputs]
+    names = input_names(compiled)
     result = compiled({k: feed[k] for k in names})
     return [np.asarray(result[o]) for o in compiled.outputs]
 
@@ -149,7 +156,6 @@ class OpenVinoRuntime:
     ) -> torch.Tensor:
         """(len(layers), batch, seq, hidden) float32 on the CPU."""
         compiled, request = self._request(max(layers))
-        names = [i.get_any_name() for i in compiled.inputs]
-        request.infer({k: batch[k].numpy() for k in names})
+        request.infer({k: batch[k].numpy() for k in input_names(compiled)})
         out = [request.get_output_tensor(i).data for i in layers]  # views of the request's buffers
         return torch.stack([torch.from_numpy(np.asarray(o, dtype=np.float32)) for o in out])
