@@ -17,13 +17,13 @@ from test_pretrain import write_corpus
 import ctxrep
 from ctxrep.cli.distill import distill
 from ctxrep.cli.pretrain import pretrain
-from ctxrep.compress.student import (
+from ctxrep.models.bert import BertConfig, BertModel
+from ctxrep.models.student import (
     check_distillable,
     choose_layers,
     init_student,
     spread_layers,
 )
-from ctxrep.models.bert import BertConfig, BertModel
 from ctxrep.objectives.distill import (
     DistillationObjective,
     DistillConfig,
@@ -180,12 +180,19 @@ def test_student_layers_are_checked():
         init_student(teacher, [0], hidden_size=18)
 
 
-def test_families_that_cannot_be_distilled_are_named_in_one_line():
-    from ctxrep.models.gpt2 import GPT2Config, GPT2Model
+def test_families_that_cannot_be_distilled_are_named_in_one_line(gpt2_dir):
+    from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 
-    gpt2 = GPT2Model(GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2))
-    with pytest.raises(ValueError, match="a gpt2 model cannot be distilled: .* for bert, electra, roberta teachers"):
-        check_distillable(gpt2)
+    elmo = ElmoBiLM(ElmoConfig(filters=[(1, 4)], n_highway=1, lstm_dim=24, projection_dim=8))
+    with pytest.raises(ValueError, match="a elmo model cannot be distilled: students are built from bert, .*xlnet"):
+        check_distillable(elmo)
+    # a GPT-2 builds students (task-specific distillation), but the DistilBERT / MiniLM losses read BERT's internals
+    with pytest.raises(
+        ValueError,
+        match="a gpt2 model cannot be distilled here: .* for bert, .*roberta teachers.* also takes .*gpt2, xlnet",
+    ) as e:
+        load_teacher(gpt2_dir)
+    assert "\n" not in str(e.value)
 
 
 def test_the_shipped_distill_config_holds_distilberts_settings():

@@ -273,7 +273,7 @@ def test_distilled_span_extractor(tiny_models, tmp_path):
 # ---- bad input ----------------------------------------------------------------------------------------------------
 
 
-def test_bad_input_one_line_errors(teacher, tiny_models, gpt2_dir, tmp_path):
+def test_bad_input_one_line_errors(teacher, tiny_models, elmo_dir, tmp_path):
     from ctxrep.tasks import SequenceClassifier
 
     t = SequenceClassifier.load(teacher)
@@ -306,12 +306,32 @@ def test_bad_input_one_line_errors(teacher, tiny_models, gpt2_dir, tmp_path):
         "mode='finetune'",
         teacher=frozen,
     )
-    gpt2 = SequenceClassifier(model=str(gpt2_dir), max_epochs=1, batch_size=4, random_state=0).fit(X, Y)
+    elmo = SequenceClassifier(model=f"elmo:{elmo_dir}", max_epochs=1, batch_size=4, random_state=0).fit(X, Y)
     refused(
-        "a gpt2 teacher cannot be distilled: task-specific distillation builds students for bert, electra, "
-        "roberta encoders",
-        teacher=gpt2,
+        "a elmo teacher cannot be distilled: task-specific distillation builds students for bert, .*roberta, .*xlnet "
+        "encoders",
+        teacher=elmo,
     )
+
+
+@pytest.mark.parametrize("fixture", ["gpt2_dir", "xlnet_dir"])
+def test_other_families_distil_through_the_interface(fixture, request, tmp_path):
+    """A GPT-2 or XLNet teacher builds its student itself (Encoder.init_student): a 1-layer model of its family
+    whose layer is the teacher's top layer; the student fits, predicts and saves a folder its family loads."""
+    from ctxrep.tasks import SequenceClassifier
+
+    folder = request.getfixturevalue(fixture)
+    t = SequenceClassifier(model=str(folder), max_epochs=1, batch_size=4, random_state=0).fit(X, Y)
+    student = D.distill_estimator(
+        t, X, Y, teacher_layers=[1], hidden_loss="mse", encoder_dir=tmp_path / "e", max_epochs=1, progress=False
+    )
+    encoder, teacher_encoder = student.model_.representation.encoder, t.model_.representation.encoder
+    assert encoder.family == teacher_encoder.family and encoder.num_layers == 1
+    assert student.predict(X).shape == (len(X),) and student.distillation_["teacher_layers"] == [1]
+    reloaded = ctxrep.load_model(str(tmp_path / "e"))
+    assert reloaded.family == encoder.family and reloaded.num_layers == 1
+    for name, p in reloaded.named_parameters():
+        torch.testing.assert_close(p, encoder.get_parameter(name), atol=0, rtol=0, msg=name)
 
 
 # ---- the command line ---------------------------------------------------------------------------------------------

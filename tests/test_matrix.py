@@ -112,7 +112,7 @@ def pruned_bert_dir(tiny_models, tmp_path_factory) -> Path:
 def distilled_bert_dir(tiny_models, tmp_path_factory) -> Path:
     """A 1-layer student initialised from the tiny BERT's top layer, saved as `ctxrep distill` saves its encoder."""
     from ctxrep.compress.distill_task import _write_encoder
-    from ctxrep.compress.student import init_student
+    from ctxrep.models.student import init_student
 
     student = init_student(ctxrep.load_model(str(tiny_models["bert"])), layers=[1])
     return _write_encoder(student, tiny_models["bert"], tmp_path_factory.mktemp("bert-distilled"))

@@ -293,7 +293,7 @@ def quantize_int8(
         raise ValueError(f"keep_float names no nn.Linear of this model: {sorted(unknown)}")
     for name, module in list(quantized.named_modules()):  # BERT-family attention: q, k and v as one product
         parts = [f"{name}.{p}" for p in ("query", "key", "value")]
-        if hasattr(module, "query_key_value") and not keep.intersection(parts):
+        if name in quantized.fusable_qkv_modules() and not keep.intersection(parts):
             fused = nn.Linear(module.query.in_features, 3 * module.query.out_features, device="meta")  # no RNG draw
             fused.weight = nn.Parameter(torch.cat([module.query.weight, module.key.weight, module.value.weight]))
             fused.bias = nn.Parameter(torch.cat([module.query.bias, module.key.bias, module.value.bias]))

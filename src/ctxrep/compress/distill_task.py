@@ -5,7 +5,7 @@
 
 The teacher is any fitted finetune-mode SequenceClassifier, TokenTagger or SpanExtractor (tasks/); X, y are the
 task's training examples in the form its fit takes. The student is an estimator of the teacher's class with the
-teacher's parameters, labels and tokenizer; its encoder is initialised from the teacher's (compress/student.py:
+teacher's parameters, labels and tokenizer; its encoder is initialised from the teacher's (models/student.py:
 K of the teacher's layers, every other one by default as DistilBERT; a layer list; or a narrower fresh encoder),
 its head is a copy of the teacher's head when the widths agree (else fresh). It is trained by the estimators'
 own loop (tasks/loop.py) on
@@ -42,14 +42,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctxrep.compress.student import (
-    choose_layers,
-    distillable_families,
-    init_student,
-    spread_layers,
-)
-from ctxrep.models.bert import BertModel
+from ctxrep.models.encoder import Encoder
 from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
+from ctxrep.models.student import choose_layers, distillable_families, init_student, spread_layers
 from ctxrep.objectives.distill import cosine_loss, hidden_mse, soft_target_kl
 from ctxrep.tasks import loop
 
@@ -205,7 +200,7 @@ def _check_settings(temperature, alpha, hidden_loss, hidden_weight) -> None:
         raise ValueError(f"hidden_weight must be 0 or more, got {hidden_weight!r}")
 
 
-def teacher_encoder(teacher) -> BertModel:
+def teacher_encoder(teacher) -> Encoder:
     """The fine-tuned encoder of a fitted finetune-mode estimator; one-line errors for what cannot be distilled."""
     name = type(teacher).__name__
     network = getattr(teacher, "model_", None)
@@ -219,7 +214,7 @@ def teacher_encoder(teacher) -> BertModel:
         )
     encoder = network.representation.encoder
     family = getattr(encoder, "family", type(encoder).__name__)
-    if family not in distillable_families():
+    if not getattr(encoder, "can_distill", False):
         raise ValueError(
             f"a {family} teacher cannot be distilled: task-specific distillation builds students for "
             f"{', '.join(distillable_families())} encoders; fine-tune one of those as the teacher"

@@ -17,7 +17,7 @@ Pruning removes the least important heads across all layers, in steps, recomputi
 (the paper's iterative procedure, sec. 4.2), and always keeps at least one head per layer. Removal is real:
 the encoder's `prune_heads` drops those heads' query/key/value rows and output columns.
 
-Everything here takes any encoder with `prune_heads` (models/bert.py: BERT, RoBERTa, ELECTRA), a list of batches and
+Everything here takes any encoder with `can_prune_heads` (models/bert.py: BERT, RoBERTa, ELECTRA), a list of batches and
 a loss function; only `estimator_loss` knows about ctxrep's task estimators.
 """
 
@@ -42,15 +42,15 @@ Batch = Any  # whatever loss_fn reads: usually a dict of tensors
 
 
 def prunable_families() -> list[str]:
-    """Model families (config.json's model_type) whose encoder class can remove heads (has `prune_heads`)."""
+    """Model families (config.json's model_type) whose encoder class can remove heads (`can_prune_heads`)."""
     from ctxrep.models.loading import FAMILIES
 
-    return sorted(name for name, cls in FAMILIES.items() if callable(getattr(cls, "prune_heads", None)))
+    return sorted(name for name, cls in FAMILIES.items() if cls.can_prune_heads)
 
 
 def check_prunable(encoder: nn.Module) -> None:
     """Refuse, in one line, an encoder that cannot have heads masked and removed."""
-    if callable(getattr(encoder, "prune_heads", None)) and callable(getattr(encoder, "heads_per_layer", None)):
+    if getattr(encoder, "can_prune_heads", False):  # an Encoder's capability; any other module: no
         return
     family = getattr(encoder, "family", type(encoder).__name__)
     raise ValueError(

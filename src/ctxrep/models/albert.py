@@ -289,6 +289,19 @@ class AlbertModel(Encoder):
         """The (vocab, embedding_size) token table: E wide, before the projection to H."""
         return self.embeddings.word_embeddings.weight
 
+    def layer_of(self, name: str) -> int:
+        """embeddings.* and the E -> H projection 0; a block 1 + the last layer that runs it (a block shared by
+        every layer: num_layers, so it trains whenever any layer does); pooler.* num_layers."""
+        parts = name.split(".")
+        if parts[0] in ("embeddings", "embedding_hidden_mapping_in"):
+            return 0
+        slots = {"attention_blocks": self.attention_slots, "ffn_blocks": self.ffn_slots}.get(parts[0])
+        if slots is not None and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) in slots:
+            return max(depth for depth, slot in enumerate(slots, start=1) if slot == int(parts[1]))
+        if parts[0] == "pooler":
+            return self.num_layers
+        raise self.unknown_parameter(name)
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -10,9 +10,10 @@ and saver for the Hugging Face folder format (config.json + model.safetensors / 
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
@@ -106,6 +107,30 @@ class BertConfig:
         if not d["pruned_heads"]:
             del d["pruned_heads"]
         return d
+
+    def student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> BertConfig:
+        """A distillation student's config: this one with len(layers) layers; narrower when hidden_size is smaller.
+        The student keeps the heads its layers had here (pruned_heads follow their layers); a narrower one has them
+        all, fresh embeddings of its own width and intermediate_size in this config's ratio unless given."""
+        h, inner = student_widths(
+            self.hidden_size, self.num_attention_heads, self.intermediate_size, hidden_size, intermediate_size
+        )
+        narrower = h != self.hidden_size
+        config = copy.deepcopy(self)
+        config.num_hidden_layers = len(layers)
+        if narrower:
+            config.hidden_size = h
+            config.intermediate_size = inner
+            config.embedding_size = h  # fresh embeddings of the student's own width
+            config.pruned_heads = {}
+        else:
+            config.pruned_heads = {
+                j: list(self.pruned_heads[i]) for j, i in enumerate(layers) if i in self.pruned_heads
+            }
+        config.__post_init__()  # check the new shape as a fresh config would be
+        return config
 
 
 def _check_pruned_heads(pruned: Mapping, num_layers: int, num_heads: int) -> dict[int, list[int]]:
@@ -375,6 +400,40 @@ class BertModel(Encoder):
 
     def input_embeddings(self) -> torch.Tensor:
         return self.embeddings.word_embeddings.weight
+
+    def layer_of(self, name: str) -> int:
+        """embeddings.* 0, layers.i.* i + 1, pooler.* num_layers."""
+        parts = name.split(".")
+        if parts[0] == "embeddings":
+            return 0
+        if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
+            return int(parts[1]) + 1
+        if parts[0] == "pooler" and self.pooler is not None:
+            return self.num_layers
+        raise self.unknown_parameter(name)
+
+    can_prune_heads = True  # prune_heads above; forward takes head_mask
+    can_distill = True
+
+    def fusable_qkv_modules(self) -> list[str]:
+        """Every layer's SelfAttention: query, key and value read the same x; `query_key_value` runs them as one."""
+        return [f"layers.{i}.attention" for i in range(self.num_layers)]
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> BertModel:
+        """A student BertModel (BertConfig.student): of this width, the embeddings, layers[j] as layer j and the
+        pooler copied; narrower, freshly initialised (the global torch RNG)."""
+        layers = check_student_layers(layers, self.num_layers)
+        config = self.config.student(layers, hidden_size, intermediate_size)
+        student = BertModel(config)
+        if config.hidden_size == self.config.hidden_size:
+            student.embeddings.load_state_dict(self.embeddings.state_dict())  # copies (load_state_dict copies)
+            for j, i in enumerate(layers):
+                student.layers[j].load_state_dict(self.layers[i].state_dict())
+            if student.pooler is not None:
+                student.pooler.load_state_dict(self.pooler.state_dict())
+        return student.train(self.training)
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.config.model_type == "roberta":

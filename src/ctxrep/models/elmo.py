@@ -293,6 +293,19 @@ class ElmoBiLM(Encoder):
     def no_attention_reason(self) -> str:
         return "ELMo is a biLSTM: it has no attention heads"
 
+    def layer_of(self, name: str) -> int:
+        """char_cnn.* (characters -> highway -> projection) 0; forward_layers.i / backward_layers.i (both
+        directions of LSTM layer i) i + 1; the LM's softmax num_layers."""
+        parts = name.split(".")
+        if parts[0] == "char_cnn":
+            return 0
+        if parts[0] in ("forward_layers", "backward_layers") and len(parts) > 2 and parts[1].isdigit():
+            if int(parts[1]) < self.num_layers:
+                return int(parts[1]) + 1
+        elif parts[0] == "softmax" and self.softmax is not None:
+            return self.num_layers
+        raise self.unknown_parameter(name)
+
     def _check_ids(self, char_ids: torch.Tensor) -> torch.Tensor:
         """Validate (batch, words, max_chars) ids and return the word mask (batch, words)."""
         m = self.config.max_characters_per_token
@@ -425,6 +438,8 @@ class Elmo(nn.Module):
     mixes' layer norm, computed as in AllenNLP over the words and the sentence-boundary tokens.
     """
 
+    family = "elmo"  # what tools name it by (the biLM's family); it declares no capabilities
+
     def __init__(
         self,
         bilm: ElmoBiLM,
@@ -459,6 +474,14 @@ class Elmo(nn.Module):
     @property
     def config(self) -> ElmoConfig:
         return self.bilm.config
+
+    def layer_of(self, name: str) -> int:
+        """The biLM's depths (ElmoBiLM.layer_of) for bilm.*; the scalar mixes, above every layer, num_layers."""
+        if name.startswith("bilm."):
+            return self.bilm.layer_of(name.removeprefix("bilm."))
+        if name.split(".")[0] == "scalar_mixes":
+            return self.num_layers
+        raise self.bilm.unknown_parameter(name)
 
     def forward(self, char_ids: torch.Tensor) -> ElmoRepresentations:
         out = self.bilm(char_ids, keep_boundaries=True)

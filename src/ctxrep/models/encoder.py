@@ -17,11 +17,26 @@ whether it reads whole words, and how to run it to hidden states. A new family i
     input_embeddings()  the static token-embedding table (vocabulary, dim), or None for character input
     heads_per_layer()   heads left in each layer (a pruned model's layers differ; num_heads is the original count)
     kept_heads()        the original indices of each layer's remaining heads (all of them unless pruned)
+    layer_of(name)      depth of the parameter `name` (from named_parameters()): 0 = embeddings (ELMo: the char
+                        CNN), l = layer l (1..num_layers), num_layers = what sits above the top layer (pooler,
+                        final LayerNorm, scalar mixes; Marian: the decoder, which encode never runs). A block
+                        shared by several layers (ALBERT) gets the depth of the highest layer that uses it: it
+                        trains as soon as any layer using it does (gradual unfreezing) and at that layer's rate
+                        (discriminative learning rates).
+
+Capabilities: what a tool may do with the family. The base class says no; a family that can says so here.
+
+    can_prune_heads          prune_heads({layer: [heads]}) removes heads for real, and forward takes
+                             head_mask (num_layers, num_heads) (Michel et al. 2019's mask variables xi)
+    fusable_qkv_modules()    names of attention modules whose query, key and value nn.Linear read the same input
+                             and that run one product instead when their `query_key_value` is set (fast.py's int8)
+    can_distill              init_student(layers, hidden_size, intermediate_size) builds a smaller encoder of the
+                             same family whose layer j starts as this one's layer layers[j] (DistilBERT's init)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -85,3 +100,82 @@ class Encoder(nn.Module):
     def no_attention_reason(self) -> str:
         """One line for tools that need attention heads and get a model without them."""
         return f"{self.family} has no attention heads"
+
+    # ---- depth of each parameter ----------------------------------------------------------------------------
+
+    def layer_of(self, name: str) -> int:
+        """Depth of the parameter called `name` (see the module docstring); every family answers for each of its
+        named_parameters() and raises `unknown_parameter` for any other name."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement Encoder.layer_of: a family says the depth of each of its "
+            "parameters (models/encoder.py)"
+        )
+
+    def unknown_parameter(self, name: str) -> ValueError:
+        return ValueError(
+            f"{name!r} is not a parameter of this {self.family} encoder; give a name from named_parameters()"
+        )
+
+    # ---- capabilities (the base class: none) --------------------------------------------------------------
+
+    can_prune_heads: bool = False
+    can_distill: bool = False
+
+    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
+        """Remove heads {layer: [heads in the original numbering]} for real (families with can_prune_heads)."""
+        raise ValueError(f"a {self.family} model cannot have attention heads removed (can_prune_heads is False)")
+
+    def fusable_qkv_modules(self) -> list[str]:
+        """Names (as in named_modules()) of attention modules with `query`, `key`, `value` nn.Linear over the same
+        input and a `query_key_value` slot that replaces the three by one product when set; [] for none."""
+        return []
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> Encoder:
+        """A smaller encoder of this family (families with can_distill): len(layers) layers, layer j copied from
+        this encoder's layer layers[j] (0-based) with the embeddings and what sits above the layers; with a smaller
+        hidden_size (intermediate_size in the teacher's ratio unless given) fresh weights of the same shape rules.
+        The student is a new module; this encoder is left as it was."""
+        raise ValueError(f"a {self.family} model cannot teach a student built from its layers (can_distill is False)")
+
+
+def check_student_layers(layers: Sequence[int], total: int) -> list[int]:
+    """`layers` as ints when they name distinct teacher layers 0..total - 1 in increasing order; else a one-line
+    ValueError (what Encoder.init_student takes)."""
+    chosen = [int(i) for i in layers]
+    if not chosen:
+        raise ValueError("a student needs at least one layer: name at least one teacher layer")
+    bad = [i for i in chosen if not 0 <= i < total]
+    if bad:
+        raise ValueError(f"teacher layers {bad} do not exist: the teacher has layers 0..{total - 1}")
+    if sorted(set(chosen)) != chosen:
+        raise ValueError(f"teacher layers {chosen} must be increasing and distinct (bottom layer first)")
+    return chosen
+
+
+def student_widths(
+    width: int, heads: int, inner: int, hidden_size: int | None, intermediate_size: int | None
+) -> tuple[int, int]:
+    """(hidden, intermediate) of a student of a teacher `width` wide with `heads` heads and an `inner`-wide
+    feed-forward: the teacher's when hidden_size is None or 0; narrower with the teacher's heads and (unless given)
+    the teacher's intermediate / hidden ratio. One-line ValueErrors for a shape that cannot be built."""
+    h = hidden_size or width
+    if h > width:
+        raise ValueError(
+            f"student hidden size {h} is wider than the teacher's {width}; give at most {width} "
+            "(or 0 for the teacher's width)"
+        )
+    if h % heads:
+        raise ValueError(
+            f"student hidden size {h} is not a multiple of the teacher's {heads} attention heads; a student keeps "
+            "the teacher's heads, so choose a multiple"
+        )
+    if h == width:
+        if intermediate_size and intermediate_size != inner:
+            raise ValueError(
+                f"student intermediate size {intermediate_size} differs from the teacher's {inner}, but a student "
+                "of the teacher's width copies its layers; narrow the student too, or leave it out"
+            )
+        return h, inner
+    return h, intermediate_size or inner * h // width

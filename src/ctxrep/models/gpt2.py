@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
@@ -89,6 +90,13 @@ class GPT2Config:
 
     def to_hf_dict(self, architecture: str = "GPT2LMHeadModel") -> dict:
         return asdict(self) | {"model_type": "gpt2", "architectures": [architecture], "tie_word_embeddings": True}
+
+    def student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> GPT2Config:
+        """A distillation student's config: len(layers) blocks; narrower (n_embd, n_inner) when hidden_size is."""
+        h, inner = student_widths(self.n_embd, self.n_head, self.n_inner, hidden_size, intermediate_size)
+        return replace(self, n_layer=len(layers), n_embd=h, n_inner=inner)
 
 
 class CausalSelfAttention(nn.Module):
@@ -240,6 +248,33 @@ class GPT2Model(Encoder):
 
     def input_embeddings(self) -> torch.Tensor:
         return self.wte.weight
+
+    def layer_of(self, name: str) -> int:
+        """wte, wpe 0; h.i.* i + 1; ln_f.* (the LayerNorm after the last block) num_layers."""
+        parts = name.split(".")
+        if parts[0] in ("wte", "wpe"):
+            return 0
+        if parts[0] == "h" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
+            return int(parts[1]) + 1
+        if parts[0] == "ln_f":
+            return self.num_layers
+        raise self.unknown_parameter(name)
+
+    can_distill = True
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> GPT2Model:
+        """A student GPT2Model (GPT2Config.student): of this width, wte, wpe, blocks layers[j] as block j and ln_f
+        copied; narrower, freshly initialised (the global torch RNG)."""
+        layers = check_student_layers(layers, self.num_layers)
+        student = GPT2Model(self.config.student(layers, hidden_size, intermediate_size))
+        if student.config.n_embd == self.config.n_embd:
+            for name in ("wte", "wpe", "ln_f"):
+                getattr(student, name).load_state_dict(getattr(self, name).state_dict())
+            for j, i in enumerate(layers):
+                student.h[j].load_state_dict(self.h[i].state_dict())
+        return student.train(self.training)
 
     def forward(
         self,

@@ -582,6 +582,22 @@ class MarianMTModel(Encoder):
     def input_embeddings(self) -> torch.Tensor:
         return self.shared.weight
 
+    def layer_of(self, name: str) -> int:
+        """The encoder side's depths: the (shared) embeddings 0; encoder.layers.i.* i + 1; the encoder's final
+        LayerNorm (pre-LN) num_layers; the decoder side (its layers, target embeddings, output projection), which
+        encode never runs, num_layers: above the encoder's top layer."""
+        parts = name.split(".")
+        if parts[0] == "shared":
+            return 0
+        if parts[0] == "encoder" and len(parts) > 3 and parts[1] == "layers" and parts[2].isdigit():
+            if int(parts[2]) < self.num_layers:
+                return int(parts[2]) + 1
+        elif parts[0] == "encoder" and parts[1:2] == ["layer_norm"]:
+            return self.num_layers
+        elif parts[0] in ("decoder", "decoder_embed_tokens", "lm_head"):
+            return self.num_layers
+        raise self.unknown_parameter(name)
+
     def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> EncoderOutput:
         """The encoder stack on batch["input_ids"], ["attention_mask"] (batch, src)."""
         return self.encode_source(

@@ -21,14 +21,15 @@ the Hugging Face folder format. Tensors are batch-first, (batch, seq, dim), ever
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
@@ -94,6 +95,13 @@ class XLNetConfig:
 
     def to_hf_dict(self, architecture: str = "XLNetModel") -> dict:
         return asdict(self) | {"model_type": "xlnet", "architectures": [architecture], "tie_word_embeddings": True}
+
+    def student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> XLNetConfig:
+        """A distillation student's config: len(layers) layers; narrower (d_model, d_inner) when hidden_size is."""
+        h, inner = student_widths(self.d_model, self.n_head, self.d_inner, hidden_size, intermediate_size)
+        return replace(self, n_layer=len(layers), d_model=h, d_inner=inner, d_head=h // self.n_head)
 
 
 @dataclass
@@ -307,6 +315,32 @@ class XLNetModel(Encoder):
 
     def input_embeddings(self) -> torch.Tensor:
         return self.word_embedding.weight
+
+    def layer_of(self, name: str) -> int:
+        """word_embedding and mask_emb (the query stream's input) 0; layers.i.* i + 1."""
+        parts = name.split(".")
+        if parts[0] in ("word_embedding", "mask_emb"):
+            return 0
+        if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
+            return int(parts[1]) + 1
+        raise self.unknown_parameter(name)
+
+    can_distill = True
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> XLNetModel:
+        """A student XLNetModel (XLNetConfig.student): of this width, word_embedding, mask_emb and layers[j] as
+        layer j copied; narrower, freshly initialised (the global torch RNG)."""
+        layers = check_student_layers(layers, self.num_layers)
+        student = XLNetModel(self.config.student(layers, hidden_size, intermediate_size))
+        if student.config.d_model == self.config.d_model:
+            student.word_embedding.load_state_dict(self.word_embedding.state_dict())
+            with torch.no_grad():
+                student.mask_emb.copy_(self.mask_emb)
+            for j, i in enumerate(layers):
+                student.layers[j].load_state_dict(self.layers[i].state_dict())
+        return student.train(self.training)
 
     # ---- masks and positions --------------------------------------------------------------------
 

@@ -41,14 +41,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.compress.student import check_distillable, init_student
-from ctxrep.models.bert import BertModel, EncoderLayer
+from ctxrep.models.bert import MODEL_TYPES, BertModel, EncoderLayer
 from ctxrep.models.folders import (
     CheckpointError,
     check_weights,
     read_state_dict,
     write_folder,
 )
+from ctxrep.models.student import distillable_families
 from ctxrep.objectives.masked_lm import (
     IGNORE_INDEX,
     BatchMasker,
@@ -68,7 +68,7 @@ class DistillConfig:
     """What the run distils and how; the trainer's checkpoint fingerprint compares it on resume."""
 
     teacher: str  # the teacher's folder
-    layers: tuple[int, ...]  # teacher layer of each student layer (compress/student.py)
+    layers: tuple[int, ...]  # teacher layer of each student layer (models/student.py)
     hidden_size: int  # the student's width
     intermediate_size: int
     temperature: float = 2.0
@@ -160,7 +160,15 @@ def load_teacher(name_or_path: str | Path) -> tuple[BertModel, MaskedLMHead | No
     from ctxrep.models.loading import load_model, resolve_model_path
 
     folder = resolve_model_path(name_or_path)
-    teacher = check_distillable(load_model(folder))
+    teacher = load_model(folder)
+    if getattr(teacher, "family", None) not in MODEL_TYPES:  # the losses read BERT's MLM head and attention
+        family = getattr(teacher, "family", type(teacher).__name__)
+        others = sorted(set(distillable_families()) - set(MODEL_TYPES))
+        raise ValueError(
+            f"a {family} model cannot be distilled here: task-agnostic distillation (DistilBERT / MiniLM) is "
+            f"implemented for {', '.join(sorted(MODEL_TYPES))} teachers; give one of those as the teacher "
+            f"(task-specific distillation, ctxrep distill without --corpus, also takes {', '.join(others)} teachers)"
+        )
     head = None
     prefix = _HEAD_PREFIX.get(teacher.config.model_type)
     state = read_state_dict(folder) if prefix else {}
@@ -210,7 +218,7 @@ class DistillationObjective(nn.Module):
         self.config = config
         self._teacher = (teacher.eval().requires_grad_(False),)  # a tuple: not a submodule, not in state_dict
         self._teacher_head = (teacher_head,)
-        self.student = init_student(teacher, config.layers, config.hidden_size, config.intermediate_size)
+        self.student = teacher.init_student(config.layers, config.hidden_size, config.intermediate_size)
         self.student.train()
         s, t = self.student.config, teacher.config
         if teacher_head is None and self.student.heads_per_layer()[-1] != teacher.heads_per_layer()[-1]:

@@ -9,8 +9,8 @@ frozen    batch["features"] (batch, words, layers, dim), batch["mask"] -> Scalar
 Predictions run `inference_network(network)`: the network itself, or for a call large enough to pay for compiling,
 the same head over ctxrep.fast's compiled copy of a fine-tuned Transformer encoder; tested against the network.
 
-Depth of each encoder parameter (for discriminative learning rates and gradual unfreezing) is read from its name
-by `encoder_layer_of`.
+Depth of each encoder parameter (for discriminative learning rates and gradual unfreezing) is the encoder's own
+answer, `encoder.layer_of(name)` (models/encoder.py): no parameter names are guessed here.
 """
 
 from __future__ import annotations
@@ -108,24 +108,10 @@ def _with_encoder(network: TaskNetwork, encoder: nn.Module) -> TaskNetwork:
     return TaskNetwork(rep, network.head).eval()
 
 
-BLOCK_LISTS = ("layers", "layer", "h", "forward_layers", "backward_layers")  # BERT, XLNet, GPT-2, ELMo
-ABOVE_BLOCKS = ("pooler", "ln_f", "scalar_mixes")  # BERT's pooler, GPT-2's final LayerNorm, ELMo's mixes
-
-
-def encoder_layer_of(encoder: nn.Module) -> dict[str, int]:
-    """Depth of every encoder parameter: 0 = embeddings (or ELMo's char CNN), l = layer l, L = the top layer
-    (and what sits above it: a pooler, a final LayerNorm, ELMo's scalar mixes)."""
-    num_layers = encoder.num_layers
-    depth = {}
-    for name, _ in encoder.named_parameters():
-        parts = name.removeprefix("bilm.").split(".")  # ctxrep.models.elmo.Elmo wraps the biLM
-        if parts[0] in BLOCK_LISTS and parts[1].isdigit():
-            depth[name] = int(parts[1]) + 1
-        elif parts[0] in ABOVE_BLOCKS:
-            depth[name] = num_layers
-        else:
-            depth[name] = 0
-    return depth
+def encoder_depths(encoder: nn.Module) -> dict[str, int]:
+    """Depth of every encoder parameter by its name, as the encoder answers it (`layer_of`): 0 = embeddings (or
+    ELMo's char CNN), l = layer l, L = the top layer and what sits above it."""
+    return {name: encoder.layer_of(name) for name, _ in encoder.named_parameters()}
 
 
 def network_depths(network: TaskNetwork) -> tuple[dict[str, int], int]:
@@ -134,7 +120,7 @@ def network_depths(network: TaskNetwork) -> tuple[dict[str, int], int]:
     rep = network.representation
     if rep.mode != "finetune":
         return {}, 0
-    depth = {"representation.encoder." + k: v for k, v in encoder_layer_of(rep.encoder).items()}
+    depth = {"representation.encoder." + k: v for k, v in encoder_depths(rep.encoder).items()}
     return depth, rep.encoder.num_layers
 
 
@@ -142,7 +128,7 @@ def unfreeze_from_top(network: TaskNetwork, epoch: int) -> None:
     """Gradual unfreezing: at epoch e only encoder layers deeper than L - e (and the head) train."""
     encoder = network.representation.encoder
     lowest = encoder.num_layers - epoch + 1  # epoch 0: none of the encoder; epoch 1: the top layer
-    for name, d in encoder_layer_of(encoder).items():
+    for name, d in encoder_depths(encoder).items():
         encoder.get_parameter(name).requires_grad_(d >= lowest)
 
 

@@ -753,8 +753,8 @@ def _word_start(tokenizer: Tokenizer, o: ObjectiveSection):
 
 def _distill_objective(config: PretrainConfig, tokenizer: Tokenizer):
     """The student built from the teacher ([distill]); masking from [objective] when the teacher has an MLM head."""
-    from ctxrep.compress.student import choose_layers, student_config
     from ctxrep.models.folders import CheckpointError
+    from ctxrep.models.student import choose_layers, student_config
     from ctxrep.objectives.distill import (
         DistillationObjective,
         DistillConfig,
