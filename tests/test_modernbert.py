@@ -223,6 +223,25 @@ def test_student_keeps_layer_kinds_and_starts_at_layer_0(tmp_path):
     assert teacher.init_student([0, 3], hidden_size=16).config.intermediate_size == 20
 
 
+def test_pre_split_words_get_the_pieces_of_running_text(tmp_path):
+    """ModernBERT's tokenizer.json is byte-level BPE without a prefix space: in running text every word but the
+    first carries its space ("Ġdog"); ctxrep, which encodes pre-split words, gives them the same pieces."""
+    from _families2 import CORPUS, modernbert_dir
+
+    from ctxrep.models.loading import load_encoder
+
+    folder = modernbert_dir(tmp_path / "m")
+    tok = load_encoder(folder).tokenizer
+    assert tok.space_before_words
+    ref = transformers.AutoTokenizer.from_pretrained(folder)
+    for text in CORPUS + ["Héllo wörld, ça va? 東京 🙂 x"]:
+        pieces = tok.encode_words([text.split()])[0]
+        assert tok.build_inputs(pieces.ids)[0] == ref(text)["input_ids"], text
+        assert sorted(set(pieces.word_ids)) == list(range(len(text.split())))
+    pair = tok.build_inputs(tok.encode_words([["a", "cat"]])[0].ids, tok.encode_words([["the", "dog"]])[0].ids)[0]
+    assert pair == ref("a cat", "the dog")["input_ids"]
+
+
 def test_too_long_input_is_refused_with_advice():
     model = ModernBertModel(ModernBertConfig(**COMMON | {"max_position_embeddings": 16}))
     with pytest.raises(ValueError, match="longer than the model's 16 positions; ctxrep.Featurizer splits"):

@@ -108,6 +108,9 @@ class Tokenizer:
         self.backend = tokenizer
         self.template = _probe_template(tokenizer)
         self.unk_token = getattr(tokenizer.model, "unk_token", None)
+        # Byte-level BPE without add_prefix_space (the Hub's GPT-2, RoBERTa and ModernBERT tokenizer.json): in
+        # running text every word but the first carries its space ("Ġdog"); pre-split words get it back.
+        self.space_before_words = _byte_level_without_prefix_space(tokenizer)
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> Tokenizer:
@@ -158,7 +161,9 @@ class Tokenizer:
 
     def encode_words(self, texts: Sequence[Sequence[str]]) -> list[WordPieces]:
         """Encode pre-split words; a word that the tokenizer reduces to nothing is encoded as the unknown token."""
-        encodings = self.backend.encode_batch([list(t) for t in texts], is_pretokenized=True, add_special_tokens=False)
+        encodings = self.backend.encode_batch(
+            [self._as_in_text(t) for t in texts], is_pretokenized=True, add_special_tokens=False
+        )
         out = []
         for i, (words, enc) in enumerate(zip(texts, encodings)):
             pieces = WordPieces(list(enc.ids), list(enc.word_ids), list(enc.tokens), len(words))
@@ -176,10 +181,16 @@ class Tokenizer:
                     stacklevel=2,
                 )
                 fixed = [self.unk_token if w in empty else word for w, word in enumerate(words)]
-                enc = self.backend.encode(fixed, is_pretokenized=True, add_special_tokens=False)
+                enc = self.backend.encode(self._as_in_text(fixed), is_pretokenized=True, add_special_tokens=False)
                 pieces = WordPieces(list(enc.ids), list(enc.word_ids), list(enc.tokens), len(words))
             out.append(pieces)
         return out
+
+    def _as_in_text(self, words: Sequence[str]) -> list[str]:
+        """The words as the pre-tokenizer sees them in running text: with their space where it is kept."""
+        if self.space_before_words:
+            return [w if j == 0 else " " + w for j, w in enumerate(words)]
+        return list(words)
 
     def build_inputs(self, ids_a: list[int], ids_b: list[int] | None = None) -> tuple[list[int], list[int], int]:
         """Add special tokens: (input_ids, token_type_ids, offset of A's first piece in input_ids)."""
@@ -241,6 +252,13 @@ class WordTokenizer:
 
 def _read_json(file: Path) -> dict:
     return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def _byte_level_without_prefix_space(tok: tokenizers.Tokenizer) -> bool:
+    """Whether the pre-tokenizer is (or holds) ByteLevel with add_prefix_space off."""
+    pre = json.loads(tok.to_str()).get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    return any(p.get("type") == "ByteLevel" and not p.get("add_prefix_space", True) for p in steps if p)
 
 
 def _probe_template(tok: tokenizers.Tokenizer) -> SpecialTemplate:
