@@ -1,0 +1,408 @@
+"""Regression, cross-encoder ranking, word in context, `ctxrep predict`, the per-text feature cache and the readers
+for STS / SICK, on tiny random encoders and small files written here (no ../shared/data)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import ctxrep
+from ctxrep.cli import main
+from ctxrep.data.sts import read_sick, read_sts
+from ctxrep.data.table import read_scored_texts
+from ctxrep.tasks import SequenceClassifier, SequenceRegressor, WordInContextClassifier, load
+from ctxrep.tasks.regressor import pearson, r2_score, rankdata, spearman
+
+X_PAIRS = [("good great", "fine nice"), ("bad awful", "good great"), ("poor sad", "sad poor"), ("nice", "awful")] * 3
+Y_SCORES = [4.5, 1.0, 4.8, 0.5] * 3
+X_WIC = [
+    ("a [[crane]] lifted the beam", "the [[crane]] lifted steel"),
+    ("a [[crane]] caught fish", "the [[crane]] lifted steel"),
+    (("he sat on the bank", 4), ("the bank of the river", 1)),
+    (("money in the bank", 3), ("the bank of the river", 1)),
+] * 3
+Y_WIC = ["T", "F", "T", "F"] * 3
+
+
+def common(tiny_models, tmp_path, mode="finetune", **kw):
+    params = dict(
+        model=str(tiny_models["bert"]),
+        mode=mode,
+        batch_size=4,
+        lr=3e-3,
+        random_state=0,
+        cache_dir=str(tmp_path / "cache"),
+        lstm_size=8,
+        dropout=0.0,
+    )
+    return params | kw
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---- SequenceRegressor ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_regressor_learns_pair_scores_and_round_trips(tiny_models, tmp_path, mode):
+    reg = SequenceRegressor(**common(tiny_models, tmp_path, mode, max_epochs=20))
+    assert reg.fit(X_PAIRS, Y_SCORES) is reg
+    predicted = reg.predict(X_PAIRS[:4])
+    assert predicted.dtype == np.float64 and predicted.shape == (4,)
+    report = reg.evaluate(X_PAIRS, Y_SCORES)
+    assert report["pearson"] > 0.95 and report["spearman"] > 0.9
+    assert reg.score(X_PAIRS, Y_SCORES) == pytest.approx(r2_score(np.array(Y_SCORES), reg.predict(X_PAIRS)))
+    assert reg.score(X_PAIRS, Y_SCORES) > 0.5
+    reg.save(tmp_path / "reg")
+    again = load(tmp_path / "reg")
+    assert type(again) is SequenceRegressor
+    assert np.allclose(again.predict(X_PAIRS), reg.predict(X_PAIRS), atol=1e-6)
+
+
+def test_regressor_on_single_texts_predicts_on_the_targets_scale(tiny_models, tmp_path):
+    X = ["good great fine", "bad awful poor"] * 4
+    y = [100.0, 300.0] * 4  # far from 0-1: the standardised targets must put predictions back on this scale
+    reg = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=25)).fit(X, y)
+    assert reg.target_mean_ == 200.0 and reg.target_scale_ == 100.0
+    assert np.allclose(reg.predict(["good great fine", "bad awful poor"]), [100.0, 300.0], atol=25)
+
+
+def test_regressor_is_a_scikit_learn_regressor(tiny_models, tmp_path):
+    from sklearn.base import is_regressor
+    from sklearn.model_selection import cross_val_score
+
+    reg = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=1))
+    assert is_regressor(reg) and ctxrep.SequenceRegressor is SequenceRegressor
+    scores = cross_val_score(reg, X_PAIRS, Y_SCORES, cv=2)  # R² per fold, through clone and score
+    assert scores.shape == (2,) and np.all(np.isfinite(scores))
+
+
+def test_regressor_refuses_a_target_that_is_not_a_number(tiny_models, tmp_path):
+    reg = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=1))
+    with pytest.raises(ValueError, match=r"example 2: the target 'high' is not a number"):
+        reg.fit(["a b", "c d", "e f"], [1.0, 2.0, "high"])
+
+
+def test_classifier_given_continuous_scores_names_the_regressor(tiny_models, tmp_path):
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1))
+    with pytest.raises(ValueError, match=r"SequenceRegressor \(ctxrep finetune --task regress\)") as info:
+        clf.fit(X_PAIRS, Y_SCORES)
+    assert "\n" not in str(info.value)
+    clf.fit(["a b", "c d", "e f"], [0.0, 1.0, 0.0])  # whole-number floats are still class labels
+    assert clf.classes_.tolist() == [0.0, 1.0]
+
+
+def test_correlations_match_scipy():
+    from scipy import stats
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=50), rng.normal(size=50)
+    y[:10] = x[:10]
+    x[5:8] = 0.5  # ties
+    assert pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0])
+    assert spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
+    assert np.array_equal(rankdata(x), stats.rankdata(x))
+
+
+# ---- cross-encoder ranking --------------------------------------------------------------------------------
+
+
+def test_rank_orders_candidates_by_the_pair_models_score(tiny_models, tmp_path):
+    reg = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=20)).fit(X_PAIRS, Y_SCORES)
+    candidates = ["fine nice", "awful", "sad poor"]
+    ranking = reg.rank("good great", candidates)
+    expected = reg.predict([("good great", c) for c in candidates])
+    assert np.allclose(ranking.scores, expected)
+    assert ranking.order.tolist() == np.argsort(-expected, kind="stable").tolist()
+    assert reg.rank("good great", candidates, top_k=1).order.tolist() == ranking.order[:1].tolist()
+
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_PAIRS, [1, 0, 1, 0] * 3)
+    ranked = clf.rank("good great", candidates)
+    assert np.allclose(ranked.scores, clf.predict_proba([("good great", c) for c in candidates])[:, 1])
+
+    single = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=1)).fit(["a b", "c d"], [1.0, 2.0])
+    with pytest.raises(ValueError, match="trained on single texts"):
+        single.rank("a", ["b"])
+
+
+# ---- word in context ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["finetune", "frozen"])
+def test_word_in_context_reads_the_marked_targets(tiny_models, tmp_path, mode):
+    wic = WordInContextClassifier(**common(tiny_models, tmp_path, mode, max_epochs=15))
+    wic.fit(X_WIC, Y_WIC)
+    assert wic.score(X_WIC, Y_WIC) == 1.0
+    wic.save(tmp_path / "wic")
+    assert np.array_equal(load(tmp_path / "wic").predict_proba(X_WIC), wic.predict_proba(X_WIC))
+
+
+def test_word_in_context_depends_on_which_word_is_marked(tiny_models, tmp_path):
+    wic = WordInContextClassifier(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_WIC, Y_WIC)
+    a = wic.predict_proba([("a [[crane]] lifted the beam", "the crane [[lifted]] steel")])
+    b = wic.predict_proba([("a [[crane]] lifted the beam", "the [[crane]] lifted steel")])
+    assert not np.allclose(a, b)
+
+
+def test_word_in_context_refuses_an_unmarked_target(tiny_models, tmp_path):
+    wic = WordInContextClassifier(**common(tiny_models, tmp_path, max_epochs=1))
+    with pytest.raises(ValueError, match=r"example 1: text_b has no target word marked \[\[like this\]\]"):
+        wic.fit([X_WIC[0], ("a [[crane]] flew", "no mark here")], ["T", "F"])
+
+
+# ---- the frozen-feature cache is per text --------------------------------------------------------------------
+
+
+def test_cross_validation_featurizes_each_text_once(tiny_models, tmp_path, monkeypatch):
+    from sklearn.model_selection import cross_val_score
+
+    from ctxrep.featurize import Featurizer
+
+    featurized = []
+    embed = Featurizer.embed_words
+
+    def counting(self, texts, pairs=None, *args, **kwargs):
+        featurized.extend(" ".join(t) for t in texts)
+        return embed(self, texts, pairs, *args, **kwargs)
+
+    monkeypatch.setattr(Featurizer, "embed_words", counting)
+    X = [f"text number {i} good" if i % 2 else f"text number {i} bad" for i in range(12)]
+    y = ["pos" if i % 2 else "neg" for i in range(12)]
+    clf = SequenceClassifier(**common(tiny_models, tmp_path, "frozen", max_epochs=1, frozen_head="linear"))
+    clf.set_params(pooling="mean")
+    cross_val_score(clf, X, y, cv=3)
+    assert sorted(featurized) == sorted(X)  # every text once over 3 folds' fits and scores, not once per fold
+
+
+# ---- readers ----------------------------------------------------------------------------------------------
+
+
+def test_sts_readers_read_the_three_layouts(tmp_path):
+    benchmark = tmp_path / "sts-dev.csv"
+    benchmark.write_text(
+        "main-captions\tMSRvid\t2012test\t0000\t5.000\tA man is dancing.\tA man dances.\n"
+        'main-news\theadlines\t2016\t0001\t0.40\t "Quoted" text \tOther text\tsource one\tsource two\n'
+    )
+    pairs = read_sts(benchmark)
+    assert [(p.text_a, p.text_b, p.score, p.line) for p in pairs] == [
+        ("A man is dancing.", "A man dances.", 5.0, 1),
+        ('"Quoted" text', "Other text", 0.4, 2),
+    ]
+    glue = tmp_path / "dev.tsv"
+    glue.write_text("index\tgenre\tsentence1\tsentence2\tscore\n0\tmain\tA b.\tC d.\t3.2\n")
+    assert [(p.text_a, p.text_b, p.score) for p in read_sts(glue)] == [("A b.", "C d.", 3.2)]
+    sick = tmp_path / "SICK_trial.txt"
+    sick.write_text(
+        "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"
+        "4\tThe boys play \tNo boy plays\t3.6\tCONTRADICTION\n"
+    )
+    (pair,) = read_sick(sick)
+    assert (pair.text_a, pair.score, pair.label, pair.line) == ("The boys play", 3.6, "CONTRADICTION", 2)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("g\tf\ty\t0\tfive\tA b.\tC d.\n", r"sts-train\.csv:1: the score field is 'five', not a number"),
+        ("g\tf\ty\t0\t5.0\tA b.\n", r"sts-train\.csv:1: 6 tab-separated field\(s\)"),
+        ("g\tf\ty\t0\t1\tA b.\tC d.\ng\tf\ty\t1\tnan\tA b.\tC d.\n", r"sts-train\.csv:2: the score field is 'nan'"),
+    ],
+)
+def test_sts_reader_errors_name_the_file_and_line(tmp_path, text, message):
+    path = tmp_path / "sts-train.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_sts(path)
+
+
+def test_scored_texts_name_the_line_of_a_score_that_is_not_a_number(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("text,text_pair,score\na b,c d,1.5\ne f,g h,about three\n")
+    with pytest.raises(ValueError, match=r"train\.csv:3: the score column 'score' \(--label-column\) holds"):
+        read_scored_texts(path, label_column="score", text_pair_column="text_pair")
+    path.write_text("text,text_pair,score\na b,c d,1.5\ne f,g h,3\n")
+    data = read_scored_texts(path, label_column="score", text_pair_column="text_pair")
+    assert data.X == [("a b", "c d"), ("e f", "g h")] and data.y == [1.5, 3.0] and data.lines == [2, 3]
+
+
+# ---- the CLI: finetune and predict for each kind, bad input in one line ------------------------------------------
+
+
+def _run(args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_finetune_regress_then_predict(tiny_models, tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("s1\ts2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for (a, b), s in zip(X_PAIRS, Y_SCORES)))
+    out = tmp_path / "run"
+    result = _run(
+        ["finetune", "--task", "regress", "--train", train, "--dev", train, "--text-column", "s1"]
+        + ["--text-pair-column", "s2", "--label-column", "score", "--model", tiny_models["bert"], "--out", out]
+        + ["--max-epochs", "2", "--batch-size", "4", "--cache-dir", tmp_path / "cache", "--no-progress"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "pearson" in result.output and "spearman" in result.output
+    assert f"ctxrep predict --model {out}/model" in result.output and "SequenceRegressor.load(" in result.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["score_name"] == "pearson" and {"pearson", "spearman", "r2"} <= set(metrics)
+    assert (out / "scatter.png").is_file()
+    # prediction input without the score column, read with the columns saved at training
+    unlabelled = tmp_path / "new.tsv"
+    unlabelled.write_text("s1\ts2\ngood great\tfine nice\nbad awful\tgood\n")
+    result = _run(["predict", "--model", out / "model", "--input", unlabelled, "--out", tmp_path / "preds.csv"])
+    assert result.exit_code == 0, result.output
+    rows = _rows(tmp_path / "preds.csv")
+    expected = SequenceRegressor.load(out / "model").predict([("good great", "fine nice"), ("bad awful", "good")])
+    assert [r["line"] for r in rows] == ["2", "3"] and rows[0]["text_pair"] == "fine nice"
+    assert np.allclose([float(r["score"]) for r in rows], expected)
+
+
+def test_finetune_stsb_reads_the_benchmark_layout(tiny_models, tmp_path):
+    path = tmp_path / "sts-train.csv"
+    path.write_text(
+        "".join(f"g\tf\t2012\t{i:04d}\t{s}\t{a}\t{b}\n" for i, ((a, b), s) in enumerate(zip(X_PAIRS, Y_SCORES)))
+    )
+    result = _run(
+        ["finetune", "--task", "stsb", "--train", path, "--dev", path, "--model", tiny_models["bert"]]
+        + ["--out", tmp_path / "run", "--max-epochs", "1", "--batch-size", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["dev_examples"] == 12
+
+
+def test_finetune_wic_files_then_predict(tiny_models, tmp_path):
+    data = tmp_path / "train.data.txt"
+    rows = [("crane", "N", "1-1", "a crane lifted the beam", "the crane lifted steel"),
+            ("crane", "N", "1-1", "a crane caught fish", "the crane lifted steel")] * 4  # fmt: skip
+    data.write_text("".join("\t".join(r) + "\n" for r in rows))
+    (tmp_path / "train.gold.txt").write_text("T\nF\n" * 4)
+    out = tmp_path / "run"
+    result = _run(
+        ["finetune", "--task", "wic", "--train", data, "--dev", data, "--model", tiny_models["bert"], "--out", out]
+        + ["--max-epochs", "1", "--batch-size", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "WordInContextClassifier" in result.output
+    result = _run(["predict", "--model", out / "model", "--input", data, "--out", tmp_path / "p.csv"])
+    assert result.exit_code == 0, result.output
+    predicted = _rows(tmp_path / "p.csv")
+    assert len(predicted) == 8 and predicted[0]["text"] == "a [[crane]] lifted the beam"
+    assert {r["label"] for r in predicted} <= {"T", "F"} and all(0 <= float(r["probability"]) <= 1 for r in predicted)
+
+
+def test_predict_tags_and_spans(tiny_models, tmp_path):
+    conll = tmp_path / "ner.conll"
+    conll.write_text("john B-PER\nlives O\nin O\nparis B-LOC\n\nmary B-PER\nvisited O\nlondon B-LOC\n")
+    out = tmp_path / "tag"
+    result = _run(
+        ["finetune", "--task", "tag", "--train", conll, "--dev", conll, "--model", tiny_models["bert"], "--out", out]
+        + ["--max-epochs", "1", "--batch-size", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    words = tmp_path / "words.conll"
+    words.write_text("john\nlives\n\nmary\nvisited\nlondon\n")  # words alone: no tag column
+    result = _run(["predict", "--model", out / "model", "--input", words, "--out", tmp_path / "tags.conll"])
+    assert result.exit_code == 0, result.output
+    blocks = (tmp_path / "tags.conll").read_text().strip().split("\n\n")
+    assert [[line.split("\t")[0] for line in b.splitlines()] for b in blocks] == [
+        ["john", "lives"],
+        ["mary", "visited", "london"],
+    ]
+    assert all(line.split("\t")[1] in {"B-PER", "O", "B-LOC"} for b in blocks for line in b.splitlines())
+
+    squad = tmp_path / "qa.jsonl"
+    context = "the meeting was in london yesterday ."
+    squad.write_text(
+        json.dumps({"question": "where ?", "context": context, "answers": {"text": ["london"], "answer_start": [19]}})
+        * 1
+        + "\n"
+    )
+    result = _run(
+        ["finetune", "--task", "span", "--train", squad, "--dev", squad, "--model", tiny_models["bert"]]
+        + ["--out", tmp_path / "span", "--max-epochs", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"question": "when ?", "context": context}) + "\n")
+    result = _run(
+        ["predict", "--model", tmp_path / "span" / "model", "--input", questions, "--out", tmp_path / "a.csv"]
+    )
+    assert result.exit_code == 0, result.output
+    (row,) = _rows(tmp_path / "a.csv")
+    assert context[int(row["start"]) : int(row["end"])] == row["answer"]
+
+
+@pytest.mark.parametrize(
+    "task, header, row, message",
+    [
+        (
+            "regress",
+            "text,label",
+            "a b,high",
+            r"train\.csv:3: the score column 'label' \(--label-column\) holds 'high'",
+        ),
+        ("regress", "text,score", "a b,2", r"train\.csv:1: no column 'label' in the header"),
+        (
+            "wic",
+            "text,text_pair,label",
+            "a [[b]] c,no mark,T",
+            r"train\.csv:3: the 'text_pair' text has no target word",
+        ),
+    ],
+)
+def test_cli_bad_input_is_one_line_naming_the_file_and_line(tiny_models, tmp_path, task, header, row, message):
+    path = tmp_path / "train.csv"
+    good = {"regress": "c d,1.5", "wic": "a [[b]] c,d [[b]],F"}[task]
+    path.write_text(f"{header}\n{good}\n{row}\n")
+    result = _run(
+        [
+            "finetune",
+            "--task",
+            task,
+            "--train",
+            path,
+            "--dev",
+            path,
+            "--model",
+            tiny_models["bert"],
+            "--out",
+            tmp_path / "r",
+        ]
+    )
+    assert result.exit_code == 1
+    error = result.output.strip().splitlines()[-1]
+    assert error.startswith("error: ") and len(result.output.strip().splitlines()) <= 2
+    assert re.search(message, error), error
+
+
+def test_no_progress_prints_plain_progress_lines(tiny_models, tmp_path, capsys):
+    from ctxrep.tasks.experiment import experiment
+
+    path = tmp_path / "train.csv"
+    path.write_text(
+        "text,label\n" + "".join(f"{t},{s}\n" for t, s in zip(["good great", "bad awful"] * 4, [4.0, 1.5] * 4))
+    )
+    experiment("regress", path, path, model=str(tiny_models["bert"]), out_dir=tmp_path / "r", echo=lambda s: None,
+               max_epochs=2, batch_size=4, progress="lines")  # fmt: skip
+    err = capsys.readouterr().err
+    assert "SequenceRegressor: epoch 1" in err and "SequenceRegressor: epoch 2" in err
+    assert "batches (100%)" in err and "\r" not in err
