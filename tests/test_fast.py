@@ -359,6 +359,41 @@ def test_estimator_bf16_autocast_trains_and_predicts_with_float32_weights(tiny_m
     np.testing.assert_allclose(proba, clf.set_params(bf16=False).predict_proba(X), atol=0.05)
 
 
+def test_estimator_predict_takes_device_and_precision_for_one_call(tiny_models, monkeypatch):
+    from ctxrep.runtime import hardware
+    from ctxrep.tasks import SequenceClassifier, TokenTagger
+
+    X, y = ["good great fine", "bad awful poor"] * 4, ["pos", "neg"] * 4
+    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=1, batch_size=4, lr=1e-3, random_state=0)
+    clf.fit(X, y)
+    expected = clf.predict_proba(X)
+    dtypes = []
+    clf.model_.head.linear.register_forward_hook(lambda _m, _a, out: dtypes.append(out.dtype))  # a matmul
+    for precision, dtype, atol in (("bf16", torch.bfloat16, 0.05), ("fp16", torch.float16, 0.01), ("fp32", None, 0)):
+        dtypes.clear()
+        np.testing.assert_allclose(clf.predict_proba(X, precision=precision), expected, atol=atol)
+        assert set(dtypes) == ({dtype} if dtype else {torch.float32})
+    np.testing.assert_allclose(clf.predict_proba(X, precision="int8"), expected, atol=0.05)
+    assert "_int8_network" in vars(clf) and clf.quantize is None and clf.bf16 is False  # no parameter changed
+    for flags, dtype in (({"amx_bf16"}, torch.bfloat16), (set(), torch.float32)):  # "auto" reads the CPU's flags
+        monkeypatch.setattr(hardware, "cpu_flags", lambda f=frozenset(flags): f)
+        dtypes.clear()
+        clf.score(X, y, precision="auto")
+        assert set(dtypes) == {dtype}
+    with clf.using(device="meta", precision="bf16"):  # "meta" stands in for a GPU: batches and network go there
+        call = clf._call()
+        batch = clf._batch(clf._examples(clf._check_X(X[:2]), None, call), call)
+        assert {v.device.type for v in batch.values()} == {"meta"} and clf._predict_precision() == "bf16"
+    assert clf._predict_device().type == "cpu" and clf.device == "cpu"  # only for the block
+    with pytest.raises(ValueError, match="precision must be one of"):
+        clf.predict(X, precision="int4")
+    with pytest.raises(ValueError, match="precision='int8' runs on the CPU only, not meta"):
+        clf.predict(X, device="meta", precision="int8")
+    tagger = TokenTagger(model=str(tiny_models["bert"]), max_epochs=1, batch_size=4, random_state=0)
+    tagger.fit([["john", "runs"], ["mary", "sleeps"]], [["B-PER", "O"], ["B-PER", "O"]])
+    assert tagger.predict([["john", "runs"]], precision="bf16") == tagger.predict([["john", "runs"]])
+
+
 def test_fused_query_key_value_path_equals_the_three_projections(tiny_models):
     """The BERT-family attention's fast path (one product for q, k, v, set by quantize_int8) against its reference
     forward, in float32 so that only the fusing is compared."""

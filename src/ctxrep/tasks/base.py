@@ -34,6 +34,7 @@ changes nothing in the estimator.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -396,11 +397,47 @@ class TaskEstimator:
                     outputs[i] = out
         return outputs
 
+    @contextlib.contextmanager
+    def using(self, device: str | torch.device | None = None, precision: str | None = None):
+        """Within this block, predict, score and predict_proba run on `device` at `precision` ("fp32", "bf16" or
+        "fp16" autocast, "int8" (CPU: the encoder's linear layers, as quantize="int8"), or "auto": the Featurizer's
+        rule, `ctxrep.runtime.hardware.auto_precision`); None keeps the estimator's own device / bf16 / quantize.
+        The parameters are left as they are, and the network goes back to `device` afterwards."""
+        from ctxrep import runtime
+
+        if precision is not None:
+            runtime.check_precision(precision)
+        target = runtime.parse_device(device) or torch.device(self.device)
+        if precision == "auto":
+            precision = runtime.hardware.auto_precision(target, ("fp32", "bf16", "fp16", "int8"))
+        if precision == "int8" and target.type != "cpu":
+            raise ValueError(f"precision='int8' runs on the CPU only, not {target}: use precision='bf16' on a GPU")
+        saved = self.__dict__.get("_predict_with")
+        self._predict_with = (target, precision)
+        try:
+            yield self
+        finally:
+            self._predict_with = saved
+            if hasattr(self, "model_"):
+                self.model_.to(self.device)
+
+    def _predict_device(self) -> torch.device:
+        """Where prediction runs: `using`'s device, else the estimator's."""
+        chosen = self.__dict__.get("_predict_with")
+        return chosen[0] if chosen else torch.device(self.device)
+
+    def _predict_precision(self) -> str:
+        """`using`'s precision, else the parameters': "int8" (quantize), "bf16" (bf16 autocast) or "fp32"."""
+        chosen = self.__dict__.get("_predict_with")
+        if chosen and chosen[1] is not None:
+            return chosen[1]
+        return "int8" if self.quantize else "bf16" if self.bf16 else "fp32"
+
     def _prediction_network(self, num_tokens: int) -> TaskNetwork:
-        """`inference_network(self.model_)`, or with quantize="int8" the int8 copy (built once, kept until the next
-        fit or a change of `quantize`). The network is on `device` (set_params(device=...) after fit moves it)."""
-        self.model_.to(self.device).eval()
-        if self.quantize is None:
+        """`inference_network(self.model_)`, or at precision "int8" the int8 copy (built once, kept until the next
+        fit or a change of `quantize`). The network is on the prediction device (`using`, else `device`)."""
+        self.model_.to(self._predict_device()).eval()
+        if self._predict_precision() != "int8":
             return inference_network(self.model_, num_tokens=num_tokens)
         self._check_common()
         cached = self.__dict__.get("_int8_network")
@@ -409,12 +446,20 @@ class TaskEstimator:
         return self._int8_network[1]
 
     def _batch(self, records: list, call: Call) -> dict[str, torch.Tensor]:
-        """The collated batch on the estimator's device."""
-        return {k: v.to(self.device) for k, v in self._collate(records, call).items()}
+        """The collated batch on the estimator's device (the prediction device inside `using`)."""
+        device = self._predict_device()
+        return {k: v.to(device) for k, v in self._collate(records, call).items()}
 
     def _predict_batch(self, network: nn.Module, records: list, call: Call) -> torch.Tensor:
-        """The network's output for one batch of records, float32 on the CPU (under bf16 autocast when asked)."""
-        with loop.bf16_autocast(torch.device(self.device).type, bool(self.bf16)):
+        """The network's output for one batch of records, float32 on the CPU (under bf16 / fp16 autocast when asked)."""
+        precision = self._predict_precision()
+        device_type = self._predict_device().type
+        if precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+            autocast = torch.autocast(device_type, dtype=dtype)
+        else:
+            autocast = contextlib.nullcontext()
+        with autocast:
             return network(self._batch(records, call)).float().cpu()
 
     def _forward_reference(self, records: list, call: Call) -> list:
@@ -440,17 +485,19 @@ class TaskEstimator:
     def _split_outputs(self, logits, records) -> list:
         return list(logits.unbind(0))
 
-    def predict(self, X):
-        """One prediction per example of X."""
+    def predict(self, X, *, device: str | torch.device | None = None, precision: str | None = None):
+        """One prediction per example of X. device / precision: for this call only (see `using`)."""
         self._check_fitted()
         X = self._check_X(X)
-        return self._predict_checked(X) if X else self._decode(X, [], [])
+        with self.using(device, precision):
+            return self._predict_checked(X) if X else self._decode(X, [], [])
 
-    def score(self, X, y) -> float:
+    def score(self, X, y, *, device: str | torch.device | None = None, precision: str | None = None) -> float:
         self._check_fitted()
         X, y = self._check_X_y(X, y, fitting=False)
         self._check_same_targets(y)  # labels unseen at fit time are an error, not a silent miss
-        return self._score(X, y, self._predict_checked(X) if X else self._decode(X, [], []))
+        with self.using(device, precision):
+            return self._score(X, y, self._predict_checked(X) if X else self._decode(X, [], []))
 
     # ---- save / load --------------------------------------------------------------------------------
 

@@ -306,14 +306,17 @@ class SequenceClassifier(SequenceTask):
 
     # ---- prediction -------------------------------------------------------------------------------
 
-    def predict_proba(self, X) -> np.ndarray:
-        """(n_examples, n_classes) class probabilities, columns in the order of classes_."""
+    def predict_proba(self, X, *, device: str | torch.device | None = None, precision: str | None = None) -> np.ndarray:
+        """(n_examples, n_classes) class probabilities, columns in the order of classes_ (device / precision: for
+        this call, see `using`)."""
         self._check_fitted()
         X = self._check_X(X)
         if not X:
             return np.zeros((0, len(self.classes_)), dtype=np.float32)
         call = self._call()
-        logits = torch.stack(self._forward_all(self._examples(X, None, call), call))
+        records = self._examples(X, None, call)
+        with self.using(device, precision):
+            logits = torch.stack(self._forward_all(records, call))
         return logits.softmax(dim=-1).numpy()
 
     def _decode(self, X, examples, outputs) -> np.ndarray:

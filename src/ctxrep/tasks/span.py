@@ -327,11 +327,14 @@ class SpanExtractor(TaskEstimator):
 
     # ---- prediction -------------------------------------------------------------------------------
 
-    def predict(self, X) -> list[str]:
-        """The answer text of each (question, context) pair (a substring of the context)."""
-        return super().predict(X)
+    def predict(self, X, *, device: str | torch.device | None = None, precision: str | None = None) -> list[str]:
+        """The answer text of each (question, context) pair (a substring of the context); device / precision: for
+        this call, see `using`."""
+        return super().predict(X, device=device, precision=precision)
 
-    def predict_offsets(self, X) -> list[tuple[int, int]]:
+    def predict_offsets(
+        self, X, *, device: str | torch.device | None = None, precision: str | None = None
+    ) -> list[tuple[int, int]]:
         """Character (start, end) of each predicted answer in its context."""
         self._check_fitted()
         X = self._check_X(X)
@@ -339,7 +342,8 @@ class SpanExtractor(TaskEstimator):
             return []
         call = self._call()
         windows = self._examples(X, None, call)
-        return self._offsets(X, windows, self._forward_all(windows, call))
+        with self.using(device, precision):
+            return self._offsets(X, windows, self._forward_all(windows, call))
 
     def _offsets(self, X, windows: list[SpanWindow], outputs: list) -> list[tuple[int, int]]:
         best: list[tuple[float, int, int]] = [(-np.inf, 0, 0)] * len(X)
@@ -377,9 +381,9 @@ class SpanExtractor(TaskEstimator):
     def _score(self, X, answers, predictions) -> float:
         return self._evaluate(answers, predictions)["f1"]
 
-    def score(self, X, y) -> float:
+    def score(self, X, y, *, device: str | torch.device | None = None, precision: str | None = None) -> float:
         """SQuAD token F1."""
-        return super().score(X, y)
+        return super().score(X, y, device=device, precision=precision)
 
 
 def _strip_space(text: str, start: int, end: int) -> tuple[int, int]:

@@ -301,9 +301,9 @@ class TokenTagger(TaskEstimator):
 
     # ---- prediction -------------------------------------------------------------------------------
 
-    def predict(self, X) -> list[list[str]]:
-        """One label list per sentence."""
-        return super().predict(X)
+    def predict(self, X, *, device: str | torch.device | None = None, precision: str | None = None) -> list[list[str]]:
+        """One label list per sentence (device / precision: for this call, see `using`)."""
+        return super().predict(X, device=device, precision=precision)
 
     def _decode(self, X, windows, outputs) -> list[list[str]]:
         """Each word's scores come from the window that predicts it; then argmax per word, or Viterbi over the
@@ -351,9 +351,9 @@ class TokenTagger(TaskEstimator):
         result = self._evaluate(y, predicted)
         return result["f1"] if self.entity_scoring_ else result["token_accuracy"]
 
-    def score(self, X, y) -> float:
+    def score(self, X, y, *, device: str | torch.device | None = None, precision: str | None = None) -> float:
         """Entity-level F1 (conlleval semantics) for entity tag schemes, else token accuracy."""
-        return super().score(X, y)
+        return super().score(X, y, device=device, precision=precision)
 
 
 __all__ = ["TokenTagger", "TAG_SCHEMES"]
