@@ -171,3 +171,141 @@ def gpt2_dir(tmp_path_factory):
     )
     transformers.GPT2Model(cfg).save_pretrained(path)
     return path
+
+
+# ---- families added in issue 25: XLM-R, CamemBERT, DistilBERT, MPNet, T5's encoder ---------------------------------
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def sentencepiece_tokenizer(path: Path, model_type: str, file: str, vocab_size: int = 200) -> int:
+    """A small unigram SentencePiece model trained on CORPUS under the file name the family's Hub repos use, plus
+    transformers' conversion of it saved beside (tokenizer.json, tokenizer_config.json) as those repos ship it;
+    returns the tokenizer's vocabulary size (added tokens included)."""
+    import json
+
+    import sentencepiece
+
+    path.mkdir(parents=True, exist_ok=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS),
+        model_prefix=str(path / "spm"),
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    (path / "spm.model").rename(path / file)
+    (path / "spm.vocab").unlink()
+    (path / "config.json").write_text(json.dumps({"model_type": model_type}))  # replaced by the model's own
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return len(tok)
+
+
+def _roberta_like_dir(path: Path, model_type: str, model_cls) -> Path:
+    n = sentencepiece_tokenizer(path, model_type, "sentencepiece.bpe.model")
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        model_type, vocab_size=n, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1, **TINY, **NO_DROPOUT
+    )
+    model_cls(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def xlmr_dir(tmp_path_factory) -> Path:
+    """A tiny XLM-RoBERTa with a SentencePiece tokenizer (sentencepiece.bpe.model + its tokenizer.json)."""
+    return _roberta_like_dir(tmp_path_factory.mktemp("xlm-roberta"), "xlm-roberta", transformers.XLMRobertaModel)
+
+
+@pytest.fixture(scope="session")
+def camembert_dir(tmp_path_factory) -> Path:
+    """A tiny CamemBERT (its vocabulary layout: <s>NOTUSED, <pad>, </s>NOTUSED, <unk>, ..., <mask>)."""
+    return _roberta_like_dir(tmp_path_factory.mktemp("camembert"), "camembert", transformers.CamembertModel)
+
+
+@pytest.fixture(scope="session")
+def distilbert_dir(tmp_path_factory) -> Path:
+    """A tiny DistilBERT with BERT's uncased WordPiece tokenizer (MiniLM's files), as DistilBertForMaskedLM saves
+    it (the MLM head's weights beside the encoder's)."""
+    path = tmp_path_factory.mktemp("distilbert")
+    torch.manual_seed(0)
+    config = transformers.DistilBertConfig(
+        vocab_size=30522,
+        max_position_embeddings=64,
+        n_layers=2,
+        n_heads=4,
+        dim=32,
+        hidden_dim=64,
+        dropout=0.0,
+        attention_dropout=0.0,
+    )
+    transformers.DistilBertForMaskedLM(config).save_pretrained(path)
+    _copy_bert_tokenizer(path)
+    return path
+
+
+def _mpnet_tokenizer(dst: Path) -> int:
+    """MPNet's tokenizer: lower-cased WordPiece with RoBERTa's specials and template (<s> A </s></s> B </s>)."""
+    from tokenizers import decoders, normalizers
+
+    tok = HFTokenizer(models.WordPiece(unk_token="<unk>"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(
+        CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    )
+    tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tok.save(str(dst / "tokenizer.json"))
+    return tok.get_vocab_size()
+
+
+@pytest.fixture(scope="session")
+def mpnet_dir(tmp_path_factory) -> Path:
+    """A tiny MPNet laid out as sentence-transformers ships all-mpnet-base-v2 (mean pooling, then Normalize)."""
+    import json
+
+    path = tmp_path_factory.mktemp("mpnet")
+    n = _mpnet_tokenizer(path)
+    torch.manual_seed(0)
+    config = transformers.MPNetConfig(vocab_size=n, max_position_embeddings=66, **TINY, **NO_DROPOUT)
+    transformers.MPNetModel(config).save_pretrained(path)
+    (path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True})
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def t5_dir(tmp_path_factory) -> Path:
+    """A tiny T5 v1.1 encoder (gated-gelu) as T5EncoderModel saves it, with T5's SentencePiece tokenizer
+    (spiece.model + its tokenizer.json: A </s>, 100 extra ids)."""
+    path = tmp_path_factory.mktemp("t5")
+    n = sentencepiece_tokenizer(path, "t5", "spiece.model")
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=n,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        dropout_rate=0.0,
+    )
+    transformers.T5EncoderModel(config).save_pretrained(path)
+    return path

@@ -381,7 +381,7 @@ def test_published_elmo_urls_are_allennlps(monkeypatch):
 
 
 def test_elmo_download_checks_caches_and_loads(server, tmp_path, monkeypatch):
-    from ctxrep.models.elmo import batch_to_ids
+    from ctxrep.char_ids import batch_to_ids
 
     src = _tiny_elmo(tmp_path / "src")
     s = server(static=_published(src, "small"))
@@ -449,3 +449,124 @@ def test_interrupted_elmo_download_leaves_no_file_and_a_rerun_completes_it(serve
     s.truncate.clear()
     assert hub.elmo_download("elmo:small", progress=False) == folder
     assert s.fetched("_options.json") == 1, "the complete options file was kept"
+
+
+# ---- errors before downloads; each family added in issue 25 from a repository laid out as on the Hub ---------------
+
+
+def test_unsupported_model_type_fails_after_config_json_alone(server, bert_files):
+    files = dict(bert_files)
+    files["config.json"] = json.dumps(json.loads(files["config.json"]) | {"model_type": "llama"}).encode()
+    s = server({"org/llama": {"refs": {"main": _sha(8)}, "commits": {_sha(8): files}}})
+    with pytest.raises(CheckpointError) as e:
+        hub.hub_folder("org/llama", progress=False)
+    message = str(e.value)
+    assert "model_type 'llama', which ctxrep cannot load; it loads bert, roberta" in message
+    for family in ("xlm-roberta", "camembert", "distilbert", "mpnet", "t5", "ELMo"):
+        assert family in message, family
+    assert "ctxrep-albert" not in message and "ctxrep_mt" not in message and "\n" not in message
+    assert s.fetched("config.json") == 1
+    assert s.fetched("model.safetensors") == 0 and s.fetched("tokenizer.json") == 0 and s.fetched("vocab.txt") == 0
+
+
+def test_a_404_from_the_server_says_there_is_no_such_model(server):
+    s = server({})
+
+    def plain_404(h, repo_id, rev, body):  # a server (a mirror) that answers 404 without the Hub's error code
+        s._send(h, 404, b"Not Found", body)
+
+    s._commit = plain_404
+    with pytest.raises(CheckpointError) as e:
+        hub.hub_folder("org/no-such-model", progress=False)
+    message = str(e.value)
+    assert "'org/no-such-model': no such model on " + s.url in message and "404" in message
+    assert "cannot reach" not in message and "network" not in message and "\n" not in message
+
+
+def _repo(folder: Path, drop: tuple[str, ...] = (), **extra: bytes) -> dict[str, bytes]:
+    files = {k: v for k, v in _files(folder).items() if k not in drop}
+    files.update({"README.md": b"# tiny\n", ".gitattributes": b"*.bin filter=lfs\n", **extra})
+    return files
+
+
+def _whole_t5(t5_dir: Path, dst: Path) -> Path:
+    """flan-t5's layout: T5ForConditionalGeneration (encoder, decoder, LM head) and spiece.model, no tokenizer.json."""
+    import transformers
+
+    config = transformers.T5Config.from_pretrained(t5_dir)
+    torch.manual_seed(3)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(dst)
+    (dst / "spiece.model").write_bytes((t5_dir / "spiece.model").read_bytes())
+    (dst / "generation_config.json").write_text("{}")
+    return dst
+
+
+def _camembert_mlm(camembert_dir: Path, dst: Path) -> Path:
+    """camembert-base's layout: CamembertForMaskedLM weights (encoder under 'roberta.', lm_head.*) in both formats
+    and only sentencepiece.bpe.model for the tokenizer."""
+    import transformers
+
+    config = transformers.CamembertConfig.from_pretrained(camembert_dir)
+    torch.manual_seed(4)
+    transformers.CamembertForMaskedLM(config).save_pretrained(dst)
+    (dst / "sentencepiece.bpe.model").write_bytes((camembert_dir / "sentencepiece.bpe.model").read_bytes())
+    torch.save(load_file(dst / "model.safetensors"), dst / "pytorch_model.bin")
+    return dst
+
+
+@pytest.mark.parametrize("family", ["xlm-roberta", "camembert", "distilbert", "mpnet", "t5"])
+def test_new_family_downloads_and_loads_like_its_source(request, server, tmp_path, family):
+    """multilingual-e5 (XLM-R, sentence-transformers), camembert-base (SentencePiece only, MLM weights),
+    distilbert-base-uncased (every framework's weights), all-mpnet-base-v2 (sentence-transformers with ONNX and
+    OpenVINO copies), flan-t5 (a whole T5, SentencePiece only): ctxrep fetches what it reads and nothing else, and
+    the download loads and tokenizes like the source folder."""
+    import ctxrep
+
+    if family == "xlm-roberta":
+        source = request.getfixturevalue("xlmr_dir")
+        modules = b'[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]'
+        files = _repo(
+            source,
+            **{
+                "modules.json": modules,
+                "1_Pooling/config.json": b'{"word_embedding_dimension": 32, "pooling_mode_mean_tokens": true}',
+                "onnx/model.onnx": b"\0" * 64,
+            },
+        )
+    elif family == "camembert":
+        source = _camembert_mlm(request.getfixturevalue("camembert_dir"), tmp_path / "camembert")
+        files = _repo(source)
+    elif family == "distilbert":
+        source = request.getfixturevalue("distilbert_dir")
+        files = _repo(
+            source, **{"tf_model.h5": b"\0" * 64, "rust_model.ot": b"\0" * 64, "flax_model.msgpack": b"\0" * 64}
+        )
+    elif family == "mpnet":
+        source = request.getfixturevalue("mpnet_dir")
+        files = _repo(
+            source,
+            **{
+                "sentence_bert_config.json": b'{"max_seq_length": 384}',
+                "onnx/model.onnx": b"\0" * 64,
+                "openvino/openvino_model.bin": b"\0" * 64,
+                "train_script.py": b"print()\n",
+            },
+        )
+    else:
+        source = _whole_t5(request.getfixturevalue("t5_dir"), tmp_path / "flan-t5")
+        files = _repo(source)
+    s = server({f"org/tiny-{family}": {"refs": {"main": _sha(9)}, "commits": {_sha(9): files}}})
+    loaded = ctxrep.load_encoder(f"org/tiny-{family}")
+    assert loaded.model.family == family and loaded.folder.name == _sha(9)
+    fetched = sorted(_files(loaded.folder))
+    assert "README.md" not in fetched and not any(f.startswith(("onnx/", "openvino/")) for f in fetched)
+    assert not any(f.endswith((".h5", ".ot", ".msgpack", ".py")) for f in fetched), fetched
+    assert ("pytorch_model.bin" in fetched) == ("model.safetensors" not in files)
+    assert s.fetched("pytorch_model.bin") == 0 or "model.safetensors" not in files
+    local = ctxrep.load_encoder(source)
+    words = [["the", "quick", "brown", "fox"], ["a", "crane", "lifted", "the", "steel", "beam"]]
+    got, want = loaded.tokenizer.encode_words(words), local.tokenizer.encode_words(words)
+    assert [p.ids for p in got] == [p.ids for p in want] and [p.word_ids for p in got] == [p.word_ids for p in want]
+    ids = torch.tensor([loaded.tokenizer.build_inputs(got[1].ids)[0]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).last_hidden_state, local.model(ids).last_hidden_state)

@@ -44,6 +44,11 @@ FAMILIES = [
     Family("albert", "albert_dir"),
     Family("bert", "pruned_bert_dir", label="bert-pruned"),  # compressed models (issue 16) answer as their family
     Family("bert", "distilled_bert_dir", label="bert-distilled"),
+    Family("xlm-roberta", "xlmr_dir"),  # issue 25's families
+    Family("camembert", "camembert_dir"),
+    Family("distilbert", "distilbert_dir"),
+    Family("mpnet", "mpnet_dir"),
+    Family("t5", "t5_dir"),
 ]
 
 # UD-like sentences "DET NOUN VERB ADV PUNCT" (det -> noun, nsubj -> verb, advmod -> verb, punct -> verb).

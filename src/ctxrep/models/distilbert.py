@@ -1,0 +1,407 @@
+"""DistilBERT's encoder (Sanh et al. 2019): BERT's post-LayerNorm layers, half as many, without segment embeddings.
+
+Sanh et al. 2019, sec. 2: "the student - DistilBERT - has the same general architecture as BERT. The token-type
+embeddings and the pooler are removed while the number of layers is reduced by a factor of 2." So a layer here is
+bert.py's `EncoderLayer`, unchanged (x = LN(x + Attn(x)); x = LN(x + FFN(x)), attention softmax(QK^T / sqrt(d_k)) V
+with a key padding mask), and what differs lives in this file:
+
+    embeddings  e_t = LN(W_word[x_t] + P[t])            (no token types; LayerNorm eps 1e-12)
+    P           learned, or with `sinusoidal_pos_embds` Vaswani et al. 2017, sec. 3.5:
+                P[pos, 2i] = sin(pos / 10000^(2i/d)),  P[pos, 2i+1] = cos(pos / 10000^(2i/d)), frozen
+    no pooler   the encoder's output is the last layer's hidden states
+
+DistilBERT's config.json names (dim, n_layers, n_heads, hidden_dim, activation, dropout, attention_dropout) are
+kept as the dataclass's fields; the properties answer under BERT's names (transformers' attribute_map idea), which
+is what bert.py's layer reads. Loading and saving follow transformers' DistilBertModel names (`hf_parameter_names`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ctxrep.models.bert import ACTIVATIONS, EncoderLayer, _check_pruned_heads
+from ctxrep.models.encoder import Encoder, check_student_layers
+from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.outputs import EncoderOutput
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPE = "distilbert"
+LAYER_NORM_EPS = 1e-12  # fixed in DistilBERT (not in its config)
+
+
+@dataclass
+class DistilBertConfig:
+    """Everything needed to rebuild the network; field names are those of transformers' DistilBertConfig."""
+
+    vocab_size: int = 30522
+    max_position_embeddings: int = 512
+    sinusoidal_pos_embds: bool = False
+    n_layers: int = 6
+    n_heads: int = 12
+    dim: int = 768
+    hidden_dim: int = 3072
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    # Heads removed from each layer, in the original numbering (as bert.py's BertConfig.pruned_heads).
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        self.pruned_heads = _check_pruned_heads(self.pruned_heads, self.n_layers, self.n_heads)
+
+    # BERT's names for the same numbers: what bert.py's EncoderLayer and SelfAttention read.
+    model_type = MODEL_TYPE
+    layer_norm_eps = LAYER_NORM_EPS
+
+    @property
+    def hidden_size(self) -> int:
+        return self.dim
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.hidden_dim
+
+    @property
+    def hidden_act(self) -> str:
+        return self.activation
+
+    @property
+    def hidden_dropout_prob(self) -> float:
+        return self.dropout
+
+    @property
+    def attention_probs_dropout_prob(self) -> float:
+        return self.attention_dropout
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads of `layer` that remain after pruning, in the original numbering."""
+        pruned = set(self.pruned_heads.get(layer, ()))
+        return [h for h in range(self.n_heads) if h not in pruned]
+
+    @classmethod
+    def from_hf_dict(cls, d: dict) -> DistilBertConfig:
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        if kwargs.get("pad_token_id") is None:
+            kwargs["pad_token_id"] = 0
+        return cls(**kwargs)
+
+    def to_hf_dict(self) -> dict:
+        d = asdict(self)
+        d["model_type"] = MODEL_TYPE
+        d["architectures"] = ["DistilBertModel"]
+        d["pruned_heads"] = {str(k): v for k, v in sorted(self.pruned_heads.items()) if v}
+        if not d["pruned_heads"]:
+            del d["pruned_heads"]
+        return d
+
+
+def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
+    """(n_pos, dim): P[pos, 2i] = sin(pos / 10000^(2i/dim)), P[pos, 2i+1] = cos(pos / 10000^(2i/dim)).
+
+    Computed in float64 as transformers does (numpy), then rounded once to float32."""
+    pos = torch.arange(n_pos, dtype=torch.float64)[:, None]  # (n_pos, 1)
+    j = torch.arange(dim, dtype=torch.float64)[None, :]  # (1, dim)
+    angle = pos / torch.pow(10000.0, 2 * torch.div(j, 2, rounding_mode="floor") / dim)  # (n_pos, dim)
+    table = torch.empty(n_pos, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle[:, 0::2])
+    table[:, 1::2] = torch.cos(angle[:, 1::2])
+    return table.float()
+
+
+class Embeddings(nn.Module):
+    """e_t = dropout(LN(W_word[x_t] + P[t])): no token-type embeddings (Sanh et al. 2019, sec. 2)."""
+
+    def __init__(self, config: DistilBertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.dim, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.dim)
+        if config.sinusoidal_pos_embds:
+            with torch.no_grad():
+                self.position_embeddings.weight.copy_(sinusoidal_table(config.max_position_embeddings, config.dim))
+            self.position_embeddings.weight.requires_grad_(False)  # fixed, as in transformers
+        self.norm = nn.LayerNorm(config.dim, eps=LAYER_NORM_EPS)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)  # (batch, seq, dim)
+        return self.dropout(self.norm(x))
+
+
+class DistilBertModel(Encoder):
+    """The encoder. `forward` follows transformers' DistilBertModel: no token_type_ids read, no pooler."""
+
+    def __init__(self, config: DistilBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.n_layers))
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding) and module.weight.requires_grad:  # not the sinusoidal table
+                nn.init.normal_(module.weight, std=std)
+                if module.padding_idx is not None:
+                    with torch.no_grad():
+                        module.weight[module.padding_idx].zero_()
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    # ---- the encoder interface (models/encoder.py) ----
+    family = MODEL_TYPE
+    reads_segments = False  # DistilBERT has no token-type embeddings
+    prepack_for_inference = True  # BERT's layers: oneDNN pre-packed linear layers help as they do for BERT
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def num_heads(self) -> int:
+        """Heads per layer before any pruning (the original numbering; see heads_per_layer())."""
+        return self.config.n_heads
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.dim
+
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_position_embeddings
+
+    def heads_per_layer(self) -> list[int]:
+        return [layer.attention.num_heads for layer in self.layers]
+
+    def kept_heads(self) -> list[list[int]]:
+        return [list(layer.attention.kept_heads) for layer in self.layers]
+
+    def input_embeddings(self) -> torch.Tensor:
+        return self.embeddings.word_embeddings.weight
+
+    def layer_of(self, name: str) -> int:
+        """embeddings.* 0, layers.i.* i + 1 (DistilBERT has nothing above its last layer)."""
+        parts = name.split(".")
+        if parts[0] == "embeddings" and name in dict(self.named_parameters()):
+            return 0
+        if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
+            return int(parts[1]) + 1
+        raise self.unknown_parameter(name)
+
+    can_prune_heads = True
+    can_distill = True
+
+    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
+        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (as BertModel.prune_heads:
+        query/key/value lose the heads' rows, the output projection their columns; config.pruned_heads records
+        them so that a saved folder rebuilds the smaller model)."""
+        heads = {layer: list(removed) for layer, removed in heads.items()}
+        merged = {layer: list(removed) for layer, removed in self.config.pruned_heads.items()}
+        for layer, removed in heads.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+                raise ValueError(f"prune_heads: no layer {layer!r}; this model has layers 0..{self.num_layers - 1}")
+            bad = [h for h in removed if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.num_heads]
+            if bad:
+                raise ValueError(
+                    f"prune_heads: layer {layer} has heads 0..{self.num_heads - 1} (original numbering), not {bad}"
+                )
+            merged[layer] = sorted(set(merged.get(layer, [])) | set(removed))
+            if len(merged[layer]) == self.num_heads:
+                raise ValueError(
+                    f"prune_heads: that would remove all {self.num_heads} heads of layer {layer}; "
+                    "keep at least one head per layer"
+                )
+        for layer, removed in heads.items():  # every request checked before any layer changes
+            self.layers[layer].attention.prune(removed)
+        self.config.pruned_heads = {layer: merged[layer] for layer in sorted(merged) if merged[layer]}
+
+    def fusable_qkv_modules(self) -> list[str]:
+        """Every layer's attention (bert.py's SelfAttention): one product for query, key and value when set."""
+        return [f"layers.{i}.attention" for i in range(self.num_layers)]
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> DistilBertModel:
+        """A student DistilBertModel with len(layers) layers, layer j copied from this one's layers[j] with the
+        embeddings (DistilBERT's own initialisation, Sanh et al. 2019 sec. 3). Only at this width: a narrower
+        student has nothing to copy, and ctxrep builds narrower students from BERT (can_distill there)."""
+        layers = check_student_layers(layers, self.num_layers)
+        if (hidden_size is not None and hidden_size != self.config.dim) or (
+            intermediate_size is not None and intermediate_size != self.config.hidden_dim
+        ):
+            raise ValueError(
+                f"a DistilBERT student keeps its teacher's widths (dim {self.config.dim}, hidden_dim "
+                f"{self.config.hidden_dim}); choose fewer layers instead"
+            )
+        config = copy.deepcopy(self.config)
+        config.n_layers = len(layers)
+        config.pruned_heads = {
+            j: list(self.config.pruned_heads[i]) for j, i in enumerate(layers) if i in self.config.pruned_heads
+        }
+        student = DistilBertModel(config)
+        student.embeddings.load_state_dict(self.embeddings.state_dict())
+        for j, i in enumerate(layers):
+            student.layers[j].load_state_dict(self.layers[i].state_dict())
+        return student.train(self.training)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+        head_mask: torch.Tensor | None = None,
+    ) -> EncoderOutput:
+        """input_ids, attention_mask: (batch, seq). token_type_ids must be None or all zero: DistilBERT has no
+        segment embeddings (pairs are told apart by [SEP] alone). head_mask and attentions as in BertModel.forward."""
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence of {input_ids.shape[1]} tokens is longer than the model's "
+                f"{self.config.max_position_embeddings} positions; ctxrep.Featurizer splits long texts into windows"
+            )
+        if token_type_ids is not None and bool(token_type_ids.any()):
+            raise ValueError("DistilBERT has no token-type (segment) embeddings: pass token_type_ids=None")
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        key_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        if head_mask is not None:
+            head_mask = self._check_head_mask(head_mask)  # (layers, heads)
+        x = self.embeddings(input_ids, position_ids)
+        hidden_states, attentions = [x], []
+        for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
+            x, probs = layer(x, key_mask, output_attentions, head_mask[i] if head_mask is not None else None)
+            hidden_states.append(x)
+            attentions.append(probs)
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )
+
+    def _check_head_mask(self, head_mask: torch.Tensor) -> torch.Tensor:
+        shape = (self.num_layers, self.num_heads)
+        if head_mask.dim() == 1 and head_mask.shape[0] == self.num_heads:
+            return head_mask.expand(shape)  # (layers, heads)
+        if tuple(head_mask.shape) != shape:
+            raise ValueError(
+                f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or "
+                f"({self.num_heads},), in the original head numbering even after pruning"
+            )
+        return head_mask
+
+    # ---- Hugging Face folder format -------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> DistilBertModel:
+        """A DistilBertModel folder, or a task / pre-training one (encoder under 'distilbert.'; heads not loaded)."""
+        path = Path(path)
+        hf_config = read_config(path, (MODEL_TYPE,))
+        state = read_state_dict(path)
+        if any(k.startswith("distilbert.") for k in state):
+            state = {k.removeprefix("distilbert."): v for k, v in state.items()}
+        try:
+            config = DistilBertConfig.from_hf_dict(hf_config)
+        except ValueError as e:
+            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
+        model = cls(config)
+        model.load_hf_state_dict(state, source=str(path))
+        model.eval()
+        return model
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
+        names = hf_parameter_names(self.config)  # hf name -> our name
+        ours = self.state_dict()
+        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]
+        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in _BUFFERS}
+        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
+        check_weights(found, expected, source, "a DistilBERT encoder")
+        if heads:
+            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
+        with torch.no_grad():
+            for hf, our in names.items():
+                ours[our].copy_(state[hf].to(ours[our].dtype))
+        if self.config.sinusoidal_pos_embds:  # the checkpoint's table should be the formula's: say so if not
+            table = sinusoidal_table(self.config.max_position_embeddings, self.config.dim)
+            if not torch.allclose(ours["embeddings.position_embeddings.weight"].float(), table, atol=1e-4):
+                logger.warning(
+                    "%s: sinusoidal_pos_embds is set but the stored position table differs from the formula; "
+                    "using the stored table",
+                    source,
+                )
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write config.json + model.safetensors that transformers' DistilBertModel / AutoModel loads."""
+        ours = self.state_dict()
+        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
+        write_folder(path, self.config.to_hf_dict(), tensors)
+
+
+# transformers' precomputed position ids: a buffer, not a weight.
+_BUFFERS = ("embeddings.position_ids",)
+# Heads on top of the encoder in DistilBertForMaskedLM / task checkpoints.
+_HEAD_PREFIXES = (
+    "vocab_transform.",
+    "vocab_layer_norm.",
+    "vocab_projector.",
+    "pre_classifier.",
+    "classifier.",
+    "qa_outputs.",
+)
+
+
+def hf_parameter_names(config: DistilBertConfig) -> dict[str, str]:
+    """transformers' DistilBertModel name -> ctxrep's name, for every weight of the encoder."""
+    names = {
+        "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
+        "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
+        "embeddings.LayerNorm.weight": "embeddings.norm.weight",
+        "embeddings.LayerNorm.bias": "embeddings.norm.bias",
+    }
+    per_layer = {
+        "attention.q_lin": "attention.query",
+        "attention.k_lin": "attention.key",
+        "attention.v_lin": "attention.value",
+        "attention.out_lin": "attention.output",
+        "sa_layer_norm": "attention_norm",
+        "ffn.lin1": "intermediate",
+        "ffn.lin2": "output",
+        "output_layer_norm": "output_norm",
+    }
+    for i in range(config.n_layers):
+        for hf, our in per_layer.items():
+            for p in ("weight", "bias"):
+                names[f"transformer.layer.{i}.{hf}.{p}"] = f"layers.{i}.{our}.{p}"
+    return names
