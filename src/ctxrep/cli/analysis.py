@@ -11,14 +11,16 @@ from pathlib import Path
 import click
 
 from ctxrep.cli.common import user_errors
+from ctxrep.cli.runtime_options import runtime_kwargs, runtime_options
 
 MODEL_HELP = "Packaged model name (minilm), model folder (ELMo: with or without elmo:), or Hub name."
 
 
-def _featurizer(model: str):
+def _featurizer(model: str, runtime: dict | None = None):
+    """All layers of `model`; `runtime`: the --device / --precision / --backend keyword arguments given."""
     from ctxrep.featurize import Featurizer
 
-    return Featurizer(model, layers="all")
+    return Featurizer(model, layers="all", **(runtime or {}))
 
 
 def _out_dir(path: str) -> Path:
@@ -39,8 +41,11 @@ def _out_dir(path: str) -> Path:
 @click.option("--out-dir", default="probe-out", show_default=True, help="Where probe.json and probe.png go.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the control model and the probes.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Say what is being done on stderr.")
+@runtime_options
 @user_errors
-def probe(model, task, train_path, dev_path, max_sentences, control, out_dir, seed, progress) -> None:
+def probe(
+    model, task, train_path, dev_path, max_sentences, control, out_dir, seed, progress, device, precision, backend
+) -> None:
     """Linear probes per layer and over a learned ScalarMix of all layers (Tenney et al. 2019)."""
     from ctxrep.analysis.probe import load_probe_data, run_probe, split_data
 
@@ -52,7 +57,8 @@ def probe(model, task, train_path, dev_path, max_sentences, control, out_dir, se
     else:
         dev = load_probe_data(task, dev_path, max_sentences)
     out = _out_dir(out_dir)
-    result = run_probe(_featurizer(model), train, dev, control=control, seed=seed, progress=progress)
+    fz = _featurizer(model, runtime_kwargs(device, precision, backend))
+    result = run_probe(fz, train, dev, control=control, seed=seed, progress=progress)
     click.echo(result.table())
     result.save_json(out / "probe.json")
     result.save_plot(out / "probe.png")
@@ -110,15 +116,17 @@ def neighbors() -> None:
 @click.option("--layer", default=-1, show_default=True, help="Layer to index (0 = embeddings, -1 = top).")
 @click.option("--max-sentences", default=5000, show_default=True, help="Index at most this many sentences.")
 @click.option("--out", "out_dir", required=True, help="Folder for the index and its metadata.")
+@runtime_options
 @user_errors
-def neighbors_index(model, corpus, layer, max_sentences, out_dir) -> None:
+def neighbors_index(model, corpus, layer, max_sentences, out_dir, device, precision, backend) -> None:
     """Embed every word occurrence of a corpus at one layer and save an HNSW index."""
     from ctxrep.analysis._common import read_sentences
     from ctxrep.analysis.neighbors import OccurrenceIndex
 
     if max_sentences < 1:
         raise ValueError(f"--max-sentences must be at least 1, got {max_sentences}")
-    index = OccurrenceIndex.build(_featurizer(model), read_sentences(corpus, max_sentences), layer=layer)
+    fz = _featurizer(model, runtime_kwargs(device, precision, backend))
+    index = OccurrenceIndex.build(fz, read_sentences(corpus, max_sentences), layer=layer)
     index.save(_out_dir(out_dir))
     click.echo(
         f"indexed {len(index.occurrences)} occurrences of {len(index.sentences)} sentences at layer "
@@ -140,8 +148,9 @@ def neighbors_index(model, corpus, layer, max_sentences, out_dir) -> None:
 )
 @click.option("-k", "--k", default=10, show_default=True, help="How many neighbours.")
 @click.option("--model", default=None, help="Model to embed the queries with (default: the index's model).")
+@runtime_options
 @user_errors
-def neighbors_query(index_dir, sentence, word, queries_path, k, model) -> None:
+def neighbors_query(index_dir, sentence, word, queries_path, k, model, device, precision, backend) -> None:
     """The occurrences closest to a word in a sentence, and the word's static (input-embedding) neighbours.
 
     One query (--sentence and --word) or a file of them (--queries FILE); each answer of a file starts with
@@ -165,7 +174,7 @@ def neighbors_query(index_dir, sentence, word, queries_path, k, model) -> None:
     if k < 1:
         raise ValueError(f"-k must be at least 1, got {k}")
     index = OccurrenceIndex.load(index_dir)
-    fz = _featurizer(model or index.model)
+    fz = _featurizer(model or index.model, runtime_kwargs(device, precision, backend))
     no_static = no_static_table_reason(fz)
     vocabulary = None if no_static else StaticVocabulary.from_featurizer(fz)  # built once for every query
     for q, hits in zip(queries, index.query_many(fz, queries, k)):
@@ -209,13 +218,15 @@ def neighbors_static(word, model, k) -> None:
 @click.option("--dev", "dev_path", required=True, help="WiC dev *.data.txt or its folder.")
 @click.option("--max-pairs", default=None, type=int, help="Use at most this many train pairs.")
 @click.option("--out", "out_file", default=None, help="Also write the result as JSON here.")
+@runtime_options
 @user_errors
-def neighbors_wic(model, train_path, dev_path, max_pairs, out_file) -> None:
+def neighbors_wic(model, train_path, dev_path, max_pairs, out_file, device, precision, backend) -> None:
     """WiC accuracy per layer: cosine of the two targets, threshold chosen on train, scored on dev."""
     from ctxrep.analysis.neighbors import evaluate_wic
     from ctxrep.analysis.probe import read_wic_pairs
 
-    result = evaluate_wic(_featurizer(model), read_wic_pairs(train_path, max_pairs), read_wic_pairs(dev_path))
+    fz = _featurizer(model, runtime_kwargs(device, precision, backend))
+    result = evaluate_wic(fz, read_wic_pairs(train_path, max_pairs), read_wic_pairs(dev_path))
     click.echo(result.table())
     if out_file:
         result.save_json(out_file)
@@ -231,8 +242,9 @@ def neighbors_wic(model, train_path, dev_path, max_pairs, out_file) -> None:
 @click.option("--max-sentences", default=300, show_default=True, help="Sentences of --ud to use.")
 @click.option("--control/--no-control", default=True, show_default=True, help="Probe a random-init control too.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Say what is being done on stderr.")
+@runtime_options
 @user_errors
-def report(model, out_dir, ud_path, wic_path, max_sentences, control, progress) -> None:
+def report(model, out_dir, ud_path, wic_path, max_sentences, control, progress, device, precision, backend) -> None:
     """Write one self-contained HTML page about MODEL: probes, attention, sense demos, WiC.
 
     MODEL is a packaged model name (minilm) or a model folder."""
@@ -243,8 +255,9 @@ def report(model, out_dir, ud_path, wic_path, max_sentences, control, progress) 
     for option, path in (("--ud", ud_path), ("--wic", wic_path)):
         if path is not None and not Path(path).exists():
             raise FileNotFoundError(f"{option} {path}: no such file or folder")
+    runtime = runtime_kwargs(device, precision, backend)
     page = build_report(
-        model,
+        _featurizer(model, runtime) if runtime else model,
         _out_dir(out_dir),
         ud_path=ud_path,
         wic_path=wic_path,

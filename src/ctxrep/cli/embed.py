@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import user_errors
+from ctxrep.cli.runtime_options import runtime_options
 from ctxrep.embed_corpus import (  # noqa: F401  (read_records, load_shards: re-exported for scripts and tests)
     DEFAULT_TEXT_COLUMN,
     FORMATS,
@@ -61,15 +62,20 @@ from ctxrep.embed_corpus import (  # noqa: F401  (read_records, load_shards: re-
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
-@click.option("--batch-tokens", default=2048, show_default=True, help="Token budget of one encoder batch.")
+@click.option(
+    "--batch-tokens",
+    type=int,
+    default=None,
+    help="Token budget of one encoder batch (default: 2,048 on a CPU, sized for the GPU's memory on CUDA).",
+)
 @click.option("--threads", type=int, default=None, help="Torch threads (default: torch's choice).")
 @click.option(
     "--quantize",
     type=click.Choice(["int8"]),
     default=None,
-    help="int8 linear layers (per-channel weights, calibrated activations): faster on CPU, vectors at a "
-    "mean cosine of about 0.99 to float32. Transformer models only.",
+    help="Deprecated: the same as --precision int8.",
 )
+@runtime_options
 @click.option(
     "--compile/--no-compile",
     "compile_",
@@ -107,6 +113,9 @@ def embed(
     compile_,
     workers,
     devices,
+    device,
+    precision,
+    backend,
 ) -> None:
     """Write word- or sentence-level vectors of every text in INPUT to shards in OUT.
 
@@ -116,6 +125,8 @@ def embed(
     """
     if text_column is not None and fmt not in ("jsonl", "csv", "tsv", "parquet"):
         raise ValueError(f"--text-column applies to --format jsonl, csv, tsv or parquet, not {fmt}; add --format")
+    if devices is not None and device is not None:
+        raise ValueError("give --device (one process there) or --devices (one process per device), not both")
     if devices is not None and workers != 1:
         raise ValueError("give --devices (one process per device) or --workers (CPU processes), not both")
     job = EmbedJob(
@@ -135,6 +146,9 @@ def embed(
         threads=threads,
         quantize=quantize,
         compile="auto" if compile_ is None else compile_,
+        device=device,
+        precision=precision,
+        backend=backend,
     )
     summary = embed_corpus(
         job,
