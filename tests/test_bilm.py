@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import ctxrep
-from ctxrep.models.elmo import ElmoBiLM, ElmoConfig, batch_to_ids
+from ctxrep.char_ids import batch_to_ids
+from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 from ctxrep.objectives.bilm import (
     BiLMObjective,
     BiLMObjectiveConfig,

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
+from ctxrep.char_ids import batch_to_ids
 from ctxrep.models.elmo import (
     Elmo,
     ElmoBiLM,
     ElmoConfig,
-    batch_to_ids,
     official_shapes,
     read_hdf5,
     write_hdf5,

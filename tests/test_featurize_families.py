@@ -9,7 +9,8 @@ import transformers
 from conftest import first_pieces
 
 from ctxrep import Featurizer
-from ctxrep.models.elmo import ElmoBiLM, batch_to_ids
+from ctxrep.char_ids import batch_to_ids
+from ctxrep.models.elmo import ElmoBiLM
 
 TEXTS = ["the crane lifted the dog", "a brown fox", "word vectors depend on context and on the sentence"]
 

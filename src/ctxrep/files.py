@@ -37,3 +37,10 @@ def default_file_mode() -> int:
 def apply_umask(path: str | os.PathLike) -> None:
     """Give the file at `path` the mode a new file gets under the user's umask (call it after writing)."""
     os.chmod(path, default_file_mode())
+
+
+def ctxrep_cache() -> Path:
+    """$CTXREP_CACHE, else ~/.cache/ctxrep (XDG_CACHE_HOME respected): downloads, converted tokenizers, graphs."""
+    if os.environ.get("CTXREP_CACHE"):
+        return Path(os.environ["CTXREP_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "ctxrep"

@@ -238,7 +238,7 @@ class WordTokenizer:
         """(len(words), max_characters_per_token) ELMo character ids of every word so far; row 0 (padding) is 0."""
         import torch
 
-        from ctxrep.models.elmo import batch_to_ids
+        from ctxrep.char_ids import batch_to_ids
 
         width = self.max_characters_per_token
         if self._chars is None or self._chars.shape[1] != width:

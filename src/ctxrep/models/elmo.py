@@ -1,8 +1,9 @@
 """ELMo: a character-CNN token encoder under a two-layer biLSTM language model (Peters et al. 2018).
 
-Reads top to bottom: character ids (`batch_to_ids`), the config (built from the official options.json),
-the biLM (`ElmoBiLM`), the task-side module (`Elmo`: frozen biLM + trainable scalar mixes, eq. 1), then the
-loader and saver for the official bilm-tf / AllenNLP files (options.json + weights.hdf5).
+Reads top to bottom: the config (built from the official options.json), the biLM (`ElmoBiLM`), the task-side
+module (`Elmo`: frozen biLM + trainable scalar mixes, eq. 1), then the loader and saver for the official bilm-tf /
+AllenNLP files (options.json + weights.hdf5). The input, character ids, is made on the tokenizer side
+(ctxrep.char_ids.batch_to_ids).
 
 The biLM's layers, for a sentence with boundary tokens <S> w_1 ... w_n </S>:
 
@@ -16,7 +17,6 @@ hidden_states therefore has n_layers + 1 entries of width 2 * projection_dim.
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctxrep.char_ids import BOS_CHAR, EOS_CHAR, MAX_CHARACTERS_PER_TOKEN, boundary_char_ids
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, check_weights
 from ctxrep.models.outputs import EncoderOutput
@@ -33,81 +34,6 @@ from ctxrep.modules.scalar_mix import ScalarMix
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
-
-# ---- Character ids ------------------------------------------------------------------------------------
-# bilm-tf `data.py` UnicodeCharsVocabulary: ids 0-255 are UTF-8 bytes, then five special characters.
-BOS_CHAR = 256  # <begin sentence>
-EOS_CHAR = 257  # <end sentence>
-BOW_CHAR = 258  # <begin word>
-EOW_CHAR = 259  # <end word>
-PAD_CHAR = 260  # <padding> inside a word
-MAX_CHARACTERS_PER_TOKEN = 50
-
-
-def _word_char_ids(word_bytes: bytes, max_chars: int) -> list[int]:
-    """[bow, byte_1, ..., eow, pad, ...] + 1: bilm-tf's Batcher adds one so that 0 can mean "no word"."""
-    ids = [BOW_CHAR, *word_bytes, EOW_CHAR] + [PAD_CHAR] * (max_chars - len(word_bytes) - 2)
-    return [i + 1 for i in ids]
-
-
-def _boundary_char_ids(special: int, max_chars: int) -> list[int]:
-    """<S> and </S> are words whose single character is BOS_CHAR / EOS_CHAR (bilm-tf `_make_bos_eos`), + 1."""
-    ids = [BOW_CHAR, special, EOW_CHAR] + [PAD_CHAR] * (max_chars - 3)
-    return [i + 1 for i in ids]
-
-
-def batch_to_ids(sentences: list[list[str]], max_characters_per_token: int = MAX_CHARACTERS_PER_TOKEN) -> torch.Tensor:
-    """Tokenised sentences -> character ids (batch, max_words, max_characters_per_token), 0 = padding word.
-
-    Each word becomes [begin-of-word, its UTF-8 bytes, end-of-word, padding...], every id shifted up by one.
-    Words longer than max_characters_per_token - 2 bytes are truncated (with a warning naming them).
-    The sentence-boundary tokens <S> and </S> are not included: ElmoBiLM adds them itself. A word spelled
-    "<S>" or "</S>" gets the boundary token's ids, as in bilm-tf's vocabulary lookup and AllenNLP's mapper.
-    """
-    if isinstance(sentences, str) or not isinstance(sentences, (list, tuple)):
-        raise TypeError(
-            f"batch_to_ids expects a list of tokenised sentences (lists of str), got {type(sentences).__name__}"
-        )
-    if not sentences:
-        raise ValueError("batch_to_ids got an empty batch: pass at least one sentence")
-    max_bytes = max_characters_per_token - 2
-    truncated = []
-    rows = []
-    for s, sentence in enumerate(sentences):
-        if isinstance(sentence, str) or not isinstance(sentence, (list, tuple)):
-            raise TypeError(f"sentence {s} is a {type(sentence).__name__}; each sentence must be a list of str tokens")
-        if not sentence:
-            raise ValueError(
-                f"sentence {s} is empty: ELMo needs at least one word per sentence; drop it from the batch"
-            )
-        row = []
-        for w, word in enumerate(sentence):
-            if not isinstance(word, str) or not word:
-                raise ValueError(f"sentence {s}, word {w}: expected a non-empty str, got {word!r}")
-            if word in ("<S>", "</S>"):
-                row.append(_boundary_char_ids(BOS_CHAR if word == "<S>" else EOS_CHAR, max_characters_per_token))
-                continue
-            data = word.encode("utf-8")
-            if len(data) > max_bytes:
-                truncated.append(word)
-                data = data[:max_bytes]
-            row.append(_word_char_ids(data, max_characters_per_token))
-        rows.append(row)
-    if truncated:
-        shown = ", ".join(repr(w) for w in truncated[:10])
-        if len(truncated) > 10:
-            shown += f" and {len(truncated) - 10} more"
-        warnings.warn(
-            f"{len(truncated)} word(s) longer than {max_bytes} UTF-8 bytes were truncated to their first "
-            f"{max_bytes} bytes (ELMo reads at most {max_characters_per_token} characters per token "
-            f"including begin/end-of-word): {shown}",
-            stacklevel=2,
-        )
-    ids = torch.zeros(len(rows), max(len(r) for r in rows), max_characters_per_token, dtype=torch.long)
-    for s, row in enumerate(rows):
-        ids[s, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return ids
-
 
 # ---- Config -------------------------------------------------------------------------------------------
 
@@ -259,8 +185,8 @@ class ElmoBiLM(Encoder):
         # the forward half of the top layer, previous-word logits from the backward half. Only when loaded.
         self.softmax = nn.Linear(p, config.n_tokens_vocab) if config.has_softmax else None
         m = config.max_characters_per_token
-        self.register_buffer("bos_ids", torch.tensor(_boundary_char_ids(BOS_CHAR, m)), persistent=False)
-        self.register_buffer("eos_ids", torch.tensor(_boundary_char_ids(EOS_CHAR, m)), persistent=False)
+        self.register_buffer("bos_ids", torch.tensor(boundary_char_ids(BOS_CHAR, m)), persistent=False)
+        self.register_buffer("eos_ids", torch.tensor(boundary_char_ids(EOS_CHAR, m)), persistent=False)
 
     # ---- the encoder interface (models/encoder.py) ----
     family = "elmo"
@@ -311,7 +237,7 @@ class ElmoBiLM(Encoder):
         m = self.config.max_characters_per_token
         if char_ids.dim() != 3 or char_ids.shape[-1] != m:
             raise ValueError(
-                f"ElmoBiLM expects character ids of shape (batch, words, {m}) from ctxrep.models.elmo.batch_to_ids, "
+                f"ElmoBiLM expects character ids of shape (batch, words, {m}) from ctxrep.char_ids.batch_to_ids, "
                 f"got {tuple(char_ids.shape)}"
             )
         if char_ids.dtype not in (torch.int32, torch.int64):

@@ -50,7 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.elmo import ElmoBiLM, ElmoConfig, batch_to_ids
+from ctxrep.char_ids import batch_to_ids
+from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.tokenize import Tokenizer
 
