@@ -307,6 +307,20 @@ def test_translate_refuses_or_skips_long_lines(trained, tmp_path):
     assert f"skipped 1 line(s) longer than 64 tokens (the first at {source}:2)" in result.stderr
 
 
+def test_skip_long_leaves_long_validation_pairs_out_of_the_loss_and_the_bleu(corpus, tmp_path, caplog):
+    lines = corpus["valid_src"].read_text().splitlines()
+    lines[2] = " ".join(["the big red ball"] * 30)  # 121 tokens > 64 positions, among the 20 BLEU sentences
+    long = tmp_path / "valid.en"
+    long.write_text("\n".join(lines) + "\n")
+    args = [long if a == corpus["valid_src"] else a for a in _train_args(corpus, tmp_path / "run", "--max-steps", "2")]
+    result = _invoke(*args, "--skip-long")
+    assert result.exit_code == 0, result.output
+    assert "valid BLEU" in result.output  # the validation ran to its end, BLEU included
+    assert f"{long}: skipped 1 pair(s) longer than 64 tokens (the first at line 3)" in caplog.text
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert "eval_bleu" in records[-1]
+
+
 def _error(result) -> str:
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()

@@ -260,10 +260,13 @@ def test_average_of_checkpoints_is_the_mean_of_the_weights(tmp_path):
 
 
 def test_shipped_configs_load_and_overrides_apply():
-    for name in ("tiny", "multi30k", "base"):
+    for name in ("tiny", "multi30k-10min", "multi30k", "base"):
         c = load_config(name)
         assert c.trainer.betas == (0.9, 0.98) and c.trainer.eps == 1e-9 and c.trainer.weight_decay == 0
         assert c.training.label_smoothing == 0.1
+    widths = [load_config(name).model.d_model for name in ("tiny", "multi30k-10min", "multi30k")]
+    assert widths == sorted(widths) and len(set(widths)) == 3  # the ten-minute model sits between the two
+    assert load_config("multi30k-10min").trainer.max_minutes == 10.0  # ended by the clock, not by max_steps
     base = load_config("base")
     assert (base.model.d_model, base.model.encoder_layers, base.model.encoder_ffn_dim) == (512, 6, 2048)
     c = load_config("tiny", [("trainer.lr", "0.5"), ("d-model", "64"), ("average_last", "3")])
@@ -275,7 +278,9 @@ def test_bad_configs_are_refused_with_the_field(tmp_path):
         load_config("tiny", [("nonsense", "1")])
     with pytest.raises(MTTrainError, match=r"--model.width: no such config field"):
         load_config("tiny", [("model.width", "1")])
-    with pytest.raises(MTTrainError, match=r"neither a TOML file nor a shipped MT config \(base, multi30k, tiny\)"):
+    with pytest.raises(
+        MTTrainError, match=r"neither a TOML file nor a shipped MT config \(base, multi30k, multi30k-10min, tiny\)"
+    ):
         load_config("huge")
     bad = tmp_path / "bad.toml"
     bad.write_text("[model]\nwidth = 3\n")

@@ -19,6 +19,7 @@ from ctxrep.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from ctxrep.models.loading import CheckpointError
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import allocator
+from ctxrep.train import trainer as trainer_module
 from ctxrep.train.optim import param_groups
 from ctxrep.train.plot import plot_run
 from ctxrep.train.schedules import slanted_triangular, warmup_decay
@@ -271,6 +272,29 @@ def test_every_run_logs_its_first_and_last_step(tmp_path):
     assert [r["step"] for r in read_log(tmp_path / "five")] == [1, 5]
     Trainer(CausalLM(), config(max_steps=1, log_every=10), Rows(), tmp_path / "one").train()
     assert [r["step"] for r in read_log(tmp_path / "one")] == [1]
+
+
+def test_a_run_bounded_by_minutes_ends_on_the_clock_and_its_bar_shows_time(tmp_path, monkeypatch, capsys):
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(trainer_module, "_now", lambda: clock["now"])
+
+    class SlowRows(Rows):  # every micro-batch takes 20 s of the fake clock
+        def next_batch(self, batch_size: int) -> dict[str, np.ndarray]:
+            clock["now"] += 20.0
+            return super().next_batch(batch_size)
+
+    saved = []
+    cfg = config(max_steps=10**9, max_minutes=1.0)
+    result = Trainer(CausalLM(), cfg, SlowRows(), tmp_path, eval_data=Rows(seed=99), save_model=saved.append).train()
+    # 60 s = 3 steps of 20 s; then the run ends as a finished one: evaluated and saved, not "interrupted"
+    assert result["step"] == 3 and result["interrupted"] is False and "eval_loss" in result
+    assert saved == [tmp_path] and read_log(tmp_path)[-1]["step"] == 3
+    captured = capsys.readouterr()
+    assert "of 01:00" in captured.err and " left" in captured.err and "step 3" in captured.err, captured.err
+    assert "1000000000" not in captured.err  # no bar over max_steps
+    assert "max_minutes=1 reached at step 3" in captured.out
+    with pytest.raises(TrainerError, match="max_minutes"):
+        TrainerConfig(max_minutes=-1).validate()
 
 
 # ------------------------------------------------------------------------------------------- Ctrl-C and resume

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from ctxrep.cli.common import user_errors
+from ctxrep.cli.runtime_options import runtime_options
 from ctxrep.cli.pretrain import parse_overrides
 
 
@@ -28,7 +29,7 @@ def mt() -> None:
     "config_name",
     default="multi30k",
     show_default=True,
-    help="A shipped config (tiny, multi30k, base) or a TOML file.",
+    help="A shipped config (tiny, multi30k-10min, multi30k, base) or a TOML file.",
 )
 @click.option("--src", type=click.Path(), required=True, help="Training source sentences, one per line.")
 @click.option("--tgt", type=click.Path(), required=True, help="Training target sentences, aligned with --src.")
@@ -124,6 +125,7 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
     default=None,
     help="A progress bar on stderr (default: only when stderr is a terminal, as `ctxrep embed`).",
 )
+@runtime_options(precisions=("fp32", "bf16", "fp16", "auto"), backends=("torch",))
 @user_errors
 def translate(
     model_dir,
@@ -138,8 +140,12 @@ def translate(
     skip_long,
     batch_tokens,
     progress,
+    device,
+    precision,
+    backend,
 ) -> None:
-    """Translate --input (or stdin) with the model in --model, to --out (or stdout)."""
+    """Translate --input (or stdin) with the model in --model, to --out (or stdout). --precision bf16 / fp16 runs a
+    copy of the weights cast to that type (int8 decoding and other backends: not yet, issue 23 section 5)."""
     from tqdm.auto import tqdm
 
     from ctxrep.translate.data import decode_lines, read_lines
@@ -151,6 +157,7 @@ def translate(
     lines = read_lines(input_file) if input_file else decode_lines(sys.stdin.buffer.read(), "<stdin>")
     where = input_file or "<stdin>"
     model, tokenizer = load_translator(model_dir)
+    model = _placed(model, device, precision)
     limit = model.max_tokens
     todo, skipped = [], []
     for number, (line, ids) in enumerate(zip(lines, tokenizer.encode_source(lines)), start=1):
@@ -243,3 +250,19 @@ def attention(model_dir, source, target, out_file, layer, head) -> None:
         f"wrote {out_file}: {len(alignment.target_words)} target x {len(alignment.source_words)} source words, "
         f"{alignment.describe()}"
     )
+
+
+def _placed(model, device: str | None, precision: str):
+    """The translator on `device` (default: the CPU) at `precision`: fp32 as loaded, bf16 / fp16 with its weights
+    cast, auto: bf16 where the hardware multiplies it natively (`ctxrep.runtime.hardware.auto_precision`)."""
+    import torch
+
+    from ctxrep import runtime
+
+    target = runtime.parse_device(device) or torch.device("cpu")
+    if precision == "auto":
+        precision = runtime.hardware.auto_precision(target, ("fp32", "bf16", "fp16"))
+    model = model.to(target)
+    if precision != "fp32":
+        model = model.to({"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
+    return model

@@ -3,6 +3,7 @@
     trainer = Trainer(objective, TrainerConfig(lr=5e-4, max_steps=10_000), packer, "runs/bert-small",
                       eval_data=held_out_packer, save_model=lambda d: model.save_pretrained(d / "model"))
     metrics = trainer.train()              # Ctrl-C: finishes the step, saves a checkpoint, returns
+    TrainerConfig(max_minutes=10, max_steps=10**9)  # a run bounded by the clock: the bar shows minutes, not steps
     metrics = trainer.train(resume=True)   # continues from runs/bert-small/checkpoint/ exactly
 
 The objective is an nn.Module whose forward(batch) returns an `ObjectiveOutput`; it does its own masking
@@ -52,7 +53,15 @@ from ctxrep.train.schedules import SCHEDULES, warmup_decay
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoint"
 # Settings that may change when a run is resumed; any other change would make it a different run.
-RESUMABLE_CHANGES = ("max_steps", "eval_every", "eval_batches", "checkpoint_every", "log_every", "device")
+RESUMABLE_CHANGES = (
+    "max_steps",
+    "max_minutes",
+    "eval_every",
+    "eval_batches",
+    "checkpoint_every",
+    "log_every",
+    "device",
+)
 
 
 class TrainerError(ValueError):
@@ -73,6 +82,10 @@ class TrainerConfig:
     eps: float = 1e-6
     warmup_steps: int = 0
     max_steps: int = 1000  # optimizer steps
+    # Wall-clock minutes of one train() call (evaluations and checkpoints included; a resumed run gets them afresh);
+    # the run ends at max_steps or at the clock, whichever comes first, as a finished run (evaluated, saved).
+    # 0 = no clock. The warm-up + decay schedule is laid out over max_steps whatever the clock says.
+    max_minutes: float = 0.0
     schedule: str = "linear"  # decay after the warm-up: "linear" or "cosine", to zero at max_steps
     grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     batch_size: int = 32  # rows per optimizer step, over all micro-batches and processes
@@ -90,7 +103,15 @@ class TrainerConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise TrainerError(f"TrainerConfig.{name}={getattr(self, name)} must be greater than 0")
-        for name in ("weight_decay", "eps", "warmup_steps", "grad_clip", "eval_every", "checkpoint_every"):
+        for name in (
+            "weight_decay",
+            "eps",
+            "warmup_steps",
+            "grad_clip",
+            "eval_every",
+            "checkpoint_every",
+            "max_minutes",
+        ):
             if getattr(self, name) < 0:
                 raise TrainerError(f"TrainerConfig.{name}={getattr(self, name)} must be 0 or more")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -185,27 +206,31 @@ class Trainer:
         saved_at = self.step if resume else -1  # a resumed run that had already finished saves nothing new
         evaluated_at = -1
         previous_handler = self._install_sigint_handler()
-        bar = tqdm(
-            total=cfg.max_steps,
-            initial=self.step,
-            disable=not (ctx.is_main and self.progress),
-            desc="train",
-            dynamic_ncols=True,
-        )
+        started = _now()
+        deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else math.inf
+        bar = self._progress_bar()
         try:
             while self.step < cfg.max_steps:
                 lr = self.optimizer.param_groups[0]["lr"]
                 out = self._train_step()
                 self.step += 1
                 window.add(out)
-                bar.update(1)
+                if cfg.max_minutes:  # the bar counts seconds: n = seconds elapsed
+                    bar.update(min(_now() - started, bar.total) - bar.n)
+                    bar.set_postfix_str(f"step {self.step:,}" + (f", {bar.postfix_loss}" if bar.postfix_loss else ""))
+                else:
+                    bar.update(1)
                 stop = self._should_stop()
-                last = stop or self.step == cfg.max_steps
+                out_of_time = self._out_of_time(deadline)
+                last = stop or out_of_time or self.step == cfg.max_steps
                 if self.step % cfg.log_every == 0 or last or self.step == 1:  # every run logs its first and last step
                     record = {"step": self.step, **window.summary(ctx), "lr": lr}
                     result.update(record)
                     self._log(record)
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
+                    if cfg.max_minutes:
+                        bar.postfix_loss = f"loss={record['loss']:.4f}, lr={lr:.2e}"
+                    else:
+                        bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
                     window = _Window()
                 paused = time.perf_counter()  # evaluation and checkpoints do not count against tokens/s
                 if self._evaluates and cfg.eval_every and self.step % cfg.eval_every == 0:
@@ -220,6 +245,10 @@ class Trainer:
                     if ctx.is_main:
                         tqdm.write(f"stopped at step {self.step}; checkpoint saved in {checkpoint_dir}")
                     return result
+                if out_of_time:  # a finished run: evaluated and saved below
+                    if ctx.is_main and self.progress:
+                        tqdm.write(f"max_minutes={cfg.max_minutes:g} reached at step {self.step:,}")
+                    break
         finally:
             bar.close()
             if previous_handler is not None:
@@ -426,6 +455,35 @@ class Trainer:
         signal.signal(signal.SIGINT, handler)
         return previous
 
+    def _progress_bar(self) -> tqdm:
+        """The training bar: over steps, or over the minutes of the clock when max_minutes is set (elapsed and
+        remaining time; a clock-bounded run's max_steps is only a cap, often 10**9, and a bar over it says nothing)."""
+        cfg, enabled = self.config, self.ctx.is_main and self.progress
+        if not cfg.max_minutes:
+            return tqdm(total=cfg.max_steps, initial=self.step, disable=not enabled, desc="train", dynamic_ncols=True)
+        total = 60 * cfg.max_minutes
+        bar = tqdm(
+            total=total,
+            disable=not enabled,
+            desc="train",
+            dynamic_ncols=True,
+            smoothing=0,  # rate = seconds / seconds = 1: "left" is the clock's remaining time
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of "
+            + _clock(total)
+            + ", {remaining} left{postfix}",
+        )
+        bar.postfix_loss = ""
+        return bar
+
+    def _out_of_time(self, deadline: float) -> bool:
+        """max_minutes has run out (on any rank: all ranks stop after the same step)."""
+        if deadline == math.inf:
+            return False
+        late = _now() >= deadline
+        if not self.ctx.enabled:
+            return late
+        return self.ctx.all_sum([float(late)])[0] > 0
+
     def _should_stop(self) -> bool:
         if not self.ctx.enabled:
             return self._stop_requested
@@ -467,6 +525,16 @@ class _Window:
             "grad_norm": self.grad_norm / self.steps,
             **{k: v / n for k, v in zip(names, metrics)},
         }
+
+
+def _now() -> float:
+    """The clock of max_minutes (a function, so that tests can run a fake one)."""
+    return time.monotonic()
+
+
+def _clock(seconds: float) -> str:
+    """600 -> "10:00", 3900 -> "1:05:00" (tqdm's own format for elapsed and remaining)."""
+    return tqdm.format_interval(seconds)
 
 
 def _jsonable(value):

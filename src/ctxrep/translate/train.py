@@ -21,7 +21,7 @@ What a run does (`ctxrep mt train` runs exactly this):
 
 Configs are TOML files with the sections [model] (MarianConfig's shape), [tokenizer], [data], [training] and
 [trainer] (TrainerConfig's fields; lr is the factor in front of the schedule: 1.0 is the paper's). Shipped
-configs live in ctxrep/configs/mt/ (tiny, multi30k, base) and are named without ".toml".
+configs live in ctxrep/configs/mt/ (tiny, multi30k-10min, multi30k, base) and are named without ".toml".
 """
 
 from __future__ import annotations
@@ -445,16 +445,22 @@ def validation(
     tokenizer,
     config: MTConfig,
 ) -> Callable[[], dict[str, float]]:
-    """The Trainer's evaluate=: validation loss over every pair, BLEU / chrF of the first bleu_sentences."""
+    """The Trainer's evaluate=: validation loss over every pair of `pairs`, BLEU / chrF of the first
+    bleu_sentences of them. Pairs longer than the model's positions were left out of `pairs` (and counted,
+    `encode_pairs` with skip_long=True): BLEU translates the same pairs as the loss, so no long sentence
+    reaches the search."""
     budget, n = config.data.eval_batch_tokens, config.training.bleu_sentences
+    kept = set(pairs.lines.tolist())
+    sources = [s for s, line in zip(text.src, text.lines) if line in kept][:n]
+    references = [t for t, line in zip(text.tgt, text.lines) if line in kept][:n]
 
     def evaluate() -> dict[str, float]:
         metrics = objective.evaluate_loss(mtdata.iter_batches(pairs, budget))
         if n:
             from ctxrep.translate.score import score
 
-            hyps = translate_sentences(objective.model, tokenizer, text.src[:n], config.training.bleu_beam)
-            s = score(hyps, text.tgt[:n])
+            hyps = translate_sentences(objective.model, tokenizer, sources, config.training.bleu_beam)
+            s = score(hyps, references)
             metrics.update(eval_bleu=s.bleu, eval_chrf=s.chrf)
         return metrics
 
