@@ -187,3 +187,58 @@ def test_torch_precisions_on_each_device(device, precision, tiny_models):
     fz = Featurizer(folder, layers="all", compile=False, device=device, precision=precision)
     bar = ("max_abs", 1e-4) if fz.precision == "fp32" else ("cosine", 0.99)
     check(fz.embed_words(WORDS), reference, bar)
+
+
+# ---- the command line -----------------------------------------------------------------------------------------
+
+
+def test_the_cli_offers_the_runtimes_values():
+    from ctxrep import runtime
+    from ctxrep.cli import runtime_options
+
+    assert runtime_options.PRECISIONS == runtime.PRECISIONS and runtime_options.BACKENDS == runtime.BACKENDS
+
+
+def test_embed_and_neighbors_pass_device_precision_and_backend_through(tiny_models, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import ctxrep.featurize
+    from ctxrep.cli import main
+    from ctxrep.vectors import load_vectors
+
+    folder = str(tiny_models["bert"])
+    text = tmp_path / "in.txt"
+    text.write_text("\n".join(" ".join(w) for w in WORDS) + "\n")
+    runner = CliRunner()
+    for name, extra in (("fp32", []), ("ov", ["--precision", "bf16", "--backend", "openvino", "--device", "cpu"])):
+        args = ["embed", "--model", folder, "--input", str(text), "--out", str(tmp_path / name), *extra]
+        result = runner.invoke(main, args)
+        assert result.exit_code == 0, result.output
+    reference, ours = load_vectors(tmp_path / "fp32"), load_vectors(tmp_path / "ov")
+    assert ours.manifest["settings"]["precision"] == "bf16" and ours.manifest["settings"]["backend"] == "openvino"
+    assert word_cosines([np.asarray(ours.array)], [np.asarray(reference.array)]).mean() >= 0.99
+    seen = []
+    real = ctxrep.featurize.Featurizer
+
+    class Recording(real):
+        def __init__(self, *args, **kwargs):
+            seen.append({k: kwargs.get(k) for k in ("device", "precision", "backend")})
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ctxrep.featurize, "Featurizer", Recording)
+    args = ["neighbors", "index", "--model", folder, "--corpus", str(text), "--out", str(tmp_path / "index")]
+    result = runner.invoke(main, [*args, "--precision", "fp16", "--backend", "torch", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert seen == [{"device": "cpu", "precision": "fp16", "backend": None}]  # defaults are not passed
+    result = runner.invoke(main, [*args, "--precision", "int4"])
+    assert result.exit_code != 0 and "int4" in result.output
+
+
+def test_mt_translate_places_and_casts_the_model(monkeypatch):
+    from ctxrep.cli.mt import _placed
+
+    assert next(_placed(torch.nn.Linear(2, 2), None, "bf16").parameters()).dtype == torch.bfloat16
+    assert next(_placed(torch.nn.Linear(2, 2), "meta", "fp32").parameters()).device.type == "meta"
+    for flags, dtype in (({"avx512_bf16"}, torch.bfloat16), (set(), torch.float32)):
+        monkeypatch.setattr(hardware, "cpu_flags", lambda f=frozenset(flags): f)
+        assert next(_placed(torch.nn.Linear(2, 2), "cpu", "auto").parameters()).dtype == dtype
