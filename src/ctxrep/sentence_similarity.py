@@ -19,7 +19,7 @@ import numpy as np
 METRICS = ("cosine", "dot")
 EPS = 1e-12
 
-__all__ = ["similarity", "normalize_rows", "METRICS"]
+__all__ = ["similarity", "normalize_rows", "sts_evaluate", "spearman", "pearson", "METRICS"]
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
@@ -116,3 +116,60 @@ def similarity(
     if single_b:
         return out[:, 0]
     return out
+
+
+# ---- STS evaluation (SentEval, MTEB) ----------------------------------------------------------------------------
+
+
+def rankdata(x) -> np.ndarray:
+    """Ranks 1..n, ties given their average rank (scipy.stats.rankdata's "average")."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), np.float64)
+    sorted_x = x[order]
+    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])  # first index of each run of equal values
+    ends = np.r_[starts[1:], len(x)]
+    for s, e in zip(starts, ends):
+        ranks[order[s:e]] = (s + e + 1) / 2  # the mean of ranks s+1 .. e
+    return ranks
+
+
+def pearson(x, y) -> float:
+    """Pearson's r = cov(x, y) / (std(x) std(y)); NaN when either is constant."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"pearson needs two sequences of the same length >= 2, got {len(x)} and {len(y)}")
+    dx, dy = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((dx * dx).sum() * (dy * dy).sum())
+    return float((dx * dy).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def spearman(x, y) -> float:
+    """Spearman's rho: Pearson's r of the average ranks."""
+    return pearson(rankdata(x), rankdata(y))
+
+
+def sts_evaluate(embed, texts_a: Sequence[str], texts_b: Sequence[str], scores) -> dict[str, float]:
+    """STS evaluation as SentEval and MTEB do it: the cosine of each pair's two sentence vectors against the gold
+    score, Spearman's rho and Pearson's r, both x 100.
+
+    embed: a callable texts -> (n, dim) vectors, or anything with `encode(texts)` (ctxrep.tasks.SentenceEncoder) or
+    `embed_sentences(texts)` (ctxrep.Featurizer of one layer). Each distinct text is embedded once.
+    """
+    texts_a, texts_b = list(texts_a), list(texts_b)
+    scores = np.asarray(scores, dtype=np.float64)
+    if not len(texts_a) == len(texts_b) == len(scores):
+        raise ValueError(
+            f"{len(texts_a)} first texts, {len(texts_b)} second texts and {len(scores)} scores; give one each"
+        )
+    if hasattr(embed, "embed_sentences"):
+        embed = embed.embed_sentences
+    elif hasattr(embed, "encode"):
+        embed = embed.encode
+    unique = list(dict.fromkeys(texts_a + texts_b))
+    vectors = np.asarray(embed(unique))
+    if vectors.ndim != 2 or len(vectors) != len(unique):
+        raise ValueError(f"embed returned shape {vectors.shape} for {len(unique)} texts; expected one vector per text")
+    row = {t: i for i, t in enumerate(unique)}
+    cos = similarity(vectors[[row[t] for t in texts_a]], vectors[[row[t] for t in texts_b]], pairwise=True)
+    return {"spearman": 100 * spearman(cos, scores), "pearson": 100 * pearson(cos, scores), "pairs": len(scores)}

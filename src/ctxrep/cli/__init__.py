@@ -24,11 +24,12 @@ def _register() -> None:
     from ctxrep.cli.predict import predict
     from ctxrep.cli.pretrain import pretrain
     from ctxrep.cli.prune import prune
+    from ctxrep.cli.sentence_encoder import train_sentence_encoder
     from ctxrep.cli.tokenizer import tokenizer
 
     for command in (embed, demo, info, finetune, pretrain, distill, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
         main.add_command(command)
-    for command in INDEX:  # index build, search
+    for command in (*INDEX, train_sentence_encoder):  # index build, search, train-sentence-encoder
         main.add_command(command)
     main.add_command(predict)
 

@@ -2,6 +2,7 @@
 
     from ctxrep.tasks import SequenceClassifier, SequenceRegressor, TokenTagger, SpanExtractor
     from ctxrep.tasks import WordInContextClassifier, load   # load: any saved estimator (OUT/model)
+    from ctxrep.tasks import SentenceEncoder                  # a bi-encoder, saved as a sentence-transformers folder
 
 scikit-learn-style estimators (fit / predict / score, get_params / set_params) on one base class
 (`ctxrep.tasks.base.TaskEstimator`) built from parts: the network (tasks/network.py), the training loop
@@ -12,6 +13,7 @@ scikit-learn-style estimators (fit / predict / score, get_params / set_params) o
 from ctxrep.tasks.classifier import SequenceClassifier
 from ctxrep.tasks.experiment import experiment
 from ctxrep.tasks.regressor import SequenceRegressor
+from ctxrep.tasks.sentence_encoder import SentenceEncoder
 from ctxrep.tasks.span import SpanExtractor
 from ctxrep.tasks.tagger import TokenTagger
 from ctxrep.tasks.wic import WordInContextClassifier
@@ -39,6 +41,7 @@ def load(path):
 __all__ = [
     "SequenceClassifier",
     "SequenceRegressor",
+    "SentenceEncoder",
     "WordInContextClassifier",
     "TokenTagger",
     "SpanExtractor",

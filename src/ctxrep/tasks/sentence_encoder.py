@@ -1,0 +1,478 @@
+"""Sentence encoders you can train: a bi-encoder (one Transformer encodes each text alone; texts compare by the
+cosine of their pooled vectors), fine-tuned with one of four losses, saved as a sentence-transformers folder.
+
+    enc = SentenceEncoder("minilm", loss="cosent").fit(pairs, scores)      # scored pairs (e.g. STS-B train)
+    enc = SentenceEncoder("minilm", loss="mnrl").fit(pairs)                # (anchor, positive[, hard negative])
+    enc = SentenceEncoder("minilm", loss="simcse").fit(texts)              # plain text, unsupervised
+    enc.encode(["A man plays a guitar ."])      # (n, dim) float32
+    enc.evaluate(pairs_dev, scores_dev)         # {"spearman": ..., "pearson": ...} x 100, as SentEval / MTEB
+    enc.save("out/")                            # modules.json, 1_Pooling, [2_Normalize], config + weights + tokenizer
+
+Sentence vector (sentence-transformers' Pooling): u = sum_t m_t h_t / sum_t m_t over every token the attention mask
+m keeps, special tokens included ("mean"), or the first token's h ("cls"); then u / ||u|| when `normalize`.
+Losses, with c_ij = cos(u_i, v_j) and s = `scale`:
+  mnrl    multiple-negatives ranking / InfoNCE with in-batch negatives (Henderson et al. 2017; van den Oord et al.
+          2018): L = -1/B sum_i log( exp(s c_ii) / sum_j exp(s c_ij) ), j over every positive of the batch and every
+          hard negative when the examples carry a third text. s = 20 (sentence-transformers' default).
+  simcse  unsupervised SimCSE (Gao et al. 2021): each text is encoded twice in train mode, so the two copies differ
+          only by dropout; the mnrl loss over (copy 1, copy 2) with s = 1 / temperature = 1 / 0.05 = 20.
+  cosine  (c_ii - y_i)^2 with y the scores rescaled to [0, 1] by the training scores' range (sentence-transformers'
+          CosineSimilarityLoss after dividing STS scores by 5).
+  cosent  CoSENT (Su 2022): L = log(1 + sum_{(i,j): y_i > y_j} exp(s (c_jj - c_ii))), s = 20; only the order of
+          the scores matters.
+
+The estimator follows scikit-learn's contract like ctxrep.tasks' estimators (`__init__` stores, `fit` returns self,
+learned state ends in `_`, get_params / set_params), with `random_state` seeding a local numpy Generator and a
+forked torch RNG. `predict(pairs)` gives each pair's cosine and `score(pairs, y)` the Spearman correlation of those
+with y (STS evaluation: `ctxrep.sentence_similarity.sts_evaluate`). A text longer than `max_length` pieces is
+truncated, in training and encoding alike (sentence-transformers' max_seq_length, saved with the folder).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import secrets
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ctxrep.inputs import collate, token_budget_batches, words_of
+from ctxrep.models.loading import LoadedEncoder, load_encoder
+from ctxrep.models.sentence_transformers import is_sentence_transformers_folder, read_sentence_pooling
+from ctxrep.sentence_similarity import sts_evaluate
+from ctxrep.tasks import loop
+
+LOSSES = ("mnrl", "simcse", "cosine", "cosent")
+POOLINGS = ("model", "mean", "cls")
+CONFIG_FILE = "ctxrep_sentence_encoder.json"
+ENCODE_TOKENS = 8192  # token budget of one encoding batch (rows x longest)
+
+
+class SentenceEncoder:
+    """A trainable bi-encoder; see the module docstring.
+
+    model: encoder name or folder (a Transformer family; "minilm" is sentence-transformers' all-MiniLM-L6-v2).
+    loss: "mnrl" (pairs or triplets, no labels), "simcse" (texts, no labels), "cosine" or "cosent" (pairs + scores).
+    pooling: "model" (the folder's sentence-transformers Pooling when it has one, else "mean"), "mean" or "cls".
+    normalize: L2-normalise the sentence vectors (None: as the folder's modules.json says; False without one).
+    scale: s in the mnrl / simcse / cosent losses (20 = 1 / SimCSE's temperature 0.05).
+    max_length: pieces per text, special tokens included (longer texts are truncated).
+    max_epochs / max_steps / batch_size / lr / weight_decay / warmup_fraction / max_grad_norm: the training loop
+        (linear warm-up then linear decay, AdamW with ctxrep.train.optim's no-decay rule).
+    random_state: an int for repeatable fits. device / bf16: where to train and encode, bfloat16 autocast.
+    """
+
+    _estimator_type = "regressor"  # predict gives a similarity score per pair
+
+    def __init__(
+        self,
+        model: str = "minilm",
+        loss: str = "mnrl",
+        pooling: str = "model",
+        normalize: bool | None = None,
+        scale: float = 20.0,
+        max_length: int = 128,
+        max_epochs: int = 1,
+        max_steps: int | None = None,
+        batch_size: int = 32,
+        lr: float = 2e-5,
+        weight_decay: float = 0.01,
+        warmup_fraction: float = 0.1,
+        max_grad_norm: float = 1.0,
+        random_state: int | None = None,
+        device: str = "cpu",
+        bf16: bool = False,
+        progress: bool = False,
+    ) -> None:
+        self.model = model
+        self.loss = loss
+        self.pooling = pooling
+        self.normalize = normalize
+        self.scale = scale
+        self.max_length = max_length
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.batch_size = batch_size
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_fraction = warmup_fraction
+        self.max_grad_norm = max_grad_norm
+        self.random_state = random_state
+        self.device = device
+        self.bf16 = bf16
+        self.progress = progress
+
+    # ---- scikit-learn's parameter protocol ----
+
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        return sorted(p for p in inspect.signature(cls.__init__).parameters if p != "self")
+
+    def get_params(self, deep: bool = True) -> dict:
+        return {name: getattr(self, name) for name in self._get_param_names()}
+
+    def set_params(self, **params) -> SentenceEncoder:
+        valid = self._get_param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"SentenceEncoder has no parameter {name!r}; valid parameters: {valid}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = inspect.signature(type(self).__init__).parameters
+        changed = [
+            f"{n}={getattr(self, n)!r}" for n in self._get_param_names() if getattr(self, n) != defaults[n].default
+        ]
+        return f"SentenceEncoder({', '.join(changed)})"
+
+    def _check_params(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        for name in ("max_epochs", "batch_size", "max_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, (int, np.integer)) or self.max_steps < 1):
+            raise ValueError(f"max_steps must be a positive integer or None, got {self.max_steps!r}")
+        if self.loss in ("mnrl", "simcse") and self.batch_size < 2:
+            raise ValueError(
+                f"loss={self.loss!r} uses the other texts of a batch as negatives: batch_size must be >= 2"
+            )
+        if not self.lr > 0 or not self.scale > 0:
+            raise ValueError(f"lr and scale must be positive, got lr={self.lr!r}, scale={self.scale!r}")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction!r}")
+        rs = self.random_state
+        if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or rs < 0):
+            raise ValueError(f"random_state must be a non-negative int or None, got {rs!r}")
+
+    # ---- data ----
+
+    def _check_X_y(self, X, y) -> tuple[list[tuple[str, ...]], np.ndarray | None]:
+        """Examples as tuples of texts (1 for simcse, 2 for scored pairs, 2 or 3 for mnrl) and scores (or None)."""
+        if isinstance(X, str) or not isinstance(X, Sequence | np.ndarray):
+            raise TypeError(f"X must be a list of examples, got {type(X).__name__}")
+        X = list(X)
+        if not X:
+            raise ValueError("the training set is empty: fit needs at least one example")
+        if self.loss == "simcse":
+            for i, x in enumerate(X):
+                if not isinstance(x, str):
+                    raise ValueError(f"example {i}: loss='simcse' trains on plain texts; got {type(x).__name__}")
+            examples = [(x,) for x in X]
+        else:
+            sizes = (2, 3) if self.loss == "mnrl" else (2,)
+            examples = []
+            for i, x in enumerate(X):
+                if isinstance(x, str) or not isinstance(x, Sequence) or len(x) not in sizes:
+                    what = (
+                        "(anchor, positive) or (anchor, positive, negative)" if self.loss == "mnrl" else "(text, text)"
+                    )
+                    raise ValueError(f"example {i}: loss={self.loss!r} takes {what} tuples; got {x!r:.80}")
+                if not all(isinstance(t, str) for t in x):
+                    raise ValueError(f"example {i}: every element must be a text, got {x!r:.80}")
+                examples.append(tuple(x))
+            if len({len(e) for e in examples}) > 1:
+                raise ValueError("mix of pairs and triplets: give every example a hard negative, or none")
+        for i, e in enumerate(examples):
+            for t in e:
+                words_of(t, i)  # an empty text is named here
+        if self.loss in ("cosine", "cosent"):
+            if y is None:
+                raise ValueError(f"loss={self.loss!r} trains on scored pairs: give fit(pairs, scores)")
+            y = np.asarray(y, dtype=np.float64)
+            if y.shape != (len(examples),):
+                raise ValueError(f"{len(examples)} pairs but scores of shape {y.shape}; give one score per pair")
+            if not np.isfinite(y).all():
+                raise ValueError(f"score {int(np.argwhere(~np.isfinite(y))[0, 0])} is not a finite number")
+            if y.max() == y.min():
+                raise ValueError("every score is the same; the losses learn from differences between scores")
+        elif y is not None:
+            raise ValueError(f"loss={self.loss!r} needs no labels (y); fit(X) only, or use loss='cosine' / 'cosent'")
+        return examples, y
+
+    # ---- fit ----
+
+    def fit(self, X, y=None, eval_set: tuple | None = None) -> SentenceEncoder:
+        """Train on X (see `loss`). eval_set=(pairs, scores): the STS Spearman x 100 after every epoch in history_."""
+        self._check_params()
+        examples, y = self._check_X_y(X, y)
+        seed = int(self.random_state) if self.random_state is not None else secrets.randbelow(2**31)
+        rng = np.random.default_rng(seed)
+        self.backbone_ = load_encoder(self.model)
+        encoder = self.backbone_.model
+        if encoder.word_level:
+            raise ValueError(
+                f"{encoder.family} reads whole words through a biLSTM; a sentence encoder here is a Transformer "
+                "saved as a sentence-transformers folder: use a Transformer model"
+            )
+        self.pooling_, self.normalize_ = self._resolve_pooling()
+        encoder.to(self.device)
+        if y is not None and self.loss == "cosine":
+            self.score_range_ = [float(y.min()), float(y.max())]
+            y = (y - y.min()) / (y.max() - y.min())  # to [0, 1], the range of useful cosines
+        texts = sorted({t for e in examples for t in e})
+        inputs = dict(zip(texts, self._inputs(texts)))
+        steps_per_epoch = math.ceil(len(examples) / self.batch_size)
+        total = int(self.max_steps) if self.max_steps is not None else steps_per_epoch * self.max_epochs
+        warmup = int(self.warmup_fraction * total)
+        from ctxrep.train.optim import adamw
+        from ctxrep.train.schedules import warmup_decay
+
+        optimizer = adamw(encoder, self.lr, self.weight_decay, fused=True)  # torch's fused kernel where it applies
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_decay(step, warmup, total))
+        self.history_ = []
+        step, epoch = 0, 0
+        from ctxrep.progress import progress
+
+        bar = progress(total=total, desc="SentenceEncoder", unit="batch", enabled=bool(self.progress))
+        try:
+            with loop.seeded_torch(seed):  # dropout
+                while step < total:
+                    encoder.train()
+                    order = rng.permutation(len(examples))
+                    losses = []
+                    for start in range(0, len(order), self.batch_size):
+                        if step == total:
+                            break
+                        rows = order[start : start + self.batch_size]
+                        if len(rows) < 2 and self.loss in ("mnrl", "simcse", "cosent"):
+                            continue  # a batch of one has no negatives (or no pair of scores) to learn from
+                        loss = self._batch_loss([examples[i] for i in rows], None if y is None else y[rows], inputs)
+                        optimizer.zero_grad()
+                        loss.backward()
+                        if self.max_grad_norm:
+                            torch.nn.utils.clip_grad_norm_(encoder.parameters(), self.max_grad_norm)
+                        optimizer.step()
+                        scheduler.step()
+                        step += 1
+                        losses.append(float(loss.detach()))
+                        bar.update(1)
+                    epoch += 1
+                    record = {"epoch": epoch, "steps": step, "train_loss": float(np.mean(losses)) if losses else None}
+                    if eval_set is not None:
+                        record |= {f"dev_{k}": v for k, v in self.evaluate(*eval_set).items()}
+                    self.history_.append(record)
+                    if not losses:
+                        break
+        finally:
+            bar.close()
+            encoder.eval()
+        self.n_epochs_ = epoch
+        return self
+
+    def _resolve_pooling(self) -> tuple[str, bool]:
+        """("mean" or "cls", normalise?) from `pooling`, `normalize` and the model folder's modules.json."""
+        folder = self.backbone_.source.folder
+        from_folder = None
+        if is_sentence_transformers_folder(folder):
+            from_folder = read_sentence_pooling(folder)
+        pooling, normalize = self.pooling, self.normalize
+        if pooling == "model":
+            if from_folder is None:
+                pooling = "mean"
+            elif from_folder.modes in (("mean",), ("cls",)):
+                pooling = from_folder.modes[0]
+            else:
+                raise ValueError(
+                    f"{folder}: its Pooling concatenates {', '.join(from_folder.modes)}; SentenceEncoder trains 'mean' "
+                    "or 'cls' pooling: give pooling='mean' or 'cls'"
+                )
+        if normalize is None:
+            normalize = bool(from_folder.normalize) if from_folder is not None else False
+        if pooling == "cls" and self.backbone_.tokenizer.template.cls_index != 0:
+            raise ValueError(
+                f"{self.backbone_.model.family} puts its classification token at the end; sentence-transformers' cls "
+                "pooling reads the first token: use pooling='mean'"
+            )
+        return pooling, bool(normalize)
+
+    def _inputs(self, texts: list[str]) -> list:
+        """One EncoderInput per text, cut to max_length pieces (special tokens included)."""
+        from ctxrep.inputs import WindowPlan
+
+        tokenizer = self.backbone_.tokenizer
+        limit = min(int(self.max_length), self.backbone_.model.max_tokens)
+        plan = WindowPlan(tokenizer, limit)
+        pieces = tokenizer.encode_words([words_of(t, i) for i, t in enumerate(texts)])
+        return [plan.truncated(i, p) for i, p in enumerate(pieces)]
+
+    def _vectors(self, records: list) -> torch.Tensor:
+        """Pooled (and normalised) sentence vectors (batch, hidden) of EncoderInputs, with gradients when training."""
+        batch = {k: v.to(self.device) for k, v in collate(records, self.backbone_.tokenizer).items()}
+        with loop.bf16_autocast(torch.device(self.device).type, bool(self.bf16)):
+            h = self.backbone_.model.encode(batch).last_hidden_state  # (batch, seq, hidden)
+        h = h.float()
+        if self.pooling_ == "cls":
+            u = h[:, 0]
+        else:
+            mask = batch["attention_mask"].to(h.dtype).unsqueeze(-1)  # (batch, seq, 1)
+            u = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # sentence-transformers' mean over kept tokens
+        return F.normalize(u, dim=-1) if self.normalize_ else u
+
+    def _batch_loss(self, batch: list[tuple[str, ...]], scores: np.ndarray | None, inputs: dict) -> torch.Tensor:
+        columns = list(zip(*batch))  # one tuple of texts per column: anchors, positives[, negatives]
+        if self.loss == "simcse":
+            columns = [columns[0], columns[0]]  # the same texts twice; dropout makes the two views differ
+        flat = [inputs[t] for col in columns for t in col]
+        vectors = self._vectors(flat).split(len(batch))  # one (B, hidden) per column
+        if self.loss in ("mnrl", "simcse"):
+            a = F.normalize(vectors[0], dim=-1)
+            candidates = F.normalize(torch.cat(vectors[1:]), dim=-1)  # (B or 2B, hidden): positives, then negatives
+            logits = self.scale * a @ candidates.T  # (B, B or 2B)
+            return F.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
+        cos = F.cosine_similarity(vectors[0], vectors[1], dim=-1)  # (B,)
+        target = torch.as_tensor(scores, dtype=cos.dtype, device=cos.device)
+        if self.loss == "cosine":
+            return F.mse_loss(cos, target)
+        # cosent: log(1 + sum over pairs (i, j) with y_i > y_j of exp(s (c_j - c_i)))
+        diff = self.scale * (cos[None, :] - cos[:, None])  # (B, B): s (c_j - c_i)
+        diff = diff.masked_fill(~(target[:, None] > target[None, :]), -1e12)
+        return torch.logsumexp(torch.cat([torch.zeros(1, device=diff.device), diff.flatten()]), dim=0)
+
+    # ---- use ----
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "backbone_"):
+            raise ValueError(
+                "this SentenceEncoder is not fitted yet: call fit first (or SentenceEncoder.load a folder)"
+            )
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(n, dim) float32 sentence vectors: length-sorted batches under a token budget, in input order."""
+        self._check_fitted()
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts; wrap a single text in a list: [text]")
+        texts = list(texts)
+        dim = self.backbone_.model.hidden_size
+        if not texts:
+            return np.zeros((0, dim), np.float32)
+        records = self._inputs(texts)
+        order = sorted(range(len(records)), key=lambda i: len(records[i]))
+        out = np.zeros((len(records), dim), np.float32)
+        self.backbone_.model.eval()
+        with torch.inference_mode():
+            start = 0
+            for size in token_budget_batches([len(records[i]) for i in order], ENCODE_TOKENS):
+                rows = order[start : start + size]
+                start += size
+                out[rows] = self._vectors([records[i] for i in rows]).cpu().numpy()
+        return out
+
+    def predict(self, X) -> np.ndarray:
+        """The cosine similarity of each (text, text) pair."""
+        a, b = _pairs(X)
+        u, v = self.encode(a), self.encode(b)
+        from ctxrep.sentence_similarity import similarity
+
+        return similarity(u, v, pairwise=True)
+
+    def evaluate(self, X, y) -> dict[str, float]:
+        """STS evaluation (SentEval / MTEB): Spearman and Pearson x 100 of the pairs' cosines against the scores."""
+        self._check_fitted()
+        a, b = _pairs(X)
+        return sts_evaluate(self.encode, a, b, y)
+
+    def score(self, X, y) -> float:
+        """Spearman correlation of the pairs' cosines with y (in [-1, 1], as scikit-learn's scores)."""
+        return self.evaluate(X, y)["spearman"] / 100
+
+    # ---- save / load ----
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a sentence-transformers folder: config.json + model.safetensors + tokenizer files, modules.json,
+        1_Pooling/config.json, 2_Normalize (when normalising), sentence_bert_config.json, and ctxrep's own
+        parameters (ctxrep_sentence_encoder.json)."""
+        self._check_fitted()
+        from ctxrep.models.hub import TOKENIZER_FILES
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        encoder = self.backbone_.model
+        if not hasattr(encoder, "save_pretrained"):
+            raise ValueError(f"a {encoder.family} model cannot be saved as a Hugging Face folder")
+        encoder.save_pretrained(path)
+        source = self.backbone_.source.folder
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file() and (source / name).resolve() != (path / name).resolve():
+                shutil.copyfile(source / name, path / name)
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
+        if self.normalize_:
+            modules.append(
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+            )
+            (path / "2_Normalize").mkdir(exist_ok=True)
+        elif (path / "2_Normalize").is_dir():
+            shutil.rmtree(path / "2_Normalize")  # left by an earlier save into the same folder
+        _write_json(path / "modules.json", modules)
+        (path / "1_Pooling").mkdir(exist_ok=True)
+        _write_json(
+            path / "1_Pooling" / "config.json",
+            {
+                "word_embedding_dimension": encoder.hidden_size,
+                "pooling_mode_cls_token": self.pooling_ == "cls",
+                "pooling_mode_mean_tokens": self.pooling_ == "mean",
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+                "pooling_mode_weightedmean_tokens": False,
+                "pooling_mode_lasttoken": False,
+                "include_prompt": True,
+            },
+        )
+        limit = min(int(self.max_length), encoder.max_tokens)
+        _write_json(path / "sentence_bert_config.json", {"max_seq_length": limit, "do_lower_case": False})
+        _write_json(path / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", "prompts": {}})
+        params = self.get_params()
+        params["model"] = str(params["model"])
+        state = {"pooling": self.pooling_, "normalize": self.normalize_, "history": getattr(self, "history_", [])}
+        _write_json(path / CONFIG_FILE, {"estimator": "SentenceEncoder", "params": params, "state": state})
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, **params) -> SentenceEncoder:
+        """A fitted SentenceEncoder over a sentence-transformers folder (one `save` wrote, or any with Transformer +
+        mean/cls Pooling [+ Normalize]); further training starts from it. `params` override the saved ones."""
+        path = Path(path)
+        saved: dict = {}
+        if (path / CONFIG_FILE).is_file():
+            saved = json.loads((path / CONFIG_FILE).read_text()).get("params", {})
+        saved.update(params)
+        saved.update(model=str(path), pooling="model", normalize=None)  # the folder is the model now
+        est = cls(**{k: v for k, v in saved.items() if k in cls._get_param_names()})
+        est._check_params()
+        est.backbone_ = load_encoder(path)
+        est.backbone_.model.to(est.device).eval()
+        est.pooling_, est.normalize_ = est._resolve_pooling()
+        est.history_ = []
+        return est
+
+    @property
+    def loaded_encoder_(self) -> LoadedEncoder:
+        """The (fine-tuned) encoder with its tokenizer, e.g. for ctxrep.Featurizer(enc.loaded_encoder_)."""
+        self._check_fitted()
+        return self.backbone_
+
+
+def _pairs(X) -> tuple[list[str], list[str]]:
+    pairs = list(X)
+    for i, p in enumerate(pairs):
+        if isinstance(p, str) or len(p) != 2 or not all(isinstance(t, str) for t in p):
+            raise ValueError(f"example {i}: expected a (text, text) pair, got {p!r:.80}")
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _write_json(file: Path, obj) -> None:
+    file.write_text(json.dumps(obj, indent=2) + "\n")
