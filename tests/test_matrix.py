@@ -233,6 +233,10 @@ def test_info(family, model):
     else:
         assert f"attention heads  none ({m.no_attention_reason()})" in out
     assert ("words (characters)" in out) == m.word_level
+    # the sentence pooling a sentence-transformers folder declares (the MPNet fixture is all-mpnet-base-v2's layout)
+    declared = (Path(model) / "modules.json").is_file()
+    assert ("sentence vector  mean, then L2-normalised, from modules.json" in out) == declared, out
+    assert ("sentence vector  none declared (no modules.json)" in out) == (not declared), out
 
 
 def test_embed(model, data, tmp_path):

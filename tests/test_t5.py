@@ -101,3 +101,42 @@ def test_every_parameter_has_a_depth(tmp_path):
     assert depths["layers.0.attention.query.weight"] == 1
     with pytest.raises(ValueError, match="not a parameter"):
         model.layer_of("layers.1.attention.relative_attention_bias.weight")
+
+
+def test_sentence_t5_layout_loads_and_info_names_its_pooling(tmp_path, monkeypatch):
+    """sentence-t5's folder: T5EncoderModel at the top, then Pooling (mean), Dense and Normalize modules. The
+    encoder loads; `ctxrep info` says which pooling the folder declares and that ctxrep does not apply its Dense."""
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    transformers.T5EncoderModel(_hf_config(feed_forward_proj="gated-gelu")).save_pretrained(tmp_path)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+        {"idx": 3, "name": "3", "path": "3_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        '{"word_embedding_dimension": 32, "pooling_mode_mean_tokens": true}'
+    )
+    from ctxrep.models.sentence_transformers import describe_sentence_pooling
+
+    assert ctxrep.load_model(tmp_path).family == "t5"
+    line = describe_sentence_pooling(tmp_path)
+    assert line.startswith("declared in modules.json but not applicable by ctxrep") and "Dense (2_Dense)" in line
+    (tmp_path / "modules.json").write_text(json.dumps([modules[0], modules[1], modules[3]]))
+    assert describe_sentence_pooling(tmp_path).startswith("mean, then L2-normalised, from modules.json")
+    # the CLI needs a tokenizer: T5's, trained here as the Hub ships it (spiece.model only; converted into the cache)
+    monkeypatch.setenv("CTXREP_CACHE", str(tmp_path / "cache"))
+    from conftest import sentencepiece_tokenizer
+
+    config = (tmp_path / "config.json").read_text()
+    sentencepiece_tokenizer(tmp_path / "tok", "t5", "spiece.model", vocab_size=60)
+    (tmp_path / "spiece.model").write_bytes((tmp_path / "tok" / "spiece.model").read_bytes())
+    (tmp_path / "config.json").write_text(config)
+    result = CliRunner().invoke(main, ["info", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "sentence vector  mean, then L2-normalised, from modules.json" in result.output

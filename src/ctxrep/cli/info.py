@@ -14,6 +14,7 @@ def info(model: str) -> None:
     """Family, sizes, window limit, tokenizer and files of MODEL (a packaged name such as 'minilm', a model
     folder, an ELMo folder with or without 'elmo:', or a Hugging Face Hub name)."""
     from ctxrep.models.loading import load_encoder
+    from ctxrep.models.sentence_transformers import describe_sentence_pooling
 
     loaded = load_encoder(model)
     m, tok, folder = loaded.model, loaded.tokenizer, loaded.folder
@@ -43,6 +44,7 @@ def info(model: str) -> None:
         ("parameters", f"{n_params:,}"),
         ("tokenizer", tokenizer),
         ("special tokens", special),
+        ("sentence vector", describe_sentence_pooling(folder)),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

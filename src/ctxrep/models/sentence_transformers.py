@@ -124,6 +124,23 @@ def read_sentence_pooling(folder: str | Path) -> SentencePooling:
     return SentencePooling(modes=modes, normalize="Normalize" in names, dim=dim)
 
 
+def describe_sentence_pooling(folder: str | Path) -> str:
+    """One line for `ctxrep info` (its "sentence vector" row): the sentence pooling a sentence-transformers folder declares, whether ctxrep can
+    apply it (sentence_pooling='model'), or that the folder declares none."""
+    folder = Path(folder)
+    if not is_sentence_transformers_folder(folder):
+        return "none declared (no modules.json): choose sentence_pooling='mean' or 'cls'"
+    try:
+        pooling = read_sentence_pooling(folder)
+    except CheckpointError as e:
+        return f"declared in {MODULES_FILE} but not applicable by ctxrep: {e}"
+    names = {"cls": "classification token", "max": "max", "mean": "mean", "mean_sqrt_len": "sum / sqrt(n)"}
+    modes = " + ".join(names[m] for m in pooling.modes)
+    concatenated = " (concatenated)" if len(pooling.modes) > 1 else ""
+    normalized = ", then L2-normalised" if pooling.normalize else ""
+    return f"{modes}{concatenated}{normalized}, from {MODULES_FILE} (sentence_pooling='model' applies it)"
+
+
 class TokenPooler:
     """Pools token vectors into one vector per text over the batches of one call.
 
