@@ -170,3 +170,22 @@ def test_a_worker_killed_with_sigkill_then_the_same_command_again_gives_the_full
     index = ctxrep.load_vectors(out).index()
     assert sorted(set(index.text.tolist())) == list(range(240))  # every text once: none lost, none twice
     assert len(index) == sum(len(t.split()) for t in texts)
+
+
+def test_parquet_input_lines_are_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3], "body": [TEXTS[0], None, TEXTS[2]]}), src)
+    out = tmp_path / "o"
+    args = ["embed", "--input", str(src), "--out", str(out), "--format", "parquet", "--text-column", "body"]
+    result = CliRunner().invoke(main, [*args, "--skip-empty", "--level", "sentence"])
+    assert result.exit_code == 0, result.output
+    vectors = ctxrep.load_vectors(out)
+    assert len(vectors) == 2 and [vectors.line(i) for i in range(2)] == [1, 3]
+    np.testing.assert_allclose(
+        vectors.array, ctxrep.Featurizer("minilm").embed_sentences([TEXTS[0], TEXTS[2]]), atol=1e-5
+    )
+    bad = CliRunner().invoke(main, [*args[:-1], "text", "--level", "sentence", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 1 and "no column 'text' (columns: id, body); choose it with --text-column" in bad.output

@@ -102,8 +102,8 @@ def read_records(
     if fmt in ("csv", "tsv"):
         yield from _table_records(stream, source, fmt, text_field, skip_empty)
         return
-    if fmt == "parquet":
-        yield from _parquet_records(stream, source, text_field, skip_empty)
+    if fmt == "parquet":  # a seekable file, not a stream of lines
+        yield from _parquet_records(getattr(stream, "name", stream), source, text_field, skip_empty)
         return
     sniffed = fmt != "text"
     for n, text in _lines(stream, source):
@@ -203,23 +203,23 @@ def _table_records(stream, source: str, fmt: str, column: str, skip_empty: bool)
         raise ValueError(f"{source}:{reader.line_num}: malformed {fmt.upper()} ({e}); check the quoting") from None
 
 
-def _parquet_records(stream, source: str, column: str, skip_empty: bool) -> Iterator[Record]:
+def _parquet_records(file, source: str, column: str, skip_empty: bool) -> Iterator[Record]:
     """A Parquet file's `column` (strings or lists of strings), read a row group at a time; line = 1-based row."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise ValueError("reading Parquet needs pyarrow: pip install 'ctxrep[ray]' (or pyarrow)") from None
     try:
-        file = pq.ParquetFile(stream)
+        parquet = pq.ParquetFile(file)
     except Exception as e:  # pyarrow raises its own ArrowInvalid
         raise ValueError(f"{source}: not a readable Parquet file ({e})") from None
-    names = file.schema_arrow.names
+    names = parquet.schema_arrow.names
     if column not in names:
         raise ValueError(
             f"{source}: no column {column!r} (columns: {', '.join(names[:10])}); choose it with --text-column"
         )
     n = 0
-    for batch in file.iter_batches(columns=[column], batch_size=4096):
+    for batch in parquet.iter_batches(columns=[column], batch_size=4096):
         for value in batch.column(0).to_pylist():
             n += 1
             words = [] if value is None else _words_of_value(value, source, n, column)
@@ -425,9 +425,15 @@ def embed_shard(fz, records: list[Record], first_text: int, level: str) -> tuple
 
 
 def write_shard(fz, records: list[Record], k: int, first_text: int, level: str, storage: str, out: Path) -> dict:
-    """Embed shard `k` and write it under temporary names (unique to this process), renamed when complete;
-    returns its manifest entry. The index file is renamed last: its final name means the shard is whole."""
+    """Embed shard `k` and write it (`write_arrays`); returns its manifest entry."""
     vectors, index = embed_shard(fz, records, first_text, level)
+    return write_arrays(vectors, index, k, len(records), storage, out)
+
+
+def write_arrays(vectors: np.ndarray, index: list[tuple], k: int, texts: int, storage: str, out: Path) -> dict:
+    """Write shard `k` (its vectors and one index entry (text, line, word, word) per row) under temporary names
+    unique to this process, renamed when complete; returns its manifest entry. The index file is renamed last: its
+    final name means the shard is whole."""
     name = f"shard-{k:05d}.{storage}"
     index_name = f"index-{k:05d}.tsv"
     tag = f".{os.getpid()}.tmp"
@@ -437,11 +443,11 @@ def write_shard(fz, records: list[Record], k: int, first_text: int, level: str, 
 
         from ctxrep.files import apply_umask
 
-        save_file({"vectors": np.ascontiguousarray(vectors)}, str(tmp))
+        save_file({"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}, str(tmp))
         apply_umask(tmp)  # safetensors writes 0600 whatever the umask
     else:
         with open(tmp, "wb") as f:
-            np.save(f, vectors)
+            np.save(f, np.asarray(vectors, dtype=np.float32))
     with open(index_tmp, "w", encoding="utf-8") as f:
         f.write("row\ttext\tline\tword\ttoken\n")
         for row, (text, line, w, word) in enumerate(index):
@@ -452,10 +458,10 @@ def write_shard(fz, records: list[Record], k: int, first_text: int, level: str, 
     return {
         "file": name,
         "index": index_name,
-        "first_text": first_text,
-        "texts": len(records),
+        "first_text": int(index[0][0]) if index else 0,
+        "texts": texts,
         "rows": len(index),
-        "first_line": records[0].line,
+        "first_line": int(index[0][1]) if index else 0,
         "sha256_16": digest,
     }
 
@@ -486,6 +492,72 @@ def embed_corpus(
     devices: one process per device, e.g. ["cuda:0", "cuda:1"]; overrides `workers`. One worker (the default) runs
     in this process. Every worker embeds whole shards; the folder is the same as one process's.
     """
+    run = open_run(job, log)
+    if isinstance(run, EmbedSummary):
+        return run
+    placements = _placements(job, workers, devices)
+    bar, stream, records = open_records(job, show_progress, log)
+    run.bar = bar
+    try:
+        run.say_resuming()
+        shards = _shards_of(records, job.shard_size)
+        if len(placements) == 1:
+            run.in_process(shards, *placements[0])
+        else:
+            run.in_workers(shards, placements)
+    except BaseException:
+        bar.disable = True  # the error message is the last word, not a progress line
+        raise
+    finally:
+        bar.close()
+        if stream is not None:
+            stream.close()
+    return run.finish()
+
+
+def open_records(job: EmbedJob, show_progress: bool = True, log: Callable[[str], None] = _stderr):
+    """(progress display, the stream to close or None, the lazy records) of the job's input. The progress counts the
+    bytes read (rows for Parquet)."""
+    if job.fmt == "parquet":
+        rows = _parquet_rows(job.input_path)
+        bar = progress(total=rows, unit="rows", desc="embed", enabled=show_progress)
+        with open(job.input_path, "rb") as f:
+            if f.read(4) != b"PAR1":
+                raise ValueError(f"{job.source}: not a Parquet file (no PAR1 magic); check --format")
+        return (
+            bar,
+            None,
+            _counting_records(_parquet_records(job.input_path, job.source, job.text_field, job.skip_empty), bar),
+        )
+    stream = open_input(job.input_path)
+    total = None
+    if job.input_path != "-" and not isinstance(stream, gzip.GzipFile):
+        total = os.path.getsize(job.input_path)
+    bar = progress(total=total, unit="B", unit_scale=True, desc="embed", enabled=show_progress)
+    records = read_records(_counting(stream, bar), job.source, job.fmt, job.text_field, job.skip_empty, log)
+    return bar, (stream if job.input_path != "-" else None), records
+
+
+def _parquet_rows(path: str) -> int | None:
+    try:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # reported with its line by _parquet_records
+        return None
+
+
+def _counting_records(records: Iterator[Record], bar) -> Iterator[Record]:
+    last = 0
+    for record in records:
+        bar.update(record.line - last)
+        last = record.line
+        yield record
+
+
+def open_run(job: EmbedJob, log: Callable[[str], None] = _stderr) -> _Run | EmbedSummary:
+    """The bookkeeping of a run into `job.out_dir`: the shards an earlier run with the same settings completed (a
+    different run's folder is refused), or the summary of a complete folder."""
     out = Path(job.out_dir)
     settings = job.settings()
     manifest_file = out / "manifest.json"
@@ -506,7 +578,7 @@ def embed_corpus(
                 job.level,
                 manifest["texts"],
                 manifest["rows"],
-                tuple(manifest.get("row_shape", [manifest["dim"]])),
+                tuple(manifest.get("row_shape") or [manifest["dim"]]),
                 len(manifest["shards"]),
                 already_complete=True,
             )
@@ -514,33 +586,7 @@ def embed_corpus(
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # what a killed run left half-written (the manifest's own .tmp included)
         stale.unlink(missing_ok=True)
-
-    placements = _placements(job, workers, devices)
-    run = _Run(job, out, manifest_file, settings, done, log)
-    stream = open_input(job.input_path)
-    total = None
-    if job.input_path != "-" and not isinstance(stream, gzip.GzipFile):
-        total = os.path.getsize(job.input_path)
-    bar = progress(total=total, unit="B", unit_scale=True, desc="embed", enabled=show_progress)
-    run.bar = bar
-    try:
-        records = read_records(_counting(stream, bar), job.source, job.fmt, job.text_field, job.skip_empty, log)
-        if done:
-            kept = sum(s["texts"] for s in done.values())
-            log(f"resuming after {kept} texts in {len(done)} complete shards")
-        shards = _shards_of(records, job.shard_size)
-        if len(placements) == 1:
-            run.in_process(shards, *placements[0])
-        else:
-            run.in_workers(shards, placements)
-    except BaseException:
-        bar.disable = True  # the error message is the last word, not a progress line
-        raise
-    finally:
-        bar.close()
-        if job.input_path != "-":
-            stream.close()
-    return run.finish()
+    return _Run(job, out, manifest_file, settings, done, log)
 
 
 def _placements(job: EmbedJob, workers: int, devices: list[str] | None) -> list[tuple[str | None, int | None]]:
@@ -602,6 +648,11 @@ class _Run:
         self.texts = 0
         self.row_shape: tuple[int, ...] | None = None
         self.bar = None
+
+    def say_resuming(self) -> None:
+        if self.done:
+            kept = sum(s["texts"] for s in self.done.values())
+            self.log(f"resuming after {kept} texts in {len(self.done)} complete shards")
 
     def record(self, k: int, entry: dict, row_shape: tuple[int, ...]) -> None:
         self.done[k] = entry

@@ -93,6 +93,26 @@ from ctxrep.embed_corpus import (  # noqa: F401  (read_records, load_shards: re-
     default=None,
     help="One process per device, each embedding whole shards: cuda:0,cuda:1 or 'all' (every visible GPU).",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: this machine's processes (--workers / --devices); ray: a pool of Ray Data actors on a Ray cluster "
+    "(pip install 'ctxrep[ray]'; --workers is then the number of actors, default: one per CPU of the cluster).",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    help="--engine ray: the cluster to join (auto, HOST:6379 or ray://HOST:10001); default: start a local Ray.",
+)
+@click.option(
+    "--ray-gpus",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="--engine ray: GPUs per actor (1 puts each actor on its own GPU).",
+)
 @user_errors
 def embed(
     model,
@@ -113,6 +133,9 @@ def embed(
     compile_,
     workers,
     devices,
+    engine,
+    ray_address,
+    ray_gpus,
     device,
     precision,
     backend,
@@ -129,6 +152,10 @@ def embed(
         raise ValueError("give --device (one process there) or --devices (one process per device), not both")
     if devices is not None and workers != 1:
         raise ValueError("give --devices (one process per device) or --workers (CPU processes), not both")
+    if engine != "ray" and (ray_address is not None or ray_gpus):
+        raise ValueError("--ray-address and --ray-gpus apply to --engine ray; add --engine ray")
+    if engine == "ray" and devices is not None:
+        raise ValueError("--engine ray places actors on GPUs by itself: give --ray-gpus 1 instead of --devices")
     job = EmbedJob(
         input_path,
         out_dir,
@@ -150,10 +177,16 @@ def embed(
         precision=precision,
         backend=backend,
     )
-    summary = embed_corpus(
-        job,
-        workers=workers,
-        devices=expand_devices(devices) if devices is not None else None,
-        log=lambda message: click.echo(message, err=True),
-    )
+
+    def log(message: str) -> None:
+        click.echo(message, err=True)
+
+    if engine == "ray":
+        from ctxrep.ray_embed import embed_with_ray
+
+        actors = workers if workers != 1 else None  # --workers 1 is the default: one actor per CPU then
+        summary = embed_with_ray(job, address=ray_address, actors=actors, gpus_per_actor=ray_gpus, log=log)
+    else:
+        devices_list = expand_devices(devices) if devices is not None else None
+        summary = embed_corpus(job, workers=workers, devices=devices_list, log=log)
     click.echo(summary.describe())

@@ -1,0 +1,129 @@
+"""Ray Data: RayEmbedder in a map_batches pipeline and `ctxrep embed --engine ray`, on a local 2-CPU Ray cluster that
+the test starts. The vectors equal one process's, and an actor killed mid-job (Ray restarts it and retries its
+batch) still gives the complete folder with nothing twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+import ray  # noqa: E402  (ctxrep[ray], in the test extra)
+from click.testing import CliRunner
+
+import ctxrep
+from ctxrep.cli import main
+from ctxrep.embed_corpus import EmbedJob, embed_corpus, load_shards
+from ctxrep.ray_embed import RayEmbedder, arrow_to_numpy, embed_with_ray
+
+TEXTS = [f"text {i} : the crane {'slowly ' * (i % 3)}lifted beam number {i} ." for i in range(17)]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fz():
+    return ctxrep.Featurizer("minilm", layers=[0, -1], pooling="first")
+
+
+def _table(ds):
+    import pyarrow as pa
+
+    return pa.concat_tables(list(ds.sort("id").iter_batches(batch_format="pyarrow", batch_size=None)))
+
+
+def test_ray_embedder_in_a_map_batches_pipeline(local_ray, fz):
+    ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(TEXTS)])
+    kwargs = {"model": "minilm", "layers": [0, -1], "pooling": "first", "threads": 1}
+    sentences = ds.map_batches(
+        RayEmbedder,
+        fn_constructor_kwargs={**kwargs, "level": "sentence"},
+        batch_format="pyarrow",
+        batch_size=5,
+        compute=ray.data.ActorPoolStrategy(size=2),
+    )
+    table = _table(sentences)
+    assert table.column("id").to_pylist() == list(range(len(TEXTS)))
+    vectors = arrow_to_numpy(table.column("vector"), (2, 384))
+    np.testing.assert_allclose(vectors, fz.embed_sentences(TEXTS), atol=1e-5)
+
+    words = ds.map_batches(
+        RayEmbedder,
+        fn_constructor_kwargs={**kwargs, "level": "word"},
+        batch_format="pyarrow",
+        batch_size=4,
+        compute=ray.data.ActorPoolStrategy(size=1),
+    )
+    table = _table(words)
+    assert table.column("words").to_pylist() == [t.split() for t in TEXTS]
+    per_word = table.column("vectors").combine_chunks()
+    expected = fz.embed_words(TEXTS)
+    for i, array in enumerate(expected):
+        got = arrow_to_numpy(per_word[i].values, (2, 384))
+        np.testing.assert_allclose(got, array, atol=1e-5)
+
+
+def _same(a, b):
+    va, ia = load_shards(a)
+    vb, ib = load_shards(b)
+    assert ia == ib
+    np.testing.assert_allclose(va, vb, atol=1e-5, rtol=0)
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n")
+    one = tmp_path / "one"
+    embed_corpus(EmbedJob(str(src), str(one), shard_size=4, layers="all"), show_progress=False)
+    return src, one
+
+
+def test_engine_ray_writes_the_one_process_folder(local_ray, corpus, tmp_path):
+    src, one = corpus
+    out = tmp_path / "ray"
+    result = CliRunner().invoke(
+        main,
+        ["embed", "--engine", "ray", "--input", str(src), "--out", str(out), "--shard-size", "4", "--layers", "all"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "embedding 17 texts in 5 shards with 2 Ray actors" in result.stderr
+    assert result.stdout.strip().endswith(f"(7 layers x 384 wide) of minilm for 17 texts to {out}")
+    _same(one, out)
+    vectors = ctxrep.load_vectors(out)
+    assert len(vectors) == 17 and vectors.words(3) == TEXTS[3].split() and vectors.line(3) == 4
+
+
+class DyingEmbedder(RayEmbedder):
+    """Kills its own process (SIGKILL) the first time it sees text 9, as a crashed or pre-empted worker would."""
+
+    marker = ""
+
+    def __call__(self, table):
+        if 9 in table.column("text_id").to_pylist() and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(table)
+
+
+def test_an_actor_killed_mid_job_is_retried_and_nothing_is_lost_or_doubled(local_ray, corpus, tmp_path):
+    from ray import cloudpickle
+
+    src, one = corpus
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
+    DyingEmbedder.marker = str(tmp_path / "killed")
+    out = tmp_path / "ray"
+    job = EmbedJob(str(src), str(out), shard_size=4, layers="all")
+    summary = embed_with_ray(job, actors=2, batch_size=3, embedder=DyingEmbedder, show_progress=False)
+    assert os.path.exists(DyingEmbedder.marker), "the actor was not killed: the test did not test a retry"
+    assert summary.texts == 17 and summary.shards == 5
+    _same(one, out)
+    index = ctxrep.load_vectors(out).index()
+    assert sorted(set(index.text.tolist())) == list(range(17)) and len(index) == sum(len(t.split()) for t in TEXTS)
