@@ -49,6 +49,8 @@ FAMILIES = [
     Family("distilbert", "distilbert_dir"),
     Family("mpnet", "mpnet_dir"),
     Family("t5", "t5_dir"),
+    Family("deberta-v2", "deberta_dir"),  # DeBERTa-v3 as the Hub ships it: spm.model, pytorch_model.bin
+    Family("modernbert", "modernbert_dir"),
 ]
 
 # UD-like sentences "DET NOUN VERB ADV PUNCT" (det -> noun, nsubj -> verb, advmod -> verb, punct -> verb).
@@ -121,6 +123,22 @@ def distilled_bert_dir(tiny_models, tmp_path_factory) -> Path:
 
     student = init_student(ctxrep.load_model(str(tiny_models["bert"])), layers=[1])
     return _write_encoder(student, tiny_models["bert"], tmp_path_factory.mktemp("bert-distilled"))
+
+
+@pytest.fixture(scope="session")
+def deberta_dir(tmp_path_factory) -> Path:
+    """A tiny DeBERTa-v3 in its Hub layout: spm.model (converted once), the MLM checkpoint as pytorch_model.bin."""
+    from _families2 import deberta_dir as build
+
+    return build(tmp_path_factory.mktemp("deberta") / "m", spm_model=True)
+
+
+@pytest.fixture(scope="session")
+def modernbert_dir(tmp_path_factory) -> Path:
+    """A tiny ModernBERT in its Hub layout: global, local, local layers with a window of +-2 tokens."""
+    from _families2 import modernbert_dir as build
+
+    return build(tmp_path_factory.mktemp("modernbert") / "m")
 
 
 @pytest.fixture(params=FAMILIES, ids=[f.label or f.name for f in FAMILIES])

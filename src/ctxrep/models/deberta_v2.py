@@ -440,7 +440,10 @@ class DebertaV2Model(Encoder):
     can_distill = True
 
     def fusable_qkv_modules(self) -> list[str]:
-        """Every layer's attention: query, key and value read the same x; `query_key_value` runs them as one."""
+        """Every layer's attention: query, key and value read the same x; `query_key_value` runs them as one.
+        None with shared attention keys (v3): there query and key also project the relative table P."""
+        if self.config.share_att_key and self.config.relative_attention and self.config.pos_att_type:
+            return []
         return [f"layers.{i}.attention" for i in range(self.num_layers)]
 
     def init_student(

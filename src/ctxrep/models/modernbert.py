@@ -340,18 +340,16 @@ class ModernBertModel(Encoder):
 
     def attention_masks(self, attention_mask: torch.Tensor | None, t: int, device: torch.device) -> dict:
         """Boolean masks (True: may attend) for each layer type: global (batch, 1, 1, seq) keys at real tokens,
-        None without padding; local (batch, 1, seq, seq) also |i - j| <= local_attention // 2, None when every
-        pair is in the window. A query whose window holds only padding keeps its own position, so that no row is
-        empty (an empty row would give NaN at padding, which later layers would read as 0 * NaN)."""
+        None without padding; local (batch or 1, 1, seq, seq) also |i - j| <= local_attention // 2. A query whose
+        window holds only padding keeps its own position, so that no row is empty (an empty row would give NaN at
+        padding, which later layers would read as 0 * NaN). The window is built whatever the length, so that an
+        exported graph traced on a short example keeps it for long inputs."""
         keys = None
         if attention_mask is not None and not bool(attention_mask.all()):
             keys = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
-        half = self.config.local_attention // 2
-        if t - 1 <= half:
-            return {GLOBAL: keys, LOCAL: keys}
         pos = torch.arange(t, device=device)
-        band = (pos[:, None] - pos[None, :]).abs() <= half  # (seq, seq)
-        local = band[None, None] if keys is None else (band & keys) | torch.eye(t, dtype=torch.bool, device=device)
+        band = (pos[:, None] - pos[None, :]).abs() <= self.config.local_attention // 2  # (seq, seq)
+        local = band[None, None] if keys is None else (band & keys) | (pos[:, None] == pos[None, :])
         return {GLOBAL: keys, LOCAL: local}
 
     def forward(
