@@ -3,7 +3,9 @@
 A family joins by one row in FAMILIES: the fixture that builds its tiny model (tests/conftest.py) and the two
 things a tool may by nature not do without, attention heads and a static token-embedding table. Every cell
 works; the few that cannot by nature (attention statistics and heatmaps without attention heads, static
-neighbours without a token-embedding table) answer with one line, `error: <reason>`, and exit status 1.
+neighbours without a token-embedding table) answer with one line, `error: <reason>`, and exit status 1; head
+pruning and distillation run where the encoder declares them (can_prune_heads, can_distill: BERT-family pruning,
+BERT / GPT-2 / XLNet students) and are refused in one line elsewhere (Marian's encoder, ALBERT, ELMo, ...).
 Nothing ends in a traceback. Kept fast: a few sentences, one epoch.
 """
 
@@ -51,6 +53,7 @@ FAMILIES = [
     Family("t5", "t5_dir"),
     Family("deberta-v2", "deberta_dir"),  # DeBERTa-v3 as the Hub ships it: spm.model, pytorch_model.bin
     Family("modernbert", "modernbert_dir"),
+    Family("marian", "marian_dir"),  # the encoder side of a translation model (tools see its encoder stack)
 ]
 
 # UD-like sentences "DET NOUN VERB ADV PUNCT" (det -> noun, nsubj -> verb, advmod -> verb, punct -> verb).
@@ -102,6 +105,42 @@ def albert_dir(tmp_path_factory) -> Path:
         attention_probs_dropout_prob=0.0,
     )
     transformers.AlbertModel(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def marian_dir(tmp_path_factory) -> Path:
+    """A tiny MarianMTModel as transformers saves it, with a joint BPE tokenizer.json that appends </s> (Marian's
+    template: no start token)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+
+    path = tmp_path_factory.mktemp("marian")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    corpus = [" ".join(w) for w in SENTENCES] + X_CLS + [" ".join(x) for x in X_TAG] + [CONTEXT, "the bank loan river"]
+    tok.train_from_iterator(corpus * 5, trainers.BpeTrainer(vocab_size=120, special_tokens=["<pad>", "</s>", "<unk>"]))
+    eos = tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A:0 </s>:0", pair="$A:0 $B:1 </s>:1", special_tokens=[("</s>", eos)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = transformers.MarianConfig(
+        vocab_size=tok.get_vocab_size(),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=24,
+        max_position_embeddings=64,
+        pad_token_id=tok.token_to_id("<pad>"),
+        eos_token_id=eos,
+        decoder_start_token_id=tok.token_to_id("<pad>"),
+    )
+    transformers.MarianMTModel(config).save_pretrained(path)
     return path
 
 
@@ -230,6 +269,17 @@ def test_the_encoder_answers_for_its_family(family, model):
     assert type(ctxrep.load_model(model)) is type(m)
     if not family.attention:
         assert m.no_attention_reason() and "\n" not in m.no_attention_reason()
+
+
+def test_depths_and_capabilities(model):
+    """Every parameter has a depth (Encoder.layer_of) in 0..L, with the embeddings at 0 and every layer's block above
+    it; the capabilities are booleans the tools can ask."""
+    m = load_encoder(model).model
+    depth = {name: m.layer_of(name) for name, _ in m.named_parameters()}
+    assert set(depth.values()) <= set(range(m.num_layers + 1)) and 0 in depth.values()
+    assert max(depth.values()) == m.num_layers and len(set(depth.values())) > 1
+    assert isinstance(m.can_prune_heads, bool) and isinstance(m.can_distill, bool)
+    assert all(hasattr(m.get_submodule(n), "query_key_value") for n in m.fusable_qkv_modules())
 
 
 # ---- commands -----------------------------------------------------------------------------------------------------
@@ -516,3 +566,35 @@ def test_backends(family, model, backend, tmp_path, monkeypatch):
     ours = ctxrep.Featurizer(model, layers="all", compile=False, backend=backend).embed_words(SENTENCES[:4])
     for a, b in zip(ours, reference):
         np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+def test_compression(model):
+    """Head pruning and task-specific distillation where the encoder declares them (can_prune_heads, can_distill);
+    elsewhere each answers with one line before any work."""
+    from ctxrep.compress import prune as P
+    from ctxrep.compress.distill_task import distill_estimator
+    from ctxrep.tasks import SequenceClassifier
+
+    teacher = SequenceClassifier(model=model, max_epochs=1, batch_size=4, lr=1e-3, random_state=0, progress=False)
+    teacher.fit(X_CLS, Y_CLS)
+    encoder = teacher.model_.representation.encoder
+    if getattr(encoder, "can_prune_heads", False):
+        loss = P.estimator_loss(teacher, X_CLS, Y_CLS)
+        before, total = sum(encoder.heads_per_layer()), encoder.num_layers * encoder.num_heads
+        fraction = P.pruned_fraction(encoder) + 1 / total  # one head more than already gone
+        P.prune_iteratively(encoder, lambda e: P.head_importance(e, loss.batches, loss.loss_fn), fraction)
+        assert sum(encoder.heads_per_layer()) == before - 1
+        assert teacher.predict_proba(X_CLS).shape == (len(X_CLS), 2)
+    else:
+        with pytest.raises(ValueError, match="cannot be pruned") as e:
+            P.estimator_loss(teacher, X_CLS, Y_CLS)
+        assert "\n" not in str(e.value)
+    if getattr(encoder, "can_distill", False):
+        student = distill_estimator(teacher, X_CLS, Y_CLS, student_layers=1, max_epochs=1)
+        s_encoder = student.model_.representation.encoder
+        assert s_encoder.family == encoder.family and s_encoder.num_layers == 1
+        assert student.predict_proba(X_CLS).shape == (len(X_CLS), 2)
+    else:
+        with pytest.raises(ValueError, match="cannot be distilled") as e:
+            distill_estimator(teacher, X_CLS, Y_CLS, student_layers=1)
+        assert "\n" not in str(e.value)
