@@ -242,3 +242,15 @@ def test_mt_translate_places_and_casts_the_model(monkeypatch):
     for flags, dtype in (({"avx512_bf16"}, torch.bfloat16), (set(), torch.float32)):
         monkeypatch.setattr(hardware, "cpu_flags", lambda f=frozenset(flags): f)
         assert next(_placed(torch.nn.Linear(2, 2), "cpu", "auto").parameters()).dtype == dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_estimator_predict_on_each_device(device, tiny_models):
+    from ctxrep.tasks import SequenceClassifier
+
+    X, y = ["good great fine", "bad awful poor"] * 4, ["pos", "neg"] * 4
+    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=1, batch_size=4, lr=1e-3, random_state=0)
+    expected = clf.fit(X, y).predict_proba(X)
+    np.testing.assert_allclose(clf.predict_proba(X, device=device), expected, atol=1e-4)
+    np.testing.assert_allclose(clf.predict_proba(X, device=device, precision="bf16"), expected, atol=0.05)
+    assert {p.device.type for p in clf.model_.parameters()} == {"cpu"}  # back where the estimator keeps it
