@@ -205,12 +205,8 @@ class SentenceIndex:
     @property
     def vectors(self) -> np.ndarray:
         """(count, dim) float32: the stored vectors (unit length for cosine)."""
-        if self._chunks:
-            self._vectors = (
-                np.concatenate([self._vectors, *self._chunks])
-                if len(self._vectors)
-                else (np.concatenate(self._chunks) if len(self._chunks) > 1 else self._chunks[0])
-            )
+        if self._chunks:  # rows added since the last search: one concatenation, not one per add
+            self._vectors = np.concatenate([self._vectors, *self._chunks])
             self._chunks = []
         return self._vectors
 
@@ -437,7 +433,7 @@ def featurizer_settings_of(fz) -> dict:
         "pooling": fz.pooling,
         "sentence_pooling": fz.sentence_pooling,
         "normalize": fz.normalize,
-    }
+    } | ({"precision": fz.precision} if getattr(fz, "precision", "fp32") != "fp32" else {})
 
 
 def _is_user_folder(source) -> bool:
