@@ -124,5 +124,7 @@ def test_student_copies_the_chosen_layers(tmp_path):
     student = teacher.init_student([1])
     assert student.num_layers == 1
     assert torch.equal(student.layers[0].output.weight, teacher.layers[1].output.weight)
-    with pytest.raises(ValueError, match="keeps its teacher's widths"):
-        teacher.init_student([0], hidden_size=16)
+    narrow = teacher.init_student([0], hidden_size=16)
+    assert narrow.hidden_size == 16 and narrow.num_heads == 4 and narrow.config.hidden_dim == 24
+    ids, mask = padded_batch(120, [5, 3], pad_id=0)
+    assert narrow(ids, attention_mask=mask).last_hidden_state.shape == (2, 5, 16)

@@ -15,11 +15,14 @@ from torch import nn
 
 from ctxrep.models.albert import AlbertConfig, AlbertModel
 from ctxrep.models.bert import BertConfig, BertModel
+from ctxrep.models.distilbert import DistilBertConfig, DistilBertModel
 from ctxrep.models.elmo import Elmo, ElmoBiLM, ElmoConfig
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.gpt2 import GPT2Config, GPT2Model
 from ctxrep.models.marian import MarianConfig, MarianMTModel
+from ctxrep.models.mpnet import MPNetConfig, MPNetModel
 from ctxrep.models.student import check_distillable, distillable_families, init_student
+from ctxrep.models.t5 import T5Config, T5EncoderModel
 from ctxrep.models.xlnet import XLNetConfig, XLNetModel
 from ctxrep.tasks.network import Representation, TaskNetwork, encoder_depths, network_depths, unfreeze_from_top
 
@@ -34,7 +37,7 @@ def _bert(model_type: str) -> BertModel:
             num_attention_heads=4,
             intermediate_size=24,
             max_position_embeddings=40,
-            pad_token_id=1 if model_type == "roberta" else 0,
+            pad_token_id=1 if model_type in ("roberta", "xlm-roberta", "camembert") else 0,
             embedding_size=8 if model_type == "electra" else None,
             add_pooling_layer=model_type != "electra",
         )
@@ -96,6 +99,25 @@ BUILDERS = {
     "marian": lambda: _marian(),
     "marian-pre-ln-two-vocabularies": lambda: _marian(pre_ln=True, shared=False),
     "elmo": _elmo_bilm,
+    # issue 25's families
+    "xlm-roberta": lambda: _bert("xlm-roberta"),
+    "camembert": lambda: _bert("camembert"),
+    "distilbert": lambda: DistilBertModel(
+        DistilBertConfig(vocab_size=40, max_position_embeddings=40, n_layers=3, n_heads=4, dim=16, hidden_dim=24)
+    ),
+    "mpnet": lambda: MPNetModel(
+        MPNetConfig(
+            vocab_size=40,
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=24,
+            max_position_embeddings=40,
+        )
+    ),
+    "t5": lambda: T5EncoderModel(
+        T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=3, num_heads=4, feed_forward_proj="gated-gelu")
+    ),
 }
 
 
@@ -258,7 +280,7 @@ def test_prune_heads_where_declared_and_refused_elsewhere(encoder):
 
 def test_fusable_qkv_modules_hold_three_projections_of_one_input(encoder):
     names = encoder.fusable_qkv_modules()
-    assert (len(names) > 0) == isinstance(encoder, BertModel)
+    assert (len(names) > 0) == isinstance(encoder, (BertModel, DistilBertModel, MPNetModel))
     for name in names:
         module = encoder.get_submodule(name)
         assert all(isinstance(getattr(module, p), nn.Linear) for p in ("query", "key", "value"))

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ctxrep.models.bert import ACTIVATIONS, EncoderLayer, _check_pruned_heads
-from ctxrep.models.encoder import Encoder, check_student_layers
+from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
@@ -249,26 +249,24 @@ class DistilBertModel(Encoder):
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
     ) -> DistilBertModel:
-        """A student DistilBertModel with len(layers) layers, layer j copied from this one's layers[j] with the
-        embeddings (DistilBERT's own initialisation, Sanh et al. 2019 sec. 3). Only at this width: a narrower
-        student has nothing to copy, and ctxrep builds narrower students from BERT (can_distill there)."""
+        """A student DistilBertModel with len(layers) layers: of this width, layer j copied from this one's layers[j]
+        with the embeddings (DistilBERT's own initialisation, Sanh et al. 2019 sec. 3); narrower (hidden_size),
+        freshly initialised (the global torch RNG), with this model's heads and intermediate ratio unless given."""
         layers = check_student_layers(layers, self.num_layers)
-        if (hidden_size is not None and hidden_size != self.config.dim) or (
-            intermediate_size is not None and intermediate_size != self.config.hidden_dim
-        ):
-            raise ValueError(
-                f"a DistilBERT student keeps its teacher's widths (dim {self.config.dim}, hidden_dim "
-                f"{self.config.hidden_dim}); choose fewer layers instead"
-            )
-        config = copy.deepcopy(self.config)
-        config.n_layers = len(layers)
-        config.pruned_heads = {
-            j: list(self.config.pruned_heads[i]) for j, i in enumerate(layers) if i in self.config.pruned_heads
-        }
+        c = self.config
+        h, inner = student_widths(c.dim, c.n_heads, c.hidden_dim, hidden_size, intermediate_size)
+        config = copy.deepcopy(c)
+        config.n_layers, config.dim, config.hidden_dim = len(layers), h, inner
+        same_width = h == c.dim
+        config.pruned_heads = (
+            {j: list(c.pruned_heads[i]) for j, i in enumerate(layers) if i in c.pruned_heads} if same_width else {}
+        )
+        config.__post_init__()
         student = DistilBertModel(config)
-        student.embeddings.load_state_dict(self.embeddings.state_dict())
-        for j, i in enumerate(layers):
-            student.layers[j].load_state_dict(self.layers[i].state_dict())
+        if same_width:
+            student.embeddings.load_state_dict(self.embeddings.state_dict())
+            for j, i in enumerate(layers):
+                student.layers[j].load_state_dict(self.layers[i].state_dict())
         return student.train(self.training)
 
     def forward(

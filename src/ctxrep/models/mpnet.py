@@ -16,8 +16,10 @@ first token is loaded when the checkpoint has it. Loading and saving follow tran
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.bert import ACTIVATIONS
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
@@ -248,6 +250,29 @@ class MPNetModel(Encoder):
     def fusable_qkv_modules(self) -> list[str]:
         """Every layer's attention: query, key and value read the same x; `query_key_value` runs them as one."""
         return [f"layers.{i}.attention" for i in range(self.num_layers)]
+
+    can_distill = True
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> MPNetModel:
+        """A student MPNetModel with len(layers) layers: of this width, the embeddings, the shared relative position
+        table, layers[j] as layer j and the pooler copied; narrower (hidden_size), freshly initialised (the global
+        torch RNG), with this model's heads and intermediate ratio unless given."""
+        layers = check_student_layers(layers, self.num_layers)
+        c = self.config
+        h, inner = student_widths(
+            c.hidden_size, c.num_attention_heads, c.intermediate_size, hidden_size, intermediate_size
+        )
+        config = dataclasses.replace(c, num_hidden_layers=len(layers), hidden_size=h, intermediate_size=inner)
+        student = MPNetModel(config)
+        if h == c.hidden_size:
+            for name in ("embeddings", "relative_attention_bias", "pooler"):
+                if getattr(student, name) is not None:
+                    getattr(student, name).load_state_dict(getattr(self, name).state_dict())
+            for j, i in enumerate(layers):
+                student.layers[j].load_state_dict(self.layers[i].state_dict())
+        return student.train(self.training)
 
     def position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Non-pad tokens count up from padding_idx + 1; pad tokens sit at padding_idx (fairseq's make_positions)."""

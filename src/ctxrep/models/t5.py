@@ -23,8 +23,10 @@ final RMSNorm; `num_layers` stops early and then skips the final norm, so they s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
 
@@ -291,6 +293,31 @@ class T5EncoderModel(Encoder):
             if name in dict(self.named_parameters()):
                 return int(parts[1]) + 1
         raise self.unknown_parameter(name)
+
+    can_distill = True
+
+    def init_student(
+        self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
+    ) -> T5EncoderModel:
+        """A student T5EncoderModel with len(layers) layers: of this width, the embeddings, layers[j] as layer j, the
+        relative position table (which only the first layer holds, whichever teacher layer it copies) and the final
+        norm copied; narrower (d_model), freshly initialised (the global torch RNG) with this model's heads, d_kv
+        scaled with the width and d_ff in this model's ratio unless given."""
+        layers = check_student_layers(layers, self.num_layers)
+        c = self.config
+        h, inner = student_widths(c.d_model, c.num_heads, c.d_ff, hidden_size, intermediate_size)
+        d_kv = c.d_kv if h == c.d_model else max(1, c.d_kv * h // c.d_model)
+        student = T5EncoderModel(dataclasses.replace(c, num_layers=len(layers), d_model=h, d_ff=inner, d_kv=d_kv))
+        if h == c.d_model:
+            student.embed_tokens.load_state_dict(self.embed_tokens.state_dict())
+            student.final_norm.load_state_dict(self.final_norm.state_dict())
+            table = self.layers[0].attention.relative_attention_bias.state_dict()
+            for j, i in enumerate(layers):
+                own = {k: v for k, v in self.layers[i].state_dict().items() if "relative_attention_bias" not in k}
+                if j == 0:
+                    own |= {f"attention.relative_attention_bias.{k}": v for k, v in table.items()}
+                student.layers[j].load_state_dict(own)
+        return student.train(self.training)
 
     def forward(
         self,
