@@ -270,6 +270,44 @@ def test_distilled_span_extractor(tiny_models, tmp_path):
     assert type(student) is SpanExtractor and len(student.predict(X_qa)) == 2
 
 
+# ---- the estimators' public seam that compression uses --------------------------------------------------------------
+
+
+def test_task_batches_and_task_loss_are_the_fit_loss(teacher):
+    """task_batches makes the network's batches in order; task_loss on them is the cross-entropy of predict_proba."""
+    from ctxrep.tasks import SequenceClassifier
+
+    t = SequenceClassifier.load(teacher)
+    batches = t.task_batches(X[:5], Y[:5], batch_size=2)
+    assert [len(b["labels"]) for b in batches] == [2, 2, 1]
+    t.model_.eval()
+    with torch.no_grad():
+        losses = [float(t.task_loss(t.model_(b), b)) * len(b["labels"]) for b in batches]
+    proba = t.predict_proba(X[:5])
+    column = {c: i for i, c in enumerate(t.classes_)}
+    by_hand = -np.mean([math.log(proba[i, column[Y[i]]]) for i in range(5)])
+    assert sum(losses) / 5 == pytest.approx(by_hand, rel=1e-4)
+    with pytest.raises(ValueError, match="not fitted"):
+        SequenceClassifier().task_batches(X, Y)
+
+
+def test_with_encoder_keeps_the_task_and_builds_a_new_network(teacher, tmp_path):
+    from ctxrep.models.student import init_student
+    from ctxrep.tasks import SequenceClassifier
+
+    t = SequenceClassifier.load(teacher)
+    head = {k: v.clone() for k, v in t.model_.head.state_dict().items()}
+    student = init_student(t.model_.representation.encoder, [1])
+    folder = D._write_encoder(student, t.backbone_.folder, tmp_path / "student")
+    est = t.with_encoder(student, folder, max_epochs=1)
+    assert type(est) is SequenceClassifier and list(est.classes_) == list(t.classes_)
+    assert est.model == str(folder.resolve()) and est.warm_start and est.max_epochs == 1 and t.max_epochs == 10
+    assert est.model_.representation.encoder is student and est.backbone_.tokenizer is t.backbone_.tokenizer
+    assert est.fit(X, Y).predict(X).shape == (len(X),)
+    for k, v in t.model_.head.state_dict().items():  # the teacher is left as it was
+        torch.testing.assert_close(v, head[k], atol=0, rtol=0)
+
+
 # ---- bad input ----------------------------------------------------------------------------------------------------
 
 

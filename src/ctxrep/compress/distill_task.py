@@ -172,7 +172,7 @@ class DistillationLoss(nn.Module):
             teacher_logits = self.teacher.model_(batch)
         loss = self.alpha * kd_loss(self.student, logits, teacher_logits, batch, self.temperature)
         if self.alpha < 1:
-            loss = loss + (1 - self.alpha) * self.student._head_loss(logits, batch)
+            loss = loss + (1 - self.alpha) * self.student.task_loss(logits, batch)
         if self.hidden_loss is not None and self.hidden_weight > 0:
             mask = batch["attention_mask"].bool()
             loss = loss + self.hidden_weight * hidden_state_loss(
@@ -304,9 +304,8 @@ def distill_estimator(
     else:
         layers = choose_layers(t_encoder, student_layers, teacher_layers)
 
-    est = type(teacher)(**teacher.get_params())
-    est.set_params(**params)  # refuses a name the estimator does not have
-    seed = int(est.random_state) if est.random_state is not None else secrets.randbelow(2**31)
+    settings = type(teacher)(**teacher.get_params()).set_params(**params)  # refuses a name the estimator lacks
+    seed = int(settings.random_state) if settings.random_state is not None else secrets.randbelow(2**31)
     with loop.seeded_torch(seed):
         if student is None:
             s_encoder = init_student(t_encoder, layers, student_hidden_size)
@@ -315,15 +314,11 @@ def distill_estimator(
         logger.info("student encoder folder: %s (give encoder_dir, or save_distilled, to keep it)", encoder_dir)
     encoder_dir = _write_encoder(s_encoder, teacher.backbone_.folder, Path(encoder_dir))
 
-    est.set_params(model=str(encoder_dir.resolve()), mode="finetune", warm_start=True)
-    est._state_from_json(teacher._state_to_json())  # classes_ and the task's own fitted state
-    est.backbone_ = LoadedEncoder(s_encoder.train(), tokenizer, resolve(encoder_dir))
-    with loop.seeded_torch(seed):
-        est.model_ = est._make_network()
+    with loop.seeded_torch(seed):  # the teacher's class, parameters, labels and tokenizer over the student encoder
+        est = teacher.with_encoder(s_encoder, encoder_dir, **params)
         if copy_head and s_encoder.hidden_size == t_encoder.hidden_size:
             est.model_.head.load_state_dict(teacher.model_.head.state_dict())
         loss = DistillationLoss(teacher, est, layers, temperature, alpha, hidden_loss, hidden_weight)
-    est.history_, est.n_epochs_ = [], 0
     try:
         with loss.attached():
             est.fit(X, y, eval_set=eval_set, train_loss=loss)  # warm_start: trains the network built above

@@ -323,8 +323,7 @@ def estimator_loss(estimator, X, y, batch_size: int | None = None) -> TaskLoss:
     form the estimator's fit takes (see head_importance: never the dev set).
 
     Uses the estimator's fitted network `model_` (forward(batch) -> the head's logits, with the encoder at
-    `model_.representation.encoder`) and the hooks every estimator subclass provides (tasks/base.py):
-    _call, _check_X_y, _examples, _collate, _head_loss."""
+    `model_.representation.encoder`) and its public seam (tasks/base.py): task_batches, task_loss."""
     network = getattr(estimator, "model_", None)
     if network is None:
         raise ValueError(f"this {type(estimator).__name__} is not fitted: fit it (or load a saved one) before pruning")
@@ -335,17 +334,13 @@ def estimator_loss(estimator, X, y, batch_size: int | None = None) -> TaskLoss:
             "task model, so there are no heads to prune; fine-tune one with mode='finetune'"
         )
     check_prunable(encoder)
-    X, y = estimator._check_X_y(X, y, fitting=False)
     if len(X) == 0:
         raise ValueError("no examples to compute head importance on: give at least one training example")
-    call = estimator._call()  # what this call encodes with: tokenizer, window length
-    examples = estimator._examples(X, y, call)
-    size = batch_size or estimator.batch_size
-    batches = [estimator._collate(examples[i : i + size], call) for i in range(0, len(examples), size)]
+    batches = estimator.task_batches(X, y, batch_size)
 
     def loss_fn(batch: Batch) -> torch.Tensor:
         network.eval()
-        return estimator._head_loss(network(batch), batch)
+        return estimator.task_loss(network(batch), batch)
 
     return TaskLoss(encoder, batches, loss_fn)
 

@@ -48,7 +48,7 @@ from torch import nn
 
 from ctxrep.inputs import token_budget_batches
 from ctxrep.models.folders import write_safetensors
-from ctxrep.models.loading import LoadedEncoder, load_encoder
+from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
 from ctxrep.tasks import loop
 from ctxrep.tasks.features import FeatureCache
 from ctxrep.tasks.network import Representation, TaskNetwork, inference_network, int8_network
@@ -558,6 +558,41 @@ class TaskEstimator:
             self.classes_ = np.array(state["classes"])
         if "frozen_shape" in state:
             self.frozen_shape_ = state["frozen_shape"]
+
+    # ---- the public seam for tools (compress/: head importance, distillation) ----------------------------------
+
+    def task_batches(self, X, y, batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
+        """X, y (in the form fit takes) checked and made into the batches this fitted estimator's network reads,
+        `batch_size` records each (default: the estimator's batch_size), in order. A loss on one of them:
+        `task_loss(model_(batch), batch)`."""
+        self._check_fitted()
+        X, y = self._check_X_y(X, y, fitting=False)
+        if len(X) == 0:
+            raise ValueError("no examples were given: give at least one")
+        call = self._call()  # what this call encodes with: tokenizer, window length
+        examples = self._examples(X, y, call)
+        size = batch_size or self.batch_size
+        return [self._collate(examples[i : i + size], call) for i in range(0, len(examples), size)]
+
+    def task_loss(self, outputs, batch: dict) -> torch.Tensor:
+        """The task's own training loss (what fit minimises without train_loss=) of the network's outputs for a
+        batch from `task_batches`: cross-entropy, the CRF's NLL, start/end cross-entropy, squared error."""
+        return self._head_loss(outputs, batch)
+
+    def with_encoder(self, encoder: nn.Module, folder: str | os.PathLike, **params) -> TaskEstimator:
+        """A new estimator of this class over another encoder (saved in `folder`, which becomes its `model`): this
+        fitted estimator's parameters (changed by `params`), tokenizer and fitted task state (classes_, ...), a new
+        fine-tune network over `encoder` with a freshly initialised head (the global torch RNG: seed around the
+        call), and warm_start=True so that `fit` trains that network. This estimator is left as it was."""
+        self._check_fitted()
+        est = type(self)(**self.get_params())
+        est.set_params(**params)
+        est.set_params(model=str(Path(folder).resolve()), mode="finetune", warm_start=True)
+        est._state_from_json(self._state_to_json())
+        est.backbone_ = LoadedEncoder(encoder.train(), self.backbone_.tokenizer, resolve(folder))
+        est.model_ = est._make_network()
+        est.history_, est.n_epochs_ = [], 0
+        return est
 
     # ---- hooks -----------------------------------------------------------------------------------------
 
