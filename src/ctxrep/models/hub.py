@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ctxrep.files import ctxrep_cache
 from ctxrep.models.folders import CheckpointError
 
 # ---- Hugging Face Hub -------------------------------------------------------------------------------------
@@ -296,13 +297,6 @@ ELMO_DOWNLOADS = {
     "original-5.5b": "2x4096_512_2048cnn_2xhighway_5.5B",
 }
 _CHECKED = "checked.json"  # written after the weights were loaded into a biLM built from the options
-
-
-def ctxrep_cache() -> Path:
-    """$CTXREP_CACHE, else ~/.cache/ctxrep (XDG_CACHE_HOME respected)."""
-    if os.environ.get("CTXREP_CACHE"):
-        return Path(os.environ["CTXREP_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "ctxrep"
 
 
 def elmo_download_name(name: str) -> str | None:
