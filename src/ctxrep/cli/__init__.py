@@ -25,6 +25,7 @@ def _register() -> None:
     from ctxrep.cli.pretrain import pretrain
     from ctxrep.cli.prune import prune
     from ctxrep.cli.sentence_encoder import train_sentence_encoder
+    from ctxrep.cli.serve import serve
     from ctxrep.cli.tokenizer import tokenizer
 
     for command in (embed, demo, info, finetune, pretrain, distill, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
@@ -32,6 +33,7 @@ def _register() -> None:
     for command in (*INDEX, train_sentence_encoder):  # index build, search, train-sentence-encoder
         main.add_command(command)
     main.add_command(predict)
+    main.add_command(serve)
 
 
 _register()

@@ -1,0 +1,99 @@
+"""`ctxrep serve`: the embedding server (`ctxrep.serve`) on uvicorn."""
+
+from __future__ import annotations
+
+import click
+
+from ctxrep.cli.common import user_errors
+
+
+@click.command()
+@click.option("--model", default="minilm", show_default=True, help="Packaged model name, model folder or Hub name.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--device", default=None, help="cpu, cuda, cuda:1 (default: cpu).")
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "bf16", "fp16", "int8", "auto"]),
+    default="fp32",
+    show_default=True,
+)
+@click.option("--backend", type=click.Choice(["torch", "onnxruntime", "openvino"]), default="torch", show_default=True)
+@click.option(
+    "--api-key",
+    default=None,
+    help="Require 'Authorization: Bearer KEY' on every request but /health (default: the CTXREP_API_KEY "
+    "environment variable; none: no key).",
+)
+@click.option(
+    "--layers", default="-1", show_default=True, help="Layer of the sentence vectors: an index, a list, 'mix'."
+)
+@click.option(
+    "--sentence-pooling",
+    type=click.Choice(["auto", "mean", "cls", "model"]),
+    default="auto",
+    show_default=True,
+    help="auto: the folder's own pooling where it has a sentence-transformers modules.json, else the mean.",
+)
+@click.option("--normalize", is_flag=True, help="Unit-length sentence vectors on /v1/embeddings.")
+@click.option("--threads", type=int, default=None, help="Torch threads (default: torch's choice).")
+@click.option("--max-batch-tokens", default=16384, show_default=True, help="Token budget of one merged batch.")
+@click.option("--max-wait-ms", default=5.0, show_default=True, help="How long a batch waits for more requests.")
+@click.option("--max-queue", default=4096, show_default=True, help="Texts waiting; beyond it: 503 + Retry-After.")
+@click.option("--max-texts", default=2048, show_default=True, help="Texts per request; beyond it: 413.")
+@click.option("--max-text-chars", default=200_000, show_default=True, help="Characters per text; beyond it: 413.")
+@user_errors
+def serve(
+    model,
+    host,
+    port,
+    device,
+    precision,
+    backend,
+    api_key,
+    layers,
+    sentence_pooling,
+    normalize,
+    threads,
+    max_batch_tokens,
+    max_wait_ms,
+    max_queue,
+    max_texts,
+    max_text_chars,
+) -> None:
+    """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings, text-embeddings-inference's /embed,
+    ctxrep's /v1/word-embeddings, /health and /metrics."""
+    try:
+        import uvicorn
+
+        from ctxrep.serve import ServeConfig, api_key_from, build_app, make_service
+    except ImportError as e:
+        raise ValueError(f"ctxrep serve needs FastAPI and uvicorn ({e}): pip install 'ctxrep[serve]'") from None
+    from ctxrep.embed_corpus import parse_layers
+
+    config = ServeConfig(
+        max_batch_tokens=max_batch_tokens,
+        max_wait_ms=max_wait_ms,
+        max_queue_texts=max_queue,
+        max_texts=max_texts,
+        max_text_chars=max_text_chars,
+        api_key=api_key_from(api_key),
+    )
+    service = make_service(
+        model,
+        layers=parse_layers(layers),
+        sentence_pooling=sentence_pooling,
+        normalize=normalize,
+        device=device,
+        precision=precision,
+        backend=backend,
+        threads=threads,
+        config=config,
+    )
+    key = "an API key" if config.api_key else "no API key"
+    click.echo(
+        f"serving {model} ({service.dim}-dim sentence vectors) on http://{host}:{port} with {key}: "
+        "POST /v1/embeddings (OpenAI), /embed (TEI), /v1/word-embeddings; GET /health, /metrics",
+        err=True,
+    )
+    uvicorn.run(build_app(service), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)

@@ -1,0 +1,230 @@
+"""`ctxrep serve`: OpenAI's /v1/embeddings through the official `openai` client, text-embeddings-inference's /embed
+and /v1/word-embeddings through httpx, against the Featurizer's vectors; dynamic batching; every bad request's
+status code and message; the API key; a graceful shutdown answering the request in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from openai import AuthenticationError, OpenAI
+
+from ctxrep import Featurizer
+from ctxrep.sentence_similarity import normalize_rows
+from ctxrep.serve import EmbeddingService, ServeConfig, build_app
+
+TEXTS = ["The vase broke .", "Dawn broke over the hills .", "A crane lifted the beam", "We broke even ."]
+LONG = " ".join(f"word{i % 50} and" for i in range(400))  # over 512 pieces: windowed
+
+
+class ServerThread:
+    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert self.server.started
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def fz():
+    return Featurizer("minilm")
+
+
+@pytest.fixture(scope="module")
+def server(fz):
+    config = ServeConfig(max_texts=8, max_text_chars=5000, max_body_bytes=20_000)
+    with ServerThread(build_app(EmbeddingService(fz, "minilm", config))) as s:
+        yield s
+
+
+def test_openai_client_unchanged_float_and_base64(server, fz):
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="not-checked")
+    expected = fz.embed_sentences(TEXTS)
+    for encoding in ("float", "base64", None):  # None: the client asks for base64 and decodes it itself
+        kwargs = {"encoding_format": encoding} if encoding else {}
+        response = client.embeddings.create(model="minilm", input=TEXTS, **kwargs)
+        if encoding == "base64":  # asked for explicitly, the client hands the strings over as they came
+            got = np.stack([np.frombuffer(base64.b64decode(d.embedding), "<f4") for d in response.data])
+        else:
+            got = np.array([d.embedding for d in response.data], dtype=np.float32)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+        assert [d.index for d in response.data] == [0, 1, 2, 3] and response.model == "minilm"
+        tokens = sum(len(p.tokens) for p in fz.tokenizer.encode_words([t.split() for t in TEXTS]))
+        assert response.usage.prompt_tokens == response.usage.total_tokens == tokens
+    one = client.embeddings.create(model="minilm", input=LONG)  # a single string, longer than the window
+    np.testing.assert_allclose(one.data[0].embedding, fz.embed_sentences([LONG])[0], atol=1e-5)
+
+
+def test_tei_embed_and_word_embeddings(server, fz):
+    r = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS})
+    assert r.status_code == 200
+    np.testing.assert_allclose(np.array(r.json()), normalize_rows(fz.embed_sentences(TEXTS)), atol=1e-5)
+    raw = httpx.post(f"{server.url}/embed", json={"inputs": TEXTS[0], "normalize": False}).json()
+    np.testing.assert_allclose(raw[0], fz.embed_sentences(TEXTS[:1])[0], atol=1e-5)
+
+    r = httpx.post(f"{server.url}/v1/word-embeddings", json={"input": TEXTS, "layers": [0, -1], "pooling": "first"})
+    assert r.status_code == 200, r.text
+    view = Featurizer("minilm", layers=[0, -1], pooling="first")
+    for item, words, expected in zip(r.json()["data"], TEXTS, view.embed_words(TEXTS)):
+        assert item["words"] == words.split() and item["shape"] == [len(words.split()), 2, 384]
+        np.testing.assert_allclose(np.array(item["embeddings"]), expected, atol=1e-5)
+    r = httpx.post(
+        f"{server.url}/v1/word-embeddings", json={"input": [["pre", "split"]], "encoding_format": "base64"}
+    ).json()
+    got = np.frombuffer(base64.b64decode(r["data"][0]["embeddings"]), "<f4").reshape(r["data"][0]["shape"])
+    np.testing.assert_allclose(got, fz.embed_words([["pre", "split"]])[0], atol=1e-5)
+
+
+def test_concurrent_requests_are_merged_and_each_gets_its_own_rows(server, fz):
+    texts = [f"request {i} : {TEXTS[i % 4]}" for i in range(24)]
+    expected = fz.embed_sentences(texts)
+    before = _metric(server, "ctxrep_batches_total")
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await asyncio.gather(*(client.post("/v1/embeddings", json={"input": [t]}) for t in texts))
+
+    responses = asyncio.run(go())
+    assert all(r.status_code == 200 for r in responses)
+    got = np.array([r.json()["data"][0]["embedding"] for r in responses], dtype=np.float32)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    batches = _metric(server, "ctxrep_batches_total") - before
+    assert 1 <= batches < len(texts), f"{batches} batches for {len(texts)} concurrent requests: nothing was merged"
+
+
+def _metric(server, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics").text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        ("/v1/embeddings", b'{"input": ["a",', 422, "malformed JSON"),
+        ("/v1/embeddings", {"input": 5}, 422, "input: "),
+        ("/v1/embeddings", {"input": [[101, 102]]}, 422, "input"),
+        ("/v1/embeddings", {"input": []}, 422, "input: an empty list; send at least one text"),
+        ("/v1/embeddings", {"input": ["ok", "  "]}, 422, "input[1]: an empty text"),
+        ("/v1/embeddings", {"input": ["a"] * 9}, 413, "input: 9 texts; the limit is 8 per request"),
+        ("/v1/embeddings", {"input": ["a " * 3000]}, 413, "input[0]: 6,000 characters; the limit is 5,000 per text"),
+        ("/v1/embeddings", {"input": ["ab " * 7000]}, 413, "over the limit of 20,000 bytes"),
+        ("/v1/embeddings", {"input": "a", "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
+        ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 422, "encoding_format: "),
+        ("/v1/embeddings", {"input": "a", "dimensions": 64}, 422, "384 dimensions, not 64"),
+        ("/v1/word-embeddings", {"input": "a b", "layers": 99}, 422, "layers: layer 99 is out of range"),
+        ("/v1/word-embeddings", {"input": "a b", "pooling": "max"}, 422, "pooling: "),
+        ("/embed", {"inputs": None}, 422, "inputs: "),
+    ],
+)
+def test_bad_requests_get_their_status_and_a_one_line_reason(server, path, body, status, message):
+    if isinstance(body, bytes):
+        r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"})
+    else:
+        r = httpx.post(server.url + path, json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    text = error if isinstance(error, str) else error["message"]
+    assert message in text and "\n" not in text, text
+
+
+def test_full_queue_answers_503_with_retry_after(fz):
+    service = EmbeddingService(fz, "minilm", ServeConfig(max_queue_texts=2, retry_after_s=3))
+    with ServerThread(build_app(service)) as s:
+        r = httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:3]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "3"
+        assert "the server is busy" in r.json()["error"]["message"]
+        assert httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:2]}).status_code == 200
+
+
+def test_api_key_required_as_bearer_token(fz):
+    service = EmbeddingService(fz, "minilm", ServeConfig(api_key="s3cret"))
+    with ServerThread(build_app(service)) as s:
+        assert httpx.get(f"{s.url}/health").status_code == 200  # the probe needs no key
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = httpx.post(f"{s.url}/v1/embeddings", json={"input": "a"}, headers=headers)
+            assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        assert httpx.get(f"{s.url}/metrics").status_code == 401
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=f"{s.url}/v1", api_key="wrong").embeddings.create(model="minilm", input="a")
+        ok = OpenAI(base_url=f"{s.url}/v1", api_key="s3cret").embeddings.create(model="minilm", input="a")
+        assert len(ok.data[0].embedding) == 384
+
+
+def test_health_and_metrics(server):
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "ok" and health["model"] == "minilm" and health["dim"] == 384
+    httpx.post(f"{server.url}/v1/embeddings", json={"input": "a b"})
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'ctxrep_requests_total{endpoint="/v1/embeddings",status="200"}' in text
+    assert "# TYPE ctxrep_request_seconds summary" in text and "ctxrep_queue_texts 0" in text
+
+
+def test_cli_listens_on_localhost_and_shuts_down_gracefully(tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    command = [sys.executable, "-c", "from ctxrep.cli import main; main()", "serve", "--port", str(port)]
+    env = {**os.environ, "CTXREP_API_KEY": "k"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        texts = [f"{TEXTS[i % 4]} number {i}" for i in range(400)]
+        result = {}
+
+        def call():
+            result["r"] = httpx.post(
+                f"{url}/v1/embeddings", json={"input": texts}, headers={"Authorization": "Bearer k"}, timeout=60
+            )
+
+        assert httpx.post(f"{url}/v1/embeddings", json={"input": "a"}).status_code == 401  # the env var's key
+        thread = threading.Thread(target=call)
+        thread.start()
+        time.sleep(0.2)  # the request is read and being embedded (400 texts: about a second on two cores)
+        proc.send_signal(signal.SIGTERM)  # while the request is in flight
+        thread.join(timeout=60)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert result["r"].status_code == 200 and len(result["r"].json()["data"]) == 400
+    # uvicorn finishes the request in flight, shuts down, then re-raises the SIGTERM it caught (exit status -15)
+    assert proc.returncode in (0, -signal.SIGTERM) and "Traceback" not in stderr, stderr
+    assert f"on http://127.0.0.1:{port} with an API key" in stderr
+    listening = json.dumps(stderr)
+    assert "0.0.0.0" not in listening
