@@ -64,11 +64,12 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores, load average {load[0]:.2f}"
 
 
-def command_line(row: str, settings: dict, data: Path, model: str, device: str) -> str:
+def command_line(row: str, settings: dict, data: Path, model: str, device: str, seed: int) -> str:
     task, train, dev = FILES[row]
     options = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items() if k not in ("pooling",))
     extra = f" --model {model}" if model != "minilm" else ""
     extra += f" --device {device}" if device != "cpu" else ""
+    extra += f" --seed {seed}" if seed else ""
     return f"ctxrep finetune --task {task} --train {data / train} --dev {data / dev}{extra} {options} --out runs/{row}"
 
 
@@ -132,10 +133,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "train_examples": metrics["train_examples"],
             "dev_examples": metrics["dev_examples"],
             "settings": settings,
+            "seed": args.seed,
             "seconds": round(seconds, 1),
             "machine": where,
             "device": args.device,
-            "command": command_line(row, settings, data, args.model, args.device),
+            "command": command_line(row, settings, data, args.model, args.device, args.seed),
         }
         for name in ("pearson", "spearman", "r2", "accuracy", "macro_f1"):
             if name in metrics:

@@ -84,6 +84,12 @@ COLUMN_OPTIONS = (
     help='span: the answers field ({"text": [...], "answer_start": [...]}). [default: answers]',
 )
 @click.option("--model", default="minilm", show_default=True, help="Encoder name or folder.")
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="Where to train and predict: cpu, cuda, cuda:1 (the estimators' `device`).",
+)
 @click.option("--mode", type=click.Choice(["finetune", "frozen"]), default="finetune", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Output folder.")
 @click.option("--max-epochs", type=int, default=3, show_default=True)

@@ -39,16 +39,17 @@ COLUMN_OPTIONS = (
     help="How to read --input (default: the task the model was trained on, from MODEL/task.json).",
 )
 @click.option("--format", type=click.Choice(["csv", "tsv", "jsonl", "conll"]), default=None, help="--input's format.")
+@click.option("--device", default=None, help="Where to predict: cpu, cuda, cuda:1 (default: as saved, usually cpu).")
 @click.option("--text-column", default=None, help="The text column (default: as at training).")
 @click.option("--text-pair-column", default=None, help="The second text's column (default: as at training).")
 @click.option("--word-column", default=None, help="tag: the word column (default: as at training).")
 @click.option("--question-column", default=None, help="span: the question field (default: as at training).")
 @click.option("--context-column", default=None, help="span: the context field (default: as at training).")
 @user_errors
-def predict(model_dir, input_path, out, task, **options) -> None:
+def predict(model_dir, input_path, out, task, device, **options) -> None:
     """Predict every example of --input with a fine-tuned model; write one row per example to --out."""
     from ctxrep.tasks.predict import predict_file
 
     columns = {name: options.pop(name) for name in COLUMN_OPTIONS}
-    result = predict_file(model_dir, input_path, out, task=task, columns=columns, echo=click.echo)
+    result = predict_file(model_dir, input_path, out, task=task, columns=columns, echo=click.echo, device=device)
     click.echo(f"wrote {result.examples:,} predictions ({result.task}) to {result.out}")

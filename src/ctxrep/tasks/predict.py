@@ -70,13 +70,17 @@ def predict_file(
     task: str | None = None,
     columns: dict | None = None,
     echo=None,
+    device: str | None = None,
 ) -> Predictions:
     """Predict every example of `input_path` with the saved estimator in `model_dir` and write them to `out`.
-    `task` and `columns` default to what MODEL/task.json recorded at training; given ones override it."""
+    `task` and `columns` default to what MODEL/task.json recorded at training; given ones override it. `device`:
+    where to predict (None: the saved estimator's own)."""
     from ctxrep.tasks import load
 
     settings = task_settings(model_dir)
     estimator = load(model_dir)
+    if device is not None:
+        estimator.set_params(device=device)
     task = task or settings.get("task") or DEFAULT_TASK[type(estimator).__name__]
     if task not in ALL_TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(ALL_TASKS)}")

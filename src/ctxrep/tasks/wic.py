@@ -96,7 +96,74 @@ class WordInContextClassifier(SequenceClassifier):
 
     X: see the module docstring; y: labels (WiC: "T" / "F" or True / False). `predict_proba`, `score` (accuracy),
     save / load and the parameters are SequenceClassifier's; `pooling` is not used (the head reads the targets).
+
+    symmetric: the task does not depend on the order of the two texts, so training sees every pair in both orders
+        (a, b) and (b, a), and prediction averages the logits of the two orders.
     """
+
+    def __init__(
+        self,
+        model: str = "minilm",
+        mode: str = "finetune",
+        pooling: str = "cls",
+        max_epochs: int = 3,
+        batch_size: int = 32,
+        max_steps: int | None = None,
+        lr: float | None = None,
+        weight_decay: float = 0.01,
+        warmup_fraction: float = 0.1,
+        max_grad_norm: float = 1.0,
+        dropout: float = 0.1,
+        max_length: int | None = None,
+        frozen_head: str = "bilstm",
+        lstm_size: int = 256,
+        validation_fraction: float = 0.1,
+        early_stopping: bool = False,
+        n_iter_no_change: int = 2,
+        tol: float = 1e-4,
+        warm_start: bool = False,
+        discriminative_lr: bool = False,
+        discriminative_lr_factor: float = 2.6,
+        slanted_triangular: bool = False,
+        gradual_unfreezing: bool = False,
+        cache_dir: str | None = None,
+        random_state: int | None = None,
+        progress: bool = False,
+        quantize: str | None = None,
+        device: str = "cpu",
+        bf16: bool = False,
+        symmetric: bool = True,
+    ) -> None:
+        self.model = model
+        self.mode = mode
+        self.pooling = pooling
+        self.max_epochs = max_epochs
+        self.batch_size = batch_size
+        self.max_steps = max_steps
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_fraction = warmup_fraction
+        self.max_grad_norm = max_grad_norm
+        self.dropout = dropout
+        self.max_length = max_length
+        self.frozen_head = frozen_head
+        self.lstm_size = lstm_size
+        self.validation_fraction = validation_fraction
+        self.early_stopping = early_stopping
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.warm_start = warm_start
+        self.discriminative_lr = discriminative_lr
+        self.discriminative_lr_factor = discriminative_lr_factor
+        self.slanted_triangular = slanted_triangular
+        self.gradual_unfreezing = gradual_unfreezing
+        self.cache_dir = cache_dir
+        self.random_state = random_state
+        self.progress = progress
+        self.quantize = quantize
+        self.device = device
+        self.bf16 = bf16
+        self.symmetric = symmetric
 
     # ---- data -------------------------------------------------------------------------------------
 
@@ -129,6 +196,34 @@ class WordInContextClassifier(SequenceClassifier):
         return X, y
 
     def _examples(self, X, y, call: Call) -> list[TargetPair]:
+        """One record per pair; with `symmetric`, then one per swapped pair (b, a): training learns both orders,
+        prediction averages them (_fold)."""
+        if self.symmetric:
+            swapped = [(b, ib, a, ia) for a, ia, b, ib in X]
+            return self._records(X, y, call) + self._records(swapped, y, call)
+        return self._records(X, y, call)
+
+    def _fold(self, outputs: list) -> list:
+        """One output per example: the mean of the two orders' logits when `symmetric`."""
+        if not self.symmetric:
+            return outputs
+        n = len(outputs) // 2
+        return [(outputs[i] + outputs[n + i]) / 2 for i in range(n)]
+
+    def _decode(self, X, records, outputs):
+        return super()._decode(X, records, self._fold(outputs))
+
+    def predict_proba(self, X) -> np.ndarray:
+        """(n_examples, n_classes) class probabilities, columns in the order of classes_."""
+        self._check_fitted()
+        X = self._check_X(X)
+        if not X:
+            return np.zeros((0, len(self.classes_)), dtype=np.float32)
+        call = self._call()
+        logits = torch.stack(self._fold(self._forward_all(self._examples(X, None, call), call)))
+        return logits.softmax(dim=-1).numpy()
+
+    def _records(self, X, y, call: Call) -> list[TargetPair]:
         labels = self._encode_labels(y) if y is not None else [IGNORE] * len(X)
         if self.mode == "frozen":
             store = call.features([a for a, _, _, _ in X], [b for _, _, b, _ in X])
