@@ -140,3 +140,21 @@ def test_sentence_t5_layout_loads_and_info_names_its_pooling(tmp_path, monkeypat
     result = CliRunner().invoke(main, ["info", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "sentence vector  mean, then L2-normalised, from modules.json" in result.output
+
+
+def test_float16_residuals_stay_finite():
+    """T5 v1.1's residual stream can pass float16's range: clamped as in transformers' T5Block, not inf or NaN."""
+    from ctxrep.models.t5 import T5Config, _clamp_fp16
+
+    x = torch.tensor([[70000.0, -1.0]]).half()  # 70000 overflows float16 to inf
+    assert torch.isfinite(_clamp_fp16(x)).all() and _clamp_fp16(x)[0, 0] == torch.finfo(torch.float16).max - 1000
+    y = torch.tensor([1e30, -2.0])
+    assert torch.equal(_clamp_fp16(y), y)  # float32 untouched
+    torch.manual_seed(0)
+    model = T5EncoderModel(T5Config(vocab_size=50, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_heads=4))
+    with torch.no_grad():
+        model.embed_tokens.weight[4] = 65000.0  # a residual stream at the edge of float16's range ...
+        model.layers[0].ffn.wi.weight.fill_(0.1)  # ... that the first FFN pushes past it (inf, then NaN unclamped)
+        model.layers[0].ffn.wo.weight.fill_(100.0)
+        out = model.half().eval()(torch.tensor([[3, 4, 5]]), attention_mask=torch.ones(1, 3, dtype=torch.long))
+    assert torch.isfinite(out.last_hidden_state).all()

@@ -216,8 +216,18 @@ class EncoderLayer(nn.Module):
         self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a, probs = self.attention(self.attention_norm(x), bias, output_attentions)
-        x = x + self.dropout(a)
-        return x + self.dropout(self.ffn(self.ffn_norm(x))), probs
+        x = _clamp_fp16(x + self.dropout(a))
+        return _clamp_fp16(x + self.dropout(self.ffn(self.ffn_norm(x)))), probs
+
+
+def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
+    """In float16 the residual stream of T5 v1.1 / flan-t5 overflows; pull infinities back to the largest finite
+    value minus 1,000, as transformers' T5Block does (a no-op in float32 and bfloat16)."""
+    if x.dtype != torch.float16:
+        return x
+    top = torch.finfo(torch.float16).max
+    limit = torch.where(torch.isinf(x).any(), top - 1000, top)
+    return x.clamp(min=-limit, max=limit)
 
 
 class T5EncoderModel(Encoder):
