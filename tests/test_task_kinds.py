@@ -406,3 +406,20 @@ def test_no_progress_prints_plain_progress_lines(tiny_models, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "SequenceRegressor: epoch 1" in err and "SequenceRegressor: epoch 2" in err
     assert "batches (100%)" in err and "\r" not in err
+
+
+def test_readme_use_a_fine_tuned_model_runs(tiny_models, tmp_path):
+    """README's "Use a fine-tuned model" Python block, on a tiny model saved where the README's path points."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"^## Use a fine-tuned model\n(?:(?!^## ).)*?^```python\n(.*?)^```", readme, re.M | re.S)
+    assert block, "README: no ```python block under '## Use a fine-tuned model'"
+    model = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_PAIRS, Y_SCORES)
+    model.save(tmp_path / "runs" / "stsb" / "model")
+    namespace: dict = {}
+    exec(
+        compile(block.group(1).replace("runs/stsb/model", str(tmp_path / "runs/stsb/model")), "README", "exec"),
+        namespace,
+    )  # noqa: S102
+    assert sorted(namespace["ranking"].order.tolist()) == [0, 1, 2]
