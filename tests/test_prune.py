@@ -387,6 +387,41 @@ def test_frozen_estimator_has_no_heads_to_prune(tiny_models, tmp_path):
         P.estimator_loss(clf, X, Y)
 
 
+def test_prune_estimator_is_the_workflow_as_a_library_call(classifier_dir, tmp_path):
+    """`ctxrep prune` without the command line: the estimator pruned in place, the folder written, the report."""
+    from ctxrep.tasks import SequenceClassifier
+
+    clf = SequenceClassifier.load(classifier_dir)
+    seen = []
+    report = P.prune_estimator(
+        clf,
+        X,
+        Y,
+        0.25,
+        tmp_path / "out",
+        steps=2,
+        dev=(X, Y),
+        curve=True,
+        importance_fraction=0.5,
+        about={"model": "tiny"},
+        after_step=lambda record, score: seen.append((record.step, score)),
+    )
+    assert [step for step, _ in seen] == [1, 2] and all(isinstance(score, float) for _, score in seen)
+    assert report["model"] == "tiny" and report["importance_examples"] == 6 and report["fraction_pruned"] == 0.25
+    assert [p["dev_score"] for p in report["curve"][1:]] == [score for _, score in seen]
+    assert sum(clf.model_.representation.encoder.heads_per_layer()) == 6  # in place
+    assert json.loads((tmp_path / "out" / "prune.json").read_text()) == report
+    assert sum(ctxrep.load_model(tmp_path / "out").heads_per_layer()) == 6
+    assert (tmp_path / "out" / "tokenizer.json").is_file() and (tmp_path / "out" / "curve.png").is_file()
+    assert SequenceClassifier.load(tmp_path / "out" / "estimator").score(X, Y) == pytest.approx(
+        report["dev_score_after"]
+    )
+    with pytest.raises(ValueError, match="curve scores every pruning step on held-out data: give dev"):
+        P.prune_estimator(clf, X, Y, 0.25, tmp_path / "o2", curve=True)
+    with pytest.raises(ValueError, match="is the folder of the encoder being pruned"):
+        P.prune_estimator(clf, X, Y, 0.25, tmp_path / "out")
+
+
 def sst_file(path):
     path.write_text("(4 (3 good) (4 great))\n(0 (0 bad) (1 awful))\n(3 (3 nice) (2 fine))\n(1 (1 poor) (0 sad))\n" * 3)
     return path

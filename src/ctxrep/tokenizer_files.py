@@ -34,6 +34,20 @@ SENTENCEPIECE_FILES = ("sentencepiece.bpe.model", "spiece.model", "spm.model")
 # Files beside it that change what transformers builds (special tokens, lower-casing, extra ids): part of the key.
 SETTINGS_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "config.json")
 TOKENIZER_JSON = "tokenizer.json"
+# Every file a tokenizer may be stored in, as the Hub ships them: what a download fetches and what a tool copies
+# beside a model it writes (a pruned or distilled encoder keeps its tokenizer). The one list of them.
+TOKENIZER_FILES = (
+    TOKENIZER_JSON,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",  # WordPiece (BERT, ELECTRA)
+    "vocab.json",
+    "merges.txt",  # byte-level BPE (RoBERTa, GPT-2)
+    *SENTENCEPIECE_FILES,  # XLM-RoBERTa, CamemBERT; T5, ALBERT, XLNet; DeBERTa-v2/v3
+    "source.spm",
+    "target.spm",  # SentencePiece (Marian)
+)
 
 
 class TokenizerFileError(ValueError):

@@ -1,5 +1,8 @@
 """`ctxrep prune`: remove the least important attention heads of a fine-tuned estimator's encoder.
 
+The workflow is the library's `ctxrep.compress.prune.prune_estimator`; this command reads the task files, loads the
+saved estimator and prints each step.
+
 --out DIR holds:
   config.json, model.safetensors, tokenizer files   the pruned encoder (config.pruned_heads): ctxrep.load_model(DIR)
   estimator/        the pruned task model (<Class>.load; its `model` parameter is DIR)
@@ -11,22 +14,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.tasks.experiment import TASKS
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-)
 
 
 def _estimator_folder(path: Path) -> Path:
@@ -121,10 +114,7 @@ def prune(
     seed,
 ) -> None:
     """Prune the least important attention heads (Michel et al. 2019) of a fine-tuned model; save it to --out."""
-    import numpy as np
-
-    from ctxrep.compress import prune as P
-    from ctxrep.models.loading import resolve_model_path
+    from ctxrep.compress.prune import prune_estimator, pruned_heads
     from ctxrep.tasks.experiment import read_task
 
     if curve and dev is None:
@@ -139,87 +129,34 @@ def prune(
     estimator, source = _load_estimator(Path(model_dir), task)
     if out.resolve() in (source.resolve(), Path(model_dir).resolve()):
         raise ValueError(f"--out {out} is the folder of the model being pruned; give a new folder")
-    base_folder = resolve_model_path(estimator.model)
     data = read_task(task, train, limit)
-    order = np.random.default_rng(seed).permutation(len(data.X))
-    n_held = max(1, round(importance_fraction * len(data.X)))
-    held, rest = np.sort(order[:n_held]), np.sort(order[n_held:])
-    if finetune_epochs and len(rest) == 0:
-        raise ValueError(
-            "no training examples left to fine-tune on after holding out the importance slice; "
-            "lower --importance-fraction or add data"
-        )
-    X_held, y_held = [data.X[i] for i in held], [data.y[i] for i in held]
     dev_data = read_task(task, dev, limit) if dev is not None else None
 
-    task_loss = P.estimator_loss(estimator, X_held, y_held, batch_size)  # refuses frozen and unprunable models
-    encoder = task_loss.encoder
-
-    def importance_fn(enc):
-        return P.head_importance(enc, task_loss.batches, task_loss.loss_fn)
-
-    def score() -> float:
-        return float(estimator.score(dev_data.X, dev_data.y))
-
-    report: dict = {
-        "model": str(source),
-        "task": task,
-        "fraction": fraction,
-        "steps": steps,
-        "importance_examples": len(X_held),
-        "parameters_before": P.parameter_count(encoder),
-    }
-    if dev_data is not None:
-        report["dev_score_before"] = score()
-    out.mkdir(parents=True, exist_ok=True)
-    points = [(P.pruned_fraction(encoder), report["dev_score_before"])] if curve else []
-
-    def after_step(record) -> None:
+    def after_step(record, dev_score) -> None:
         click.echo(f"step {record.step}: removed {_heads(record.heads)} (fraction {record.fraction:.3f})")
-        if curve:
-            points.append((record.fraction, score()))
-            click.echo(f"  dev score {points[-1][1]:.4f}")
+        if dev_score is not None:
+            click.echo(f"  dev score {dev_score:.4f}")
 
-    history = P.prune_iteratively(encoder, importance_fn, fraction, steps, after_step=after_step)
-    first = history[0].importance if history else importance_fn(encoder)
-    P.heatmap_png(first, out / "importance.png", title="head importance before pruning (held-out training slice)")
-    if curve:
-        P.curve_png(points, out / "curve.png", f"dev score ({task})")
-        report["curve"] = [{"fraction": f, "dev_score": s} for f, s in points]
-    report["steps_log"] = [
-        {
-            "step": r.step,
-            "removed": {str(k): v for k, v in r.heads.items()},
-            "fraction": r.fraction,
-            "importance": r.importance.tolist(),
-        }
-        for r in history
-    ]
-
-    if finetune_epochs:
-        warm, epochs = estimator.warm_start, estimator.max_epochs
-        estimator.set_params(warm_start=True, max_epochs=finetune_epochs)
-        estimator.fit([data.X[i] for i in rest], [data.y[i] for i in rest])
-        estimator.set_params(warm_start=warm, max_epochs=epochs)
-    report |= {
-        "pruned_heads": {str(k): v for k, v in P.pruned_heads(encoder).items()},
-        "heads_per_layer": encoder.heads_per_layer(),
-        "fraction_pruned": P.pruned_fraction(encoder),
-        "parameters_after": P.parameter_count(encoder),
-        "finetune_epochs": finetune_epochs,
-    }
-    if dev_data is not None:
-        report["dev_score_after"] = score()
-
-    encoder.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (base_folder / name).is_file():
-            shutil.copy(base_folder / name, out / name)
-    estimator.set_params(model=str(out.resolve()))  # the saved task model rebuilds its (pruned) encoder from --out
-    estimator.save(out / "estimator")
-    (out / "prune.json").write_text(json.dumps(report, indent=2) + "\n")
+    report = prune_estimator(
+        estimator,
+        data.X,
+        data.y,
+        fraction,
+        out,
+        steps=steps,
+        dev=(dev_data.X, dev_data.y) if dev_data is not None else None,
+        curve=curve,
+        finetune_epochs=finetune_epochs,
+        importance_fraction=importance_fraction,
+        batch_size=batch_size,
+        seed=seed,
+        score_name=f"dev score ({task})",
+        about={"model": str(source), "task": task},
+        after_step=after_step,
+    )
+    encoder = estimator.model_.representation.encoder
     summary = (
-        f"pruned {sum(len(v) for v in P.pruned_heads(encoder).values())} of "
+        f"pruned {sum(len(v) for v in pruned_heads(encoder).values())} of "
         f"{encoder.num_layers * encoder.num_heads} heads (fraction {report['fraction_pruned']:.3f}); "
         f"parameters {report['parameters_before']:,} -> {report['parameters_after']:,}"
     )

@@ -349,6 +349,135 @@ def parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+# ---- the whole workflow on a fitted estimator (what `ctxrep prune` runs) -----------------------------------------
+
+
+def prune_estimator(
+    estimator,
+    X,
+    y,
+    fraction: float,
+    out: str | Path,
+    *,
+    steps: int = 1,
+    dev: tuple | None = None,
+    curve: bool = False,
+    finetune_epochs: int = 0,
+    importance_fraction: float = 0.1,
+    batch_size: int = 32,
+    seed: int = 0,
+    score_name: str = "dev score",
+    about: Mapping[str, Any] | None = None,
+    after_step: Callable[[PruneStep, float | None], None] | None = None,
+) -> dict:
+    """Prune a fitted finetune-mode estimator's encoder and save the result to `out`; returns the report.
+
+    X, y: the training examples. Head importance is computed on a held-out slice of them (`importance_fraction`,
+    drawn with `seed`; never on `dev`); `fraction` of all heads go in `steps` steps (prune_iteratively), and with
+    `finetune_epochs` the pruned model trains that many epochs on the rest. `dev = (X_dev, y_dev)` is scored before
+    and after (and at every step with `curve`). `after_step(step, dev score or None)` runs after each removal.
+    `about` (e.g. the model folder and task) opens the report. The estimator is pruned in place. `out` gets:
+
+        config.json, model.safetensors, tokenizer files   the pruned encoder (config.pruned_heads)
+        estimator/        the pruned task model (<Class>.load; its `model` parameter is `out`)
+        importance.png    head importance of the model as given, layers x heads
+        curve.png         with `curve`: dev score against the fraction of heads pruned
+        prune.json        the report: steps (importance, heads removed), parameter counts, scores
+    """
+    import json
+    import shutil
+
+    import numpy as np
+
+    from ctxrep.models.loading import resolve_model_path
+    from ctxrep.tokenizer_files import TOKENIZER_FILES
+
+    if curve and dev is None:
+        raise ValueError("curve scores every pruning step on held-out data: give dev (importance uses X, y only)")
+    if not 0 < importance_fraction < 1:
+        raise ValueError(f"importance_fraction must be in (0, 1), got {importance_fraction}")
+    if finetune_epochs < 0 or batch_size < 1:
+        raise ValueError("finetune_epochs must be >= 0 and batch_size >= 1")
+    out = Path(out)
+    base_folder = resolve_model_path(estimator.model)
+    if out.resolve() == base_folder.resolve():
+        raise ValueError(f"out {out} is the folder of the encoder being pruned; give a new folder")
+    order = np.random.default_rng(seed).permutation(len(X))
+    n_held = max(1, round(importance_fraction * len(X)))
+    held, rest = np.sort(order[:n_held]), np.sort(order[n_held:])
+    if finetune_epochs and len(rest) == 0:
+        raise ValueError(
+            "no training examples left to fine-tune on after holding out the importance slice; "
+            "lower importance_fraction or add data"
+        )
+    X_held, y_held = [X[i] for i in held], [y[i] for i in held]
+
+    task_loss = estimator_loss(estimator, X_held, y_held, batch_size)  # refuses frozen and unprunable models
+    encoder = task_loss.encoder
+
+    def importance_fn(enc: nn.Module) -> torch.Tensor:
+        return head_importance(enc, task_loss.batches, task_loss.loss_fn)
+
+    def score() -> float:
+        return float(estimator.score(*dev))
+
+    report: dict = dict(about or {}) | {
+        "fraction": fraction,
+        "steps": steps,
+        "importance_examples": len(X_held),
+        "parameters_before": parameter_count(encoder),
+    }
+    if dev is not None:
+        report["dev_score_before"] = score()
+    out.mkdir(parents=True, exist_ok=True)
+    points = [(pruned_fraction(encoder), report["dev_score_before"])] if curve else []
+
+    def step_done(record: PruneStep) -> None:
+        if curve:
+            points.append((record.fraction, score()))
+        if after_step is not None:
+            after_step(record, points[-1][1] if curve else None)
+
+    history = prune_iteratively(encoder, importance_fn, fraction, steps, after_step=step_done)
+    first = history[0].importance if history else importance_fn(encoder)
+    heatmap_png(first, out / "importance.png", title="head importance before pruning (held-out training slice)")
+    if curve:
+        curve_png(points, out / "curve.png", score_name)
+        report["curve"] = [{"fraction": f, "dev_score": s} for f, s in points]
+    report["steps_log"] = [
+        {
+            "step": r.step,
+            "removed": {str(k): v for k, v in r.heads.items()},
+            "fraction": r.fraction,
+            "importance": r.importance.tolist(),
+        }
+        for r in history
+    ]
+    if finetune_epochs:
+        warm, epochs = estimator.warm_start, estimator.max_epochs
+        estimator.set_params(warm_start=True, max_epochs=finetune_epochs)
+        estimator.fit([X[i] for i in rest], [y[i] for i in rest])
+        estimator.set_params(warm_start=warm, max_epochs=epochs)
+    report |= {
+        "pruned_heads": {str(k): v for k, v in pruned_heads(encoder).items()},
+        "heads_per_layer": encoder.heads_per_layer(),
+        "fraction_pruned": pruned_fraction(encoder),
+        "parameters_after": parameter_count(encoder),
+        "finetune_epochs": finetune_epochs,
+    }
+    if dev is not None:
+        report["dev_score_after"] = score()
+
+    encoder.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (base_folder / name).is_file():
+            shutil.copy(base_folder / name, out / name)
+    estimator.set_params(model=str(out.resolve()))  # the saved task model rebuilds its (pruned) encoder from out
+    estimator.save(out / "estimator")
+    (out / "prune.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
 __all__ = [
     "PruneStep",
     "TaskLoss",
@@ -363,6 +492,7 @@ __all__ = [
     "normalize_per_layer",
     "parameter_count",
     "prunable_families",
+    "prune_estimator",
     "prune_iteratively",
     "pruned_fraction",
     "pruned_heads",

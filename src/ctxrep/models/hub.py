@@ -27,24 +27,11 @@ from tqdm.auto import tqdm
 
 from ctxrep.files import ctxrep_cache
 from ctxrep.models.folders import CheckpointError
+from ctxrep.tokenizer_files import TOKENIZER_FILES
 
 # ---- Hugging Face Hub -------------------------------------------------------------------------------------
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in order of preference; read by folders.read_state_dict
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",  # WordPiece (BERT, ELECTRA)
-    "vocab.json",
-    "merges.txt",  # byte-level BPE (RoBERTa, GPT-2)
-    "spiece.model",  # SentencePiece (XLNet, ALBERT, T5)
-    "sentencepiece.bpe.model",  # SentencePiece (XLM-RoBERTa, CamemBERT)
-    "spm.model",  # SentencePiece (DeBERTa-v2/v3)
-    "added_tokens.json",
-    "source.spm",
-    "target.spm",  # SentencePiece (Marian)
-)
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
 _REVISION = re.compile(r"^[\w.\-/]+$")  # branch, tag or commit hash
