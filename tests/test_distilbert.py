@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import transformers
-from _parity import assert_matches, padded_batch
+from _parity import assert_featurizer_matches_transformers, assert_matches, padded_batch
 from safetensors.torch import load_file, save_file
 
 import ctxrep
@@ -128,3 +128,7 @@ def test_student_copies_the_chosen_layers(tmp_path):
     assert narrow.hidden_size == 16 and narrow.num_heads == 4 and narrow.config.hidden_dim == 24
     ids, mask = padded_batch(120, [5, 3], pad_id=0)
     assert narrow(ids, attention_mask=mask).last_hidden_state.shape == (2, 5, 16)
+
+
+def test_featurizer_matches_transformers(distilbert_dir):
+    assert_featurizer_matches_transformers(distilbert_dir)

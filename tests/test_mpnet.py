@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import transformers
-from _parity import assert_matches, padded_batch
+from _parity import assert_featurizer_matches_transformers, assert_matches, padded_batch
 
 import ctxrep
 from ctxrep.models.mpnet import MPNetModel
@@ -88,3 +88,7 @@ def test_every_parameter_has_a_depth(tmp_path):
     assert depths["relative_attention_bias.weight"] == 3 and depths["pooler.weight"] == 3
     with pytest.raises(ValueError, match="not a parameter"):
         model.layer_of("layers.7.output.bias")
+
+
+def test_featurizer_matches_transformers(mpnet_dir):
+    assert_featurizer_matches_transformers(mpnet_dir)

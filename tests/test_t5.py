@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 import transformers
-from _parity import assert_matches, padded_batch
+from _parity import assert_featurizer_matches_transformers, assert_matches, padded_batch
 from safetensors.torch import load_file, save_file
 
 import ctxrep
@@ -158,3 +158,7 @@ def test_float16_residuals_stay_finite():
         model.layers[0].ffn.wo.weight.fill_(100.0)
         out = model.half().eval()(torch.tensor([[3, 4, 5]]), attention_mask=torch.ones(1, 3, dtype=torch.long))
     assert torch.isfinite(out.last_hidden_state).all()
+
+
+def test_featurizer_matches_transformers(t5_dir):
+    assert_featurizer_matches_transformers(t5_dir, transformers.T5EncoderModel)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import transformers
-from _parity import assert_matches, padded_batch
+from _parity import assert_featurizer_matches_transformers, assert_matches, padded_batch
 
 import ctxrep
 from ctxrep.models.bert import BertModel
@@ -76,3 +76,8 @@ def _keys(folder):
 
     with safe_open(folder / "model.safetensors", "pt") as f:
         return list(f.keys())
+
+
+@pytest.mark.parametrize("fixture", ["xlmr_dir", "camembert_dir"])
+def test_featurizer_matches_transformers(request, fixture):
+    assert_featurizer_matches_transformers(request.getfixturevalue(fixture))
