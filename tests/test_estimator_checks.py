@@ -17,12 +17,14 @@ from sklearn.base import clone
 from sklearn.utils import estimator_checks
 
 from ctxrep.models.loading import LoadedEncoder
-from ctxrep.tasks import SequenceClassifier, SequenceRegressor, SpanExtractor, TokenTagger
+from ctxrep.tasks import SequenceClassifier, SequenceRegressor, SpanExtractor, TokenTagger, WordInContextClassifier
 
 X_CLS = ["good great fine", "bad awful poor", "nice good", "sad bad"] * 2
 Y_CLS = ["pos", "neg", "pos", "neg"] * 2
 X_REG = [("good great", "fine nice"), ("bad awful", "good"), ("nice good", "good"), ("sad bad", "great")] * 2
 Y_REG = [4.5, 0.5, 3.8, 1.2] * 2
+X_WIC = [("a [[crane]] lifted it", "the [[crane]] flew"), (("he sat on the bank", 4), ("the bank lends", 1))] * 3
+Y_WIC = ["F", "F", "T", "T", "F", "T"]
 X_TAG = [["john", "lives", "in", "paris"], ["mary", "visited", "london"]] * 3
 Y_TAG = [["B-PER", "O", "O", "B-LOC"], ["B-PER", "O", "B-LOC"]] * 3
 CTX = "the weather is nice . " * 6 + "paris is the capital ."
@@ -32,10 +34,11 @@ Y_SPAN = [("paris", CTX.index("paris")), ("london", 10)] * 2
 DATA = {
     SequenceClassifier: (X_CLS, Y_CLS),
     SequenceRegressor: (X_REG, Y_REG),
+    WordInContextClassifier: (X_WIC, Y_WIC),
     TokenTagger: (X_TAG, Y_TAG),
     SpanExtractor: (X_SPAN, Y_SPAN),
 }
-ESTIMATORS = [SequenceClassifier, SequenceRegressor, TokenTagger, SpanExtractor]
+ESTIMATORS = [SequenceClassifier, SequenceRegressor, WordInContextClassifier, TokenTagger, SpanExtractor]
 
 
 @pytest.fixture(autouse=True)
