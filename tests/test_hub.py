@@ -381,7 +381,7 @@ def test_published_elmo_urls_are_allennlps(monkeypatch):
 
 
 def test_elmo_download_checks_caches_and_loads(server, tmp_path, monkeypatch):
-    from ctxrep.models.elmo import batch_to_ids
+    from ctxrep.char_ids import batch_to_ids
 
     src = _tiny_elmo(tmp_path / "src")
     s = server(static=_published(src, "small"))
