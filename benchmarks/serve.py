@@ -1,0 +1,225 @@
+#!/usr/bin/env python
+"""Load on `ctxrep serve` (and infinity-emb, if it is installed) against the Featurizer in-process, same texts.
+
+The benchmark starts its own server on 127.0.0.1 (a free port) as a subprocess, and only ever sends requests to it:
+  --clients concurrent clients (asyncio + httpx, one connection each), each sending a request of 1-32 SST sentences
+  (drawn with a fixed seed) to POST /v1/embeddings (OpenAI's schema, encoding_format=base64, as the openai client
+  sends it), waiting for the answer, and sending the next, for --duration seconds or --max-requests requests,
+  whichever comes first; then the server is stopped (SIGTERM) and the script exits by itself.
+Every answer is checked: status 200 and one vector of the right width per sentence sent ("nothing lost").
+Reported: sentences/s, requests/s, p50 / p99 latency, errors; then the Featurizer in-process
+(Featurizer.embed_sentences over the same sentences, in the same requests' groups merged 256 at a time, the same
+threads) for the ratio server / in-process (target >= 0.8).
+
+--infinity PYTHON: the same load against infinity-emb (`infinity_emb v2`) started with that interpreter on the same
+model folder, at its OpenAI-compatible /embeddings.
+
+Run:  .venv/bin/python benchmarks/serve.py                       # 64 clients, 60 s, 2 server threads
+      .venv/bin/python benchmarks/serve.py --duration 5 --clients 8 # smoke test (not a result)
+The machine's cores are shared between the server and the clients (that is part of what is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from featurize import DEFAULT_DATA, load_corpus  # noqa: E402  (the benchmarks' shared SST reader)
+
+TARGET = 0.8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def start_server(command: list[str], url: str, timeout: float = 300) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"error: the server exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit(f"error: the server did not answer {url} within {timeout:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def requests_plan(sentences: list[list[str]], n: int, seed: int) -> list[list[str]]:
+    """n requests of 1-32 sentences each (as strings), drawn with `seed`."""
+    rng = random.Random(seed)
+    return [[" ".join(rng.choice(sentences)) for _ in range(rng.randint(1, 32))] for _ in range(n)]
+
+
+async def load(url: str, model: str, plan: list[list[str]], clients: int, duration: float, dim: int) -> dict:
+    import httpx
+
+    latencies: list[float] = []
+    sent_sentences = 0
+    errors: list[str] = []
+    next_request = 0
+    stop_at = time.monotonic() + duration
+
+    async def client() -> None:
+        nonlocal next_request, sent_sentences
+        async with httpx.AsyncClient(timeout=120) as http:
+            while time.monotonic() < stop_at and next_request < len(plan):
+                texts = plan[next_request]
+                next_request += 1
+                start = time.perf_counter()
+                r = await http.post(url, json={"model": model, "input": texts, "encoding_format": "base64"})
+                latencies.append(time.perf_counter() - start)
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code}: {r.text[:200]}")
+                    continue
+                data = r.json()["data"]
+                ok = len(data) == len(texts) and all(
+                    len(base64.b64decode(d["embedding"])) == 4 * dim and d["index"] == i for i, d in enumerate(data)
+                )
+                if not ok:
+                    errors.append(f"request of {len(texts)} texts answered with {len(data)} rows or a wrong width")
+                    continue
+                sent_sentences += len(texts)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed = time.perf_counter() - start
+    lat = np.array(latencies) * 1000
+    return {
+        "requests": len(latencies),
+        "sentences": sent_sentences,
+        "seconds": elapsed,
+        "sentences_per_s": sent_sentences / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+        "errors": errors,
+        "plan_used": next_request,
+    }
+
+
+def in_process(model: str, threads: int, plan: list[list[str]]) -> tuple[float, int]:
+    """The Featurizer on the same sentences: (sentences/s, sentences)."""
+    from ctxrep import Featurizer
+
+    fz = Featurizer(model, num_threads=threads)
+    texts = [t for request in plan for t in request]
+    fz.embed_sentences(texts[:64])  # warm-up, as the server's first requests warm it
+    start = time.perf_counter()
+    for i in range(0, len(texts), 256):
+        fz.embed_sentences(texts[i : i + 256])
+    return len(texts) / (time.perf_counter() - start), len(texts)
+
+
+def report(name: str, result: dict) -> str:
+    lost = len(result["errors"])
+    return (
+        f"| {name} | {result['sentences_per_s']:.1f} | {result['requests'] / result['seconds']:.1f} | "
+        f"{result['p50_ms']:.0f} | {result['p99_ms']:.0f} | {result['requests']:,} | {lost} |"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="minilm")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
+    p.add_argument("--max-requests", type=int, default=20000, help="stop after this many requests")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the server and of the in-process run")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--infinity", default=None, help="a Python with infinity-emb installed: also load infinity")
+    args = p.parse_args()
+
+    sentences = load_corpus(args.data, "sst", 4000)
+    plan = requests_plan(sentences, args.max_requests, args.seed)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-c", "from ctxrep.cli import main; main()", "serve", "--model", args.model]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--threads", str(args.threads)]
+    env_key = os.environ.pop("CTXREP_API_KEY", None)  # the benchmark's own server runs without a key
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
+    server = start_server(command, f"{base}/health")
+    try:
+        dim = __import__("httpx").get(f"{base}/health").json()["dim"]
+        result = asyncio.run(load(f"{base}/v1/embeddings", args.model, plan, args.clients, args.duration, dim))
+    finally:
+        stop_server(server)
+        if env_key is not None:
+            os.environ["CTXREP_API_KEY"] = env_key
+    used = plan[: result["plan_used"]]
+    local_rate, local_n = in_process(args.model, args.threads, used)
+    rows = [report("ctxrep serve", result)]
+    if args.infinity:
+        from ctxrep.models.loading import resolve
+
+        folder = resolve(args.model).folder
+        iport = free_port()
+        icommand = [args.infinity, "-m", "infinity_emb.cli", "v2", "--model-id", str(folder), "--port", str(iport)]
+        icommand += ["--host", "127.0.0.1", "--engine", "torch", "--device", "cpu", "--no-bettertransformer"]
+        iserver = start_server(icommand, f"http://127.0.0.1:{iport}/health")
+        try:
+            iresult = asyncio.run(
+                load(f"http://127.0.0.1:{iport}/embeddings", str(folder), plan, args.clients, args.duration, dim)
+            )
+        finally:
+            stop_server(iserver)
+        rows.append(report("infinity-emb", iresult))
+    print()
+    print(
+        f"{args.clients} clients, 1-32 SST sentences per request, {args.duration:.0f} s, model {args.model}, "
+        f"{args.threads} threads"
+    )
+    print("| server | sentences/s | requests/s | p50 ms | p99 ms | requests | errors |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    ratio = result["sentences_per_s"] / local_rate
+    print(
+        f"\nFeaturizer in-process on the same {local_n:,} sentences: {local_rate:.1f} sentences/s; "
+        f"ctxrep serve / in-process = {ratio:.2f} (target >= {TARGET})"
+    )
+    if result["errors"]:
+        print(f"errors (first 3): {result['errors'][:3]}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
