@@ -1,4 +1,5 @@
-"""Files written through a temporary file get the user's umask, not owner-only permissions."""
+"""Files written through a temporary file get the user's umask, not owner-only permissions; the one UTF-8 line
+reader (files.utf8_lines) on known inputs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ctxrep.files import apply_umask, current_umask, default_file_mode
+from ctxrep.files import apply_umask, current_umask, default_file_mode, utf8_lines
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o002])
@@ -67,3 +68,28 @@ def test_a_checkpoint_is_not_owner_only(umask, tmp_path):
 def test_a_missing_file_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         apply_umask(tmp_path / "missing")
+
+
+def test_utf8_lines_known_answers(tmp_path):
+    import gzip
+    import io
+
+    data = "\ufeffone\r\ntwo\n\nthr\u00e9e".encode()  # BOM, CRLF, an empty line, no final line end
+    expected = [(1, "one"), (2, "two"), (3, ""), (4, "thr\u00e9e")]
+    (tmp_path / "a.txt").write_bytes(data)
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(data))
+    assert list(utf8_lines(tmp_path / "a.txt")) == expected
+    assert list(utf8_lines(tmp_path / "a.txt.gz")) == expected  # gunzipped by its magic bytes, whatever its name
+    assert list(utf8_lines(io.BytesIO(data), "<stdin>")) == expected
+    assert [t for _, t in utf8_lines(tmp_path / "a.txt", keep_ends=True)] == ["one\r\n", "two\n", "\n", "thr\u00e9e"]
+    (tmp_path / "bad.txt").write_bytes(b"ok\ncaf\xe9 au lait\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: invalid UTF-8 byte b'\\xe9' at column 4; convert .*iconv"):
+        list(utf8_lines(tmp_path / "bad.txt"))
+
+    class DataError(ValueError):
+        pass
+
+    with pytest.raises(DataError, match="^<stdin>:2: invalid UTF-8"):
+        list(utf8_lines(io.BytesIO(b"ok\n\xff\n"), "<stdin>", error=DataError))
+    with pytest.raises(FileNotFoundError, match="missing.txt: no such file"):
+        list(utf8_lines(tmp_path / "missing.txt"))

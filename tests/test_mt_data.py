@@ -51,7 +51,9 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     src, tgt = tmp_path / "a.en", tmp_path / "a.de"
     src.write_bytes("ok\nstill ok\ncaf\u00e9\n".encode("latin-1"))
     tgt.write_text("a\nb\nc\n", encoding="utf-8")
-    with pytest.raises(DataError, match=rf"^{src}:3: invalid UTF-8 at byte 4 of the line .*convert the file to UTF-8"):
+    with pytest.raises(
+        DataError, match=rf"^{src}:3: invalid UTF-8 byte b'\\xe9' at column 4; convert the file to UTF-8"
+    ):
         read_parallel(src, tgt)
 
 

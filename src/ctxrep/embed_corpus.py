@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrep.files import utf8_lines
 from ctxrep.progress import progress
 
 FORMATS = ("text", "jsonl", "csv", "tsv", "conll", "parquet")
@@ -61,19 +62,8 @@ class Record:
     line: int
 
 
-def _decode(raw: bytes, source: str, line: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{source}:{line}: invalid UTF-8 at byte {e.start} of the line; convert the file to UTF-8 "
-            "(e.g. iconv -f latin1 -t utf-8 FILE)"
-        ) from None
-
-
 def _lines(stream, source: str) -> Iterator[tuple[int, str]]:
-    for n, raw in enumerate(stream, start=1):
-        yield n, _decode(raw, source, n).rstrip("\r\n").lstrip("\ufeff" if n == 1 else "")
+    return utf8_lines(stream, source)
 
 
 def _words_of_value(value: Any, source: str, n: int, field_name: str) -> list[str]:
@@ -154,9 +144,7 @@ def _looks_structured(first_line: str) -> str | None:
 
 def _decoded_lines(stream, source: str) -> Iterator[str]:
     """Decoded lines with their line endings (the csv module needs them inside quoted fields)."""
-    for n, raw in enumerate(stream, start=1):
-        text = _decode(raw, source, n)
-        yield text.lstrip("\ufeff") if n == 1 else text
+    return (text for _, text in utf8_lines(stream, source, keep_ends=True))
 
 
 def _table_records(stream, source: str, fmt: str, column: str, skip_empty: bool) -> Iterator[Record]:

@@ -8,9 +8,12 @@ after such a write puts the mode back to what `open(path, "w")` would have given
 
 from __future__ import annotations
 
+import gzip
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 _UMASK_LOCK = threading.Lock()
 
@@ -44,3 +47,52 @@ def ctxrep_cache() -> Path:
     if os.environ.get("CTXREP_CACHE"):
         return Path(os.environ["CTXREP_CACHE"]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "ctxrep"
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def utf8_lines(
+    source: str | os.PathLike | BinaryIO,
+    name: str | None = None,
+    *,
+    keep_ends: bool = False,
+    error: type[ValueError] = ValueError,
+) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of every line of UTF-8 text: THE line reader of ctxrep's text inputs.
+
+    `source` is a file (gunzipped when it starts with gzip's magic bytes) or a binary stream (stdin, an open file;
+    `name` names it in errors). Lines are split on "\n" only, so the numbers match what an editor shows; the line
+    ending ("\n", or "\r\n") is removed unless `keep_ends` (the csv module needs it inside quoted fields); a UTF-8
+    byte-order mark at the start is dropped. Invalid UTF-8 raises `error` (a ValueError) naming the file, line and
+    column; a missing file is a FileNotFoundError naming it."""
+    if not isinstance(source, (str, os.PathLike)):
+        yield from _decoded_lines(source, name or "<stream>", keep_ends, error)
+        return
+    path = Path(source)
+    name = name or str(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{name}: no such file; check the path")
+    with open(path, "rb") as probe:
+        compressed = probe.read(2) == GZIP_MAGIC
+    try:
+        with (gzip.open if compressed else open)(path, "rb") as f:
+            yield from _decoded_lines(f, name, keep_ends, error)
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise error(f"{name}: the gzip stream is damaged ({e}); compress the file again or give it unpacked") from None
+
+
+def _decoded_lines(stream: BinaryIO, name: str, keep_ends: bool, error: type[ValueError]) -> Iterator[tuple[int, str]]:
+    for number, raw in enumerate(stream, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise error(
+                f"{name}:{number}: invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at column {e.start + 1}; "
+                "convert the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+            ) from None
+        if number == 1:
+            text = text.removeprefix("\ufeff")
+        if not keep_ends:
+            text = text.removesuffix("\n").removesuffix("\r")
+        yield number, text

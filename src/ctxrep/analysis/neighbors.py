@@ -24,6 +24,7 @@ import torch
 
 from ctxrep.analysis._common import model_name, with_layers
 from ctxrep.featurize import Featurizer
+from ctxrep.files import utf8_lines
 
 INDEX_FILE = "index.hnsw"
 META_FILE = "occurrences.json"
@@ -111,11 +112,7 @@ def read_queries(path: str | os.PathLike) -> list[Query]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such queries file")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); save the queries file as UTF-8") from None
-    queries = [parse_query(line, f"{path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
+    queries = [parse_query(line, f"{path}:{n}") for n, line in utf8_lines(path) if line.strip()]
     if not queries:
         raise ValueError(f"{path}: no queries in the file; write one a line: {QUERY_FORMAT}")
     return queries

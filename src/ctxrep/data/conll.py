@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctxrep.files import utf8_lines
+
 logger = logging.getLogger(__name__)
 
 DOCSTART = "-DOCSTART-"
@@ -44,24 +46,9 @@ class ConllSentence:
 
 
 def iter_utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, text) for each line of a UTF-8 file, line ending removed.
-
-    Lines are split on "\\n" only (a "\\r" before it is dropped), so the numbers match what an
-    editor shows. A UTF-8 byte-order mark at the start is dropped. Invalid bytes raise a
-    ValueError naming the file, line and column.
-    """
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{path}:{number}: invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at column "
-                    f"{e.start + 1}; re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
-                ) from None
-            if number == 1:
-                text = text.removeprefix("\ufeff")
-            yield number, text.rstrip("\r\n")
+    """(1-based line number, text without its line ending) of each line of a UTF-8 file: ctxrep.files.utf8_lines
+    (a BOM dropped; invalid bytes a ValueError naming the file, line and column)."""
+    return utf8_lines(path)
 
 
 def _split_row(text: str) -> list[str]:

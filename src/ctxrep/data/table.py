@@ -27,7 +27,6 @@ Every error names the file and line and says what to change; the advice names `c
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import logging
 import math
@@ -36,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ctxrep.files import utf8_lines
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,6 @@ SUFFIXES = {
     ".iob": "conll",
     ".bio": "conll",
 }
-GZIP_MAGIC = b"\x1f\x8b"
 DOCSTART = "-DOCSTART-"
 
 
@@ -83,28 +83,8 @@ def detect_format(path: str | Path, format: str | None, default: str | None = No
 
 def numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text with its line ending) of a UTF-8 file, gunzipped when it starts with gzip's magic
-    bytes. A byte-order mark at the start is dropped; invalid UTF-8 names the file, line and column."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    with open(path, "rb") as probe:
-        compressed = probe.read(2) == GZIP_MAGIC
-    opener = gzip.open if compressed else open
-    try:
-        with opener(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise ValueError(
-                        f"{path}:{number}: invalid UTF-8 byte {raw[e.start : e.start + 1]!r} at column {e.start + 1}; "
-                        "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
-                    ) from None
-                yield number, text.removeprefix("\ufeff") if number == 1 else text
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise ValueError(
-            f"{path}: the gzip stream is damaged ({e}); compress the file again or give it unpacked"
-        ) from None
+    bytes: ctxrep.files.utf8_lines (a BOM dropped; invalid UTF-8 names the file, line and column)."""
+    return utf8_lines(path, keep_ends=True)
 
 
 # ---- rows of CSV / TSV / JSONL ----------------------------------------------------------------------------

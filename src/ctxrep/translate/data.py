@@ -26,6 +26,7 @@ comes from a local `numpy.random.Generator` seeded with (seed, epoch), never fro
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Sequence
@@ -43,6 +44,8 @@ from tokenizers import (
     processors,
     trainers,
 )
+
+from ctxrep.files import utf8_lines
 
 logger = logging.getLogger(__name__)
 
@@ -68,23 +71,9 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
-    """UTF-8 bytes -> lines (a BOM and CRLF accepted); `name` is the file (or "<stdin>") named in errors."""
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    raw = data.split(b"\n")
-    if raw and raw[-1] == b"":  # a final line end ends the last line, it does not start an empty one
-        raw.pop()
-    lines = []
-    for number, line in enumerate(raw, start=1):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"{name}:{number}: invalid UTF-8 at byte {e.start + 1} of the line ({e.reason}); convert the file "
-                "to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-            ) from None
-        lines.append(text.removesuffix("\r"))
-    return lines
+    """UTF-8 bytes -> lines (a BOM and CRLF accepted; ctxrep.files.utf8_lines); `name` is the file (or "<stdin>")
+    named in errors."""
+    return [text for _, text in utf8_lines(io.BytesIO(data), name, error=DataError)]
 
 
 @dataclass
