@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     from ctxrep.featurize import Featurizer
     from ctxrep.objectives.bilm import evaluate_perplexity
     from ctxrep.tokenize import Tokenizer
-    from ctxrep.train.pretrain import config_from_dict, prepare_run
+    from ctxrep.train.pretrain import prepare_run
+    from ctxrep.train.pretrain_config import config_from_dict
     from ctxrep.train.trainer import Trainer, TrainerConfig
 
     torch.set_num_threads(args.threads)

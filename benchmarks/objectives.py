@@ -38,14 +38,15 @@ def worker(args) -> dict:
     import torch
 
     from ctxrep.data.corpus import pack_corpus
+    from ctxrep.objectives.recipes import recipe
     from ctxrep.train.pretrain import (
         CORPUS_DIR,
         _corpus_config,
         _packer,
         build_run,
-        load_config,
         prepare_tokenizer,
     )
+    from ctxrep.train.pretrain_config import load_config
     from ctxrep.train.trainer import Trainer
 
     torch.set_num_threads(args.threads)
@@ -77,7 +78,8 @@ def worker(args) -> dict:
     train_s = time.perf_counter() - started
 
     valid = pack_corpus(args.valid, out, out / "valid", _corpus_config(config.data), progress=False)
-    source = _packer(objective == "mlm+nsp", valid, config, tok, warmup=False)
+    r = recipe(objective)
+    source = _packer(r, valid, config, tok, config.settings(r), None, warmup=False)
     losses = []
     model = run.objective.eval()
     with torch.no_grad(), torch.random.fork_rng():

@@ -24,7 +24,8 @@ from ctxrep.objectives.bilm import (
     sample_log_uniform,
     sampled_softmax_nll,
 )
-from ctxrep.train.pretrain import PretrainError, config_from_dict, prepare_run
+from ctxrep.train.pretrain import prepare_run
+from ctxrep.train.pretrain_config import PretrainError, config_from_dict
 from ctxrep.train.trainer import Trainer, TrainerConfig
 
 pytest.importorskip("h5py")  # a test extra of ctxrep (ELMo weight files); installed in the dev environment

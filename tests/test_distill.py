@@ -196,7 +196,7 @@ def test_families_that_cannot_be_distilled_are_named_in_one_line(gpt2_dir):
 
 
 def test_the_shipped_distill_config_holds_distilberts_settings():
-    from ctxrep.train.pretrain import load_config
+    from ctxrep.train.pretrain_config import load_config
 
     config = load_config("distill", objective="distill")
     d, t = config.distill, config.trainer

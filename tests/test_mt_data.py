@@ -276,7 +276,7 @@ def test_shipped_configs_load_and_overrides_apply():
 
 
 def test_bad_configs_are_refused_with_the_field(tmp_path):
-    with pytest.raises(MTTrainError, match=r"--nonsense: no config section has it"):
+    with pytest.raises(MTTrainError, match=r"--nonsense: no config section has a key 'nonsense'"):
         load_config("tiny", [("nonsense", "1")])
     with pytest.raises(MTTrainError, match=r"--model.width: no such config field"):
         load_config("tiny", [("model.width", "1")])

@@ -21,10 +21,11 @@ import ctxrep
 from ctxrep.cli.pretrain import parse_overrides, pretrain
 from ctxrep.cli.tokenizer import tokenizer as tokenizer_group
 from ctxrep.data.corpus import CorpusConfig, pack_corpus
+from ctxrep.objectives.recipes import OBJECTIVES
 from ctxrep.tokenize import Tokenizer
-from ctxrep.train.pretrain import (
+from ctxrep.train.pretrain import split_held_out
+from ctxrep.train.pretrain_config import (
     CONFIG_DIR,
-    OBJECTIVES,
     SECTIONS,
     TRAINS_TOKENIZER,
     DataSection,
@@ -32,7 +33,6 @@ from ctxrep.train.pretrain import (
     load_config,
     readers,
     reading_table,
-    split_held_out,
 )
 from ctxrep.train.trainer import Trainer
 
@@ -656,17 +656,17 @@ def test_tokenizer_train_cli_bad_input(tmp_path):
     )
 
 
-def test_the_cli_offers_every_objective_of_the_library():
-    from ctxrep.cli import pretrain as cli_module
-    from ctxrep.train import pretrain as library
+def test_the_cli_offers_every_recipe_of_the_table():
+    from ctxrep.objectives.recipes import RECIPES
 
-    assert cli_module.OBJECTIVES == library.OBJECTIVES
+    option = next(p for p in pretrain.params if p.name == "objective")
+    assert tuple(option.type.choices) == tuple(RECIPES) == OBJECTIVES
 
 
 @pytest.mark.parametrize("progress", [True, False])
 def test_progress_flag_draws_or_silences_the_training_bar(corpus, tmp_path, capfd, progress):
-    from ctxrep.train.pretrain import load_config
     from ctxrep.train.pretrain import pretrain as run_pretraining
+    from ctxrep.train.pretrain_config import load_config
 
     run_pretraining(
         "mlm", load_config("tiny", objective="mlm"), corpus, tmp_path / "out", max_steps=2, progress=progress

@@ -56,7 +56,7 @@ def config(**overrides) -> TrainerConfig:
 def test_a_warm_up_longer_than_the_run_warns_and_names_an_option_that_exists(tmp_path):
     """The README's `pretrain --config small --max-steps 30` kept small.toml's warmup_steps = 1000: the learning
     rate never got above 2.9% of its peak."""
-    from ctxrep.train.pretrain import load_config
+    from ctxrep.train.pretrain_config import load_config
 
     with pytest.warns(
         UserWarning,

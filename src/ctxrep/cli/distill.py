@@ -160,8 +160,8 @@ def distill(
     --distill.temperature 4, --trainer.lr 5e-4).
     """
     from ctxrep.train import distributed
-    from ctxrep.train.pretrain import load_config
     from ctxrep.train.pretrain import pretrain as run_pretraining
+    from ctxrep.train.pretrain_config import load_config
 
     if task is not None or train is not None:
         if corpus is not None or task is None or train is None:

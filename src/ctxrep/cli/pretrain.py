@@ -5,37 +5,8 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import user_errors
-
-OBJECTIVES = (
-    "mlm",
-    "mlm+nsp",
-    "mlm+sop",
-    "electra",
-    "clm",
-    "plm",
-    "bilm",
-    "distill",
-)  # as ctxrep.train.pretrain.OBJECTIVES
-
-
-def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
-    """["--trainer.lr", "1e-3", "--warmup_steps=5"] -> [("trainer.lr", "1e-3"), ("warmup_steps", "5")]."""
-    pairs, i = [], 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or arg == "--":
-            raise ValueError(f"unexpected argument {arg!r}; config fields are given as --section.field VALUE")
-        key = arg[2:]
-        if "=" in key:
-            key, value = key.split("=", 1)
-            i += 1
-        elif i + 1 < len(args):
-            value = args[i + 1]
-            i += 2
-        else:
-            raise ValueError(f"{arg} needs a value: {arg} VALUE")
-        pairs.append((key, value))
-    return pairs
+from ctxrep.objectives.recipes import OBJECTIVES  # the recipes' table: the choices are its names
+from ctxrep.train.config import parse_overrides
 
 
 @click.command("pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -71,8 +42,8 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
     `ctxrep distill`) and [objective] hold settings of particular ones.
     """
     from ctxrep.train import distributed
-    from ctxrep.train.pretrain import load_config
     from ctxrep.train.pretrain import pretrain as run_pretraining
+    from ctxrep.train.pretrain_config import load_config
 
     dist = distributed.init_distributed()  # first: under torchrun every process joins before any work
     try:

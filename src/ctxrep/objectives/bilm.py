@@ -53,6 +53,7 @@ from torch import nn
 from ctxrep.char_ids import batch_to_ids
 from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.objectives.recipe import Built, Ingredients, PretrainError, Recipe, full_sentences
 from ctxrep.tokenize import Tokenizer
 
 VOCAB_FILE = "vocab.txt"
@@ -317,3 +318,45 @@ def word_vocabulary(tokenizer: Tokenizer) -> list[str]:
             f"{SEPARATOR} token; the biLM needs <pad> at id 0 and {SEPARATOR}, as train_tokenizer(kind='word') makes"
         )
     return words
+
+
+# ------------------------------------------------------------------------------------------------- recipe
+
+# [elmo]: the biLM's shape in the layout of ELMo's options.json, handed to ElmoConfig.from_options.
+ELMO_TABLES = {
+    "char_cnn": ("embedding", "filters", "n_highway", "activation", "n_characters", "max_characters_per_token"),
+    "lstm": ("dim", "projection_dim", "n_layers", "cell_clip", "proj_clip", "use_skip_connections"),
+}
+
+
+def build_bilm(x: Ingredients) -> Built:
+    """The biLM of [elmo] over the word vocabulary; documents are separated by </S> inside a row (no template:
+    the biLM adds <S> and </S> itself); LSTMs take any length."""
+    from ctxrep.models.folders import CheckpointError
+
+    elmo = x.sections.get("elmo")
+    if not elmo:
+        raise PretrainError(
+            f"{x.source} has no [elmo] section: bilm reads the biLM's shape from [elmo.char_cnn] and "
+            "[elmo.lstm] (see the shipped tiny.toml); add them"
+        )
+    try:
+        words = word_vocabulary(x.tokenizer)
+    except ValueError as e:
+        raise PretrainError(f"{x.source}: {e}") from None
+    try:
+        shape = ElmoConfig.from_options(elmo, source=f"[elmo] in {x.source}")
+    except (CheckpointError, ValueError) as e:
+        raise PretrainError(str(e)) from None
+    return Built(BiLMObjective(shape, words, x.settings), None, x.tokenizer.backend.token_to_id(SEPARATOR))
+
+
+# ELMo: the biLM's forward and backward LM over sentences of words (a word-level vocabulary, most frequent first).
+BILM = Recipe(
+    "bilm",
+    build_bilm,
+    BiLMObjectiveConfig,
+    sections={"elmo": ELMO_TABLES},
+    tokenizer_kinds=("word",),
+    packing=full_sentences,
+)

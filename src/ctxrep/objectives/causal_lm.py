@@ -14,6 +14,7 @@ from torch import nn
 
 from ctxrep.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.objectives.recipe import CORE_SHAPE, Built, Ingredients, Recipe, full_sentences
 
 
 class CausalLMObjective(nn.Module):
@@ -45,3 +46,41 @@ class CausalLMObjective(nn.Module):
     def save_pretrained(self, path: str | Path) -> None:
         """A GPT2LMHeadModel folder (AutoModelForCausalLM loads it; ctxrep.load_model loads the decoder)."""
         self.model.save_pretrained(path)
+
+
+# ------------------------------------------------------------------------------------------------- recipe
+
+
+def gpt2_config(x: Ingredients) -> GPT2Config:
+    """[encoder] onto GPT2Config (GPT-2 keeps its own gelu_new and layer_norm_epsilon), with <s> and </s>."""
+    s, backend = x.shape, x.tokenizer.backend
+    return GPT2Config(
+        vocab_size=x.vocab_size,
+        n_positions=s.max_position_embeddings,
+        n_embd=s.hidden_size,
+        n_layer=s.num_hidden_layers,
+        n_head=s.num_attention_heads,
+        n_inner=s.intermediate_size,
+        resid_pdrop=s.hidden_dropout_prob,
+        embd_pdrop=s.hidden_dropout_prob,
+        attn_pdrop=s.attention_probs_dropout_prob,
+        initializer_range=s.initializer_range,
+        bos_token_id=backend.token_to_id("<s>"),
+        eos_token_id=backend.token_to_id("</s>"),
+        pad_token_id=x.tokenizer.pad_token_id,
+    )
+
+
+def build_clm(x: Ingredients) -> Built:
+    config = gpt2_config(x)
+    return Built(CausalLMObjective(config), config.n_positions)
+
+
+# GPT: next-token prediction over FULL-SENTENCES rows, with a byte-level BPE tokenizer.
+CLM = Recipe(
+    "clm",
+    build_clm,
+    shape_keys=(*CORE_SHAPE, "attention_probs_dropout_prob", "max_position_embeddings"),
+    tokenizer_kinds=("bpe",),
+    packing=full_sentences,
+)

@@ -34,6 +34,7 @@ transformers' AutoModel load it.
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,17 +49,20 @@ from ctxrep.models.folders import (
     read_state_dict,
     write_folder,
 )
-from ctxrep.models.student import distillable_families
+from ctxrep.models.student import choose_layers, distillable_families, student_config
 from ctxrep.objectives.masked_lm import (
     IGNORE_INDEX,
     BatchMasker,
     MaskedLMConfig,
     MaskedLMHead,
+    MaskingSettings,
     head_tensors,
     mlm_loss,
     prefixed_encoder_tensors,
 )
 from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.objectives.recipe import Built, Ingredients, PretrainError, Recipe, full_sentences
+from ctxrep.tokenize import Tokenizer
 
 MASKED_FILL = -1e9  # the score of a padded key (float32): exp underflows to 0, the log stays finite
 
@@ -339,3 +343,116 @@ class DistillationObjective(nn.Module):
         tensors |= head_tensors(self.head, _HEAD_PREFIX[s.model_type], s.model_type)
         arch = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM"}[s.model_type]
         return write_folder(path, s.to_hf_dict() | {"architectures": [arch]}, tensors)
+
+
+# ------------------------------------------------------------------------------------------------- recipe
+
+
+@dataclass
+class DistillSettings:
+    """[distill]: the teacher, the student's shape (models/student.py) and the loss weights (DistillConfig).
+    The student is built from the teacher and shares its tokenizer."""
+
+    teacher: str = ""  # a model folder or name, as ctxrep.load_model takes it (BERT, RoBERTa or ELECTRA)
+    student_layers: int = 0  # K; 0 = half the teacher's layers, rounded up
+    teacher_layers: tuple[int, ...] = ()  # the teacher layer of each student layer; () = K spread from first to last
+    student_hidden_size: int = 0  # 0 = the teacher's width (weights copied); narrower = fresh weights
+    student_intermediate_size: int = 0  # 0 = the teacher's intermediate_size x student / teacher width
+    temperature: float = 2.0  # T of the soft targets (teacher with an MLM head)
+    alpha_kd: float = 5.0  # DistilBERT's weights: soft-target KL, MLM, cosine of the last hidden states
+    alpha_mlm: float = 2.0
+    alpha_cos: float = 1.0
+    kd_masked_only: bool = False  # soft targets at the masked positions only (default: every real token)
+    alpha_attention: float = 1.0  # MiniLM's weights (teacher without an MLM head): attention and value relations
+    alpha_value: float = 1.0
+    alpha_hidden: float = 0.0  # TinyBERT's hidden-state MSE over the layer mapping, either recipe; 0 = off
+
+    def teacher_name(self, source: str) -> str:
+        if not self.teacher:
+            raise PretrainError(
+                f"distill needs a teacher: give --teacher DIR (or [distill] teacher in {source}), a model folder "
+                "or name such as minilm"
+            )
+        return self.teacher
+
+
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt")
+
+
+def teacher_tokenizer(sections: dict, source: str, out: Path, tokenizer: str | Path | None = None) -> Tokenizer:
+    """The student shares its teacher's tokenizer, copied into out/ (tokenizer.json and the files transformers'
+    AutoTokenizer reads). Another tokenizer (`--tokenizer`, or one left in out/ by another run) is refused: the
+    student reads the teacher's token ids."""
+    from ctxrep.models.loading import resolve_model_path
+
+    folder = resolve_model_path(sections["distill"].teacher_name(source))
+    own = Tokenizer.from_model_dir(folder)
+    for other, where in (
+        (tokenizer, f"--tokenizer {tokenizer}"),
+        (out if (out / "tokenizer.json").is_file() else None, f"{out / 'tokenizer.json'} (from an earlier run)"),
+    ):
+        if other is None:
+            continue
+        other = Path(other)
+        found = Tokenizer.from_model_dir(other.parent if other.is_file() else other)
+        if found.backend.to_str() != own.backend.to_str():
+            raise PretrainError(
+                f"{where} is not the teacher's tokenizer ({folder}): a distilled student reads its teacher's token "
+                "ids, so it shares the teacher's tokenizer; leave --tokenizer out, or distil into a new --out folder"
+            )
+    own.backend.save(str(out / "tokenizer.json"))
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file() and (folder / name).resolve() != (out / name).resolve():
+            shutil.copyfile(folder / name, out / name)
+    return Tokenizer.from_model_dir(out)
+
+
+def build_distill(x: Ingredients) -> Built:
+    """The student built from the teacher ([distill]); masking from [objective] when the teacher has an MLM head;
+    the teacher's positions are the limit."""
+    d = x.sections["distill"]
+    try:
+        teacher, head, folder = load_teacher(d.teacher_name(x.source))
+        if x.tokenizer.vocab_size > teacher.config.vocab_size:
+            raise PretrainError(
+                f"the tokenizer has {x.tokenizer.vocab_size} entries but the teacher {folder} only "
+                f"{teacher.config.vocab_size} embedding rows; distil with the teacher's own tokenizer"
+            )
+        layers = choose_layers(teacher, d.student_layers or None, d.teacher_layers or None)
+        shape = student_config(
+            teacher.config, layers, d.student_hidden_size or None, d.student_intermediate_size or None
+        )
+        distill = DistillConfig(
+            str(folder.resolve()),
+            tuple(layers),
+            shape.hidden_size,
+            shape.intermediate_size,
+            d.temperature,
+            d.alpha_kd,
+            d.alpha_mlm,
+            d.alpha_cos,
+            d.alpha_attention,
+            d.alpha_value,
+            d.alpha_hidden,
+            d.kd_masked_only,
+        )
+        mlm = x.settings.masking(x.tokenizer, x.seed) if head is not None else None
+        word_start = x.settings.word_start(x.tokenizer) if head is not None else None
+        module = DistillationObjective(teacher, head, distill, mlm, word_start)
+    except (CheckpointError, PretrainError):  # already say where
+        raise
+    except ValueError as e:  # the student's shape or the loss weights
+        raise PretrainError(f"[distill] in {x.source}: {e}") from None
+    return Built(module, module.teacher.max_tokens)
+
+
+# Task-agnostic distillation (DistilBERT, MiniLM): a student of the teacher over FULL-SENTENCES rows, in the
+# teacher's tokenizer; [objective]'s masking applies when the teacher has an MLM head. No [encoder], no [tokenizer].
+DISTILL = Recipe(
+    "distill",
+    build_distill,
+    MaskingSettings,
+    sections={"distill": DistillSettings},
+    own_tokenizer=teacher_tokenizer,
+    packing=full_sentences,
+)

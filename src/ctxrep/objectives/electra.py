@@ -30,14 +30,18 @@ from torch import nn
 from ctxrep.models.bert import ACTIVATIONS, BertConfig, BertModel
 from ctxrep.models.folders import write_folder
 from ctxrep.objectives.masked_lm import (
+    BERT_SHAPE,
     IGNORE_INDEX,
     BatchMasker,
     MaskedLMConfig,
     MaskedLMHead,
+    MaskingSettings,
+    bert_config,
     mlm_loss,
     prefixed_encoder_tensors,
 )
 from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.objectives.recipe import Built, Ingredients, Recipe, full_sentences
 
 
 @dataclass
@@ -178,3 +182,32 @@ class ElectraObjective(nn.Module):
         tensors |= {f"discriminator_predictions.{k}": v for k, v in self.discriminator_head.state_dict().items()}
         hf_config = self.encoder_config.to_hf_dict() | {"architectures": ["ElectraForPreTraining"]}
         write_folder(path, hf_config, tensors)
+
+
+# ------------------------------------------------------------------------------------------------- recipe
+
+
+@dataclass
+class ElectraSettings(MaskingSettings):
+    """[objective] keys of electra: the generator's masking and size, the discriminator's weight."""
+
+    generator_size_fraction: float = 0.25  # generator hidden / heads / intermediate vs discriminator
+    disc_weight: float = 50.0  # lambda
+
+
+def build_electra(x: Ingredients) -> Built:
+    s = x.settings
+    config = ElectraObjectiveConfig(s.generator_size_fraction, s.disc_weight, s.masking(x.tokenizer, x.seed))
+    module = ElectraObjective(bert_config(x, "electra"), config, s.word_start(x.tokenizer))
+    return Built(module, module.encoder_config.max_tokens)
+
+
+# ELECTRA: replaced-token detection over FULL-SENTENCES rows; [encoder] is the discriminator's shape.
+ELECTRA = Recipe(
+    "electra",
+    build_electra,
+    ElectraSettings,
+    tuple(k for k in BERT_SHAPE if k != "model_type"),
+    tokenizer_kinds=("wordpiece", "bpe"),
+    packing=full_sentences,
+)

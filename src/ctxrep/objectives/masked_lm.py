@@ -21,6 +21,7 @@ is the input word embedding matrix (tied) plus a bias per token.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.data.corpus import PackedCorpus
+from ctxrep.data.packing import SegmentPairConfig, SegmentPairPacker
 from ctxrep.models.bert import ACTIVATIONS, BertConfig, BertModel, hf_parameter_names
 from ctxrep.models.folders import write_folder
 from ctxrep.objectives.next_sentence import NextSentenceHead, next_sentence_loss
 from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.objectives.recipe import Built, Ingredients, Packing, PretrainError, Recipe, Shape, full_sentences
 from ctxrep.tokenize import Tokenizer, TokenizerError
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (F.cross_entropy's ignore_index)
@@ -395,3 +399,110 @@ def head_tensors(head: MaskedLMHead, prefix: str, model_type: str) -> dict[str, 
         tensors[f"{prefix}.bias"] = head.bias
         tensors[f"{prefix}.decoder.bias"] = head.bias
     return tensors
+
+
+# ------------------------------------------------------------------------------------------------ recipes
+
+
+@dataclass
+class MaskingSettings:
+    """[objective] keys of the masked objectives (mlm, mlm+nsp, mlm+sop, electra; distill with an MLM teacher)."""
+
+    mask_prob: float = 0.15
+    replace_prob: float = 0.8  # of the selected tokens: [MASK]
+    random_prob: float = 0.1  # ... a random token (the rest stay unchanged)
+    whole_word: bool = False
+    static_copies: int = 0  # 0 = dynamic masking (RoBERTa); N = one of N fixed masks per sequence (BERT)
+
+    def masking(self, tokenizer: Tokenizer, seed: int) -> MaskedLMConfig:
+        """The MaskedLMConfig of these settings with the tokenizer's mask and special tokens."""
+        return MaskedLMConfig.from_tokenizer(
+            tokenizer,
+            mask_prob=self.mask_prob,
+            replace_prob=self.replace_prob,
+            random_prob=self.random_prob,
+            whole_word=self.whole_word,
+            static_copies=self.static_copies or None,
+            seed=seed,
+        )
+
+    def word_start(self, tokenizer: Tokenizer) -> torch.Tensor | None:
+        """The word-start table whole-word masking needs, else None."""
+        return word_start_table(tokenizer) if self.whole_word else None
+
+
+@dataclass
+class SegmentPairSettings(MaskingSettings):
+    """[objective] keys of the pair objectives (mlm+nsp, mlm+sop): masking and the pairs' target lengths."""
+
+    short_seq_prob: float = 0.1  # pairs aiming at a random shorter length (BERT, ALBERT)
+
+
+# [encoder] keys BertConfig takes (ALBERT's `share` aside); ELECTRA reads them but model_type.
+BERT_SHAPE = tuple(f.name for f in dataclasses.fields(Shape) if f.name != "share")
+
+
+def bert_config(x: Ingredients, model_type: str) -> BertConfig:
+    """[encoder] onto BertConfig (BERT, RoBERTa, ELECTRA's discriminator), with the tokenizer's padding id."""
+    s = x.shape
+    return BertConfig(
+        model_type=model_type,
+        vocab_size=x.vocab_size,
+        hidden_size=s.hidden_size,
+        num_hidden_layers=s.num_hidden_layers,
+        num_attention_heads=s.num_attention_heads,
+        intermediate_size=s.intermediate_size,
+        hidden_act=s.hidden_act,
+        hidden_dropout_prob=s.hidden_dropout_prob,
+        attention_probs_dropout_prob=s.attention_probs_dropout_prob,
+        max_position_embeddings=s.max_position_embeddings,
+        type_vocab_size=s.type_vocab_size,
+        layer_norm_eps=s.layer_norm_eps,
+        initializer_range=s.initializer_range,
+        pad_token_id=x.tokenizer.pad_token_id,
+        embedding_size=s.embedding_size or None,
+        add_pooling_layer=model_type != "electra",
+    )
+
+
+def _build(x: Ingredients, name: str, nsp: bool) -> Built:
+    if x.shape.model_type not in ("bert", "roberta"):
+        raise PretrainError(
+            f"[encoder] model_type={x.shape.model_type!r} cannot be trained with {name}: use 'bert' or "
+            "'roberta' (or --objective electra for ELECTRA)"
+        )
+    masking = x.settings.masking(x.tokenizer, x.seed)
+    module = MaskedLMObjective(
+        bert_config(x, x.shape.model_type), masking, nsp=nsp, word_start=x.settings.word_start(x.tokenizer)
+    )
+    return Built(module, module.config.max_tokens)
+
+
+def build_mlm(x: Ingredients) -> Built:
+    return _build(x, "mlm", nsp=False)
+
+
+def build_mlm_nsp(x: Ingredients) -> Built:
+    return _build(x, "mlm+nsp", nsp=True)
+
+
+def segment_pairs(corpus: PackedCorpus, tokenizer: Tokenizer, plan: Packing) -> SegmentPairPacker:
+    """BERT's pairs: B follows A in its document or comes from another one (next_sentence_label)."""
+    config = SegmentPairConfig(plan.max_length, plan.settings.short_seq_prob, plan.seed, plan.warmup)
+    return SegmentPairPacker(corpus, config, tokenizer)
+
+
+# RoBERTa (and BERT without NSP): masked LM over FULL-SENTENCES rows.
+MLM = Recipe(
+    "mlm", build_mlm, MaskingSettings, BERT_SHAPE, tokenizer_kinds=("wordpiece", "bpe"), packing=full_sentences
+)
+# BERT: masked LM + next-sentence prediction over segment pairs (two documents at least on each side of the split).
+MLM_NSP = Recipe(
+    "mlm+nsp",
+    build_mlm_nsp,
+    SegmentPairSettings,
+    BERT_SHAPE,
+    tokenizer_kinds=("wordpiece", "bpe"),
+    packing=segment_pairs,
+    min_documents=2,
+)

@@ -9,6 +9,7 @@ torch RNG, so the trainer's exact resume covers them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 from ctxrep.models.xlnet import XLNetConfig, XLNetLMHeadModel
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.objectives.permutation_lm import PermutationLMConfig, sample_permutation_lm_batch
+from ctxrep.objectives.recipe import CORE_SHAPE, Built, Ingredients, Recipe, full_sentences
 
 
 class PermutationLMObjective(nn.Module):
@@ -55,3 +57,66 @@ class PermutationLMObjective(nn.Module):
     def save_pretrained(self, path: str | Path) -> None:
         """An XLNetLMHeadModel folder (transformers' AutoModel and ctxrep.load_model load the encoder)."""
         self.model.save_pretrained(path)
+
+
+# ------------------------------------------------------------------------------------------------- recipe
+
+XLNET_SPECIALS = ("<sep>", "<cls>")
+
+
+def add_xlnet_template(out: Path) -> None:
+    """Give a trained byte-level BPE tokenizer XLNet's specials and template: A <sep> <cls>, A <sep> B <sep> <cls>."""
+    from tokenizers import AddedToken, processors
+    from tokenizers import Tokenizer as HFTokenizer
+
+    tok = HFTokenizer.from_file(str(out / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(s, special=True) for s in XLNET_SPECIALS])
+    sep, cls = (tok.token_to_id(s) for s in XLNET_SPECIALS)
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A:0 <sep>:0 <cls>:2",
+        pair="$A:0 <sep>:0 $B:1 <sep>:1 <cls>:2",
+        special_tokens=[("<sep>", sep), ("<cls>", cls)],
+    )
+    tok.save(str(out / "tokenizer.json"))
+    settings_file = out / "tokenizer_config.json"
+    settings = json.loads(settings_file.read_text()) if settings_file.is_file() else {}
+    settings.update(sep_token="<sep>", cls_token="<cls>", model_input_names=["input_ids", "attention_mask"])
+    settings_file.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def xlnet_config(x: Ingredients) -> XLNetConfig:
+    """[encoder] onto XLNetConfig (relative positions: no max_position_embeddings), with <s> and </s>."""
+    s, backend = x.shape, x.tokenizer.backend
+    return XLNetConfig(
+        vocab_size=x.vocab_size,
+        d_model=s.hidden_size,
+        n_layer=s.num_hidden_layers,
+        n_head=s.num_attention_heads,
+        d_inner=s.intermediate_size,
+        ff_activation=s.hidden_act,
+        dropout=s.hidden_dropout_prob,
+        initializer_range=s.initializer_range,
+        layer_norm_eps=s.layer_norm_eps,
+        pad_token_id=x.tokenizer.pad_token_id,
+        bos_token_id=backend.token_to_id("<s>"),
+        eos_token_id=backend.token_to_id("</s>"),
+    )
+
+
+def build_plm(x: Ingredients) -> Built:
+    added = x.tokenizer.backend.get_added_tokens_decoder()
+    special_ids = tuple(sorted(i for i, t in added.items() if t.special))
+    return Built(PermutationLMObjective(xlnet_config(x), x.settings, special_ids), None)  # relative: any length
+
+
+# XLNet: permutation LM over FULL-SENTENCES rows; byte-level BPE with XLNet's <sep> <cls> template.
+PLM = Recipe(
+    "plm",
+    build_plm,
+    PermutationLMConfig,
+    (*CORE_SHAPE, "hidden_act", "layer_norm_eps"),
+    tokenizer_kinds=("bpe",),
+    tokenizer_template=add_xlnet_template,
+    template_tokens=len(XLNET_SPECIALS),
+    packing=full_sentences,
+)

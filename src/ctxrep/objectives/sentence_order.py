@@ -14,6 +14,7 @@ truncation, plan / resume machinery) but never draws B from another document; it
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.data.packing import SegmentPairPacker, _Chunk, _following_segment, _truncate_pair
+from ctxrep.data.corpus import PackedCorpus
+from ctxrep.data.packing import SegmentPairConfig, SegmentPairPacker, _Chunk, _following_segment, _truncate_pair
 from ctxrep.models.albert import AlbertConfig, AlbertForPreTraining
-from ctxrep.objectives.masked_lm import BatchMasker, MaskedLMConfig, mlm_loss
+from ctxrep.objectives.masked_lm import BatchMasker, MaskedLMConfig, SegmentPairSettings, mlm_loss
 from ctxrep.objectives.output import ObjectiveOutput
+from ctxrep.objectives.recipe import Built, Ingredients, Packing, Recipe, Shape
+from ctxrep.tokenize import Tokenizer
 
 IN_ORDER, SWAPPED = 0, 1
 
@@ -153,3 +157,54 @@ class SentenceOrderObjective(nn.Module):
     def save_pretrained(self, path: str | Path) -> Path:
         """An AlbertForPreTraining folder: transformers' AutoModel and ctxrep's AlbertModel load its encoder."""
         return self.model.save_pretrained(path)
+
+
+# ------------------------------------------------------------------------------------------------- recipe
+
+# [encoder] keys AlbertConfig takes: BERT's (model_type aside) and the cross-layer sharing.
+ALBERT_SHAPE = tuple(f.name for f in dataclasses.fields(Shape) if f.name != "model_type")
+
+
+def albert_config(x: Ingredients) -> AlbertConfig:
+    """[encoder] onto AlbertConfig: E = embedding_size, or min(128, hidden_size) as ALBERT's 128 below H."""
+    s = x.shape
+    return AlbertConfig(
+        vocab_size=x.vocab_size,
+        embedding_size=s.embedding_size or min(128, s.hidden_size),
+        hidden_size=s.hidden_size,
+        num_hidden_layers=s.num_hidden_layers,
+        num_attention_heads=s.num_attention_heads,
+        intermediate_size=s.intermediate_size,
+        hidden_act=s.hidden_act,
+        hidden_dropout_prob=s.hidden_dropout_prob,
+        attention_probs_dropout_prob=s.attention_probs_dropout_prob,
+        max_position_embeddings=s.max_position_embeddings,
+        type_vocab_size=s.type_vocab_size,
+        layer_norm_eps=s.layer_norm_eps,
+        initializer_range=s.initializer_range,
+        pad_token_id=x.tokenizer.pad_token_id,
+        share=s.share,
+    )
+
+
+def build_sop(x: Ingredients) -> Built:
+    masking = x.settings.masking(x.tokenizer, x.seed)
+    module = SentenceOrderObjective(albert_config(x), masking, x.settings.word_start(x.tokenizer))
+    return Built(module, module.config.max_position_embeddings)
+
+
+def sentence_order_pairs(corpus: PackedCorpus, tokenizer: Tokenizer, plan: Packing) -> SentenceOrderPacker:
+    """ALBERT's pairs: two consecutive segments of one document, in order or swapped (sentence_order_label)."""
+    config = SegmentPairConfig(plan.max_length, plan.settings.short_seq_prob, plan.seed, plan.warmup)
+    return SentenceOrderPacker(corpus, config, tokenizer)
+
+
+# ALBERT: masked LM + sentence-order prediction over sentence-order pairs.
+SOP = Recipe(
+    "mlm+sop",
+    build_sop,
+    SegmentPairSettings,
+    ALBERT_SHAPE,
+    tokenizer_kinds=("wordpiece", "bpe"),
+    packing=sentence_order_pairs,
+)

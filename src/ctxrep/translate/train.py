@@ -27,9 +27,7 @@ configs live in ctxrep/configs/mt/ (tiny, multi30k-10min, multi30k, base) and ar
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +40,8 @@ from torch import nn
 from ctxrep.files import apply_umask
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
-from ctxrep.train.pretrain import _coerce, _field_types, _parse_value
-from ctxrep.train.trainer import CHECKPOINT_DIR, Trainer, TrainerConfig
+from ctxrep.train.config import Schema, check_run_folder
+from ctxrep.train.trainer import Trainer, TrainerConfig
 from ctxrep.translate import data as mtdata
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "mt"
@@ -134,57 +132,18 @@ class MTConfig:
             raise MTTrainError(f"{self.source}: [model] d_model={self.model.d_model} must be a multiple of the heads")
 
 
+SCHEMA = Schema(SECTIONS, CONFIG_DIR, MTTrainError, "MT config")
+
+
 def config_path(name_or_path: str | Path) -> Path:
-    """A shipped config name ("tiny", "multi30k", "base") or the path of a TOML file."""
-    path = Path(name_or_path).expanduser()
-    if path.is_file():
-        return path
-    shipped = CONFIG_DIR / f"{name_or_path}.toml"
-    if shipped.is_file():
-        return shipped
-    names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
-    raise MTTrainError(f"config {str(name_or_path)!r} is neither a TOML file nor a shipped MT config ({names})")
+    """A shipped config name ("tiny", "multi30k-10min", "multi30k", "base") or the path of a TOML file."""
+    return SCHEMA.path(name_or_path)
 
 
 def load_config(name_or_path: str | Path, overrides: Sequence[tuple[str, str]] = ()) -> MTConfig:
     """Read a TOML config and apply `overrides` ((key, text value): "trainer.lr", or "lr" when unambiguous)."""
-    path = config_path(name_or_path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise MTTrainError(f"{path}: not valid TOML ({e})") from None
-    for section, table in raw.items():
-        if section not in SECTIONS:
-            raise MTTrainError(
-                f"{path}: unknown section [{section}]; the sections are " + ", ".join(f"[{s}]" for s in SECTIONS)
-            )
-        unknown = [k for k in table if k not in _field_types(SECTIONS[section])]
-        if unknown:
-            known = ", ".join(_field_types(SECTIONS[section]))
-            raise MTTrainError(f"{path}: unknown key {unknown[0]!r} in [{section}]; known: {known}")
-    for key, text in overrides:
-        key = key.replace("-", "_")
-        if "." in key:
-            section, name = key.split(".", 1)
-            if section not in SECTIONS or name not in _field_types(SECTIONS[section]):
-                raise MTTrainError(
-                    f"--{key}: no such config field; fields are --section.name with sections " + ", ".join(SECTIONS)
-                )
-        else:
-            owners = [s for s, cls in SECTIONS.items() if key in _field_types(cls)]
-            if len(owners) != 1:
-                problem = "no config section has it" if not owners else f"sections {', '.join(owners)} all have it"
-                raise MTTrainError(f"--{key}: {problem}; use --section.{key} (sections: {', '.join(SECTIONS)})")
-            section, name = owners[0], key
-        raw.setdefault(section, {})[name] = _coerce(
-            _parse_value(text), _field_types(SECTIONS[section])[name], f"--{key}"
-        )
-    sections = {}
-    for name, cls in SECTIONS.items():
-        hints = _field_types(cls)
-        values = {k: _coerce(v, hints[k], f"{path}: [{name}] {k}") for k, v in raw.get(name, {}).items()}
-        sections[name] = cls(**values)
-    config = MTConfig(**sections, source=str(path))
+    sections, _, source = SCHEMA.load(name_or_path, overrides)
+    config = MTConfig(**sections, source=source)
     config.validate()
     return config
 
@@ -350,7 +309,7 @@ def train_mt(
         raise MTTrainError("give both --valid-src and --valid-tgt, or neither")
     out = Path(out_dir)
     ctx = distributed.current()
-    _check_out_dir(out, config, resume, ctx)
+    _check_out_dir(out, config, resume)
 
     train_text = mtdata.read_parallel(src, tgt)
     valid_text = mtdata.read_parallel(valid_src, valid_tgt) if valid_src is not None else None
@@ -395,20 +354,9 @@ def _prepare_tokenizer(config: MTConfig, text: mtdata.ParallelCorpus, out: Path)
         )
 
 
-def _check_out_dir(out: Path, config: MTConfig, resume: bool, ctx) -> None:
-    has_checkpoint = (out / CHECKPOINT_DIR / "trainer_state.json").is_file()
-    if resume:
-        if not has_checkpoint:
-            raise MTTrainError(f"{out}: nothing to resume (no checkpoint); start the run without --resume")
-        return
-    if has_checkpoint:
-        raise MTTrainError(
-            f"{out} already holds a checkpoint; pass --resume to continue that run, or choose another --out folder"
-        )
-    if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        settings = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
-        (out / RUN_FILE).write_text(json.dumps({"config": config.source, "settings": settings}, indent=2) + "\n")
+def _check_out_dir(out: Path, config: MTConfig, resume: bool) -> None:
+    settings = {name: dataclasses.asdict(getattr(config, name)) for name in SECTIONS}
+    check_run_folder(out, resume, RUN_FILE, {"config": config.source, "settings": settings}, MTTrainError)
 
 
 class SnapshotSaver:
