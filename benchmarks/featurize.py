@@ -1,39 +1,35 @@
 #!/usr/bin/env python
-"""Word vectors from real sentences: ctxrep's Featurizer against plain transformers and ONNX Runtime, in one run.
+"""Word vectors from real sentences: ctxrep at every backend and precision against the runtimes a speed-minded user
+picks instead (ONNX Runtime, OpenVINO) and plain transformers, in one run.
 
 The work: N real English sentences (SST train leaves, or UD EWT `# text` lines), already split into words;
 one vector per word = the mean of the word's subword pieces in the last layer of MiniLM-L6 (384 wide).
 
-  ctxrep   Featurizer("minilm", layers=-1, pooling="mean").embed_words(word_lists)
-  A        transformers AutoTokenizer (fast, is_split_into_words=True, padding=True, truncation=False) +
-           BertModel (eval, inference_mode), batches of 32 in corpus order, then each word's pieces
-           mean-pooled from last_hidden_state with the tokenizer's word_ids()
-  B        the same as A, but batches of 32 over the sentences sorted by subword length (one extra
-           tokenizer pass finds the lengths; it is timed), results put back in corpus order
-  ctxrep compiled   Featurizer(..., compile=True): the encoder under torch.compile (compiled in the warm-up)
-  ctxrep int8       Featurizer(..., quantize="int8"): SmoothQuant-calibrated int8 linear layers (ctxrep.fast)
-  ORT f32  ONNX Runtime (graph optimisations ORT_ENABLE_ALL, the same threads) running ctxrep's ONNX export of
-           the same weights (ctxrep.export, checked against PyTorch), fed by ctxrep's own tokenization, windows,
-           length-sorted batches under the same token budget and pooling: only the encoder differs
-  ORT int8 the same graph after onnxruntime.quantization.quantize_dynamic (its defaults: int8 weights per tensor,
-           dynamic uint8 activations), as its documentation shows for Transformer models
+  ctxrep ...       Featurizer("minilm", layers=-1, pooling="mean", backend=B, precision=P).embed_words(word_lists)
+                   for (torch: fp32 default, bf16, int8), (onnxruntime: fp32, int8), (openvino: fp32, bf16, int8)
+  A / B            transformers AutoTokenizer (fast, is_split_into_words=True) + BertModel, batches of 32 in corpus
+                   order (A) or sorted by length (B), each word's pieces mean-pooled with word_ids()
+  peers            the runtime's own session over the plain last-layer ONNX export (ctxrep.export, as a user exports
+                   it), fed by ctxrep's tokenization, windows, length-sorted batches and pooling (only the encoder
+                   differs): ONNX Runtime f32 (ORT_ENABLE_ALL) and int8 (quantize_dynamic with its defaults), OpenVINO
+                   f32 (INFERENCE_PRECISION_HINT f32), OpenVINO default (bf16 on CPUs with it), OpenVINO int8 (NNCF
+                   post-training quantization, --calibration sentences that follow the benchmark's in the corpus)
 
+Each system is compared within its precision class (fp32, bf16, int8): "vs fastest peer" divides its tokens/s by the
+fastest peer's of the same class; the target is >= 1.0x for ctxrep's fastest configuration at each precision.
 GFLOP/s = tokens/s x the encoder's FLOPs per real token (2 x every linear layer's weights, plus attention's
 4 x hidden x mean sequence length per layer): useful work, padding not counted.
 
-Everything after model loading is timed: tokenization, padding, the encoder, pooling, numpy output.
-The reference pooling is vectorised (one index_add_ per batch), not a Python loop per word, so the
-comparison is with a careful user, not a slow one. Each system is warmed up once on a few batches;
-the timed runs go round-robin (ctxrep, A, B, ctxrep, A, B, ...) and the best of --repeats is kept.
-
-tokens = non-pad subword tokens including [CLS]/[SEP]; the count is checked to be the same for all three.
-The word vectors must agree: max |ctxrep - reference| over all words < 1e-4 (float32 systems, ORT f32 and ctxrep
-compiled included), or the script exits with 1; the int8 systems report their mean word-vector cosine to ctxrep's
-float32 vectors (target for ctxrep int8: >= 0.99).
+Everything after model loading, exports and calibration is timed: tokenization, padding, the encoder, pooling, numpy
+output. Each system is warmed up once on a few sentences; the timed runs go round-robin and the best of --repeats is
+kept. tokens = non-pad subword tokens including [CLS]/[SEP]; the count is checked to be the same for all systems.
+float32 systems must agree with ctxrep's default to max |difference| < 1e-4 (else exit 1); the others report their
+mean word-vector cosine to it (target for int8: >= 0.99). The CPU's model and flags and the load average before and
+after are printed: other processes on the machine change every number.
 
 Run:  .venv/bin/python benchmarks/featurize.py                 # 4,000 SST sentences, 2 threads
       .venv/bin/python benchmarks/featurize.py --limit 300     # quick trial (not a benchmark result)
-      .venv/bin/python benchmarks/featurize.py --repeats 3 --markdown-out bench.md
+      .venv/bin/python benchmarks/featurize.py --repeats 3 --markdown-out bench.md   (needs ctxrep[bench,openvino])
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +52,7 @@ import transformers
 from transformers import AutoTokenizer, BertModel
 
 from ctxrep.featurize import Featurizer
-from ctxrep.models.outputs import EncoderOutput
+from ctxrep.runtime.hardware import cpu_description, cpu_has_bf16
 
 MODEL = "minilm"
 MIN_SENTENCES = 2000
@@ -63,8 +60,7 @@ TOLERANCE = 1e-4
 REF_BATCH = 32
 TARGET_VS_A = 2.5
 TARGET_VS_B = 1.1
-TARGET_VS_ORT = 1.1  # ctxrep compiled / ORT float32
-TARGET_VS_ORT_INT8 = 1.0  # ctxrep int8 / ORT int8
+TARGET_VS_PEER = 1.0  # at each precision: ctxrep's fastest configuration / the fastest peer (issue 23; stretch 1.2)
 TARGET_INT8_COSINE = 0.99
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 _SST_LEAF = re.compile(r"\(\d+ ([^()]+)\)")  # a leaf node "(label word)"; words never hold parentheses (-LRB-)
@@ -174,44 +170,73 @@ class Reference:
         return out, real, padded  # type: ignore[return-value]
 
 
-# ---- ONNX Runtime: the same pipeline, another encoder ------------------------------------------------
+# ---- the peers: a runtime session behind ctxrep's pipeline --------------------------------------------------------
 
 
-class OrtEncoder:
-    """An InferenceSession behind the Encoder's `encode`: the last hidden state (only) as hidden_states[-1]."""
+class PeerRuntime:
+    """A peer's session over the plain last-hidden-state graph (`ctxrep.export.export_onnx`, as a user exports it),
+    behind the runtime interface: `hidden_states(batch, layers)` with layers = [top] only."""
 
-    def __init__(self, onnx_file: Path, num_layers: int, threads: int) -> None:
-        import onnxruntime as ort
+    device = torch.device("cpu")
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.num_layers = num_layers
+    def __init__(self, run: Callable[[dict[str, np.ndarray]], np.ndarray], input_names: list[str], top: int) -> None:
+        self.run, self.input_names, self.top = run, input_names, top
 
-    def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> EncoderOutput:
-        if num_layers is not None:
-            sys.exit("error: the ONNX graph returns the last layer only; the benchmark asks for layers=-1")
-        (last,) = self.session.run(None, {name: batch[name].numpy() for name in self.input_names})
-        last = torch.from_numpy(last)  # (batch, seq, hidden)
-        return EncoderOutput(last_hidden_state=last, hidden_states=(None,) * self.num_layers + (last,))
+    def hidden_states(self, batch, layers, call_tokens: int = 0) -> torch.Tensor:
+        if list(layers) != [self.top]:
+            sys.exit("error: the peers' graphs return the last layer only; the benchmark asks for layers=-1")
+        last = self.run({name: batch[name].numpy() for name in self.input_names})
+        return torch.from_numpy(np.asarray(last, dtype=np.float32))[None]  # (1, batch, seq, hidden)
 
 
-class OrtFeaturizer(Featurizer):
-    """ctxrep's Featurizer (tokenization, windows, batches, pooling) with ONNX Runtime as the encoder."""
+class PeerFeaturizer(Featurizer):
+    """ctxrep's Featurizer (tokenization, windows, batches, pooling) with a peer runtime as the encoder."""
 
-    def __init__(self, ort_encoder: OrtEncoder, **kwargs) -> None:
+    def __init__(self, peer: PeerRuntime, **kwargs) -> None:
         super().__init__(MODEL, compile=False, **kwargs)
-        self.ort_encoder = ort_encoder
+        self.peer = peer
 
-    def _encoder_for(self, num_tokens: int) -> OrtEncoder:
-        return self.ort_encoder
+    @property
+    def runtime(self) -> PeerRuntime:
+        return self.peer
 
 
-def ort_files(featurizer: Featurizer, folder: Path) -> tuple[Path, Path]:
-    """ctxrep's ONNX export of the featurizer's model (parity-checked), and its int8 dynamic quantisation."""
+def ort_peer(onnx_file: Path, threads: int, top: int) -> PeerRuntime:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    return PeerRuntime(lambda feed: session.run(None, feed)[0], names, top)
+
+
+def openvino_peer(model, threads: int, top: int, hint: str | None) -> PeerRuntime:
+    """An OpenVINO compiled model; hint None = the plugin's default inference precision (bf16 on CPUs with it)."""
+    import openvino as ov
+
+    config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if hint is not None:
+        config["INFERENCE_PRECISION_HINT"] = hint
+    compiled = ov.Core().compile_model(model, "CPU", config)
+    request = compiled.create_infer_request()
+    names = [
+        next(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in i.get_names())
+        for i in compiled.inputs
+    ]
+
+    def run(feed):
+        request.infer(feed)
+        return request.get_output_tensor(0).data.copy()
+
+    return PeerRuntime(run, names, top)
+
+
+def peer_files(featurizer: Featurizer, folder: Path) -> tuple[Path, Path]:
+    """The plain ONNX export of the model (parity-checked) and ONNX Runtime's quantize_dynamic of it with its
+    defaults (int8 weights per tensor, every quantizable op), as its documentation shows for Transformer models."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from ctxrep.export import export_onnx
@@ -220,6 +245,23 @@ def ort_files(featurizer: Featurizer, folder: Path) -> tuple[Path, Path]:
     export_onnx(featurizer.model, f32)
     quantize_dynamic(str(f32), str(int8), weight_type=QuantType.QInt8)
     return f32, int8
+
+
+def nncf_int8(onnx_file: Path, featurizer: Featurizer, sentences: Sequence[list[str]]):
+    """NNCF post-training quantization (model_type TRANSFORMER) of the OpenVINO model, calibrated on `sentences`
+    (one sample each), as OpenVINO's documentation shows."""
+    import nncf
+    import openvino as ov
+
+    from ctxrep.inputs import collate
+
+    model = ov.Core().read_model(str(onnx_file))
+    names = [
+        next(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in i.get_names()) for i in model.inputs
+    ]
+    windows, _ = featurizer._windows(list(sentences), None)
+    samples = [{k: v.numpy() for k, v in collate([w], featurizer.tokenizer).items() if k in names} for w in windows]
+    return nncf.quantize(model, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(samples))
 
 
 def flops_per_token(model, mean_length: float) -> float:
@@ -252,16 +294,6 @@ def max_abs_diff(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
     return worst
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def fmt_table(header: list[str], rows: list[list[str]], markdown: bool, text_columns: int = 1) -> str:
     """Plain text or Markdown; the first `text_columns` columns are left-aligned, the others right-aligned."""
     right = [c >= text_columns for c in range(len(header))]
@@ -288,8 +320,16 @@ def logical_cpus() -> int:
 
 # ---- main -----------------------------------------------------------------------------------------
 
-SKIPPABLE = ["A", "B", "compiled", "int8", "ort", "ort-int8"]
+SKIPPABLE = ["A", "B", "ctxrep-torch", "ctxrep-ort", "ctxrep-ov", "ort", "ov"]
 System = Callable[[Sequence[list[str]]], tuple[list[np.ndarray], int, int]]  # -> vectors, real tokens, padded
+
+
+@dataclass
+class Entry:
+    label: str
+    precision: str  # the precision class it is compared within: fp32, bf16 or int8
+    ours: bool  # a ctxrep configuration (else a peer)
+    run: System
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -301,6 +341,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for all systems (default: 2)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per system; the best is reported (default: 1)")
     p.add_argument("--warmup", type=int, default=64, help="sentences in each system's untimed warm-up (default: 64)")
+    p.add_argument("--calibration", type=int, default=300, help="NNCF peer: calibration sentences (default: 300)")
+    p.add_argument("--compiled", action="store_true", help="also ctxrep with compile=True (compiles in the warm-up)")
     p.add_argument("--markdown-out", type=Path, metavar="FILE", help="also write the Markdown table to FILE")
     p.add_argument(
         "--skip",
@@ -321,20 +363,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def ctxrep_system(featurizer: Featurizer) -> System:
     """embed_words, with the real and padded sizes of the batches the encoder is given counted on the way in.
-    Works for every encoder the featurizer picks (eager, compiled, int8, ONNX Runtime)."""
+    Works for every runtime (torch, ONNX Runtime, OpenVINO, a peer's session)."""
     seen = {"real": 0, "padded": 0}
-    pick = featurizer._encoder_for
+    runtime = featurizer.runtime
+    inner = runtime.hidden_states
 
-    class Counted:
-        def __init__(self, encoder) -> None:
-            self.encoder = encoder
+    def counted(batch, layers, call_tokens: int = 0):
+        seen["padded"] += batch["attention_mask"].numel()
+        seen["real"] += int(batch["attention_mask"].sum())
+        return inner(batch, layers, call_tokens)
 
-        def encode(self, batch, **kwargs):
-            seen["padded"] += batch["attention_mask"].numel()
-            seen["real"] += int(batch["attention_mask"].sum())
-            return self.encoder.encode(batch, **kwargs)
-
-    featurizer._encoder_for = lambda num_tokens: Counted(pick(num_tokens))
+    runtime.hidden_states = counted
 
     def run(sentences: Sequence[list[str]]) -> tuple[list[np.ndarray], int, int]:
         seen["real"] = seen["padded"] = 0
@@ -350,10 +389,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
     skip = set(args.skip)
+    load_before = os.getloadavg()
 
-    sentences = load_corpus(args.data, args.corpus, n)
+    corpus = load_corpus(args.data, args.corpus, n + args.calibration)
+    sentences, calibration = corpus[:n], corpus[n:]
     featurizer = Featurizer(MODEL, layers=-1, pooling="mean", num_threads=args.threads)
     reference = Reference(featurizer.source.folder)  # the folder the featurizer resolved MODEL to
+    top = featurizer.num_layers
 
     # Token count from the tokenizer (untimed); each system's attention masks must add up to the same.
     special = featurizer.tokenizer.template.num_special(pair=False)
@@ -365,56 +407,79 @@ def main(argv: Sequence[str] | None = None) -> int:
             "would window it and the reference cannot run it; choose other sentences"
         )
 
-    # name: (label, batching, system); the float32 systems are checked against ctxrep's vectors.
-    budget = f"length-sorted, {featurizer.batch_tokens:,}-token budget"
-    systems: dict[str, tuple[str, str, System]] = {
-        "ctxrep": ("ctxrep Featurizer (default: compile='auto')", budget, ctxrep_system(featurizer)),
-        "A": (
-            "A: transformers",
-            f"corpus order, {REF_BATCH} sentences",
-            lambda s: reference.embed_words(s, sort=False),
-        ),
-        "B": (
-            "B: transformers",
-            f"length-sorted, {REF_BATCH} sentences",
-            lambda s: reference.embed_words(s, sort=True),
-        ),
+    def ours(backend: str, precision: str, **kwargs) -> System:
+        return ctxrep_system(
+            Featurizer(MODEL, layers=-1, pooling="mean", backend=backend, precision=precision, **kwargs)
+        )
+
+    half = "bf16" if cpu_has_bf16() else "fp32"  # what OpenVINO runs by default here
+    systems: dict[str, Entry] = {
+        "ctxrep": Entry("ctxrep default (torch fp32)", "fp32", True, ctxrep_system(featurizer))
     }
-    if "compiled" not in skip:
-        compiled = Featurizer(MODEL, layers=-1, pooling="mean", compile=True)
-        systems["compiled"] = ("ctxrep compiled (compile=True)", budget, ctxrep_system(compiled))
-    if "int8" not in skip:
-        int8 = Featurizer(MODEL, layers=-1, pooling="mean", quantize="int8")
-        systems["int8"] = ("ctxrep int8 (quantize='int8')", budget, ctxrep_system(int8))
+    if "ctxrep-torch" not in skip:
+        systems["ctxrep-bf16"] = Entry("ctxrep torch bf16", "bf16", True, ours("torch", "bf16"))
+        systems["ctxrep-int8"] = Entry("ctxrep torch int8 (SmoothQuant)", "int8", True, ours("torch", "int8"))
+        if args.compiled:
+            compiled = Featurizer(MODEL, layers=-1, pooling="mean", compile=True)
+            systems["compiled"] = Entry("ctxrep torch fp32 compile=True", "fp32", True, ctxrep_system(compiled))
+    if "ctxrep-ort" not in skip:
+        systems["ctxrep-ort"] = Entry("ctxrep onnxruntime fp32", "fp32", True, ours("onnxruntime", "fp32"))
+        systems["ctxrep-ort-int8"] = Entry("ctxrep onnxruntime int8", "int8", True, ours("onnxruntime", "int8"))
+    if "ctxrep-ov" not in skip:
+        systems["ctxrep-ov"] = Entry("ctxrep openvino fp32", "fp32", True, ours("openvino", "fp32"))
+        systems["ctxrep-ov-bf16"] = Entry("ctxrep openvino bf16", "bf16", True, ours("openvino", "bf16"))
+        systems["ctxrep-ov-int8"] = Entry("ctxrep openvino int8 (NNCF)", "int8", True, ours("openvino", "int8"))
+    if "A" not in skip:
+        run_a = lambda s: reference.embed_words(s, sort=False)  # noqa: E731
+        systems["A"] = Entry(f"A: transformers, corpus order, {REF_BATCH} sentences", "fp32", False, run_a)
+    if "B" not in skip:
+        run_b = lambda s: reference.embed_words(s, sort=True)  # noqa: E731
+        systems["B"] = Entry(f"B: transformers, length-sorted, {REF_BATCH} sentences", "fp32", False, run_b)
     tmp = tempfile.TemporaryDirectory()
-    if not {"ort", "ort-int8"} <= skip:
-        onnx_f32, onnx_int8 = ort_files(featurizer, Path(tmp.name))
+    if not {"ort", "ov"} <= skip:
+        onnx_f32, onnx_int8 = peer_files(featurizer, Path(tmp.name))
+        peer = lambda runtime: ctxrep_system(PeerFeaturizer(runtime, layers=-1, pooling="mean"))  # noqa: E731
         if "ort" not in skip:
-            ort = OrtFeaturizer(OrtEncoder(onnx_f32, featurizer.num_layers, args.threads), layers=-1, pooling="mean")
-            systems["ort"] = ("ONNX Runtime f32 (ctxrep's pipeline)", budget, ctxrep_system(ort))
-        if "ort-int8" not in skip:
-            ort8 = OrtFeaturizer(OrtEncoder(onnx_int8, featurizer.num_layers, args.threads), layers=-1, pooling="mean")
-            systems["ort-int8"] = ("ONNX Runtime int8 dynamic", budget, ctxrep_system(ort8))
-    for name in ("A", "B"):
-        if name in skip:
-            del systems[name]
+            systems["ort"] = Entry("ONNX Runtime f32", "fp32", False, peer(ort_peer(onnx_f32, args.threads, top)))
+            systems["ort-int8"] = Entry(
+                "ONNX Runtime int8 (quantize_dynamic defaults)",
+                "int8",
+                False,
+                peer(ort_peer(onnx_int8, args.threads, top)),
+            )
+        if "ov" not in skip:
+            import openvino as ov
+
+            ov_model = ov.Core().read_model(str(onnx_f32))
+            systems["ov"] = Entry(
+                "OpenVINO f32 hint", "fp32", False, peer(openvino_peer(ov_model, args.threads, top, "f32"))
+            )
+            systems["ov-default"] = Entry(
+                f"OpenVINO default (runs {half} here)",
+                half,
+                False,
+                peer(openvino_peer(ov_model, args.threads, top, None)),
+            )
+            quantized = nncf_int8(onnx_f32, featurizer, calibration)
+            systems["ov-int8"] = Entry(
+                f"OpenVINO int8 (NNCF, {len(calibration)} calibration sentences)",
+                "int8",
+                False,
+                peer(openvino_peer(quantized, args.threads, top, None)),
+            )
     warm = sentences[: args.warmup]
-    compile_seconds = None
-    for name, (_, _, run) in systems.items():
-        t0 = time.perf_counter()
-        run(warm)
-        if name == "compiled":
-            compile_seconds = time.perf_counter() - t0
+    for entry in systems.values():
+        entry.run(warm)
 
     # Round-robin timed runs; the first run's vectors are kept for the check.
     best = {name: float("inf") for name in systems}
     outputs: dict[str, list[np.ndarray]] = {}
     padded: dict[str, int] = {}
     for _ in range(args.repeats):
-        for name, (_, _, run) in systems.items():
+        for name, entry in systems.items():
             gc.collect()
             t0 = time.perf_counter()
-            vectors, real, pad = run(sentences)
+            vectors, real, pad = entry.run(sentences)
             best[name] = min(best[name], time.perf_counter() - t0)
             if real != tokens:
                 sys.exit(f"error: {name} ran {real:,} real tokens but the corpus has {tokens:,}")
@@ -422,43 +487,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             padded[name] = pad
             del vectors
     tmp.cleanup()
+    load_after = os.getloadavg()
 
-    exact = [name for name in systems if name not in ("ctxrep", "int8", "ort-int8")]
+    exact = [name for name, e in systems.items() if e.precision == "fp32" and name != "ctxrep"]
     diffs = {name: max_abs_diff(outputs["ctxrep"], outputs[name]) for name in exact}
     worst = max(diffs.values(), key=lambda d: float("inf") if np.isnan(d) else d) if diffs else 0.0
-    cosines = {name: mean_cosine(outputs[name], outputs["ctxrep"]) for name in ("int8", "ort-int8") if name in systems}
+    cosines = {name: mean_cosine(outputs[name], outputs["ctxrep"]) for name in systems if name not in diffs}
     outputs.clear()
     speed = {name: tokens / best[name] for name in systems}
     flops = flops_per_token(featurizer.model, tokens / len(sentences))
 
-    def vs(name: str, base: str) -> str:
-        return f"{speed[name] / speed[base]:.2f}x" if base in speed else "-"
+    def fastest(precision: str, mine: bool) -> str | None:
+        names = [n for n, e in systems.items() if e.precision == precision and e.ours == mine]
+        return max(names, key=speed.__getitem__) if names else None
 
     def row(name: str) -> list[str]:
-        label, batching, _ = systems[name]
-        agree = f"{diffs[name]:.1e}" if name in diffs else f"cos {cosines[name]:.4f}" if name in cosines else "-"
+        e = systems[name]
+        peer_name = fastest(e.precision, False)
+        vs = f"{speed[name] / speed[peer_name]:.2f}x" if peer_name else "-"
+        agree = f"{diffs[name]:.1e}" if name in diffs else "0" if name == "ctxrep" else f"cos {cosines[name]:.4f}"
         return [
-            label,
-            batching,
+            e.label,
+            e.precision,
             f"{best[name]:.2f}",
             f"{speed[name]:,.0f}",
             f"{speed[name] * flops / 1e9:.0f}",
             f"{1 - tokens / padded[name]:.0%}",
-            vs(name, "ort"),
-            vs(name, "ort-int8"),
+            vs,
             agree,
         ]
 
     header = [
         "system",
-        "batching",
+        "precision",
         "wall time (s)",
         "tokens/s",
         "GFLOP/s",
         "padding",
-        "vs ORT f32",
-        "vs ORT int8",
-        "vs ctxrep: max abs diff / mean cosine",
+        "vs fastest peer at its precision",
+        "vs ctxrep fp32: max abs diff / mean cosine",
     ]
     rows = [row(name) for name in systems]
     ratio_header = ["check", "measured", "target", "result"]
@@ -468,18 +535,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         ok = value >= target if at_least else value < target
         ratio_rows.append([label, shown, f"{'>=' if at_least else '<'} {target:g}", mark(ok)])
 
+    for precision in ("fp32", "bf16", "int8"):
+        mine, theirs = fastest(precision, True), fastest(precision, False)
+        if mine and theirs:
+            r = speed[mine] / speed[theirs]
+            check(f"{precision}: {systems[mine].label} / {systems[theirs].label}", r, TARGET_VS_PEER, f"{r:.2f}x")
     for name, target in (("A", TARGET_VS_A), ("B", TARGET_VS_B)):
         if name in speed:
             r = speed["ctxrep"] / speed[name]
-            check(f"ctxrep / {name}", r, target, f"{r:.2f}x")
-    if "compiled" in speed and "ort" in speed:
-        r = speed["compiled"] / speed["ort"]
-        check("ctxrep compiled / ORT f32", r, TARGET_VS_ORT, f"{r:.2f}x")
-    if "int8" in speed and "ort-int8" in speed:
-        r = speed["int8"] / speed["ort-int8"]
-        check("ctxrep int8 / ORT int8", r, TARGET_VS_ORT_INT8, f"{r:.2f}x")
-    if "int8" in cosines:
-        check("ctxrep int8 word-vector cosine", cosines["int8"], TARGET_INT8_COSINE, f"{cosines['int8']:.4f}")
+            check(f"ctxrep default / {name}", r, target, f"{r:.2f}x")
+    for name in (n for n, e in systems.items() if e.ours and e.precision == "int8"):
+        check(f"{systems[name].label}: word-vector cosine", cosines[name], TARGET_INT8_COSINE, f"{cosines[name]:.4f}")
     check("float32 outputs equal", worst, TOLERANCE, f"{worst:.1e}", at_least=False)
     trial = f" QUICK TRIAL (--limit {n}): not a benchmark result." if n < MIN_SENTENCES else ""
     skipped = f" Left out: {', '.join(sorted(skip))}." if skip else ""
@@ -494,15 +560,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{flops / 1e6:.1f} MFLOP per token."
         ),
         (
-            "timing: tokenization through to numpy word vectors (model loading excluded); padding = share of the "
-            f"encoder's input positions that are pad; warm-up {len(warm)} sentences per system"
-            + (f" (the compiled system's, compilation included: {compile_seconds:.1f} s)" if compile_seconds else "")
-            + f"; best of {args.repeats} round-robin run(s)."
+            "timing: tokenization through to numpy word vectors (model loading, exports and calibration excluded); "
+            "every system but A/B runs ctxrep's pipeline (length-sorted batches under a "
+            f"{featurizer.batch_tokens:,}-token budget); peers = the runtime's own session over the plain last-layer "
+            f"ONNX export; warm-up {len(warm)} sentences per system; best of {args.repeats} round-robin run(s)."
         ),
         (
             f"torch threads: {torch.get_num_threads()}; torch {torch.__version__}; "
             f"transformers {transformers.__version__}; onnxruntime {_version('onnxruntime')}; "
-            f"python {platform.python_version()}; CPU: {cpu_model()} ({logical_cpus()} logical CPUs)."
+            f"openvino {_version('openvino')}; nncf {_version('nncf')}; python {platform.python_version()}."
+        ),
+        (
+            f"CPU: {cpu_description()}, {logical_cpus()} logical CPUs; load average (1/5/15 min) "
+            f"{' / '.join(f'{x:.2f}' for x in load_before)} before, {' / '.join(f'{x:.2f}' for x in load_after)} after."
         ),
     ]
 

@@ -338,11 +338,13 @@ class Featurizer:
         """Pool each word's pieces; selected: (layers, batch, seq, hidden)."""
         n_layers, b, t, h = selected.shape
         flat = selected.permute(1, 2, 0, 3).reshape(b * t, n_layers, h)  # (batch*seq, layers, hidden)
-        targets = [(w.text, word) for w in batch for word, _, _ in w.words]
-        firsts = [r * t + s for r, w in enumerate(batch) for _, s, _ in w.words]
-        lasts = [r * t + e - 1 for r, w in enumerate(batch) for _, _, e in w.words]
-        if not targets:
+        rows = [(r, w) for r, w in enumerate(batch) if w.words]
+        if not rows:
             return
+        words = np.array([span for _, w in rows for span in w.words], dtype=np.int64)  # (K, 3): word, start, end
+        sizes = [len(w.words) for _, w in rows]
+        base = np.repeat([r * t for r, _ in rows], sizes)  # (K,) the window's first row in `flat`
+        firsts, lasts = base + words[:, 1], base + words[:, 2] - 1  # (K,) rows of each word's first and last piece
         if self.pooling == "first":
             vectors = flat[firsts]
         elif self.pooling == "last":
@@ -350,16 +352,17 @@ class Featurizer:
         elif self.pooling == "first_last":
             vectors = torch.cat([flat[firsts], flat[lasts]], dim=-1)
         else:  # mean: sum each word's pieces with index_add, then divide by the piece count
-            token_rows, slots = [], []
-            for k, (s, e) in enumerate(zip(firsts, lasts)):
-                token_rows.extend(range(s, e + 1))
-                slots.extend([k] * (e + 1 - s))
-            sums = torch.zeros(len(targets), n_layers, h).index_add_(0, torch.tensor(slots), flat[token_rows])
-            counts = torch.tensor([e + 1 - s for s, e in zip(firsts, lasts)], dtype=sums.dtype)
-            vectors = sums / counts[:, None, None]
+            counts = lasts - firsts + 1  # (K,)
+            starts = np.repeat(np.cumsum(counts) - counts, counts)  # each piece's word's first slot in `pieces`
+            pieces = np.arange(counts.sum()) - starts + np.repeat(firsts, counts)  # (pieces,) rows in `flat`
+            slots = torch.from_numpy(np.repeat(np.arange(len(words)), counts))  # (pieces,) the word of each piece
+            sums = torch.zeros(len(words), n_layers, h).index_add_(0, slots, flat[torch.from_numpy(pieces)])
+            vectors = sums / torch.from_numpy(counts).to(sums.dtype)[:, None, None]
         vectors = vectors.numpy()
-        for k, (text, word) in enumerate(targets):
-            word_out[text][word] = vectors[k]
+        k = 0
+        for (_, w), size in zip(rows, sizes):  # a window's words are one slice of `vectors`
+            word_out[w.text][words[k : k + size, 0]] = vectors[k : k + size]
+            k += size
 
     # ---- public API -----------------------------------------------------------------------------
 

@@ -50,7 +50,6 @@ def resolve(model: Encoder, backend: str, precision: str) -> tuple[type, str]:
     """(the runtime class, the concrete precision) for `model` where it is now; one-line errors for what cannot run."""
     check_precision(precision)
     cls = runtime_class(backend)
-    cls.require()
     device = next(model.parameters()).device
     if backend != "torch":
         if model.word_level:
@@ -60,6 +59,7 @@ def resolve(model: Encoder, backend: str, precision: str) -> tuple[type, str]:
             )
         if device.type != "cpu":
             raise ValueError(f"backend={backend!r} runs on the CPU; the model is on {device}: use backend='torch'")
+    cls.require()  # after the checks above: what cannot run here is said before what is not installed
     if precision == "auto":
         precision = hardware.auto_precision(device, cls.precisions)
     if precision not in cls.precisions:
