@@ -11,8 +11,9 @@ Reported: sentences/s, requests/s, p50 / p99 latency, errors; then the Featurize
 (Featurizer.embed_sentences over the same sentences, in the same requests' groups merged 256 at a time, the same
 threads) for the ratio server / in-process (target >= 0.8).
 
---infinity PYTHON: the same load against infinity-emb (`infinity_emb v2`) started with that interpreter on the same
-model folder, at its OpenAI-compatible /embeddings.
+--infinity PATH/TO/infinity_emb: the same load against infinity-emb (`infinity_emb v2`, torch engine, CPU) on the
+same model folder, at its OpenAI-compatible /embeddings. It needs its own virtualenv: infinity-emb 0.0.78 pins
+numpy<2, transformers 4.57 and older click / uvicorn / huggingface_hub than ctxrep's.
 
 Run:  .venv/bin/python benchmarks/serve.py                       # 64 clients, 60 s, 2 server threads
       .venv/bin/python benchmarks/serve.py --duration 5 --clients 8 # smoke test (not a result)
@@ -138,9 +139,9 @@ async def load(url: str, model: str, plan: list[list[str]], clients: int, durati
 
 def in_process(model: str, threads: int, plan: list[list[str]]) -> tuple[float, int]:
     """The Featurizer on the same sentences: (sentences/s, sentences)."""
-    from ctxrep import Featurizer
+    from ctxrep.serve import make_service
 
-    fz = Featurizer(model, num_threads=threads)
+    fz = make_service(model, threads=threads).fz  # the server's own construction (its sentence pooling)
     texts = [t for request in plan for t in request]
     fz.embed_sentences(texts[:64])  # warm-up, as the server's first requests warm it
     start = time.perf_counter()
@@ -166,7 +167,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads of the server and of the in-process run")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--infinity", default=None, help="a Python with infinity-emb installed: also load infinity")
+    p.add_argument(
+        "--infinity", default=None, help="the infinity_emb executable (its own venv): the same load against it"
+    )
     args = p.parse_args()
 
     sentences = load_corpus(args.data, "sst", 4000)
@@ -193,8 +196,9 @@ def main() -> None:
 
         folder = resolve(args.model).folder
         iport = free_port()
-        icommand = [args.infinity, "-m", "infinity_emb.cli", "v2", "--model-id", str(folder), "--port", str(iport)]
-        icommand += ["--host", "127.0.0.1", "--engine", "torch", "--device", "cpu", "--no-bettertransformer"]
+        icommand = [args.infinity, "v2", "--model-id", str(folder), "--served-model-name", args.model]
+        icommand += ["--port", str(iport), "--host", "127.0.0.1", "--engine", "torch", "--device", "cpu"]
+        icommand += ["--no-bettertransformer", "--no-vector-disk-cache", "--log-level", "warning"]
         iserver = start_server(icommand, f"http://127.0.0.1:{iport}/health")
         try:
             iresult = asyncio.run(
