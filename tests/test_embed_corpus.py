@@ -189,3 +189,32 @@ def test_parquet_input_lines_are_rows(tmp_path):
     )
     bad = CliRunner().invoke(main, [*args[:-1], "text", "--level", "sentence", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 1 and "no column 'text' (columns: id, body); choose it with --text-column" in bad.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--devices", "cuda:0,cuda:0"], "names a device twice"),
+        (["--devices", " , "], "give device names separated by commas"),
+        (["--devices", "cuda:0", "--workers", "2"], "give --devices (one process per device) or --workers"),
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
+        (["--ray-address", "auto"], "--ray-address and --ray-gpus apply to --engine ray"),
+        (["--engine", "ray", "--devices", "cuda:0"], "give --ray-gpus 1 instead of --devices"),
+    ],
+)
+def test_bad_process_options_give_one_line_errors(corpus, tmp_path, args, message):
+    result = CliRunner().invoke(main, ["embed", "--input", str(corpus), "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_devices_all_without_a_gpu_says_what_to_use(monkeypatch):
+    import torch
+
+    from ctxrep.embed_corpus import expand_devices
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="no CUDA device is visible; use --workers N"):
+        expand_devices("all")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert expand_devices("all") == ["cuda:0", "cuda:1", "cuda:2"]

@@ -480,10 +480,10 @@ def embed_corpus(
     devices: one process per device, e.g. ["cuda:0", "cuda:1"]; overrides `workers`. One worker (the default) runs
     in this process. Every worker embeds whole shards; the folder is the same as one process's.
     """
+    placements = _placements(job, workers, devices)  # bad options fail before the folder is touched
     run = open_run(job, log)
     if isinstance(run, EmbedSummary):
         return run
-    placements = _placements(job, workers, devices)
     bar, stream, records = open_records(job, show_progress, log)
     run.bar = bar
     try:
