@@ -423,3 +423,19 @@ def test_readme_use_a_fine_tuned_model_runs(tiny_models, tmp_path):
         namespace,
     )  # noqa: S102
     assert sorted(namespace["ranking"].order.tolist()) == [0, 1, 2]
+
+
+def test_symmetric_word_in_context_answers_both_orders_alike(tiny_models, tmp_path, monkeypatch):
+    sizes = []
+    examples = WordInContextClassifier._records
+
+    def counting(self, X, y, call):
+        sizes.append(len(X))
+        return examples(self, X, y, call)
+
+    monkeypatch.setattr(WordInContextClassifier, "_records", counting)
+    wic = WordInContextClassifier(**common(tiny_models, tmp_path, max_epochs=2, symmetric=True)).fit(X_WIC, Y_WIC)
+    assert sizes == [12, 12]  # training records: the pairs, then the swapped pairs
+    a, b = "a [[crane]] lifted the beam", "the [[crane]] caught fish"
+    assert np.allclose(wic.predict_proba([(a, b)]), wic.predict_proba([(b, a)]), atol=1e-6)
+    assert wic.score(X_WIC, Y_WIC) == pytest.approx(np.mean(wic.predict(X_WIC) == np.array(Y_WIC)))

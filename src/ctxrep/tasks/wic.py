@@ -97,8 +97,9 @@ class WordInContextClassifier(SequenceClassifier):
     X: see the module docstring; y: labels (WiC: "T" / "F" or True / False). `predict_proba`, `score` (accuracy),
     save / load and the parameters are SequenceClassifier's; `pooling` is not used (the head reads the targets).
 
-    symmetric: the task does not depend on the order of the two texts, so training sees every pair in both orders
-        (a, b) and (b, a), and prediction averages the logits of the two orders.
+    symmetric: WiC does not depend on the order of the two texts; True trains on every pair in both orders (a, b)
+        and (b, a) (twice the training work) and predicts the mean of the two orders' logits, so that (a, b) and
+        (b, a) get the same answer. Off by default: benchmarks/RESULTS.md's WiC rows were run without it.
     """
 
     def __init__(
@@ -132,7 +133,7 @@ class WordInContextClassifier(SequenceClassifier):
         quantize: str | None = None,
         device: str = "cpu",
         bf16: bool = False,
-        symmetric: bool = True,
+        symmetric: bool = False,
     ) -> None:
         self.model = model
         self.mode = mode
