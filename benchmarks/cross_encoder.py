@@ -36,7 +36,7 @@ FILES = {
 SETTINGS = {
     "stsb": dict(max_epochs=4, lr=1e-4, batch_size=16, max_length=128, pooling="cls"),
     "sick": dict(max_epochs=4, lr=1e-4, batch_size=16, max_length=128, pooling="cls"),
-    "wic": dict(max_epochs=4, lr=5e-5, batch_size=16, max_length=128),
+    "wic": dict(max_epochs=4, lr=1e-4, batch_size=16, max_length=128),  # 5e-5 gave 0.616, 3e-5 0.618 (RESULTS.md)
 }
 TARGETS = {"stsb": ("pearson", 0.85), "wic": ("accuracy", 0.63)}
 
