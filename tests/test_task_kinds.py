@@ -439,3 +439,13 @@ def test_symmetric_word_in_context_answers_both_orders_alike(tiny_models, tmp_pa
     a, b = "a [[crane]] lifted the beam", "the [[crane]] caught fish"
     assert np.allclose(wic.predict_proba([(a, b)]), wic.predict_proba([(b, a)]), atol=1e-6)
     assert wic.score(X_WIC, Y_WIC) == pytest.approx(np.mean(wic.predict(X_WIC) == np.array(Y_WIC)))
+
+
+@pytest.mark.parametrize("family", ["roberta", "elmo", "xlnet", "gpt2"])
+def test_regressor_and_word_in_context_on_every_family(family, tiny_models, elmo_dir, xlnet_dir, gpt2_dir, tmp_path):
+    model = {"roberta": tiny_models["roberta"], "elmo": f"elmo:{elmo_dir}", "xlnet": xlnet_dir, "gpt2": gpt2_dir}
+    params = common(tiny_models, tmp_path, max_epochs=1, model=str(model[family]))
+    reg = SequenceRegressor(**params).fit(X_PAIRS, Y_SCORES)
+    assert np.all(np.isfinite(reg.predict(X_PAIRS)))
+    wic = WordInContextClassifier(**params).fit(X_WIC, Y_WIC)
+    assert wic.predict_proba(X_WIC).shape == (12, 2)
