@@ -449,3 +449,21 @@ def test_regressor_and_word_in_context_on_every_family(family, tiny_models, elmo
     assert np.all(np.isfinite(reg.predict(X_PAIRS)))
     wic = WordInContextClassifier(**params).fit(X_WIC, Y_WIC)
     assert wic.predict_proba(X_WIC).shape == (12, 2)
+
+
+def test_finetune_wic_reads_word_indices_as_neighbors_query_does(tiny_models, tmp_path):
+    """A text may give its target as "SENTENCE<TAB>WORD_INDEX" instead of a [[mark]] (JSONL, or a quoted CSV field)."""
+    path = tmp_path / "train.jsonl"
+    rows = [
+        {"text": "he sat on the bank\t4", "text_pair": "the bank of the river\t1", "label": "T"},
+        {"text": "money in the [[bank]]", "text_pair": "the bank of the river\t1", "label": "F"},
+    ] * 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = _run(
+        ["finetune", "--task", "wic", "--train", path, "--dev", path, "--model", tiny_models["bert"]]
+        + ["--out", tmp_path / "run", "--max-epochs", "1", "--batch-size", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    path.write_text(json.dumps({"text": "he sat on the bank\t9", "text_pair": "a [[b]]", "label": "T"}) + "\n")
+    result = _run(["predict", "--model", tmp_path / "run" / "model", "--input", path, "--out", tmp_path / "p.csv"])
+    assert result.exit_code == 1 and "train.jsonl:1: word index 9 is outside the sentence" in result.output

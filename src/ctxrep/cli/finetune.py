@@ -37,8 +37,8 @@ COLUMN_OPTIONS = (
     help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad; stsb: the STS benchmark's sts-*.csv "
     "or GLUE's STS-B TSV; sick-r: SICK_*.txt relatedness), or your own files: classify (text -> label), pair (two "
     "texts -> label), regress (a text or two -> a numeric score), tag (a tag per word), span (SQuAD-style question "
-    "answering), wic (two texts with the target word marked [[word]] -> label; or WiC's *.data.txt with "
-    "*.gold.txt beside it).",
+    "answering), wic (two texts with the target word marked [[word]], or written SENTENCE<TAB>WORD_INDEX, -> "
+    "label; or WiC's *.data.txt with *.gold.txt beside it).",
 )
 @click.option(
     "--train",

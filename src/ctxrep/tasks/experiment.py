@@ -8,7 +8,8 @@ its own format), or the user's own files (FILE_TASKS, read by ctxrep.data.table 
   tag        CoNLL-style columns or JSONL lists, a tag per word     -> TokenTagger
   span       SQuAD-style JSONL (question, context, answers)         -> SpanExtractor
   wic        WiC's own files (*.data.txt with *.gold.txt beside it), or CSV / TSV / JSONL with two texts whose
-             target word is marked [[word]] and a label              -> WordInContextClassifier
+             target word is marked [[word]] (or given as "SENTENCE<TAB>WORD_INDEX", as `ctxrep neighbors query`
+             reads it) and a label                                  -> WordInContextClassifier
 stsb reads the STS benchmark's sts-*.csv or GLUE's STS-B TSV, sick-r SICK's SICK_*.txt (ctxrep.data.sts).
 
 out_dir/
