@@ -467,3 +467,13 @@ def test_finetune_wic_reads_word_indices_as_neighbors_query_does(tiny_models, tm
     path.write_text(json.dumps({"text": "he sat on the bank\t9", "text_pair": "a [[b]]", "label": "T"}) + "\n")
     result = _run(["predict", "--model", tmp_path / "run" / "model", "--input", path, "--out", tmp_path / "p.csv"])
     assert result.exit_code == 1 and "train.jsonl:1: word index 9 is outside the sentence" in result.output
+
+
+def test_a_model_saved_on_a_gpu_loads_on_the_cpu(tiny_models, tmp_path):
+    reg = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_PAIRS, Y_SCORES)
+    reg.save(tmp_path / "reg")
+    config = json.loads((tmp_path / "reg" / "config.json").read_text())
+    config["params"]["device"] = "cuda:7"  # as written by a fit on a GPU
+    (tmp_path / "reg" / "config.json").write_text(json.dumps(config))
+    again = load(tmp_path / "reg", device="cpu")
+    assert again.device == "cpu" and np.allclose(again.predict(X_PAIRS), reg.predict(X_PAIRS), atol=1e-6)

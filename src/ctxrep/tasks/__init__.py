@@ -24,8 +24,9 @@ ESTIMATORS = {
 }
 
 
-def load(path):
-    """A saved estimator of any kind (the class named in its config.json), e.g. `ctxrep finetune`'s OUT/model."""
+def load(path, device: str | None = None):
+    """A saved estimator of any kind (the class named in its config.json), e.g. `ctxrep finetune`'s OUT/model;
+    `device` overrides the one it was saved with."""
     import json
     from pathlib import Path
 
@@ -35,7 +36,7 @@ def load(path):
     name = json.loads(config.read_text()).get("estimator")
     if name not in ESTIMATORS:
         raise ValueError(f"{config}: estimator {name!r} is not one of {', '.join(ESTIMATORS)}")
-    return ESTIMATORS[name].load(path)
+    return ESTIMATORS[name].load(path, device=device)
 
 
 __all__ = [

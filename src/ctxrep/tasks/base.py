@@ -521,10 +521,10 @@ class TaskEstimator:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> TaskEstimator:
+    def load(cls, path: str | os.PathLike, device: str | None = None) -> TaskEstimator:
         """Rebuild a saved estimator. The base encoder named in `model` must be available (finetune: its
         architecture is rebuilt from it, every weight then comes from model.safetensors; frozen: it featurizes
-        texts the cache has not seen)."""
+        texts the cache has not seen). `device` overrides the saved one (a model trained on "cuda" loads on "cpu")."""
         from safetensors.torch import load_file
 
         path = Path(path)
@@ -534,6 +534,8 @@ class TaskEstimator:
         if config.get("estimator") != cls.__name__:
             raise ValueError(f"{path} holds a {config.get('estimator')!r}, not a {cls.__name__}; use that class's load")
         params = config["params"]
+        if device is not None:
+            params["device"] = device
         if config.get("model_beside") and (path / config["model_beside"]).is_dir():
             params["model"] = str((path / config["model_beside"]).resolve())
         est = cls(**params)

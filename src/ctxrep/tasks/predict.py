@@ -78,9 +78,7 @@ def predict_file(
     from ctxrep.tasks import load
 
     settings = task_settings(model_dir)
-    estimator = load(model_dir)
-    if device is not None:
-        estimator.set_params(device=device)
+    estimator = load(model_dir, device=device)
     task = task or settings.get("task") or DEFAULT_TASK[type(estimator).__name__]
     if task not in ALL_TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {', '.join(ALL_TASKS)}")
