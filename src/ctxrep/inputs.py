@@ -86,6 +86,10 @@ class WindowPlan:
         import warnings
 
         spans = pieces.spans()
+        if not spans or spans[-1][1] <= self.window_size:  # the common case: the text is one window
+            ids, types, offset = self.tokenizer.build_inputs(pieces.ids)
+            words = [(w, offset + s, offset + e) for w, (s, e) in enumerate(pieces.pooling_spans())]
+            return [EncoderInput(text, ids, types, self.cls_position(len(ids)), words)]
         for w, (s, e) in enumerate(spans):
             if e - s > self.window_size:
                 warnings.warn(
