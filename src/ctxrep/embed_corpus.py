@@ -269,7 +269,7 @@ class EmbedJob:
     shard_size: int = 2000
     storage: str = "safetensors"
     skip_empty: bool = False
-    batch_tokens: int = 2048
+    batch_tokens: int | None = None  # None: the Featurizer's default for the device
     threads: int | None = None
     quantize: str | None = None
     compile: bool | str = "auto"
