@@ -87,6 +87,29 @@ def test_mnrl_with_hard_negatives_and_a_known_loss(dropout_bert):
     assert got == pytest.approx(expected, rel=1e-4)
 
 
+def test_losses_equal_sentence_transformers_losses():
+    """The same numbers as sentence-transformers' own losses on the same embeddings."""
+    try:
+        from sentence_transformers.sentence_transformer import losses  # sentence-transformers >= 6
+    except ImportError:
+        from sentence_transformers import losses
+
+    g = torch.Generator().manual_seed(0)
+    u, v, w = (torch.randn(8, 16, generator=g) for _ in range(3))
+    scores = torch.rand(8, generator=g)
+    cases = [
+        ("mnrl", losses.MultipleNegativesRankingLoss(None, scale=20.0), [u, v], None),
+        ("mnrl", losses.MultipleNegativesRankingLoss(None, scale=20.0), [u, v, w], None),
+        ("simcse", losses.MultipleNegativesRankingLoss(None, scale=20.0), [u, v], None),
+        ("cosent", losses.CoSENTLoss(None, scale=20.0), [u, v], scores),
+        ("cosine", losses.CosineSimilarityLoss(None), [u, v], scores),
+    ]
+    for name, reference, vectors, y in cases:
+        ours = SentenceEncoder(loss=name)._loss_from_vectors(vectors, None if y is None else y.numpy())
+        theirs = reference.compute_loss_from_embeddings(vectors, torch.arange(8) if y is None else y)
+        assert float(ours) == pytest.approx(float(theirs), rel=1e-5), name
+
+
 def test_cosent_is_zero_for_perfect_order_at_a_large_scale(dropout_bert):
     enc = SentenceEncoder(dropout_bert, loss="cosent", scale=1e4, max_steps=1, batch_size=2, lr=1e-9, random_state=0)
     enc.fit(PAIRS[:2], [1.0, 2.0])

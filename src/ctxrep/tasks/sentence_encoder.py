@@ -325,12 +325,16 @@ class SentenceEncoder:
         if self.loss == "simcse":
             columns = [columns[0], columns[0]]  # the same texts twice; dropout makes the two views differ
         flat = [inputs[t] for col in columns for t in col]
-        vectors = self._vectors(flat).split(len(batch))  # one (B, hidden) per column
+        return self._loss_from_vectors(list(self._vectors(flat).split(len(batch))), scores)
+
+    def _loss_from_vectors(self, vectors: list[torch.Tensor], scores: np.ndarray | None) -> torch.Tensor:
+        """The loss of one batch from its columns' sentence vectors, one (B, hidden) per column (anchors, positives
+        [, negatives]; SimCSE's two views), and its scores (cosine, cosent)."""
         if self.loss in ("mnrl", "simcse"):
             a = F.normalize(vectors[0], dim=-1)
             candidates = F.normalize(torch.cat(vectors[1:]), dim=-1)  # (B or 2B, hidden): positives, then negatives
             logits = self.scale * a @ candidates.T  # (B, B or 2B)
-            return F.cross_entropy(logits, torch.arange(len(batch), device=logits.device))
+            return F.cross_entropy(logits, torch.arange(len(a), device=logits.device))
         cos = F.cosine_similarity(vectors[0], vectors[1], dim=-1)  # (B,)
         target = torch.as_tensor(scores, dtype=cos.dtype, device=cos.device)
         if self.loss == "cosine":
