@@ -321,6 +321,17 @@ def test_skip_long_leaves_long_validation_pairs_out_of_the_loss_and_the_bleu(cor
     assert "eval_bleu" in records[-1]
 
 
+def test_the_readmes_translation_api_runs_as_written(trained):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Translate from Python", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "load_translator(" in code and "translate(model, tokenizer" in code
+    names: dict = {}
+    exec(code.replace('"runs/en-de"', repr(str(trained))), names)  # the example's folder: the tiny trained model
+    found = names["translate_n_best"](names["model"], names["tokenizer"], names["sentences"], n_best=3)
+    assert len(found) == 2 and all(len(hyps) == 3 and hyps[0][1] >= hyps[1][1] for hyps in found)
+
+
 def _error(result) -> str:
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
