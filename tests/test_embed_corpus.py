@@ -218,3 +218,16 @@ def test_devices_all_without_a_gpu_says_what_to_use(monkeypatch):
         expand_devices("all")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     assert expand_devices("all") == ["cuda:0", "cuda:1", "cuda:2"]
+
+
+def test_workers_from_a_script_without_a_main_guard(corpus, tmp_path):
+    """Spawned workers do not re-run the caller's script (which would start the whole job again in each)."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from ctxrep.embed_corpus import EmbedJob, embed_corpus\n"
+        f"s = embed_corpus(EmbedJob({str(corpus)!r}, {str(tmp_path / 'o')!r}, shard_size=3, threads=2), workers=2)\n"
+        "print('done', s.texts, s.shards)\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done 11 4" and result.stderr.count("embedding with 2 worker processes") == 1

@@ -22,6 +22,7 @@ manifest lists are kept, the others are embedded (again) and renamed over whatev
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import hashlib
@@ -687,8 +688,9 @@ class _Run:
             )
             for i, (device, threads) in enumerate(placements)
         ]
-        for p in procs:
-            p.start()
+        with _main_not_reimported():
+            for p in procs:
+                p.start()
         where = ", ".join(f"{d or 'cpu'} x {t or 'default'} threads" for d, t in placements)
         self.log(f"embedding with {len(procs)} worker processes ({where})")
         pending: dict[int, int] = {}  # shard -> worker (once known)
@@ -783,6 +785,25 @@ def _row_shape(fz, level: str) -> tuple[int, ...]:
     """The shape of one vector row: (dim,) for one layer or a mix, (layers, dim) for several layers."""
     dim = fz.sentence_dim if level == "sentence" else fz.dim
     return (dim,) if fz.single_layer else (len(fz.layer_indices), dim)
+
+
+@contextlib.contextmanager
+def _main_not_reimported():
+    """Start spawned workers without re-running the caller's script in them: a spawned child imports the parent's
+    __main__ (by name or path) unless it has neither, and a script without an `if __name__ == "__main__":` guard
+    would start the whole job again in every worker. The workers need nothing from __main__ (their target and
+    arguments live in ctxrep), so __spec__ and __file__ are hidden while they start."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def _die_with_parent() -> None:
