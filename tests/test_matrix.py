@@ -526,6 +526,30 @@ def test_estimators(model, tmp_path, mode):
     assert len(answers) == len(X_SPAN) and all(isinstance(a, str) for a in answers)
 
 
+def test_sentence_index_and_encoder(family, model, data, tmp_path):
+    """ctxrep index build / search on every family; train-sentence-encoder on every Transformer family (ELMo, a
+    biLSTM, is refused in one line), its folder read back by the Featurizer's sentence-transformers pooling."""
+    from ctxrep.tasks import SentenceEncoder
+
+    ok(run("index", "build", "--input", data / "text.txt", "--model", model, "--out", tmp_path / "ix"))
+    out = ok(run("search", "--index", tmp_path / "ix", "--query", " ".join(SENTENCES[1]), "-k", "2"))
+    best = out.splitlines()[1].split("\t")  # query, rank, score, id, text
+    assert float(best[2]) == pytest.approx(1.0, abs=1e-3) and best[4] == " ".join(SENTENCES[1])
+    texts = [" ".join(w) for w in SENTENCES]
+    (tmp_path / "pairs.tsv").write_text("text\tpair\n" + "".join(f"{a}\t{b}\n" for a, b in zip(texts, texts[1:])))
+    args = ["train-sentence-encoder", "--model", model, "--train", tmp_path / "pairs.tsv", "--text-pair-column"]
+    args += ["pair", "--max-steps", "1", "--batch-size", "4", "--lr", "1e-3", "--out", tmp_path / "enc"]
+    if family.name == "elmo":
+        refused(run(*args), "biLSTM")
+        return
+    ok(run(*args))
+    encoder = SentenceEncoder.load(tmp_path / "enc")
+    vectors = encoder.encode(texts[:3])
+    assert vectors.shape == (3, encoder.backbone_.model.hidden_size) and np.isfinite(vectors).all()
+    by_folder = ctxrep.Featurizer(tmp_path / "enc", sentence_pooling="model").embed_sentences(texts[:3])
+    np.testing.assert_allclose(by_folder, vectors, atol=1e-5)
+
+
 def test_int8(family, model, data, tmp_path):
     """quantize="int8" through `ctxrep embed` and the estimators' predict, for every Transformer family (the
     Featurizer's int8 vectors per family: tests/test_fast.py); ELMo refuses in one line, before any training."""

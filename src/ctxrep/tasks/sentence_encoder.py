@@ -398,8 +398,6 @@ class SentenceEncoder:
         1_Pooling/config.json, 2_Normalize (when normalising), sentence_bert_config.json, and ctxrep's own
         parameters (ctxrep_sentence_encoder.json)."""
         self._check_fitted()
-        from ctxrep.models.hub import TOKENIZER_FILES
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         encoder = self.backbone_.model
@@ -407,9 +405,9 @@ class SentenceEncoder:
             raise ValueError(f"a {encoder.family} model cannot be saved as a Hugging Face folder")
         encoder.save_pretrained(path)
         source = self.backbone_.source.folder
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file() and (source / name).resolve() != (path / name).resolve():
-                shutil.copyfile(source / name, path / name)
+        for file in source.iterdir():  # the tokenizer's files, whatever the family calls them (vocab.txt, spm.model)
+            if file.is_file() and _is_tokenizer_file(file.name) and file.resolve() != (path / file.name).resolve():
+                shutil.copyfile(file, path / file.name)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -468,6 +466,23 @@ class SentenceEncoder:
         """The (fine-tuned) encoder with its tokenizer, e.g. for ctxrep.Featurizer(enc.loaded_encoder_)."""
         self._check_fitted()
         return self.backbone_
+
+
+# Files of a model folder that are not the tokenizer's: weights, configs, sentence-transformers' modules, notes.
+NOT_TOKENIZER = {
+    "config.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "generation_config.json",
+    "README.md",
+    CONFIG_FILE,
+}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".hdf5", ".msgpack", ".onnx", ".pt", ".ckpt", ".index")
+
+
+def _is_tokenizer_file(name: str) -> bool:
+    return name not in NOT_TOKENIZER and not name.endswith(WEIGHT_SUFFIXES) and not name.startswith(".")
 
 
 def _pairs(X) -> tuple[list[str], list[str]]:
