@@ -139,6 +139,9 @@ def test_cli_build_search_and_embed_output(tiny_models, tmp_path):
     np.testing.assert_allclose([float(r[2]) for r in rows_a], [float(r[2]) for r in rows_b], atol=2e-4)
     meta = json.loads((tmp_path / "ix2" / "index.json").read_text())
     assert meta["featurizer"]["model"] == model and meta["count"] == len(TEXTS)
+    bare = SentenceIndex.from_vectors(tmp_path / "vecs")  # no texts given: ids are the input lines, texts unknown
+    hit = bare.search(TEXTS[4], k=1)  # the query embedded with the embed run's own settings
+    assert hit.ids == [5] and hit.texts == [None] and hit.scores[0] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_bad_input_names_file_and_line(tmp_path):
