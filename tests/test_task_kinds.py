@@ -477,3 +477,13 @@ def test_a_model_saved_on_a_gpu_loads_on_the_cpu(tiny_models, tmp_path):
     (tmp_path / "reg" / "config.json").write_text(json.dumps(config))
     again = load(tmp_path / "reg", device="cpu")
     assert again.device == "cpu" and np.allclose(again.predict(X_PAIRS), reg.predict(X_PAIRS), atol=1e-6)
+
+
+def test_finetune_classify_on_a_score_column_points_to_regress(tiny_models, tmp_path):
+    train, dev = tmp_path / "train.csv", tmp_path / "dev.csv"
+    train.write_text("text,label\n" + "".join(f"t{i} words,{s}\n" for i, s in enumerate([0.4, 3.8, 2.25, 5.0])))
+    dev.write_text("text,label\nt9 words,4.6\n")  # a dev "label" train never has: the scores are the real problem
+    result = _run(["finetune", "--task", "classify", "--train", train, "--dev", dev, "--out", tmp_path / "r"])
+    assert result.exit_code == 1
+    assert "look like continuous scores" in result.output and "--task regress" in result.output
+    assert str(train) in result.output and len(result.output.strip().splitlines()) == 1

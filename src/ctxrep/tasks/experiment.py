@@ -325,6 +325,13 @@ def experiment(
         raise ValueError(f"train_phrases is for the SST tasks (sst2, sst5), not {task!r}")
     train_data = read_task(task, train, limit, phrases=train_phrases, columns=columns)
     dev_data = read_task(task, dev, limit, columns=columns)
+    if task in ("classify", "pair"):  # scores in a label column: say so before "a dev label never seen in train"
+        from ctxrep.tasks.classifier import _refuse_continuous_labels
+
+        try:
+            _refuse_continuous_labels(train_data.y)
+        except ValueError as e:
+            raise ValueError(f"{train}: {e}") from None
     check_dev_labels(task, train_data, dev_data, train, dev)
     estimator = make_estimator(task, model=model, mode=mode, **params)
     out = Path(out_dir)
@@ -336,6 +343,7 @@ def experiment(
     started = time.perf_counter()
     estimator.fit(train_data.X, train_data.y, eval_set=(dev_data.X, dev_data.y))
     train_seconds = time.perf_counter() - started
+    echo(f"{task}: trained in {train_seconds:,.0f} s; predicting the {len(dev_data.X):,} dev examples")
     metrics: dict = {
         "task": task,
         "estimator": type(estimator).__name__,
