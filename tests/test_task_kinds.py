@@ -487,3 +487,25 @@ def test_finetune_classify_on_a_score_column_points_to_regress(tiny_models, tmp_
     assert result.exit_code == 1
     assert "look like continuous scores" in result.output and "--task regress" in result.output
     assert str(train) in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_predict_classify_writes_labels_and_probabilities(tiny_models, tmp_path):
+    train = tmp_path / "reviews.csv"
+    train.write_text(
+        "review,stars\n" + "".join(f'"{t}",{y}\n' for t, y in zip(["good great", "bad awful"] * 4, ["5", "1"] * 4))
+    )
+    out = tmp_path / "run"
+    result = _run(
+        ["finetune", "--task", "classify", "--train", train, "--dev", train, "--text-column", "review"]
+        + ["--label-column", "stars", "--model", tiny_models["bert"], "--out", out, "--max-epochs", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "SequenceClassifier.load(" in result.output
+    new = tmp_path / "new.jsonl"
+    new.write_text(json.dumps({"review": "great good"}) + "\n" + json.dumps({"review": "awful"}) + "\n")
+    result = _run(["predict", "--model", out / "model", "--input", new, "--out", tmp_path / "p.jsonl"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    model = load(out / "model")
+    assert [r["label"] for r in rows] == model.predict(["great good", "awful"]).tolist()
+    assert [r["text"] for r in rows] == ["great good", "awful"] and all(0.5 <= r["probability"] <= 1 for r in rows)
