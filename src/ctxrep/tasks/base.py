@@ -90,6 +90,8 @@ class TaskEstimator:
     discriminative_lr / discriminative_lr_factor: layer l gets lr / factor^(L - l) (finetune only).
     gradual_unfreezing: unfreeze one encoder layer per epoch from the top (finetune only).
     random_state: an int for repeatable fits, or None.
+    progress: False (silent), True (a bar on a terminal, plain lines on stderr otherwise: ctxrep.progress) or
+        "lines" (plain lines at most every 10 s, and one per epoch, even on a terminal; `ctxrep finetune --no-progress`).
     quantize: None, or "int8": predict and score run the fine-tuned Transformer encoder's linear layers in int8
         (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated on built-in sentences; a copy built once per fitted
         model). Training stays float32. Frozen mode and ELMo refuse it in one line.
