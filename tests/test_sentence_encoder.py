@@ -197,7 +197,12 @@ def test_bad_input_is_one_clear_line(dropout_bert):
     with pytest.raises(ValueError, match="example 1: loss='simcse' trains on plain texts"):
         SentenceEncoder(dropout_bert, loss="simcse").fit(["a text", ("a", "pair")])
     with pytest.raises(ValueError, match="text 0 is empty"):
-        SentenceEncoder(dropout_bert, loss="simcse").fit(["  "])
+        SentenceEncoder(dropout_bert, loss="simcse").fit(["  ", "a text"])
+    with pytest.raises(ValueError, match="give at least two"):
+        SentenceEncoder(dropout_bert).fit(PAIRS[:1])
+    # a last batch of one cannot be compared with anything: it is skipped, and the epochs are still max_epochs
+    enc = SentenceEncoder(dropout_bert, loss="mnrl", batch_size=5, max_epochs=2, random_state=0).fit(PAIRS)
+    assert [h["steps"] for h in enc.history_] == [1, 2]
     with pytest.raises(ValueError, match="loss must be one of"):
         SentenceEncoder(dropout_bert, loss="triplet").fit(PAIRS)
 

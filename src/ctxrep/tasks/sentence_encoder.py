@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import math
 import os
 import secrets
 import shutil
@@ -51,6 +50,7 @@ from ctxrep.tasks import loop
 
 LOSSES = ("mnrl", "simcse", "cosine", "cosent")
 POOLINGS = ("model", "mean", "cls")
+PAIRWISE = ("mnrl", "simcse", "cosent")  # losses that compare the examples of a batch with each other
 CONFIG_FILE = "ctxrep_sentence_encoder.json"
 ENCODE_TOKENS = 8192  # token budget of one encoding batch (rows x longest)
 
@@ -184,6 +184,8 @@ class SentenceEncoder:
                 examples.append(tuple(x))
             if len({len(e) for e in examples}) > 1:
                 raise ValueError("mix of pairs and triplets: give every example a hard negative, or none")
+        if self.loss in PAIRWISE and len(examples) < 2:
+            raise ValueError(f"loss={self.loss!r} compares the examples of a batch with each other: give at least two")
         for i, e in enumerate(examples):
             for t in e:
                 words_of(t, i)  # an empty text is named here
@@ -223,7 +225,9 @@ class SentenceEncoder:
             y = (y - y.min()) / (y.max() - y.min())  # to [0, 1], the range of useful cosines
         texts = sorted({t for e in examples for t in e})
         inputs = dict(zip(texts, self._inputs(texts)))
-        steps_per_epoch = math.ceil(len(examples) / self.batch_size)
+        # a last batch of one row is skipped by the in-batch losses (below), so it is not a step
+        full, rest = divmod(len(examples), int(self.batch_size))
+        steps_per_epoch = full + (rest >= (2 if self.loss in PAIRWISE else 1))
         total = int(self.max_steps) if self.max_steps is not None else steps_per_epoch * self.max_epochs
         warmup = int(self.warmup_fraction * total)
         from ctxrep.train.optim import adamw
@@ -246,7 +250,7 @@ class SentenceEncoder:
                         if step == total:
                             break
                         rows = order[start : start + self.batch_size]
-                        if len(rows) < 2 and self.loss in ("mnrl", "simcse", "cosent"):
+                        if len(rows) < 2 and self.loss in PAIRWISE:
                             continue  # a batch of one has no negatives (or no pair of scores) to learn from
                         loss = self._batch_loss([examples[i] for i in rows], None if y is None else y[rows], inputs)
                         optimizer.zero_grad()
