@@ -314,7 +314,10 @@ class ProbeResult:
         plt.close(fig)
 
 
-def _probe_row(name: str, x_train, y_train, x_dev, y_dev, n_classes: int, l2: float, max_iter: int, bar) -> ProbeRow:
+def _probe_row(
+    name: str, x_train, y_train, x_dev, y_dev, n_classes: int, l2: float, max_iter: int, bar=None
+) -> ProbeRow:
+    bar = bar if bar is not None else show_progress(enabled=False)
     x_train, x_dev = _standardise(torch.from_numpy(x_train), torch.from_numpy(x_dev))
     accs = []
     for j in range(x_train.shape[1]):
