@@ -127,3 +127,31 @@ def test_an_actor_killed_mid_job_is_retried_and_nothing_is_lost_or_doubled(local
     _same(one, out)
     index = ctxrep.load_vectors(out).index()
     assert sorted(set(index.text.tolist())) == list(range(17)) and len(index) == sum(len(t.split()) for t in TEXTS)
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_line(tmp_path, monkeypatch):
+    def refuse(**kwargs):
+        try:
+            raise RuntimeError("RPC error: InvalidAuthToken: Authentication token is missing or incorrect.\nmore")
+        except RuntimeError as e:
+            raise ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379") from e
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    src = tmp_path / "in.txt"
+    src.write_text("a b\n")
+    args = [
+        "embed",
+        "--engine",
+        "ray",
+        "--ray-address",
+        "10.0.0.1:6379",
+        "--input",
+        str(src),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "cannot join the Ray cluster at 10.0.0.1:6379: RPC error: InvalidAuthToken" in result.output
+    assert "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN" in result.output

@@ -211,7 +211,24 @@ def embed_with_ray(
     if isinstance(run, EmbedSummary):
         return run
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        if address is None:  # a local Ray for this run only
+            ray.init(log_to_driver=False, include_dashboard=False)
+        else:
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError) as e:
+                cause = e.__cause__ or e
+                hint = ""
+                if "auth" in str(cause).lower():
+                    hint = (
+                        " (the cluster wants Ray's token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, or run on a node"
+                    )
+                    hint += " of the cluster with --ray-address auto)"
+                first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+                raise ValueError(
+                    f"cannot join the Ray cluster at {address}: {first}{hint}; start one with `ray start --head` "
+                    "or check --ray-address"
+                ) from None
     if actors is None:
         resources = ray.cluster_resources()
         if gpus_per_actor > 0:
