@@ -155,6 +155,17 @@ def test_bad_requests_get_their_status_and_a_one_line_reason(server, path, body,
     assert message in text and "\n" not in text, text
 
 
+def test_a_chunked_body_over_the_limit_is_413(server):
+    def chunks():  # no Content-Length: the limit is counted as the body arrives
+        yield b'{"input": ["'
+        for _ in range(30):
+            yield b"word " * 200
+        yield b'"]}'
+
+    r = httpx.post(f"{server.url}/v1/embeddings", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "over the limit of 20,000 bytes" in r.json()["error"]["message"]
+
+
 def test_full_queue_answers_503_with_retry_after(fz):
     service = EmbeddingService(fz, "minilm", ServeConfig(max_queue_texts=2, retry_after_s=3))
     with ServerThread(build_app(service)) as s:

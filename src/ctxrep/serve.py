@@ -285,6 +285,41 @@ class RequestError(Exception):
         self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
 
 
+def _body_too_large(limit: int):
+    """The error a body over `limit` bytes raises while it is read: an HTTPException, which FastAPI's body parsing
+    passes on (any other exception there becomes a 400), answered by `build_app`'s handler."""
+    from starlette.exceptions import HTTPException
+
+    class BodyTooLarge(HTTPException):
+        pass
+
+    return BodyTooLarge(413, f"request body over the limit of {limit:,} bytes")
+
+
+class _BodyLimit:
+    """ASGI middleware: counts the body's bytes as they arrive (a chunked upload has no Content-Length) and stops
+    reading past the limit."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        received = 0
+
+        async def limited():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _body_too_large(self.limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
 _EXPECTED = {
     "input": "a string or a list of strings",
     "inputs": "a string or a list of strings",
@@ -331,6 +366,13 @@ def build_app(service: EmbeddingService):
         if path == "/embed":  # text-embeddings-inference's error shape
             return {"error": message, "error_type": kind}
         return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+    app.add_middleware(_BodyLimit, limit=config.max_body_bytes)
+
+    @app.exception_handler(413)
+    async def too_large(request: Request, exc):
+        message = getattr(exc, "detail", None) or "request body too large"
+        return JSONResponse(error_body(request.url.path, 413, message, "request_too_large"), status_code=413)
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError):
