@@ -5,20 +5,14 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import user_errors
+from ctxrep.cli.runtime_options import runtime_options
 
 
 @click.command()
 @click.option("--model", default="minilm", show_default=True, help="Packaged model name, model folder or Hub name.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=8080, show_default=True, type=int)
-@click.option("--device", default=None, help="cpu, cuda, cuda:1 (default: cpu).")
-@click.option(
-    "--precision",
-    type=click.Choice(["fp32", "bf16", "fp16", "int8", "auto"]),
-    default="fp32",
-    show_default=True,
-)
-@click.option("--backend", type=click.Choice(["torch", "onnxruntime", "openvino"]), default="torch", show_default=True)
+@runtime_options
 @click.option(
     "--api-key",
     default=None,
