@@ -1,6 +1,6 @@
 """`ctxrep distill`: make a smaller encoder that imitates a bigger one.
 
-Task-agnostic (this command with --corpus): a student built from --teacher (compress/student.py: K of its layers,
+Task-agnostic (this command with --corpus): a student built from --teacher (models/student.py: K of its layers,
 or a narrower fresh one) learns on raw text to match the teacher: DistilBERT's soft targets + MLM + cosine loss
 when the teacher has a masked-LM head, MiniLM's attention and value relations when it has none
 (objectives/distill.py). It runs on the pretraining pipeline (`ctxrep pretrain --objective distill` is the same

@@ -63,6 +63,7 @@ from ctxrep.objectives.masked_lm import (
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.objectives.recipe import Built, Ingredients, PretrainError, Recipe, full_sentences
 from ctxrep.tokenize import Tokenizer
+from ctxrep.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON
 
 MASKED_FILL = -1e9  # the score of a padded key (float32): exp underflows to 0, the log stays finite
 
@@ -376,9 +377,6 @@ class DistillSettings:
         return self.teacher
 
 
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt")
-
-
 def teacher_tokenizer(sections: dict, source: str, out: Path, tokenizer: str | Path | None = None) -> Tokenizer:
     """The student shares its teacher's tokenizer, copied into out/ (tokenizer.json and the files transformers'
     AutoTokenizer reads). Another tokenizer (`--tokenizer`, or one left in out/ by another run) is refused: the
@@ -400,8 +398,8 @@ def teacher_tokenizer(sections: dict, source: str, out: Path, tokenizer: str | P
                 f"{where} is not the teacher's tokenizer ({folder}): a distilled student reads its teacher's token "
                 "ids, so it shares the teacher's tokenizer; leave --tokenizer out, or distil into a new --out folder"
             )
-    own.backend.save(str(out / "tokenizer.json"))
-    for name in TOKENIZER_FILES:
+    own.backend.save(str(out / TOKENIZER_JSON))
+    for name in (n for n in TOKENIZER_FILES if n != TOKENIZER_JSON):  # the files transformers' AutoTokenizer reads
         if (folder / name).is_file() and (folder / name).resolve() != (out / name).resolve():
             shutil.copyfile(folder / name, out / name)
     return Tokenizer.from_model_dir(out)
