@@ -155,3 +155,27 @@ def test_a_cluster_that_cannot_be_joined_is_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert "cannot join the Ray cluster at 10.0.0.1:6379: RPC error: InvalidAuthToken" in result.output
     assert "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN" in result.output
+
+
+def test_engine_ray_resumes_an_interrupted_run(local_ray, corpus, tmp_path):
+    import json
+    import shutil
+
+    src, one = corpus
+    out = tmp_path / "resumed"
+    shutil.copytree(one, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    kept = manifest["shards"][:2]  # as if the run had stopped after two shards
+    manifest.update(shards=kept, complete=False)
+    for key in ("texts", "rows"):
+        manifest.pop(key)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    for shard in manifest["shards"][2:]:
+        (out / shard["file"]).unlink(missing_ok=True)
+    logs = []
+    job = EmbedJob(str(src), str(out), shard_size=4, layers="all")
+    summary = embed_with_ray(job, actors=1, show_progress=False, log=logs.append)
+    assert "resuming after 8 texts in 2 complete shards" in logs
+    assert "embedding 9 texts in 3 shards with 1 Ray actors (1 CPU each)" in logs
+    assert summary.texts == 17 and summary.resumed_shards == 2
+    _same(one, out)
