@@ -128,6 +128,8 @@ def _embed_workers(pid: int) -> list[int]:
 
 
 def test_a_worker_killed_with_sigkill_then_the_same_command_again_gives_the_full_folder(tmp_path):
+    """A worker SIGKILLed: the run stops, naming it; then the driver SIGKILLed in the rerun: its workers die with
+    it; the third run finishes, and the folder equals one process's."""
     src = tmp_path / "in.txt"
     texts = [f"text {i} : {' '.join(TEXTS[i % len(TEXTS)].split()[: 3 + i % 9])}" for i in range(240)]
     src.write_text("\n".join(texts) + "\n")
@@ -162,9 +164,29 @@ def test_a_worker_killed_with_sigkill_then_the_same_command_again_gives_the_full
     kept = json.loads(manifest.read_text())
     assert not kept["complete"] and 2 <= len(kept["shards"]) < 60
 
-    second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert second.returncode == 0, second.stderr
-    assert f"resuming after {sum(s['texts'] for s in kept['shards'])} texts" in second.stderr
+    # the driver killed too: its workers die with it (nothing keeps writing beside the next run)
+    second = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline, orphans = time.monotonic() + 120, []
+    while time.monotonic() < deadline and second.poll() is None:
+        workers = _embed_workers(second.pid)
+        if len(json.loads(manifest.read_text())["shards"]) > len(kept["shards"]) and len(workers) == 2:
+            orphans = workers
+            os.kill(second.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    second.communicate(timeout=60)
+    assert orphans, "the second run ended before its driver could be killed"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in orphans):
+        time.sleep(0.1)
+    alive = [pid for pid in orphans if Path(f"/proc/{pid}/status").exists()]
+    alive = [pid for pid in alive if "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()]
+    assert not alive, f"workers {alive} outlived their killed driver"
+    kept = json.loads(manifest.read_text())
+
+    third = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert third.returncode == 0, third.stderr
+    assert f"resuming after {sum(s['texts'] for s in kept['shards'])} texts" in third.stderr
     embed_corpus(EmbedJob(str(src), str(reference), shard_size=4, threads=1), show_progress=False)
     _same_folder(out, reference)
     index = ctxrep.load_vectors(out).index()
