@@ -419,7 +419,10 @@ class TaskEstimator:
         try:
             yield self
         finally:
-            self._predict_with = saved
+            if saved is None:  # predict leaves no attribute behind (scikit-learn's contract)
+                del self._predict_with
+            else:
+                self._predict_with = saved
             if hasattr(self, "model_"):
                 self.model_.to(self.device)
 
