@@ -39,8 +39,9 @@ import inspect
 import json
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -57,6 +58,7 @@ MODES = ("finetune", "frozen")
 FROZEN_HEADS = ("bilstm", "linear")
 IGNORE = -100  # label of positions that carry no loss
 PREDICT_TOKENS = 2048  # token budget of one prediction batch (rows x longest), as the Featurizer's batch_tokens
+SHARED_DOC_TITLE = "Parameters shared by every task estimator (ctxrep.tasks.base.TaskParams):"
 
 
 @dataclass
@@ -73,22 +75,34 @@ class Call:
     max_length: int
 
 
-class TaskEstimator:
-    """Shared parameters, fit and predict; see the module docstring for what subclasses provide.
+@dataclass(eq=False, repr=False)
+class TaskParams:
+    """Parameters shared by every task estimator (declared once here; each estimator adds its own as dataclass fields).
 
     model: encoder name or folder ("minilm", a Hugging Face folder, an ELMo folder or "elmo:DIR").
     mode: "finetune" (encoder + head trained) or "frozen" (ScalarMix + BiLSTM/linear head on cached features).
+    max_epochs: passes over the training data.
+    max_steps: when set, training stops after that many optimizer steps instead (the last epoch may be partial;
+        max_epochs is then ignored) and the schedule is laid out over max_steps.
+    batch_size: training records per optimizer step (a long text's windows count one each); prediction batches
+        hold batch_size records or a budget of 2048 pieces, whichever is more.
+    lr: the peak learning rate; None: 5e-5 to fine-tune, 1e-3 for a head on frozen features.
+    weight_decay: AdamW's decoupled weight decay (not on biases and norms: ctxrep.train.optim's no-decay rule).
+    warmup_fraction: share of steps of linear warm-up (linear schedule). A warm-up as long as the run
+        (warmup_fraction >= 1) warns: the learning rate would never reach lr.
+    slanted_triangular: ULMFiT's slanted triangular schedule instead of warm-up and linear decay.
+    max_grad_norm: gradients are clipped to this total norm (0: no clipping).
+    dropout: on the representation the head reads (the encoder's top layer, or the frozen mix / BiLSTM).
+    max_length: the longest window in pieces (None: the encoder's own limit, which is also the most).
+    frozen_head: "bilstm" or "linear": what reads the ScalarMix of the frozen features (mode="frozen").
+    lstm_size: the frozen BiLSTM's hidden size per direction.
     validation_fraction: share of the training data held out to pick the best epoch (with early_stopping).
-    max_epochs: passes over the training data. max_steps: when set, training stops after that many optimizer
-        steps instead (the last epoch may be partial; max_epochs is then ignored) and the schedule is laid out
-        over max_steps.
     early_stopping / n_iter_no_change / tol: stop when the held-out score has not improved by tol for
         n_iter_no_change epochs; the best epoch's weights are kept.
     warm_start: a second `fit` continues from the learned weights (same labels) instead of starting over.
-    warmup_fraction: share of steps of linear warm-up (linear schedule); slanted_triangular: ULMFiT's schedule.
-        A warm-up as long as the run (warmup_fraction >= 1) warns: the learning rate would never reach lr.
     discriminative_lr / discriminative_lr_factor: layer l gets lr / factor^(L - l) (finetune only).
     gradual_unfreezing: unfreeze one encoder layer per epoch from the top (finetune only).
+    cache_dir: where frozen features are cached (None: $CTXREP_CACHE/features, else ~/.cache/ctxrep/features).
     random_state: an int for repeatable fits, or None.
     progress: False (silent), True (a bar on a terminal, plain lines on stderr otherwise: ctxrep.progress) or
         "lines" (plain lines at most every 10 s, and one per epoch, even on a terminal; `ctxrep finetune --no-progress`).
@@ -96,11 +110,61 @@ class TaskEstimator:
         (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated on built-in sentences; a copy built once per fitted
         model). Training stays float32. Frozen mode and ELMo refuse it in one line.
     device: where the network trains and predicts ("cpu", "cuda", "cuda:1"); batches follow it, saved weights are
-        written from CPU copies. bf16: bfloat16 autocast for the forward passes (training and prediction; the
-        weights and optimizer stay float32): for GPUs with bf16 (on CPUs without AMX it is slower than float32).
+        written from CPU copies.
+    bf16: bfloat16 autocast for the forward passes (training and prediction; the weights and optimizer stay
+        float32): for GPUs with bf16 (on CPUs without AMX it is slower than float32).
+
+    model and mode may be given by position; an estimator's own leading parameters follow them (e.g.
+    SequenceClassifier's pooling), and everything else is keyword-only. Values are stored unchanged (scikit-learn's
+    contract) and checked in `fit`.
     """
 
-    _estimator_type: str | None = None
+    model: str = "minilm"
+    mode: str = "finetune"
+    _: KW_ONLY
+    max_epochs: int = 3
+    batch_size: int = 32
+    max_steps: int | None = None
+    lr: float | None = None
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.1
+    max_grad_norm: float = 1.0
+    dropout: float = 0.1
+    max_length: int | None = None
+    frozen_head: str = "bilstm"
+    lstm_size: int = 256
+    validation_fraction: float = 0.1
+    early_stopping: bool = False
+    n_iter_no_change: int = 2
+    tol: float = 1e-4
+    warm_start: bool = False
+    discriminative_lr: bool = False
+    discriminative_lr_factor: float = 2.6
+    slanted_triangular: bool = False
+    gradual_unfreezing: bool = False
+    cache_dir: str | None = None
+    random_state: int | None = None
+    progress: bool | str = False
+    quantize: str | None = None
+    device: str = "cpu"
+    bf16: bool = False
+
+
+class TaskEstimator(TaskParams):
+    """Fit and predict around the parts that do the work; see the module docstring for what subclasses provide.
+
+    A subclass is a dataclass over TaskParams (`@dataclass(eq=False, repr=False)`) that declares only its own
+    parameters; its docstring documents those, and the shared parameters' documentation (TaskParams') is appended
+    to it, so that help() on any estimator lists every parameter.
+    """
+
+    _estimator_type: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__doc__")
+        if own and SHARED_DOC_TITLE not in own:
+            cls.__doc__ = f"{inspect.cleandoc(own)}\n\n{SHARED_DOC_TITLE}\n{_shared_doc()}"
 
     # ---- scikit-learn's parameter protocol (no scikit-learn import needed) ----
 
@@ -611,6 +675,12 @@ class TaskEstimator:
 
     def _make_head(self, in_dim: int) -> nn.Module:
         raise NotImplementedError
+
+
+def _shared_doc() -> str:
+    """TaskParams' parameter documentation (its docstring after the first line), indented for a subclass's docstring."""
+    body = inspect.cleandoc(TaskParams.__doc__).split("\n\n", 1)[1]
+    return "\n".join("    " + line if line else "" for line in body.splitlines())
 
 
 def _length(record) -> int:

@@ -78,10 +78,16 @@ class PoolingHead(nn.Module):
         return self.linear(pooled)  # (batch, classes)
 
 
+@dataclass(eq=False, repr=False)
 class SequenceTask(TaskEstimator):
     """What the sequence estimators share: X is a list of texts or of (text_a, text_b) pairs, each split on
     whitespace into words; one target per example, read from the pooled units of the text (PoolingHead).
-    SequenceClassifier and SequenceRegressor add their targets, head outputs and loss."""
+    SequenceClassifier and SequenceRegressor add their targets, head outputs and loss.
+
+    pooling: "cls", "mean" or "concat" (see ctxrep.tasks.classifier).
+    """
+
+    pooling: str = "cls"
 
     # ---- data -------------------------------------------------------------------------------------
 
@@ -209,72 +215,9 @@ class SequenceClassifier(SequenceTask):
     whitespace into words. Fine-tuning truncates a text (the longer of a pair first) to max_length pieces.
 
     pooling: "cls", "mean" or "concat" (see the module docstring).
-    Other parameters: see `ctxrep.tasks.base.TaskEstimator`.
     """
 
     _estimator_type = "classifier"
-
-    def __init__(
-        self,
-        model: str = "minilm",
-        mode: str = "finetune",
-        pooling: str = "cls",
-        max_epochs: int = 3,
-        batch_size: int = 32,
-        max_steps: int | None = None,
-        lr: float | None = None,
-        weight_decay: float = 0.01,
-        warmup_fraction: float = 0.1,
-        max_grad_norm: float = 1.0,
-        dropout: float = 0.1,
-        max_length: int | None = None,
-        frozen_head: str = "bilstm",
-        lstm_size: int = 256,
-        validation_fraction: float = 0.1,
-        early_stopping: bool = False,
-        n_iter_no_change: int = 2,
-        tol: float = 1e-4,
-        warm_start: bool = False,
-        discriminative_lr: bool = False,
-        discriminative_lr_factor: float = 2.6,
-        slanted_triangular: bool = False,
-        gradual_unfreezing: bool = False,
-        cache_dir: str | None = None,
-        random_state: int | None = None,
-        progress: bool = False,
-        quantize: str | None = None,
-        device: str = "cpu",
-        bf16: bool = False,
-    ) -> None:
-        self.model = model
-        self.mode = mode
-        self.pooling = pooling
-        self.max_epochs = max_epochs
-        self.batch_size = batch_size
-        self.max_steps = max_steps
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.warmup_fraction = warmup_fraction
-        self.max_grad_norm = max_grad_norm
-        self.dropout = dropout
-        self.max_length = max_length
-        self.frozen_head = frozen_head
-        self.lstm_size = lstm_size
-        self.validation_fraction = validation_fraction
-        self.early_stopping = early_stopping
-        self.n_iter_no_change = n_iter_no_change
-        self.tol = tol
-        self.warm_start = warm_start
-        self.discriminative_lr = discriminative_lr
-        self.discriminative_lr_factor = discriminative_lr_factor
-        self.slanted_triangular = slanted_triangular
-        self.gradual_unfreezing = gradual_unfreezing
-        self.cache_dir = cache_dir
-        self.random_state = random_state
-        self.progress = progress
-        self.quantize = quantize
-        self.device = device
-        self.bf16 = bf16
 
     # ---- targets ----------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import numpy as np
 import torch
@@ -102,6 +102,7 @@ def _answers(item, index: int) -> list[tuple[str, int | None]]:
     )
 
 
+@dataclass(eq=False, repr=False)
 class SpanExtractor(TaskEstimator):
     """Extract answers: X is a list of (question, context) pairs; y one answer (or list of answers) per pair,
     each (text, answer_start) / {"text", "answer_start"} / SquadAnswer. Training uses each example's first answer.
@@ -110,71 +111,11 @@ class SpanExtractor(TaskEstimator):
     max_answer_length: longest answer in pieces (words when frozen). max_query_length: question pieces kept.
     """
 
-    def __init__(
-        self,
-        model: str = "minilm",
-        mode: str = "finetune",
-        doc_stride: int = 128,
-        max_answer_length: int = 30,
-        max_query_length: int = 64,
-        max_epochs: int = 2,
-        batch_size: int = 32,
-        max_steps: int | None = None,
-        lr: float | None = None,
-        weight_decay: float = 0.01,
-        warmup_fraction: float = 0.1,
-        max_grad_norm: float = 1.0,
-        dropout: float = 0.1,
-        max_length: int | None = None,
-        frozen_head: str = "bilstm",
-        lstm_size: int = 256,
-        validation_fraction: float = 0.1,
-        early_stopping: bool = False,
-        n_iter_no_change: int = 2,
-        tol: float = 1e-4,
-        warm_start: bool = False,
-        discriminative_lr: bool = False,
-        discriminative_lr_factor: float = 2.6,
-        slanted_triangular: bool = False,
-        gradual_unfreezing: bool = False,
-        cache_dir: str | None = None,
-        random_state: int | None = None,
-        progress: bool = False,
-        quantize: str | None = None,
-        device: str = "cpu",
-        bf16: bool = False,
-    ) -> None:
-        self.model = model
-        self.mode = mode
-        self.doc_stride = doc_stride
-        self.max_answer_length = max_answer_length
-        self.max_query_length = max_query_length
-        self.max_epochs = max_epochs
-        self.batch_size = batch_size
-        self.max_steps = max_steps
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.warmup_fraction = warmup_fraction
-        self.max_grad_norm = max_grad_norm
-        self.dropout = dropout
-        self.max_length = max_length
-        self.frozen_head = frozen_head
-        self.lstm_size = lstm_size
-        self.validation_fraction = validation_fraction
-        self.early_stopping = early_stopping
-        self.n_iter_no_change = n_iter_no_change
-        self.tol = tol
-        self.warm_start = warm_start
-        self.discriminative_lr = discriminative_lr
-        self.discriminative_lr_factor = discriminative_lr_factor
-        self.slanted_triangular = slanted_triangular
-        self.gradual_unfreezing = gradual_unfreezing
-        self.cache_dir = cache_dir
-        self.random_state = random_state
-        self.progress = progress
-        self.quantize = quantize
-        self.device = device
-        self.bf16 = bf16
+    doc_stride: int = 128
+    max_answer_length: int = 30
+    max_query_length: int = 64
+    _: KW_ONLY
+    max_epochs: int = 2  # TaskParams' field, with this estimator's default
 
     # ---- data -------------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ window boundaries are scored too.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 import torch
@@ -62,6 +62,7 @@ class WordHead(nn.Module):
         return self.linear(states)  # (batch, words, labels)
 
 
+@dataclass(eq=False, repr=False)
 class TokenTagger(TaskEstimator):
     """Tag words: X is a list of word lists, y a list of label lists of the same lengths.
 
@@ -73,78 +74,14 @@ class TokenTagger(TaskEstimator):
         a softmax per word; see the module docstring.
     crf_lr: learning rate of the CRF's transition, start and end scores (default: 1e-2, or lr when larger). They
         are few and start near zero: at a fine-tuning lr such as 5e-5 they would barely move in a whole run.
-    Other parameters: see `ctxrep.tasks.base.TaskEstimator`.
     """
 
-    def __init__(
-        self,
-        model: str = "minilm",
-        mode: str = "finetune",
-        word_pooling: str = "first",
-        tag_scheme: str = "auto",
-        max_epochs: int = 3,
-        batch_size: int = 32,
-        max_steps: int | None = None,
-        lr: float | None = None,
-        weight_decay: float = 0.01,
-        warmup_fraction: float = 0.1,
-        max_grad_norm: float = 1.0,
-        dropout: float = 0.1,
-        max_length: int | None = None,
-        stride: int | None = None,
-        crf: bool = False,
-        crf_lr: float | None = None,
-        frozen_head: str = "bilstm",
-        lstm_size: int = 256,
-        validation_fraction: float = 0.1,
-        early_stopping: bool = False,
-        n_iter_no_change: int = 2,
-        tol: float = 1e-4,
-        warm_start: bool = False,
-        discriminative_lr: bool = False,
-        discriminative_lr_factor: float = 2.6,
-        slanted_triangular: bool = False,
-        gradual_unfreezing: bool = False,
-        cache_dir: str | None = None,
-        random_state: int | None = None,
-        progress: bool = False,
-        quantize: str | None = None,
-        device: str = "cpu",
-        bf16: bool = False,
-    ) -> None:
-        self.model = model
-        self.mode = mode
-        self.word_pooling = word_pooling
-        self.tag_scheme = tag_scheme
-        self.max_epochs = max_epochs
-        self.batch_size = batch_size
-        self.max_steps = max_steps
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.warmup_fraction = warmup_fraction
-        self.max_grad_norm = max_grad_norm
-        self.dropout = dropout
-        self.max_length = max_length
-        self.stride = stride
-        self.crf = crf
-        self.crf_lr = crf_lr
-        self.frozen_head = frozen_head
-        self.lstm_size = lstm_size
-        self.validation_fraction = validation_fraction
-        self.early_stopping = early_stopping
-        self.n_iter_no_change = n_iter_no_change
-        self.tol = tol
-        self.warm_start = warm_start
-        self.discriminative_lr = discriminative_lr
-        self.discriminative_lr_factor = discriminative_lr_factor
-        self.slanted_triangular = slanted_triangular
-        self.gradual_unfreezing = gradual_unfreezing
-        self.cache_dir = cache_dir
-        self.random_state = random_state
-        self.progress = progress
-        self.quantize = quantize
-        self.device = device
-        self.bf16 = bf16
+    word_pooling: str = "first"
+    tag_scheme: str = "auto"
+    _: KW_ONLY
+    stride: int | None = None
+    crf: bool = False
+    crf_lr: float | None = None
 
     # ---- data -------------------------------------------------------------------------------------
 
