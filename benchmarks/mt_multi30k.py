@@ -126,7 +126,7 @@ def training_speed(log: Path) -> float:
 def run_ctxrep(args, overrides) -> dict:
     import torch
 
-    from ctxrep.cli.pretrain import parse_overrides
+    from ctxrep.train.config import parse_overrides
     from ctxrep.train.plot import plot_run
     from ctxrep.translate.data import read_lines
     from ctxrep.translate.train import (
@@ -167,7 +167,7 @@ def run_transformers(args, overrides) -> dict:
     import torch
     import transformers
 
-    from ctxrep.cli.pretrain import parse_overrides
+    from ctxrep.train.config import parse_overrides
     from ctxrep.translate import data as mtdata
     from ctxrep.translate.data import read_lines, read_parallel
     from ctxrep.translate.tokenizer import MTTokenizer

@@ -22,8 +22,8 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import user_errors
-from ctxrep.cli.pretrain import parse_overrides
 from ctxrep.tasks.experiment import TASKS
+from ctxrep.train.config import parse_overrides
 
 
 def _layer_list(text: str | None) -> tuple[int, ...]:

@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from ctxrep.cli.common import user_errors
-from ctxrep.cli.pretrain import parse_overrides
 from ctxrep.cli.runtime_options import runtime_options
+from ctxrep.train.config import parse_overrides
 
 
 @click.group("mt")
