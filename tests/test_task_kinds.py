@@ -427,13 +427,13 @@ def test_readme_use_a_fine_tuned_model_runs(tiny_models, tmp_path):
 
 def test_symmetric_word_in_context_answers_both_orders_alike(tiny_models, tmp_path, monkeypatch):
     sizes = []
-    examples = WordInContextClassifier._records
+    examples = WordInContextClassifier._piece_records  # the fine-tune mode's record builder
 
     def counting(self, X, y, call):
         sizes.append(len(X))
         return examples(self, X, y, call)
 
-    monkeypatch.setattr(WordInContextClassifier, "_records", counting)
+    monkeypatch.setattr(WordInContextClassifier, "_piece_records", counting)
     wic = WordInContextClassifier(**common(tiny_models, tmp_path, max_epochs=2, symmetric=True)).fit(X_WIC, Y_WIC)
     assert sizes == [12, 12]  # training records: the pairs, then the swapped pairs
     a, b = "a [[crane]] lifted the beam", "the [[crane]] caught fish"

@@ -588,7 +588,7 @@ def test_tagger_pool_matrix_is_the_per_word_loop(tiny_models, tmp_path, word_poo
             else:
                 expected[r, j, s:e] = 1.0 / (e - s)
     assert any(e - s > 1 for w in windows for _, s, e in w.input.words)  # a word of several pieces is pooled
-    assert torch.equal(tagger._pool_matrix(windows, n_pieces), expected)
+    assert torch.equal(tagger._collate(windows, call)["pool"], expected)  # built by tasks/modes.py's FineTune.units
 
 
 def test_fit_keeps_freed_memory_for_the_next_step(tiny_models, tmp_path, monkeypatch):

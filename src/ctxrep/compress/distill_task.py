@@ -199,7 +199,7 @@ def teacher_encoder(teacher) -> Encoder:
     network = getattr(teacher, "model_", None)
     if network is None:
         raise ValueError(f"this {name} teacher is not fitted: fit it (or {name}.load a saved one) before distilling")
-    if teacher.mode != "finetune":
+    if not network.representation.trains_encoder:  # frozen: a mix and head over cached features
         raise ValueError(
             f"the {name} teacher was trained with mode={teacher.mode!r}: its encoder was not trained on the task "
             "(only a mix and head over frozen features), so there is nothing to distil into a smaller encoder; "

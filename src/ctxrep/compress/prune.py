@@ -327,12 +327,12 @@ def estimator_loss(estimator, X, y, batch_size: int | None = None) -> TaskLoss:
     network = getattr(estimator, "model_", None)
     if network is None:
         raise ValueError(f"this {type(estimator).__name__} is not fitted: fit it (or load a saved one) before pruning")
-    encoder = getattr(network.representation, "encoder", None)
-    if encoder is None:
+    if not network.representation.trains_encoder:  # frozen: a mix and head over cached features
         raise ValueError(
             f"this {type(estimator).__name__} was trained with mode={estimator.mode!r}: its encoder is not part of the "
             "task model, so there are no heads to prune; fine-tune one with mode='finetune'"
         )
+    encoder = network.representation.encoder
     check_prunable(encoder)
     if len(X) == 0:
         raise ValueError("no examples to compute head importance on: give at least one training example")

@@ -1,27 +1,31 @@
 """The estimator base class: scikit-learn's contract, fit / predict around the parts that do the work.
 
     tasks/network.py   the network: Representation (fine-tuned encoder, or a mix over frozen features) + head
+    tasks/modes.py     the frozen / fine-tune split: every decision that depends on `mode`, one object per mode
     tasks/features.py  the frozen-feature cache
     tasks/loop.py      the training loop (AdamW from ctxrep.train.optim, schedules, early stopping)
     ctxrep/inputs.py   windows, EncoderInput records, collate
 
 A task estimator follows scikit-learn's contract (`__init__` stores its arguments, `fit` returns self, learned
-state ends in `_`, `predict` and `score` change nothing). Subclasses only say how to read their data, build
+state ends in `_`, `predict` and `score` change nothing). Its parameters are dataclass fields: the shared ones
+declared once in TaskParams, each estimator's own in its class. Subclasses only say how to read their data, build
 their head and batches, and turn outputs into predictions:
 
     _check_X(X) / _check_X_y(X, y, fitting)   normalised X (and y); errors name the bad example
     _learn_targets(y) / _check_same_targets(y)  set classes_ etc. from the training labels / check a warm start's
-    _make_head(in_dim)                       the task head (an nn.Module)
-    _examples(X, y, call)                    records (one input may give several windows); each has .input
-                                             (an EncoderInput, finetune) or .features (frozen)
-    _collate(records, call)                  dict of tensors for one batch
+    _make_head(rep)                          the task head (an nn.Module) over the Representation rep
+    _piece_records(X, y, call)               finetune records (one input may give several windows), each with
+                                             .input, an EncoderInput
+    _feature_records(X, y, call)             frozen records, each with .features from call.features
+    _collate(records, call)                  dict of tensors for one batch: call.mode.units(records, call) + targets
     _head_loss(logits, batch)                the loss
     _split_outputs(logits, records)          one output per record
     _decode(X, records, outputs)             predictions for X
     _score(X, y, predictions)                the score `score` returns
 
 The encoder is loaded once per fit (ctxrep.models.loading.load_encoder) and only its interface is asked
-(word_level, max_tokens, num_layers, hidden_size). Two modes share the head:
+(word_level, max_tokens, num_layers, hidden_size). Two modes share the head (tasks/modes.py decides everything
+else: records, batches, the representation, default lr, what each refuses):
   finetune  encoder pieces -> top layer, encoder and head trained; a word-level encoder (ELMo) trains under a
             trainable ScalarMix (models.elmo.Elmo);
   frozen    word vectors of every layer from ctxrep.Featurizer (cached on disk) -> ScalarMix -> BiLSTM / linear.
@@ -52,9 +56,9 @@ from ctxrep.models.folders import write_safetensors
 from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
 from ctxrep.tasks import loop
 from ctxrep.tasks.features import FeatureCache
+from ctxrep.tasks.modes import FineTune, Frozen, mode_of, units_of
 from ctxrep.tasks.network import Representation, TaskNetwork, inference_network, int8_network
 
-MODES = ("finetune", "frozen")
 FROZEN_HEADS = ("bilstm", "linear")
 IGNORE = -100  # label of positions that carry no loss
 PREDICT_TOKENS = 2048  # token budget of one prediction batch (rows x longest), as the Featurizer's batch_tokens
@@ -68,11 +72,13 @@ class Call:
     tokenizer: the encoder's tokenizer; a word-level one (ELMo) is a fresh copy per call, since it numbers words.
     features: the frozen-feature cache (frozen mode), else None.
     max_length: the longest window in pieces: max_length, at most the encoder's max_tokens.
+    mode: the mode object (tasks/modes.py) that builds this call's records and batches.
     """
 
     tokenizer: object
     features: FeatureCache | None
     max_length: int
+    mode: FineTune | Frozen
 
 
 @dataclass(eq=False, repr=False)
@@ -204,9 +210,12 @@ class TaskEstimator(TaskParams):
             classifier_tags=ClassifierTags() if is_classifier else None,
         )
 
+    def _mode(self) -> FineTune | Frozen:
+        """The mode object (tasks/modes.py) for the `mode` parameter: every frozen / fine-tune decision is its."""
+        return mode_of(self.mode)
+
     def _check_common(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        mode = self._mode()  # a ValueError names the modes
         if self.frozen_head not in FROZEN_HEADS:
             raise ValueError(f"frozen_head must be one of {FROZEN_HEADS}, got {self.frozen_head!r}")
         for name in ("max_epochs", "batch_size", "n_iter_no_change"):
@@ -224,11 +233,6 @@ class TaskEstimator(TaskParams):
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
         if self.early_stopping and self.validation_fraction == 0:
             raise ValueError("early_stopping needs held-out data: set validation_fraction > 0 (e.g. 0.1)")
-        if self.mode == "frozen" and (self.discriminative_lr or self.gradual_unfreezing):
-            raise ValueError(
-                "discriminative_lr and gradual_unfreezing change how the encoder is trained; in mode='frozen' the "
-                "encoder is not trained: use mode='finetune' or switch them off"
-            )
         if self.discriminative_lr and not self.discriminative_lr_factor > 0:
             raise ValueError(f"discriminative_lr_factor must be positive, got {self.discriminative_lr_factor!r}")
         try:
@@ -239,11 +243,7 @@ class TaskEstimator(TaskParams):
             raise ValueError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.quantize not in (None, "int8"):
             raise ValueError(f"quantize must be None or 'int8', got {self.quantize!r}")
-        if self.quantize and self.mode == "frozen":
-            raise ValueError(
-                "quantize='int8' applies to a fine-tuned encoder; in mode='frozen' the features come from "
-                "the featurizer: use mode='finetune', or quantize=None"
-            )
+        mode.check(self)  # what the mode refuses (frozen: the encoder's training options, int8)
         rs = self.random_state
         if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or rs < 0):
             raise ValueError(f"random_state must be a non-negative int or None, got {rs!r}")
@@ -275,9 +275,7 @@ class TaskEstimator(TaskParams):
                     f"quantize='int8': {self.backbone_.model.family} is a biLSTM over characters; int8 "
                     "applies to Transformer linear layers: use quantize=None"
                 )
-            if self.mode == "frozen":
-                encoder = self.backbone_.model
-                self.frozen_shape_ = [encoder.num_layers + 1, encoder.hidden_size]
+            self._mode().start_fit(self)  # frozen: frozen_shape_
 
         train_idx = np.arange(len(X))
         val_idx = np.array([], dtype=np.int64)
@@ -315,7 +313,7 @@ class TaskEstimator(TaskParams):
             best = loop.train(
                 self.model_,
                 examples,
-                [_length(e) for e in examples],
+                [units_of(e) for e in examples],
                 lambda rows: self._batch(rows, call),
                 self._head_loss if train_loss is None else train_loss,
                 evaluate,
@@ -340,7 +338,7 @@ class TaskEstimator(TaskParams):
             slanted_triangular=self.slanted_triangular,
             max_grad_norm=self.max_grad_norm,
             discriminative_lr_factor=self.discriminative_lr_factor if self.discriminative_lr else None,
-            gradual_unfreezing=self.gradual_unfreezing and self.mode == "finetune",
+            gradual_unfreezing=self.gradual_unfreezing and self._mode().trains_encoder,
             early_stopping=self.early_stopping,
             n_iter_no_change=self.n_iter_no_change,
             tol=self.tol,
@@ -354,7 +352,7 @@ class TaskEstimator(TaskParams):
         """The peak learning rate: lr, or 5e-5 to fine-tune and 1e-3 for a head on frozen features."""
         if self.lr is not None:
             return self.lr
-        return 5e-5 if self.mode == "finetune" else 1e-3
+        return self._mode().default_lr
 
     # ---- backbone and network -----------------------------------------------------------------------
 
@@ -367,38 +365,17 @@ class TaskEstimator(TaskParams):
         tokenizer = loaded.tokenizer
         if tokenizer.word_level:
             tokenizer = WordTokenizer(max_characters_per_token=tokenizer.max_characters_per_token)
-        features = (
-            FeatureCache(loaded, self._frozen_pooling(), self.cache_dir, self.progress)
-            if self.mode == "frozen"
-            else None
-        )
+        mode = self._mode()
         limit = loaded.model.max_tokens
-        return Call(tokenizer, features, min(self.max_length or limit, limit))
-
-    @property
-    def _word_level(self) -> bool:
-        """Whether the encoder reads whole words (ELMo) rather than subword pieces: asked of the encoder."""
-        return self.backbone_.model.word_level
+        return Call(tokenizer, mode.features(self), min(self.max_length or limit, limit), mode)
 
     def _make_network(self) -> TaskNetwork:
-        if self.mode == "finetune":
-            encoder = self.backbone_.model
-            if encoder.word_level:  # ELMo: the biLM trains under a ScalarMix; the Representation applies dropout
-                from ctxrep.models.elmo import Elmo
+        rep = self._mode().representation(self)
+        return TaskNetwork(rep, self._make_head(rep))
 
-                encoder = Elmo(encoder, dropout=0.0, freeze=False)
-            rep = Representation("finetune", encoder=encoder, dropout=self.dropout)
-        else:
-            n_layers, dim = self.frozen_shape_
-            rep = Representation(
-                "frozen",
-                num_layers=n_layers,
-                dim=dim,
-                frozen_head=self.frozen_head,
-                lstm_size=self.lstm_size,
-                dropout=self.dropout,
-            )
-        return TaskNetwork(rep, self._make_head(rep.out_dim))
+    def _examples(self, X, y, call: Call) -> list:
+        """The records of X (and y): the mode's builder, `_piece_records` (finetune) or `_feature_records` (frozen)."""
+        return call.mode.records(self, X, y, call)
 
     def _frozen_pooling(self) -> str:
         return "mean"
@@ -413,7 +390,7 @@ class TaskEstimator(TaskParams):
                 f"this {type(self).__name__} is not fitted yet: call fit(X, y) first (or load a saved one)"
             )
         rep = self.model_.representation
-        if rep.mode == "frozen":
+        if not rep.trains_encoder:
             return rep.mix
         mixes = getattr(rep.encoder, "scalar_mixes", None)  # models.elmo.Elmo
         if mixes is not None:
@@ -447,7 +424,7 @@ class TaskEstimator(TaskParams):
         token budget (PREDICT_TOKENS, or batch_size rows of the longest record when that is more) through
         `inference_network` (compiled for a large call) under torch.inference_mode. The same outputs as
         `_forward_reference` (to float rounding: tests/test_tasks.py), which runs batches of batch_size in order."""
-        lengths = [_length(r) for r in records]
+        lengths = [units_of(r) for r in records]
         order = sorted(range(len(records)), key=lambda i: lengths[i])
         budget = max(PREDICT_TOKENS, self.batch_size * max(lengths, default=1))
         sizes = token_budget_batches([lengths[i] for i in order], budget)
@@ -673,7 +650,16 @@ class TaskEstimator(TaskParams):
     def _check_same_targets(self, y) -> None:
         pass
 
-    def _make_head(self, in_dim: int) -> nn.Module:
+    def _make_head(self, rep: Representation) -> nn.Module:
+        """The task head over `rep` (its out_dim, has_cls, bidirectional_states)."""
+        raise NotImplementedError
+
+    def _piece_records(self, X, y, call: Call) -> list:
+        """finetune: records whose .input is an EncoderInput (windows of pieces)."""
+        raise NotImplementedError
+
+    def _feature_records(self, X, y, call: Call) -> list:
+        """frozen: records whose .features are a text's (words, layers, dim) from call.features."""
         raise NotImplementedError
 
 
@@ -681,11 +667,6 @@ def _shared_doc() -> str:
     """TaskParams' parameter documentation (its docstring after the first line), indented for a subclass's docstring."""
     body = inspect.cleandoc(TaskParams.__doc__).split("\n\n", 1)[1]
     return "\n".join("    " + line if line else "" for line in body.splitlines())
-
-
-def _length(record) -> int:
-    """Units of one record: pieces of its encoder input (finetune) or words of its features (frozen)."""
-    return len(record.input) if record.input is not None else len(record.features)
 
 
 def _folder_beside(model: str, saved_in: Path) -> str | None:

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.inputs import EncoderInput, WindowPlan, collate
+from ctxrep.inputs import EncoderInput, WindowPlan
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
-from ctxrep.tasks.network import pad_features
+from ctxrep.tasks.network import Representation
 
 POOLINGS = ("cls", "mean", "concat")
 
@@ -94,7 +94,7 @@ class SequenceTask(TaskEstimator):
     def _check_params(self) -> None:
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
-        if self.mode == "frozen" and self.frozen_head == "linear" and self.pooling == "cls":
+        if self.pooling == "cls" and not self._mode().final_states(self):  # frozen_head="linear"
             raise ValueError(
                 "pooling='cls' on frozen features needs the BiLSTM's final states: use frozen_head='bilstm', "
                 "or pooling='mean' / 'concat'"
@@ -147,12 +147,18 @@ class SequenceTask(TaskEstimator):
             raise ValueError(f"X has {len(X)} examples but y has {len(y)} labels; give one label per example")
         return X, y
 
-    def _examples(self, X, y, call: Call) -> list[Example]:
-        labels = self._encode_labels(y) if y is not None else [IGNORE] * len(X)
+    def _labels(self, X, y) -> list:
+        return self._encode_labels(y) if y is not None else [IGNORE] * len(X)
+
+    def _feature_records(self, X, y, call: Call) -> list[Example]:
+        labels = self._labels(X, y)
         pairs = bool(X) and X[0][1] is not None
-        if self.mode == "frozen":
-            store = call.features([a for a, _ in X], [b for _, b in X] if pairs else None)
-            return [Example(features=store[i], label=self._target(labels[i])) for i in range(len(X))]
+        store = call.features([a for a, _ in X], [b for _, b in X] if pairs else None)
+        return [Example(features=store[i], label=self._target(labels[i])) for i in range(len(X))]
+
+    def _piece_records(self, X, y, call: Call) -> list[Example]:
+        labels = self._labels(X, y)
+        pairs = bool(X) and X[0][1] is not None
         plan = WindowPlan(call.tokenizer, call.max_length)
         pieces_a = call.tokenizer.encode_words([a for a, _ in X])
         pieces_b = call.tokenizer.encode_words([b for _, b in X]) if pairs else [None] * len(X)
@@ -162,12 +168,7 @@ class SequenceTask(TaskEstimator):
         ]
 
     def _collate(self, examples: list[Example], call: Call) -> dict[str, torch.Tensor]:
-        if self.mode == "frozen":
-            batch = pad_features([e.features for e in examples])
-        else:
-            batch = collate([e.input for e in examples], call.tokenizer)
-            if not self._word_level:  # ELMo has no classification token: the head uses its final states
-                batch["cls_position"] = torch.tensor([e.input.cls_position for e in examples])
+        batch = call.mode.units(examples, call)  # pieces (+ cls_position) or frozen features
         batch["labels"] = torch.tensor([e.label for e in examples])
         return batch
 
@@ -240,9 +241,8 @@ class SequenceClassifier(SequenceTask):
 
     # ---- head -------------------------------------------------------------------------------------
 
-    def _make_head(self, in_dim: int) -> nn.Module:
-        bidirectional = self.frozen_head == "bilstm" if self.mode == "frozen" else self._word_level
-        return PoolingHead(in_dim, len(self.classes_), self.pooling, bidirectional)
+    def _make_head(self, rep: Representation) -> nn.Module:
+        return PoolingHead(rep.out_dim, len(self.classes_), self.pooling, rep.bidirectional_states)
 
     def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         return F.cross_entropy(logits, batch["labels"])

@@ -24,7 +24,12 @@ from ctxrep.modules.scalar_mix import ScalarMix
 
 
 class Representation(nn.Module):
-    """Vectors for the units of each batch row: subword pieces (finetune), words (ELMo, frozen features)."""
+    """Vectors for the units of each batch row: subword pieces (finetune), words (ELMo, frozen features).
+
+    What a head needs to know of it: out_dim (the vectors' width), has_cls (batches carry cls_position: a
+    fine-tuned subword encoder), bidirectional_states (the vectors are [forward; backward] halves, so a text's final
+    states are the forward half at its last unit and the backward half at its first: ELMo's biLM, the frozen BiLSTM).
+    """
 
     def __init__(
         self,
@@ -42,12 +47,20 @@ class Representation(nn.Module):
         if mode == "finetune":
             self.encoder = encoder
             self.out_dim = encoder.hidden_size
+            word_level = getattr(encoder, "word_level", True)  # models.elmo.Elmo (the biLM under its mix) has none
+            self.has_cls, self.bidirectional_states = not word_level, word_level
         else:
             self.mix = ScalarMix(num_layers)
             self.lstm = (
                 nn.LSTM(dim, lstm_size, batch_first=True, bidirectional=True) if frozen_head == "bilstm" else None
             )
             self.out_dim = 2 * lstm_size if self.lstm is not None else dim
+            self.has_cls, self.bidirectional_states = False, self.lstm is not None
+
+    @property
+    def trains_encoder(self) -> bool:
+        """Whether an encoder is part of this network (finetune), rather than features cached from one (frozen)."""
+        return self.mode == "finetune"
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.mode == "finetune":
@@ -86,7 +99,7 @@ def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     ran the estimators' prediction batches 1.1-1.3x slower than the plain float32 path (notes_finetune_speed.md)."""
     rep = network.representation
     network.eval()
-    transformer = rep.mode == "finetune" and not getattr(rep.encoder, "word_level", True)
+    transformer = rep.trains_encoder and rep.has_cls  # a fine-tuned Transformer (not ELMo)
     if not transformer or not fast.worth_compiling(num_tokens, rep.encoder):
         return network
     return _with_encoder(network, fast.compile_encoder(rep.encoder))
@@ -96,7 +109,7 @@ def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
     """The network with its fine-tuned Transformer encoder's linear layers in int8 (`fast.quantize_int8`, calibrated
     on `fast.calibration_batches` through `tokenizer`): a copy, the head shared; for predict, eval mode."""
     rep = network.representation
-    if rep.mode != "finetune":
+    if not rep.trains_encoder:
         raise ValueError("quantize='int8' applies to a fine-tuned encoder; a frozen-mode network has none")
     batches = fast.calibration_batches(tokenizer, rep.encoder.max_tokens)
     return _with_encoder(network, fast.quantize_int8(rep.encoder, batches))
@@ -118,7 +131,7 @@ def network_depths(network: TaskNetwork) -> tuple[dict[str, int], int]:
     """(depth of each fine-tuned encoder parameter by its name in `network`, the top depth L). Everything else in
     the network (the head, a frozen mix / BiLSTM) sits at the top. Frozen mode: ({}, 0)."""
     rep = network.representation
-    if rep.mode != "finetune":
+    if not rep.trains_encoder:
         return {}, 0
     depth = {"representation.encoder." + k: v for k, v in encoder_depths(rep.encoder).items()}
     return depth, rep.encoder.num_layers

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.tasks.classifier import PoolingHead, Ranking, SequenceTask
+from ctxrep.tasks.network import Representation
 
 
 class SequenceRegressor(SequenceTask):
@@ -57,9 +58,8 @@ class SequenceRegressor(SequenceTask):
 
     # ---- head -------------------------------------------------------------------------------------
 
-    def _make_head(self, in_dim: int) -> nn.Module:
-        bidirectional = self.frozen_head == "bilstm" if self.mode == "frozen" else self._word_level
-        return PoolingHead(in_dim, 1, self.pooling, bidirectional)
+    def _make_head(self, rep: Representation) -> nn.Module:
+        return PoolingHead(rep.out_dim, 1, self.pooling, rep.bidirectional_states)
 
     def _head_loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
         return F.mse_loss(outputs.squeeze(-1).float(), batch["labels"].float())

@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.inputs import EncoderInput, collate, window_words
+from ctxrep.inputs import EncoderInput, window_words
 from ctxrep.tasks.base import Call, TaskEstimator
-from ctxrep.tasks.network import pad_features
+from ctxrep.tasks.modes import units_of
+from ctxrep.tasks.network import Representation
 
 
 @dataclass
@@ -162,10 +163,7 @@ class SpanExtractor(TaskEstimator):
     def _learn_targets(self, y) -> None:
         pass
 
-    def _examples(self, X, y, call: Call) -> list[SpanWindow]:
-        return self._frozen_windows(X, y, call) if self.mode == "frozen" else self._piece_windows(X, y, call)
-
-    def _piece_windows(self, X, y, call: Call) -> list[SpanWindow]:
+    def _piece_records(self, X, y, call: Call) -> list[SpanWindow]:
         tok = call.tokenizer
         out = []
         for i, (question, context) in enumerate(X):
@@ -203,7 +201,7 @@ class SpanExtractor(TaskEstimator):
         enc = tok.backend.encode(text, add_special_tokens=False)
         return list(enc.ids), list(enc.offsets)
 
-    def _frozen_windows(self, X, y, call: Call) -> list[SpanWindow]:
+    def _feature_records(self, X, y, call: Call) -> list[SpanWindow]:
         """(question, context window) word pairs whose pieces fit the encoder: windows of whole context words."""
         tok = call.tokenizer
         questions, contexts, spans = [], [], []
@@ -236,13 +234,8 @@ class SpanExtractor(TaskEstimator):
         return out
 
     def _collate(self, windows: list[SpanWindow], call: Call) -> dict[str, torch.Tensor]:
-        if self.mode == "frozen":
-            batch = pad_features([w.features for w in windows])
-            units = batch["features"].shape[:2]
-        else:
-            batch = collate([w.input for w in windows], call.tokenizer)
-            units = batch["input_ids"].shape
-        allowed = torch.zeros(units, dtype=torch.bool)
+        batch = call.mode.units(windows, call)  # pieces or frozen features, padded to the longest row
+        allowed = torch.zeros((len(windows), max(units_of(w) for w in windows)), dtype=torch.bool)
         for r, w in enumerate(windows):
             allowed[r, w.context_start : w.context_start + len(w.spans)] = True
             if w.cls_position >= 0:
@@ -254,8 +247,8 @@ class SpanExtractor(TaskEstimator):
 
     # ---- head -------------------------------------------------------------------------------------
 
-    def _make_head(self, in_dim: int) -> nn.Module:
-        return SpanHead(in_dim)
+    def _make_head(self, rep: Representation) -> nn.Module:
+        return SpanHead(rep.out_dim)
 
     def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         start, end = batch["start"], batch["end"]

@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.data.tags import entity_scores
-from ctxrep.inputs import EncoderInput, WindowPlan, collate
+from ctxrep.inputs import EncoderInput, WindowPlan
 from ctxrep.modules.crf import CRF
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
-from ctxrep.tasks.network import pad_features
+from ctxrep.tasks.network import Representation
 
 TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
 _ENTITY_TAG = re.compile(r"^(O|[BIES]-.+)$")
@@ -167,11 +167,16 @@ class TokenTagger(TaskEstimator):
             out.append([index[label] for label in labels])
         return out
 
-    def _examples(self, X, y, call: Call) -> list[TaggedWindow]:
-        labels = self._encode_labels(y) if y is not None else [[IGNORE] * len(words) for words in X]
-        if self.mode == "frozen":
-            store = call.features(X)
-            return [TaggedWindow(i, features=store[i], labels=labels[i]) for i in range(len(X))]
+    def _labels(self, X, y) -> list[list[int]]:
+        return self._encode_labels(y) if y is not None else [[IGNORE] * len(words) for words in X]
+
+    def _feature_records(self, X, y, call: Call) -> list[TaggedWindow]:
+        labels = self._labels(X, y)
+        store = call.features(X)  # whole sentences: the Featurizer windows long ones itself
+        return [TaggedWindow(i, features=store[i], labels=labels[i]) for i in range(len(X))]
+
+    def _piece_records(self, X, y, call: Call) -> list[TaggedWindow]:
+        labels = self._labels(X, y)
         plan = WindowPlan(call.tokenizer, call.max_length, self.stride)
         out = []
         for i, pieces in enumerate(call.tokenizer.encode_words(X)):
@@ -180,39 +185,18 @@ class TokenTagger(TaskEstimator):
         return out
 
     def _collate(self, windows: list[TaggedWindow], call: Call) -> dict[str, torch.Tensor]:
-        if self.mode == "frozen":
-            batch = pad_features([w.features for w in windows])
-        else:
-            batch = collate([w.input for w in windows], call.tokenizer)
-            batch["pool"] = self._pool_matrix(windows, batch["input_ids"].shape[1])
-        n = batch["pool"].shape[1] if "pool" in batch else batch["mask"].shape[1]
+        batch = call.mode.units(windows, call, word_pooling=self.word_pooling)  # one vector per word
+        n = max(1, max(len(w.labels) for w in windows))  # words of the longest row: the logits' second dimension
         labels = torch.full((len(windows), n), IGNORE, dtype=torch.long)
         for r, w in enumerate(windows):
             labels[r, : len(w.labels)] = torch.tensor(w.labels, dtype=torch.long)
         batch["labels"] = labels
         return batch
 
-    def _pool_matrix(self, windows: list[TaggedWindow], n_pieces: int) -> torch.Tensor:
-        """(batch, words, pieces) weights: row (r, j) is 1 at word j's first piece ("first"), or 1 / k over its k
-        pieces ("mean"). Built with one scatter from flat index lists, not one tensor write per word."""
-        n_words = max(1, max(len(w.input.words) for w in windows))
-        spans = [
-            (r, j, s, e if self.word_pooling == "mean" else s + 1)
-            for r, w in enumerate(windows)
-            for j, (_, s, e) in enumerate(w.input.words)
-        ]
-        rows = [r for r, _, s, e in spans for _ in range(s, e)]
-        words = [j for _, j, s, e in spans for _ in range(s, e)]
-        pieces = [p for _, _, s, e in spans for p in range(s, e)]
-        weights = [1.0 / (e - s) for _, _, s, e in spans for _ in range(s, e)]
-        pool = torch.zeros((len(windows), n_words, n_pieces))  # (batch, words, pieces)
-        pool[rows, words, pieces] = torch.tensor(weights)
-        return pool
-
     # ---- head -------------------------------------------------------------------------------------
 
-    def _make_head(self, in_dim: int) -> nn.Module:
-        return WordHead(in_dim, len(self.classes_), crf=bool(self.crf))
+    def _make_head(self, rep: Representation) -> nn.Module:
+        return WordHead(rep.out_dim, len(self.classes_), crf=bool(self.crf))
 
     def _head_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         labels = batch["labels"]

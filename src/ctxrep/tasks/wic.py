@@ -22,10 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctxrep.inputs import EncoderInput, WindowPlan, collate
+from ctxrep.inputs import EncoderInput, WindowPlan
 from ctxrep.tasks.base import IGNORE, Call
 from ctxrep.tasks.classifier import SequenceClassifier
-from ctxrep.tasks.network import pad_features
+from ctxrep.tasks.modes import units_of
+from ctxrep.tasks.network import Representation
 
 MARK_EXAMPLE = "He sat on the [[bank]] of the river ."
 
@@ -141,8 +142,8 @@ class WordInContextClassifier(SequenceClassifier):
         prediction averages them (_fold)."""
         if self.symmetric:
             swapped = [(b, ib, a, ia) for a, ia, b, ib in X]
-            return self._records(X, y, call) + self._records(swapped, y, call)
-        return self._records(X, y, call)
+            return super()._examples(X, y, call) + super()._examples(swapped, y, call)
+        return super()._examples(X, y, call)
 
     def _fold(self, outputs: list) -> list:
         """One output per example: the mean of the two orders' logits when `symmetric`."""
@@ -164,19 +165,21 @@ class WordInContextClassifier(SequenceClassifier):
         logits = torch.stack(self._fold(self._forward_all(self._examples(X, None, call), call)))
         return logits.softmax(dim=-1).numpy()
 
-    def _records(self, X, y, call: Call) -> list[TargetPair]:
-        labels = self._encode_labels(y) if y is not None else [IGNORE] * len(X)
-        if self.mode == "frozen":
-            store = call.features([a for a, _, _, _ in X], [b for _, _, b, _ in X])
-            return [
-                TargetPair(
-                    features=store[i],
-                    target_a=(ia, ia + 1),
-                    target_b=(len(a) + ib, len(a) + ib + 1),
-                    label=int(labels[i]),
-                )
-                for i, (a, ia, b, ib) in enumerate(X)
-            ]
+    def _feature_records(self, X, y, call: Call) -> list[TargetPair]:
+        labels = self._labels(X, y)
+        store = call.features([a for a, _, _, _ in X], [b for _, _, b, _ in X])
+        return [
+            TargetPair(
+                features=store[i],
+                target_a=(ia, ia + 1),
+                target_b=(len(a) + ib, len(a) + ib + 1),
+                label=int(labels[i]),
+            )
+            for i, (a, ia, b, ib) in enumerate(X)
+        ]
+
+    def _piece_records(self, X, y, call: Call) -> list[TargetPair]:
+        labels = self._labels(X, y)
         plan = WindowPlan(call.tokenizer, call.max_length)
         pieces_a = call.tokenizer.encode_words([a for a, _, _, _ in X])
         pieces_b = call.tokenizer.encode_words([b for _, _, b, _ in X])
@@ -188,14 +191,8 @@ class WordInContextClassifier(SequenceClassifier):
         return out
 
     def _collate(self, records: list[TargetPair], call: Call) -> dict[str, torch.Tensor]:
-        if self.mode == "frozen":
-            batch = pad_features([r.features for r in records])
-            n_units = batch["mask"].shape[1]
-        else:
-            batch = collate([r.input for r in records], call.tokenizer)
-            n_units = batch["input_ids"].shape[1]
-            if not self._word_level:
-                batch["cls_position"] = torch.tensor([r.input.cls_position for r in records])
+        batch = call.mode.units(records, call)  # pieces (+ cls_position) or frozen features
+        n_units = max(units_of(r) for r in records)
         for key, field in (("pool_a", "target_a"), ("pool_b", "target_b")):
             pool = torch.zeros((len(records), n_units))  # (batch, units): 1 / k over the target's k units
             for row, r in enumerate(records):
@@ -207,9 +204,8 @@ class WordInContextClassifier(SequenceClassifier):
 
     # ---- head -------------------------------------------------------------------------------------
 
-    def _make_head(self, in_dim: int) -> nn.Module:
-        with_cls = self.mode == "finetune" and not self._word_level
-        return TargetPairHead(in_dim, len(self.classes_), with_cls)
+    def _make_head(self, rep: Representation) -> nn.Module:
+        return TargetPairHead(rep.out_dim, len(self.classes_), rep.has_cls)
 
     def rank(self, query: str, candidates, top_k: int | None = None):
         raise NotImplementedError(
