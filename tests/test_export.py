@@ -7,6 +7,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
+from test_matrix import deberta_dir, modernbert_dir  # noqa: F401  (fixtures: DeBERTa-v3 and ModernBERT)
 
 import ctxrep
 from ctxrep.export import ExportError, _first_line, export_onnx
@@ -42,6 +43,8 @@ NEW_FAMILIES = {  # issue 25's families: their conftest fixtures
     "distilbert": "distilbert_dir",
     "mpnet": "mpnet_dir",
     "t5": "t5_dir",
+    "deberta-v2": "deberta_dir",  # test_matrix.py's fixtures
+    "modernbert": "modernbert_dir",
 }
 
 
