@@ -15,11 +15,13 @@ from torch import nn
 
 from ctxrep.models.albert import AlbertConfig, AlbertModel
 from ctxrep.models.bert import BertConfig, BertModel
+from ctxrep.models.deberta_v2 import DebertaV2Config, DebertaV2Model
 from ctxrep.models.distilbert import DistilBertConfig, DistilBertModel
 from ctxrep.models.elmo import Elmo, ElmoBiLM, ElmoConfig
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.gpt2 import GPT2Config, GPT2Model
 from ctxrep.models.marian import MarianConfig, MarianMTModel
+from ctxrep.models.modernbert import ModernBertConfig, ModernBertModel
 from ctxrep.models.mpnet import MPNetConfig, MPNetModel
 from ctxrep.models.student import check_distillable, distillable_families, init_student
 from ctxrep.models.t5 import T5Config, T5EncoderModel
@@ -117,6 +119,34 @@ BUILDERS = {
     ),
     "t5": lambda: T5EncoderModel(
         T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=3, num_heads=4, feed_forward_proj="gated-gelu")
+    ),
+    "deberta-v2": lambda: DebertaV2Model(  # v3's shape: shared keys, log buckets, LayerNorm-ed relative table
+        DebertaV2Config(
+            vocab_size=40,
+            hidden_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=24,
+            max_position_embeddings=40,
+            relative_attention=True,
+            position_buckets=4,
+            pos_att_type="p2c|c2p",
+            share_att_key=True,
+            norm_rel_ebd="layer_norm",
+            position_biased_input=False,
+        )
+    ),
+    "modernbert": lambda: ModernBertModel(
+        ModernBertConfig(
+            vocab_size=40,
+            hidden_size=16,
+            intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            max_position_embeddings=40,
+            local_attention=2,
+            pad_token_id=0,
+        )
     ),
 }
 
