@@ -416,8 +416,12 @@ class Featurizer:
         offset = self.tokenizer.build_inputs([])[2]  # special tokens before the text's first piece
         windows, weights = [], []
         for i, pieces in enumerate(self.tokenizer.encode_words(words)):
-            spans = pieces.spans()
             rows = self.plan.single(i, pieces)
+            if len(rows) == 1:  # one window (the common case): every position weighs 1, no second cut needed
+                windows.append(rows[0])
+                weights.append(np.ones(len(rows[0]), dtype=np.float32))
+                continue
+            spans = pieces.spans()
             # the same cut, with its piece ranges: split_windows is what plan.single windows by
             cuts = split_windows(spans, self.plan.window_size, self.plan.stride)
             assert len(cuts) == len(rows)
