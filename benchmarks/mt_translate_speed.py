@@ -2,6 +2,8 @@
 
     python benchmarks/mt_translate_speed.py --model runs/mt-multi30k/ctxrep      # all 1,014 validation sentences
     python benchmarks/mt_translate_speed.py --tiny --limit 20                    # a dry run on a tiny random model
+    python benchmarks/mt_translate_speed.py --model runs/mt-10min --systems ctxrep,ctranslate2 \
+        --precisions fp32,int8 --repeat 3                                        # both precisions, best of 3
 
 The model is a folder written by `ctxrep mt train` (or any Marian folder with a shared vocabulary); --tiny builds
 a random 2+2-layer model with a BPE vocabulary trained on the sentences themselves instead (only to check that
@@ -9,7 +11,11 @@ the script runs: its translations are noise). Sentences: ../shared/data/multi30k
 references val.de.
 
 All three systems run the same search on the same CPU threads (--threads; torch.set_num_threads for ctxrep and
-transformers, intra_threads for CTranslate2), in float32, beam K (--beam, 5) and greedy:
+transformers, intra_threads for CTranslate2), in float32, beam K (--beam, 5) and greedy; --precisions fp32,int8
+adds int8 rows: ctxrep's `quantize_translator` (every linear layer and the output projection in int8) against
+CTranslate2's compute_type="int8" on the same converted model (transformers runs float32 only). --repeat N runs
+each search N times, the systems alternating round by round (so that a neighbour's load falls on both), and keeps
+each system's fastest run (wall clock and CPU time separately):
   score of a hypothesis  log P(Y | X) / |Y|^alpha  (--length-penalty alpha, 1.0: transformers' and CTranslate2's
                          default; ctxrep's penalty="hf"), early stopping once K hypotheses have finished
   length limit           one fixed limit for every sentence (--max-len; default 1.2 x the longest source + 10
@@ -67,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--work", type=Path, default=None, help="Folder for the tiny model and conversions (a temp dir).")
     p.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    p.add_argument("--precisions", default="fp32", help="Comma-separated subset of fp32, int8.")
+    p.add_argument("--repeat", type=int, default=1, help="Runs per system and search, alternating; the best is kept.")
     return p.parse_args(argv)
 
 
@@ -128,8 +136,12 @@ def batches(lengths: list[int], budget: int) -> list[list[int]]:
 # ---- the three systems: each returns translate(sentences, beam) -> detokenized texts ---------------------------
 
 
-def ctxrep_system(model, tokenizer, args, max_len: int):
+def ctxrep_system(model, tokenizer, args, max_len: int, precision: str = "fp32"):
+    from ctxrep.models.marian import quantize_translator
     from ctxrep.translate.search import translate
+
+    if precision == "int8":
+        model = quantize_translator(model)
 
     def run(sentences: list[str], beam: int) -> list[str]:
         return translate(
@@ -258,15 +270,24 @@ def convert_for_ctranslate2(model_dir: Path, tokenizer, out: Path) -> Path:
     return ct2_dir
 
 
-def ctranslate2_system(model_dir: Path, tokenizer, args, max_len: int, work: Path):
+_CONVERTED: dict[Path, Path] = {}
+
+
+def ctranslate2_system(model_dir: Path, tokenizer, args, max_len: int, work: Path, precision: str = "fp32"):
     import ctranslate2
 
-    ct2_dir = convert_for_ctranslate2(model_dir, tokenizer, work)
+    if work not in _CONVERTED:  # one float32 conversion per run: int8 is quantized from it when loaded
+        _CONVERTED[work] = convert_for_ctranslate2(model_dir, tokenizer, work)
+    ct2_dir = _CONVERTED[work]
     original = vocabulary(tokenizer)  # CTranslate2 reads and writes pieces: the ids map to and from them
     to_piece = {i: piece for piece, i in original.items()}
     pad = to_piece[tokenizer.pad_id]
     translator = ctranslate2.Translator(
-        str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1, intra_threads=args.threads
+        str(ct2_dir),
+        device="cpu",
+        compute_type={"fp32": "float32", "int8": "int8"}[precision],
+        inter_threads=1,
+        intra_threads=args.threads,
     )
 
     def run(sentences: list[str], beam: int) -> list[str]:
@@ -291,13 +312,17 @@ def ctranslate2_system(model_dir: Path, tokenizer, args, max_len: int, work: Pat
 # ---- the table --------------------------------------------------------------------------------------------------
 
 
-def measure(run, sentences: list[str], refs: list[str], beam: int) -> dict:
+def measure(run, sentences: list[str], refs: list[str], beam: int, best: dict | None = None) -> dict:
+    """One timed run (after a warm-up on the first call); with `best`, the faster of it and `best`."""
     from ctxrep.translate.score import score
 
-    run(sentences[:8], beam)  # warm-up: first-call allocations, lazy imports
+    if best is None:
+        run(sentences[:8], beam)  # warm-up: first-call allocations, lazy imports
     start, cpu = time.perf_counter(), time.process_time()
     hyps = run(sentences, beam)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    if best is not None:
+        seconds, cpu_seconds = min(seconds, best["seconds"]), min(cpu_seconds, best["cpu_seconds"])
     return {
         "seconds": seconds,
         "cpu_seconds": cpu_seconds,
@@ -318,6 +343,9 @@ def main(argv=None) -> None:
     unknown = set(systems) - {"ctxrep", "transformers", "ctranslate2"}
     if unknown:
         sys.exit(f"--systems: unknown {sorted(unknown)}; choose from ctxrep, transformers, ctranslate2")
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not precisions or set(precisions) - {"fp32", "int8"}:
+        sys.exit(f"--precisions {args.precisions!r}: choose from fp32, int8")
     sources, refs = read_data(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
@@ -335,34 +363,48 @@ def main(argv=None) -> None:
             sources, refs, lengths = [sources[i] for i in kept], [refs[i] for i in kept], [lengths[i] for i in kept]
         longest = max(lengths)
         max_len = args.max_len or min(int(1.2 * longest) + 10, positions)
-        runners = {"ctxrep": ctxrep_system(model, tokenizer, args, max_len)}
-        if "transformers" in systems:
-            runners["transformers"] = transformers_system(model_dir, tokenizer, args, max_len)
-        if "ctranslate2" in systems:
-            runners["ctranslate2"] = ctranslate2_system(model_dir, tokenizer, args, max_len, work)
+        runners = {}
+        for precision in precisions:
+            runners[("ctxrep", precision)] = ctxrep_system(model, tokenizer, args, max_len, precision)
+            if "transformers" in systems and precision == "fp32":
+                runners[("transformers", precision)] = transformers_system(model_dir, tokenizer, args, max_len)
+            if "ctranslate2" in systems:
+                runners[("ctranslate2", precision)] = ctranslate2_system(
+                    model_dir, tokenizer, args, max_len, work, precision
+                )
         results = {}
         for search, beam in (("greedy", 1), (f"beam {args.beam}", args.beam)):
-            for name, run in runners.items():
-                results[(name, search)] = measure(run, sources, refs, beam)
-                print(
-                    f"{name:12s} {search:7s} {results[(name, search)]['seconds']:8.1f} s", file=sys.stderr, flush=True
-                )
+            for precision in precisions:
+                for _ in range(args.repeat):
+                    for (name, p), run in runners.items():
+                        if p != precision:
+                            continue
+                        key = (name, precision, search)
+                        results[key] = measure(run, sources, refs, beam, results.get(key))
+                        print(
+                            f"{name:12s} {precision} {search:7s} {results[key]['seconds']:8.2f} s "
+                            f"{results[key]['cpu_seconds']:8.2f} CPU s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
 
     print(
         f"\n{len(sources)} sentences of {args.data / 'val.en'}, model {'tiny random' if args.tiny else model_dir}, "
-        f"{args.threads} threads, float32, max length {max_len}, length penalty {args.length_penalty}\n"
+        f"{args.threads} threads, {'/'.join(precisions)}, max length {max_len}, length penalty {args.length_penalty}, "
+        f"best of {args.repeat}\n"
     )
     print(
-        "| system | search | seconds | sentences/s | ctxrep speed-up | CPU seconds | ctxrep speed-up in CPU time "
-        "| BLEU | identical to ctxrep |"
+        "| system | precision | search | seconds | sentences/s | ctxrep speed-up | CPU seconds "
+        "| ctxrep speed-up in CPU time | BLEU | identical to ctxrep |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
-    for (name, search), r in results.items():
-        ours = results[("ctxrep", search)]
+    for (name, precision, search), r in results.items():
+        ours = results[("ctxrep", precision, search)]
         same = sum(a == b for a, b in zip(r["hyps"], ours["hyps"])) / len(sources)
         row = {
             "system": name,
+            "precision": precision,
             "search": search,
             "seconds": r["seconds"],
             "sentences_per_s": r["sentences_per_s"],
@@ -374,8 +416,8 @@ def main(argv=None) -> None:
         }
         rows.append(row)
         print(
-            f"| {name} | {search} | {r['seconds']:.1f} | {r['sentences_per_s']:.1f} | {row['ctxrep_speedup']:.2f}x "
-            f"| {r['cpu_seconds']:.1f} | {row['ctxrep_cpu_speedup']:.2f}x | {r['bleu']:.2f} | {100 * same:.1f}% |"
+            f"| {name} | {precision} | {search} | {r['seconds']:.2f} | {r['sentences_per_s']:.1f} | {row['ctxrep_speedup']:.2f}x "
+            f"| {r['cpu_seconds']:.2f} | {row['ctxrep_cpu_speedup']:.2f}x | {r['bleu']:.2f} | {100 * same:.1f}% |"
         )
     if args.json:
         settings = {k: str(v) for k, v in vars(args).items()} | {"max_len": max_len, "sentences": len(sources)}

@@ -126,7 +126,7 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
     default=None,
     help="A progress bar on stderr (default: only when stderr is a terminal, as `ctxrep embed`).",
 )
-@runtime_options(precisions=("fp32", "bf16", "fp16", "auto"), backends=("torch",))
+@runtime_options(precisions=("fp32", "bf16", "fp16", "int8", "auto"), backends=("torch",))
 @user_errors
 def translate(
     model_dir,
@@ -146,7 +146,7 @@ def translate(
     backend,
 ) -> None:
     """Translate --input (or stdin) with the model in --model, to --out (or stdout). --precision bf16 / fp16 runs a
-    copy of the weights cast to that type (int8 decoding and other backends: not yet, issue 23 section 5)."""
+    copy of the weights cast to that type; int8 (CPU) runs every linear layer and the output projection in int8."""
     from tqdm.auto import tqdm
 
     from ctxrep.translate.data import decode_lines, read_lines
@@ -255,7 +255,8 @@ def attention(model_dir, source, target, out_file, layer, head) -> None:
 
 def _placed(model, device: str | None, precision: str):
     """The translator on `device` (default: the CPU) at `precision`: fp32 as loaded, bf16 / fp16 with its weights
-    cast, auto: bf16 where the hardware multiplies it natively (`ctxrep.runtime.hardware.auto_precision`)."""
+    cast, int8: `quantize_translator`'s int8 linear layers (CPU only), auto: bf16 where the hardware multiplies it
+    natively (`ctxrep.runtime.hardware.auto_precision`)."""
     import torch
 
     from ctxrep import runtime
@@ -263,6 +264,12 @@ def _placed(model, device: str | None, precision: str):
     target = runtime.parse_device(device) or torch.device("cpu")
     if precision == "auto":
         precision = runtime.hardware.auto_precision(target, ("fp32", "bf16", "fp16"))
+    if precision == "int8":
+        from ctxrep.models.marian import quantize_translator
+
+        if target.type != "cpu":
+            raise ValueError(f"--precision int8 decodes on the CPU only, not {target}; use bf16 or fp16 on a GPU")
+        return quantize_translator(model)
     model = model.to(target)
     if precision != "fp32":
         model = model.to({"bf16": torch.bfloat16, "fp16": torch.float16}[precision])

@@ -58,13 +58,34 @@ def max_lengths(model: MarianMTModel, src_mask: torch.Tensor, max_len_a: float, 
     return limit.clamp(min=1, max=model.max_tokens)
 
 
+class _Logits:
+    """The decoder's next-token logits (rows, target vocab) for the last tokens (rows, 1), written into one buffer
+    reused by every step of a search (rows only shrink): a fresh (rows, vocab) tensor per step, 48 MB for 1,500
+    beams x 8,000 tokens, costs page faults as long as the projection itself, and so does log_softmax's output."""
+
+    def __init__(self, model: MarianMTModel) -> None:
+        self.model = model
+        self.buffer: torch.Tensor | None = None
+
+    def __call__(self, last: torch.Tensor, cache) -> torch.Tensor:
+        states = self.model.decode(last, cache, project=False).last_hidden_state[:, -1]  # (rows, d_model)
+        rows, vocab = states.shape[0], self.model.output_weight().shape[0]
+        if self.buffer is None or self.buffer.shape[0] < rows or self.buffer.dtype != states.dtype:
+            self.buffer = states.new_empty(rows, vocab)
+        return self.model.project(states, out=self.buffer[:rows])  # (rows, vocab), a prefix of the buffer
+
+
 def _next_log_probs(
-    model: MarianMTModel, last: torch.Tensor, cache, at_max: torch.Tensor, forced_eos_scores_zero: bool = False
+    logits_of: _Logits, last: torch.Tensor, cache, at_max: torch.Tensor, forced_eos_scores_zero: bool = False
 ) -> torch.Tensor:
     """log P(next token) (rows, target vocab) for the last tokens (rows, 1); pad banned, </s> forced on at_max rows
-    (keeping its log-probability, or 0 as transformers scores it)."""
-    c = model.config
-    log_probs = model.decode(last, cache).logits[:, -1].float().log_softmax(dim=-1)  # (rows, vocab)
+    (keeping its log-probability, or 0 as transformers scores it). Overwrites the logits' buffer."""
+    c = logits_of.model.config
+    logits = logits_of(last, cache)  # (rows, vocab)
+    if logits.dtype == torch.float32:
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: a row-wise kernel, the same numbers
+    else:
+        log_probs = logits.float().log_softmax(dim=-1)
     log_probs[:, c.pad_token_id] = float("-inf")
     if bool(at_max.any()):
         eos = 0.0 if forced_eos_scores_zero else log_probs[at_max, c.eos_token_id]
@@ -102,9 +123,10 @@ def greedy_search(
     tokens = src_ids.new_empty(batch, 0)  # (running, generated so far)
     last = src_ids.new_full((batch, 1), c.decoder_start_token_id)
     out: list[list[int]] = [[] for _ in range(batch)]
+    logits_of = _Logits(model)
     for step in range(int(limits.max())):
         at_max = step + 1 >= limits[alive]  # (running,)
-        logits = model.decode(last, cache).logits[:, -1]  # (running, vocab): argmax needs no softmax
+        logits = logits_of(last, cache)  # (running, vocab): argmax needs no softmax
         logits[:, c.pad_token_id] = float("-inf")
         best = logits.max(dim=-1).indices  # argmax (the first of equal maxima), and faster than argmax on CPU
         nxt = torch.where(at_max, c.eos_token_id, best)  # (running,) </s> forced at the limit
@@ -163,11 +185,12 @@ def beam_search(
     pool_tokens = src_ids.new_full((batch, 2 * k, longest), c.pad_token_id)
     pool_lengths = torch.zeros(batch, 2 * k, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.long, device=device)
+    logits_of = _Logits(model)
 
     for step in range(longest):
         n = alive.numel()
         at_max = step + 1 >= limits[alive]  # (n,)
-        log_probs = _next_log_probs(model, last, cache, at_max.repeat_interleave(k), penalty == "hf")  # (n * K, vocab)
+        log_probs = _next_log_probs(logits_of, last, cache, at_max.repeat_interleave(k), penalty == "hf")  # (n*K, V)
         # The 2K best tokens of each beam first: a sentence's 2K best (beam, token) candidates are among them, and
         # the sum with the beam scores and the second top-k then run over (n, K * 2K) instead of (n, K * vocab).
         log_probs, next_tokens = log_probs.topk(min(2 * k, log_probs.shape[-1]), dim=1)  # (n * K, 2K) each
