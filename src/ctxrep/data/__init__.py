@@ -46,6 +46,8 @@ _EXPORTS = {
     "read_tagged": "table",
     "read_questions": "table",
     "TaskData": "table",
+    # a sentence encoder's training pairs / triples / scored pairs (sentence_pairs.py)
+    "read_sentence_examples": "sentence_pairs",
     # tag schemes and entity F1 (tags.py)
     "entities": "tags",
     "entity_scores": "tags",
@@ -112,6 +114,7 @@ __all__ = [
     "ScoredPair",
     "read_tagged",
     "read_questions",
+    "read_sentence_examples",
     "TaskData",
 ]
 
