@@ -39,6 +39,10 @@ PENALTIES = ("gnmt", "hf")
 # beam 5 at 0.6 wrote 12% short (length ratio 0.880, +0.2 BLEU over greedy); 2.0 gives 0.968 and +1.6 BLEU, within
 # 0.1 BLEU of the best alpha of the sweep (benchmarks/RESULTS.md, "Beam search's length penalty").
 DEFAULT_LENGTH_PENALTY = 2.0
+# Greedy search drops finished sentences from the batch (and the cache) once they are this share of it: each drop
+# copies every layer's keys/values, and a finished row left in costs one row of each step's products until then.
+# 0.25 against 0 (drop at every finish): 2-5% less CPU time on 500 Multi30k sentences, identical outputs.
+GREEDY_DROP_SHARE = 0.25
 
 
 @dataclass
@@ -124,6 +128,7 @@ def greedy_search(
     last = src_ids.new_full((batch, 1), c.decoder_start_token_id)
     out: list[list[int]] = [[] for _ in range(batch)]
     logits_of = _Logits(model)
+    done = torch.zeros(batch, dtype=torch.bool, device=src_ids.device)  # (running,) finished, still carried
     for step in range(int(limits.max())):
         at_max = step + 1 >= limits[alive]  # (running,)
         logits = logits_of(last, cache)  # (running, vocab): argmax needs no softmax
@@ -131,15 +136,18 @@ def greedy_search(
         best = logits.max(dim=-1).indices  # argmax (the first of equal maxima), and faster than argmax on CPU
         nxt = torch.where(at_max, c.eos_token_id, best)  # (running,) </s> forced at the limit
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        finished = nxt == c.eos_token_id
+        finished = (nxt == c.eos_token_id) & ~done
         if bool(finished.any()):
             for i, row in zip(alive[finished].tolist(), tokens[finished, :-1].tolist()):
                 out[i] = row
-            keep = (~finished).nonzero().squeeze(1)
-            if keep.numel() == 0:
+            done |= finished
+            n_done = int(done.sum())
+            if n_done == done.numel():
                 break
-            alive, tokens, nxt = alive[keep], tokens[keep], nxt[keep]
-            cache.keep(keep)
+            if n_done >= GREEDY_DROP_SHARE * done.numel():
+                keep = (~done).nonzero().squeeze(1)
+                alive, tokens, nxt, done = alive[keep], tokens[keep], nxt[keep], done[keep]
+                cache.keep(keep)
         last = nxt[:, None]
     return out
 
