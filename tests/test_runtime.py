@@ -96,7 +96,7 @@ def test_graphs_are_exported_once_checked_and_reused(tiny_models, monkeypatch):
     folder = str(tiny_models["electra"])
     Featurizer(folder, backend="onnxruntime", compile=False).embed_words(WORDS[:1])
     model = Featurizer(folder).model
-    path = graphs.fp32_onnx(model, model.num_layers)
+    path = graphs.fp32_onnx(model, (model.num_layers,))
     checks = (path.parent / "check.json").read_text()
     assert '"fp32.onnx"' in checks and '"max_relative_diff"' in checks
     exported = []

@@ -1,9 +1,9 @@
 """The encoder as an ONNX graph (and OpenVINO IR), exported once per model, depth and precision into ctxrep's cache.
 
 `$CTXREP_CACHE/graphs/KEY/` (~/.cache/ctxrep/graphs), KEY a hash of the model's class, config and every weight and
-of the deepest layer asked for, holds:
-  fp32.onnx           inputs input_ids, attention_mask[, token_type_ids] (batch, sequence); outputs hidden_state_0 ..
-                      hidden_state_TOP (batch, sequence, hidden): ctxrep.export's exporters on a float32 CPU copy,
+of the layers asked for, holds:
+  fp32.onnx           inputs input_ids, attention_mask[, token_type_ids] (batch, sequence); outputs hidden_state_I for
+                      each layer I asked for (batch, sequence, hidden): ctxrep.export's exporters on a float32 CPU copy,
                       checked against the torch forward when written (max |difference| at real tokens)
   ort-int8.onnx       onnxruntime.quantization.quantize_dynamic of fp32.onnx (int8 weights per channel)
   openvino.xml/.bin   fp32.onnx as OpenVINO IR (fp32, bf16 and fp16 are compile-time hints over it)
@@ -46,15 +46,15 @@ def graphs_dir() -> Path:
     return ctxrep_cache() / "graphs"
 
 
-def output_names(top: int) -> list[str]:
-    return [f"hidden_state_{i}" for i in range(top + 1)]
+def output_names(layers: tuple[int, ...]) -> list[str]:
+    return [f"hidden_state_{i}" for i in layers]
 
 
-def model_key(model: Encoder, top: int) -> str:
+def model_key(model: Encoder, layers: tuple[int, ...]) -> str:
     """A hash of what the graph computes: the class, its config, every parameter and buffer (names, shapes, dtypes,
-    bytes), the deepest layer output, and GRAPH_VERSION."""
+    bytes), the layers output, and GRAPH_VERSION."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"{GRAPH_VERSION}|{type(model).__module__}.{type(model).__qualname__}|{top}|".encode())
+    h.update(f"{GRAPH_VERSION}|{type(model).__module__}.{type(model).__qualname__}|{layers}|".encode())
     h.update(repr(getattr(model, "config", None)).encode())
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         t = tensor.detach().to("cpu").contiguous()
@@ -64,19 +64,21 @@ def model_key(model: Encoder, top: int) -> str:
 
 
 class HiddenStates(nn.Module):
-    """The encoder as a function of tensors: (input_ids, attention_mask[, token_type_ids]) -> hidden states 0..top."""
+    """The encoder as a function of tensors: (input_ids, attention_mask[, token_type_ids]) -> the hidden states of
+    `layers` (only those: a graph with fewer outputs converts and copies less, e.g. at bf16)."""
 
-    def __init__(self, encoder: Encoder, top: int) -> None:
+    def __init__(self, encoder: Encoder, layers: tuple[int, ...]) -> None:
         super().__init__()
         self.encoder = encoder
-        self.top = top
+        self.layers = layers
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        num_layers = self.top if self.top < self.encoder.num_layers else None
-        return tuple(self.encoder.encode(batch, num_layers=num_layers).hidden_states[: self.top + 1])
+        top = max(self.layers)
+        hidden = self.encoder.encode(batch, num_layers=top if top < self.encoder.num_layers else None).hidden_states
+        return tuple(hidden[i] for i in self.layers)
 
 
 def check_batches(model: Encoder) -> list[dict[str, torch.Tensor]]:
@@ -126,9 +128,9 @@ def float_copy(model: Encoder) -> Encoder:
     return copy.deepcopy(model).float().cpu().eval()
 
 
-def fp32_onnx(model: Encoder, top: int) -> Path:
-    """KEY/fp32.onnx for `model` up to layer `top`, exported and checked on first use."""
-    folder = graphs_dir() / model_key(model, top)
+def fp32_onnx(model: Encoder, layers: tuple[int, ...]) -> Path:
+    """KEY/fp32.onnx for `model`'s `layers`, exported and checked on first use."""
+    folder = graphs_dir() / model_key(model, layers)
     path = folder / "fp32.onnx"
     if path.is_file():
         return path
@@ -140,7 +142,7 @@ def fp32_onnx(model: Encoder, top: int) -> Path:
     from ctxrep.export import EXPORTERS, _batch, _export, _first_line
 
     encoder = float_copy(model)
-    wrapper = HiddenStates(encoder, top).eval()
+    wrapper = HiddenStates(encoder, layers).eval()
     example = _batch(encoder, [min(8, encoder.max_tokens), min(5, encoder.max_tokens - 1)], seed=0)
     folder.mkdir(parents=True, exist_ok=True)
     tried = []
@@ -148,7 +150,7 @@ def fp32_onnx(model: Encoder, top: int) -> Path:
         with tempfile.TemporaryDirectory(dir=folder) as tmp:
             candidate = Path(tmp) / "fp32.onnx"
             try:
-                _export(wrapper, example, candidate, 17, exporter, tuple(output_names(top)))
+                _export(wrapper, example, candidate, 17, exporter, tuple(output_names(layers)))
                 session = ort_session(candidate, 1)
                 diff, cosine = compare(functools.partial(ort_run, session), wrapper, check_batches(encoder))
             except Exception as e:  # exporters and ONNX Runtime raise many types; the next exporter may work
@@ -179,10 +181,10 @@ def ort_run(session, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     return session.run(None, {k: v for k, v in feed.items() if k in names})
 
 
-def ort_int8_onnx(model: Encoder, top: int) -> Path:
+def ort_int8_onnx(model: Encoder, layers: tuple[int, ...]) -> Path:
     """KEY/ort-int8.onnx: ONNX Runtime's dynamic quantization of fp32.onnx, its matrix products only (int8 weights
     per output channel, uint8 activations quantized per call); the embedding tables stay float32."""
-    fp32 = fp32_onnx(model, top)
+    fp32 = fp32_onnx(model, layers)
     path = fp32.parent / "ort-int8.onnx"
     if path.is_file():
         return path
@@ -204,7 +206,9 @@ def ort_int8_onnx(model: Encoder, top: int) -> Path:
             logging.getLogger().setLevel(quiet)
         encoder = float_copy(model)
         session = ort_session(candidate, 1)
-        diff, cosine = compare(lambda feed: ort_run(session, feed), HiddenStates(encoder, top), check_batches(encoder))
+        diff, cosine = compare(
+            lambda feed: ort_run(session, feed), HiddenStates(encoder, layers), check_batches(encoder)
+        )
         check_quantized(model, "ONNX Runtime int8", cosine)
         os.replace(candidate, path)
     record_check(path.parent, path.name, {"max_relative_diff": diff, "cosine": cosine})

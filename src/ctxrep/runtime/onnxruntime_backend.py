@@ -30,22 +30,23 @@ class OnnxRuntime:
         self.model = model
         self.precision = precision
         self.device = torch.device("cpu")
-        self._sessions: dict[int, object] = {}  # deepest layer -> session
+        self._sessions: dict[tuple[int, ...], object] = {}  # layers -> session
 
-    def _session(self, top: int):
-        if top not in self._sessions:
+    def _session(self, layers: tuple[int, ...]):
+        if layers not in self._sessions:
             path = (
-                graphs.fp32_onnx(self.model, top) if self.precision == "fp32" else graphs.ort_int8_onnx(self.model, top)
+                graphs.fp32_onnx(self.model, layers)
+                if self.precision == "fp32"
+                else graphs.ort_int8_onnx(self.model, layers)
             )
-            self._sessions[top] = graphs.ort_session(path, torch.get_num_threads())
-        return self._sessions[top]
+            self._sessions[layers] = graphs.ort_session(path, torch.get_num_threads())
+        return self._sessions[layers]
 
     def hidden_states(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
     ) -> torch.Tensor:
         """(len(layers), batch, seq, hidden) float32 on the CPU."""
-        top = max(layers)
-        session = self._session(top)
+        session = self._session(tuple(sorted(set(layers))))
         names = {i.name for i in session.get_inputs()}
         wanted = [f"hidden_state_{i}" for i in sorted(set(layers))]
         outputs = session.run(wanted, {k: v.numpy() for k, v in batch.items() if k in names})

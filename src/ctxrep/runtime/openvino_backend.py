@@ -19,9 +19,9 @@ from ctxrep.runtime.hardware import cpu_has_bf16
 HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
 
-def ir_file(model: Encoder, top: int) -> Path:
+def ir_file(model: Encoder, layers: tuple[int, ...]) -> Path:
     """KEY/openvino.xml (+ .bin): fp32.onnx read by OpenVINO and saved as IR, checked against the torch forward."""
-    fp32 = graphs.fp32_onnx(model, top)
+    fp32 = graphs.fp32_onnx(model, layers)
     path = fp32.parent / "openvino.xml"
     if path.is_file():
         return path
@@ -33,7 +33,7 @@ def ir_file(model: Encoder, top: int) -> Path:
         ov.save_model(core.read_model(str(fp32)), str(candidate), compress_to_fp16=False)
         compiled = compile_ir(core, candidate, "f32", 1)
         encoder = graphs.float_copy(model)
-        reference = graphs.HiddenStates(encoder, top)
+        reference = graphs.HiddenStates(encoder, layers)
         diff, cosine = graphs.compare(
             lambda feed: run_compiled(compiled, feed), reference, graphs.check_batches(encoder)
         )
@@ -48,10 +48,10 @@ def ir_file(model: Encoder, top: int) -> Path:
     return path
 
 
-def int8_ir_file(model: Encoder, tokenizer, top: int, max_length: int) -> Path:
+def int8_ir_file(model: Encoder, tokenizer, layers: tuple[int, ...], max_length: int) -> Path:
     """KEY/openvino-int8.xml: NNCF post-training quantization (model_type TRANSFORMER: SmoothQuant, int8 matrix
     products, the rest as the plugin runs it) calibrated on `fast.CALIBRATION_TEXTS`, one sentence per sample."""
-    fp32 = ir_file(model, top)
+    fp32 = ir_file(model, layers)
     path = fp32.parent / "openvino-int8.xml"
     if path.is_file():
         return path
@@ -80,7 +80,7 @@ def int8_ir_file(model: Encoder, tokenizer, top: int, max_length: int) -> Path:
         ov.save_model(quantized, str(candidate), compress_to_fp16=False)
         compiled = compile_ir(core, candidate, int8_hint(), 1)
         encoder = graphs.float_copy(model)
-        reference = graphs.HiddenStates(encoder, top)
+        reference = graphs.HiddenStates(encoder, layers)
         diff, cosine = graphs.compare(
             lambda feed: run_compiled(compiled, feed), reference, graphs.check_batches(encoder)
         )
@@ -137,25 +137,26 @@ class OpenVinoRuntime:
         self.precision = precision
         self.max_length = max_length
         self.device = torch.device("cpu")
-        self._compiled: dict[int, tuple[object, object]] = {}  # deepest layer -> (compiled model, infer request)
+        self._compiled: dict[tuple[int, ...], tuple[object, object]] = {}  # layers -> (compiled model, request)
 
-    def _request(self, top: int):
-        if top not in self._compiled:
+    def _request(self, layers: tuple[int, ...]):
+        if layers not in self._compiled:
             import openvino as ov
 
             if self.precision == "int8":
-                path, hint = int8_ir_file(self.model, self.tokenizer, top, self.max_length), int8_hint()
+                path, hint = int8_ir_file(self.model, self.tokenizer, layers, self.max_length), int8_hint()
             else:
-                path, hint = ir_file(self.model, top), HINTS[self.precision]
+                path, hint = ir_file(self.model, layers), HINTS[self.precision]
             compiled = compile_ir(ov.Core(), path, hint, torch.get_num_threads())
-            self._compiled[top] = (compiled, compiled.create_infer_request())
-        return self._compiled[top]
+            self._compiled[layers] = (compiled, compiled.create_infer_request())
+        return self._compiled[layers]
 
     def hidden_states(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
     ) -> torch.Tensor:
         """(len(layers), batch, seq, hidden) float32 on the CPU."""
-        compiled, request = self._request(max(layers))
+        wanted = tuple(sorted(set(layers)))  # the graph's outputs, in this order
+        compiled, request = self._request(wanted)
         request.infer({k: batch[k].numpy() for k in input_names(compiled)})
-        out = [request.get_output_tensor(i).data for i in layers]  # views of the request's buffers
+        out = [request.get_output_tensor(wanted.index(i)).data for i in layers]  # views of the request's buffers
         return torch.stack([torch.from_numpy(np.asarray(o, dtype=np.float32)) for o in out])
