@@ -114,3 +114,30 @@ def test_int8_outputs_mostly_equal_float32(model):
     assert sum(a == b for a, b in zip(greedy32, greedy8)) >= 0.85 * len(greedy32)
     assert sum(a == b for a, b in zip(beam32, beam8)) >= 0.7 * len(beam32)
     assert len({len(r) for r in greedy32}) > 3  # the outputs end at several lengths: a real comparison
+
+
+def test_mt_translate_precision_int8_runs_the_int8_translator(tmp_path, monkeypatch):
+    from _mt_text import write_parallel
+    from click.testing import CliRunner
+
+    import ctxrep.models.marian as marian
+    from ctxrep.cli.mt import mt
+
+    src, tgt = write_parallel(tmp_path, "train", 200)
+    out = tmp_path / "model"
+    train = ["train", "--config", "tiny", "--src", src, "--tgt", tgt, "--valid-src", src, "--valid-tgt", tgt]
+    result = CliRunner().invoke(mt, [str(a) for a in [*train, "--out", out, "--max-steps", "20"]])
+    assert result.exit_code == 0, result.output
+    calls = []
+    monkeypatch.setattr(marian, "quantize_translator", lambda m: calls.append(m) or quantize_translator(m))
+    texts = {}
+    for precision in ("fp32", "int8"):
+        args = ["translate", "--model", out, "--input", src, "--beam", "2", "--precision", precision]
+        result = CliRunner().invoke(mt, [str(a) for a in args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        texts[precision] = result.stdout.splitlines()
+    assert len(calls) == 1  # int8 only, and through quantize_translator
+    same = sum(a == b for a, b in zip(texts["fp32"], texts["int8"]))
+    assert len(texts["int8"]) == 200 and same >= 0.8 * 200
+    refused = CliRunner().invoke(mt, ["translate", "--model", str(out), "--precision", "int8", "--device", "meta"])
+    assert refused.exit_code != 0 and "CPU only" in refused.output
