@@ -137,8 +137,7 @@ def batches(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def ctxrep_system(model, tokenizer, args, max_len: int, precision: str = "fp32"):
-    from ctxrep.models.marian import quantize_translator
-    from ctxrep.translate.search import translate
+    from ctxrep.translate.search import quantize_translator, translate
 
     if precision == "int8":
         model = quantize_translator(model)

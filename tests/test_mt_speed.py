@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ctxrep.fast import Int8Linear
-from ctxrep.models.marian import MarianConfig, MarianMTModel, quantize_translator
-from ctxrep.translate.search import beam_search, greedy_search
+from ctxrep.models.marian import MarianConfig, MarianMTModel
+from ctxrep.translate.search import beam_search, greedy_search, quantize_translator
 
 PAD, EOS, VOCAB = 59, 0, 60
 
@@ -120,7 +120,7 @@ def test_mt_translate_precision_int8_runs_the_int8_translator(tmp_path, monkeypa
     from _mt_text import write_parallel
     from click.testing import CliRunner
 
-    import ctxrep.models.marian as marian
+    import ctxrep.translate.search as search
     from ctxrep.cli.mt import mt
 
     src, tgt = write_parallel(tmp_path, "train", 200)
@@ -129,7 +129,7 @@ def test_mt_translate_precision_int8_runs_the_int8_translator(tmp_path, monkeypa
     result = CliRunner().invoke(mt, [str(a) for a in [*train, "--out", out, "--max-steps", "20"]])
     assert result.exit_code == 0, result.output
     calls = []
-    monkeypatch.setattr(marian, "quantize_translator", lambda m: calls.append(m) or quantize_translator(m))
+    monkeypatch.setattr(search, "quantize_translator", lambda m: calls.append(m) or quantize_translator(m))
     texts = {}
     for precision in ("fp32", "int8"):
         args = ["translate", "--model", out, "--input", src, "--beam", "2", "--precision", precision]

@@ -265,7 +265,7 @@ def _placed(model, device: str | None, precision: str):
     if precision == "auto":
         precision = runtime.hardware.auto_precision(target, ("fp32", "bf16", "fp16"))
     if precision == "int8":
-        from ctxrep.models.marian import quantize_translator
+        from ctxrep.translate.search import quantize_translator
 
         if target.type != "cpu":
             raise ValueError(f"--precision int8 decodes on the CPU only, not {target}; use bf16 or fp16 on a GPU")

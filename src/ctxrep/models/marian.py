@@ -713,7 +713,7 @@ class MarianMTModel(Encoder):
         """Pre-softmax logits (..., target vocab) of decoder states (..., d_model): states E^T + b (sec. 3.4).
         out: a (rows, target vocab) tensor to write the logits of 2-D states into (search reuses one buffer for
         every step: a fresh (rows, vocab) tensor per step costs page faults as large as the product). A model
-        quantized by `quantize_translator` projects in int8 (`int8_projection`) and ignores `out`."""
+        quantized by `ctxrep.translate.search.quantize_translator` projects in int8 (`int8_projection`) and ignores `out`."""
         int8 = getattr(self, "int8_projection", None)
         if int8 is not None:
             return int8(states)
@@ -940,21 +940,3 @@ def hf_parameter_names(config: MarianConfig) -> dict[str, str]:
             for p in ("weight", "bias"):
                 names[f"model.{side}.layer_norm.{p}"] = f"{side}.layer_norm.{p}"
     return names
-
-
-def quantize_translator(model: MarianMTModel) -> MarianMTModel:
-    """A copy of `model` (eval mode) that decodes in int8: every nn.Linear of the encoder and decoder becomes
-    ctxrep.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call), and so does
-    the output projection (`int8_projection`, from the tied embeddings; the embeddings themselves stay float32).
-    No SmoothQuant calibration (fast.quantize_int8 with no batches: every smoothing scale is 1), as CTranslate2's
-    compute_type="int8" quantizes weights per row and activations on the fly. CPU only."""
-    from ctxrep.fast import Int8Linear, quantize_int8
-
-    keep = ("lm_head",) if model.lm_head is not None else ()  # projected by int8_projection below instead
-    quantized = quantize_int8(model, [], keep_float=keep)
-    weight = model.output_weight().detach().float()  # (target vocab, d_model)
-    projection = nn.Linear(weight.shape[1], weight.shape[0], device="meta")  # no RNG draw, no allocation
-    projection.weight = nn.Parameter(weight)
-    projection.bias = nn.Parameter(model.final_logits_bias[0].detach().float().clone())
-    quantized.int8_projection = Int8Linear(projection)
-    return quantized

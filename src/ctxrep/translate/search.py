@@ -27,7 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
+from ctxrep.fast import Int8Linear, quantize_int8
 from ctxrep.inputs import token_budget_batches
 from ctxrep.models.marian import MarianMTModel
 from ctxrep.translate.tokenizer import MTTokenizer
@@ -351,3 +353,19 @@ def translate(
         progress=progress,
     )
     return [None if f is None else f[0][0] for f in found]
+
+
+def quantize_translator(model: MarianMTModel) -> MarianMTModel:
+    """A copy of `model` (eval mode) that decodes in int8: every nn.Linear of the encoder and decoder becomes
+    ctxrep.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call), and so does
+    the output projection (`int8_projection`, from the tied embeddings; the embeddings themselves stay float32).
+    No SmoothQuant calibration (fast.quantize_int8 with no batches: every smoothing scale is 1), as CTranslate2's
+    compute_type="int8" quantizes weights per row and activations on the fly. CPU only."""
+    keep = ("lm_head",) if model.lm_head is not None else ()  # projected by int8_projection below instead
+    quantized = quantize_int8(model, [], keep_float=keep)
+    weight = model.output_weight().detach().float()  # (target vocab, d_model)
+    projection = nn.Linear(weight.shape[1], weight.shape[0], device="meta")  # no RNG draw, no allocation
+    projection.weight = nn.Parameter(weight)
+    projection.bias = nn.Parameter(model.final_logits_bias[0].detach().float().clone())
+    quantized.int8_projection = Int8Linear(projection)
+    return quantized
