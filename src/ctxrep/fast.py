@@ -291,9 +291,10 @@ def quantize_int8(
     unknown = keep - {n for n, m in quantized.named_modules() if isinstance(m, nn.Linear)}
     if unknown:
         raise ValueError(f"keep_float names no nn.Linear of this model: {sorted(unknown)}")
+    fusable = set(quantized.fusable_qkv_modules())  # read once: fusing one module changes no other's name
     for name, module in list(quantized.named_modules()):  # BERT-family attention: q, k and v as one product
         parts = [f"{name}.{p}" for p in ("query", "key", "value")]
-        if name in quantized.fusable_qkv_modules() and not keep.intersection(parts):
+        if name in fusable and not keep.intersection(parts):
             fused = nn.Linear(module.query.in_features, 3 * module.query.out_features, device="meta")  # no RNG draw
             fused.weight = nn.Parameter(torch.cat([module.query.weight, module.key.weight, module.value.weight]))
             fused.bias = nn.Parameter(torch.cat([module.query.bias, module.key.bias, module.value.bias]))

@@ -30,25 +30,24 @@ class OnnxRuntime:
         self.model = model
         self.precision = precision
         self.device = torch.device("cpu")
-        self._sessions: dict[tuple[int, ...], object] = {}  # layers -> session
+        self._sessions: dict[tuple[int, ...], tuple[object, set[str]]] = {}  # layers -> (session, its input names)
 
-    def _session(self, layers: tuple[int, ...]):
+    def _session(self, layers: tuple[int, ...]) -> tuple[object, set[str]]:
         if layers not in self._sessions:
             path = (
                 graphs.fp32_onnx(self.model, layers)
                 if self.precision == "fp32"
                 else graphs.ort_int8_onnx(self.model, layers)
             )
-            self._sessions[layers] = graphs.ort_session(path, torch.get_num_threads())
+            session = graphs.ort_session(path, torch.get_num_threads())
+            self._sessions[layers] = (session, {i.name for i in session.get_inputs()})
         return self._sessions[layers]
 
     def hidden_states(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
     ) -> torch.Tensor:
         """(len(layers), batch, seq, hidden) float32 on the CPU."""
-        session = self._session(tuple(sorted(set(layers))))
-        names = {i.name for i in session.get_inputs()}
-        wanted = [f"hidden_state_{i}" for i in sorted(set(layers))]
-        outputs = session.run(wanted, {k: v.numpy() for k, v in batch.items() if k in names})
-        by_name = dict(zip(wanted, outputs))
-        return torch.stack([torch.from_numpy(by_name[f"hidden_state_{i}"]) for i in layers])
+        unique = tuple(sorted(set(layers)))  # the graph's outputs, in this order
+        session, names = self._session(unique)
+        outputs = session.run(graphs.output_names(unique), {k: v.numpy() for k, v in batch.items() if k in names})
+        return torch.stack([torch.from_numpy(outputs[unique.index(i)]) for i in layers])
