@@ -156,23 +156,9 @@ class TaskParams:
     bf16: bool = False
 
 
-class TaskEstimator(TaskParams):
-    """Fit and predict around the parts that do the work; see the module docstring for what subclasses provide.
-
-    A subclass is a dataclass over TaskParams (`@dataclass(eq=False, repr=False)`) that declares only its own
-    parameters; its docstring documents those, and the shared parameters' documentation (TaskParams') is appended
-    to it, so that help() on any estimator lists every parameter.
-    """
-
-    _estimator_type: ClassVar[str | None] = None
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("__doc__")
-        if own and SHARED_DOC_TITLE not in own:
-            cls.__doc__ = f"{inspect.cleandoc(own)}\n\n{SHARED_DOC_TITLE}\n{_shared_doc()}"
-
-    # ---- scikit-learn's parameter protocol (no scikit-learn import needed) ----
+class ParamsProtocol:
+    """scikit-learn's parameter protocol (no scikit-learn import needed): the parameters are `__init__`'s arguments,
+    stored unchanged as attributes; shared by the task estimators and tasks/sentence_encoder.py's SentenceEncoder."""
 
     @classmethod
     def _get_param_names(cls) -> list[str]:
@@ -182,7 +168,7 @@ class TaskEstimator(TaskParams):
     def get_params(self, deep: bool = True) -> dict:
         return {name: getattr(self, name) for name in self._get_param_names()}
 
-    def set_params(self, **params) -> TaskEstimator:
+    def set_params(self, **params) -> ParamsProtocol:
         valid = self._get_param_names()
         for name, value in params.items():
             if name not in valid:
@@ -198,6 +184,23 @@ class TaskEstimator(TaskParams):
             if n != "self" and getattr(self, n) != p.default
         ]
         return f"{type(self).__name__}({', '.join(changed)})"
+
+
+class TaskEstimator(TaskParams, ParamsProtocol):
+    """Fit and predict around the parts that do the work; see the module docstring for what subclasses provide.
+
+    A subclass is a dataclass over TaskParams (`@dataclass(eq=False, repr=False)`) that declares only its own
+    parameters; its docstring documents those, and the shared parameters' documentation (TaskParams') is appended
+    to it, so that help() on any estimator lists every parameter.
+    """
+
+    _estimator_type: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__doc__")
+        if own and SHARED_DOC_TITLE not in own:
+            cls.__doc__ = f"{inspect.cleandoc(own)}\n\n{SHARED_DOC_TITLE}\n{_shared_doc()}"
 
     def __sklearn_tags__(self):  # only scikit-learn calls this, so it is the only place that imports it
         from sklearn.utils import ClassifierTags, InputTags, Tags, TargetTags

@@ -30,7 +30,6 @@ truncated, in training and encoding alike (sentence-transformers' max_seq_length
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import secrets
@@ -47,6 +46,7 @@ from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import is_sentence_transformers_folder, read_sentence_pooling
 from ctxrep.sentence_similarity import sts_evaluate
 from ctxrep.tasks import loop
+from ctxrep.tasks.base import ParamsProtocol
 
 LOSSES = ("mnrl", "simcse", "cosine", "cosent")
 POOLINGS = ("model", "mean", "cls")
@@ -55,7 +55,7 @@ CONFIG_FILE = "ctxrep_sentence_encoder.json"
 ENCODE_TOKENS = 8192  # token budget of one encoding batch (rows x longest)
 
 
-class SentenceEncoder:
+class SentenceEncoder(ParamsProtocol):
     """A trainable bi-encoder; see the module docstring.
 
     model: encoder name or folder (a Transformer family; "minilm" is sentence-transformers' all-MiniLM-L6-v2).
@@ -108,30 +108,6 @@ class SentenceEncoder:
         self.device = device
         self.bf16 = bf16
         self.progress = progress
-
-    # ---- scikit-learn's parameter protocol ----
-
-    @classmethod
-    def _get_param_names(cls) -> list[str]:
-        return sorted(p for p in inspect.signature(cls.__init__).parameters if p != "self")
-
-    def get_params(self, deep: bool = True) -> dict:
-        return {name: getattr(self, name) for name in self._get_param_names()}
-
-    def set_params(self, **params) -> SentenceEncoder:
-        valid = self._get_param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise ValueError(f"SentenceEncoder has no parameter {name!r}; valid parameters: {valid}")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self) -> str:
-        defaults = inspect.signature(type(self).__init__).parameters
-        changed = [
-            f"{n}={getattr(self, n)!r}" for n in self._get_param_names() if getattr(self, n) != defaults[n].default
-        ]
-        return f"SentenceEncoder({', '.join(changed)})"
 
     def _check_params(self) -> None:
         if self.loss not in LOSSES:
