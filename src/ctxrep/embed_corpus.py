@@ -234,6 +234,7 @@ def open_input(input_path: str):
 
 def parse_layers(value: str) -> int | list[int] | str:
     """The CLI's --layers text ("-1", "0,3,6", "all", "mix") as the Featurizer's `layers` argument."""
+    value = value.strip()
     if value in ("all", "mix"):
         return value
     try:

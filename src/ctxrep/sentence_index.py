@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctxrep.embed_corpus import parse_layers
 from ctxrep.sentence_similarity import METRICS, normalize_rows
 
 __all__ = ["SentenceIndex", "Hits", "SentenceIndexError"]
@@ -440,20 +441,6 @@ def _is_user_folder(source) -> bool:
     from ctxrep.models.loading import PACKAGED_MODELS
 
     return str(source.name) not in PACKAGED_MODELS and Path(str(source.name)).expanduser().is_dir()
-
-
-def parse_layers(value: str) -> int | list[int] | str:
-    """The --layers option's text ("-1", "0,3,6", "mix", "all") as Featurizer's `layers`."""
-    value = value.strip()
-    if value in ("all", "mix"):
-        return value
-    try:
-        parts = [int(x) for x in value.split(",")]
-    except ValueError:
-        raise ValueError(
-            f"--layers must be a layer index, a comma-separated list, 'all' or 'mix'; got {value!r}"
-        ) from None
-    return parts[0] if len(parts) == 1 else parts
 
 
 def _settings_from_embed(settings: dict) -> dict:

@@ -22,11 +22,15 @@ EPS = 1e-12
 __all__ = ["similarity", "normalize_rows", "sts_evaluate", "spearman", "pearson", "METRICS"]
 
 
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """x / max(||x||, eps) along the last axis (L2), in float64; zero rows stay zero."""
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), EPS)
+
+
 def normalize_rows(x: np.ndarray) -> np.ndarray:
     """x / max(||x||, eps) along the last axis (L2) as float32; zero rows stay zero."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x.astype(np.float64), axis=-1, keepdims=True)
-    return (x / np.maximum(norms, EPS)).astype(np.float32)
+    return _unit_rows(np.asarray(x, dtype=np.float32)).astype(np.float32)
 
 
 def _is_texts(x) -> bool:
@@ -101,8 +105,7 @@ def similarity(
     if u.shape[1] != v.shape[1]:
         raise ValueError(f"similarity: a's vectors are {u.shape[1]} wide but b's are {v.shape[1]}; use the same model")
     if metric == "cosine":
-        u = u / np.maximum(np.linalg.norm(u, axis=1, keepdims=True), EPS)
-        v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), EPS)
+        u, v = _unit_rows(u), _unit_rows(v)
     if pairwise:
         if len(u) != len(v):
             raise ValueError(f"similarity(pairwise=True): a has {len(u)} rows but b has {len(v)}; give equal numbers")

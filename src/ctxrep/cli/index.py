@@ -60,8 +60,8 @@ def build(
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
         ix = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric)
     else:
+        from ctxrep.embed_corpus import parse_layers
         from ctxrep.featurize import Featurizer
-        from ctxrep.sentence_index import parse_layers
 
         kwargs = {"device": device} if device else {}
         fz = Featurizer(model, layers=parse_layers(layers), sentence_pooling=sentence_pooling, progress=True, **kwargs)
