@@ -137,7 +137,8 @@ class OpenVinoRuntime:
         self.precision = precision
         self.max_length = max_length
         self.device = torch.device("cpu")
-        self._compiled: dict[tuple[int, ...], tuple[object, object]] = {}  # layers -> (compiled model, request)
+        # layers -> (compiled model, its infer request, its input names)
+        self._compiled: dict[tuple[int, ...], tuple[object, object, list[str]]] = {}
 
     def _request(self, layers: tuple[int, ...]):
         if layers not in self._compiled:
@@ -148,7 +149,7 @@ class OpenVinoRuntime:
             else:
                 path, hint = ir_file(self.model, layers), HINTS[self.precision]
             compiled = compile_ir(ov.Core(), path, hint, torch.get_num_threads())
-            self._compiled[layers] = (compiled, compiled.create_infer_request())
+            self._compiled[layers] = (compiled, compiled.create_infer_request(), input_names(compiled))
         return self._compiled[layers]
 
     def hidden_states(
@@ -156,7 +157,7 @@ class OpenVinoRuntime:
     ) -> torch.Tensor:
         """(len(layers), batch, seq, hidden) float32 on the CPU."""
         wanted = tuple(sorted(set(layers)))  # the graph's outputs, in this order
-        compiled, request = self._request(wanted)
-        request.infer({k: batch[k].numpy() for k in input_names(compiled)})
+        _, request, names = self._request(wanted)
+        request.infer({k: batch[k].numpy() for k in names})
         out = [request.get_output_tensor(wanted.index(i)).data for i in layers]  # views of the request's buffers
         return torch.stack([torch.from_numpy(np.asarray(o, dtype=np.float32)) for o in out])
