@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ctxrep.data.table import TaskData, _field, _table, _text, detect_format, numbered_lines
+from ctxrep.data.table import TaskData, _field, _table, _text, detect_format, numbered_lines, numeric_score
 
 FORMATS = ("csv", "tsv", "jsonl", "text", "sts")
 OPTIONS = ("--text-column", "--text-pair-column", "--negative-column")
@@ -81,10 +81,7 @@ def read_sentence_examples(
 
 
 def _score(path: Path, line: int, value, column) -> float:
-    try:
-        score = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        score = math.nan
+    score = numeric_score(value)
     if not math.isfinite(score):
         raise ValueError(
             f"{path}:{line}: the score column {column!r} (--score-column) holds {value!r}, which is not a number; "

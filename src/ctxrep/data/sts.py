@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ctxrep.data.conll import iter_utf8_lines
+from ctxrep.data.table import numeric_score
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +51,7 @@ def detect_layout(first_line: str) -> str:
 
 
 def _score(value: str, source: str, line: int, column: str) -> float:
-    try:
-        score = float(value)
-    except ValueError:
-        score = math.nan
+    score = numeric_score(value)
     if not math.isfinite(score):
         raise ValueError(
             f"{source}:{line}: the {column} field is {value!r}, not a number; every pair needs a numeric score"

@@ -257,6 +257,15 @@ def read_labelled_texts(
     return _nonempty(data, "examples")
 
 
+def numeric_score(value: Any) -> float:
+    """A field read as a score: its float value, or NaN for anything that is not a finite number (text, a missing
+    value, true/false); each reader names the file, line and column of a NaN in its own words."""
+    try:
+        return float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def read_scored_texts(
     path: str | Path,
     text_column: str | int = "text",
@@ -269,10 +278,7 @@ def read_scored_texts(
     data = read_labelled_texts(path, text_column, label_column, text_pair_column, format)
     scores = []
     for line, value in zip(data.lines, data.y):
-        try:
-            score = float(value) if not isinstance(value, bool) else math.nan
-        except (TypeError, ValueError):
-            score = math.nan
+        score = numeric_score(value)
         if not math.isfinite(score):
             raise ValueError(
                 f"{path}:{line}: the score column {label_column!r} (--label-column) holds {value!r}, which is not a "
