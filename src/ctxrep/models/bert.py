@@ -24,6 +24,15 @@ from torch import nn
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.heads import (
+    check_head_mask,
+    check_pruned_heads,
+    kept_heads,
+    linear_subset,
+    merge_pruned_heads,
+    pruned_heads_json,
+    remaining,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +86,11 @@ class BertConfig:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
-        self.pruned_heads = _check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
+        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
 
     def kept_heads(self, layer: int) -> list[int]:
         """The heads of `layer` that remain after pruning, in the original numbering."""
-        pruned = set(self.pruned_heads.get(layer, ()))
-        return [h for h in range(self.num_attention_heads) if h not in pruned]
+        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
 
     @property
     def position_offset(self) -> int:
@@ -115,7 +123,7 @@ class BertConfig:
             bos, eos = _BOS_EOS[self.model_type]
             d.update(bos_token_id=bos, eos_token_id=eos)
         del d["add_pooling_layer"]
-        d["pruned_heads"] = {str(k): v for k, v in sorted(self.pruned_heads.items()) if v}
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
         if not d["pruned_heads"]:
             del d["pruned_heads"]
         return d
@@ -143,33 +151,6 @@ class BertConfig:
             }
         config.__post_init__()  # check the new shape as a fresh config would be
         return config
-
-
-def _check_pruned_heads(pruned: Mapping, num_layers: int, num_heads: int) -> dict[int, list[int]]:
-    """{layer: [heads]} with int keys (config.json has strings), sorted unique heads; refuse what cannot be built."""
-    if not isinstance(pruned, Mapping):
-        raise ValueError(f"pruned_heads must map a layer index to a list of heads, got {type(pruned).__name__}")
-    out = {}
-    for key, heads in pruned.items():
-        try:
-            layer = int(key)
-            heads = sorted({int(h) for h in heads})
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"pruned_heads: {key!r}: {heads!r} is not a layer index and a list of head indices"
-            ) from None
-        if not 0 <= layer < num_layers:
-            raise ValueError(f"pruned_heads names layer {layer}, but the model has layers 0..{num_layers - 1}")
-        bad = [h for h in heads if not 0 <= h < num_heads]
-        if bad:
-            raise ValueError(f"pruned_heads: layer {layer} has heads 0..{num_heads - 1}, not {bad}")
-        if len(heads) == num_heads:
-            raise ValueError(
-                f"pruned_heads removes all {num_heads} heads of layer {layer}; keep at least one head per layer"
-            )
-        if heads:
-            out[layer] = heads
-    return out
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -270,33 +251,12 @@ class SelfAttention(nn.Module):
     def prune(self, heads: Iterable[int]) -> None:
         """Remove `heads` (original numbering; ones already removed are ignored): drop their rows of
         query/key/value and their columns of output, so the layer computes less, not just zeros."""
-        gone = set(heads)
-        keep = [h for h in self.kept_heads if h not in gone]
-        positions = [self.kept_heads.index(h) for h in keep]  # where the kept heads sit now
-        d = self.head_dim
-        rows = torch.tensor([p * d + i for p in positions for i in range(d)], dtype=torch.long)
-        self.query = _linear_subset(self.query, rows, dim=0)
-        self.key = _linear_subset(self.key, rows, dim=0)
-        self.value = _linear_subset(self.value, rows, dim=0)
-        self.output = _linear_subset(self.output, rows, dim=1)
+        keep, rows = remaining(self.kept_heads, heads, self.head_dim)
+        self.query = linear_subset(self.query, rows, dim=0)
+        self.key = linear_subset(self.key, rows, dim=0)
+        self.value = linear_subset(self.value, rows, dim=0)
+        self.output = linear_subset(self.output, rows, dim=1)
         self.kept_heads, self.num_heads = keep, len(keep)
-
-
-def _linear_subset(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
-    """A new Linear with the output rows (dim=0) or input columns (dim=1) of `linear` at `index`; the bias follows
-    the rows (a column subset keeps the whole bias)."""
-    weight = linear.weight.detach().index_select(dim, index.to(linear.weight.device))  # (out, in) subset
-    bias = linear.bias.detach()
-    if dim == 0:
-        bias = bias.index_select(0, index.to(bias.device))
-    new = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(weight)
-        new.bias.copy_(bias)
-    new.weight.requires_grad_(linear.weight.requires_grad)
-    new.bias.requires_grad_(linear.bias.requires_grad)
-    new.train(linear.training)
-    return new
 
 
 class EncoderLayer(nn.Module):
@@ -382,25 +342,10 @@ class BertModel(Encoder):
         are ignored). Query/key/value lose those heads' rows and the output projection their columns, so the
         model is smaller and faster; the result equals the unpruned model run with those heads' mask set to 0.
         config.pruned_heads records every removed head, so save_pretrained / from_pretrained rebuild it."""
-        heads = {layer: list(removed) for layer, removed in heads.items()}
-        merged = {layer: list(removed) for layer, removed in self.config.pruned_heads.items()}
-        for layer, removed in heads.items():
-            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-                raise ValueError(f"prune_heads: no layer {layer!r}; this model has layers 0..{self.num_layers - 1}")
-            bad = [h for h in removed if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.num_heads]
-            if bad:
-                raise ValueError(
-                    f"prune_heads: layer {layer} has heads 0..{self.num_heads - 1} (original numbering), not {bad}"
-                )
-            merged[layer] = sorted(set(merged.get(layer, [])) | set(removed))
-            if len(merged[layer]) == self.num_heads:
-                raise ValueError(
-                    f"prune_heads: that would remove all {self.num_heads} heads of layer {layer}; "
-                    "keep at least one head per layer"
-                )
+        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
         for layer, removed in heads.items():  # every request checked before any layer changes
             self.layers[layer].attention.prune(removed)
-        self.config.pruned_heads = {layer: merged[layer] for layer in sorted(merged) if merged[layer]}
+        self.config.pruned_heads = merged
 
     @property
     def hidden_size(self) -> int:
@@ -484,7 +429,7 @@ class BertModel(Encoder):
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         if head_mask is not None:
-            head_mask = self._check_head_mask(head_mask)  # (layers, heads)
+            head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         hidden_states = [x]
         attentions = []
@@ -501,17 +446,6 @@ class BertModel(Encoder):
             attentions=tuple(attentions) if output_attentions else None,
             pooler_output=pooled,
         )
-
-    def _check_head_mask(self, head_mask: torch.Tensor) -> torch.Tensor:
-        shape = (self.num_layers, self.num_heads)
-        if head_mask.dim() == 1 and head_mask.shape[0] == self.num_heads:
-            return head_mask.expand(shape)  # (layers, heads)
-        if tuple(head_mask.shape) != shape:
-            raise ValueError(
-                f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or "
-                f"({self.num_heads},), in the original head numbering even after pruning"
-            )
-        return head_mask
 
     # ---- Hugging Face folder format -------------------------------------------------------------
 

@@ -26,10 +26,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctxrep.models.bert import ACTIVATIONS, EncoderLayer, _check_pruned_heads
+from ctxrep.models.bert import ACTIVATIONS, EncoderLayer
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.heads import check_head_mask, check_pruned_heads, kept_heads, merge_pruned_heads, pruned_heads_json
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class DistilBertConfig:
             raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation {self.activation!r} is not supported; use one of {sorted(ACTIVATIONS)}")
-        self.pruned_heads = _check_pruned_heads(self.pruned_heads, self.n_layers, self.n_heads)
+        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.n_layers, self.n_heads)
 
     # BERT's names for the same numbers: what bert.py's EncoderLayer and SelfAttention read.
     model_type = MODEL_TYPE
@@ -97,8 +98,7 @@ class DistilBertConfig:
 
     def kept_heads(self, layer: int) -> list[int]:
         """The heads of `layer` that remain after pruning, in the original numbering."""
-        pruned = set(self.pruned_heads.get(layer, ()))
-        return [h for h in range(self.n_heads) if h not in pruned]
+        return kept_heads(self.pruned_heads, layer, self.n_heads)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> DistilBertConfig:
@@ -112,7 +112,7 @@ class DistilBertConfig:
         d = asdict(self)
         d["model_type"] = MODEL_TYPE
         d["architectures"] = ["DistilBertModel"]
-        d["pruned_heads"] = {str(k): v for k, v in sorted(self.pruned_heads.items()) if v}
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
         if not d["pruned_heads"]:
             del d["pruned_heads"]
         return d
@@ -222,25 +222,10 @@ class DistilBertModel(Encoder):
         """Remove attention heads for good: {layer: [head, ...]} in the original numbering (as BertModel.prune_heads:
         query/key/value lose the heads' rows, the output projection their columns; config.pruned_heads records
         them so that a saved folder rebuilds the smaller model)."""
-        heads = {layer: list(removed) for layer, removed in heads.items()}
-        merged = {layer: list(removed) for layer, removed in self.config.pruned_heads.items()}
-        for layer, removed in heads.items():
-            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
-                raise ValueError(f"prune_heads: no layer {layer!r}; this model has layers 0..{self.num_layers - 1}")
-            bad = [h for h in removed if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < self.num_heads]
-            if bad:
-                raise ValueError(
-                    f"prune_heads: layer {layer} has heads 0..{self.num_heads - 1} (original numbering), not {bad}"
-                )
-            merged[layer] = sorted(set(merged.get(layer, [])) | set(removed))
-            if len(merged[layer]) == self.num_heads:
-                raise ValueError(
-                    f"prune_heads: that would remove all {self.num_heads} heads of layer {layer}; "
-                    "keep at least one head per layer"
-                )
+        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
         for layer, removed in heads.items():  # every request checked before any layer changes
             self.layers[layer].attention.prune(removed)
-        self.config.pruned_heads = {layer: merged[layer] for layer in sorted(merged) if merged[layer]}
+        self.config.pruned_heads = merged
 
     def fusable_qkv_modules(self) -> list[str]:
         """Every layer's attention (bert.py's SelfAttention): one product for query, key and value when set."""
@@ -295,7 +280,7 @@ class DistilBertModel(Encoder):
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         if head_mask is not None:
-            head_mask = self._check_head_mask(head_mask)  # (layers, heads)
+            head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         x = self.embeddings(input_ids, position_ids)
         hidden_states, attentions = [x], []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
@@ -307,17 +292,6 @@ class DistilBertModel(Encoder):
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
-
-    def _check_head_mask(self, head_mask: torch.Tensor) -> torch.Tensor:
-        shape = (self.num_layers, self.num_heads)
-        if head_mask.dim() == 1 and head_mask.shape[0] == self.num_heads:
-            return head_mask.expand(shape)  # (layers, heads)
-        if tuple(head_mask.shape) != shape:
-            raise ValueError(
-                f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or "
-                f"({self.num_heads},), in the original head numbering even after pruning"
-            )
-        return head_mask
 
     # ---- Hugging Face folder format -------------------------------------------------------------
 

@@ -1,0 +1,118 @@
+"""Attention heads as units: which heads a layer keeps, the mask over them, and removing them for real.
+
+Michel et al. (2019, sec. 2.1) give each head h a mask variable xi_h, MHAtt(x) = sum_h xi_h Att_h(x); pruning a head
+drops its rows of the query / key / value projections and its columns of the output projection, so the layer
+computes less instead of multiplying by zero. Every family that can prune heads uses these helpers; head indices are
+always in the original numbering 0..num_heads - 1, before and after pruning (transformers' `pruned_heads` field).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+
+def check_pruned_heads(pruned: Mapping, num_layers: int, num_heads: int) -> dict[int, list[int]]:
+    """A config's pruned_heads as {layer: sorted unique heads} with int keys (config.json has strings); a one-line
+    ValueError for what cannot be built (a missing layer or head, or every head of a layer)."""
+    if not isinstance(pruned, Mapping):
+        raise ValueError(f"pruned_heads must map a layer index to a list of heads, got {type(pruned).__name__}")
+    out = {}
+    for key, heads in pruned.items():
+        try:
+            layer = int(key)
+            heads = sorted({int(h) for h in heads})
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"pruned_heads: {key!r}: {heads!r} is not a layer index and a list of head indices"
+            ) from None
+        if not 0 <= layer < num_layers:
+            raise ValueError(f"pruned_heads names layer {layer}, but the model has layers 0..{num_layers - 1}")
+        bad = [h for h in heads if not 0 <= h < num_heads]
+        if bad:
+            raise ValueError(f"pruned_heads: layer {layer} has heads 0..{num_heads - 1}, not {bad}")
+        if len(heads) == num_heads:
+            raise ValueError(
+                f"pruned_heads removes all {num_heads} heads of layer {layer}; keep at least one head per layer"
+            )
+        if heads:
+            out[layer] = heads
+    return out
+
+
+def pruned_heads_json(pruned: Mapping[int, Sequence[int]]) -> dict[str, list[int]]:
+    """pruned_heads as config.json writes it (string keys, layers in order, empty layers left out)."""
+    return {str(layer): list(heads) for layer, heads in sorted(pruned.items()) if heads}
+
+
+def kept_heads(pruned: Mapping[int, Sequence[int]], layer: int, num_heads: int) -> list[int]:
+    """The heads of `layer` left after pruning, in the original numbering."""
+    gone = set(pruned.get(layer, ()))
+    return [h for h in range(num_heads) if h not in gone]
+
+
+def merge_pruned_heads(
+    current: Mapping[int, Sequence[int]], request: Mapping[int, Iterable[int]], num_layers: int, num_heads: int
+) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Check a prune_heads request {layer: [heads]} against the model before anything changes.
+
+    Returns (request with lists, every head removed once it is done); refuses in one line a layer or head that does
+    not exist and a request that would leave a layer without heads. Heads already removed may be named again."""
+    request = {layer: list(heads) for layer, heads in request.items()}
+    merged = {layer: list(heads) for layer, heads in current.items()}
+    for layer, heads in request.items():
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < num_layers:
+            raise ValueError(f"prune_heads: no layer {layer!r}; this model has layers 0..{num_layers - 1}")
+        bad = [h for h in heads if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < num_heads]
+        if bad:
+            raise ValueError(f"prune_heads: layer {layer} has heads 0..{num_heads - 1} (original numbering), not {bad}")
+        merged[layer] = sorted(set(merged.get(layer, [])) | set(heads))
+        if len(merged[layer]) == num_heads:
+            raise ValueError(
+                f"prune_heads: that would remove all {num_heads} heads of layer {layer}; keep at least one head per layer"
+            )
+    return request, {layer: merged[layer] for layer in sorted(merged) if merged[layer]}
+
+
+def check_head_mask(head_mask: torch.Tensor, num_layers: int, num_heads: int) -> torch.Tensor:
+    """head_mask as (num_layers, num_heads): given so, or (num_heads,) for every layer; else a one-line ValueError."""
+    shape = (num_layers, num_heads)
+    if head_mask.dim() == 1 and head_mask.shape[0] == num_heads:
+        return head_mask.expand(shape)  # (layers, heads)
+    if tuple(head_mask.shape) != shape:
+        raise ValueError(
+            f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or "
+            f"({num_heads},), in the original head numbering even after pruning"
+        )
+    return head_mask
+
+
+def remaining(kept: Sequence[int], heads: Iterable[int], head_dim: int) -> tuple[list[int], torch.Tensor]:
+    """After removing `heads` from a layer that has `kept` (original numbering): the heads left, and the rows of its
+    (len(kept) * head_dim)-wide projections that belong to them (head-major, as the layer's view splits them)."""
+    gone = set(heads)
+    keep = [h for h in kept if h not in gone]
+    positions = [kept.index(h) for h in keep]  # where the kept heads sit now
+    rows = torch.tensor([p * head_dim + i for p in positions for i in range(head_dim)], dtype=torch.long)
+    return keep, rows
+
+
+def linear_subset(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
+    """A new Linear with the output rows (dim=0) or input columns (dim=1) of `linear` at `index`; a bias follows the
+    rows (a column subset keeps the whole bias). Device, dtype, requires_grad and train mode are kept."""
+    weight = linear.weight.detach().index_select(dim, index.to(linear.weight.device))  # (out, in) subset
+    bias = None if linear.bias is None else linear.bias.detach()
+    if bias is not None and dim == 0:
+        bias = bias.index_select(0, index.to(bias.device))
+    new = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(weight)
+        if bias is not None:
+            new.bias.copy_(bias)
+    new.weight.requires_grad_(linear.weight.requires_grad)
+    if bias is not None:
+        new.bias.requires_grad_(linear.bias.requires_grad)
+    new.train(linear.training)
+    return new
