@@ -1,5 +1,6 @@
 """DeBERTa-v2 / v3: parity with transformers' DebertaV2Model on tiny random configs (every hidden state and attention
-map, padding in the batch), log buckets, round trips both ways, checkpoint layouts, the interface members."""
+map, padding in the batch), log buckets, round trips both ways, checkpoint layouts, the interface members, and head
+pruning (pruned == masked, the original numbering, pruned folders, students, int8 on a pruned model)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
 
 import ctxrep
+from ctxrep import fast
 from ctxrep.models.deberta_v2 import DebertaV2Config, DebertaV2Model, log_bucket_position
 from ctxrep.models.loading import CheckpointError
 
@@ -192,7 +195,7 @@ def test_interface_members(tmp_path):
     assert depth["conv.conv.weight"] == 1 and depth["rel_embeddings.weight"] == 2 == depth["rel_norm.weight"]
     with pytest.raises(ValueError, match="not a parameter"):
         m.layer_of("pooler.weight")
-    assert not m.can_prune_heads and m.can_distill
+    assert m.can_prune_heads and m.can_distill
     # head_mask: a silenced head equals zeroing its slice of the context
     ids, mask = padded_batch(120, 0)
     xi = torch.ones(2, 4)
@@ -222,3 +225,173 @@ def test_too_long_input_is_refused_with_advice():
     model = DebertaV2Model(DebertaV2Config(**COMMON | {"max_position_embeddings": 16}, **V3))
     with pytest.raises(ValueError, match="longer than the model's 16 positions; ctxrep.Featurizer splits"):
         model(torch.ones(1, 17, dtype=torch.long))
+
+
+# ---- head pruning ----------------------------------------------------------------------------------------------
+
+
+def head_mask_of(heads: dict[int, list[int]], layers: int = 2, num_heads: int = 4) -> torch.Tensor:
+    xi = torch.ones(layers, num_heads)
+    for layer, hs in heads.items():
+        xi[layer, hs] = 0.0
+    return xi
+
+
+def run(model, ids, mask, head_mask=None, output_attentions=False):
+    with torch.no_grad():
+        return model(
+            ids,
+            attention_mask=mask,
+            output_hidden_states=True,
+            output_attentions=output_attentions,
+            head_mask=head_mask,
+        )
+
+
+def assert_same_states(a, b, mask, atol=1e-5) -> None:
+    real = mask.bool()
+    for layer, (x, y) in enumerate(zip(a.hidden_states, b.hidden_states)):
+        assert torch.allclose(x[real], y[real], atol=atol), f"hidden state {layer} differs"
+
+
+@pytest.mark.parametrize("kind", ["v3", "v2-conv", "c2p-only", "p2c-only", "absolute"])
+def test_pruned_model_equals_the_masked_one(kind, tmp_path):
+    """Removing heads = running the whole model with those heads' xi = 0, on both attention paths; the relative
+    table P is kept whole and read by the remaining heads through their own rows of the (position) projections."""
+    reference(kind, tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    ids, mask = padded_batch(COMMON["vocab_size"], 0)
+    gone = {0: [1, 2], 1: [0]}
+    plain = run(model, ids, mask)
+    masked = run(model, ids, mask, head_mask_of(gone), output_attentions=True)
+    assert not torch.allclose(masked.last_hidden_state, plain.last_hidden_state, atol=1e-3)  # the heads mattered
+    table = None if model.rel_embeddings is None else model.rel_embeddings.weight.clone()
+    model.prune_heads(gone)
+    assert model.heads_per_layer() == [2, 3] and model.kept_heads() == [[0, 3], [1, 2, 3]]
+    assert model.config.pruned_heads == gone
+    attention = model.layers[0].attention
+    d = COMMON["hidden_size"] // COMMON["num_attention_heads"]
+    assert attention.query.weight.shape == attention.value.weight.shape == (2 * d, 32)
+    assert attention.output.weight.shape == (32, 2 * d)
+    for projection in (attention.pos_key, attention.pos_query):  # v2's own W_{k,r}, W_{q,r} lose the rows too
+        assert projection is None or projection.weight.shape == (2 * d, 32)
+    assert (attention.pos_key is not None) == (kind in ("v2-conv", "c2p-only"))
+    if table is not None:
+        assert torch.equal(model.rel_embeddings.weight, table)  # shared by every layer: not pruned
+    pruned = run(model, ids, mask, output_attentions=True)
+    assert_same_states(pruned, masked, mask)
+    assert_same_states(run(model, ids, mask), masked, mask)  # the SDPA path
+    real = mask.bool()[:, None, :, None]
+    for layer, kept in enumerate(model.kept_heads()):
+        probs = pruned.attentions[layer]  # (batch, heads_per_layer()[layer], seq, seq)
+        assert probs.shape[1] == model.heads_per_layer()[layer]
+        q = real.expand_as(probs)
+        assert torch.allclose(probs[q], masked.attentions[layer][:, kept][q], atol=1e-5)
+
+
+def test_pruning_in_two_steps_uses_the_original_numbering(tmp_path):
+    reference("v2-conv", tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    ids, mask = padded_batch(COMMON["vocab_size"], 0)
+    expected = run(model, ids, mask, head_mask_of({0: [1, 2], 1: [3]}))
+    model.prune_heads({0: [1]})
+    model.prune_heads({0: [2, 1], 1: [3]})  # head 2 is still called 2; naming head 1 again is allowed
+    assert model.kept_heads() == [[0, 3], [0, 1, 2]] and model.config.pruned_heads == {0: [1, 2], 1: [3]}
+    assert_same_states(run(model, ids, mask), expected, mask)
+    # head_mask stays (layers, num_heads) in the original numbering; entries of removed heads are not read
+    xi = torch.ones(2, 4)
+    xi[0, 1], xi[1, 3] = 123.0, 0.0
+    xi[0, 3] = 0.0
+    assert_same_states(run(model, ids, mask, xi), run(model, ids, mask, head_mask_of({0: [3]})), mask)
+    both = run(model, ids, mask, head_mask_of({0: [3]}))
+    assert not torch.allclose(both.last_hidden_state, run(model, ids, mask).last_hidden_state, atol=1e-3)
+
+
+def test_pruned_folder_reloads_in_ctxrep(tmp_path):
+    reference("v3", tmp_path / "src")
+    model = ctxrep.load_model(tmp_path / "src")
+    ids, mask = padded_batch(COMMON["vocab_size"], 0)
+    model.prune_heads({1: [0, 1, 2]})
+    model.save_pretrained(tmp_path / "pruned")
+    config = json.loads((tmp_path / "pruned" / "config.json").read_text())
+    assert config["pruned_heads"] == {"1": [0, 1, 2]}  # transformers 4.x's field: string keys in JSON
+    assert load_file(tmp_path / "pruned" / "model.safetensors")[
+        "encoder.layer.1.attention.output.dense.weight"
+    ].shape == (
+        32,
+        8,
+    )
+    again = ctxrep.load_model(tmp_path / "pruned")
+    assert again.heads_per_layer() == [4, 1] and again.config.pruned_heads == {1: [0, 1, 2]}
+    a, b = run(model, ids, mask, output_attentions=True), run(again, ids, mask, output_attentions=True)
+    assert_same_states(a, b, mask, atol=0)
+    assert b.attentions[1].shape[1] == 1
+    # An unpruned model writes no pruned_heads, so transformers 5 reads its folder as before.
+    ctxrep.load_model(tmp_path / "src").save_pretrained(tmp_path / "plain")
+    assert "pruned_heads" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+
+
+def test_bad_pruning_requests_are_refused_in_one_line(tmp_path):
+    reference("v3", tmp_path / "src")
+    model = ctxrep.load_model(tmp_path / "src")
+    with pytest.raises(ValueError, match=r"layer 0 has heads 0\.\.3 \(original numbering\), not \[4\]"):
+        model.prune_heads({0: [0, 4]})
+    with pytest.raises(ValueError, match="would remove all 4 heads of layer 1; keep at least one head per layer"):
+        model.prune_heads({0: [0], 1: [0, 1, 2, 3]})
+    with pytest.raises(ValueError, match=r"no layer 2; this model has layers 0\.\.1"):
+        model.prune_heads({2: [0]})
+    assert model.heads_per_layer() == [4, 4] and model.config.pruned_heads == {}  # nothing half-done
+    model.prune_heads({0: [0, 1, 2]})
+    with pytest.raises(ValueError, match="would remove all 4 heads of layer 0"):
+        model.prune_heads({0: [3]})
+    ids, mask = padded_batch(COMMON["vocab_size"], 0)
+    with pytest.raises(ValueError, match=r"head_mask has shape \(2, 1\); expected \(num_layers, num_heads\)"):
+        model(ids, attention_mask=mask, head_mask=torch.ones(2, 1))  # the pruned layer 0's count is not the width
+    model.save_pretrained(tmp_path / "bad")
+    file = tmp_path / "bad" / "config.json"
+    config = json.loads(file.read_text())
+    file.write_text(json.dumps(config | {"pruned_heads": {"5": [0]}}))
+    with pytest.raises(CheckpointError, match=r"config\.json: pruned_heads names layer 5, but the model has layers"):
+        ctxrep.load_model(tmp_path / "bad")
+    file.write_text(json.dumps(config | {"pruned_heads": {"0": [0, 1, 2, 3]}}))
+    with pytest.raises(CheckpointError, match="removes all 4 heads of layer 0; keep at least one head per layer"):
+        ctxrep.load_model(tmp_path / "bad")
+    quantized = fast.quantize_int8(model, [{"input_ids": ids, "attention_mask": mask}])
+    with pytest.raises(ValueError, match=r"attention is quantized \(fast.quantize_int8\); prune the float model") as e:
+        quantized.prune_heads({1: [0]})
+    assert "\n" not in str(e.value) and quantized.heads_per_layer() == [1, 4]
+
+
+def test_student_keeps_the_pruned_heads_of_its_layers(tmp_path):
+    reference("v2-conv", tmp_path)
+    teacher = ctxrep.load_model(tmp_path)
+    teacher.prune_heads({0: [3], 1: [0, 2]})
+    student = teacher.init_student([1])
+    assert student.config.pruned_heads == {0: [0, 2]} and student.kept_heads() == [[1, 3]]
+    for a, b in zip(student.layers[0].state_dict().values(), teacher.layers[1].state_dict().values()):
+        assert torch.equal(a, b)
+    narrow = teacher.init_student([0, 1], hidden_size=16)
+    assert narrow.config.pruned_heads == {} and narrow.heads_per_layer() == [4, 4]
+
+
+@pytest.mark.parametrize("kind", ["v3", "v2-conv"])
+def test_int8_runs_on_a_pruned_model(kind, tmp_path):
+    """quantize_int8 on a pruned model: v2's fused query / key / value hold the kept heads' rows only; v3 (shared
+    attention keys, nothing fused) quantizes each projection. Close to the float model, heads unchanged."""
+    reference(kind, tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    model.prune_heads({0: [1, 2], 1: [0]})
+    ids, mask = padded_batch(COMMON["vocab_size"], 0)
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    quantized = fast.quantize_int8(model, [batch])
+    assert quantized.heads_per_layer() == [2, 3]
+    fused = [quantized.get_submodule(n).query_key_value for n in quantized.fusable_qkv_modules()]
+    assert len(fused) == (2 if kind == "v2-conv" else 0)
+    assert all(isinstance(f, fast.Int8Linear) and f.out_features == 3 * 2 * 8 for f in fused[:1])
+    with torch.no_grad():
+        a = quantized.encode(batch, output_attentions=True)
+        b = model.encode(batch)
+    assert [p.shape[1] for p in a.attentions] == [2, 3]
+    real = mask.bool()
+    cos = F.cosine_similarity(a.last_hidden_state[real], b.last_hidden_state[real], dim=-1)
+    assert cos.min() > 0.99, cos.min()

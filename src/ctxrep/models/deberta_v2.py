@@ -20,6 +20,13 @@ transformers' DebertaV2Model) adds:
   - `position_biased_input=False` (v2 / v3): no absolute position embeddings at the input;
   - type_vocab_size 0 (v3): no segment embeddings, so token_type_ids are not read.
 
+Heads can be removed for real (Michel et al. 2019; `prune_heads`, `config.pruned_heads` in the original numbering):
+a head owns its head_dim rows of W_q, W_k, W_v (and of W_{k,r}, W_{q,r} without share_att_key) and its columns of
+the output projection. The table P and its LayerNorm are read by every layer and every head, so they are never
+pruned: the remaining heads project all of P through their own rows. The scale sqrt(d * factor) counts head_dim and
+the attention terms, not heads, so it does not change. transformers' DebertaV2Model cannot prune heads, so a pruned
+folder loads back in ctxrep only (transformers refuses its narrower projections).
+
 Reads top to bottom: config, relative positions, embeddings, attention, layer, encoder, then the loader and saver
 for the Hugging Face folder format (config.json + model.safetensors / pytorch_model.bin).
 """
@@ -29,7 +36,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -40,6 +47,15 @@ from torch import nn
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.heads import (
+    check_head_mask,
+    check_pruned_heads,
+    kept_heads,
+    linear_subset,
+    merge_pruned_heads,
+    pruned_heads_json,
+    remaining,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +105,9 @@ class DebertaV2Config:
     conv_kernel_size: int = 0  # > 0: the convolution beside the first layer
     conv_groups: int = 1
     conv_act: str = "tanh"
+    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (transformers 4.x's field;
+    # string keys in config.json). Such a layer is built with the remaining heads only (DebertaV2Model.prune_heads).
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.pos_att_type, str):  # the published configs write "p2c|c2p"
@@ -109,6 +128,11 @@ class DebertaV2Config:
             raise ValueError(f"norm_rel_ebd {self.norm_rel_ebd!r} is not supported; use 'none' or 'layer_norm'")
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
+        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads of `layer` that remain after pruning, in the original numbering."""
+        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
 
     @property
     def head_dim(self) -> int:
@@ -150,12 +174,17 @@ class DebertaV2Config:
         d["architectures"] = ["DebertaV2Model"]
         if d["embedding_size"] == self.hidden_size:
             del d["embedding_size"]
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
+        if not d["pruned_heads"]:
+            del d["pruned_heads"]
         return d
 
     def student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
     ) -> DebertaV2Config:
-        """A distillation student's config: len(layers) layers; narrower (fresh embeddings) when hidden_size is."""
+        """A distillation student's config: len(layers) layers; narrower (fresh embeddings) when hidden_size is.
+        Of this width the student keeps the heads its layers had here (pruned_heads follow their layers); a narrower
+        one has them all."""
         h, inner = student_widths(
             self.hidden_size, self.num_attention_heads, self.intermediate_size, hidden_size, intermediate_size
         )
@@ -163,6 +192,11 @@ class DebertaV2Config:
         config.num_hidden_layers = len(layers)
         if h != self.hidden_size:
             config.hidden_size, config.intermediate_size, config.embedding_size = h, inner, h
+            config.pruned_heads = {}
+        else:
+            config.pruned_heads = {
+                j: list(self.pruned_heads[i]) for j, i in enumerate(layers) if i in self.pruned_heads
+            }
         config.__post_init__()
         return config
 
@@ -232,22 +266,27 @@ class Embeddings(nn.Module):
 class DisentangledSelfAttention(nn.Module):
     """softmax((Q^c K^c^T + c2p + p2c) / sqrt(d * factor)) V^c (eq. 4), one head per head_dim slice.
 
+    Each head h reads its own head_dim rows of query / key / value (and of pos_key / pos_query) and writes through
+    its own head_dim columns of `output`. A pruned layer keeps only those of its remaining heads (`kept_heads`, in
+    the original numbering): its projections are (kept * head_dim, hidden) and (hidden, kept * head_dim).
     A head mask xi (Michel et al. 2019) multiplies each head's output before the output projection.
     """
 
-    def __init__(self, config: DebertaV2Config) -> None:
+    def __init__(self, config: DebertaV2Config, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
         self.config = config
-        self.num_heads = config.num_attention_heads
+        self.kept_heads = config.kept_heads(layer)
+        self.num_heads = len(self.kept_heads)
         self.head_dim = config.head_dim
-        self.query = nn.Linear(h, h)
-        self.key = nn.Linear(h, h)
-        self.value = nn.Linear(h, h)
+        inner = self.num_heads * self.head_dim
+        self.query = nn.Linear(h, inner)
+        self.key = nn.Linear(h, inner)
+        self.value = nn.Linear(h, inner)
         rel = config.relative_attention and not config.share_att_key
-        self.pos_key = nn.Linear(h, h) if rel and "c2p" in config.pos_att_type else None  # W_{k,r}
-        self.pos_query = nn.Linear(h, h) if rel and "p2c" in config.pos_att_type else None  # W_{q,r}
-        self.output = nn.Linear(h, h)
+        self.pos_key = nn.Linear(h, inner) if rel and "c2p" in config.pos_att_type else None  # W_{k,r}
+        self.pos_query = nn.Linear(h, inner) if rel and "p2c" in config.pos_att_type else None  # W_{q,r}
+        self.output = nn.Linear(inner, h)
         self.output_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.dropout_p = config.attention_probs_dropout_prob
@@ -288,7 +327,8 @@ class DisentangledSelfAttention(nn.Module):
         output_attentions: bool,
         head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # key_mask: (batch, 1, 1, seq) bool, True at real tokens; head_mask: (heads,)
+        # key_mask: (batch, 1, 1, seq) bool, True at real tokens.
+        # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
         b, t, _ = x.shape
         if self.query_key_value is None:
             q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
@@ -313,18 +353,30 @@ class DisentangledSelfAttention(nn.Module):
                 mask = bias if key_mask is None else bias.masked_fill(~key_mask, float("-inf"))
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
         if head_mask is not None:
-            context = context * head_mask.to(context.dtype)[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, hidden)
+            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
+            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
         return self.output_norm(x + self.dropout(self.output(context))), probs
+
+    def prune(self, heads: Iterable[int]) -> None:
+        """Remove `heads` (original numbering; ones already removed are ignored): drop their rows of query / key /
+        value and of the position projections, and their columns of output. With share_att_key the position terms
+        go through the pruned query / key, so c2p and p2c are those of the remaining heads either way."""
+        keep, rows = remaining(self.kept_heads, heads, self.head_dim)
+        for name in ("query", "key", "value", "pos_key", "pos_query"):
+            if getattr(self, name) is not None:
+                setattr(self, name, linear_subset(getattr(self, name), rows, dim=0))
+        self.output = linear_subset(self.output, rows, dim=1)
+        self.kept_heads, self.num_heads = keep, len(keep)
 
 
 class EncoderLayer(nn.Module):
     """Post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
 
-    def __init__(self, config: DebertaV2Config) -> None:
+    def __init__(self, config: DebertaV2Config, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
-        self.attention = DisentangledSelfAttention(config)
+        self.attention = DisentangledSelfAttention(config, layer)
         self.intermediate = nn.Linear(h, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, h)
         self.output_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
@@ -372,7 +424,7 @@ class DebertaV2Model(Encoder):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_hidden_layers))
         h = config.hidden_size
         self.rel_embeddings = nn.Embedding(2 * config.att_span, h) if config.relative_attention else None  # P
         self.rel_norm = nn.LayerNorm(h, eps=config.layer_norm_eps) if config.layer_norm_rel else None
@@ -407,7 +459,36 @@ class DebertaV2Model(Encoder):
 
     @property
     def num_heads(self) -> int:
+        """Heads per layer before any pruning: the width of `head_mask` and of head importance arrays (head indices
+        everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
         return self.config.num_attention_heads
+
+    def heads_per_layer(self) -> list[int]:
+        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
+        return [layer.attention.num_heads for layer in self.layers]
+
+    def kept_heads(self) -> list[list[int]]:
+        """Each layer's remaining heads in the original numbering."""
+        return [list(layer.attention.kept_heads) for layer in self.layers]
+
+    def _attentions(self) -> list[DisentangledSelfAttention]:
+        return [layer.attention for layer in self.layers]
+
+    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
+        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
+        are ignored). Query / key / value and the position projections lose those heads' rows, the output
+        projection their columns; the shared relative table P is kept whole. The result equals the unpruned model
+        run with those heads' mask set to 0. config.pruned_heads records every removed head, so save_pretrained /
+        from_pretrained rebuild it in ctxrep; transformers cannot load such a folder (it has no DeBERTa pruning)."""
+        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
+        if any(a.query_key_value is not None or not isinstance(a.value, nn.Linear) for a in self._attentions()):
+            raise ValueError(
+                "prune_heads: this model's attention is quantized (fast.quantize_int8); prune the float model, "
+                "then quantize it"
+            )
+        for layer, removed in heads.items():  # every request checked before any layer changes
+            self.layers[layer].attention.prune(removed)
+        self.config.pruned_heads = merged
 
     @property
     def hidden_size(self) -> int:
@@ -437,6 +518,7 @@ class DebertaV2Model(Encoder):
             return self.num_layers
         raise self.unknown_parameter(name)
 
+    can_prune_heads = True  # prune_heads above; forward takes head_mask
     can_distill = True
 
     def fusable_qkv_modules(self) -> list[str]:
@@ -480,7 +562,8 @@ class DebertaV2Model(Encoder):
         head_mask: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers;
-        head_mask: (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it)."""
+        head_mask: (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it), in the
+        original head numbering even after pruning."""
         b, t = input_ids.shape
         if t > self.max_tokens:
             raise ValueError(
@@ -488,7 +571,7 @@ class DebertaV2Model(Encoder):
                 "ctxrep.Featurizer splits long texts into windows for you"
             )
         if head_mask is not None:
-            head_mask = _check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
+            head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
@@ -559,21 +642,11 @@ class DebertaV2Model(Encoder):
                 ours[our].copy_(state[hf].to(ours[our].dtype))
 
     def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' AutoModel loads (as DebertaV2Model)."""
+        """Write config.json + model.safetensors that transformers' AutoModel loads (as DebertaV2Model), unless heads
+        were pruned: transformers cannot load that folder back (it has no DeBERTa head pruning); ctxrep does."""
         ours = self.state_dict()
         tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
         write_folder(path, self.config.to_hf_dict(), tensors)
-
-
-def _check_head_mask(head_mask: torch.Tensor, num_layers: int, num_heads: int) -> torch.Tensor:
-    shape = (num_layers, num_heads)
-    if head_mask.dim() == 1 and head_mask.shape[0] == num_heads:
-        return head_mask.expand(shape)  # (layers, heads)
-    if tuple(head_mask.shape) != shape:
-        raise ValueError(
-            f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or ({num_heads},)"
-        )
-    return head_mask
 
 
 _BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not weights
