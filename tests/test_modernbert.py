@@ -1,6 +1,6 @@
 """ModernBERT: parity with transformers' ModernBertModel on tiny random configs (every hidden state and attention
 map, padding in the batch, local windows shorter than the batch), both config.json formats, round trips both ways,
-the MLM checkpoint layout, the interface members."""
+the MLM checkpoint layout, the interface members, head pruning."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def test_interface_members(tmp_path):
     assert sorted(set(depth.values())) == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="not a parameter"):
         m.layer_of("layers.4.attn.Wo.weight")
-    assert not m.can_prune_heads and m.can_distill
+    assert m.can_prune_heads and m.can_distill
     ids, mask = padded_batch()
     xi = torch.ones(4, 4)
     xi[2, 1] = 0
@@ -248,3 +248,84 @@ def test_too_long_input_is_refused_with_advice():
     model = ModernBertModel(ModernBertConfig(**COMMON | {"max_position_embeddings": 16}))
     with pytest.raises(ValueError, match="longer than the model's 16 positions; ctxrep.Featurizer splits"):
         model(torch.ones(1, 17, dtype=torch.long))
+
+
+# ---- head pruning ----------------------------------------------------------------------------------------------
+
+
+def test_pruned_heads_equal_masked_heads(tmp_path):
+    """Pruning removes Wqkv rows in each third and Wo columns: the same as the unpruned model with those heads' mask
+    at 0, in global (0, 3) and local (1, 2) layers, with padding; a second request uses the original numbering."""
+    reference("biases", tmp_path)  # attention biases: the rows of the bias follow the weight's
+    model = ctxrep.load_model(tmp_path)
+    ids, mask = padded_batch()
+    xi = torch.ones(4, 4)
+    xi[0, [1, 2]] = xi[1, 3] = xi[2, [0, 1, 3]] = xi[3, 1] = 0
+    with torch.no_grad():
+        masked = model(ids, attention_mask=mask, head_mask=xi, output_hidden_states=True).hidden_states
+        model.prune_heads({0: [1], 2: [1, 3]})
+        assert model.kept_heads() == [[0, 2, 3], [0, 1, 2, 3], [0, 2], [0, 1, 2, 3]]
+        model.prune_heads({0: [2, 1], 1: [3], 2: [0], 3: [1]})  # head 1 of layer 0 again: ignored
+        out = model(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+        # the full head mask still works on a pruned model: rows of pruned heads are not read
+        again = model(ids, attention_mask=mask, head_mask=xi, output_hidden_states=True).hidden_states
+    assert model.heads_per_layer() == [2, 3, 1, 3] and model.kept_heads() == [[0, 3], [0, 1, 2], [2], [0, 2, 3]]
+    assert model.config.pruned_heads == {0: [1, 2], 1: [3], 2: [0, 1, 3], 3: [1]}
+    assert model.num_heads == 4  # the original numbering's width
+    assert model.layers[2].attn.Wqkv.weight.shape == (3 * 8, 32) and model.layers[2].attn.Wo.weight.shape == (32, 8)
+    assert model.layers[2].attn.Wqkv.bias.shape == (3 * 8,)
+    for layer, (a, b, c) in enumerate(zip(out.hidden_states, masked, again)):
+        assert torch.allclose(a, b, atol=1e-5), f"hidden state {layer} differs"
+        assert torch.allclose(c, b, atol=1e-5), f"hidden state {layer} differs (head_mask on the pruned model)"
+    assert [a.shape[1] for a in out.attentions] == model.heads_per_layer()
+
+
+def test_pruned_folder_round_trip(tmp_path):
+    reference("base", tmp_path / "src")
+    model = ctxrep.load_model(tmp_path / "src")
+    model.prune_heads({1: [0, 2], 3: [3]})
+    model.save_pretrained(tmp_path / "pruned")
+    saved = json.loads((tmp_path / "pruned" / "config.json").read_text())
+    assert saved["pruned_heads"] == {"1": [0, 2], "3": [3]}
+    again = ctxrep.load_model(tmp_path / "pruned")
+    assert again.heads_per_layer() == [4, 2, 4, 3] and again.kept_heads()[1] == [1, 3]
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        a, b = again(ids, attention_mask=mask).last_hidden_state, model(ids, attention_mask=mask).last_hidden_state
+    assert torch.equal(a, b)
+    ModernBertModel(ModernBertConfig(**COMMON)).save_pretrained(tmp_path / "fresh")  # nothing pruned: no field
+    assert "pruned_heads" not in json.loads((tmp_path / "fresh" / "config.json").read_text())
+
+
+def test_student_keeps_the_pruned_heads_of_its_layers(tmp_path):
+    reference("base", tmp_path)
+    teacher = ctxrep.load_model(tmp_path)
+    teacher.prune_heads({0: [3], 2: [0, 1]})
+    student = teacher.init_student([0, 2])
+    assert student.config.pruned_heads == {0: [3], 1: [0, 1]} and student.heads_per_layer() == [3, 2]
+    assert torch.equal(student.layers[1].attn.Wqkv.weight, teacher.layers[2].attn.Wqkv.weight)
+    narrow = teacher.init_student([0, 2], hidden_size=16)
+    assert narrow.config.pruned_heads == {} and narrow.heads_per_layer() == [4, 4]
+
+
+def test_bad_pruning_requests_are_refused_in_one_line(tmp_path):
+    reference("base", tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    model.prune_heads({1: [0, 1]})
+    for request, message in [
+        ({4: [0]}, r"prune_heads: no layer 4; this model has layers 0..3"),
+        ({0: [4]}, r"prune_heads: layer 0 has heads 0..3 \(original numbering\), not \[4\]"),
+        ({1: [2, 3]}, r"prune_heads: that would remove all 4 heads of layer 1; keep at least one head per layer"),
+    ]:
+        with pytest.raises(ValueError, match=message) as e:
+            model.prune_heads(request)
+        assert "\n" not in str(e.value)
+    assert model.heads_per_layer() == [4, 2, 4, 4]  # nothing changed by a refused request
+    with pytest.raises(ValueError, match=r"head_mask has shape \(4, 2\); expected \(num_layers, num_heads\)"):
+        model(torch.tensor([[3, 4]]), head_mask=torch.ones(4, 2))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["pruned_heads"] = {"2": [0, 1, 2, 3]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="config.json: pruned_heads removes all 4 heads of layer 2") as e:
+        ctxrep.load_model(tmp_path)
+    assert "\n" not in str(e.value)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -35,6 +35,15 @@ from torch import nn
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.heads import (
+    check_head_mask,
+    check_pruned_heads,
+    kept_heads,
+    linear_subset,
+    merge_pruned_heads,
+    pruned_heads_json,
+    remaining,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +90,9 @@ class ModernBertConfig:
     cls_token_id: int = 50281
     sep_token_id: int = 50282
     layer_types: list[str] = field(default_factory=list)
+    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (transformers' field name;
+    # string keys in config.json). Such a layer is built with its remaining heads only (ModernBertModel.prune_heads).
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -104,6 +116,11 @@ class ModernBertConfig:
                 f"layer_types must name {GLOBAL!r} or {LOCAL!r} for each of the {self.num_hidden_layers} layers, "
                 f"got {self.layer_types}"
             )
+        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads of `layer` that remain after pruning, in the original numbering."""
+        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
 
     @property
     def head_dim(self) -> int:
@@ -130,13 +147,18 @@ class ModernBertConfig:
 
     def to_hf_dict(self) -> dict:
         """transformers 4.x reads global_attn_every_n_layers and the two rope thetas; 5.x reads layer_types (when
-        the layers do not follow one every-n pattern, 4.x would build the wrong one: write with care)."""
+        the layers do not follow one every-n pattern, 4.x would build the wrong one: write with care).
+        pruned_heads is written when a head is gone: ctxrep rebuilds such a folder, transformers' ModernBertModel
+        cannot (it has no pruned_heads support and expects every layer's full Wqkv / Wo)."""
         d = asdict(self)
         d["model_type"] = MODEL_TYPE
         d["architectures"] = ["ModernBertModel"]
         n = self.global_attn_every_n_layers
         if self.layer_types != [LOCAL if i % n else GLOBAL for i in range(self.num_hidden_layers)]:
             del d["global_attn_every_n_layers"]
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
+        if not d["pruned_heads"]:
+            del d["pruned_heads"]
         return d
 
 
@@ -164,15 +186,23 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class Attention(nn.Module):
-    """Multi-head attention with rotary q and k; query, key and value from one product (Wqkv)."""
+    """Multi-head attention with rotary q and k; query, key and value from one product (Wqkv, whose rows are every
+    head's query, then every head's key, then every head's value).
 
-    def __init__(self, config: ModernBertConfig) -> None:
+    A pruned layer keeps only its remaining heads (`kept_heads`, original numbering): their rows in each third of
+    Wqkv and their columns of Wo, so its matrices are (3 * kept * head_dim, hidden) and (hidden, kept * head_dim).
+    A head mask xi (Michel et al. 2019, sec. 2.1: MHAtt(x) = sum_h xi_h Att_h(x)) multiplies each head's output
+    before Wo."""
+
+    def __init__(self, config: ModernBertConfig, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
+        self.kept_heads = config.kept_heads(layer)
+        self.num_heads = len(self.kept_heads)
         self.head_dim = config.head_dim
-        self.Wqkv = nn.Linear(h, 3 * h, bias=config.attention_bias)
-        self.Wo = nn.Linear(h, h, bias=config.attention_bias)
+        inner = self.num_heads * self.head_dim
+        self.Wqkv = nn.Linear(h, 3 * inner, bias=config.attention_bias)
+        self.Wo = nn.Linear(inner, h, bias=config.attention_bias)
         self.dropout_p = config.attention_dropout
         self.out_drop = nn.Dropout(config.attention_dropout)
 
@@ -185,6 +215,7 @@ class Attention(nn.Module):
         head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # mask: bool, True where query i may read key j: (batch, 1, 1, seq) or (batch, 1, seq, seq)
+        # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
         b, t, _ = x.shape
         qkv = self.Wqkv(x).view(b, t, 3, self.num_heads, self.head_dim)  # (batch, seq, 3, heads, head_dim)
         # q and k rotated in one pass, in the (seq, heads) layout the product wrote (faster than per tensor after
@@ -202,9 +233,20 @@ class Attention(nn.Module):
             probs = None
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         if head_mask is not None:
-            context = context * head_mask.to(context.dtype)[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, hidden)
+            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
+            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
         return self.out_drop(self.Wo(context)), probs
+
+    def prune(self, heads: Iterable[int]) -> None:
+        """Remove `heads` (original numbering; ones already removed are ignored): their rows in each of Wqkv's
+        three thirds (query, key, value) and their columns of Wo, so the layer computes less, not just zeros.
+        Rotary positions turn each head_dim pair alike in every head: nothing there to prune."""
+        inner = self.num_heads * self.head_dim  # the width of one third now
+        keep, rows = remaining(self.kept_heads, heads, self.head_dim)  # rows within one third
+        self.Wqkv = linear_subset(self.Wqkv, torch.cat([rows, rows + inner, rows + 2 * inner]), dim=0)
+        self.Wo = linear_subset(self.Wo, rows, dim=1)
+        self.kept_heads, self.num_heads = keep, len(keep)
 
 
 class GeGLU(nn.Module):
@@ -230,7 +272,7 @@ class EncoderLayer(nn.Module):
         h = config.hidden_size
         self.local = config.layer_types[layer] == LOCAL
         self.attn_norm = nn.LayerNorm(h, eps=config.norm_eps, bias=config.norm_bias) if layer > 0 else None
-        self.attn = Attention(config)
+        self.attn = Attention(config, layer)
         self.mlp_norm = nn.LayerNorm(h, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = GeGLU(config)
 
@@ -287,7 +329,30 @@ class ModernBertModel(Encoder):
 
     @property
     def num_heads(self) -> int:
+        """Heads per layer before any pruning: the width of `head_mask` and of head importance arrays (head indices
+        everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
         return self.config.num_attention_heads
+
+    def heads_per_layer(self) -> list[int]:
+        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
+        return [layer.attn.num_heads for layer in self.layers]
+
+    def kept_heads(self) -> list[list[int]]:
+        """Each layer's remaining heads in the original numbering."""
+        return [list(layer.attn.kept_heads) for layer in self.layers]
+
+    can_prune_heads = True  # prune_heads below; forward takes head_mask
+
+    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
+        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
+        are ignored). Wqkv loses those heads' query, key and value rows and Wo their columns, so the model is
+        smaller and faster; the result equals the unpruned model run with those heads' mask set to 0.
+        config.pruned_heads records every removed head, so save_pretrained / from_pretrained rebuild it in ctxrep
+        (transformers cannot load a pruned ModernBERT folder: its ModernBertModel has no pruned_heads)."""
+        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
+        for layer, removed in heads.items():  # every request checked before any layer changes
+            self.layers[layer].attn.prune(removed)
+        self.config.pruned_heads = merged
 
     @property
     def hidden_size(self) -> int:
@@ -318,8 +383,9 @@ class ModernBertModel(Encoder):
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
     ) -> ModernBertModel:
         """A student ModernBERT whose layer j is this model's layers[j] with its kind of attention (global / local);
-        of this width, embeddings, layers and final norm copied; narrower, fresh (the global torch RNG). The first
-        student layer must be layer 0: ModernBERT's first layer has no attention LayerNorm, the others have one."""
+        of this width, embeddings, layers and final norm copied (pruned heads follow their layers); narrower, fresh
+        (the global torch RNG) with every head. The first student layer must be layer 0: ModernBERT's first layer
+        has no attention LayerNorm, the others have one."""
         layers = check_student_layers(layers, self.num_layers)
         if layers[0] != 0:
             raise ValueError(
@@ -332,6 +398,8 @@ class ModernBertModel(Encoder):
         config = copy.deepcopy(self.config)
         config.num_hidden_layers, config.hidden_size, config.intermediate_size = len(layers), h, inner
         config.layer_types = [self.config.layer_types[i] for i in layers]
+        pruned = self.config.pruned_heads if h == self.hidden_size else {}
+        config.pruned_heads = {j: list(pruned[i]) for j, i in enumerate(layers) if i in pruned}
         config.__post_init__()
         student = ModernBertModel(config)
         if h == self.hidden_size:
@@ -367,7 +435,8 @@ class ModernBertModel(Encoder):
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq); token_type_ids are not read (there are no segments).
         `num_layers` stops after that many layers (the final norm only after the last one); head_mask:
-        (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it)."""
+        (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it), in the
+        original head numbering even after pruning."""
         b, t = input_ids.shape
         if t > self.max_tokens:
             raise ValueError(
@@ -375,7 +444,7 @@ class ModernBertModel(Encoder):
                 "ctxrep.Featurizer splits long texts into windows for you"
             )
         if head_mask is not None:
-            head_mask = _check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
+            head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         masks = self.attention_masks(attention_mask, t, input_ids.device)
         d = self.config.head_dim
         rotary = {
@@ -440,17 +509,6 @@ class ModernBertModel(Encoder):
         ours = self.state_dict()
         tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
         write_folder(path, self.config.to_hf_dict(), tensors)
-
-
-def _check_head_mask(head_mask: torch.Tensor, num_layers: int, num_heads: int) -> torch.Tensor:
-    shape = (num_layers, num_heads)
-    if head_mask.dim() == 1 and head_mask.shape[0] == num_heads:
-        return head_mask.expand(shape)  # (layers, heads)
-    if tuple(head_mask.shape) != shape:
-        raise ValueError(
-            f"head_mask has shape {tuple(head_mask.shape)}; expected (num_layers, num_heads) = {shape} or ({num_heads},)"
-        )
-    return head_mask
 
 
 _HEAD_PREFIXES = ("head.", "decoder.", "classifier.", "drop.")
