@@ -9,6 +9,9 @@ forward pass, from the token positions 0..T-1 (not the position ids, so padding 
 direction, exact distances below 8, log-spaced up to 128 beyond (transformers' MPNetEncoder, which always uses 32
 buckets in that computation).
 
+Head pruning (modules/heads.py; Michel et al. 2019) never touches the table, which every layer reads: a pruned
+layer adds only its kept heads' slice of the bias, b[:, kept_heads], in the original head numbering.
+
 Embeddings are RoBERTa's without token types: positions numbered from padding_idx + 1 over the non-pad tokens,
 padding_idx fixed at 1 (as in transformers' MPNetEmbeddings, whatever pad_token_id says). The tanh pooler over the
 first token is loaded when the checkpoint has it. Loading and saving follow transformers' MPNetModel names.
@@ -19,8 +22,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -31,6 +34,15 @@ from ctxrep.models.bert import ACTIVATIONS
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.heads import (
+    check_head_mask,
+    check_pruned_heads,
+    kept_heads,
+    linear_subset,
+    merge_pruned_heads,
+    pruned_heads_json,
+    remaining,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +72,9 @@ class MPNetConfig:
     bos_token_id: int = 0
     eos_token_id: int = 2
     add_pooling_layer: bool = True
+    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (as bert.py's
+    # BertConfig.pruned_heads; string keys in config.json). Such a layer is built with the remaining heads only.
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -73,6 +88,11 @@ class MPNetConfig:
                 f"relative_attention_num_buckets is {self.relative_attention_num_buckets}, but MPNet's bias reads "
                 f"{BUCKETS} buckets"
             )
+        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads of `layer` that remain after pruning, in the original numbering."""
+        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
 
     @property
     def max_tokens(self) -> int:
@@ -89,6 +109,9 @@ class MPNetConfig:
         del d["add_pooling_layer"]
         d["model_type"] = MODEL_TYPE
         d["architectures"] = ["MPNetModel"]
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
+        if not d["pruned_heads"]:
+            del d["pruned_heads"]
         return d
 
 
@@ -122,17 +145,23 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """softmax(QK^T / sqrt(d_k) + bias + mask) V, bias (1, heads, seq, seq) the shared relative position bias."""
+    """softmax(QK^T / sqrt(d_k) + bias + mask) V, bias (1, heads, seq, seq) the shared relative position bias.
 
-    def __init__(self, config: MPNetConfig) -> None:
+    Holds the layer's remaining heads only (`kept_heads`, original numbering), as bert.py's SelfAttention: its
+    matrices are (kept * head_dim, hidden) and (hidden, kept * head_dim), and it adds the kept heads' rows of the
+    shared bias. A head mask xi multiplies each head's output before the output projection (Michel et al. 2019)."""
+
+    def __init__(self, config: MPNetConfig, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.head_dim = h // self.num_heads
-        self.query = nn.Linear(h, h)
-        self.key = nn.Linear(h, h)
-        self.value = nn.Linear(h, h)
-        self.output = nn.Linear(h, h)
+        self.kept_heads = config.kept_heads(layer)
+        self.num_heads = len(self.kept_heads)
+        self.head_dim = h // config.num_attention_heads
+        inner = self.num_heads * self.head_dim
+        self.query = nn.Linear(h, inner)
+        self.key = nn.Linear(h, inner)
+        self.value = nn.Linear(h, inner)
+        self.output = nn.Linear(inner, h)
         self.dropout_p = config.attention_probs_dropout_prob
         # fast.py's int8 slot: one product for query, key and value when set (fusable_qkv_modules).
         self.query_key_value: nn.Module | None = None
@@ -142,10 +171,13 @@ class SelfAttention(nn.Module):
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool
+        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool, head_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # bias: (batch or 1, heads, seq, seq) float, the position bias plus the padding mask (dtype's min).
+        # bias: (batch or 1, num_attention_heads, seq, seq) float, the position bias of every head (original
+        # numbering) plus the padding mask (dtype's min). head_mask: (num_attention_heads,), original numbering.
         b, t, _ = x.shape
+        if self.num_heads < bias.shape[1]:  # a pruned layer: its own heads' slice of the shared bias
+            bias = bias[:, self.kept_heads]  # (batch or 1, kept, seq, seq)
         if self.query_key_value is None:
             q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
         else:
@@ -158,17 +190,35 @@ class SelfAttention(nn.Module):
         else:
             probs = None
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
-        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, hidden)
+        if head_mask is not None:
+            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
+            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
+        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
         return self.output(context), probs
+
+    def prune(self, heads: Iterable[int]) -> None:
+        """Remove `heads` (original numbering; ones already removed are ignored): drop their rows of
+        query/key/value and their columns of output. The shared bias table is not touched (other layers read it)."""
+        if self.query_key_value is not None:
+            raise ValueError(
+                "prune_heads: this attention runs a fused int8 query/key/value product (fast.quantize_int8); "
+                "prune the float model, then quantize it"
+            )
+        keep, rows = remaining(self.kept_heads, heads, self.head_dim)
+        self.query = linear_subset(self.query, rows, dim=0)
+        self.key = linear_subset(self.key, rows, dim=0)
+        self.value = linear_subset(self.value, rows, dim=0)
+        self.output = linear_subset(self.output, rows, dim=1)
+        self.kept_heads, self.num_heads = keep, len(keep)
 
 
 class EncoderLayer(nn.Module):
     """Post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
 
-    def __init__(self, config: MPNetConfig) -> None:
+    def __init__(self, config: MPNetConfig, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
-        self.attention = SelfAttention(config)
+        self.attention = SelfAttention(config, layer)
         self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         self.intermediate = nn.Linear(h, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, h)
@@ -177,9 +227,13 @@ class EncoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool = False
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor,
+        output_attentions: bool = False,
+        head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.attention(x, bias, output_attentions)
+        a, probs = self.attention(x, bias, output_attentions, head_mask)
         x = self.attention_norm(x + self.dropout(a))
         f = self.output(self.activation(self.intermediate(x)))
         return self.output_norm(x + self.dropout(f)), probs
@@ -192,7 +246,7 @@ class MPNetModel(Encoder):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_hidden_layers))
         # One table for every layer: b_h(bucket), (num_buckets, heads).
         self.relative_attention_bias = nn.Embedding(config.relative_attention_num_buckets, config.num_attention_heads)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.add_pooling_layer else None
@@ -222,7 +276,27 @@ class MPNetModel(Encoder):
 
     @property
     def num_heads(self) -> int:
+        """Heads per layer before any pruning (the width of head_mask; see `heads_per_layer()` for what is left)."""
         return self.config.num_attention_heads
+
+    def heads_per_layer(self) -> list[int]:
+        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
+        return [layer.attention.num_heads for layer in self.layers]
+
+    def kept_heads(self) -> list[list[int]]:
+        """Each layer's remaining heads in the original numbering."""
+        return [list(layer.attention.kept_heads) for layer in self.layers]
+
+    can_prune_heads = True  # prune_heads below; forward takes head_mask
+
+    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
+        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
+        are ignored), as BertModel.prune_heads. The shared relative position table keeps every head: each layer
+        adds its kept heads' rows of the bias. config.pruned_heads records every removed head."""
+        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
+        for layer, removed in heads.items():  # every request checked before any layer changes
+            self.layers[layer].attention.prune(removed)
+        self.config.pruned_heads = merged
 
     @property
     def hidden_size(self) -> int:
@@ -257,16 +331,21 @@ class MPNetModel(Encoder):
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
     ) -> MPNetModel:
         """A student MPNetModel with len(layers) layers: of this width, the embeddings, the shared relative position
-        table, layers[j] as layer j and the pooler copied; narrower (hidden_size), freshly initialised (the global
-        torch RNG), with this model's heads and intermediate ratio unless given."""
+        table, layers[j] as layer j (with the heads it kept here) and the pooler copied; narrower (hidden_size),
+        freshly initialised (the global torch RNG), with all of this model's heads and its intermediate ratio unless
+        given."""
         layers = check_student_layers(layers, self.num_layers)
         c = self.config
         h, inner = student_widths(
             c.hidden_size, c.num_attention_heads, c.intermediate_size, hidden_size, intermediate_size
         )
-        config = dataclasses.replace(c, num_hidden_layers=len(layers), hidden_size=h, intermediate_size=inner)
+        same_width = h == c.hidden_size
+        pruned = {j: list(c.pruned_heads[i]) for j, i in enumerate(layers) if i in c.pruned_heads} if same_width else {}
+        config = dataclasses.replace(
+            c, num_hidden_layers=len(layers), hidden_size=h, intermediate_size=inner, pruned_heads=pruned
+        )
         student = MPNetModel(config)
-        if h == c.hidden_size:
+        if same_width:
             for name in ("embeddings", "relative_attention_bias", "pooler"):
                 if getattr(student, name) is not None:
                     getattr(student, name).load_state_dict(getattr(self, name).state_dict())
@@ -294,9 +373,14 @@ class MPNetModel(Encoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        head_mask: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq); token_type_ids must be None or zero (MPNet has none).
-        `num_layers` stops after that many layers (and skips the pooler)."""
+        `num_layers` stops after that many layers (and skips the pooler).
+
+        head_mask: Michel et al.'s mask variables xi, (num_layers, num_heads) or (num_heads,) for every layer, in
+        the original head numbering (entries of pruned heads are not read), as in BertModel.forward.
+        `attentions` hold each layer's remaining heads: (batch, heads_per_layer()[l], seq, seq)."""
         if input_ids.shape[1] > self.config.max_tokens:
             raise ValueError(
                 f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
@@ -311,9 +395,11 @@ class MPNetModel(Encoder):
         if attention_mask is not None and not bool(attention_mask.all()):
             pad = ~attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
             bias = bias.masked_fill(pad, torch.finfo(bias.dtype).min)  # (batch, heads, seq, seq)
+        if head_mask is not None:
+            head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         hidden_states, attentions = [x], []
-        for layer in self.layers[: num_layers if num_layers is not None else len(self.layers)]:
-            x, probs = layer(x, bias, output_attentions)
+        for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
+            x, probs = layer(x, bias, output_attentions, head_mask[i] if head_mask is not None else None)
             hidden_states.append(x)
             attentions.append(probs)
         pooled = None
