@@ -162,3 +162,126 @@ def test_float16_residuals_stay_finite():
 
 def test_featurizer_matches_transformers(t5_dir):
     assert_featurizer_matches_transformers(t5_dir, transformers.T5EncoderModel)
+
+
+# ---- head pruning (modules/heads.py): layer 0's relative position table is read by every layer, never pruned -------
+
+
+def _model(tmp_path, seed: int = 0, proj: str = "gated-gelu"):
+    torch.manual_seed(seed)
+    hf = transformers.T5EncoderModel(_hf_config(feed_forward_proj=proj))
+    with torch.no_grad():  # large and different per head, so that a wrong slice of the bias shows
+        hf.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.normal_(std=1.0)
+    hf.save_pretrained(tmp_path / "full")
+    return ctxrep.load_model(tmp_path / "full")
+
+
+def _mask(removed: dict[int, list[int]]) -> torch.Tensor:
+    xi = torch.ones(3, 4)
+    for layer, heads in removed.items():
+        xi[layer, heads] = 0.0
+    return xi
+
+
+def _run_both(model, ids, mask, head_mask=None):
+    """The eager path (attention maps) and the scaled_dot_product_attention path."""
+    with torch.no_grad():
+        eager = model(ids, attention_mask=mask, head_mask=head_mask, output_hidden_states=True, output_attentions=True)
+        fast = model(ids, attention_mask=mask, head_mask=head_mask, output_hidden_states=True)
+    return eager, fast
+
+
+def _assert_hidden_close(a, b, mask, tol=1e-5):
+    keep = mask.bool()
+    for i, (x, y) in enumerate(zip(a.hidden_states, b.hidden_states)):
+        assert (x - y).abs()[keep].max() < tol, f"hidden state {i}"
+
+
+@pytest.mark.parametrize("proj", ["relu", "gated-gelu"], ids=["t5-v1.0", "t5-v1.1"])
+def test_pruned_heads_equal_masked_heads_and_read_their_own_slice_of_the_shared_bias(tmp_path, proj):
+    model = _model(tmp_path, proj=proj)
+    table = model.layers[0].attention.relative_attention_bias.weight.detach().clone()
+    ids, mask = padded_batch(90, [11, 4, 50], pad_id=0, seed=5, low=2)  # 50 tokens: the far buckets too
+    removed = {0: [0, 2], 2: [1]}  # layer 0 (the table's owner) keeps heads 1 and 3: not a prefix of the bias
+    masked_eager, masked_fast = _run_both(model, ids, mask, _mask(removed))
+    model.prune_heads(removed)
+    assert model.heads_per_layer() == [2, 4, 3] and model.num_heads == 4
+    assert model.kept_heads() == [[1, 3], [0, 1, 2, 3], [0, 2, 3]]
+    assert model.config.pruned_heads == {0: [0, 2], 2: [1]}
+    attention = model.layers[0].attention  # 2 heads of d_kv 6: rows of q/k/v, columns of the output projection
+    assert attention.query.weight.shape == (12, 32) and attention.output.weight.shape == (32, 12)
+    assert attention.query.bias is None and attention.output.bias is None  # T5's linears stay bias-free
+    assert torch.equal(attention.relative_attention_bias.weight, table)  # every head's column: all layers read it
+    eager, fast = _run_both(model, ids, mask)
+    _assert_hidden_close(eager, masked_eager, mask)
+    _assert_hidden_close(fast, masked_fast, mask)
+    # Each layer's maps: its remaining heads, equal to those heads' maps in the masked run (same bias rows).
+    q = mask.bool()[:, None, :, None]
+    for layer, (got, want) in enumerate(zip(eager.attentions, masked_eager.attentions)):
+        assert got.shape[1] == model.heads_per_layer()[layer]
+        kept = want[:, model.kept_heads()[layer]]
+        assert (got - kept).abs().masked_select(q).max() < 1e-5, f"layer {layer}"
+
+
+def test_pruning_in_steps_uses_the_original_numbering(tmp_path):
+    model = _model(tmp_path, seed=1)
+    ids, mask = padded_batch(90, [9, 6], pad_id=0, seed=2, low=2)
+    reference, _ = _run_both(model, ids, mask, _mask({0: [1, 3], 1: [0]}))
+    both, _ = _run_both(model, ids, mask, _mask({0: [1, 3, 2], 1: [0]}))
+    model.prune_heads({0: [1]})
+    model.prune_heads({0: [3], 1: [0]})
+    model.prune_heads({0: [1]})  # already gone: nothing changes
+    assert model.config.pruned_heads == {0: [1, 3], 1: [0]} and model.kept_heads()[0] == [0, 2]
+    _assert_hidden_close(_run_both(model, ids, mask)[0], reference, mask)
+    xi = torch.ones(3, 4)
+    xi[0, 2] = 0.0
+    xi[0, 1] = 123.0  # a removed head's entry is not read
+    _assert_hidden_close(_run_both(model, ids, mask, xi)[0], both, mask)
+    _assert_hidden_close(_run_both(model, ids, mask, torch.ones(4))[0], reference, mask, tol=1e-6)  # (heads,) rows
+
+
+def test_pruned_folder_saves_reloads_and_gives_students_its_heads(tmp_path):
+    model = _model(tmp_path, seed=2)
+    model.save_pretrained(tmp_path / "unpruned")
+    assert "pruned_heads" not in json.loads((tmp_path / "unpruned" / "config.json").read_text())
+    model.prune_heads({0: [2], 1: [0, 1, 2], 2: [3]})
+    ids, mask = padded_batch(90, [7, 12], pad_id=0, seed=3, low=2)
+    before, _ = _run_both(model, ids, mask)
+    model.save_pretrained(tmp_path / "pruned")
+    config = json.loads((tmp_path / "pruned" / "config.json").read_text())
+    assert config["pruned_heads"] == {"0": [2], "1": [0, 1, 2], "2": [3]}
+    again = ctxrep.load_model(tmp_path / "pruned")
+    assert again.heads_per_layer() == [3, 1, 3] and again.kept_heads()[1] == [3]
+    _assert_hidden_close(_run_both(again, ids, mask)[0], before, mask, tol=1e-6)
+    # A student's layers keep the heads they had in the teacher; its first layer gets the whole table, whichever
+    # teacher layer it copies.
+    student = again.init_student([1, 2])
+    assert student.heads_per_layer() == [1, 3] and student.config.pruned_heads == {0: [0, 1, 2], 1: [3]}
+    table = again.layers[0].attention.relative_attention_bias.weight
+    assert torch.equal(student.layers[0].attention.relative_attention_bias.weight, table)
+    assert torch.equal(student.layers[0].attention.query.weight, again.layers[1].attention.query.weight)
+    with torch.no_grad():
+        out = student(ids, attention_mask=mask, output_attentions=True)
+    assert [a.shape[1] for a in out.attentions] == [1, 3]
+    assert student.init_student([0], hidden_size=16).heads_per_layer() == [4]  # narrower: fresh, every head
+
+
+def test_bad_pruning_requests_are_refused_in_one_line(tmp_path):
+    model = _model(tmp_path, seed=4)
+    model.prune_heads({0: [0]})
+    for request, message in [
+        ({3: [0]}, r"no layer 3; this model has layers 0\.\.2"),
+        ({0: [4]}, r"layer 0 has heads 0\.\.3 \(original numbering\), not \[4\]"),
+        ({1: [1], 0: [1, 2, 3]}, "would remove all 4 heads of layer 0"),
+    ]:
+        with pytest.raises(ValueError, match=message) as e:
+            model.prune_heads(request)
+        assert "\n" not in str(e.value)
+    assert model.heads_per_layer() == [3, 4, 4]  # a refused request changes nothing
+    with pytest.raises(ValueError, match=r"head_mask has shape \(3, 5\)"):
+        model(torch.tensor([[5, 6, 7]]), head_mask=torch.ones(3, 5))
+    config = json.loads((tmp_path / "full" / "config.json").read_text())
+    (tmp_path / "full" / "config.json").write_text(json.dumps(config | {"pruned_heads": {"1": [0, 1, 2, 3]}}))
+    with pytest.raises(CheckpointError, match=r"config\.json: pruned_heads removes all 4 heads of layer 1") as e:
+        ctxrep.load_model(tmp_path / "full")
+    assert "\n" not in str(e.value)

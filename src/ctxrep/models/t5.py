@@ -12,7 +12,9 @@
 The relative position bias table b (num_buckets x heads) lives in the first layer's attention, which computes
 the bias from the positions 0..T-1 once; every later layer adds the same (1, heads, T, T) tensor (transformers'
 T5Stack passes the first layer's bias on). Buckets, bidirectional: half for each direction, distances below
-num_buckets / 4 exact, log-spaced up to relative_attention_max_distance beyond.
+num_buckets / 4 exact, log-spaced up to relative_attention_max_distance beyond. Head pruning (modules/heads.py;
+Michel et al. 2019) never prunes the table, which every layer reads: a pruned layer adds only its kept heads' slice
+of the bias, b[:, kept_heads] in the original numbering (as transformers 4.x's T5Attention did).
 
 Checkpoints: a T5EncoderModel folder (shared.weight + encoder.*), or a whole T5 (T5Model,
 T5ForConditionalGeneration: sentence-t5 and flan-t5 ship these), whose decoder.* and lm_head.weight are left
@@ -26,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -37,6 +39,15 @@ from torch import nn
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.heads import (
+    check_head_mask,
+    check_pruned_heads,
+    kept_heads,
+    linear_subset,
+    merge_pruned_heads,
+    pruned_heads_json,
+    remaining,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +82,9 @@ class T5Config:
     pad_token_id: int = 0
     eos_token_id: int = 1
     n_positions: int = DEFAULT_MAX_TOKENS  # not read by the network: the window ctxrep cuts long texts into
+    # Heads removed from each encoder layer, in the original numbering 0..num_heads-1 (as bert.py's
+    # BertConfig.pruned_heads; string keys in config.json). Such a layer is built with the remaining heads only.
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         parts = self.feed_forward_proj.split("-")
@@ -79,6 +93,11 @@ class T5Config:
                 f"feed_forward_proj {self.feed_forward_proj!r} is not supported; use ACT or gated-ACT with ACT one of "
                 f"{sorted(ACTIVATIONS)}"
             )
+        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_layers, self.num_heads)
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads of `layer` that remain after pruning, in the original numbering."""
+        return kept_heads(self.pruned_heads, layer, self.num_heads)
 
     @property
     def is_gated_act(self) -> bool:
@@ -104,6 +123,9 @@ class T5Config:
             dense_act_fn=self.dense_act_fn,
             is_gated_act=self.is_gated_act,
         )
+        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
+        if not d["pruned_heads"]:
+            del d["pruned_heads"]
         return d
 
 
@@ -134,12 +156,17 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, 
 
 class SelfAttention(nn.Module):
     """softmax(Q K^T + bias) V with bias-free projections; head width d_kv (heads * d_kv may differ from d_model).
-    The first layer's attention owns the relative position table and computes the bias (`position_bias`)."""
+    The first layer's attention owns the relative position table and computes the bias (`position_bias`) for every
+    head, pruned or not (the table is never pruned: every layer reads it).
 
-    def __init__(self, config: T5Config, has_relative_attention_bias: bool) -> None:
+    Holds the layer's remaining heads only (`kept_heads`, original numbering), as bert.py's SelfAttention, and adds
+    their rows of the bias. A head mask xi multiplies each head's output before W_o (Michel et al. 2019)."""
+
+    def __init__(self, config: T5Config, has_relative_attention_bias: bool, layer: int = 0) -> None:
         super().__init__()
-        self.num_heads, self.head_dim = config.num_heads, config.d_kv
-        inner = config.num_heads * config.d_kv
+        self.kept_heads = config.kept_heads(layer)
+        self.num_heads, self.head_dim = len(self.kept_heads), config.d_kv
+        inner = self.num_heads * config.d_kv
         self.query = nn.Linear(config.d_model, inner, bias=False)
         self.key = nn.Linear(config.d_model, inner, bias=False)
         self.value = nn.Linear(config.d_model, inner, bias=False)
@@ -154,7 +181,8 @@ class SelfAttention(nn.Module):
         )
 
     def position_bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """(1, heads, seq, seq): b_h(bucket(j - i)) over positions 0..seq-1."""
+        """(1, num_heads, seq, seq): b_h(bucket(j - i)) over positions 0..seq-1, every head of the original
+        numbering."""
         pos = torch.arange(seq_len, device=device)
         bucket = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
         return self.relative_attention_bias(bucket).permute(2, 0, 1)[None]  # (1, heads, seq, seq)
@@ -164,10 +192,13 @@ class SelfAttention(nn.Module):
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, d_kv)
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool
+        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool, head_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # bias: (batch or 1, heads, seq, seq), the position bias plus the padding mask (dtype's min at pad keys).
+        # bias: (batch or 1, num_heads, seq, seq), the position bias of every head (original numbering) plus the
+        # padding mask (dtype's min at pad keys). head_mask: (num_heads,), original numbering.
         b, t, _ = x.shape
+        if self.num_heads < bias.shape[1]:  # a pruned layer: its own heads' slice of the shared bias
+            bias = bias[:, self.kept_heads]  # (batch or 1, kept, seq, seq)
         q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
@@ -178,8 +209,21 @@ class SelfAttention(nn.Module):
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=1.0
             )
+        if head_mask is not None:
+            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
+            context = context * xi[None, :, None, None]  # (batch, heads, seq, d_kv)
         context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, inner)
         return self.output(context), probs
+
+    def prune(self, heads: Iterable[int]) -> None:
+        """Remove `heads` (original numbering; ones already removed are ignored): drop their rows of
+        query/key/value and their columns of output (bias-free linears). The relative position table stays whole."""
+        keep, rows = remaining(self.kept_heads, heads, self.head_dim)
+        self.query = linear_subset(self.query, rows, dim=0)
+        self.key = linear_subset(self.key, rows, dim=0)
+        self.value = linear_subset(self.value, rows, dim=0)
+        self.output = linear_subset(self.output, rows, dim=1)
+        self.kept_heads, self.num_heads = keep, len(keep)
 
 
 class FeedForward(nn.Module):
@@ -207,15 +251,19 @@ class EncoderLayer(nn.Module):
     def __init__(self, config: T5Config, layer: int) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
-        self.attention = SelfAttention(config, has_relative_attention_bias=layer == 0)
+        self.attention = SelfAttention(config, has_relative_attention_bias=layer == 0, layer=layer)
         self.ffn_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
         self.ffn = FeedForward(config)
         self.dropout = nn.Dropout(config.dropout_rate)
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool = False
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor,
+        output_attentions: bool = False,
+        head_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.attention(self.attention_norm(x), bias, output_attentions)
+        a, probs = self.attention(self.attention_norm(x), bias, output_attentions, head_mask)
         x = _clamp_fp16(x + self.dropout(a))
         return _clamp_fp16(x + self.dropout(self.ffn(self.ffn_norm(x)))), probs
 
@@ -276,7 +324,27 @@ class T5EncoderModel(Encoder):
 
     @property
     def num_heads(self) -> int:
+        """Heads per layer before any pruning (the width of head_mask; see `heads_per_layer()` for what is left)."""
         return self.config.num_heads
+
+    def heads_per_layer(self) -> list[int]:
+        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
+        return [layer.attention.num_heads for layer in self.layers]
+
+    def kept_heads(self) -> list[list[int]]:
+        """Each layer's remaining heads in the original numbering."""
+        return [list(layer.attention.kept_heads) for layer in self.layers]
+
+    can_prune_heads = True  # prune_heads below; forward takes head_mask
+
+    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
+        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
+        are ignored), as BertModel.prune_heads. The relative position table in layer 0 keeps every head, pruned
+        or not: each layer adds its kept heads' rows of the bias. config.pruned_heads records every removed head."""
+        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
+        for layer, removed in heads.items():  # every request checked before any layer changes
+            self.layers[layer].attention.prune(removed)
+        self.config.pruned_heads = merged
 
     @property
     def hidden_size(self) -> int:
@@ -309,16 +377,21 @@ class T5EncoderModel(Encoder):
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
     ) -> T5EncoderModel:
-        """A student T5EncoderModel with len(layers) layers: of this width, the embeddings, layers[j] as layer j, the
-        relative position table (which only the first layer holds, whichever teacher layer it copies) and the final
-        norm copied; narrower (d_model), freshly initialised (the global torch RNG) with this model's heads, d_kv
-        scaled with the width and d_ff in this model's ratio unless given."""
+        """A student T5EncoderModel with len(layers) layers: of this width, the embeddings, layers[j] as layer j (with
+        the heads it kept here), the relative position table (which only the first layer holds, whichever teacher
+        layer it copies; all heads) and the final norm copied; narrower (d_model), freshly initialised (the global
+        torch RNG) with all of this model's heads, d_kv scaled with the width and d_ff in this model's ratio unless
+        given."""
         layers = check_student_layers(layers, self.num_layers)
         c = self.config
         h, inner = student_widths(c.d_model, c.num_heads, c.d_ff, hidden_size, intermediate_size)
-        d_kv = c.d_kv if h == c.d_model else max(1, c.d_kv * h // c.d_model)
-        student = T5EncoderModel(dataclasses.replace(c, num_layers=len(layers), d_model=h, d_ff=inner, d_kv=d_kv))
-        if h == c.d_model:
+        same_width = h == c.d_model
+        d_kv = c.d_kv if same_width else max(1, c.d_kv * h // c.d_model)
+        pruned = {j: list(c.pruned_heads[i]) for j, i in enumerate(layers) if i in c.pruned_heads} if same_width else {}
+        student = T5EncoderModel(
+            dataclasses.replace(c, num_layers=len(layers), d_model=h, d_ff=inner, d_kv=d_kv, pruned_heads=pruned)
+        )
+        if same_width:
             student.embed_tokens.load_state_dict(self.embed_tokens.state_dict())
             student.final_norm.load_state_dict(self.final_norm.state_dict())
             table = self.layers[0].attention.relative_attention_bias.state_dict()
@@ -338,9 +411,14 @@ class T5EncoderModel(Encoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        head_mask: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq). token_type_ids must be None or zero and position_ids None: T5
-        has neither segment nor absolute position embeddings."""
+        has neither segment nor absolute position embeddings.
+
+        head_mask: Michel et al.'s mask variables xi, (num_layers, num_heads) or (num_heads,) for every layer, in
+        the original head numbering (entries of pruned heads are not read), as in BertModel.forward.
+        `attentions` hold each layer's remaining heads: (batch, heads_per_layer()[l], seq, seq)."""
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError("T5 has no token-type (segment) embeddings: pass token_type_ids=None")
         if position_ids is not None:
@@ -350,10 +428,12 @@ class T5EncoderModel(Encoder):
         if attention_mask is not None and not bool(attention_mask.all()):
             pad = ~attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
             bias = bias.masked_fill(pad, torch.finfo(bias.dtype).min)  # (batch, heads, seq, seq)
+        if head_mask is not None:
+            head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         stop = num_layers if num_layers is not None else self.num_layers
         hidden_states, attentions = [x], []
-        for layer in self.layers[:stop]:
-            x, probs = layer(x, bias, output_attentions)
+        for i, layer in enumerate(self.layers[:stop]):
+            x, probs = layer(x, bias, output_attentions, head_mask[i] if head_mask is not None else None)
             hidden_states.append(x)
             attentions.append(probs)
         if stop == self.num_layers:
