@@ -416,3 +416,36 @@ def test_fused_query_key_value_path_equals_the_three_projections(tiny_models):
         got = model.encode(batch).hidden_states
     for e, g in zip(expected, got):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+def test_smooth_linears_computes_the_same_function_with_smoothed_weights(tiny_models):
+    """The ONNX Runtime int8 route quantizes a SmoothQuant-smoothed float copy: same outputs, other weights."""
+    loaded = load_encoder(str(tiny_models["bert"]))
+    model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    batches = fast.calibration_batches(tokenizer, model.max_tokens)
+    smoothed = fast.smooth_linears(model, batches)
+    linears = [m for m in smoothed.modules() if isinstance(m, fast.SmoothedLinear)]
+    assert len(linears) == sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert any(not torch.allclose(m.inv_smooth, torch.ones_like(m.inv_smooth)) for m in linears)
+    with torch.inference_mode():
+        for batch in batches[:2]:
+            want, got = model.encode(batch).hidden_states, smoothed.encode(batch).hidden_states
+            for w, g in zip(want, got):
+                torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_onnxruntime_int8_word_vectors_of_minilm_stay_within_cosine_0_99_of_float32(tmp_path, monkeypatch):
+    monkeypatch.setenv("CTXREP_CACHE", str(tmp_path))  # a fresh graph cache: export, smooth and quantize here
+    words = [
+        s.split()
+        for s in [
+            "The new museum opened its doors to the public on Saturday after years of delays .",
+            "I could n't put this book down : the characters feel alive and the ending surprised me .",
+            "Heavy rain flooded several roads near the airport , and flights were delayed for hours .",
+            "The algorithm sorts the list in place and returns the number of swaps it made .",
+        ]
+    ]
+    float32 = Featurizer("minilm", compile=False).embed_words(words)
+    int8 = Featurizer("minilm", backend="onnxruntime", precision="int8").embed_words(words)
+    cosines = _word_cosines(int8, float32)
+    assert cosines.mean() >= 0.99 and cosines.min() > 0.95

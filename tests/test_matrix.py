@@ -590,6 +590,13 @@ def test_backends(family, model, backend, tmp_path, monkeypatch):
     ours = ctxrep.Featurizer(model, layers="all", compile=False, backend=backend).embed_words(SENTENCES[:4])
     for a, b in zip(ours, reference):
         np.testing.assert_allclose(a, b, atol=1e-4)
+    if backend == "onnxruntime":  # int8 (a SmoothQuant-smoothed export, then quantize_dynamic) for every family too
+        top = ctxrep.Featurizer(model, compile=False).embed_words(SENTENCES[:4])
+        int8 = ctxrep.Featurizer(model, compile=False, backend=backend, precision="int8").embed_words(SENTENCES[:4])
+        a, b = np.concatenate(int8), np.concatenate(top)
+        assert a.shape == b.shape
+        cosine = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+        assert cosine.mean() > 0.9  # random tiny models: it computes the same function, roughly
 
 
 def test_compression(model):

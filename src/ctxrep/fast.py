@@ -202,6 +202,46 @@ def full_range_is_exact() -> bool:
     return bool(torch.allclose(y, torch.full_like(y, 64.0), rtol=1e-2))
 
 
+def smoothquant_scales(weight: torch.Tensor, input_absmax: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    """SmoothQuant's per-input-channel scales s_j = max|x_j|^alpha / max|W_:j|^(1 - alpha) (Xiao et al. 2023, eq. 4)
+    for a (out, in) weight; all ones without calibration."""
+    if input_absmax is None:
+        return torch.ones(weight.shape[1])
+    smooth = input_absmax.float().clamp(min=1e-5) ** alpha / weight.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)
+    return smooth.clamp(min=1e-5)  # (in,)
+
+
+class SmoothedLinear(nn.Module):
+    """y = (x / s) (W s)^T + b in float: the same function as `linear`, with SmoothQuant's scales s moved into the
+    weight, so that a quantizer that sees only this graph (ONNX Runtime's quantize_dynamic) quantizes the smoothed
+    weight and activations (Xiao et al. 2023, eq. 3)."""
+
+    def __init__(self, linear: nn.Linear, input_absmax: torch.Tensor | None, alpha: float) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()  # (out, in)
+        smooth = smoothquant_scales(weight, input_absmax, alpha)
+        self.register_buffer("inv_smooth", 1 / smooth)  # (in,)
+        self.linear = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        self.linear.weight = nn.Parameter(weight * smooth, requires_grad=False)  # column j scaled by s_j
+        if linear.bias is not None:
+            self.linear.bias = nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x * self.inv_smooth)
+
+
+def smooth_linears(encoder: Encoder, batches: Iterable[Mapping[str, torch.Tensor]], alpha: float = 0.7) -> Encoder:
+    """A float32 copy of `encoder` (eval mode) whose nn.Linear layers are `SmoothedLinear`, calibrated on `batches`:
+    the same function, ready for a quantizer that reads the graph (the ONNX Runtime int8 route)."""
+    smoothed = copy.deepcopy(encoder).float().eval()
+    absmax = _input_absmax(smoothed, batches)
+    for name, linear in [(n, m) for n, m in smoothed.named_modules() if isinstance(m, nn.Linear)]:
+        parent_name, _, child = name.rpartition(".")
+        parent = smoothed.get_submodule(parent_name) if parent_name else smoothed
+        setattr(parent, child, SmoothedLinear(linear, absmax.get(name), alpha))
+    return smoothed
+
+
 class Int8Linear(nn.Module):
     """y = (x / s) Q(W s)^T + b: a Linear in int8.
 
@@ -216,11 +256,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()  # (out, in)
-        if input_absmax is None:
-            smooth = torch.ones(self.in_features)
-        else:
-            smooth = input_absmax.float().clamp(min=1e-5) ** alpha / weight.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)
-            smooth = smooth.clamp(min=1e-5)
+        smooth = smoothquant_scales(weight, input_absmax, alpha)
         self.register_buffer("inv_smooth", 1 / smooth)  # (in,)
         weight = weight * smooth  # (out, in), column j scaled by s_j
         scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127  # (out,)

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ctxrep import fast
 from ctxrep.models.encoder import Encoder
 from ctxrep.runtime import graphs
 
@@ -28,6 +29,7 @@ class OnnxRuntime:
 
     def __init__(self, model: Encoder, tokenizer, precision: str, compile: bool | str, max_length: int) -> None:
         self.model = model
+        self.tokenizer, self.max_length = tokenizer, max_length
         self.precision = precision
         self.device = torch.device("cpu")
         self._sessions: dict[tuple[int, ...], tuple[object, set[str]]] = {}  # layers -> (session, its input names)
@@ -37,7 +39,7 @@ class OnnxRuntime:
             path = (
                 graphs.fp32_onnx(self.model, layers)
                 if self.precision == "fp32"
-                else graphs.ort_int8_onnx(self.model, layers)
+                else graphs.ort_int8_onnx(self.model, layers, fast.calibration_batches(self.tokenizer, self.max_length))
             )
             session = graphs.ort_session(path, torch.get_num_threads())
             self._sessions[layers] = (session, {i.name for i in session.get_inputs()})
