@@ -164,6 +164,27 @@ def test_featurizer_matches_transformers(t5_dir):
     assert_featurizer_matches_transformers(t5_dir, transformers.T5EncoderModel)
 
 
+def test_mt5_loads_matches_transformers_and_saves_back(t5_dir, tmp_path):
+    """mT5 (model_type "mt5", MT5EncoderModel) is T5 v1.1's network: same file, family "mt5"; google/mt5-*'s layout
+    (a whole MT5ForConditionalGeneration and spiece.model only) featurizes end to end."""
+    config = transformers.MT5Config(**(_hf_config(feed_forward_proj="gated-gelu").to_dict() | {"vocab_size": 120}))
+    torch.manual_seed(5)
+    transformers.MT5ForConditionalGeneration(config).save_pretrained(tmp_path / "mt5")
+    (tmp_path / "mt5" / "spiece.model").write_bytes((t5_dir / "spiece.model").read_bytes())
+    ours = ctxrep.load_model(tmp_path / "mt5")
+    assert type(ours) is T5EncoderModel and ours.family == "mt5"
+    theirs = _reference(tmp_path / "mt5", transformers.MT5EncoderModel)
+    ids, mask = padded_batch(120, [7, 50, 3], pad_id=0, low=2)
+    assert_matches(_run(ours, ids, mask), _run(theirs, ids, mask), mask)
+    ours.save_pretrained(tmp_path / "back")
+    saved = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert saved["model_type"] == "mt5" and saved["architectures"] == ["MT5EncoderModel"]
+    again = _reference(tmp_path / "back", transformers.MT5EncoderModel)
+    assert_matches(_run(ours, ids, mask), _run(again, ids, mask), mask)
+    vectors = ctxrep.Featurizer(str(tmp_path / "mt5")).embed_words([["Ein", "kleiner", "Test", "."]])
+    assert vectors[0].shape == (4, 32)
+
+
 # ---- head pruning (modules/heads.py): layer 0's relative position table is read by every layer, never pruned -------
 
 

@@ -53,6 +53,7 @@ FAMILIES: dict[str, type[Encoder]] = {
     "distilbert": DistilBertModel,
     "mpnet": MPNetModel,  # relative position bias shared across layers (all-mpnet-base-v2)
     "t5": T5EncoderModel,  # T5's encoder: T5EncoderModel folders, or a whole T5 (sentence-t5, flan-t5) without its decoder
+    "mt5": T5EncoderModel,  # mT5: T5 v1.1's network, multilingual vocabulary; family "mt5"
     "deberta-v2": DebertaV2Model,  # DeBERTa-v2 and v3 (disentangled attention)
     "modernbert": ModernBertModel,  # rotary positions, alternating local and global attention
     "gpt2": GPT2Model,

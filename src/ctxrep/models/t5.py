@@ -52,6 +52,8 @@ from ctxrep.modules.heads import (
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "t5"
+# mT5 (Xue et al. 2021) is T5 v1.1's network (gated GELU, untied head) over a multilingual vocabulary: one file.
+ARCHITECTURES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel"}
 DEFAULT_MAX_TOKENS = 512  # T5's pre-training length; relative positions themselves have no limit
 
 
@@ -67,6 +69,7 @@ ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pyt
 class T5Config:
     """Everything the encoder needs; field names are those of transformers' T5Config."""
 
+    model_type: str = MODEL_TYPE  # "t5" or "mt5"
     vocab_size: int = 32128
     d_model: int = 512
     d_kv: int = 64
@@ -87,6 +90,8 @@ class T5Config:
     pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.model_type not in ARCHITECTURES:
+            raise ValueError(f"model_type must be one of {tuple(ARCHITECTURES)}, got {self.model_type!r}")
         parts = self.feed_forward_proj.split("-")
         if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated") or self.dense_act_fn not in ACTIVATIONS:
             raise ValueError(
@@ -116,8 +121,7 @@ class T5Config:
     def to_hf_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(
-            model_type=MODEL_TYPE,
-            architectures=["T5EncoderModel"],
+            architectures=[ARCHITECTURES[self.model_type]],
             is_encoder_decoder=False,
             use_cache=False,
             dense_act_fn=self.dense_act_fn,
@@ -314,7 +318,11 @@ class T5EncoderModel(Encoder):
             nn.init.normal_(layer.ffn.wo.weight, std=f * self.config.d_ff**-0.5)
 
     # ---- the encoder interface (models/encoder.py) ----
-    family = MODEL_TYPE
+    @property
+    def family(self) -> str:
+        """The model_type: "t5", or "mt5" for the multilingual checkpoints."""
+        return self.config.model_type
+
     reads_segments = False  # no token-type embeddings
     prepack_for_inference = True
 
@@ -451,7 +459,7 @@ class T5EncoderModel(Encoder):
     def from_pretrained(cls, path: str | Path) -> T5EncoderModel:
         """A T5EncoderModel folder, or a whole T5 whose decoder and LM head are left out by name."""
         path = Path(path)
-        hf_config = read_config(path, (MODEL_TYPE,))
+        hf_config = read_config(path, tuple(ARCHITECTURES))
         try:
             config = T5Config.from_hf_dict(hf_config)
         except ValueError as e:
