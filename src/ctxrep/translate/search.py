@@ -64,40 +64,116 @@ def max_lengths(model: MarianMTModel, src_mask: torch.Tensor, max_len_a: float, 
     return limit.clamp(min=1, max=model.max_tokens)
 
 
-class _Logits:
-    """The decoder's next-token logits (rows, target vocab) for the last tokens (rows, 1), written into one buffer
-    reused by every step of a search (rows only shrink): a fresh (rows, vocab) tensor per step, 48 MB for 1,500
-    beams x 8,000 tokens, costs page faults as long as the projection itself, and so does log_softmax's output."""
+# Rows of the output projection handled at a time: one block's logits (about 4 MB) stay in the CPU's cache through
+# the projection, log_softmax and the top-k. All rows at once (1,500 beams x 8,000 tokens, 48 MB) go through memory
+# three to five times a step (projection, log_softmax's passes, top-k): on the ten-minute model that traffic cost
+# more than the products. Every row is computed as before (the same kernels on fewer rows), so the outputs are too.
+BLOCK_BYTES = 4 << 20
+
+
+# The top-k of a row of logits goes by chunks of CHUNK tokens: the k largest values of a row lie in the k chunks
+# with the largest maxima (each of those maxima is a distinct value at least as large as any value outside them),
+# so a fast max over each chunk and a top-k over k * CHUNK values replace torch's top-k over the whole row (a partial
+# sort that copies every value with its index: 2.3x slower for 131 x 8,000 log-probabilities, k = 6).
+CHUNK = 64
+
+
+def _row_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x.topk(k, dim=1) of a (rows, vocab) tensor without NaN: (values, indices), each (rows, k), largest first;
+    the same, except for the order among exactly equal values."""
+    rows, vocab = x.shape
+    n = vocab // CHUNK
+    if n < 4 * k:
+        return x.topk(k, dim=1)
+    chunks = x.unfold(1, CHUNK, CHUNK)  # (rows, n, CHUNK), a view; the last vocab % CHUNK tokens are the tail
+    best = chunks.amax(dim=2).topk(k, dim=1).indices  # (rows, k) the chunks with the k largest maxima
+    values = chunks.gather(1, best[:, :, None].expand(rows, k, CHUNK)).view(rows, k * CHUNK)
+    index = (best[:, :, None] * CHUNK + torch.arange(CHUNK, device=x.device)).view(rows, k * CHUNK)
+    if n * CHUNK < vocab:
+        values = torch.cat([values, x[:, n * CHUNK :]], dim=1)
+        tail = torch.arange(n * CHUNK, vocab, device=x.device).expand(rows, -1)
+        index = torch.cat([index, tail], dim=1)
+    values, j = values.topk(k, dim=1)
+    return values, index.gather(1, j)
+
+
+def _row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """(rows,) x.max(dim=1).indices of a (rows, vocab) tensor without NaN: the first of equal maxima, found
+    by chunks as in `_row_topk` (the first chunk holding the row's maximum, then the first maximum in it)."""
+    rows, vocab = x.shape
+    n = vocab // CHUNK
+    if n < 4:
+        return x.max(dim=1).indices
+    chunks = x.unfold(1, CHUNK, CHUNK)  # (rows, n, CHUNK)
+    top, best = chunks.amax(dim=2).max(dim=1)  # (rows,) each: the row's maximum and the first chunk holding it
+    within = chunks.gather(1, best[:, None, None].expand(rows, 1, CHUNK))[:, 0].max(dim=1).indices  # (rows,)
+    index = best * CHUNK + within
+    if n * CHUNK < vocab:
+        tail_top, tail_index = x[:, n * CHUNK :].max(dim=1)
+        index = torch.where(tail_top > top, n * CHUNK + tail_index, index)  # the tail comes last: only if larger
+    return index
+
+
+class _NextToken:
+    """The decoder's next-token choices for the last tokens (rows, 1), computed one block of rows at a time
+    (BLOCK_BYTES) into one logits buffer reused by every step of a search: `argmax` for greedy search, `top` for
+    beam search (the k best log-probabilities of each row)."""
 
     def __init__(self, model: MarianMTModel) -> None:
         self.model = model
+        self.vocab = model.output_weight().shape[0]
+        self.block = max(8, BLOCK_BYTES // (4 * self.vocab))  # rows per block
         self.buffer: torch.Tensor | None = None
 
-    def __call__(self, last: torch.Tensor, cache) -> torch.Tensor:
+    def _blocks(self, last: torch.Tensor, cache):
+        """(start, end, logits (end - start, vocab)) per block of rows; the logits are the buffer's, overwritten
+        by the next block."""
         states = self.model.decode(last, cache, project=False).last_hidden_state[:, -1]  # (rows, d_model)
-        rows, vocab = states.shape[0], self.model.output_weight().shape[0]
-        if self.buffer is None or self.buffer.shape[0] < rows or self.buffer.dtype != states.dtype:
-            self.buffer = states.new_empty(rows, vocab)
-        return self.model.project(states, out=self.buffer[:rows])  # (rows, vocab), a prefix of the buffer
+        rows = states.shape[0]
+        # Blocks of equal size (give or take a row), so that none is smaller than half a block unless all rows
+        # are one block: a product over a few rows (here 5 or fewer) runs another kernel, which rounds differently.
+        count = -(-rows // self.block)
+        bounds = [rows * i // count for i in range(count + 1)]
+        if self.buffer is None or self.buffer.dtype != states.dtype:
+            self.buffer = states.new_empty(min(rows, self.block), self.vocab)  # rows only shrink in a search
+        for a, b in zip(bounds, bounds[1:]):
+            out = self.buffer[: b - a] if b - a <= self.buffer.shape[0] else None
+            yield a, b, self.model.project(states[a:b], out=out)  # (b - a, vocab)
 
+    def argmax(self, last: torch.Tensor, cache) -> torch.Tensor:
+        """(rows,) the most probable next token of each row (the first of equal maxima), pad banned: the argmax
+        of the logits, with no softmax."""
+        pad = self.model.config.pad_token_id
+        best = last.new_empty(last.shape[0])
+        for a, b, logits in self._blocks(last, cache):
+            logits[:, pad] = float("-inf")
+            best[a:b] = _row_argmax(logits)
+        return best
 
-def _next_log_probs(
-    logits_of: _Logits, last: torch.Tensor, cache, at_max: torch.Tensor, forced_eos_scores_zero: bool = False
-) -> torch.Tensor:
-    """log P(next token) (rows, target vocab) for the last tokens (rows, 1); pad banned, </s> forced on at_max rows
-    (keeping its log-probability, or 0 as transformers scores it). Overwrites the logits' buffer."""
-    c = logits_of.model.config
-    logits = logits_of(last, cache)  # (rows, vocab)
-    if logits.dtype == torch.float32:
-        log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: a row-wise kernel, the same numbers
-    else:
-        log_probs = logits.float().log_softmax(dim=-1)
-    log_probs[:, c.pad_token_id] = float("-inf")
-    if bool(at_max.any()):
-        eos = 0.0 if forced_eos_scores_zero else log_probs[at_max, c.eos_token_id]
-        log_probs[at_max] = float("-inf")
-        log_probs[at_max, c.eos_token_id] = eos
-    return log_probs
+    def top(
+        self, last: torch.Tensor, cache, k: int, at_max: torch.Tensor, forced_eos_scores_zero: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k best (log P(next token), token) of each row, each (rows, k), best first; pad banned, </s> forced
+        on at_max rows (keeping its log-probability, or 0 as transformers scores it; their other k - 1 entries
+        are -inf)."""
+        c = self.model.config
+        rows = last.shape[0]
+        values = torch.empty(rows, k, device=last.device)  # float32 log-probabilities, as log_softmax's
+        indices = last.new_empty(rows, k)
+        eos = torch.empty(rows, device=last.device)  # log P(</s>) of each row
+        for a, b, logits in self._blocks(last, cache):
+            if logits.dtype == torch.float32:
+                log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: a row-wise kernel
+            else:
+                log_probs = logits.float().log_softmax(dim=-1)
+            log_probs[:, c.pad_token_id] = float("-inf")
+            eos[a:b] = log_probs[:, c.eos_token_id]
+            values[a:b], indices[a:b] = _row_topk(log_probs, k)
+        if bool(at_max.any()):
+            values[at_max] = float("-inf")
+            values[at_max, 0] = 0.0 if forced_eos_scores_zero else eos[at_max]
+            indices[at_max, 0] = c.eos_token_id
+        return values, indices
 
 
 def _source(
@@ -129,13 +205,11 @@ def greedy_search(
     tokens = src_ids.new_empty(batch, 0)  # (running, generated so far)
     last = src_ids.new_full((batch, 1), c.decoder_start_token_id)
     out: list[list[int]] = [[] for _ in range(batch)]
-    logits_of = _Logits(model)
+    next_token = _NextToken(model)
     done = torch.zeros(batch, dtype=torch.bool, device=src_ids.device)  # (running,) finished, still carried
     for step in range(int(limits.max())):
         at_max = step + 1 >= limits[alive]  # (running,)
-        logits = logits_of(last, cache)  # (running, vocab): argmax needs no softmax
-        logits[:, c.pad_token_id] = float("-inf")
-        best = logits.max(dim=-1).indices  # argmax (the first of equal maxima), and faster than argmax on CPU
+        best = next_token.argmax(last, cache)  # (running,)
         nxt = torch.where(at_max, c.eos_token_id, best)  # (running,) </s> forced at the limit
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
         finished = (nxt == c.eos_token_id) & ~done
@@ -195,18 +269,20 @@ def beam_search(
     pool_tokens = src_ids.new_full((batch, 2 * k, longest), c.pad_token_id)
     pool_lengths = torch.zeros(batch, 2 * k, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.long, device=device)
-    logits_of = _Logits(model)
+    next_token = _NextToken(model)
+    # The K + 1 best tokens of each beam: a sentence's K best continuations that are not </s> are among them (a
+    # beam has one </s>), and so is any </s> among its K best candidates. The sum with the beam scores and the
+    # second top-k then run over (n, K * (K + 1)) instead of (n, K * vocab).
+    per_beam = min(k + 1, next_token.vocab)
 
     for step in range(longest):
         n = alive.numel()
         at_max = step + 1 >= limits[alive]  # (n,)
-        log_probs = _next_log_probs(logits_of, last, cache, at_max.repeat_interleave(k), penalty == "hf")  # (n*K, V)
-        # The 2K best tokens of each beam first: a sentence's 2K best (beam, token) candidates are among them, and
-        # the sum with the beam scores and the second top-k then run over (n, K * 2K) instead of (n, K * vocab).
-        log_probs, next_tokens = log_probs.topk(min(2 * k, log_probs.shape[-1]), dim=1)  # (n * K, 2K) each
-        per_beam = log_probs.shape[-1]
-        candidates = (scores[:, :, None] + log_probs.view(n, k, per_beam)).view(n, k * per_beam)  # (n, K * 2K)
-        top_scores, top_index = candidates.topk(2 * k, dim=1)  # (n, 2K)
+        log_probs, next_tokens = next_token.top(
+            last, cache, per_beam, at_max.repeat_interleave(k), penalty == "hf"
+        )  # (n * K, K + 1) each
+        candidates = (scores[:, :, None] + log_probs.view(n, k, per_beam)).view(n, k * per_beam)  # (n, K(K+1))
+        top_scores, top_index = candidates.topk(min(2 * k, k * per_beam), dim=1)  # (n, 2K)
         top_beam = torch.div(top_index, per_beam, rounding_mode="floor")  # (n, 2K) which beam it continues
         top_token = next_tokens.view(n, k * per_beam).gather(1, top_index)  # (n, 2K)
         is_eos = top_token == c.eos_token_id
