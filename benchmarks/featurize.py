@@ -175,12 +175,20 @@ class Reference:
 
 class PeerRuntime:
     """A peer's session over the plain last-hidden-state graph (`ctxrep.export.export_onnx`, as a user exports it),
-    behind the runtime interface: `hidden_states(batch, layers)` with layers = [top] only."""
+    behind the runtime interface (`start(batch, layers)` with layers = [top] only, one batch at a time: a peer
+    session runs each call to the end, as its documentation shows)."""
 
     device = torch.device("cpu")
 
     def __init__(self, run: Callable[[dict[str, np.ndarray]], np.ndarray], input_names: list[str], top: int) -> None:
         self.run, self.input_names, self.top = run, input_names, top
+
+    def in_flight(self, call_tokens: int) -> int:
+        return 1
+
+    def start(self, batch, layers, call_tokens: int = 0) -> Callable[[], torch.Tensor]:
+        hidden = self.hidden_states(batch, layers, call_tokens)
+        return lambda: hidden
 
     def hidden_states(self, batch, layers, call_tokens: int = 0) -> torch.Tensor:
         if list(layers) != [self.top]:

@@ -92,6 +92,34 @@ def test_long_texts_are_windowed_the_same_on_every_backend(tiny_models):
         check(Featurizer(folder, backend=backend, **kwargs).embed_words(long_text), reference, ("max_abs", 1e-4))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_openvino_streams_overlap_batches_without_changing_a_vector(precision, tiny_models, monkeypatch):
+    """A call of two default batches or more runs OpenVINO's streams (several batches in flight, pooled oldest first
+    while later ones run); a small one runs one batch at a time. Both give the same vectors."""
+    from ctxrep.runtime import openvino_backend
+
+    folder = str(tiny_models["bert"])
+    texts = [[WORDS[i % 4][j % 3] + str(i % 7) for j in range(5 + i % 9)] for i in range(150)]
+    fz = Featurizer(folder, layers=[1, -1], compile=False, backend="openvino", precision=precision, batch_tokens=64)
+    run = fz.runtime
+    torch_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert run.in_flight(openvino_backend.THROUGHPUT_MIN_TOKENS - 1) == 1
+        assert run.streams(openvino_backend.THROUGHPUT_MIN_TOKENS) == 2
+        assert run.in_flight(openvino_backend.THROUGHPUT_MIN_TOKENS) == 3
+        monkeypatch.setattr(openvino_backend, "THROUGHPUT_MIN_TOKENS", 10**9)  # every call: one batch at a time
+        one_at_a_time = fz.embed_words(texts)
+        assert {streams for _, streams in run._compiled} == {1}
+        monkeypatch.setattr(openvino_backend, "THROUGHPUT_MIN_TOKENS", 1)  # every call: streams
+        overlapped = fz.embed_words(texts)
+        assert {streams for _, streams in run._compiled} == {1, 2}
+    finally:
+        torch.set_num_threads(torch_threads)
+    for a, b in zip(overlapped, one_at_a_time, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
 def test_graphs_are_exported_once_checked_and_reused(tiny_models, monkeypatch):
     folder = str(tiny_models["electra"])
     Featurizer(folder, backend="onnxruntime", compile=False).embed_words(WORDS[:1])

@@ -11,6 +11,7 @@ Pipeline for a list of texts:
 
 from __future__ import annotations
 
+import collections
 import copy
 import os
 import warnings
@@ -282,12 +283,11 @@ class Featurizer:
         bar = tqdm(total=num_tokens, unit="tok", disable=not self.progress, desc="embed")
         self.model.eval()
         run = self.runtime
-        cuda = run.device.type == "cuda"
+        in_flight = max(1, run.in_flight(num_tokens))  # batches started before the oldest is pooled
 
-        def pool(batch: list[EncoderInput], rows: list[int], selected: torch.Tensor, done, real: int) -> None:
-            """Pool one batch's hidden states (layers, batch, seq, hidden), float32 on the CPU once `done`."""
-            if done is not None:
-                done.synchronize()  # its copy into host memory has landed
+        def pool(batch: list[EncoderInput], rows: list[int], wait, real: int) -> None:
+            """Pool one batch once its hidden states (layers, batch, seq, hidden) are on the CPU as float32."""
+            selected = wait()
             if self.mix is not None:
                 selected = self.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
             if want_words:
@@ -304,32 +304,22 @@ class Featurizer:
             bar.update(real)
 
         with torch.inference_mode():
-            start, pending = 0, None  # pending: the previous batch, pooled while the device runs the next one
+            start, pending = 0, collections.deque()  # started batches, pooled oldest first while later ones run
             for size in batches:
                 rows = order[start : start + size]
                 batch = [windows[i] for i in rows]
                 start += size
                 collated = collate(batch, self.tokenizer)
                 real = int(collated["attention_mask"].sum())
-                if cuda:  # pinned host memory: the copies run asynchronously with the host's work
+                if run.device.type == "cuda":  # pinned host memory: the copies run asynchronously with the host's work
                     inputs = {k: v.pin_memory().to(run.device, non_blocking=True) for k, v in collated.items()}
                 else:
                     inputs = {k: v.to(run.device) for k, v in collated.items()}
-                selected = run.hidden_states(inputs, self.layer_indices, call_tokens=num_tokens)  # (layers, b, t, h)
-                done = None
-                if cuda:
-                    host = torch.empty(selected.shape, dtype=torch.float32, pin_memory=True)
-                    host.copy_(selected.float(), non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record()
-                    selected = host
-                else:
-                    selected = selected.float().cpu()  # no copy for float32 on the CPU
-                if pending is not None:
-                    pool(*pending)
-                pending = (batch, rows, selected, done, real)
-            if pending is not None:
-                pool(*pending)
+                pending.append((batch, rows, run.start(inputs, self.layer_indices, call_tokens=num_tokens), real))
+                if len(pending) >= in_flight:
+                    pool(*pending.popleft())
+            while pending:
+                pool(*pending.popleft())
         bar.close()
         cls = cls_sum / cls_count[:, None, None] if want_cls else None
         return word_out, cls

@@ -1,7 +1,15 @@
 """Runtimes: what runs the encoder for a Featurizer. One small object per backend, chosen once at construction,
-behind one method:
+behind two methods:
 
-    runtime.hidden_states(batch, layers, call_tokens) -> (len(layers), batch, seq, hidden) tensor on runtime.device
+    runtime.start(batch, layers, call_tokens) -> wait: starts the encoder on one batch; wait() returns its hidden
+        states (len(layers), batch, seq, hidden) as float32 on the CPU, once they are there
+    runtime.in_flight(call_tokens) -> how many started batches the Featurizer keeps pending before it waits for the
+        oldest and pools it: 1 where start() computes at once; more where the device or OpenVINO's streams run
+        batches while the host pools earlier ones (tokenization and pooling overlapped with inference)
+    runtime.hidden_states(batch, layers, call_tokens) = start(...)(), for one batch
+
+Batches overlap by a fixed rule (the device, the number of threads and the size of the call), never a timing, and
+overlapping never changes a vector.
 
   backend       precisions              where
   torch         fp32, bf16, fp16, int8  the model's device (int8: CPU); every family, ELMo included

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -44,6 +44,15 @@ class OnnxRuntime:
             session = graphs.ort_session(path, torch.get_num_threads())
             self._sessions[layers] = (session, {i.name for i in session.get_inputs()})
         return self._sessions[layers]
+
+    def in_flight(self, call_tokens: int) -> int:
+        return 1  # session.run computes at once
+
+    def start(
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+    ) -> Callable[[], torch.Tensor]:
+        hidden = self.hidden_states(batch, layers, call_tokens)
+        return lambda: hidden
 
     def hidden_states(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0

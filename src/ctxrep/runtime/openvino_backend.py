@@ -1,11 +1,12 @@
 """OpenVINO (CPU): ctxrep's exported graph as OpenVINO IR, run at float32, bfloat16 or float16 (the plugin's
-inference-precision hint), or NNCF's post-training int8 quantization of it."""
+inference-precision hint), or NNCF's post-training int8 quantization of it. A large call runs OpenVINO's streams:
+several batches at once through asynchronous infer requests, while the host tokenizes and pools."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from ctxrep.runtime import graphs
 from ctxrep.runtime.hardware import cpu_has_bf16
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+THROUGHPUT_MIN_TOKENS = 4096  # a call of two default CPU batches (hardware.default_batch_tokens) or more runs streams
 
 
 def ir_file(model: Encoder, layers: tuple[int, ...]) -> Path:
@@ -96,12 +98,14 @@ def int8_hint() -> str:
     return "bf16" if cpu_has_bf16() else "f32"
 
 
-def compile_ir(core, path: Path, hint: str, threads: int):
-    return core.compile_model(
-        str(path),
-        "CPU",
-        {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, threads), "PERFORMANCE_HINT": "LATENCY"},
-    )
+def compile_ir(core, path: Path, hint: str, threads: int, streams: int = 1):
+    """One stream (PERFORMANCE_HINT LATENCY: every thread on one batch) or `streams` of threads / streams each."""
+    config = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": max(1, threads)}
+    if streams == 1:
+        config["PERFORMANCE_HINT"] = "LATENCY"
+    else:
+        config.update(PERFORMANCE_HINT="THROUGHPUT", NUM_STREAMS=streams)
+    return core.compile_model(str(path), "CPU", config)
 
 
 def input_names(model) -> list[str]:
@@ -137,27 +141,57 @@ class OpenVinoRuntime:
         self.precision = precision
         self.max_length = max_length
         self.device = torch.device("cpu")
-        # layers -> (compiled model, its infer request, its input names)
-        self._compiled: dict[tuple[int, ...], tuple[object, object, list[str]]] = {}
+        # (layers, streams) -> (its infer requests, their input names, how many batches have started on them)
+        self._compiled: dict[tuple[tuple[int, ...], int], list] = {}
 
-    def _request(self, layers: tuple[int, ...]):
-        if layers not in self._compiled:
+    def streams(self, call_tokens: int) -> int:
+        """OpenVINO streams for a call of `call_tokens`: one (all threads on each batch, the least latency) for a
+        call of less than two default batches, else one per thread up to four (THROUGHPUT: several batches run at
+        once, each on fewer threads, and the host tokenizes and pools meanwhile). A fixed rule: the results are the
+        same either way (tests/test_runtime.py)."""
+        return 1 if call_tokens < THROUGHPUT_MIN_TOKENS else max(1, min(torch.get_num_threads(), 4))
+
+    def in_flight(self, call_tokens: int) -> int:
+        """One more batch than streams: while the host pools the oldest, every stream has a batch."""
+        streams = self.streams(call_tokens)
+        return 1 if streams == 1 else streams + 1
+
+    def _requests(self, layers: tuple[int, ...], streams: int) -> list:
+        key = (layers, streams)
+        if key not in self._compiled:
             import openvino as ov
 
             if self.precision == "int8":
                 path, hint = int8_ir_file(self.model, self.tokenizer, layers, self.max_length), int8_hint()
             else:
                 path, hint = ir_file(self.model, layers), HINTS[self.precision]
-            compiled = compile_ir(ov.Core(), path, hint, torch.get_num_threads())
-            self._compiled[layers] = (compiled, compiled.create_infer_request(), input_names(compiled))
-        return self._compiled[layers]
+            compiled = compile_ir(ov.Core(), path, hint, torch.get_num_threads(), streams)
+            requests = [compiled.create_infer_request() for _ in range(1 if streams == 1 else streams + 1)]
+            self._compiled[key] = [requests, input_names(compiled), 0]
+        return self._compiled[key]
+
+    def start(
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+    ) -> Callable[[], torch.Tensor]:
+        """Start `batch` on the next infer request (round robin: the Featurizer has pooled that request's previous
+        batch by then, see in_flight); wait() returns (len(layers), batch, seq, hidden) float32, copied out of the
+        request's buffers."""
+        wanted = tuple(sorted(set(layers)))  # the graph's outputs, in this order
+        entry = self._requests(wanted, self.streams(call_tokens))
+        requests, names, started = entry
+        request = requests[started % len(requests)]
+        entry[2] = started + 1
+        request.start_async({k: batch[k].numpy() for k in names})
+
+        def wait() -> torch.Tensor:
+            request.wait()
+            out = [request.get_output_tensor(wanted.index(i)).data for i in layers]  # views of the request's buffers
+            return torch.from_numpy(np.stack(out).astype(np.float32, copy=False))  # one copy, out of those buffers
+
+        return wait
 
     def hidden_states(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
     ) -> torch.Tensor:
         """(len(layers), batch, seq, hidden) float32 on the CPU."""
-        wanted = tuple(sorted(set(layers)))  # the graph's outputs, in this order
-        _, request, names = self._request(wanted)
-        request.infer({k: batch[k].numpy() for k in names})
-        out = [request.get_output_tensor(wanted.index(i)).data for i in layers]  # views of the request's buffers
-        return torch.stack([torch.from_numpy(np.asarray(o, dtype=np.float32)) for o in out])
+        return self.start(batch, layers, call_tokens)()

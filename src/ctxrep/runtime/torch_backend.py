@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -72,14 +72,38 @@ class TorchRuntime:
             return self._compiled
         return self.encoder
 
+    def in_flight(self, call_tokens: int) -> int:
+        """On CUDA the host pools one batch while the device runs the next; on the CPU one at a time."""
+        return 2 if self.device.type == "cuda" else 1
+
+    def start(
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+    ) -> Callable[[], torch.Tensor]:
+        """Run the encoder on `batch` (stopping after the highest layer asked for). On CUDA the hidden states are
+        copied into pinned host memory asynchronously and wait() synchronizes on that copy; on the CPU they are
+        ready at once (float32: no copy)."""
+        top = max(layers)
+        out = self._encoder_for(call_tokens).encode(batch, num_layers=top if top < self.model.num_layers else None)
+        selected = torch.stack([out.hidden_states[i] for i in layers])  # (layers, batch, seq, hidden)
+        if self.device.type != "cuda":
+            host = selected.float().cpu()
+            return lambda: host
+        host = torch.empty(selected.shape, dtype=torch.float32, pin_memory=True)
+        host.copy_(selected.float(), non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> torch.Tensor:
+            done.synchronize()  # its copy into host memory has landed
+            return host
+
+        return wait
+
     def hidden_states(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
     ) -> torch.Tensor:
-        """(len(layers), batch, seq, hidden) on the model's device, in the runtime's dtype; the encoder stops after
-        the highest layer asked for."""
-        top = max(layers)
-        out = self._encoder_for(call_tokens).encode(batch, num_layers=top if top < self.model.num_layers else None)
-        return torch.stack([out.hidden_states[i] for i in layers])
+        """(len(layers), batch, seq, hidden) float32 on the CPU."""
+        return self.start(batch, layers, call_tokens)()
 
 
 def prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
