@@ -17,8 +17,10 @@ Pruning removes the least important heads across all layers, in steps, recomputi
 (the paper's iterative procedure, sec. 4.2), and always keeps at least one head per layer. Removal is real:
 the encoder's `prune_heads` drops those heads' query/key/value rows and output columns.
 
-Everything here takes any encoder with `can_prune_heads` (models/bert.py: BERT, RoBERTa, ELECTRA), a list of batches and
-a loss function; only `estimator_loss` knows about ctxrep's task estimators.
+Everything here takes any encoder with `can_prune_heads` (`prunable_families()`: the BERT family, XLM-R, CamemBERT,
+DistilBERT, MPNet, T5 and mT5, DeBERTa-v2/v3, ModernBERT), a list of batches and a loss function; only
+`estimator_loss` knows about ctxrep's task estimators. A pruned folder records config.pruned_heads (transformers 4's
+field) and loads back in ctxrep; transformers 5 has no head pruning and refuses the smaller weights.
 """
 
 from __future__ import annotations
