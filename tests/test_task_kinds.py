@@ -17,7 +17,7 @@ from ctxrep.cli import main
 from ctxrep.data.sts import read_sick, read_sts
 from ctxrep.data.table import read_scored_texts
 from ctxrep.tasks import SequenceClassifier, SequenceRegressor, WordInContextClassifier, load
-from ctxrep.tasks.regressor import pearson, r2_score, rankdata, spearman
+from ctxrep.tasks.regressor import r2_score, regression_report
 
 X_PAIRS = [("good great", "fine nice"), ("bad awful", "good great"), ("poor sad", "sad poor"), ("nice", "awful")] * 3
 Y_SCORES = [4.5, 1.0, 4.8, 0.5] * 3
@@ -104,16 +104,17 @@ def test_classifier_given_continuous_scores_names_the_regressor(tiny_models, tmp
     assert clf.classes_.tolist() == [0.0, 1.0]
 
 
-def test_correlations_match_scipy():
-    from scipy import stats
-
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=50), rng.normal(size=50)
-    y[:10] = x[:10]
-    x[5:8] = 0.5  # ties
-    assert pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0])
-    assert spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0])
-    assert np.array_equal(rankdata(x), stats.rankdata(x))
+def test_regression_report_known_answers_and_constant_predictions():
+    y = np.array([1.0, 2.0, 3.0, 5.0])
+    perfect = regression_report(y, y)
+    assert [perfect[k] for k in ("pearson", "spearman", "r2", "mse")] == pytest.approx([1, 1, 1, 0])
+    assert perfect["n"] == 4
+    reversed_ = regression_report(y, -y)
+    assert reversed_["pearson"] == pytest.approx(-1) and reversed_["spearman"] == pytest.approx(-1)
+    constant = regression_report(y, np.full(4, 2.0))  # correlates with nothing: 0.0, not NaN, so epochs compare
+    assert constant["pearson"] == 0.0 and constant["spearman"] == 0.0 and constant["mse"] == pytest.approx(2.75)
+    one = regression_report(y[:1], y[:1])
+    assert one["pearson"] == 0.0 and one["n"] == 1
 
 
 # ---- cross-encoder ranking --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import stats
 
 METRICS = ("cosine", "dot")
 EPS = 1e-12
@@ -124,32 +125,27 @@ def similarity(
 # ---- STS evaluation (SentEval, MTEB) ----------------------------------------------------------------------------
 
 
-def rankdata(x) -> np.ndarray:
-    """Ranks 1..n, ties given their average rank (scipy.stats.rankdata's "average")."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), np.float64)
-    sorted_x = x[order]
-    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])  # first index of each run of equal values
-    ends = np.r_[starts[1:], len(x)]
-    for s, e in zip(starts, ends):
-        ranks[order[s:e]] = (s + e + 1) / 2  # the mean of ranks s+1 .. e
-    return ranks
-
-
 def pearson(x, y) -> float:
-    """Pearson's r = cov(x, y) / (std(x) std(y)); NaN when either is constant."""
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if len(x) != len(y) or len(x) < 2:
-        raise ValueError(f"pearson needs two sequences of the same length >= 2, got {len(x)} and {len(y)}")
-    dx, dy = x - x.mean(), y - y.mean()
-    denominator = np.sqrt((dx * dx).sum() * (dy * dy).sum())
-    return float((dx * dy).sum() / denominator) if denominator > 0 else float("nan")
+    """Pearson's r (scipy.stats.pearsonr); NaN when either sequence is constant (no correlation is defined)."""
+    x, y = _paired(x, y, "pearson")
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(stats.pearsonr(x, y).statistic)
 
 
 def spearman(x, y) -> float:
-    """Spearman's rho: Pearson's r of the average ranks."""
-    return pearson(rankdata(x), rankdata(y))
+    """Spearman's rho, Pearson's r of the average ranks (scipy.stats.spearmanr); NaN when either is constant."""
+    x, y = _paired(x, y, "spearman")
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(stats.spearmanr(x, y).statistic)
+
+
+def _paired(x, y, what: str) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"{what} needs two sequences of the same length >= 2, got {len(x)} and {len(y)}")
+    return x, y
 
 
 def sts_evaluate(embed, texts_a: Sequence[str], texts_b: Sequence[str], scores) -> dict[str, float]:

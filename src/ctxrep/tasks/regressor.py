@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.sentence_similarity import pearson, spearman
 from ctxrep.tasks.classifier import PoolingHead, Ranking, SequenceTask
 from ctxrep.tasks.network import Representation
 
@@ -110,34 +111,6 @@ def _scores(y) -> list[float]:
     return out
 
 
-def pearson(x: np.ndarray, y: np.ndarray) -> float:
-    """Pearson's r = cov(x, y) / (std(x) std(y)); 0.0 when either is constant."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    dx, dy = x - x.mean(), y - y.mean()
-    denominator = np.sqrt((dx * dx).sum() * (dy * dy).sum())
-    return float((dx * dy).sum() / denominator) if denominator > 0 else 0.0
-
-
-def rankdata(x: np.ndarray) -> np.ndarray:
-    """1-based ranks with ties given their average rank (scipy.stats.rankdata's "average")."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="stable")
-    sorted_x = x[order]
-    starts = np.concatenate([[True], sorted_x[1:] != sorted_x[:-1]])
-    group = np.cumsum(starts) - 1  # group id of each sorted position
-    first = np.flatnonzero(starts)
-    last = np.concatenate([first[1:], [len(x)]]) - 1
-    average = (first + last) / 2 + 1  # mean 1-based rank of each tie group
-    ranks = np.empty(len(x))
-    ranks[order] = average[group]
-    return ranks
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rho: Pearson's r of the ranks (ties averaged)."""
-    return pearson(rankdata(x), rankdata(y)) if len(x) else 0.0
-
-
 def r2_score(y: np.ndarray, predicted: np.ndarray) -> float:
     """1 - SS_res / SS_tot; with constant y, 1.0 for a perfect prediction and 0.0 otherwise (as scikit-learn)."""
     y, predicted = np.asarray(y, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
@@ -153,15 +126,17 @@ def r2_score(y: np.ndarray, predicted: np.ndarray) -> float:
 
 
 def regression_report(y: np.ndarray, predicted: np.ndarray) -> dict:
-    """Pearson, Spearman, R^2 and mean squared error of `predicted` against `y`."""
+    """Pearson, Spearman, R^2 and mean squared error of `predicted` against `y`. A constant prediction (or fewer
+    than two examples) correlates with nothing: 0.0 there instead of NaN, so that epochs still compare."""
     y, predicted = np.asarray(y, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+    enough = len(y) >= 2 and np.ptp(y) > 0 and np.ptp(predicted) > 0
     return {
-        "pearson": pearson(predicted, y),
-        "spearman": spearman(predicted, y),
+        "pearson": pearson(predicted, y) if enough else 0.0,
+        "spearman": spearman(predicted, y) if enough else 0.0,
         "r2": r2_score(y, predicted),
         "mse": float(((y - predicted) ** 2).mean()) if len(y) else 0.0,
         "n": int(len(y)),
     }
 
 
-__all__ = ["SequenceRegressor", "pearson", "spearman", "rankdata", "r2_score", "regression_report"]
+__all__ = ["SequenceRegressor", "r2_score", "regression_report"]
