@@ -183,6 +183,14 @@ def test_not_a_sentence_transformers_folder_is_one_line(tiny_models):
     assert "\n" not in str(e.value) and str(tiny_models["bert"]) in str(e.value)
 
 
+def test_auto_is_the_folders_pooling_where_it_declares_one_else_the_mean(fz_model, tiny_models):
+    auto = Featurizer("minilm", sentence_pooling="auto")
+    assert auto.sentence_pooling == "model" and auto.model_pooling == fz_model.model_pooling
+    np.testing.assert_array_equal(auto.embed_sentences(SHORT[:2]), fz_model.embed_sentences(SHORT[:2]))
+    plain = Featurizer(tiny_models["bert"], sentence_pooling="auto")
+    assert plain.sentence_pooling == "mean" and plain.model_pooling is None
+
+
 @pytest.mark.parametrize(
     "modules, pooling, message",
     [

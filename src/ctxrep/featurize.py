@@ -35,12 +35,12 @@ from ctxrep.inputs import (
 )
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.loading import LoadedEncoder, load_encoder
-from ctxrep.models.sentence_transformers import TokenPooler, read_sentence_pooling
+from ctxrep.models.sentence_transformers import TokenPooler, is_sentence_transformers_folder, read_sentence_pooling
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.sentence_similarity import normalize_rows
 
 POOLINGS = ("first", "last", "mean", "first_last")
-SENTENCE_POOLINGS = ("mean", "cls", "model")
+SENTENCE_POOLINGS = ("mean", "cls", "model", "auto")
 
 
 @dataclass
@@ -68,6 +68,7 @@ class Featurizer:
         sentence-transformers gives. Nothing truncates at the folder's max_seq_length: a longer text is windowed as
         below, each of its pieces counts once, from the window that owns its word, and each window's special tokens
         count 1 / (number of windows), so the mean is over as many positions as one long sequence would have.
+        "auto": "model" for a sentence-transformers folder (it has modules.json), else "mean".
     stride: how many pieces each window of a long text advances (default: half a window).
     batch_tokens: the token budget of one batch (padded batch size x longest sequence); None: 2,048 on a CPU, sized
         for the GPU's memory on CUDA (`runtime.hardware.default_batch_tokens`). Batching never changes a vector.
@@ -142,6 +143,9 @@ class Featurizer:
         # [(model, its runtime)]: one slot that the views from with_layers share, so the runtime is built once
         self._runtimes: list[tuple[torch.nn.Module, tuple, object]] = []
         self.normalize = bool(normalize)  # embed_sentences: unit-length vectors (cosine = dot product)
+        if sentence_pooling == "auto":
+            folder = self.source.folder
+            sentence_pooling = "model" if folder is not None and is_sentence_transformers_folder(folder) else "mean"
         if self.model.word_level and sentence_pooling == "cls":
             raise ValueError(f"{self.model.family} has no classification token: use sentence_pooling='mean'")
         self.pooling = pooling

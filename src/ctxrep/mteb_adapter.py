@@ -34,11 +34,7 @@ def _embedder(model):
         return model.encode, f"ctxrep/{Path(str(model.model)).name}"
     if isinstance(model, Featurizer):
         return _featurizer_embedder(model), f"ctxrep/{Path(str(model.source.name)).name}"
-    from ctxrep.models.loading import resolve_model_path
-    from ctxrep.models.sentence_transformers import is_sentence_transformers_folder
-
-    pooling = "model" if is_sentence_transformers_folder(resolve_model_path(model)) else "mean"
-    return _featurizer_embedder(Featurizer(model, sentence_pooling=pooling)), f"ctxrep/{Path(str(model)).name}"
+    return _featurizer_embedder(Featurizer(model, sentence_pooling="auto")), f"ctxrep/{Path(str(model)).name}"
 
 
 def _featurizer_embedder(fz):

@@ -539,12 +539,8 @@ def make_service(
     from ctxrep.featurize import Featurizer
     from ctxrep.models.loading import load_encoder
 
-    loaded = load_encoder(model)
-    if sentence_pooling == "auto":
-        folder = loaded.source.folder
-        sentence_pooling = "model" if folder is not None and (folder / "modules.json").is_file() else "mean"
     fz = Featurizer(
-        loaded,
+        load_encoder(model),
         layers=layers,
         pooling=pooling,
         sentence_pooling=sentence_pooling,

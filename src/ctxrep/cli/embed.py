@@ -53,11 +53,11 @@ from ctxrep.embed_corpus import (  # noqa: F401  (read_records, load_shards: re-
 )
 @click.option(
     "--sentence-pooling",
-    type=click.Choice(["mean", "cls", "model"]),
+    type=click.Choice(["mean", "cls", "model", "auto"]),
     default="mean",
     show_default=True,
     help="--level sentence: mean of the word vectors, the classification token, or the model folder's own "
-    "pooling (a sentence-transformers folder: modules.json).",
+    "pooling (a sentence-transformers folder: modules.json); auto: the folder's pooling where it has one, else mean.",
 )
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)

@@ -39,10 +39,11 @@ def index() -> None:
 @click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list or 'mix'.")
 @click.option(
     "--sentence-pooling",
-    type=click.Choice(["mean", "cls", "model"]),
+    type=click.Choice(["mean", "cls", "model", "auto"]),
     default="mean",
     show_default=True,
-    help="Mean of words, the classification token, or a sentence-transformers folder's own pooling.",
+    help="Mean of words, the classification token, a sentence-transformers folder's own pooling, or auto (the "
+    "folder's pooling where it has one, else mean).",
 )
 @click.option("--metric", type=click.Choice(["cosine", "dot"]), default="cosine", show_default=True)
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
