@@ -175,6 +175,20 @@ def test_full_queue_answers_503_with_retry_after(fz):
         assert httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:2]}).status_code == 200
 
 
+def test_a_normalizing_server_still_answers_embed_normalize_false(fz):
+    """--normalize makes /v1/embeddings unit-length; TEI's /embed follows each request's own "normalize" field."""
+    with ServerThread(build_app(EmbeddingService(fz, "minilm", normalize=True))) as s:
+        openai_style = np.array(
+            [d["embedding"] for d in httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS}).json()["data"]]
+        )
+        np.testing.assert_allclose(openai_style, normalize_rows(fz.embed_sentences(TEXTS)), atol=1e-5)
+        raw = httpx.post(f"{s.url}/embed", json={"inputs": TEXTS[:1], "normalize": False}).json()
+        np.testing.assert_allclose(raw[0], fz.embed_sentences(TEXTS[:1])[0], atol=1e-5)
+        assert abs(np.linalg.norm(raw[0]) - 1) > 0.01  # MiniLM's raw mean-pooled vectors are not unit length
+    with pytest.raises(ValueError, match="normalize=False"):
+        EmbeddingService(Featurizer("minilm", normalize=True), "minilm")
+
+
 def test_api_key_required_as_bearer_token(fz):
     service = EmbeddingService(fz, "minilm", ServeConfig(api_key="s3cret"))
     with ServerThread(build_app(service)) as s:

@@ -37,6 +37,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from ctxrep.sentence_similarity import normalize_rows
+
 API_KEY_ENV = "CTXREP_API_KEY"
 
 
@@ -121,9 +123,15 @@ class Metrics:
 class EmbeddingService:
     """The model, the queue and the batcher: what the HTTP handlers call."""
 
-    def __init__(self, featurizer, name: str, config: ServeConfig | None = None) -> None:
+    def __init__(self, featurizer, name: str, config: ServeConfig | None = None, normalize: bool = False) -> None:
+        if featurizer.normalize:
+            raise ValueError(
+                "give the service a Featurizer with normalize=False and EmbeddingService(normalize=True): /embed "
+                "normalizes per request"
+            )
         self.fz = featurizer
         self.name = name
+        self.normalize = normalize  # /v1/embeddings returns unit-length vectors (--normalize)
         self.config = config or ServeConfig()
         self.metrics = Metrics()
         self.queue: deque[_Item] = deque()
@@ -463,6 +471,7 @@ def build_app(service: EmbeddingService):
             )
         texts = texts_of(body.input, "input")
         vectors, counts = await embed("sentences", (), texts)
+        vectors = normalize_rows(vectors) if service.normalize else vectors
         tokens = int(sum(counts))
         data = [
             {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
@@ -477,8 +486,6 @@ def build_app(service: EmbeddingService):
 
     @app.post("/embed")
     async def tei_embed(body: TEIRequest):
-        from ctxrep.sentence_similarity import normalize_rows
-
         texts = texts_of(body.inputs, "inputs")
         vectors, _ = await embed("sentences", (), texts)
         vectors = normalize_rows(vectors) if body.normalize else vectors
@@ -544,14 +551,13 @@ def make_service(
         layers=layers,
         pooling=pooling,
         sentence_pooling=sentence_pooling,
-        normalize=normalize,
         device=device,
         precision=precision,
         backend=backend,
         num_threads=threads,
         batch_tokens=batch_tokens,
     )
-    return EmbeddingService(fz, str(model), config)
+    return EmbeddingService(fz, str(model), config, normalize=normalize)
 
 
 def api_key_from(value: str | None) -> str | None:
