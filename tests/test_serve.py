@@ -189,6 +189,30 @@ def test_a_normalizing_server_still_answers_embed_normalize_false(fz):
         EmbeddingService(Featurizer("minilm", normalize=True), "minilm")
 
 
+def test_a_refused_text_fails_its_own_request_not_the_ones_batched_with_it(fz, monkeypatch):
+    service = EmbeddingService(fz, "minilm", ServeConfig(max_wait_ms=500))  # both requests land in one batch
+    run = service._run
+
+    def refuse_poison(kind, key, texts):
+        if any("POISON" in w for t in texts for w in t):
+            raise ValueError("text 'POISON': refused")
+        return run(kind, key, texts)
+
+    monkeypatch.setattr(service, "_run", refuse_poison)
+    with ServerThread(build_app(service)) as s:
+
+        async def both():
+            async with httpx.AsyncClient() as client:
+                good = client.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:2]})
+                bad = client.post(f"{s.url}/v1/embeddings", json={"input": ["a POISON text"]})
+                return await asyncio.gather(good, bad)
+
+        good, bad = asyncio.run(both())
+    assert service.metrics.batches == 0  # the merged batch was refused and each request ran alone
+    assert good.status_code == 200 and len(good.json()["data"]) == 2
+    assert bad.status_code == 422 and "POISON" in bad.json()["error"]["message"]
+
+
 def test_api_key_required_as_bearer_token(fz):
     service = EmbeddingService(fz, "minilm", ServeConfig(api_key="s3cret"))
     with ServerThread(build_app(service)) as s:

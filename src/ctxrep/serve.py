@@ -213,10 +213,21 @@ class EmbeddingService:
             start = time.perf_counter()
             try:
                 results, counts = await loop.run_in_executor(self.executor, self._run, first.kind, first.key, texts)
-            except Exception as e:  # the Featurizer refused the batch: each request gets the reason
+            except Exception as e:  # the Featurizer refused the batch
+                if len(batch) == 1:
+                    if not batch[0].future.done():
+                        batch[0].future.set_exception(e)
+                    continue
+                # several requests were merged: run each alone, so that only the one it refused gets the reason
                 for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(e)
+                    try:
+                        result = await loop.run_in_executor(self.executor, self._run, first.kind, first.key, item.texts)
+                    except Exception as refused:
+                        if not item.future.done():
+                            item.future.set_exception(refused)
+                    else:
+                        if not item.future.done():
+                            item.future.set_result(result)
                 continue
             seconds = time.perf_counter() - start
             with self.metrics.lock:
