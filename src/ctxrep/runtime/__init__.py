@@ -5,7 +5,7 @@ behind two methods:
         states (len(layers), batch, seq, hidden) as float32 on the CPU, once they are there
     runtime.in_flight(call_tokens) -> how many started batches the Featurizer keeps pending before it waits for the
         oldest and pools it: 1 where start() computes at once; more where the device or OpenVINO's streams run
-        batches while the host pools earlier ones (tokenization and pooling overlapped with inference)
+        batches while the host pools earlier ones (pooling and collating overlapped with inference)
     runtime.hidden_states(batch, layers, call_tokens) = start(...)(), for one batch
 
 Batches overlap by a fixed rule (the device, the number of threads and the size of the call), never a timing, and

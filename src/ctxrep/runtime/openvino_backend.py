@@ -1,6 +1,6 @@
 """OpenVINO (CPU): ctxrep's exported graph as OpenVINO IR, run at float32, bfloat16 or float16 (the plugin's
 inference-precision hint), or NNCF's post-training int8 quantization of it. A large call runs OpenVINO's streams:
-several batches at once through asynchronous infer requests, while the host tokenizes and pools."""
+several batches at once through asynchronous infer requests, while the host collates and pools."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ class OpenVinoRuntime:
     def streams(self, call_tokens: int) -> int:
         """OpenVINO streams for a call of `call_tokens`: one (all threads on each batch, the least latency) for a
         call of less than two default batches, else one per thread up to four (THROUGHPUT: several batches run at
-        once, each on fewer threads, and the host tokenizes and pools meanwhile). A fixed rule: the results are the
+        once, each on fewer threads, and the host collates and pools meanwhile). A fixed rule: the results are the
         same either way (tests/test_runtime.py)."""
         return 1 if call_tokens < THROUGHPUT_MIN_TOKENS else max(1, min(torch.get_num_threads(), 4))
 
