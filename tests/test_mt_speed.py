@@ -1,5 +1,6 @@
-"""Decoding speed work (issue 23 section 5): the reused logits buffer changes no output, and int8 decoding
-(`quantize_translator`, `mt translate --precision int8`) mostly agrees with float32."""
+"""Decoding speed work (issue 23 section 5): the reused logits buffer, the blocks of rows, the chunked top-k and the
+in-place decoder change no output (greedy, beam search and n-best scores equal a plain reference search bit for
+bit), and int8 decoding (`quantize_translator`, `mt translate --precision int8`) mostly agrees with float32."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import copy
 import pytest
 import torch
 
+import ctxrep.translate.search as search
 from ctxrep.fast import Int8Linear
 from ctxrep.models.marian import MarianConfig, MarianMTModel
-from ctxrep.translate.search import beam_search, greedy_search, quantize_translator
+from ctxrep.translate.search import _row_argmax, _row_topk, beam_search, greedy_search, max_lengths, quantize_translator
 
 PAD, EOS, VOCAB = 59, 0, 60
 
@@ -141,3 +143,136 @@ def test_mt_translate_precision_int8_runs_the_int8_translator(tmp_path, monkeypa
     assert len(texts["int8"]) == 200 and same >= 0.8 * 200
     refused = CliRunner().invoke(mt, ["translate", "--model", str(out), "--precision", "int8", "--device", "meta"])
     assert refused.exit_code != 0 and "CPU only" in refused.output
+
+
+# ---- the fast next-token choices against plain torch and a plain search ------------------------------------------
+
+
+@pytest.mark.parametrize("vocab", [60, 2048, 2050])  # no chunks (torch's top-k), chunks only, chunks and a tail
+def test_chunked_topk_and_argmax_equal_torch(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(37, vocab, generator=g) * 4
+    x[:, 5] = float("-inf")  # a banned token, as <pad>
+    x[3] = float("-inf")
+    x[3, vocab - 1] = 1.0  # one finite value, in the tail when there is one
+    x[4, 700 % vocab] = x[4, 9] = x[4].max() + 1  # equal maxima in two chunks: the first wins
+    x[6, 11] = x[6, 10] = x[6].max() + 1  # and in one chunk
+    for k in (1, 5, 6, 11):
+        values, indices = _row_topk(x, k)
+        expected_values, expected_indices = x.topk(k, dim=1)
+        assert torch.equal(values, expected_values)
+        finite = torch.isfinite(values) & (torch.arange(37)[:, None] != 4) & (torch.arange(37)[:, None] != 6)
+        assert torch.equal(indices[finite], expected_indices[finite])  # ties (and -inf) may come in any order
+        assert torch.equal(x.gather(1, indices), values)
+    assert torch.equal(_row_argmax(x), x.max(dim=1).indices)
+    assert _row_argmax(x)[4] == min(9, 700 % vocab) and _row_argmax(x)[6] == 10
+
+
+def _reference_greedy(model, ids, mask, max_len_b):
+    """Greedy search as it was written before the speed work: every row's full logits, argmax, one step at a time."""
+    c = model.config
+    limits = max_lengths(model, mask, 0.0, max_len_b)
+    cache = model.init_cache(model.encode_source(ids, mask).last_hidden_state, mask)
+    last = ids.new_full((ids.shape[0], 1), c.decoder_start_token_id)
+    out, done = [[] for _ in range(ids.shape[0])], torch.zeros(ids.shape[0], dtype=torch.bool)
+    for step in range(int(limits.max())):
+        logits = model.project(model.decode(last, cache, project=False).last_hidden_state[:, -1])
+        logits[:, c.pad_token_id] = float("-inf")
+        nxt = torch.where(step + 1 >= limits, c.eos_token_id, logits.max(dim=-1).indices)
+        for i in (~done & (nxt != c.eos_token_id)).nonzero()[:, 0].tolist():
+            out[i].append(int(nxt[i]))
+        done |= nxt == c.eos_token_id
+        if bool(done.all()):
+            break
+        last = nxt[:, None]
+    return out
+
+
+def _reference_beam(model, ids, mask, k, alpha, penalty, max_len_b, n_best):
+    """Beam search as it was written before the speed work (search.py's module docstring): full log_softmax over
+    every row, the 2K best tokens of each beam; a sentence leaves the batch when it stops (as in beam_search, so
+    that every product runs on as many rows as there: a product over 5 rows or fewer rounds differently)."""
+    c = model.config
+    limits = max_lengths(model, mask, 0.0, max_len_b)
+    cache = model.init_cache(model.encode_source(ids, mask).last_hidden_state, mask, group=k)
+    alive = list(range(ids.shape[0]))
+    scores = torch.zeros(len(alive), k)
+    scores[:, 1:] = float("-inf")
+    tokens, last = ids.new_empty(len(alive) * k, 0), ids.new_full((len(alive) * k, 1), c.decoder_start_token_id)
+    pool: list[list[tuple[float, list[int]]]] = [[] for _ in alive]
+    for step in range(int(limits.max())):
+        n = len(alive)
+        at_max = (step + 1 >= limits[alive]).repeat_interleave(k)
+        logits = model.project(model.decode(last, cache, project=False).last_hidden_state[:, -1])
+        log_probs = logits.log_softmax(dim=-1)
+        log_probs[:, c.pad_token_id] = float("-inf")
+        eos = torch.zeros(n * k) if penalty == "hf" else log_probs[:, c.eos_token_id].clone()
+        log_probs[at_max] = float("-inf")
+        log_probs[at_max, c.eos_token_id] = eos[at_max]
+        log_probs, next_tokens = log_probs.topk(2 * k, dim=1)
+        candidates = (scores[:, :, None] + log_probs.view(n, k, 2 * k)).view(n, 2 * k * k)
+        top_scores, top_index = candidates.topk(2 * k, dim=1)
+        top_beam, top_token = top_index // (2 * k), next_tokens.view(n, -1).gather(1, top_index)
+        lp = ((5 + step + 1) / 6) ** alpha if penalty == "gnmt" else (step + 1) ** alpha
+        for s, sentence in enumerate(alive):
+            for j in range(k):
+                if top_token[s, j] == c.eos_token_id and torch.isfinite(top_scores[s, j]):
+                    pool[sentence].append((float(top_scores[s, j] / lp), tokens[s * k + top_beam[s, j]].tolist()))
+        scores, pick = top_scores.masked_fill(top_token == c.eos_token_id, float("-inf")).topk(k, dim=1)
+        rows = (torch.arange(n)[:, None] * k + top_beam.gather(1, pick)).view(-1)
+        nxt = top_token.gather(1, pick).view(-1)
+        tokens = torch.cat([tokens[rows], nxt[:, None]], dim=1)
+        cache.reorder(rows)
+        keep = [s for s, sentence in enumerate(alive) if len(pool[sentence]) < k and not bool(at_max[s * k])]
+        if not keep:
+            break
+        if len(keep) < n:
+            keep_rows = torch.tensor([s * k + j for s in keep for j in range(k)])
+            alive, scores, tokens, nxt = [alive[s] for s in keep], scores[keep], tokens[keep_rows], nxt[keep_rows]
+            cache.keep(torch.tensor(keep))
+        last = nxt[:, None]
+    return [sorted(p, key=lambda h: -h[0])[:n_best] for p in pool]
+
+
+@pytest.fixture(scope="module")
+def wide_model() -> MarianMTModel:
+    """A random model with a 2,050-token vocabulary: the chunked top-k's path (chunks and a tail), unlike the
+    60-token models; </s> is made likely so that outputs end at several lengths."""
+    torch.manual_seed(1)
+    config = MarianConfig(
+        vocab_size=2050,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        dropout=0.0,
+    )
+    m = MarianMTModel(config).eval()
+    with torch.no_grad():
+        m.final_logits_bias[0, EOS] = 3.5
+    return m
+
+
+@pytest.mark.parametrize("which", ["trained", "wide"])
+def test_searches_equal_a_plain_reference_bit_for_bit(model, wide_model, which, monkeypatch):
+    """Texts and n-best scores equal the plain search exactly (==, not approximately), with the logits split into
+    blocks of 16 rows, so that a step runs several blocks (equal-size blocks: none below 8 rows)."""
+    m = model if which == "trained" else wide_model
+    monkeypatch.setattr(search, "BLOCK_BYTES", 4 * m.config.vocab_size * 16)
+    ids, mask = sources(13, seed=5)
+    expected = _reference_greedy(m, ids, mask, max_len_b=14)
+    assert greedy_search(m, ids, mask, max_len_a=0, max_len_b=14) == expected
+    assert len({len(r) for r in expected}) > 2  # outputs end at several lengths
+    for k, n_best, penalty, alpha in ((5, 1, "hf", 1.0), (5, 5, "gnmt", 2.0), (4, 3, "hf", 1.0), (4, 4, "gnmt", 0.6)):
+        found = beam_search(
+            m, ids, mask, beam=k, length_penalty=alpha, penalty=penalty, max_len_a=0, max_len_b=14, n_best=n_best
+        )
+        with torch.inference_mode():
+            reference = _reference_beam(m, ids, mask, k, alpha, penalty, 14, n_best)
+        assert [[(h.score, h.tokens) for h in hyps] for hyps in found] == reference, (k, n_best, penalty)
