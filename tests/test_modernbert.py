@@ -1,6 +1,6 @@
 """ModernBERT: parity with transformers' ModernBertModel on tiny random configs (every hidden state and attention
 map, padding in the batch, local windows shorter than the batch), both config.json formats, round trips both ways,
-the MLM checkpoint layout, the interface members, head pruning."""
+the MLM checkpoint layout, the interface members, head pruning, the packed (unpadded) path against the padded one."""
 
 from __future__ import annotations
 
@@ -89,10 +89,16 @@ def assert_parity(ours, ref, ids, mask) -> None:
     assert torch.allclose(a.last_hidden_state[real], b.last_hidden_state[real], atol=1e-5)
 
 
+# ModernBertModel.unpad_from for each path: above 1 never packs, 0 always does
+PATHS = {"padded": 2.0, "packed": 0.0}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("kind", list(CONFIGS))
-def test_parity_with_transformers(kind, tmp_path):
+def test_parity_with_transformers(kind, path, tmp_path):
     ref = reference(kind, tmp_path)
     ours = ctxrep.load_model(tmp_path)
+    ours.unpad_from = PATHS[path]
     assert type(ours) is ModernBertModel and ours.family == "modernbert"
     assert_parity(ours, ref, *padded_batch())
     assert_parity(ours, ref, *padded_batch(lengths=(5, 5)))  # no padding
@@ -329,3 +335,108 @@ def test_bad_pruning_requests_are_refused_in_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="config.json: pruned_heads removes all 4 heads of layer 2") as e:
         ctxrep.load_model(tmp_path)
     assert "\n" not in str(e.value)
+
+
+# ---- packed (unpadded) batches ---------------------------------------------------------------------------------
+
+
+def run_both(model, ids, mask, **kwargs):
+    out = {}
+    with torch.no_grad():
+        for path, share in PATHS.items():
+            model.unpad_from = share
+            out[path] = model(ids, attention_mask=mask, **kwargs)
+    return out["padded"], out["packed"]
+
+
+def test_packed_batches_give_the_padded_hidden_states(tmp_path):
+    """Much padding, local windows (+-2) and global layers: every hidden state and attention row of a real token
+    as the padded path gives it (with output_attentions, a head mask and num_layers too); 0 at padding."""
+    reference("biases", tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    ids, mask = padded_batch(lengths=(14, 2, 9, 1, 3))  # 63% padding, one sequence shorter than the window
+    real = mask.bool()
+    xi = torch.ones(4, 4)
+    xi[1, 2] = xi[2, [0, 3]] = 0
+    for kwargs in [{}, dict(output_attentions=True, head_mask=xi), dict(num_layers=3)]:
+        padded, packed = run_both(model, ids, mask, output_hidden_states=True, **kwargs)
+        assert len(packed.hidden_states) == len(padded.hidden_states) == kwargs.get("num_layers", 4) + 1
+        for layer, (a, b) in enumerate(zip(padded.hidden_states, packed.hidden_states)):
+            assert b.shape == a.shape == (5, 14, 32)
+            assert torch.allclose(a[real], b[real], atol=1e-5), f"hidden state {layer} differs ({kwargs})"
+            assert (b[~real] == 0).all()
+        assert torch.equal(packed.last_hidden_state, packed.hidden_states[-1])
+        if kwargs.get("output_attentions"):
+            for layer, (a, b) in enumerate(zip(padded.attentions, packed.attentions)):
+                rows = real[:, None, :, None].expand_as(a)  # rows of real query tokens
+                assert torch.allclose(a[rows], b[rows], atol=1e-5), f"attention {layer} differs"
+    model.prune_heads({0: [1], 3: [0, 2]})  # pruned layers pack alike
+    padded, packed = run_both(model, ids, mask)
+    assert torch.allclose(padded.last_hidden_state[real], packed.last_hidden_state[real], atol=1e-5)
+
+
+def test_the_padding_share_chooses_the_path(tmp_path):
+    reference("base", tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    share = model.unpad_from
+    assert 0 < share < 1
+    ids, mask = padded_batch(lengths=(10, 10, 10, 10))
+    assert model.packing(mask) is None and model.packing(None) is None  # no padding
+    _, few = padded_batch(lengths=(10, 10, 10, 9))
+    assert model.packing(few) is None  # 2.5% padding
+    _, much = padded_batch(lengths=(10, 2, 3, 10))
+    packing = model.packing(much)  # 37.5%
+    assert packing is not None and packing.index.tolist() == list(range(12)) + [20, 21, 22] + list(range(30, 40))
+    assert model.packing(torch.zeros_like(much)) is None  # nothing to pack
+    model.unpad_from = 0.4
+    assert model.packing(much) is None
+
+
+def test_traced_graphs_run_padded(tmp_path):
+    """A graph traced on a batch with much padding serves other shapes and other padding: tracing takes the padded
+    path (whether to pack is data, which a trace would freeze)."""
+    reference("base", tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    model.unpad_from = 0.0
+
+    class Last(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, mask):
+            return self.model(ids, attention_mask=mask).last_hidden_state
+
+    last = Last()
+    ids, mask = padded_batch(lengths=(12, 3, 2))
+    with torch.no_grad(), pytest.warns(torch.jit.TracerWarning):  # the sequence-length check is Python
+        traced = torch.jit.trace(last, (ids, mask))
+        other_ids, other_mask = padded_batch(lengths=(9, 9, 4, 1))
+        a, b = traced(other_ids, other_mask), last(other_ids, other_mask)
+    real = other_mask.bool()
+    assert torch.allclose(a[real], b[real], atol=1e-5)
+    assert "nonzero" not in str(traced.inlined_graph)  # no packing frozen into the graph
+
+
+@pytest.mark.parametrize("mode", ["is_compiling", "is_exporting"])
+def test_compiled_and_exported_graphs_run_padded(mode, monkeypatch):
+    model = ModernBertModel(ModernBertConfig(**COMMON))
+    _, mask = padded_batch()
+    assert model.packing(mask) is not None
+    monkeypatch.setattr(torch.compiler, mode, lambda: True)
+    assert model.packing(mask) is None
+
+
+def test_packed_training_gives_the_padded_gradients(tmp_path):
+    reference("base", tmp_path)
+    model = ctxrep.load_model(tmp_path).train()  # dropout 0 in this config: both paths are deterministic
+    ids, mask = padded_batch()
+    grads = {}
+    for path, share in PATHS.items():
+        model.unpad_from = share
+        model.zero_grad()
+        xi = torch.ones(4, 4, requires_grad=True)
+        model(ids, attention_mask=mask, head_mask=xi).last_hidden_state[mask.bool()].square().sum().backward()
+        grads[path] = [xi.grad] + [p.grad for p in model.parameters()]
+    for a, b in zip(grads["padded"], grads["packed"]):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)

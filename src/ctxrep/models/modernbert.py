@@ -16,8 +16,14 @@ Hidden states: entry 0 is the embedding output, entry l < L the residual stream 
 LayerNorm of layer L's output (= last_hidden_state, as transformers >= 5 returns it; 4.x returned the stream before
 the final norm there).
 
-Reads top to bottom: config, rotary positions, attention, feed-forward, layer, encoder, then the loader and saver
-for the Hugging Face folder format (config.json + model.safetensors).
+Padding: like transformers' unpadded ModernBERT (with flash-attn), a batch whose padding is at least `unpad_from`
+of its (batch, seq) grid runs packed: embeddings, norms, Wqkv, Wo and GeGLU on the (tokens, hidden) rows of real
+tokens, re-padded only around attention; the same hidden states at real tokens (0 at padding). The share is a
+fixed rule measured on a ModernBERT-base shape (benchmarks/modernbert_unpad.py); traced, exported and compiled
+graphs run padded.
+
+Reads top to bottom: config, rotary positions, packing, attention, feed-forward, layer, encoder, then the loader and
+saver for the Hugging Face folder format (config.json + model.safetensors).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
+UNPAD_FROM = 0.2  # ModernBertModel.unpad_from (benchmarks/modernbert_unpad.py)
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -175,11 +182,45 @@ def rotary_tables(seq: int, head_dim: int, base: float, device: torch.device) ->
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """R_m x: (x_i, x_{i + d/2}) -> (x_i cos - x_{i + d/2} sin, x_{i + d/2} cos + x_i sin), in float32 as
-    transformers does. x: (batch, seq, 2, heads, head_dim), q and k together; cos, sin: (seq, head_dim / 2)."""
+    transformers does. x: (batch, seq, 2, heads, head_dim), q and k together, and cos, sin: (seq, head_dim / 2); or
+    packed, x: (tokens, 2, heads, head_dim) and each token's cos, sin: (tokens, head_dim / 2)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half].float(), x[..., half:].float()
-    cos, sin = cos[:, None, None, :], sin[:, None, None, :]  # (seq, 1, 1, head_dim / 2)
+    cos, sin = cos[:, None, None, :], sin[:, None, None, :]  # (seq | tokens, 1, 1, head_dim / 2)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+# ---- packed (unpadded) batches -----------------------------------------------------------------------------
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a padded (batch, seq) batch sit once packed into (tokens, ...) rows, as
+    transformers' unpadded ModernBERT runs them: every per-token operation (embeddings, norms, Wqkv, Wo, GeGLU)
+    reads only real tokens, and only attention, which mixes positions, sees the padded grid."""
+
+    index: torch.Tensor  # (tokens,) each real token's place in the flattened (batch * seq) grid, row-major
+    padding: torch.Tensor  # (padding tokens,) the other places
+    batch: int
+    seq: int
+
+    @classmethod
+    def of(cls, real: torch.Tensor) -> Packing:
+        """real: (batch, seq) bool, True at real tokens."""
+        flat = real.flatten()  # (batch * seq,)
+        return cls(flat.nonzero().squeeze(1), (~flat).nonzero().squeeze(1), *real.shape)
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """(tokens, ...) -> (batch, seq, ...), zeros at padding (written there only: the grid is not cleared first,
+        which costs a pass over its memory)."""
+        grid = x.new_empty((self.batch * self.seq, *x.shape[1:]))  # (batch * seq, ...)
+        grid.index_copy_(0, self.index, x).index_fill_(0, self.padding, 0)
+        return grid.view(self.batch, self.seq, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, seq, ...) -> (tokens, ...), in one gather whatever x's strides (a transposed view is not copied
+        whole first)."""
+        return x[self.index // self.seq, self.index % self.seq]
 
 
 # ---- the network ------------------------------------------------------------------------------------------
@@ -213,15 +254,22 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
         output_attentions: bool,
         head_mask: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # x: (batch, seq, hidden) and rotary tables (seq, head_dim / 2); or, with `packing`, (tokens, hidden) and
+        # each token's rotary angles (tokens, head_dim / 2): Wqkv, the rotation and Wo then read real tokens only,
+        # and q, k, v are re-padded (zeros, which the mask hides) around the attention itself.
         # mask: bool, True where query i may read key j: (batch, 1, 1, seq) or (batch, 1, seq, seq)
         # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
-        b, t, _ = x.shape
-        qkv = self.Wqkv(x).view(b, t, 3, self.num_heads, self.head_dim)  # (batch, seq, 3, heads, head_dim)
+        qkv = self.Wqkv(x).unflatten(-1, (3, self.num_heads, self.head_dim))  # (batch, seq | tokens, 3, heads, hd)
         # q and k rotated in one pass, in the (seq, heads) layout the product wrote (faster than per tensor after
         # the transpose: measured 1.35x for rotation + attention at 32 x 40 tokens, 12 heads of 64)
-        q, k = rotate(qkv[:, :, :2], *rotary).permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
-        v = qkv[:, :, 2].transpose(1, 2)  # (batch, heads, seq, head_dim)
+        qk, v = rotate(qkv[..., :2, :, :], *rotary), qkv[..., 2, :, :]  # (..., 2, heads, hd), (..., heads, hd)
+        if packing is not None:
+            qk, v = packing.pad(qk), packing.pad(v)  # (batch, seq, 2, heads, hd), (batch, seq, heads, hd)
+        b, t = v.shape[:2]
+        q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # each (batch, heads, seq, head_dim)
+        v = v.transpose(1, 2)  # (batch, heads, seq, head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
             scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (batch, heads, seq, seq)
@@ -235,7 +283,10 @@ class Attention(nn.Module):
         if head_mask is not None:
             xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
             context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
+        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
+        if packing is not None:
+            context = packing.unpad(context)  # (tokens, heads, head_dim)
+        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
         return self.out_drop(self.Wo(context)), probs
 
     def prune(self, heads: Iterable[int]) -> None:
@@ -283,9 +334,11 @@ class EncoderLayer(nn.Module):
         mask: torch.Tensor | None,
         output_attentions: bool = False,
         head_mask: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # x: (batch, seq, hidden), or (tokens, hidden) when the batch runs packed
         a, probs = self.attn(
-            self.attn_norm(x) if self.attn_norm is not None else x, rotary, mask, output_attentions, head_mask
+            self.attn_norm(x) if self.attn_norm is not None else x, rotary, mask, output_attentions, head_mask, packing
         )
         x = x + a
         return x + self.mlp(self.mlp_norm(x)), probs
@@ -423,6 +476,23 @@ class ModernBertModel(Encoder):
         local = band[None, None] if keys is None else (band & keys) | (pos[:, None] == pos[None, :])
         return {GLOBAL: keys, LOCAL: local}
 
+    # Padding share of a batch (padding tokens / batch * seq) from which forward runs it packed (see `packing`).
+    unpad_from: float = UNPAD_FROM
+
+    def packing(self, attention_mask: torch.Tensor | None) -> Packing | None:
+        """How forward lays out this batch: packed when padding is at least `unpad_from` of the (batch, seq) grid,
+        else None (padded). A fixed rule on the mask, never a timing. Traced, exported or compiled graphs run
+        padded: whether a batch has padding is data, and such a graph must serve every batch."""
+        if attention_mask is None or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return None
+        if torch.compiler.is_exporting():  # torch.export (the dynamo ONNX exporter)
+            return None
+        real = attention_mask.bool()  # (batch, seq)
+        tokens = int(real.sum())
+        if real.numel() - tokens < self.unpad_from * real.numel() or tokens == 0:
+            return None
+        return Packing.of(real)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -436,7 +506,12 @@ class ModernBertModel(Encoder):
         """input_ids, attention_mask: (batch, seq); token_type_ids are not read (there are no segments).
         `num_layers` stops after that many layers (the final norm only after the last one); head_mask:
         (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it), in the
-        original head numbering even after pruning."""
+        original head numbering even after pruning.
+
+        A batch with much padding (`packing`) runs packed, as transformers' unpadded ModernBERT does: the
+        per-token layers read real tokens only and attention re-pads around itself; its hidden states are those
+        of the padded run at real tokens and 0 at padding.
+        """
         b, t = input_ids.shape
         if t > self.max_tokens:
             raise ValueError(
@@ -451,19 +526,28 @@ class ModernBertModel(Encoder):
             GLOBAL: rotary_tables(t, d, self.config.global_rope_theta, input_ids.device),
             LOCAL: rotary_tables(t, d, self.config.local_rope_theta, input_ids.device),
         }
-        x = self.embedding_dropout(self.embeddings.norm(self.embeddings.tok_embeddings(input_ids)))  # (b, seq, h)
+        packing = self.packing(attention_mask)
+        ids = input_ids
+        if packing is not None:
+            ids = input_ids.flatten().index_select(0, packing.index)  # (tokens,)
+            column = packing.index % t  # (tokens,) the position the padded run gives each token
+            rotary = {kind: (cos[column], sin[column]) for kind, (cos, sin) in rotary.items()}  # (tokens, hd / 2)
+        # (batch, seq, hidden), or (tokens, hidden) packed
+        x = self.embedding_dropout(self.embeddings.norm(self.embeddings.tok_embeddings(ids)))
         hidden_states = [x]
         attentions = []
         stop = num_layers if num_layers is not None else self.num_layers
         for i, layer in enumerate(self.layers[:stop]):
             kind = LOCAL if layer.local else GLOBAL
-            x, probs = layer(
-                x, rotary[kind], masks[kind], output_attentions, head_mask[i] if head_mask is not None else None
-            )
+            xi = head_mask[i] if head_mask is not None else None
+            x, probs = layer(x, rotary[kind], masks[kind], output_attentions, xi, packing)
             if i == self.num_layers - 1:
                 x = self.final_norm(x)
             hidden_states.append(x)
             attentions.append(probs)
+        if packing is not None:
+            x = packing.pad(x)  # (batch, seq, hidden)
+            hidden_states = [packing.pad(h) for h in hidden_states] if output_hidden_states else [x]
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
