@@ -10,16 +10,20 @@ what bf16 training and int8 prediction cost in SST-2 dev accuracy, in one run.
                 same seed, same batches; dev accuracy on the 872 SST-2 dev sentences (neutral dropped, as GLUE)
   int8          the float32-trained classifier predicting at precision="int8" (`estimator.using(precision=...)`:
                 its encoder's linear layers in int8, SmoothQuant-calibrated)
+  fine-tune     the same step in turns: tasks/loop.py's training step on two copies of the fitted network, fp32 and
+  step (paired) bf16 autocast taking turns on the same --paired-steps batches of the sample (median step time). Two
+                whole fits one after the other see whatever load the machine has at the time; steps in turns see
+                the same, so their ratio is the one to read on a shared machine
   MLM step      one masked-LM pretraining step of the `small` shape (hidden 256, 4 layers, 4 heads, intermediate
-                1024, vocab 30522, 32 x 128 tokens; benchmarks/pretrain_throughput.py's) through ctxrep's Trainer
-                (its `_train_step`: forward under the trainer's autocast, backward, clipping, AdamW), float32 and
-                TrainerConfig(bf16=True); random token ids, the objective's own masking
+  (paired)      1024, vocab 30522, 32 x 128 tokens; benchmarks/pretrain_throughput.py's) through ctxrep's Trainer
+                (its `_train_step`: forward under the trainer's autocast, backward, clipping, AdamW), a float32 and
+                a TrainerConfig(bf16=True) trainer taking turns; random token ids, the objective's own masking
 
 Useful work, padding not counted:
   fine-tune  3 x forward FLOPs per real token (forward + backward: 2 x every linear layer's weights, plus attention's
              4 x hidden x mean length per layer, as benchmarks/featurize.py counts a forward), x every real token of
-             every epoch; the time is the training loop's (tasks/loop.py's `train`), without model loading and
-             tokenization
+             every epoch (of every timed batch, paired); the time of a fit is its training loop's (tasks/loop.py's
+             `train`), without model loading and tokenization
   MLM step   benchmarks/pretrain_throughput.py's count: 6 x encoder weights per token, attention, and the MLM head
              on the masked positions only
 MFU = achieved FLOP/s / the measured peak of the precision the matmuls ran at (bf16 autocast: the bfloat16 peak).
@@ -28,15 +32,16 @@ Checks: |bf16-trained accuracy - float32-trained accuracy| <= 0.5 points (the co
 --precision auto` choosing bf16 autocast where the CPU has it), and |int8 accuracy - float32 accuracy| <= 0.5 points.
 One fine-tuning run per precision: seed-to-seed noise on 872 sentences is of the same size as the bound.
 
-Run:  .venv/bin/python benchmarks/training_precision.py                     # ~6 min on 2 quiet cores (AMX Xeon)
-      .venv/bin/python benchmarks/training_precision.py --sst-train 64 --limit 64 --epochs 1 --pretrain-steps 2 \
-          --peak-size 512       # dry run: not a result
+Run:  .venv/bin/python benchmarks/training_precision.py        # ~8 min on 2 quiet cores (25 min at load 5)
+      .venv/bin/python benchmarks/training_precision.py --sst-train 64 --limit 64 --epochs 1 --paired-steps 2 \
+          --pretrain-steps 2 --peak-size 512       # dry run: not a result
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import platform
@@ -71,7 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--limit", type=int, default=None, help="cap the dev set at N sentences (a dry run)")
-    p.add_argument("--pretrain-steps", type=int, default=10, help="timed MLM steps per precision")
+    p.add_argument("--paired-steps", type=int, default=20, help="fine-tuning steps per precision taken in turns")
+    p.add_argument("--pretrain-steps", type=int, default=10, help="timed MLM steps per precision, taken in turns")
     p.add_argument("--pretrain-warmup", type=int, default=2, help="untimed MLM steps first")
     p.add_argument("--pretrain-batch", type=int, default=32)
     p.add_argument("--pretrain-seq", type=int, default=128)
@@ -82,7 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="write every number here")
     p.add_argument("--markdown-out", type=Path, default=None, help="write the Markdown tables and notes here")
     args = p.parse_args(argv)
-    for name in ("sst_train", "epochs", "batch_size", "pretrain_steps", "pretrain_batch", "peak_size", "threads"):
+    positive = ("sst_train", "epochs", "batch_size", "paired_steps", "pretrain_steps", "pretrain_batch", "peak_size")
+    for name in (*positive, "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.limit is not None and args.limit < 2:
@@ -176,6 +183,49 @@ def finetune(train, dev, bf16: bool, args) -> tuple[SequenceClassifier, dict]:
     return estimator, result
 
 
+def paired_finetune_steps(estimator: SequenceClassifier, train, args) -> dict[str, dict]:
+    """Seconds per fine-tuning step at fp32 and under bf16 autocast, taken in turns on the same batches, so that a
+    load that changes during the run falls on both alike: tasks/loop.py's step (forward and loss under the autocast,
+    backward, clipping, AdamW) on two copies of the fitted network, --paired-steps batches of the training sample
+    (length-bucketed as fit draws them) after one untimed batch."""
+    X, y = estimator._check_X_y(train.X, train.y, fitting=False)
+    call = estimator._call()
+    records = estimator._examples(X, y, call)
+    lengths = [len(r.input) for r in records]
+    rng = np.random.default_rng(args.seed)
+    batches = loop.length_bucketed_batches(lengths, args.batch_size, rng)[: args.paired_steps + 1]
+    settings = estimator._loop_settings()
+    networks = {name: copy.deepcopy(estimator.model_).train() for name in DTYPES}
+    optimizers = {name: loop.make_optimizer(network, settings) for name, network in networks.items()}
+    times: dict[str, list[float]] = {name: [] for name in DTYPES}
+    tokens = 0
+    for i, rows in enumerate(batches):
+        batch = estimator._batch([records[j] for j in rows], call)
+        for name in DTYPES if i % 2 == 0 else reversed(DTYPES):
+            network, optimizer = networks[name], optimizers[name]
+            t0 = time.perf_counter()
+            with loop.bf16_autocast("cpu", name == "bf16"):
+                loss = estimator._head_loss(network(batch), batch)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(network.parameters(), settings.max_grad_norm)
+            optimizer.step()
+            if i:
+                times[name].append(time.perf_counter() - t0)
+        tokens += sum(lengths[j] for j in rows) if i else 0
+    forward = flops_per_token(estimator.backbone_.model, float(np.mean(lengths)))
+    results = {}
+    for name, spent in times.items():
+        seconds = float(np.median(spent)) * len(spent)  # median step time x steps: robust to a burst of load
+        results[name] = {
+            "step_seconds": float(np.median(spent)),
+            "steps": len(spent),
+            "tokens_per_s": tokens / seconds,
+            "gflops": 3 * forward * tokens / seconds / 1e9,
+        }
+    return results
+
+
 # ---- the MLM pretraining step -----------------------------------------------------------------------
 
 
@@ -199,8 +249,8 @@ class RandomRows:
         self.drawn = state["drawn"]
 
 
-def mlm_steps(bf16: bool, args, out: Path) -> dict:
-    """Seconds per MLM training step of ctxrep's Trainer (mean of --pretrain-steps after --pretrain-warmup)."""
+def mlm_trainer(bf16: bool, args, out: Path):
+    """ctxrep's Trainer over MaskedLMObjective of the `small` shape, at float32 or with TrainerConfig(bf16=True)."""
     from ctxrep.models.bert import BertConfig
     from ctxrep.objectives.masked_lm import MaskedLMConfig, MaskedLMObjective
     from ctxrep.train.trainer import Trainer, TrainerConfig
@@ -222,24 +272,37 @@ def mlm_steps(bf16: bool, args, out: Path) -> dict:
         checkpoint_every=0,
         seed=args.seed,
     )
-    trainer = Trainer(objective, config, RandomRows(args.pretrain_seq, args.seed), out, progress=False)
-    times, masked = [], []
-    for i in range(config.max_steps):
-        t0 = time.perf_counter()
-        step = trainer._train_step()  # the step `Trainer.train` runs, without its logging and checkpoints
-        if i >= args.pretrain_warmup:
-            times.append(time.perf_counter() - t0)
-            masked.append(step.metrics["masked_tokens"])
-    step_s = float(np.mean(times))
-    tokens = args.pretrain_batch * args.pretrain_seq
-    flops = model_flops_per_step(args.pretrain_batch, args.pretrain_seq, float(np.mean(masked)))
-    return {
-        "step_seconds": step_s,
-        "tokens_per_s": tokens / step_s,
-        "flops_per_step": flops,
-        "gflops": flops / step_s / 1e9,
-        "final_loss": step.loss,
-    }
+    return Trainer(objective, config, RandomRows(args.pretrain_seq, args.seed), out, progress=False)
+
+
+def mlm_steps(args, out: Path) -> dict[str, dict]:
+    """Seconds per MLM training step of ctxrep's Trainer at fp32 and bf16 autocast (its `_train_step`, the step
+    `Trainer.train` runs without its logging and checkpoints), the two trainers taking turns: the median of
+    --pretrain-steps steps after --pretrain-warmup."""
+    trainers = {name: mlm_trainer(name == "bf16", args, out / name) for name in DTYPES}
+    times: dict[str, list[float]] = {name: [] for name in DTYPES}
+    masked: dict[str, list[float]] = {name: [] for name in DTYPES}
+    last = {}
+    for i in range(args.pretrain_warmup + args.pretrain_steps):
+        for name in DTYPES if i % 2 == 0 else reversed(DTYPES):
+            t0 = time.perf_counter()
+            last[name] = trainers[name]._train_step()
+            if i >= args.pretrain_warmup:
+                times[name].append(time.perf_counter() - t0)
+                masked[name].append(last[name].metrics["masked_tokens"])
+    results = {}
+    for name in DTYPES:
+        step_s = float(np.median(times[name]))
+        flops = model_flops_per_step(args.pretrain_batch, args.pretrain_seq, float(np.mean(masked[name])))
+        results[name] = {
+            "step_seconds": step_s,
+            "steps": len(times[name]),
+            "tokens_per_s": args.pretrain_batch * args.pretrain_seq / step_s,
+            "flops_per_step": flops,
+            "gflops": flops / step_s / 1e9,
+            "final_loss": last[name].loss,
+        }
+    return results
 
 
 # ---- main -------------------------------------------------------------------------------------------
@@ -279,12 +342,15 @@ def main(argv=None) -> int:
             fp32_estimator = estimator
     int8_accuracy = fp32_estimator.score(dev.X, dev.y, precision="int8")
     print(f"int8 prediction of the float32-trained classifier: dev accuracy {int8_accuracy:.4f}", flush=True)
+    for name, r in paired_finetune_steps(fp32_estimator, train, args).items():
+        runs[f"finetune step (paired) {name}"] = r
+        print(f"fine-tune step (paired) {name}: {r['step_seconds'] * 1e3:.0f} ms, {r['gflops']:.1f} GFLOP/s")
     del fp32_estimator, estimator
 
     with tempfile.TemporaryDirectory(prefix="ctxrep-training-precision-") as tmp:
-        for name, bf16 in (("fp32", False), ("bf16", True)):
-            r = runs[f"MLM step {name}"] = mlm_steps(bf16, args, Path(tmp) / name)
-            print(f"MLM step {name}: {r['step_seconds'] * 1e3:.0f} ms, {r['gflops']:.1f} GFLOP/s", flush=True)
+        for name, r in mlm_steps(args, Path(tmp)).items():
+            runs[f"MLM step (paired) {name}"] = r
+            print(f"MLM step (paired) {name}: {r['step_seconds'] * 1e3:.0f} ms, {r['gflops']:.1f} GFLOP/s", flush=True)
     load_after = os.getloadavg()
     for name, r in runs.items():
         r["precision"] = name.split()[-1]
@@ -333,9 +399,11 @@ def main(argv=None) -> int:
         ),
         (
             f"MLM step: `small` shape (hidden {HIDDEN}, {LAYERS} layers, {HEADS} heads, intermediate {INTERMEDIATE}, "
-            f"vocab {VOCAB}), {args.pretrain_batch} x {args.pretrain_seq} tokens, Trainer._train_step, mean of "
-            f"{args.pretrain_steps} steps after {args.pretrain_warmup}; "
-            f"{runs['MLM step fp32']['flops_per_step'] / 1e9:.1f} GFLOP of useful work per step."
+            f"vocab {VOCAB}), {args.pretrain_batch} x {args.pretrain_seq} tokens, Trainer._train_step, median of "
+            f"{args.pretrain_steps} steps after {args.pretrain_warmup}, the fp32 and bf16 trainers in turns; "
+            f"{runs['MLM step (paired) fp32']['flops_per_step'] / 1e9:.1f} GFLOP of useful work per step. Fine-tune "
+            f"step (paired): the median of {args.paired_steps} steps of tasks/loop.py's step per precision on the "
+            "same training batches, the two in turns (a load that changes falls on both alike)."
         ),
         (
             f"peak: the fastest of {args.peak_repeats} torch.mm of {args.peak_size}^3 per dtype: fp32 "
