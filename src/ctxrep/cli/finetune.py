@@ -13,6 +13,7 @@ import click
 from ctxrep.cli.common import user_errors
 from ctxrep.tasks.experiment import ALL_TASKS, FILE_TASKS
 from ctxrep.tasks.tagger import TAG_SCHEMES
+from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS, describe, resolve_precision
 
 TAGGING = ("conll2003", "upos", "tag")
 # option -> the reader setting it fills (ctxrep.data.table's keyword arguments)
@@ -90,6 +91,15 @@ COLUMN_OPTIONS = (
     show_default=True,
     help="Where to train and predict: cpu, cuda, cuda:1 (the estimators' `device`).",
 )
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default=DEFAULT_PRECISION,
+    show_default=True,
+    help="fp32; bf16: bfloat16 autocast for training and prediction (weights and optimizer stay float32); auto: "
+    "bf16 where the CPU has avx512_bf16 or AMX, or on a GPU with bf16, else fp32 (saved in metrics.json and the "
+    "model's parameters).",
+)
 @click.option("--mode", type=click.Choice(["finetune", "frozen"]), default="finetune", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Output folder.")
 @click.option("--max-epochs", type=int, default=3, show_default=True)
@@ -130,7 +140,9 @@ COLUMN_OPTIONS = (
     help="SST: train on every labelled phrase of the trees (GLUE's SST-2 training set).",
 )
 @user_errors
-def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, progress, **options) -> None:
+def finetune(
+    task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, progress, precision, **options
+) -> None:
     """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots)."""
     from ctxrep.tasks.experiment import experiment
 
@@ -148,17 +160,26 @@ def finetune(task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, s
                 f"--crf and --tag-scheme are for tagging (--task {'|'.join(TAGGING)}), not --task {task}"
             )
         tagger_options = {"crf": crf} | ({"tag_scheme": tag_scheme} if tag_scheme is not None else {})
+    chosen = resolve_precision(precision, options["device"])  # auto: from the hardware's description
+    note = [describe(chosen, precision)]
+
+    def echo(text: str) -> None:  # the precision line comes with experiment's first, after its checks of the data
+        while note:
+            click.echo(note.pop())
+        click.echo(text)
+
     metrics = experiment(
         task=task,
         train=train,
         dev=dev,
         out_dir=out_dir,
         limit=limit,
-        echo=click.echo,
+        echo=echo,
         train_phrases=train_phrases,
         columns=columns if task in FILE_TASKS else None,
         random_state=seed,
         progress=True if progress else "lines",
+        bf16=chosen == "bf16",
         **options,
         **tagger_options,
     )

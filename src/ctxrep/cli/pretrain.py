@@ -7,6 +7,7 @@ import click
 from ctxrep.cli.common import user_errors
 from ctxrep.objectives.recipes import OBJECTIVES  # the recipes' table: the choices are its names
 from ctxrep.train.config import parse_overrides
+from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS
 
 
 @click.command("pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -30,10 +31,18 @@ from ctxrep.train.config import parse_overrides
     default=None,
     help="Use this tokenizer.json (or its folder) instead of training one.",
 )
+@click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default=None,
+    help="fp32; bf16: bfloat16 autocast ([trainer] bf16; weights and optimizer stay float32); auto: bf16 where the "
+    "CPU has avx512_bf16 or AMX, or on a GPU with bf16, else fp32 (--resume keeps the saved run's choice). "
+    f"[default: {DEFAULT_PRECISION}, or [trainer] bf16 where the config sets it]",
+)
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.pass_context
 @user_errors
-def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, tokenizer, progress) -> None:
+def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, tokenizer, precision, progress) -> None:
     """Pretrain --objective on --corpus with --config into --out.
 
     Any config field that --objective reads can be overridden as --section.field VALUE (e.g. --trainer.lr
@@ -42,12 +51,23 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
     `ctxrep distill`) and [objective] hold settings of particular ones.
     """
     from ctxrep.train import distributed
+    from ctxrep.train.precision import describe
+    from ctxrep.train.pretrain import choose_precision
     from ctxrep.train.pretrain import pretrain as run_pretraining
     from ctxrep.train.pretrain_config import load_config
 
+    overrides = parse_overrides(ctx.args)
+    if precision is not None and any(key.replace("-", "_").split(".")[-1] == "bf16" for key, _ in overrides):
+        raise click.UsageError("--precision and --trainer.bf16 both set the precision: give only one of them")
     dist = distributed.init_distributed()  # first: under torchrun every process joins before any work
     try:
-        config = load_config(config_name, parse_overrides(ctx.args), objective)
+        config = load_config(config_name, overrides, objective)
+        if precision is None:  # the config's [trainer] bf16 where it sets it (file or --trainer.bf16), else the default
+            set_by_config = "bf16" in config.raw.get("trainer", {})
+            precision = ("bf16" if config.trainer.bf16 else "fp32") if set_by_config else DEFAULT_PRECISION
+        chosen = choose_precision(config, precision, out_dir, resume)
+        if dist.is_main:
+            click.echo(describe(chosen, precision))
         metrics = run_pretraining(objective, config, corpus, out_dir, max_steps, resume, tokenizer, progress)
     finally:
         distributed.shutdown()

@@ -352,6 +352,7 @@ def experiment(
         "train_examples": len(train_data.X),
         "dev_examples": len(dev_data.X),
         "train_seconds": train_seconds,
+        "precision": "bf16" if estimator.bf16 else "fp32",  # bf16: autocast in training and prediction
     }
     tagging = task in ("conll2003", "upos", "tag")
     entity_report = tagging and estimator.entity_scoring_

@@ -23,6 +23,7 @@ Configs: train/pretrain_config.py (one schema for every objective; `reading_tabl
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from ctxrep.objectives.recipes import recipe
 from ctxrep.tokenize import Tokenizer
 from ctxrep.train import distributed
 from ctxrep.train.config import check_run_folder
+from ctxrep.train.precision import check_precision, resolve_precision
 from ctxrep.train.pretrain_config import DataSection, PretrainConfig, read_settings
 from ctxrep.train.run import PretrainRun
 from ctxrep.train.trainer import Trainer
@@ -71,7 +73,12 @@ def pretrain(
                 f"--objective {saved.get('objective')}, or pretrain {objective} into another --out folder"
             )
 
-    record = {"objective": objective, "config": config.source, "settings": read_settings(config, objective)}
+    record = {
+        "objective": objective,
+        "config": config.source,
+        "precision": "bf16" if config.trainer.bf16 else "fp32",  # bf16: autocast ([trainer] bf16)
+        "settings": read_settings(config, objective),
+    }
     check_run_folder(out, resume, RUN_FILE, record, PretrainError, same_objective)
     torch.manual_seed(config.trainer.seed)  # the same initial weights on every process and every run
     run = prepare_run(objective, config, corpus, out, tokenizer, progress)
@@ -79,6 +86,22 @@ def pretrain(
         run.objective, config.trainer, run.train_data, out, run.eval_data, run.save_model, progress=progress
     )
     return trainer.train(resume=resume)
+
+
+def choose_precision(config: PretrainConfig, precision: str, out_dir: str | Path, resume: bool) -> str:
+    """Set config.trainer.bf16 for `precision` ("fp32", "bf16" or "auto": train/precision.py) and return what the
+    run computes in, "fp32" or "bf16". With `resume`, "auto" keeps the choice the saved run made (its pretrain.json),
+    so that a run computes as it began wherever it is resumed."""
+    check_precision(precision)
+    saved = Path(out_dir) / RUN_FILE
+    if precision == "auto" and resume and saved.is_file():
+        bf16 = json.loads(saved.read_text()).get("settings", {}).get("trainer", {}).get("bf16")
+        if isinstance(bf16, bool):
+            config.trainer.bf16 = bf16
+            return "bf16" if bf16 else "fp32"
+    chosen = resolve_precision(precision, config.trainer.device)
+    config.trainer.bf16 = chosen == "bf16"
+    return chosen
 
 
 def prepare_run(
