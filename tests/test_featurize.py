@@ -232,6 +232,35 @@ def test_bad_texts(texts, error, message):
         fz.embed_words(texts)
 
 
+@pytest.mark.parametrize("sentence_pooling", ["mean", "cls", "model"])
+def test_tokenizing_in_chunks_ahead_of_the_device_changes_no_vector(sentence_pooling, monkeypatch):
+    """On CUDA a large call is tokenized in chunks, the next one on a thread while the device runs this one; the
+    chunks are forced here on the CPU. Word and sentence vectors, pairs and errors are those of one call."""
+    import ctxrep.featurize as F
+
+    texts = [
+        f"text {i} : " + " ".join(["the", "unbelievable", "crane", "lifted", "beams"][: 1 + i % 5]) for i in range(11)
+    ]
+    pairs = [f"pair {i}" for i in range(11)]
+    fz = Featurizer("minilm", layers=[0, -1], sentence_pooling=sentence_pooling)
+    whole = fz.embed_words(texts), fz.embed_sentences(texts), fz.embed_words(texts, pairs)
+    assert not fz._overlaps_tokenization(10**6)  # the CPU: never
+    monkeypatch.setattr(F, "OVERLAP_CHUNK_TEXTS", 4)
+    monkeypatch.setattr(Featurizer, "_overlaps_tokenization", lambda self, n: n > F.OVERLAP_CHUNK_TEXTS)
+    chunked = fz.embed_words(texts), fz.embed_sentences(texts), fz.embed_words(texts, pairs)
+    for a, b in zip(chunked[0] + chunked[2], whole[0] + whole[2], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_allclose(chunked[1], whole[1], atol=1e-5)
+    with pytest.raises(ValueError, match="text 9 is empty"):  # the index in the call, not in its chunk
+        fz.embed_words(texts[:9] + [""] + texts[10:])
+    monkeypatch.undo()  # the real rule again; it reads the runtime's device
+    fz.runtime.device = torch.device("cuda")
+    try:
+        assert fz._overlaps_tokenization(F.OVERLAP_CHUNK_TEXTS + 1) and not fz._overlaps_tokenization(10)
+    finally:
+        fz.runtime.device = torch.device("cpu")
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="layer 7 is out of range: the model has layers 0..6"):
         Featurizer("minilm", layers=7)

@@ -16,6 +16,7 @@ import copy
 import os
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +42,8 @@ from ctxrep.sentence_similarity import normalize_rows
 
 POOLINGS = ("first", "last", "mean", "first_last")
 SENTENCE_POOLINGS = ("mean", "cls", "model", "auto")
+# On CUDA, a call of more texts is tokenized in chunks of this many, the next one while the device runs this one.
+OVERLAP_CHUNK_TEXTS = 4096
 
 
 @dataclass
@@ -246,22 +249,18 @@ class Featurizer:
         return [Alignment(w, p.tokens, p.word_ids) for w, p in zip(words, pieces)]
 
     def _windows(
-        self, texts: Sequence[Text], text_pairs: Sequence[Text] | None
+        self, words_a: list[list[str]], words_b: list[list[str]] | None
     ) -> tuple[list[EncoderInput], list[int]]:
-        texts = as_list(texts)
+        """The windows of checked word lists (`words_of`), each text's alone or paired with words_b's, and each
+        text's word count."""
         if self.tokenizer.word_level:
             self.tokenizer.reset()  # number only this call's words: memory stays bounded over a corpus
-        words_a = [words_of(t, i) for i, t in enumerate(texts)]
-        if text_pairs is None:
+        if words_b is None:
             pieces = self.tokenizer.encode_words(words_a)
             windows = [w for i, p in enumerate(pieces) for w in self.plan.single(i, p)]
             return windows, [len(w) for w in words_a]
-        text_pairs = as_list(text_pairs)
-        if len(text_pairs) != len(texts):
-            raise ValueError(f"got {len(texts)} texts but {len(text_pairs)} text_pairs; give one pair text per text")
-        words_b = [words_of(t, i) for i, t in enumerate(text_pairs)]
         pieces = self.tokenizer.encode_words(words_a + words_b)
-        n = len(texts)
+        n = len(words_a)
         windows = [self.plan.pair(i, pieces[i], pieces[n + i]) for i in range(n)]
         return windows, [pieces[i].num_words + pieces[n + i].num_words for i in range(n)]
 
@@ -366,8 +365,7 @@ class Featurizer:
         With `text_pairs`, text i is encoded together with text_pairs[i] ([CLS] A [SEP] B [SEP]) and its
         array holds A's words, then B's.
         """
-        windows, counts = self._windows(texts, text_pairs)
-        words, _ = self._run(windows, counts, want_words=True, want_cls=False)
+        words = self._encode(texts, text_pairs, "words")
         return [w[:, 0] if self.single_layer else w for w in words]
 
     def embed_sentences(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None = None) -> np.ndarray:
@@ -377,36 +375,79 @@ class Featurizer:
         one window, the average over its windows).
         """
         if self.sentence_pooling == "model":
-            out = self._embed_sentences_model(texts, text_pairs)
-            return normalize_rows(out) if self.normalize else out
-        windows, counts = self._windows(texts, text_pairs)
-        if self.sentence_pooling == "cls":
-            _, cls = self._run(windows, counts, want_words=False, want_cls=True)
-            out = cls
+            out = self._encode(texts, text_pairs, "model")  # the folder's Pooling (+ Normalize)
+        elif self.sentence_pooling == "cls":
+            out = self._encode(texts, text_pairs, "cls")
         else:
-            words, _ = self._run(windows, counts, want_words=True, want_cls=False)
+            words = self._encode(texts, text_pairs, "words")
             out = np.stack([w.mean(axis=0) for w in words]) if words else np.zeros((0, 1, self.dim), np.float32)
-        out = normalize_rows(out) if self.normalize else out  # (texts, layers, dim): each layer's vector
-        return out[:, 0] if self.single_layer else out
+        out = out[:, 0] if self.single_layer else out
+        return normalize_rows(out) if self.normalize else out  # each layer's vector unit length
 
-    def _embed_sentences_model(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None) -> np.ndarray:
-        """sentence_pooling="model": the folder's Pooling (+ Normalize) over token weights from `_token_weights`."""
-        if text_pairs is None:
-            windows, counts, weights = self._token_weights(texts)
-        else:  # a pair is one window: every position of it counts once
-            windows, counts = self._windows(texts, text_pairs)
-            weights = [np.ones(len(w), dtype=np.float32) for w in windows]
+    def _encode(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None, want: str):
+        """Every text's result for `want`: "words" (a list of (words, layers, dim) arrays), "cls" or "model" (one
+        (texts, layers, width) array). Every text is checked first, so errors name its index in the call.
+
+        On CUDA a call of more than OVERLAP_CHUNK_TEXTS texts is cut into chunks of that many, and a thread
+        tokenizes the next chunk while the device encodes this one (`tokenizers` releases the GIL); a chunk's
+        windows are batched among themselves, and batching never changes a vector."""
+        words_a = [words_of(t, i) for i, t in enumerate(as_list(texts))]
+        words_b = None
+        if text_pairs is not None:
+            words_b = [words_of(t, i) for i, t in enumerate(as_list(text_pairs))]
+            if len(words_b) != len(words_a):
+                raise ValueError(f"got {len(words_a)} texts but {len(words_b)} text_pairs; give one pair text per text")
+        n, step = len(words_a), OVERLAP_CHUNK_TEXTS
+        chunks = [slice(i, i + step) for i in range(0, n, step)] if self._overlaps_tokenization(n) else [slice(0, n)]
+
+        def prepare(chunk: slice):
+            return self._prepare(words_a[chunk], None if words_b is None else words_b[chunk], want)
+
+        if len(chunks) == 1:
+            results = [self._finish(prepare(chunks[0]), want)]
+        else:
+            results = []
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxrep-tokenize") as tokenizer_thread:
+                ahead = tokenizer_thread.submit(prepare, chunks[0])
+                for k in range(len(chunks)):
+                    prepared = ahead.result()
+                    if k + 1 < len(chunks):
+                        ahead = tokenizer_thread.submit(prepare, chunks[k + 1])
+                    results.append(self._finish(prepared, want))
+        if want == "words":
+            return [w for chunk in results for w in chunk]
+        return results[0] if len(results) == 1 else np.concatenate(results)
+
+    def _overlaps_tokenization(self, num_texts: int) -> bool:
+        """A fixed rule: on CUDA (the host would otherwise leave the device idle while it tokenizes), for a call of
+        more than OVERLAP_CHUNK_TEXTS texts, and not for ELMo (its word numbering is reset per call)."""
+        return self.runtime.device.type == "cuda" and not self.model.word_level and num_texts > OVERLAP_CHUNK_TEXTS
+
+    def _prepare(self, words_a: list[list[str]], words_b: list[list[str]] | None, want: str):
+        """(windows, word counts, token weights or None) of checked word lists: the tokenizing half of `_encode`."""
+        if want == "model" and words_b is None:
+            return self._token_weights(words_a)
+        windows, counts = self._windows(words_a, words_b)
+        if want != "model":
+            return windows, counts, None
+        return windows, counts, [np.ones(len(w), dtype=np.float32) for w in windows]  # a pair is one window
+
+    def _finish(self, prepared, want: str):
+        """Run the windows of one `_prepare` and pool them as `want` asks: the encoding half of `_encode`."""
+        windows, counts, weights = prepared
+        if want == "words":
+            return self._run(windows, counts, want_words=True, want_cls=False)[0]
+        if want == "cls":
+            return self._run(windows, counts, want_words=False, want_cls=True)[1]
         n_layers = 1 if self.single_layer else len(self.layer_indices)
         pooler = TokenPooler(self.model_pooling, len(counts), n_layers, self.model.hidden_size)
         self._run(windows, counts, want_words=False, want_cls=False, tokens=(pooler, weights))
-        out = pooler.result()  # (texts, layers, width)
-        return out[:, 0] if self.single_layer else out
+        return pooler.result()  # (texts, layers, width)
 
-    def _token_weights(self, texts: Sequence[Text]) -> tuple[list[EncoderInput], list[int], list[np.ndarray]]:
-        """The windows of `texts` (as `_windows` cuts them), the texts' word counts, and one weight per position of
+    def _token_weights(self, words: list[list[str]]) -> tuple[list[EncoderInput], list[int], list[np.ndarray]]:
+        """The windows of the checked word lists (as `_windows` cuts them), their word counts, and one weight per position of
         each window: 1 for a piece of a word the window owns, 0 for the other pieces (another window answers for
         them), 1 / (the text's number of windows) for a special token. One window: every position weighs 1."""
-        words = [words_of(t, i) for i, t in enumerate(as_list(texts))]
         offset = self.tokenizer.build_inputs([])[2]  # special tokens before the text's first piece
         windows, weights = [], []
         for i, pieces in enumerate(self.tokenizer.encode_words(words)):
