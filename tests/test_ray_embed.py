@@ -101,6 +101,27 @@ def test_engine_ray_writes_the_one_process_folder(local_ray, corpus, tmp_path):
     assert len(vectors) == 17 and vectors.words(3) == TEXTS[3].split() and vectors.line(3) == 4
 
 
+def test_a_corpus_streams_through_the_actor_pool_in_runs_of_shards(local_ray, corpus, tmp_path, monkeypatch):
+    """The driver holds SHARDS_PER_RUN shards at a time, never the whole corpus: 5 shards in runs of 2, 2 and 1."""
+    import ctxrep.ray_embed as R
+
+    src, one = corpus
+    monkeypatch.setattr(R, "SHARDS_PER_RUN", 2)
+    lines: list[str] = []
+    out = tmp_path / "ray"
+    summary = embed_with_ray(
+        EmbedJob(str(src), str(out), shard_size=4, layers="all"), actors=2, show_progress=False, log=lines.append
+    )
+    runs = [line for line in lines if line.startswith("embedding ")]
+    assert [r.split(" with ")[0] for r in runs] == [
+        "embedding 8 texts in 2 shards",
+        "embedding 8 texts in 2 shards",
+        "embedding 1 texts in 1 shards",
+    ]
+    assert summary.texts == 17 and summary.shards == 5
+    _same(one, out)
+
+
 class DyingEmbedder(RayEmbedder):
     """Kills its own process (SIGKILL) the first time it sees text 9, as a crashed or pre-empted worker would."""
 

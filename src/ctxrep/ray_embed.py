@@ -47,6 +47,10 @@ from ctxrep.embed_corpus import (
 )
 from ctxrep.progress import progress
 
+# Shards the driver holds and sends through the actor pool at a time (64 x 2,000 texts by default): a corpus of any
+# size streams through in runs of this many, each its own Ray Data execution.
+SHARDS_PER_RUN = 64
+
 
 def _require_ray():
     try:
@@ -252,31 +256,23 @@ def embed_with_ray(
     if job.device is not None:
         options["device"] = job.device
 
-    # the driver reads the input and cuts the shards one process would write; the shards done already are skipped
+    # The driver reads the input lazily and cuts the shards one process would write (the shards done already are
+    # skipped); SHARDS_PER_RUN of them at a time go through the actor pool, so the driver never holds the corpus.
+    from ray.data import DataContext
+
+    DataContext.get_current().execution_options.preserve_order = True  # rows come back in input order
     run.say_resuming()
-    blocks, expected = [], {}  # shard -> (first text, texts)
-    reading, stream, records = open_records(job, show_progress=False, log=log)
-    try:
-        for k, first, shard_records in _shards_of(records, job.shard_size):
-            run.seen = k + 1
-            if k in run.done:
-                continue
-            expected[k] = (first, len(shard_records))
-            blocks.append(_shard_table(first, shard_records))
-    finally:
-        reading.close()
-        if stream is not None:
-            stream.close()
-    if blocks:
-        texts_total = sum(n for _, n in expected.values())
+    bar = progress(unit="texts", desc="embed (ray)", enabled=show_progress)
+    run.bar = bar
+
+    def embed_group(group: list[tuple[int, int, list[Record]]]) -> None:
+        expected = {k: (first, len(records)) for k, first, records in group}  # shard -> (first text, texts)
+        texts = sum(n for _, n in expected.values())
         log(
-            f"embedding {texts_total:,} texts in {len(blocks)} shards with {actors} Ray actors "
+            f"embedding {texts:,} texts in {len(group)} shards with {actors} Ray actors "
             f"({cpus_per_actor} CPU{f', {gpus_per_actor} GPU' if gpus_per_actor else ''} each)"
         )
-        from ray.data import DataContext
-
-        DataContext.get_current().execution_options.preserve_order = True  # rows come back in input order
-        ds = ray.data.from_arrow(blocks).map_batches(
+        ds = ray.data.from_arrow([_shard_table(first, records) for _, first, records in group]).map_batches(
             embedder,
             fn_constructor_kwargs=options,
             batch_format="pyarrow",
@@ -285,18 +281,32 @@ def embed_with_ray(
             num_cpus=cpus_per_actor,
             num_gpus=gpus_per_actor or None,
         )
-        bar = progress(total=texts_total, unit="texts", desc="embed (ray)", enabled=show_progress)
-        run.bar = bar
-        try:
-            for k, rows in _shards_back(ds.iter_batches(batch_format="pyarrow", batch_size=None), expected):
-                vectors, index, row_shape = _shard_arrays(rows, job.level)
-                run.record(k, write_arrays(vectors, index, k, expected[k][1], job.storage, run.out), row_shape)
-                bar.update(expected[k][1])
-        except BaseException:
-            bar.disable = True
-            raise
-        finally:
-            bar.close()
+        for k, rows in _shards_back(ds.iter_batches(batch_format="pyarrow", batch_size=None), expected):
+            vectors, index, row_shape = _shard_arrays(rows, job.level)
+            run.record(k, write_arrays(vectors, index, k, expected[k][1], job.storage, run.out), row_shape)
+            bar.update(expected[k][1])
+
+    reading, stream, records = open_records(job, show_progress=False, log=log)
+    try:
+        group = []
+        for k, first, shard_records in _shards_of(records, job.shard_size):
+            run.seen = k + 1
+            if k in run.done:
+                continue
+            group.append((k, first, shard_records))
+            if len(group) == SHARDS_PER_RUN:
+                embed_group(group)
+                group = []
+        if group:
+            embed_group(group)
+    except BaseException:
+        bar.disable = True
+        raise
+    finally:
+        bar.close()
+        reading.close()
+        if stream is not None:
+            stream.close()
     return run.finish()
 
 
