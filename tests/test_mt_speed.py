@@ -1,6 +1,6 @@
-"""Decoding speed work (issue 23 section 5): the reused logits buffer, the blocks of rows, the chunked top-k and the
-in-place decoder change no output (greedy, beam search and n-best scores equal a plain reference search bit for
-bit), and int8 decoding (`quantize_translator`, `mt translate --precision int8`) mostly agrees with float32."""
+"""Decoding speed work (issue 23 section 5): the reused logits buffer, the chunked top-k and the in-place decoder
+change no output (greedy, beam search and n-best scores equal a plain reference search bit for bit), and int8
+decoding (`quantize_translator`, `mt translate --precision int8`) mostly agrees with float32."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import copy
 import pytest
 import torch
 
-import ctxrep.translate.search as search
 from ctxrep.fast import Int8Linear
 from ctxrep.models.marian import MarianConfig, MarianMTModel
 from ctxrep.translate.search import _row_argmax, _row_topk, beam_search, greedy_search, max_lengths, quantize_translator
@@ -260,11 +259,9 @@ def wide_model() -> MarianMTModel:
 
 
 @pytest.mark.parametrize("which", ["trained", "wide"])
-def test_searches_equal_a_plain_reference_bit_for_bit(model, wide_model, which, monkeypatch):
-    """Texts and n-best scores equal the plain search exactly (==, not approximately), with the logits split into
-    blocks of 16 rows, so that a step runs several blocks (equal-size blocks: none below 8 rows)."""
+def test_searches_equal_a_plain_reference_bit_for_bit(model, wide_model, which):
+    """Texts and n-best scores equal the plain search exactly (==, not approximately)."""
     m = model if which == "trained" else wide_model
-    monkeypatch.setattr(search, "BLOCK_BYTES", 4 * m.config.vocab_size * 16)
     ids, mask = sources(13, seed=5)
     expected = _reference_greedy(m, ids, mask, max_len_b=14)
     assert greedy_search(m, ids, mask, max_len_a=0, max_len_b=14) == expected

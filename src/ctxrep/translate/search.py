@@ -64,13 +64,6 @@ def max_lengths(model: MarianMTModel, src_mask: torch.Tensor, max_len_a: float, 
     return limit.clamp(min=1, max=model.max_tokens)
 
 
-# Rows of the output projection handled at a time: one block's logits (about 4 MB) stay in the CPU's cache through
-# the projection, log_softmax and the top-k. All rows at once (1,500 beams x 8,000 tokens, 48 MB) go through memory
-# three to five times a step (projection, log_softmax's passes, top-k): on the ten-minute model that traffic cost
-# more than the products. Every row is computed as before (the same kernels on fewer rows), so the outputs are too.
-BLOCK_BYTES = 4 << 20
-
-
 # The top-k of a row of logits goes by chunks of CHUNK tokens: the k largest values of a row lie in the k chunks
 # with the largest maxima (each of those maxima is a distinct value at least as large as any value outside them),
 # so a fast max over each chunk and a top-k over k * CHUNK values replace torch's top-k over the whole row (a partial
@@ -115,40 +108,31 @@ def _row_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 class _NextToken:
-    """The decoder's next-token choices for the last tokens (rows, 1), computed one block of rows at a time
-    (BLOCK_BYTES) into one logits buffer reused by every step of a search: `argmax` for greedy search, `top` for
-    beam search (the k best log-probabilities of each row)."""
+    """The decoder's next-token choices for the last tokens (rows, 1): `argmax` for greedy search, `top` for beam
+    search (the k best log-probabilities of each row). The logits go into one (rows, vocab) buffer reused by every
+    step of a search (rows only shrink): a fresh (rows, vocab) tensor per step, 48 MB for 1,500 beams x 8,000
+    tokens, costs page faults as long as the projection itself, and so does log_softmax's output. (Projecting
+    blocks of rows that stay in the cache through log_softmax and the top-k measured no faster end to end, at
+    one thread, and slower at two threads on a loaded machine: more, smaller operations.)"""
 
     def __init__(self, model: MarianMTModel) -> None:
         self.model = model
         self.vocab = model.output_weight().shape[0]
-        self.block = max(8, BLOCK_BYTES // (4 * self.vocab))  # rows per block
         self.buffer: torch.Tensor | None = None
 
-    def _blocks(self, last: torch.Tensor, cache):
-        """(start, end, logits (end - start, vocab)) per block of rows; the logits are the buffer's, overwritten
-        by the next block."""
+    def _logits(self, last: torch.Tensor, cache) -> torch.Tensor:
         states = self.model.decode(last, cache, project=False).last_hidden_state[:, -1]  # (rows, d_model)
         rows = states.shape[0]
-        # Blocks of equal size (give or take a row), so that none is smaller than half a block unless all rows
-        # are one block: a product over a few rows (here 5 or fewer) runs another kernel, which rounds differently.
-        count = -(-rows // self.block)
-        bounds = [rows * i // count for i in range(count + 1)]
-        if self.buffer is None or self.buffer.dtype != states.dtype:
-            self.buffer = states.new_empty(min(rows, self.block), self.vocab)  # rows only shrink in a search
-        for a, b in zip(bounds, bounds[1:]):
-            out = self.buffer[: b - a] if b - a <= self.buffer.shape[0] else None
-            yield a, b, self.model.project(states[a:b], out=out)  # (b - a, vocab)
+        if self.buffer is None or self.buffer.shape[0] < rows or self.buffer.dtype != states.dtype:
+            self.buffer = states.new_empty(rows, self.vocab)
+        return self.model.project(states, out=self.buffer[:rows])  # (rows, vocab), a prefix of the buffer
 
     def argmax(self, last: torch.Tensor, cache) -> torch.Tensor:
         """(rows,) the most probable next token of each row (the first of equal maxima), pad banned: the argmax
         of the logits, with no softmax."""
-        pad = self.model.config.pad_token_id
-        best = last.new_empty(last.shape[0])
-        for a, b, logits in self._blocks(last, cache):
-            logits[:, pad] = float("-inf")
-            best[a:b] = _row_argmax(logits)
-        return best
+        logits = self._logits(last, cache)
+        logits[:, self.model.config.pad_token_id] = float("-inf")
+        return _row_argmax(logits)
 
     def top(
         self, last: torch.Tensor, cache, k: int, at_max: torch.Tensor, forced_eos_scores_zero: bool = False
@@ -157,21 +141,16 @@ class _NextToken:
         on at_max rows (keeping its log-probability, or 0 as transformers scores it; their other k - 1 entries
         are -inf)."""
         c = self.model.config
-        rows = last.shape[0]
-        values = torch.empty(rows, k, device=last.device)  # float32 log-probabilities, as log_softmax's
-        indices = last.new_empty(rows, k)
-        eos = torch.empty(rows, device=last.device)  # log P(</s>) of each row
-        for a, b, logits in self._blocks(last, cache):
-            if logits.dtype == torch.float32:
-                log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: a row-wise kernel
-            else:
-                log_probs = logits.float().log_softmax(dim=-1)
-            log_probs[:, c.pad_token_id] = float("-inf")
-            eos[a:b] = log_probs[:, c.eos_token_id]
-            values[a:b], indices[a:b] = _row_topk(log_probs, k)
+        logits = self._logits(last, cache)
+        if logits.dtype == torch.float32:
+            log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: a row-wise kernel, the same numbers
+        else:
+            log_probs = logits.float().log_softmax(dim=-1)
+        log_probs[:, c.pad_token_id] = float("-inf")
+        values, indices = _row_topk(log_probs, k)
         if bool(at_max.any()):
             values[at_max] = float("-inf")
-            values[at_max, 0] = 0.0 if forced_eos_scores_zero else eos[at_max]
+            values[at_max, 0] = 0.0 if forced_eos_scores_zero else log_probs[at_max, c.eos_token_id]
             indices[at_max, 0] = c.eos_token_id
         return values, indices
 
