@@ -471,7 +471,7 @@ def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "
     """Texts to index or queries: a plain text file (one text per line, ids = line numbers) or a CSV / TSV / JSONL
     file with a text column and optionally an id column (ctxrep.data.table's formats). A missing column, an empty
     text or a repeated id stops with `FILE:LINE: what is wrong`."""
-    from ctxrep.data.table import _field, _table, _text, detect_format, numbered_lines
+    from ctxrep.data.table import detect_format, field_of, numbered_lines, table_rows, text_of
 
     path = Path(path)
     if format is None:
@@ -488,13 +488,13 @@ def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "
             out.ids.append(line)
             out.lines.append(line)
     else:
-        columns, rows = _table(path, format)
+        columns, rows = table_rows(path, format)
         first_line: dict = {}
         for line, row in rows:
-            value = _field(path, line, row, columns, text_column, "--text-column")
-            text = _text(path, line, value, "--text-column", text_column)
+            value = field_of(path, line, row, columns, text_column, "--text-column")
+            text = text_of(path, line, value, "--text-column", text_column)
             if id_column is not None:
-                value = _field(path, line, row, columns, id_column, "--id-column")
+                value = field_of(path, line, row, columns, id_column, "--id-column")
                 if isinstance(value, str):
                     value = value.strip()
                 if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ctxrep.data.table import TaskData, _field, _table, _text, detect_format, numbered_lines, numeric_score
+from ctxrep.data.table import TaskData, detect_format, field_of, numbered_lines, numeric_score, table_rows, text_of
 
 FORMATS = ("csv", "tsv", "jsonl", "text", "sts")
 OPTIONS = ("--text-column", "--text-pair-column", "--negative-column")
@@ -62,16 +62,16 @@ def read_sentence_examples(
         columns = list(columns or ["text"])
         if len(columns) > len(OPTIONS):
             raise ValueError(f"at most {len(OPTIONS)} text columns (anchor, positive, negative), got {len(columns)}")
-        header, rows = _table(path, format)
+        header, rows = table_rows(path, format)
         for line, row in rows:
             texts = tuple(
-                _text(path, line, _field(path, line, row, header, spec, option), option, spec)
+                text_of(path, line, field_of(path, line, row, header, spec, option), option, spec)
                 for spec, option in zip(columns, OPTIONS)
             )
             data.X.append(texts)
             data.lines.append(line)
             if score_column is not None:
-                value = _field(path, line, row, header, score_column, "--score-column")
+                value = field_of(path, line, row, header, score_column, "--score-column")
                 data.y.append(_score(path, line, value, score_column))
         if score_column is None:
             data.y = None

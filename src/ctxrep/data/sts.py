@@ -59,7 +59,7 @@ def _score(value: str, source: str, line: int, column: str) -> float:
     return score
 
 
-def _text(value: str, source: str, line: int, which: str) -> str:
+def text_of(value: str, source: str, line: int, which: str) -> str:
     text = value.strip()
     if not text:
         raise ValueError(f"{source}:{line}: {which} is empty; every pair needs two sentences")
@@ -93,8 +93,8 @@ def read_sts(path: str | Path, layout: str | None = None) -> list[ScoredPair]:
                 )
             pairs.append(
                 ScoredPair(
-                    _text(fields[5], source, number, "sentence1"),
-                    _text(fields[6], source, number, "sentence2"),
+                    text_of(fields[5], source, number, "sentence1"),
+                    text_of(fields[6], source, number, "sentence2"),
                     _score(fields[4], source, number, "score"),
                     number,
                     genre=fields[0],
@@ -127,8 +127,8 @@ def read_sts(path: str | Path, layout: str | None = None) -> list[ScoredPair]:
                 )
             pairs.append(
                 ScoredPair(
-                    _text(fields[a], source, number, names[0]),
-                    _text(fields[b], source, number, names[1]),
+                    text_of(fields[a], source, number, names[0]),
+                    text_of(fields[b], source, number, names[1]),
                     _score(fields[s], source, number, names[2]),
                     number,
                     label=fields[label] if label is not None else None,

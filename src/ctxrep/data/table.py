@@ -154,7 +154,8 @@ def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
         raise ValueError(f"{path}:{reader.line_num}: {e}; check the quoting (or give --format tsv)") from None
 
 
-def _table(path: Path, format: str) -> tuple[_Columns | None, Iterator[tuple[int, Any]]]:
+def table_rows(path: Path, format: str) -> tuple[_Columns | None, Iterator[tuple[int, Any]]]:
+    """The header's columns (None for JSONL) and the (line, row) pairs of a CSV, TSV or JSONL file, read lazily."""
     rows = _rows(path, format)
     if format == "jsonl":
         return None, rows
@@ -164,7 +165,7 @@ def _table(path: Path, format: str) -> tuple[_Columns | None, Iterator[tuple[int
     return _Columns([h.strip() for h in first[1]], str(path), first[0], format), rows
 
 
-def _field(path: Path, line: int, row: Any, columns: _Columns | None, spec: str | int, option: str) -> Any:
+def field_of(path: Path, line: int, row: Any, columns: _Columns | None, spec: str | int, option: str) -> Any:
     """One value of a row: by header position (csv / tsv) or field name (jsonl)."""
     if columns is None:
         key = str(spec)
@@ -183,7 +184,8 @@ def _field(path: Path, line: int, row: Any, columns: _Columns | None, spec: str 
     return row[i]
 
 
-def _text(path: Path, line: int, value: Any, option: str, spec: str | int) -> str:
+def text_of(path: Path, line: int, value: Any, option: str, spec: str | int) -> str:
+    """`value` as the text of one example, or a one-line error naming file:line and the column (`option`, `spec`)."""
     if not isinstance(value, str):
         raise ValueError(f"{path}:{line}: the {spec!r} column ({option}) should hold text, found {value!r}")
     if not value.split():
@@ -236,18 +238,18 @@ def read_labelled_texts(
     format = detect_format(path, format)
     if format == "conll":
         raise ValueError(f"{path}: a CoNLL column file holds tagged words, not labelled texts; use --task tag")
-    columns, rows = _table(path, format)
+    columns, rows = table_rows(path, format)
     data = TaskData([], [], [], str(path))
     for line, row in rows:
-        text = _text(
-            path, line, _field(path, line, row, columns, text_column, "--text-column"), "--text-column", text_column
+        text = text_of(
+            path, line, field_of(path, line, row, columns, text_column, "--text-column"), "--text-column", text_column
         )
         if text_pair_column is not None:
-            pair = _field(path, line, row, columns, text_pair_column, "--text-pair-column")
-            text = (text, _text(path, line, pair, "--text-pair-column", text_pair_column))
+            pair = field_of(path, line, row, columns, text_pair_column, "--text-pair-column")
+            text = (text, text_of(path, line, pair, "--text-pair-column", text_pair_column))
         label = None
         if label_column is not None:
-            label = _label(path, line, _field(path, line, row, columns, label_column, "--label-column"), label_column)
+            label = _label(path, line, field_of(path, line, row, columns, label_column, "--label-column"), label_column)
         data.X.append(text)
         data.y.append(label)
         data.lines.append(line)
@@ -314,8 +316,8 @@ def read_tagged(
     data = TaskData([], [], [], str(path))
     if format == "jsonl":
         for line, row in _rows(path, "jsonl"):
-            words = _field(path, line, row, None, word_column, "--word-column")
-            tags = _field(path, line, row, None, tag_column, "--tag-column")
+            words = field_of(path, line, row, None, word_column, "--word-column")
+            tags = field_of(path, line, row, None, tag_column, "--tag-column")
             for what, value, option in (("words", words, "--word-column"), ("tags", tags, "--tag-column")):
                 if not isinstance(value, list) or not value:
                     raise ValueError(
@@ -411,17 +413,17 @@ def read_questions(
     for line, row in _rows(path, "jsonl"):
         if "data" in row and "version" in row:
             raise ValueError(f"{path}:{line}: this is a SQuAD JSON document, not JSONL; read it with --task squad")
-        question = _text(
+        question = text_of(
             path,
             line,
-            _field(path, line, row, None, question_column, "--question-column"),
+            field_of(path, line, row, None, question_column, "--question-column"),
             "--question-column",
             question_column,
         )
-        context = _text(
+        context = text_of(
             path,
             line,
-            _field(path, line, row, None, context_column, "--context-column"),
+            field_of(path, line, row, None, context_column, "--context-column"),
             "--context-column",
             context_column,
         )
@@ -430,7 +432,7 @@ def read_questions(
             data.y.append(None)
             data.lines.append(line)
             continue
-        answers = _answers(path, line, _field(path, line, row, None, answers_column, "--answers-column"), context)
+        answers = _answers(path, line, field_of(path, line, row, None, answers_column, "--answers-column"), context)
         if not answers:
             skipped += 1
             continue
