@@ -392,6 +392,7 @@ def test_the_padding_share_chooses_the_path(tmp_path):
     assert model.packing(much) is None
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")  # export.py's exporter still traces
 def test_traced_graphs_run_padded(tmp_path):
     """A graph traced on a batch with much padding serves other shapes and other padding: tracing takes the padded
     path (whether to pack is data, which a trace would freeze)."""
