@@ -257,7 +257,8 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()  # (out, in)
         smooth = smoothquant_scales(weight, input_absmax, alpha)
-        self.register_buffer("inv_smooth", 1 / smooth)  # (in,)
+        # (in,); None without calibration (every s_j = 1): no pass over the activations to multiply them by one
+        self.register_buffer("inv_smooth", None if input_absmax is None else 1 / smooth)
         weight = weight * smooth  # (out, in), column j scaled by s_j
         scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127  # (out,)
         zero = torch.zeros(self.out_features, dtype=torch.long)
@@ -270,9 +271,8 @@ class Int8Linear(nn.Module):
         self.reduce_range = not full_range_is_exact()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(
-            x.float() * self.inv_smooth, self._packed, reduce_range=self.reduce_range
-        )
+        scaled = x.float() if self.inv_smooth is None else x.float() * self.inv_smooth
+        y = torch.ops.quantized.linear_dynamic(scaled, self._packed, reduce_range=self.reduce_range)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -410,15 +410,6 @@ def translate(
     return [None if f is None else f[0][0] for f in found]
 
 
-class _UnsmoothedInt8Linear(Int8Linear):
-    """fast.Int8Linear with no SmoothQuant calibration (every scale 1): the same product, without first
-    multiplying every input by its all-ones 1 / s (a pass over the activations per call, 6% of int8 beam search)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.quantized.linear_dynamic(x.float(), self._packed, reduce_range=self.reduce_range)
-        return y.to(x.dtype)
-
-
 def quantize_translator(model: MarianMTModel) -> MarianMTModel:
     """A copy of `model` (eval mode) that decodes in int8: every nn.Linear of the encoder and decoder becomes
     ctxrep.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call), and so does
@@ -426,13 +417,10 @@ def quantize_translator(model: MarianMTModel) -> MarianMTModel:
     No SmoothQuant calibration (fast.quantize_int8 with no batches: every smoothing scale is 1), as CTranslate2's
     compute_type="int8" quantizes weights per row and activations on the fly. CPU only."""
     keep = ("lm_head",) if model.lm_head is not None else ()  # projected by int8_projection below instead
-    quantized = quantize_int8(model, [], keep_float=keep)
-    for module in quantized.modules():
-        if type(module) is Int8Linear and bool((module.inv_smooth == 1).all()):
-            module.__class__ = _UnsmoothedInt8Linear  # the same weights and packing, a forward without the scales
+    quantized = quantize_int8(model, [], keep_float=keep)  # uncalibrated: no smoothing pass per call
     weight = model.output_weight().detach().float()  # (target vocab, d_model)
     projection = nn.Linear(weight.shape[1], weight.shape[0], device="meta")  # no RNG draw, no allocation
     projection.weight = nn.Parameter(weight)
     projection.bias = nn.Parameter(model.final_logits_bias[0].detach().float().clone())
-    quantized.int8_projection = _UnsmoothedInt8Linear(projection)
+    quantized.int8_projection = Int8Linear(projection)
     return quantized
