@@ -847,34 +847,17 @@ def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None
 
 
 def load_shards(out_dir: str | os.PathLike) -> tuple[np.ndarray, list[dict]]:
-    """All vectors and index rows of an `ctxrep embed` output folder, in memory (for tests and small outputs)."""
-    out = Path(out_dir)
-    manifest = json.loads((out / "manifest.json").read_text())
-    vectors, index = [], []
-    for shard in manifest["shards"]:
-        file = out / shard["file"]
-        if file.suffix == ".safetensors":
-            from safetensors.numpy import load_file
+    """All vectors and index rows (as dicts) of an `ctxrep embed` output folder, in memory, through
+    `ctxrep.load_vectors` (the reader for users: it maps the shards instead); for tests and small outputs."""
+    from ctxrep.vectors import load_vectors
 
-            vectors.append(load_file(str(file))["vectors"])
-        else:
-            vectors.append(np.load(file))
-        with open(out / shard["index"], encoding="utf-8") as f:
-            header = f.readline().rstrip("\n").split("\t")
-            for line in f:
-                values = line.rstrip("\n").split("\t")
-                row = dict(zip(header, values))
-                index.append(
-                    {
-                        "text": int(row["text"]),
-                        "line": int(row["line"]),
-                        "word": int(row["word"]),
-                        "token": row["token"],
-                    }
-                )
-    if vectors:
-        return np.concatenate(vectors), index
-    return np.zeros((0, *(manifest.get("row_shape") or [manifest["dim"]])), np.float32), index
+    vectors = load_vectors(out_dir)
+    index = vectors.index()
+    rows = [
+        {"text": int(t), "line": int(line), "word": int(w), "token": token}
+        for t, line, w, token in zip(index.text, index.line, index.word, index.token)
+    ]
+    return vectors.array, rows
 
 
 __all__ = [
