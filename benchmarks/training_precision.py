@@ -26,7 +26,10 @@ Useful work, padding not counted:
              `train`), without model loading and tokenization
   MLM step   benchmarks/pretrain_throughput.py's count: 6 x encoder weights per token, attention, and the MLM head
              on the masked positions only
-MFU = achieved FLOP/s / the measured peak of the precision the matmuls ran at (bf16 autocast: the bfloat16 peak).
+MFU = achieved FLOP/s / the measured peak of the precision the matmuls ran at (bf16 autocast: the bfloat16 peak),
+measured under the same load as the row: right before and after a fit (their mean), after every step of the steps
+taken in turns (their median). A peak measured once at the start put a quiet machine's steps at 160% of a loaded
+machine's peak.
 
 Checks: |bf16-trained accuracy - float32-trained accuracy| <= 0.5 points (the condition for `ctxrep finetune
 --precision auto` choosing bf16 autocast where the CPU has it), and |int8 accuracy - float32 accuracy| <= 0.5 points.
@@ -198,6 +201,7 @@ def paired_finetune_steps(estimator: SequenceClassifier, train, args) -> dict[st
     networks = {name: copy.deepcopy(estimator.model_).train() for name in DTYPES}
     optimizers = {name: loop.make_optimizer(network, settings) for name, network in networks.items()}
     times: dict[str, list[float]] = {name: [] for name in DTYPES}
+    peaks: dict[str, list[float]] = {name: [] for name in DTYPES}
     tokens = 0
     for i, rows in enumerate(batches):
         batch = estimator._batch([records[j] for j in rows], call)
@@ -212,6 +216,7 @@ def paired_finetune_steps(estimator: SequenceClassifier, train, args) -> dict[st
             optimizer.step()
             if i:
                 times[name].append(time.perf_counter() - t0)
+                peaks[name].append(matmul_peak(DTYPES[name], args.peak_size, 1))  # the peak under the same load
         tokens += sum(lengths[j] for j in rows) if i else 0
     forward = flops_per_token(estimator.backbone_.model, float(np.mean(lengths)))
     results = {}
@@ -222,6 +227,7 @@ def paired_finetune_steps(estimator: SequenceClassifier, train, args) -> dict[st
             "steps": len(spent),
             "tokens_per_s": tokens / seconds,
             "gflops": 3 * forward * tokens / seconds / 1e9,
+            "peak_gflops": float(np.median(peaks[name])),
         }
     return results
 
@@ -282,6 +288,7 @@ def mlm_steps(args, out: Path) -> dict[str, dict]:
     trainers = {name: mlm_trainer(name == "bf16", args, out / name) for name in DTYPES}
     times: dict[str, list[float]] = {name: [] for name in DTYPES}
     masked: dict[str, list[float]] = {name: [] for name in DTYPES}
+    peaks: dict[str, list[float]] = {name: [] for name in DTYPES}
     last = {}
     for i in range(args.pretrain_warmup + args.pretrain_steps):
         for name in DTYPES if i % 2 == 0 else reversed(DTYPES):
@@ -290,6 +297,7 @@ def mlm_steps(args, out: Path) -> dict[str, dict]:
             if i >= args.pretrain_warmup:
                 times[name].append(time.perf_counter() - t0)
                 masked[name].append(last[name].metrics["masked_tokens"])
+                peaks[name].append(matmul_peak(DTYPES[name], args.peak_size, 1))
     results = {}
     for name in DTYPES:
         step_s = float(np.median(times[name]))
@@ -301,6 +309,7 @@ def mlm_steps(args, out: Path) -> dict[str, dict]:
             "flops_per_step": flops,
             "gflops": flops / step_s / 1e9,
             "final_loss": last[name].loss,
+            "peak_gflops": float(np.median(peaks[name])),
         }
     return results
 
@@ -331,8 +340,10 @@ def main(argv=None) -> int:
     runs: dict[str, dict] = {}
     fp32_estimator = None
     for name, bf16 in (("fp32", False), ("bf16", True)):
+        before = matmul_peak(DTYPES[name], args.peak_size, args.peak_repeats)
         estimator, runs[f"finetune {name}"] = finetune(train, dev, bf16, args)
         r = runs[f"finetune {name}"]
+        r["peak_gflops"] = (before + matmul_peak(DTYPES[name], args.peak_size, args.peak_repeats)) / 2
         print(
             f"fine-tune {name}: {r['train_seconds']:.0f} s, {r['tokens_per_s']:,.0f} tokens/s, "
             f"{r['gflops']:.1f} GFLOP/s, dev accuracy {r['dev_accuracy']:.4f}",
@@ -354,7 +365,7 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()
     for name, r in runs.items():
         r["precision"] = name.split()[-1]
-        r["mfu"] = r["gflops"] / peak[r["precision"]]
+        r["mfu"] = r["gflops"] / r["peak_gflops"]
 
     def row(name: str) -> list[str]:
         r = runs[name]
@@ -367,7 +378,7 @@ def main(argv=None) -> int:
             f"{r['tokens_per_s']:,.0f}",
             f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x",
             f"{r['gflops']:.1f}",
-            f"{peak[r['precision']]:,.0f}",
+            f"{r['peak_gflops']:,.0f}",
             f"{r['mfu']:.1%}",
             accuracy,
         ]
@@ -406,8 +417,10 @@ def main(argv=None) -> int:
             "same training batches, the two in turns (a load that changes falls on both alike)."
         ),
         (
-            f"peak: the fastest of {args.peak_repeats} torch.mm of {args.peak_size}^3 per dtype: fp32 "
-            f"{peak['fp32']:,.0f}, bf16 {peak['bf16']:,.0f} GFLOP/s."
+            f"peak: torch.mm of {args.peak_size}^3 at the row's dtype under the same load as the row: for a fit the "
+            f"mean of the fastest of {args.peak_repeats} right before and right after it, for steps in turns the "
+            f"median of one product timed after each step; at the start: fp32 {peak['fp32']:,.0f}, bf16 "
+            f"{peak['bf16']:,.0f} GFLOP/s."
         ),
         (
             f"torch {torch.__version__} ({args.threads} threads); python {platform.python_version()}; CPU: "
