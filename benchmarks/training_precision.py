@@ -35,7 +35,7 @@ Checks: |bf16-trained accuracy - float32-trained accuracy| <= 0.5 points (the co
 --precision auto` choosing bf16 autocast where the CPU has it), and |int8 accuracy - float32 accuracy| <= 0.5 points.
 One fine-tuning run per precision: seed-to-seed noise on 872 sentences is of the same size as the bound.
 
-Run:  .venv/bin/python benchmarks/training_precision.py        # ~8 min on 2 quiet cores (25 min at load 5)
+Run:  .venv/bin/python benchmarks/training_precision.py        # 3 min on 2 quiet cores (30 min at load 5)
       .venv/bin/python benchmarks/training_precision.py --sst-train 64 --limit 64 --epochs 1 --paired-steps 2 \
           --pretrain-steps 2 --peak-size 512       # dry run: not a result
 """
