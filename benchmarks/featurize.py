@@ -374,14 +374,14 @@ def ctxrep_system(featurizer: Featurizer) -> System:
     Works for every runtime (torch, ONNX Runtime, OpenVINO, a peer's session)."""
     seen = {"real": 0, "padded": 0}
     runtime = featurizer.runtime
-    inner = runtime.hidden_states
+    inner = runtime.start  # every batch the Featurizer runs is started here
 
     def counted(batch, layers, call_tokens: int = 0):
         seen["padded"] += batch["attention_mask"].numel()
         seen["real"] += int(batch["attention_mask"].sum())
         return inner(batch, layers, call_tokens)
 
-    runtime.hidden_states = counted
+    runtime.start = counted
 
     def run(sentences: Sequence[list[str]]) -> tuple[list[np.ndarray], int, int]:
         seen["real"] = seen["padded"] = 0
