@@ -73,8 +73,8 @@ class Featurizer:
         count 1 / (number of windows), so the mean is over as many positions as one long sequence would have.
         "auto": "model" for a sentence-transformers folder (it has modules.json), else "mean".
     stride: how many pieces each window of a long text advances (default: half a window).
-    batch_tokens: the token budget of one batch (padded batch size x longest sequence); None: 2,048 on a CPU, sized
-        for the GPU's memory on CUDA (`runtime.hardware.default_batch_tokens`). Batching never changes a vector.
+    batch_tokens: the token budget of one batch (padded batch size x longest sequence); None: on a CPU 2,048 (1,024
+        for models wider than 512), sized for the GPU's memory on CUDA (`runtime.hardware.default_batch_tokens`). Batching never changes a vector.
     compile: run the encoder under torch.compile (`ctxrep.fast.compile_encoder`): True, False, or "auto" (compile
         once a call's work is large enough to pay for the compilation, `fast.worth_compiling`; stay eager before).
     device: where the model runs ("cpu", "cuda", "cuda:1"); None: where it is (the CPU after loading). On CUDA,
