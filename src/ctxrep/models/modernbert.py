@@ -55,10 +55,9 @@ logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
-# ModernBertModel.unpad_from: benchmarks/modernbert_unpad.py (ModernBERT-base shape, 16 x 128 tokens, 2 threads on a
-# 2-core CPU shared with other work, load average 5-8) found the packed path 1.2-1.7x faster at 50% padding,
-# 1.0-1.15x at 20-30%, and no faster (0.9-1.1x, run to run) at 10%.
-UNPAD_FROM = 0.2
+# ModernBertModel.unpad_from: benchmarks/modernbert_unpad.py (ModernBERT-base shape, 16 x 128 tokens, 2 threads) on a
+# quiet 2-core Xeon: the packed path 1.08x faster at 10% padding, 1.15x at 20%, 1.61x at 50% (RESULTS.md).
+UNPAD_FROM = 0.1
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
