@@ -8,59 +8,18 @@ import copy
 
 import pytest
 import torch
+from _mt_reverser import EOS, PAD, VOCAB, sources, train_reverser
 
 from ctxrep.fast import Int8Linear
 from ctxrep.models.marian import MarianConfig, MarianMTModel
 from ctxrep.translate.search import _row_argmax, _row_topk, beam_search, greedy_search, max_lengths, quantize_translator
-
-PAD, EOS, VOCAB = 59, 0, 60
-
-
-def sources(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """n random sentences of 3 to 13 tokens ending with </s>, padded on the right."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 14, (n,), generator=g)
-    ids = torch.full((n, int(lengths.max())), PAD)
-    mask = torch.zeros_like(ids)
-    for i, n_i in enumerate(lengths.tolist()):
-        ids[i, : n_i - 1] = torch.randint(1, PAD, (n_i - 1,), generator=g)
-        ids[i, n_i - 1] = EOS
-        mask[i, :n_i] = 1
-    return ids, mask
 
 
 @pytest.fixture(scope="module")
 def model() -> MarianMTModel:
     """A tiny model trained for a few seconds to reverse its input (outputs end at many lengths, and its logits
     have clear winners, as a trained translator's do: a random model's near-ties flip under any rounding)."""
-    torch.manual_seed(0)
-    m = MarianMTModel(
-        MarianConfig(
-            vocab_size=VOCAB,
-            d_model=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
-            max_position_embeddings=64,
-            pad_token_id=PAD,
-            eos_token_id=EOS,
-            dropout=0.0,
-        )
-    )
-    optimizer = torch.optim.Adam(m.parameters(), lr=3e-3)
-    for step in range(80):
-        ids, mask = sources(16, seed=100 + step)
-        labels = ids.clone()
-        for i, n in enumerate(mask.sum(dim=1).tolist()):
-            labels[i, : n - 1] = ids[i, : n - 1].flip(0)
-        loss = m(ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return m.eval()
+    return train_reverser(d_model=64, ffn_dim=128, steps=80)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -5,26 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from _mt_reverser import EOS, PAD, sources, train_reverser
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from ctxrep.models.marian import MarianConfig, MarianMTModel
 from ctxrep.translate.search import beam_search, greedy_search, translate, translate_n_best
 from ctxrep.translate.tokenizer import MTTokenizer
 
-PAD, EOS, VOCAB, NEW_TOKENS = 59, 0, 60, 12
-
-
-def sources(n: int = 8, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """n random sentences of 3 to 13 tokens ending with </s>, padded on the right."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 14, (n,), generator=g)
-    ids = torch.full((n, int(lengths.max())), PAD)
-    mask = torch.zeros_like(ids)
-    for i, n_i in enumerate(lengths.tolist()):
-        ids[i, : n_i - 1] = torch.randint(1, PAD, (n_i - 1,), generator=g)
-        ids[i, n_i - 1] = EOS
-        mask[i, :n_i] = 1
-    return ids, mask
+NEW_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -32,33 +20,7 @@ def models_dir(tmp_path_factory):
     """A tiny model trained for a few seconds to reverse its input: half-learned, so that its outputs end at many
     lengths and beam search finds other outputs than greedy search (a random model rarely stops, or always does).
     Saved by ctxrep, read by transformers."""
-    torch.manual_seed(0)
-    model = MarianMTModel(
-        MarianConfig(
-            vocab_size=VOCAB,
-            d_model=32,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            max_position_embeddings=64,
-            pad_token_id=PAD,
-            eos_token_id=EOS,
-            dropout=0.0,
-        )
-    )
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for step in range(60):
-        ids, mask = sources(16, seed=100 + step)
-        labels = ids.clone()
-        for i, n in enumerate(mask.sum(dim=1).tolist()):
-            labels[i, : n - 1] = ids[i, : n - 1].flip(0)
-        loss = model(ids, attention_mask=mask, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    model = train_reverser(d_model=32, ffn_dim=64, steps=60)
     path = tmp_path_factory.mktemp("marian-search")
     model.save_pretrained(path)
     return path
