@@ -9,7 +9,7 @@ Rows (each for SST-2 and for CoNLL-2003, from ../shared/data):
   pruned-50%    importance on a held-out slice of the training data, 2 steps; --prune-finetune-epochs N adds
                 rows "pruned-30% + N ep" / "pruned-50% + N ep": the same pruned models retrained N epochs on the
                 training sample without the held-out slice)
-  int8 teacher  the same models predicting with quantize="int8" (ctxrep.fast.quantize_int8, SmoothQuant-calibrated;
+  int8 teacher  the same models predicting with quantize="int8" (ctxrep.runtime.fast.quantize_int8, SmoothQuant-calibrated;
   int8 student  --int8 adds these rows)
 
 Columns:
@@ -84,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--prune-finetune-epochs", type=int, default=0, help="retrain each pruned model this long")
     p.add_argument("--importance-examples", type=int, default=256, help="held-out training examples for importance")
-    p.add_argument("--int8", action="store_true", help="add the int8 rows (needs ctxrep.fast)")
+    p.add_argument("--int8", action="store_true", help="add the int8 rows (needs ctxrep.runtime.fast)")
     p.add_argument("--sentences", type=int, default=2000, help="sentences featurized for tokens/s")
     p.add_argument("--repeats", type=int, default=3, help="timed featurization runs per row (best kept)")
     p.add_argument("--limit", type=int, default=None, help="cap every training and dev set at N (a dry run)")
@@ -111,7 +111,7 @@ def sample(data, n: int | None, rng: np.random.Generator):
 def int8_copy(estimator):
     """The estimator predicting with quantize="int8" (a shallow copy; the original is left as it was), and the
     computed size in bytes of its int8 network's weights."""
-    from ctxrep import fast
+    from ctxrep.runtime import fast
 
     q = copy.copy(estimator).set_params(quantize="int8")
     network = q._prediction_network(num_tokens=0)  # the int8 copy that its predict and score use

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker
     from ctxrep.featurize import Featurizer
     from ctxrep.objectives.bilm import evaluate_perplexity
-    from ctxrep.tokenize import Tokenizer
+    from ctxrep.text.tokenizer import Tokenizer
     from ctxrep.train.pretrain import prepare_run
     from ctxrep.train.pretrain_config import config_from_dict
     from ctxrep.train.trainer import Trainer, TrainerConfig

@@ -9,7 +9,7 @@ one vector per word = the mean of the word's subword pieces in the last layer of
                    for (torch: fp32 default, bf16, int8), (onnxruntime: fp32, int8), (openvino: fp32, bf16, int8)
   A / B            transformers AutoTokenizer (fast, is_split_into_words=True) + BertModel, batches of 32 in corpus
                    order (A) or sorted by length (B), each word's pieces mean-pooled with word_ids()
-  peers            the runtime's own session over the plain last-layer ONNX export (ctxrep.export, as a user exports
+  peers            the runtime's own session over the plain last-layer ONNX export (ctxrep.runtime.export, as a user exports
                    it), fed by ctxrep's tokenization, windows, length-sorted batches and pooling (only the encoder
                    differs): ONNX Runtime f32 (ORT_ENABLE_ALL) and int8 (quantize_dynamic with its defaults), OpenVINO
                    f32 (INFERENCE_PRECISION_HINT f32), OpenVINO default (bf16 on CPUs with it), OpenVINO int8 (NNCF
@@ -174,7 +174,7 @@ class Reference:
 
 
 class PeerRuntime:
-    """A peer's session over the plain last-hidden-state graph (`ctxrep.export.export_onnx`, as a user exports it),
+    """A peer's session over the plain last-hidden-state graph (`ctxrep.runtime.export.export_onnx`, as a user exports it),
     behind the runtime interface (`start(batch, layers)` with layers = [top] only, one batch at a time: a peer
     session runs each call to the end, as its documentation shows)."""
 
@@ -247,7 +247,7 @@ def peer_files(featurizer: Featurizer, folder: Path) -> tuple[Path, Path]:
     defaults (int8 weights per tensor, every quantizable op), as its documentation shows for Transformer models."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from ctxrep.export import export_onnx
+    from ctxrep.runtime.export import export_onnx
 
     f32, int8 = folder / "model.onnx", folder / "model.int8.onnx"
     export_onnx(featurizer.model, f32)
@@ -261,7 +261,7 @@ def nncf_int8(onnx_file: Path, featurizer: Featurizer, sentences: Sequence[list[
     import nncf
     import openvino as ov
 
-    from ctxrep.inputs import collate
+    from ctxrep.text.inputs import collate
 
     model = ov.Core().read_model(str(onnx_file))
     names = [

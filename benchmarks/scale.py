@@ -3,7 +3,7 @@
 
 The corpus: the first --texts SST train sentences, one per line, in a temporary file. Each run writes word vectors
 of MiniLM's last layer into its own folder (shards of --shard-size texts), through the same library calls the CLI
-makes (ctxrep.embed_corpus.embed_corpus, ctxrep.ray_embed.embed_with_ray). Timed: the whole call, from reading the
+makes (ctxrep.embed.corpus.embed_corpus, ctxrep.embed.ray_engine.embed_with_ray). Timed: the whole call, from reading the
 input to the complete manifest (model loading and process / Ray start-up included: that is the overhead a user
 pays), and separately the start-up alone (the same call on a 1-text corpus). The folders must hold the same rows,
 index and vectors (max |difference| < 1e-5), or the script exits with 1.
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from featurize import DEFAULT_DATA, load_corpus  # noqa: E402
 from serve import cpu_model  # noqa: E402
 
-from ctxrep.embed_corpus import EmbedJob, embed_corpus, load_shards  # noqa: E402
+from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -72,7 +72,7 @@ def main() -> None:
         if not args.no_ray:
             import ray
 
-            from ctxrep.ray_embed import embed_with_ray
+            from ctxrep.embed.ray_engine import embed_with_ray
 
             ray_start = timed(lambda: ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False))
             threads_per_actor = max(1, args.threads // args.workers)

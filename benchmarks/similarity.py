@@ -27,8 +27,8 @@ import torch
 
 import ctxrep
 from ctxrep.data.sts import read_sts
-from ctxrep.sentence_similarity import sts_evaluate
 from ctxrep.tasks.sentence_encoder import SentenceEncoder
+from ctxrep.vectors.similarity import sts_evaluate
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TASKS = {  # name: (train file, evaluation file, evaluation split's name)

@@ -22,8 +22,8 @@ from ctxrep.cli import analysis as cli  # noqa: E402
 from ctxrep.data.conllu import read_conllu  # noqa: E402
 from ctxrep.data.wic import WicPair  # noqa: E402
 from ctxrep.featurize import Featurizer  # noqa: E402
-from ctxrep.inputs import EncoderInput  # noqa: E402
 from ctxrep.models.loading import resolve  # noqa: E402
+from ctxrep.text.inputs import EncoderInput  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

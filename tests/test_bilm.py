@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 import ctxrep
-from ctxrep.char_ids import batch_to_ids
 from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 from ctxrep.objectives.bilm import (
     BiLMObjective,
@@ -24,6 +23,7 @@ from ctxrep.objectives.bilm import (
     sample_log_uniform,
     sampled_softmax_nll,
 )
+from ctxrep.text.char_ids import batch_to_ids
 from ctxrep.train.pretrain import prepare_run
 from ctxrep.train.pretrain_config import PretrainError, config_from_dict
 from ctxrep.train.trainer import Trainer, TrainerConfig

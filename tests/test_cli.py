@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import ctxrep.embed_corpus as embed_module
+import ctxrep.embed.corpus as embed_module
 from ctxrep import Featurizer
 from ctxrep.cli import main
 from ctxrep.cli.embed import load_shards

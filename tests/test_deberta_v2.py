@@ -14,9 +14,9 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import ctxrep
-from ctxrep import fast
 from ctxrep.models.deberta_v2 import DebertaV2Config, DebertaV2Model, log_bucket_position
 from ctxrep.models.loading import CheckpointError
+from ctxrep.runtime import fast
 
 COMMON = dict(
     vocab_size=120,

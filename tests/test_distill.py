@@ -33,7 +33,7 @@ from ctxrep.objectives.distill import (
     relation_scores,
     soft_target_kl,
 )
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.tokenizer import Tokenizer
 from ctxrep.train.trainer import Trainer
 
 

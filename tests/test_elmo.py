@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from ctxrep.char_ids import batch_to_ids
 from ctxrep.models.elmo import (
     Elmo,
     ElmoBiLM,
@@ -26,6 +25,7 @@ from ctxrep.models.elmo import (
     write_hdf5,
 )
 from ctxrep.models.loading import CheckpointError
+from ctxrep.text.char_ids import batch_to_ids
 
 h5py = pytest.importorskip("h5py")  # a test extra of ctxrep; installed in the dev environment
 

@@ -1,4 +1,4 @@
-"""ctxrep.embed_corpus, the library behind `ctxrep embed`: the rough edges a new user hit (progress without a
+"""ctxrep.embed.corpus, the library behind `ctxrep embed`: the rough edges a new user hit (progress without a
 terminal, the row shape of --layers all, the model named as typed, load_vectors' API), several workers giving the
 one-process folder, and a worker killed with SIGKILL followed by a rerun."""
 
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import ctxrep
 from ctxrep.cli import main
-from ctxrep.embed_corpus import EmbedJob, describe_row_shape, embed_corpus, load_shards
+from ctxrep.embed.corpus import EmbedJob, describe_row_shape, embed_corpus, load_shards
 
 TEXTS = [f"sentence number {i} says the crane {'lifted ' * (i % 4)}the beam ." for i in range(11)]
 
@@ -233,7 +233,7 @@ def test_bad_process_options_give_one_line_errors(corpus, tmp_path, args, messag
 def test_devices_all_without_a_gpu_says_what_to_use(monkeypatch):
     import torch
 
-    from ctxrep.embed_corpus import expand_devices
+    from ctxrep.embed.corpus import expand_devices
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ValueError, match="no CUDA device is visible; use --workers N"):
@@ -246,7 +246,7 @@ def test_workers_from_a_script_without_a_main_guard(corpus, tmp_path):
     """Spawned workers do not re-run the caller's script (which would start the whole job again in each)."""
     script = tmp_path / "job.py"
     script.write_text(
-        "from ctxrep.embed_corpus import EmbedJob, embed_corpus\n"
+        "from ctxrep.embed.corpus import EmbedJob, embed_corpus\n"
         f"s = embed_corpus(EmbedJob({str(corpus)!r}, {str(tmp_path / 'o')!r}, shard_size=3, threads=2), workers=2)\n"
         "print('done', s.texts, s.shards)\n"
     )

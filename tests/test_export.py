@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from test_matrix import deberta_dir, modernbert_dir  # noqa: F401  (fixtures: DeBERTa-v3 and ModernBERT)
 
 import ctxrep
-from ctxrep.export import ExportError, _first_line, export_onnx
 from ctxrep.models.albert import AlbertConfig, AlbertModel
+from ctxrep.runtime.export import ExportError, _first_line, export_onnx
 
 
 def run_both(file, encoder, lengths=(10, 4, 7, 2)):
@@ -99,7 +99,7 @@ def test_elmo_is_refused_in_one_line(elmo_dir, tmp_path):
 
 
 def test_a_graph_that_differs_is_refused_and_not_written(tiny_models, tmp_path, monkeypatch):
-    monkeypatch.setattr("ctxrep.export.check_onnx", lambda file, encoder: 0.5)
+    monkeypatch.setattr("ctxrep.runtime.export.check_onnx", lambda file, encoder: 0.5)
     with pytest.raises(
         ExportError,
         match="bert: no ONNX export matched ctxrep's output \\(torchscript: max abs "

@@ -1,4 +1,4 @@
-"""The inference fast paths (ctxrep.fast) against the encoders' own forward, and the Featurizer's hooks to them."""
+"""The inference fast paths (ctxrep.runtime.fast) against the encoders' own forward, and the Featurizer's hooks to them."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from test_matrix import albert_dir  # noqa: F401  (a fixture: the tiny ALBERT)
 
-from ctxrep import fast
 from ctxrep.featurize import Featurizer
-from ctxrep.inputs import WindowPlan, collate
 from ctxrep.models.loading import load_encoder
+from ctxrep.runtime import fast
+from ctxrep.text.inputs import WindowPlan, collate
 
 WORDS = [
     ["The", "bank", "raised", "its", "rates", "."],

@@ -10,9 +10,9 @@ from conftest import first_pieces
 
 import ctxrep
 from ctxrep import Featurizer, ScalarMix
-from ctxrep.inputs import WindowPlan, collate, split_windows, token_budget_batches, window_words
 from ctxrep.models.loading import CheckpointError
-from ctxrep.tokenize import WordPieces
+from ctxrep.text.inputs import WindowPlan, collate, split_windows, token_budget_batches, window_words
+from ctxrep.text.tokenizer import WordPieces
 
 TEXTS = ["The vase broke .", "Unbelievably, the newscaster broke into the broadcast!", ["Pre", "tokenized", "words"]]
 

@@ -9,8 +9,8 @@ import transformers
 from conftest import first_pieces
 
 from ctxrep import Featurizer
-from ctxrep.char_ids import batch_to_ids
 from ctxrep.models.elmo import ElmoBiLM
+from ctxrep.text.char_ids import batch_to_ids
 
 TEXTS = ["the crane lifted the dog", "a brown fox", "word vectors depend on context and on the sentence"]
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ctxrep.files import apply_umask, current_umask, default_file_mode, utf8_lines
+from ctxrep.util.files import apply_umask, current_umask, default_file_mode, utf8_lines
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o002])

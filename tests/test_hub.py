@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from ctxrep.models import hub
 from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 from ctxrep.models.folders import CheckpointError
+from ctxrep.models.loading import check_model_type
 
 MAX_REQUESTS = 300  # the server answers 503 after this many requests
 MAX_SECONDS = 120  # and shuts itself down after this long
@@ -381,7 +382,7 @@ def test_published_elmo_urls_are_allennlps(monkeypatch):
 
 
 def test_elmo_download_checks_caches_and_loads(server, tmp_path, monkeypatch):
-    from ctxrep.char_ids import batch_to_ids
+    from ctxrep.text.char_ids import batch_to_ids
 
     src = _tiny_elmo(tmp_path / "src")
     s = server(static=_published(src, "small"))
@@ -456,12 +457,12 @@ def test_interrupted_elmo_download_leaves_no_file_and_a_rerun_completes_it(serve
 
 def test_unsupported_model_type_fails_after_config_json_alone(server, bert_files):
     files = dict(bert_files)
-    files["config.json"] = json.dumps(json.loads(files["config.json"]) | {"model_type": "llama"}).encode()
-    s = server({"org/llama": {"refs": {"main": _sha(8)}, "commits": {_sha(8): files}}})
+    files["config.json"] = json.dumps(json.loads(files["config.json"]) | {"model_type": "mamba"}).encode()
+    s = server({"org/mamba": {"refs": {"main": _sha(8)}, "commits": {_sha(8): files}}})
     with pytest.raises(CheckpointError) as e:
-        hub.hub_folder("org/llama", progress=False)
+        hub.hub_folder("org/mamba", progress=False, check_model_type=check_model_type)
     message = str(e.value)
-    assert "model_type 'llama', which ctxrep cannot load; it loads bert, roberta" in message
+    assert "model_type 'mamba', which ctxrep cannot load; it loads bert, roberta" in message
     for family in ("xlm-roberta", "camembert", "distilbert", "mpnet", "t5", "ELMo"):
         assert family in message, family
     assert "ctxrep-albert" not in message and "ctxrep_mt" not in message and "\n" not in message

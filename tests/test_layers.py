@@ -62,7 +62,7 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
 
 def imports_of(source: str, module: str, is_package: bool, known: set[str]) -> list[tuple[int, str]]:
     """(line, module loaded) for every import of a ctxrep module in `source`; `known` holds every module name, so
-    that `from ctxrep import fast` resolves to ctxrep.fast and `from ctxrep.models.bert import BertModel` to
+    that `from ctxrep.runtime import fast` resolves to ctxrep.runtime.fast and `from ctxrep.models.bert import BertModel` to
     ctxrep.models.bert."""
     tree = ast.parse(source)
     skip = _type_checking_only(tree)
@@ -116,9 +116,9 @@ def test_the_order_is_stated_and_places_every_layer_once():
     layers = read_layers(DOCS.read_text(encoding="utf-8"))
     ranks = sorted({rank for rank, _ in layers.values()})
     assert ranks == list(range(1, len(ranks) + 1)) and len(ranks) >= 10
-    for name in ("ctxrep.models.encoder", "ctxrep.tokenize", "ctxrep.models.loading", "ctxrep.compress", "ctxrep.cli"):
+    for name in ("ctxrep.models.encoder", "ctxrep.text", "ctxrep.models.loading", "ctxrep.compress", "ctxrep.cli"):
         assert name in layers, name
-    assert layers["ctxrep.tokenize"][0] < layers["ctxrep.models.loading"][0] < layers["ctxrep.objectives"][0]
+    assert layers["ctxrep.text"][0] < layers["ctxrep.models.loading"][0] < layers["ctxrep.objectives"][0]
     assert layers["ctxrep.models.student"][0] < layers["ctxrep.objectives"][0] < layers["ctxrep.compress"][0]
 
 
@@ -155,7 +155,7 @@ def test_the_check_sees_lazy_imports_and_unplaced_modules(tmp_path):
     "source, expected",
     [
         ("from ctxrep.models.bert import BertModel", "ctxrep.models.bert"),
-        ("from ctxrep import fast", "ctxrep.fast"),
+        ("from ctxrep.runtime import fast", "ctxrep.runtime.fast"),
         ("from ctxrep.models import hub", "ctxrep.models.hub"),
         ("import ctxrep.models.loading", "ctxrep.models.loading"),
         ("from ctxrep.data import read_conll", "ctxrep.data"),
@@ -163,6 +163,60 @@ def test_the_check_sees_lazy_imports_and_unplaced_modules(tmp_path):
     ],
 )
 def test_imports_resolve_to_the_module_they_load(source, expected):
-    known = {"ctxrep", "ctxrep.fast", "ctxrep.data", "ctxrep.models", "ctxrep.models.bert", "ctxrep.models.hub"}
+    known = {
+        "ctxrep",
+        "ctxrep.runtime",
+        "ctxrep.runtime.fast",
+        "ctxrep.data",
+        "ctxrep.models",
+        "ctxrep.models.bert",
+        "ctxrep.models.hub",
+    }
     known |= {"ctxrep.models.loading", "ctxrep.models.student"}
     assert imports_of(source, "ctxrep.models.student", False, known) == [(1, expected)]
+
+
+def import_circles(package: Path) -> list[list[str]]:
+    """Every cycle of the module import graph (lazy imports included, TYPE_CHECKING left out), each as the list of
+    modules around it; [] when the graph is a DAG. Within one layer imports are allowed, circles never are."""
+    files = sorted(package.rglob("*.py"))
+    known = {module_name(p, package) for p in files}
+    graph = {}
+    for path in files:
+        module = module_name(path, package)
+        graph[module] = {
+            t for _, t in imports_of(path.read_text(encoding="utf-8"), module, path.name == "__init__.py", known)
+        }
+        graph[module] -= {module}
+    circles, state, stack = [], {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                circles.append(stack[stack.index(target) :] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return circles
+
+
+def test_no_import_circles():
+    circles = import_circles(PACKAGE)
+    assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_a_lazy_circle(tmp_path):
+    package = tmp_path / "ctxrep"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from ctxrep import b\n")
+    (package / "b.py").write_text("def f():\n    from ctxrep.a import x\n")
+    (package / "c.py").write_text("from ctxrep import a\n")
+    assert import_circles(package) == [["ctxrep.a", "ctxrep.b", "ctxrep.a"]]

@@ -17,7 +17,7 @@ from ctxrep.models.marian import (
     projected_smoothed_loss,
     sinusoidal_positions,
 )
-from ctxrep.tokenize import TokenizerError
+from ctxrep.text.tokenizer import TokenizerError
 from ctxrep.translate.tokenizer import MTTokenizer
 
 PAD, EOS, VOCAB = 59, 0, 60

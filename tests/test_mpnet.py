@@ -188,7 +188,7 @@ def test_pruned_folder_saves_reloads_and_gives_students_its_heads(tmp_path):
 
 
 def test_quantized_int8_runs_on_a_pruned_model_and_pruning_it_is_refused(tmp_path):
-    from ctxrep import fast
+    from ctxrep.runtime import fast
 
     model = _model(tmp_path, seed=3)
     model.prune_heads({0: [1, 2], 2: [0]})

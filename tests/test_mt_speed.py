@@ -10,8 +10,8 @@ import pytest
 import torch
 from _mt_reverser import EOS, PAD, VOCAB, sources, train_reverser
 
-from ctxrep.fast import Int8Linear
 from ctxrep.models.marian import MarianConfig, MarianMTModel
+from ctxrep.runtime.fast import Int8Linear
 from ctxrep.translate.search import _row_argmax, _row_topk, beam_search, greedy_search, max_lengths, quantize_translator
 
 

@@ -31,7 +31,7 @@ from ctxrep.objectives.masked_lm import (  # noqa: E402
     word_start_table,
 )
 from ctxrep.objectives.next_sentence import next_sentence_loss  # noqa: E402
-from ctxrep.tokenize import Tokenizer  # noqa: E402
+from ctxrep.text.tokenizer import Tokenizer  # noqa: E402
 
 VOCAB = 60
 PAD, CLS, SEP, MASK = 0, 1, 2, 3

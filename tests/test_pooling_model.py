@@ -18,9 +18,9 @@ import transformers
 from test_cli import run
 
 from ctxrep import Featurizer
-from ctxrep.inputs import split_windows
 from ctxrep.models.loading import CheckpointError
 from ctxrep.models.sentence_transformers import read_sentence_pooling
+from ctxrep.text.inputs import split_windows
 
 SHORT = [
     "A crane caught a fish .",

@@ -22,7 +22,7 @@ from ctxrep.cli.pretrain import parse_overrides, pretrain
 from ctxrep.cli.tokenizer import tokenizer as tokenizer_group
 from ctxrep.data.corpus import CorpusConfig, pack_corpus
 from ctxrep.objectives.recipes import OBJECTIVES
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.tokenizer import Tokenizer
 from ctxrep.train.pretrain import split_held_out
 from ctxrep.train.pretrain_config import (
     CONFIG_DIR,

@@ -1,4 +1,4 @@
-"""ctxrep.progress: a bar on a terminal, plain lines otherwise."""
+"""ctxrep.util.progress: a bar on a terminal, plain lines otherwise."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 import pytest
 from tqdm.auto import tqdm
 
-from ctxrep.progress import LineProgress, format_duration, progress
+from ctxrep.util.progress import LineProgress, format_duration, progress
 
 
 class FakeTerminal(io.StringIO):
@@ -17,7 +17,7 @@ class FakeTerminal(io.StringIO):
 
 def test_plain_lines_when_not_a_terminal(monkeypatch):
     clock = iter(range(0, 1000, 5))  # every call to the clock moves 5 s on
-    monkeypatch.setattr("ctxrep.progress.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("ctxrep.util.progress.time.monotonic", lambda: float(next(clock)))
     out = io.StringIO()
     with progress(total=100, desc="embed", unit="texts", file=out, interval=10) as bar:
         assert isinstance(bar, LineProgress)

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 import ctxrep
 from ctxrep.cli import main
-from ctxrep.embed_corpus import EmbedJob, embed_corpus, load_shards
-from ctxrep.ray_embed import RayEmbedder, arrow_to_numpy, embed_with_ray
+from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards
+from ctxrep.embed.ray_engine import RayEmbedder, arrow_to_numpy, embed_with_ray
 
 TEXTS = [f"text {i} : the crane {'slowly ' * (i % 3)}lifted beam number {i} ." for i in range(17)]
 
@@ -103,7 +103,7 @@ def test_engine_ray_writes_the_one_process_folder(local_ray, corpus, tmp_path):
 
 def test_a_corpus_streams_through_the_actor_pool_in_runs_of_shards(local_ray, corpus, tmp_path, monkeypatch):
     """The driver holds SHARDS_PER_RUN shards at a time, never the whole corpus: 5 shards in runs of 2, 2 and 1."""
-    import ctxrep.ray_embed as R
+    import ctxrep.embed.ray_engine as R
 
     src, one = corpus
     monkeypatch.setattr(R, "SHARDS_PER_RUN", 2)

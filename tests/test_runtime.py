@@ -128,7 +128,7 @@ def test_graphs_are_exported_once_checked_and_reused(tiny_models, monkeypatch):
     checks = (path.parent / "check.json").read_text()
     assert '"fp32.onnx"' in checks and '"max_relative_diff"' in checks
     exported = []
-    monkeypatch.setattr("ctxrep.export._export", lambda *a, **k: exported.append(a))
+    monkeypatch.setattr("ctxrep.runtime.export._export", lambda *a, **k: exported.append(a))
     again = Featurizer(folder, backend="onnxruntime", compile=False)  # a new process would find the same file
     again.embed_words(WORDS[:1])
     assert exported == []
@@ -234,7 +234,7 @@ def test_embed_and_neighbors_pass_device_precision_and_backend_through(tiny_mode
 
     import ctxrep.featurize
     from ctxrep.cli import main
-    from ctxrep.vectors import load_vectors
+    from ctxrep.vectors.store import load_vectors
 
     folder = str(tiny_models["bert"])
     text = tmp_path / "in.txt"

@@ -14,8 +14,8 @@ from conftest import _copy_bert_tokenizer
 
 import ctxrep
 from ctxrep.cli import main
-from ctxrep.sentence_similarity import pearson, spearman, sts_evaluate
 from ctxrep.tasks.sentence_encoder import SentenceEncoder
+from ctxrep.vectors.similarity import pearson, spearman, sts_evaluate
 
 PAIRS = [
     ("A man is playing a guitar .", "Someone plays the guitar ."),
@@ -234,7 +234,7 @@ def test_mteb_runs_a_ctxrep_model_on_a_local_sts_task(dropout_bert):
     from mteb.abstasks.sts import AbsTaskSTS
     from mteb.abstasks.task_metadata import TaskMetadata
 
-    from ctxrep.mteb_adapter import MTEBEncoder
+    from ctxrep.vectors.mteb import MTEBEncoder
 
     a, b = [p[0] for p in PAIRS], [p[1] for p in NEGATIVE_PAIRS]
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import ctxrep
 from ctxrep.cli import main
 from ctxrep.featurize import Featurizer
-from ctxrep.sentence_index import SentenceIndex, SentenceIndexError, read_texts
+from ctxrep.vectors.index import SentenceIndex, SentenceIndexError, read_texts
 
 TEXTS = [
     "A man is playing a guitar .",

@@ -13,7 +13,7 @@ from ctxrep.data.packing import PackingError, SegmentPairConfig
 from ctxrep.models.albert import AlbertConfig, AlbertModel
 from ctxrep.objectives.masked_lm import MaskedLMConfig
 from ctxrep.objectives.sentence_order import SentenceOrderObjective, SentenceOrderPacker, sentence_order_loss
-from ctxrep.tokenizer_training import train_tokenizer
+from ctxrep.text.tokenizer_training import train_tokenizer
 
 
 def sentence_text(d: int, s: int) -> str:

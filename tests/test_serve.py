@@ -22,8 +22,8 @@ import uvicorn
 from openai import AuthenticationError, OpenAI
 
 from ctxrep import Featurizer
-from ctxrep.sentence_similarity import normalize_rows
-from ctxrep.serve import EmbeddingService, ServeConfig, build_app
+from ctxrep.serve.app import EmbeddingService, ServeConfig, build_app
+from ctxrep.util.arrays import normalize_rows
 
 TEXTS = ["The vase broke .", "Dawn broke over the hills .", "A crane lifted the beam", "We broke even ."]
 LONG = " ".join(f"word{i % 50} and" for i in range(400))  # over 512 pieces: windowed

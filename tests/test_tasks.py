@@ -542,7 +542,7 @@ def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeyp
     """predict's path (length-sorted token-budget batches, inference mode; the compiled encoder when the call is large
     enough, here a stand-in that records its use) against the network in batches of batch_size, in order, for the
     classifier and the tagger (long windowed sentences included); a tiny token budget forces many batches."""
-    from ctxrep import fast
+    from ctxrep.runtime import fast
     from ctxrep.tasks import base
 
     compiled = []

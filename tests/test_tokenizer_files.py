@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from ctxrep import tokenizer_files
-from ctxrep.tokenize import Tokenizer, TokenizerError
+from ctxrep.text import tokenizer_files
+from ctxrep.text.tokenizer import Tokenizer, TokenizerError
 
 WORDS = (
     "the quick brown fox jumps over lazy dog river bank loan model words vectors context sentence "

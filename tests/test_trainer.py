@@ -351,7 +351,7 @@ class PaddedCausalLM(nn.Module):
 def _exact_resume_with_a_real_packer(tmp_path):
     from ctxrep.data.corpus import CorpusConfig, pack_corpus
     from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker
-    from ctxrep.tokenizer_training import train_tokenizer
+    from ctxrep.text.tokenizer_training import train_tokenizer
 
     text = tmp_path / "text"
     text.mkdir()

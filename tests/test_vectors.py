@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctxrep.cli.embed import embed, load_shards
-from ctxrep.vectors import Vectors, VectorsError, load_vectors
+from ctxrep.vectors.store import Vectors, VectorsError, load_vectors
 
 LINES = ["The vase broke .", "Dawn broke .", "", "A crane lifted the beam", "We broke even ."]
 

@@ -26,7 +26,7 @@ def __getattr__(name: str):
 
         return load_encoder
     if name == "load_vectors":
-        from ctxrep.vectors import load_vectors
+        from ctxrep.vectors.store import load_vectors
 
         return load_vectors
     if name == "Featurizer":
@@ -42,11 +42,11 @@ def __getattr__(name: str):
 
         return SequenceRegressor
     if name == "similarity":
-        from ctxrep.sentence_similarity import similarity
+        from ctxrep.vectors.similarity import similarity
 
         return similarity
     if name == "SentenceIndex":
-        from ctxrep.sentence_index import SentenceIndex
+        from ctxrep.vectors.index import SentenceIndex
 
         return SentenceIndex
     raise AttributeError(f"module 'ctxrep' has no attribute {name!r}")

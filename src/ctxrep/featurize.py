@@ -24,7 +24,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ctxrep import runtime
-from ctxrep.inputs import (
+from ctxrep.models.encoder import Encoder
+from ctxrep.models.loading import LoadedEncoder, load_encoder
+from ctxrep.models.sentence_transformers import TokenPooler, is_sentence_transformers_folder, read_sentence_pooling
+from ctxrep.modules.scalar_mix import ScalarMix
+from ctxrep.text.inputs import (
     EncoderInput,
     Text,
     WindowPlan,
@@ -34,11 +38,7 @@ from ctxrep.inputs import (
     token_budget_batches,
     words_of,
 )
-from ctxrep.models.encoder import Encoder
-from ctxrep.models.loading import LoadedEncoder, load_encoder
-from ctxrep.models.sentence_transformers import TokenPooler, is_sentence_transformers_folder, read_sentence_pooling
-from ctxrep.modules.scalar_mix import ScalarMix
-from ctxrep.sentence_similarity import normalize_rows
+from ctxrep.util.arrays import normalize_rows
 
 POOLINGS = ("first", "last", "mean", "first_last")
 SENTENCE_POOLINGS = ("mean", "cls", "model", "auto")
@@ -75,7 +75,7 @@ class Featurizer:
     stride: how many pieces each window of a long text advances (default: half a window).
     batch_tokens: the token budget of one batch (padded batch size x longest sequence); None: on a CPU 2,048 (1,024
         for models wider than 512), sized for the GPU's memory on CUDA (`runtime.hardware.default_batch_tokens`). Batching never changes a vector.
-    compile: run the encoder under torch.compile (`ctxrep.fast.compile_encoder`): True, False, or "auto" (compile
+    compile: run the encoder under torch.compile (`ctxrep.runtime.fast.compile_encoder`): True, False, or "auto" (compile
         once a call's work is large enough to pay for the compilation, `fast.worth_compiling`; stay eager before).
     device: where the model runs ("cpu", "cuda", "cuda:1"); None: where it is (the CPU after loading). On CUDA,
         batches go through pinned memory with non-blocking copies, and pooling of one batch overlaps the next's run.

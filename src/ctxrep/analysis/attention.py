@@ -32,14 +32,14 @@ import torch
 
 from ctxrep.analysis._common import model_name
 from ctxrep.featurize import Featurizer
-from ctxrep.inputs import EncoderInput, collate, words_of
+from ctxrep.text.inputs import EncoderInput, collate, words_of
 
 STATISTICS = ("cls", "sep", "prev", "next", "self", "punct", "entropy")
 
 
 @dataclass
 class _Sentence:
-    """One sentence as one encoder input (`record`, from ctxrep.inputs), and what each position is."""
+    """One sentence as one encoder input (`record`, from ctxrep.text.inputs), and what each position is."""
 
     words: list[str]
     record: EncoderInput

@@ -24,7 +24,7 @@ import torch
 
 from ctxrep.analysis._common import model_name, with_layers
 from ctxrep.featurize import Featurizer
-from ctxrep.files import utf8_lines
+from ctxrep.util.files import utf8_lines
 
 INDEX_FILE = "index.hnsw"
 META_FILE = "occurrences.json"

@@ -30,7 +30,7 @@ from torch import nn
 from ctxrep.analysis._common import model_name, random_control, with_layers
 from ctxrep.featurize import Featurizer
 from ctxrep.modules.scalar_mix import ScalarMix
-from ctxrep.progress import progress as show_progress
+from ctxrep.util.progress import progress as show_progress
 
 TASKS = ("upos", "xpos", "ner", "wic")
 

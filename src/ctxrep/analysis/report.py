@@ -25,7 +25,7 @@ import numpy as np
 from ctxrep.analysis import attention, neighbors, probe
 from ctxrep.analysis._common import as_featurizer, model_name, with_layers
 from ctxrep.featurize import Featurizer
-from ctxrep.progress import progress as show_progress
+from ctxrep.util.progress import progress as show_progress
 
 
 @dataclass

@@ -9,7 +9,7 @@ import sys
 import click
 
 from ctxrep.models.loading import CheckpointError
-from ctxrep.tokenize import TokenizerError
+from ctxrep.text.tokenizer import TokenizerError
 
 # Errors whose message tells the user what to fix: printed on one line, no traceback.
 USER_ERRORS = (CheckpointError, TokenizerError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError)

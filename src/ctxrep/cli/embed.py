@@ -1,6 +1,6 @@
 """`ctxrep embed`: stream texts from a file (or stdin) into shards of word or sentence vectors.
 
-The work is done by `ctxrep.embed_corpus` (output layout, input formats, resume, several workers: see there); this
+The work is done by `ctxrep.embed.corpus` (output layout, input formats, resume, several workers: see there); this
 module holds only the command's options.
 """
 
@@ -10,16 +10,16 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.cli.runtime_options import runtime_options
-from ctxrep.embed_corpus import (  # noqa: F401  (read_records, load_shards: re-exported for scripts and tests)
+from ctxrep.embed.corpus import (  # noqa: F401  (read_records, load_shards: re-exported for scripts and tests)
     DEFAULT_TEXT_COLUMN,
     FORMATS,
     EmbedJob,
     embed_corpus,
     expand_devices,
     load_shards,
-    parse_layers,
     read_records,
 )
+from ctxrep.vectors.spec import parse_layers
 
 
 @click.command()
@@ -182,7 +182,7 @@ def embed(
         click.echo(message, err=True)
 
     if engine == "ray":
-        from ctxrep.ray_embed import embed_with_ray
+        from ctxrep.embed.ray_engine import embed_with_ray
 
         actors = workers if workers != 1 else None  # --workers 1 is the default: one actor per CPU then
         summary = embed_with_ray(job, address=ray_address, actors=actors, gpus_per_actor=ray_gpus, log=log)

@@ -25,7 +25,7 @@ from ctxrep.cli.common import user_errors
 def export(format_: str, model: str, out: str, opset: int, atol: float) -> None:
     """Export MODEL's encoder (inputs input_ids, attention_mask[, token_type_ids]; output last_hidden_state; dynamic
     batch and sequence axes) and check ONNX Runtime's output against ctxrep's on fresh batches."""
-    from ctxrep.export import export_onnx
+    from ctxrep.runtime.export import export_onnx
 
     report = export_onnx(model, out, opset=opset, atol=atol)
     click.echo(

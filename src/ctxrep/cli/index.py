@@ -52,7 +52,7 @@ def build(
     input_path, vectors_dir, out_dir, model, fmt, text_column, id_column, layers, sentence_pooling, metric, device
 ) -> None:
     """Embed the texts of INPUT (or take the vectors of an embed run) and write a searchable index to OUT."""
-    from ctxrep.sentence_index import SentenceIndex, read_texts
+    from ctxrep.vectors.index import SentenceIndex, read_texts
 
     if input_path is None and vectors_dir is None:
         raise ValueError("give --input (texts to embed) or --vectors (a `ctxrep embed --level sentence` folder)")
@@ -61,8 +61,8 @@ def build(
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
         ix = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric)
     else:
-        from ctxrep.embed_corpus import parse_layers
         from ctxrep.featurize import Featurizer
+        from ctxrep.vectors.spec import parse_layers
 
         kwargs = {"device": device} if device else {}
         fz = Featurizer(model, layers=parse_layers(layers), sentence_pooling=sentence_pooling, progress=True, **kwargs)
@@ -81,7 +81,7 @@ def build(
 @user_errors
 def search(index_dir, queries, queries_file, k, out_path, device) -> None:
     """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV)."""
-    from ctxrep.sentence_index import SentenceIndex, read_texts
+    from ctxrep.vectors.index import SentenceIndex, read_texts
 
     queries = list(queries)
     if queries_file is not None:

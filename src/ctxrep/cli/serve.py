@@ -1,4 +1,4 @@
-"""`ctxrep serve`: the embedding server (`ctxrep.serve`) on uvicorn."""
+"""`ctxrep serve`: the embedding server (`ctxrep.serve.app`) on uvicorn."""
 
 from __future__ import annotations
 
@@ -60,10 +60,10 @@ def serve(
     try:
         import uvicorn
 
-        from ctxrep.serve import ServeConfig, api_key_from, build_app, make_service
+        from ctxrep.serve.app import ServeConfig, api_key_from, build_app, make_service
     except ImportError as e:
         raise ValueError(f"ctxrep serve needs FastAPI and uvicorn ({e}): pip install 'ctxrep[serve]'") from None
-    from ctxrep.embed_corpus import parse_layers
+    from ctxrep.vectors.spec import parse_layers
 
     config = ServeConfig(
         max_batch_tokens=max_batch_tokens,

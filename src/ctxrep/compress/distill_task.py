@@ -47,7 +47,7 @@ from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
 from ctxrep.models.student import choose_layers, distillable_families, init_student, spread_layers
 from ctxrep.objectives.distill import cosine_loss, hidden_mse, soft_target_kl
 from ctxrep.tasks import loop
-from ctxrep.tokenizer_files import TOKENIZER_FILES
+from ctxrep.text.tokenizer_files import TOKENIZER_FILES
 
 logger = logging.getLogger(__name__)
 

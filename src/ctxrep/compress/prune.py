@@ -392,7 +392,7 @@ def prune_estimator(
     import numpy as np
 
     from ctxrep.models.loading import resolve_model_path
-    from ctxrep.tokenizer_files import TOKENIZER_FILES
+    from ctxrep.text.tokenizer_files import TOKENIZER_FILES
 
     if curve and dev is None:
         raise ValueError("curve scores every pruning step on held-out data: give dev (importance uses X, y only)")

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ctxrep.files import utf8_lines
+from ctxrep.util.files import utf8_lines
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class ConllSentence:
 
 
 def iter_utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text without its line ending) of each line of a UTF-8 file: ctxrep.files.utf8_lines
+    """(1-based line number, text without its line ending) of each line of a UTF-8 file: ctxrep.util.files.utf8_lines
     (a BOM dropped; invalid bytes a ValueError naming the file, line and column)."""
     return utf8_lines(path)
 

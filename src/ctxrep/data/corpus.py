@@ -300,8 +300,8 @@ class PackedCorpus:
         return np.diff(self.sentence_offsets)
 
     def load_tokenizer(self):
-        """The tokenizer the corpus was packed with (a `ctxrep.tokenize.Tokenizer`)."""
-        from ctxrep.tokenize import Tokenizer
+        """The tokenizer the corpus was packed with (a `ctxrep.text.tokenizer.Tokenizer`)."""
+        from ctxrep.text.tokenizer import Tokenizer
 
         return Tokenizer.from_model_dir(self.path)
 
@@ -318,9 +318,9 @@ def pack_corpus(
 ) -> PackedCorpus:
     """Tokenize the text files of `source` and pack them into `out_dir`; reuse `out_dir` when up to date.
 
-    `tokenizer` is a tokenizer.json file or a folder holding one (see `ctxrep.tokenizer_training`).
+    `tokenizer` is a tokenizer.json file or a folder holding one (see `ctxrep.text.tokenizer_training`).
     """
-    from ctxrep.tokenize import Tokenizer, TokenizerError
+    from ctxrep.text.tokenizer import Tokenizer, TokenizerError
 
     config = config or CorpusConfig()
     files = list_text_files(source)
@@ -330,7 +330,7 @@ def pack_corpus(
     if not tokenizer_file.is_file():
         raise CorpusError(
             f"{tokenizer_file}: no such tokenizer file; train one with "
-            "ctxrep.tokenizer_training.train_tokenizer or pass a folder holding tokenizer.json"
+            "ctxrep.text.tokenizer_training.train_tokenizer or pass a folder holding tokenizer.json"
         )
     out = Path(out_dir)
     key = {
@@ -460,7 +460,7 @@ _WORKER_TOKENIZER = None
 
 def _init_worker(tokenizer_dir: str) -> None:
     global _WORKER_TOKENIZER
-    from ctxrep.tokenize import Tokenizer
+    from ctxrep.text.tokenizer import Tokenizer
 
     _WORKER_TOKENIZER = Tokenizer.from_model_dir(tokenizer_dir)
 

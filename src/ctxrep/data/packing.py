@@ -7,7 +7,7 @@ plan is materialised on demand. The whole data position is therefore ``(seed, st
 position)``: `state_dict` / `load_state_dict` save and restore it exactly, and restoring only rebuilds
 one epoch's plan (about a second per million sentences).
 
-Special tokens come from the tokenizer's own template (`ctxrep.tokenize.SpecialTemplate`), so a BERT
+Special tokens come from the tokenizer's own template (`ctxrep.text.tokenizer.SpecialTemplate`), so a BERT
 tokenizer gives ``[CLS] A [SEP] B [SEP]`` and a RoBERTa one ``<s> A </s></s> B </s>``.
 
 Short-sequence warm-up (`ShortSequenceWarmup`): BERT trained 90% of its steps on 128-token sequences,
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctxrep.data.corpus import PackedCorpus
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.tokenizer import Tokenizer
 
 
 class PackingError(ValueError):

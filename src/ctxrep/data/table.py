@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxrep.files import utf8_lines
+from ctxrep.util.files import utf8_lines
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def detect_format(path: str | Path, format: str | None, default: str | None = No
 
 def numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text with its line ending) of a UTF-8 file, gunzipped when it starts with gzip's magic
-    bytes: ctxrep.files.utf8_lines (a BOM dropped; invalid UTF-8 names the file, line and column)."""
+    bytes: ctxrep.util.files.utf8_lines (a BOM dropped; invalid UTF-8 names the file, line and column)."""
     return utf8_lines(path, keep_ends=True)
 
 

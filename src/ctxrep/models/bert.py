@@ -210,7 +210,7 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(h, inner)
         self.output = nn.Linear(inner, h)
         self.dropout_p = config.attention_probs_dropout_prob
-        # A fast path set by ctxrep.fast.quantize_int8: one int8 product for query, key and value (one
+        # A fast path set by ctxrep.runtime.fast.quantize_int8: one int8 product for query, key and value (one
         # quantization of x instead of three); None runs the three projections above, the reference.
         self.query_key_value: nn.Module | None = None
 

@@ -291,7 +291,7 @@ class DisentangledSelfAttention(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.dropout_p = config.attention_probs_dropout_prob
         self.scale = 1.0 / math.sqrt(self.head_dim * config.scale_factor)
-        # Set by ctxrep.fast.quantize_int8: one int8 product for query, key and value of x; None: the three.
+        # Set by ctxrep.runtime.fast.quantize_int8: one int8 product for query, key and value of x; None: the three.
         self.query_key_value: nn.Module | None = None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:

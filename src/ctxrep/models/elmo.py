@@ -3,7 +3,7 @@
 Reads top to bottom: the config (built from the official options.json), the biLM (`ElmoBiLM`), the task-side
 module (`Elmo`: frozen biLM + trainable scalar mixes, eq. 1), then the loader and saver for the official bilm-tf /
 AllenNLP files (options.json + weights.hdf5). The input, character ids, is made on the tokenizer side
-(ctxrep.char_ids.batch_to_ids).
+(ctxrep.text.char_ids.batch_to_ids).
 
 The biLM's layers, for a sentence with boundary tokens <S> w_1 ... w_n </S>:
 
@@ -24,13 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctxrep.char_ids import BOS_CHAR, EOS_CHAR, MAX_CHARACTERS_PER_TOKEN, boundary_char_ids
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, check_weights
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.char_cnn import ACTIVATIONS, CharCNN
 from ctxrep.modules.projected_lstm import ProjectedLSTM
 from ctxrep.modules.scalar_mix import ScalarMix
+from ctxrep.text.char_ids import BOS_CHAR, EOS_CHAR, MAX_CHARACTERS_PER_TOKEN, boundary_char_ids
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
@@ -190,7 +190,7 @@ class ElmoBiLM(Encoder):
 
     # ---- the encoder interface (models/encoder.py) ----
     family = "elmo"
-    word_level = True  # reads whole words as characters: the tokenizer is ctxrep.tokenize.WordTokenizer
+    word_level = True  # reads whole words as characters: the tokenizer is ctxrep.text.tokenizer.WordTokenizer
     reads_segments = False
     # LSTMs have no position limit; windows of this many words keep memory bounded.
     WINDOW = 4096
@@ -213,7 +213,7 @@ class ElmoBiLM(Encoder):
         return self.WINDOW
 
     def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> ElmoOutput:
-        """batch["char_ids"] (batch, words, max_chars), as ctxrep.inputs.collate makes them for WordTokenizer."""
+        """batch["char_ids"] (batch, words, max_chars), as ctxrep.text.inputs.collate makes them for WordTokenizer."""
         return self(batch["char_ids"])
 
     def no_attention_reason(self) -> str:
@@ -237,7 +237,7 @@ class ElmoBiLM(Encoder):
         m = self.config.max_characters_per_token
         if char_ids.dim() != 3 or char_ids.shape[-1] != m:
             raise ValueError(
-                f"ElmoBiLM expects character ids of shape (batch, words, {m}) from ctxrep.char_ids.batch_to_ids, "
+                f"ElmoBiLM expects character ids of shape (batch, words, {m}) from ctxrep.text.char_ids.batch_to_ids, "
                 f"got {tuple(char_ids.shape)}"
             )
         if char_ids.dtype not in (torch.int32, torch.int64):

@@ -12,7 +12,7 @@ whether it reads whole words, and how to run it to hidden states. A new family i
     max_tokens      the longest input one window may have, special tokens included
     reads_segments  whether token_type_ids are fed in (GPT-2 would add them as token embeddings: no)
     word_level      reads whole words as characters (ELMo) instead of subword pieces
-    encode(batch)   runs the model on a batch from `ctxrep.inputs.collate` to an EncoderOutput whose
+    encode(batch)   runs the model on a batch from `ctxrep.text.inputs.collate` to an EncoderOutput whose
                     hidden_states is always filled (and attentions when asked and the family has them)
     input_embeddings()  the static token-embedding table (vocabulary, dim), or None for character input
     heads_per_layer()   heads left in each layer (a pruned model's layers differ; num_heads is the original count)

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ctxrep.files import apply_umask
+from ctxrep.util.files import apply_umask
 
 
 class CheckpointError(ValueError):

@@ -21,13 +21,14 @@ import os
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ctxrep.files import ctxrep_cache
 from ctxrep.models.folders import CheckpointError
-from ctxrep.tokenizer_files import TOKENIZER_FILES
+from ctxrep.text.tokenizer_files import TOKENIZER_FILES
+from ctxrep.util.files import ctxrep_cache
 
 # ---- Hugging Face Hub -------------------------------------------------------------------------------------
 
@@ -35,6 +36,9 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in order of prefere
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
 _REVISION = re.compile(r"^[\w.\-/]+$")  # branch, tag or commit hash
+
+
+ModelTypeCheck = Callable[[object, str], None]  # (config.json model_type, where) -> None, or raises
 
 
 def parse_hub_name(name: str) -> tuple[str, str | None]:
@@ -154,10 +158,10 @@ def _files_to_fetch(name: str, files: list[str]) -> list[str]:
 _HTTP_MODULES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")
 
 
-def _check_config_first(hub, name: str, repo_id: str, revision: str | None, cache: Path, endpoint: str) -> None:
+def _check_config_first(
+    hub, name: str, repo_id: str, revision: str | None, cache: Path, endpoint: str, check_model_type: ModelTypeCheck
+) -> None:
     """Fetch config.json alone and refuse a model_type no family loads before any weight is downloaded."""
-    from ctxrep.models.loading import check_model_type
-
     try:
         file = hub.hf_hub_download(
             repo_id, "config.json", revision=revision, cache_dir=str(cache), endpoint=endpoint, library_name="ctxrep"
@@ -184,8 +188,13 @@ class _SilentTqdm(tqdm):
         super().__init__(*args, **kwargs)
 
 
-def hub_folder(name: str, revision: str | None = None, progress: bool = True) -> Path:
+def hub_folder(
+    name: str, revision: str | None = None, progress: bool = True, check_model_type: ModelTypeCheck | None = None
+) -> Path:
     """Download (or find in the cache) the files ctxrep needs of a Hugging Face Hub model; return their folder.
+
+    `check_model_type(model_type, where)` raises for a config.json model_type that no family loads; it runs on
+    config.json alone, before any weight is fetched (models/loading.py passes its check; hub knows no family).
 
     `name` is a repository id, optionally pinned as "name@revision" (branch, tag or commit hash). Offline
     (HF_HUB_OFFLINE=1), or when the Hub cannot be reached, the cached snapshot is used if there is one.
@@ -247,7 +256,8 @@ def hub_folder(name: str, revision: str | None = None, progress: bool = True) ->
             f"Hugging Face cache ({cache}); check the network (or HF_ENDPOINT), or pass a local model folder"
         ) from None
     files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
-    _check_config_first(hub, name, repo_id, info.sha or revision, cache, endpoint)
+    if check_model_type is not None:
+        _check_config_first(hub, name, repo_id, info.sha or revision, cache, endpoint, check_model_type)
     try:
         folder = hub.snapshot_download(
             repo_id,

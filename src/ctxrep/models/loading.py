@@ -79,7 +79,7 @@ class LoadedEncoder:
     """A model, its tokenizer and where they came from; the model answers the encoder interface."""
 
     model: Encoder
-    tokenizer: object  # ctxrep.tokenize.Tokenizer, or WordTokenizer for word-level models (ELMo)
+    tokenizer: object  # ctxrep.text.tokenizer.Tokenizer, or WordTokenizer for word-level models (ELMo)
     source: ModelSource
 
     @property
@@ -141,7 +141,11 @@ def resolve(name_or_path: str | os.PathLike) -> ModelSource:
     if hub.is_hub_name(name):
         repo, revision = hub.parse_hub_name(name)
         cached = hub.cached_hub_folder(repo, revision)
-        return ModelSource(name, cached if cached is not None else hub.hub_folder(repo, revision), elmo=False)
+        return ModelSource(
+            name,
+            cached if cached is not None else hub.hub_folder(repo, revision, check_model_type=check_model_type),
+            elmo=False,
+        )
     raise CheckpointError(
         f"unknown model {name!r}: not a folder on this machine, not a packaged name ({', '.join(PACKAGED_MODELS)}), "
         "and not a Hugging Face Hub name (such as bert-base-cased or google/electra-small-discriminator)"
@@ -186,7 +190,7 @@ def check_model_type(model_type: object, where: str) -> None:
 
 def load_encoder(name_or_path: str | os.PathLike) -> LoadedEncoder:
     """Resolve the name once; build the model (eval mode) and its tokenizer."""
-    from ctxrep.tokenize import Tokenizer, WordTokenizer
+    from ctxrep.text.tokenizer import Tokenizer, WordTokenizer
 
     source = resolve(name_or_path)
     model = _build(source)

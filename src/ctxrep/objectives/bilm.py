@@ -50,11 +50,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.char_ids import batch_to_ids
 from ctxrep.models.elmo import ElmoBiLM, ElmoConfig
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.objectives.recipe import Built, Ingredients, PretrainError, Recipe, full_sentences
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.char_ids import batch_to_ids
+from ctxrep.text.tokenizer import Tokenizer
 
 VOCAB_FILE = "vocab.txt"
 # Rows of the full softmax computed at once: bounds the (rows, vocab) logits to about 64 MB of float32.

@@ -62,8 +62,8 @@ from ctxrep.objectives.masked_lm import (
 )
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.objectives.recipe import Built, Ingredients, PretrainError, Recipe, full_sentences
-from ctxrep.tokenize import Tokenizer
-from ctxrep.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON
+from ctxrep.text.tokenizer import Tokenizer
+from ctxrep.text.tokenizer_files import TOKENIZER_FILES, TOKENIZER_JSON
 
 MASKED_FILL = -1e9  # the score of a padded key (float32): exp underflows to 0, the log stays finite
 

@@ -38,7 +38,7 @@ from ctxrep.models.folders import write_folder
 from ctxrep.objectives.next_sentence import NextSentenceHead, next_sentence_loss
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.objectives.recipe import Built, Ingredients, Packing, PretrainError, Recipe, Shape, full_sentences
-from ctxrep.tokenize import Tokenizer, TokenizerError
+from ctxrep.text.tokenizer import Tokenizer, TokenizerError
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (F.cross_entropy's ignore_index)
 

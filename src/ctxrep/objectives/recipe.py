@@ -28,7 +28,7 @@ from typing import Any
 
 from ctxrep.data.corpus import PackedCorpus
 from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker, ShortSequenceWarmup
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.tokenizer import Tokenizer
 
 
 class PretrainError(ValueError):

@@ -28,7 +28,7 @@ from ctxrep.models.albert import AlbertConfig, AlbertForPreTraining
 from ctxrep.objectives.masked_lm import BatchMasker, MaskedLMConfig, SegmentPairSettings, mlm_loss
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.objectives.recipe import Built, Ingredients, Packing, Recipe, Shape
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.tokenizer import Tokenizer
 
 IN_ORDER, SWAPPED = 0, 1
 

@@ -3,7 +3,7 @@
 `$CTXREP_CACHE/graphs/KEY/` (~/.cache/ctxrep/graphs), KEY a hash of the model's class, config and every weight and
 of the layers asked for, holds:
   fp32.onnx           inputs input_ids, attention_mask[, token_type_ids] (batch, sequence); outputs hidden_state_I for
-                      each layer I asked for (batch, sequence, hidden): ctxrep.export's exporters on a float32 CPU copy,
+                      each layer I asked for (batch, sequence, hidden): ctxrep.runtime.export's exporters on a float32 CPU copy,
                       checked against the torch forward when written (max |difference| at real tokens)
   ort-int8.onnx       onnxruntime.quantization.quantize_dynamic of a SmoothQuant-smoothed export (int8 weights per
                       channel), calibrated on `fast.CALIBRATION_TEXTS`
@@ -84,7 +84,7 @@ class HiddenStates(nn.Module):
 
 def check_batches(model: Encoder) -> list[dict[str, torch.Tensor]]:
     """Batches unlike the export example (2 x 8): padded rows and an unpadded one."""
-    from ctxrep.export import _check_batches
+    from ctxrep.runtime.export import _check_batches
 
     return _check_batches(model)
 
@@ -140,14 +140,14 @@ def fp32_onnx(model: Encoder, layers: tuple[int, ...]) -> Path:
 
 
 def export_checked(model: Encoder, layers: tuple[int, ...], path: Path) -> dict:
-    """Export a float32 copy of `model` to `path` (the first of ctxrep.export's exporters whose graph matches the
+    """Export a float32 copy of `model` to `path` (the first of ctxrep.runtime.export's exporters whose graph matches the
     torch forward within FP32_TOLERANCE) and return what the check measured; GraphError when none matches."""
     if model.word_level:
         raise GraphError(
             f"{model.family} runs on backend='torch' only: its LSTMs step through the sentence in a Python loop, "
             "which an exported graph would fix to one length"
         )
-    from ctxrep.export import EXPORTERS, _batch, _export, _first_line
+    from ctxrep.runtime.export import EXPORTERS, _batch, _export, _first_line
 
     encoder = float_copy(model)
     wrapper = HiddenStates(encoder, layers).eval()
@@ -192,7 +192,7 @@ def ort_int8_onnx(model: Encoder, layers: tuple[int, ...], calibration: Sequence
     channel, uint8 activations quantized per call; the embedding tables stay float32) of a SmoothQuant-smoothed
     export (`fast.smooth_linears` calibrated on `calibration`): the activations' outlier channels move into the
     weights first (MiniLM, 300 SST sentences: word vectors at mean cosine 0.994 to float32 instead of 0.989)."""
-    from ctxrep import fast
+    from ctxrep.runtime import fast
 
     folder = graphs_dir() / model_key(model, layers)
     path = folder / "ort-int8.onnx"

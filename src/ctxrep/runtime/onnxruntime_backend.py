@@ -6,9 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from ctxrep import fast
 from ctxrep.models.encoder import Encoder
-from ctxrep.runtime import graphs
+from ctxrep.runtime import fast, graphs
 
 
 class OnnxRuntime:

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ctxrep import fast
 from ctxrep.models.encoder import Encoder
-from ctxrep.runtime import graphs
+from ctxrep.runtime import fast, graphs
 from ctxrep.runtime.hardware import cpu_has_bf16
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from ctxrep import fast
 from ctxrep.models.encoder import Encoder
+from ctxrep.runtime import fast
 from ctxrep.runtime.hardware import prepack_pays
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -4,7 +4,7 @@
     tasks/modes.py     the frozen / fine-tune split: every decision that depends on `mode`, one object per mode
     tasks/features.py  the frozen-feature cache
     tasks/loop.py      the training loop (AdamW from ctxrep.train.optim, schedules, early stopping)
-    ctxrep/inputs.py   windows, EncoderInput records, collate
+    ctxrep/text/inputs.py   windows, EncoderInput records, collate
 
 A task estimator follows scikit-learn's contract (`__init__` stores its arguments, `fit` returns self, learned
 state ends in `_`, `predict` and `score` change nothing). Its parameters are dataclass fields: the shared ones
@@ -51,13 +51,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctxrep.inputs import token_budget_batches
 from ctxrep.models.folders import write_safetensors
 from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
 from ctxrep.tasks import loop
 from ctxrep.tasks.features import FeatureCache
 from ctxrep.tasks.modes import FineTune, Frozen, mode_of, units_of
 from ctxrep.tasks.network import Representation, TaskNetwork, inference_network, int8_network
+from ctxrep.text.inputs import token_budget_batches
 
 FROZEN_HEADS = ("bilstm", "linear")
 IGNORE = -100  # label of positions that carry no loss
@@ -110,10 +110,10 @@ class TaskParams:
     gradual_unfreezing: unfreeze one encoder layer per epoch from the top (finetune only).
     cache_dir: where frozen features are cached (None: $CTXREP_CACHE/features, else ~/.cache/ctxrep/features).
     random_state: an int for repeatable fits, or None.
-    progress: False (silent), True (a bar on a terminal, plain lines on stderr otherwise: ctxrep.progress) or
+    progress: False (silent), True (a bar on a terminal, plain lines on stderr otherwise: ctxrep.util.progress) or
         "lines" (plain lines at most every 10 s, and one per epoch, even on a terminal; `ctxrep finetune --no-progress`).
     quantize: None, or "int8": predict and score run the fine-tuned Transformer encoder's linear layers in int8
-        (`ctxrep.fast.quantize_int8`, SmoothQuant-calibrated on built-in sentences; a copy built once per fitted
+        (`ctxrep.runtime.fast.quantize_int8`, SmoothQuant-calibrated on built-in sentences; a copy built once per fitted
         model). Training stays float32. Frozen mode and ELMo refuse it in one line.
     device: where the network trains and predicts ("cpu", "cuda", "cuda:1"); batches follow it, saved weights are
         written from CPU copies.
@@ -362,7 +362,7 @@ class TaskEstimator(TaskParams, ParamsProtocol):
     def _call(self) -> Call:
         """A fresh Call: a word-level tokenizer (which numbers words as it meets them) is copied empty, so ids from
         this call share a table and the estimator's own tokenizer never changes."""
-        from ctxrep.tokenize import WordTokenizer
+        from ctxrep.text.tokenizer import WordTokenizer
 
         loaded: LoadedEncoder = self.backbone_
         tokenizer = loaded.tokenizer

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.inputs import EncoderInput, WindowPlan
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
 from ctxrep.tasks.network import Representation
+from ctxrep.text.inputs import EncoderInput, WindowPlan
 
 POOLINGS = ("cls", "mean", "concat")
 

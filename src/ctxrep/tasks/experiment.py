@@ -205,7 +205,11 @@ def check_dev_labels(task: str, train: Dataset, dev: Dataset, train_path, dev_pa
 
 
 def make_estimator(task: str, **params):
-    from ctxrep.tasks import SequenceClassifier, SequenceRegressor, SpanExtractor, TokenTagger, WordInContextClassifier
+    from ctxrep.tasks.classifier import SequenceClassifier
+    from ctxrep.tasks.regressor import SequenceRegressor
+    from ctxrep.tasks.span import SpanExtractor
+    from ctxrep.tasks.tagger import TokenTagger
+    from ctxrep.tasks.wic import WordInContextClassifier
 
     if task in ("sst2", "sst5", "glue-pair", "classify", "pair"):
         return SequenceClassifier(**params)

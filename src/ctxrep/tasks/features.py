@@ -145,7 +145,7 @@ def _featurizer(loaded: LoadedEncoder, pooling: str):
     """A Featurizer on the already-loaded encoder. A word-level tokenizer numbers words as it goes, so the
     featurizer gets its own: the estimator's is left as it was."""
     from ctxrep.featurize import Featurizer
-    from ctxrep.tokenize import WordTokenizer
+    from ctxrep.text.tokenizer import WordTokenizer
 
     tokenizer = loaded.tokenizer
     if tokenizer.word_level:

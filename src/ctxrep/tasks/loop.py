@@ -75,9 +75,9 @@ class LoopSettings:
 
 def progress_display(setting: bool | str, *, total: int | None, desc: str, unit: str):
     """The estimators' `progress` parameter as a display: False, nothing; True, a bar on a terminal and plain lines
-    otherwise (ctxrep.progress.progress); "lines", plain lines at most every 10 s even on a terminal (what
+    otherwise (ctxrep.util.progress.progress); "lines", plain lines at most every 10 s even on a terminal (what
     `ctxrep finetune --no-progress` asks for: a log that still says how far along the work is)."""
-    from ctxrep.progress import LineProgress, progress
+    from ctxrep.util.progress import LineProgress, progress
 
     if setting == "lines":
         return LineProgress(total=total, desc=desc, unit=unit)

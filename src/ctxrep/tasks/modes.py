@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from ctxrep.inputs import collate
 from ctxrep.tasks.features import FeatureCache
 from ctxrep.tasks.network import Representation, pad_features
+from ctxrep.text.inputs import collate
 
 MODES = ("finetune", "frozen")
 

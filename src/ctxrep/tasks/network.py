@@ -1,13 +1,13 @@
 """The task network: a representation (fine-tuned encoder, or a mix over cached frozen features) and a head.
 
-finetune  batch from ctxrep.inputs.collate -> encoder.encode(batch) -> top layer (batch, pieces, hidden);
+finetune  batch from ctxrep.text.inputs.collate -> encoder.encode(batch) -> top layer (batch, pieces, hidden);
           ELMo (a word-level encoder): batch["char_ids"] -> models.elmo.Elmo, the biLM under a trainable
           ScalarMix (Peters et al. 2018, eq. 1) -> (batch, words, hidden)
 frozen    batch["features"] (batch, words, layers, dim), batch["mask"] -> ScalarMix (gamma * sum_j softmax(s)_j h_j)
           -> BiLSTM, or nothing ("linear") -> (batch, words, out_dim)
 
 Predictions run `inference_network(network)`: the network itself, or for a call large enough to pay for compiling,
-the same head over ctxrep.fast's compiled copy of a fine-tuned Transformer encoder; tested against the network.
+the same head over ctxrep.runtime.fast's compiled copy of a fine-tuned Transformer encoder; tested against the network.
 
 Depth of each encoder parameter (for discriminative learning rates and gradual unfreezing) is the encoder's own
 answer, `encoder.layer_of(name)` (models/encoder.py): no parameter names are guessed here.
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctxrep import fast
 from ctxrep.modules.scalar_mix import ScalarMix
+from ctxrep.runtime import fast
 
 
 class Representation(nn.Module):
@@ -93,7 +93,7 @@ class TaskNetwork(nn.Module):
 
 def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     """The network to predict with (eval mode, under torch.inference_mode): for a call of `num_tokens` large enough to
-    pay for compiling (`ctxrep.fast.worth_compiling`, as the Featurizer's compile="auto"), a fine-tuned Transformer
+    pay for compiling (`ctxrep.runtime.fast.worth_compiling`, as the Featurizer's compile="auto"), a fine-tuned Transformer
     encoder is replaced by `fast.compile_encoder`'s copy (frozen weights: built per call), the head shared; otherwise
     the network itself. The featurizer's oneDNN pre-packing is left out: measured on this project's 2-core Xeon it
     ran the estimators' prediction batches 1.1-1.3x slower than the plain float32 path (notes_finetune_speed.md)."""

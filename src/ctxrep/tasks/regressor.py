@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.sentence_similarity import pearson, spearman
 from ctxrep.tasks.classifier import PoolingHead, Ranking, SequenceTask
 from ctxrep.tasks.network import Representation
+from ctxrep.vectors.similarity import pearson, spearman
 
 
 class SequenceRegressor(SequenceTask):

@@ -24,7 +24,7 @@ Losses, with c_ij = cos(u_i, v_j) and s = `scale`:
 The estimator follows scikit-learn's contract like ctxrep.tasks' estimators (`__init__` stores, `fit` returns self,
 learned state ends in `_`, get_params / set_params), with `random_state` seeding a local numpy Generator and a
 forked torch RNG. `predict(pairs)` gives each pair's cosine and `score(pairs, y)` the Spearman correlation of those
-with y (STS evaluation: `ctxrep.sentence_similarity.sts_evaluate`). A text longer than `max_length` pieces is
+with y (STS evaluation: `ctxrep.vectors.similarity.sts_evaluate`). A text longer than `max_length` pieces is
 truncated, in training and encoding alike (sentence-transformers' max_seq_length, saved with the folder).
 """
 
@@ -41,12 +41,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ctxrep.inputs import collate, token_budget_batches, words_of
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import is_sentence_transformers_folder, read_sentence_pooling
-from ctxrep.sentence_similarity import sts_evaluate
 from ctxrep.tasks import loop
 from ctxrep.tasks.base import ParamsProtocol
+from ctxrep.text.inputs import collate, token_budget_batches, words_of
+from ctxrep.vectors.similarity import sts_evaluate
 
 LOSSES = ("mnrl", "simcse", "cosine", "cosent")
 POOLINGS = ("model", "mean", "cls")
@@ -213,7 +213,7 @@ class SentenceEncoder(ParamsProtocol):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_decay(step, warmup, total))
         self.history_ = []
         step, epoch = 0, 0
-        from ctxrep.progress import progress
+        from ctxrep.util.progress import progress
 
         bar = progress(total=total, desc="SentenceEncoder", unit="batch", enabled=bool(self.progress))
         try:
@@ -279,7 +279,7 @@ class SentenceEncoder(ParamsProtocol):
 
     def _inputs(self, texts: list[str]) -> list:
         """One EncoderInput per text, cut to max_length pieces (special tokens included)."""
-        from ctxrep.inputs import WindowPlan
+        from ctxrep.text.inputs import WindowPlan
 
         tokenizer = self.backbone_.tokenizer
         limit = min(int(self.max_length), self.backbone_.model.max_tokens)
@@ -357,7 +357,7 @@ class SentenceEncoder(ParamsProtocol):
         """The cosine similarity of each (text, text) pair."""
         a, b = _pairs(X)
         u, v = self.encode(a), self.encode(b)
-        from ctxrep.sentence_similarity import similarity
+        from ctxrep.vectors.similarity import similarity
 
         return similarity(u, v, pairwise=True)
 

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.inputs import EncoderInput, window_words
 from ctxrep.tasks.base import Call, TaskEstimator
 from ctxrep.tasks.modes import units_of
 from ctxrep.tasks.network import Representation
+from ctxrep.text.inputs import EncoderInput, window_words
 
 
 @dataclass

@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.data.tags import entity_scores
-from ctxrep.inputs import EncoderInput, WindowPlan
 from ctxrep.modules.crf import CRF
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
 from ctxrep.tasks.network import Representation
+from ctxrep.text.inputs import EncoderInput, WindowPlan
 
 TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
 _ENTITY_TAG = re.compile(r"^(O|[BIES]-.+)$")

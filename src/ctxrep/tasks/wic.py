@@ -22,11 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ctxrep.inputs import EncoderInput, WindowPlan
 from ctxrep.tasks.base import IGNORE, Call
 from ctxrep.tasks.classifier import SequenceClassifier
 from ctxrep.tasks.modes import units_of
 from ctxrep.tasks.network import Representation
+from ctxrep.text.inputs import EncoderInput, WindowPlan
 
 MARK_EXAMPLE = "He sat on the [[bank]] of the river ."
 

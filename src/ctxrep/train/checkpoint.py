@@ -25,9 +25,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from ctxrep.files import apply_umask
 from ctxrep.models.loading import CheckpointError
 from ctxrep.train.distributed import Distributed
+from ctxrep.util.files import apply_umask
 
 STATE_FILE = "trainer_state.json"
 

@@ -34,7 +34,7 @@ from ctxrep.data.corpus import CorpusConfig, PackedCorpus, pack_corpus
 from ctxrep.data.packing import PackingError, ShortSequenceWarmup
 from ctxrep.objectives.recipe import Ingredients, Packing, PretrainError, Recipe
 from ctxrep.objectives.recipes import recipe
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.tokenizer import Tokenizer
 from ctxrep.train import distributed
 from ctxrep.train.config import check_run_folder
 from ctxrep.train.precision import check_precision, resolve_precision
@@ -154,7 +154,7 @@ def prepare_tokenizer(
 ) -> Tokenizer:
     """The run's tokenizer in out/: the recipe's own, copied from `tokenizer`, kept from an earlier run, or trained
     on the corpus."""
-    from ctxrep.tokenizer_training import train_tokenizer
+    from ctxrep.text.tokenizer_training import train_tokenizer
 
     r = recipe(objective)
     out.mkdir(parents=True, exist_ok=True)

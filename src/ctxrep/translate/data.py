@@ -45,7 +45,7 @@ from tokenizers import (
     trainers,
 )
 
-from ctxrep.files import utf8_lines
+from ctxrep.util.files import utf8_lines
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def read_lines(path: str | Path) -> list[str]:
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
-    """UTF-8 bytes -> lines (a BOM and CRLF accepted; ctxrep.files.utf8_lines); `name` is the file (or "<stdin>")
+    """UTF-8 bytes -> lines (a BOM and CRLF accepted; ctxrep.util.files.utf8_lines); `name` is the file (or "<stdin>")
     named in errors."""
     return [text for _, text in utf8_lines(io.BytesIO(data), name, error=DataError)]
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctxrep.fast import Int8Linear, quantize_int8
-from ctxrep.inputs import token_budget_batches
 from ctxrep.models.marian import MarianMTModel
+from ctxrep.runtime.fast import Int8Linear, quantize_int8
+from ctxrep.text.inputs import token_budget_batches
 from ctxrep.translate.tokenizer import MTTokenizer
 
 logger = logging.getLogger(__name__)
@@ -412,7 +412,7 @@ def translate(
 
 def quantize_translator(model: MarianMTModel) -> MarianMTModel:
     """A copy of `model` (eval mode) that decodes in int8: every nn.Linear of the encoder and decoder becomes
-    ctxrep.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call), and so does
+    ctxrep.runtime.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call), and so does
     the output projection (`int8_projection`, from the tied embeddings; the embeddings themselves stay float32).
     No SmoothQuant calibration (fast.quantize_int8 with no batches: every smoothing scale is 1), as CTranslate2's
     compute_type="int8" quantizes weights per row and activations on the fly. CPU only."""

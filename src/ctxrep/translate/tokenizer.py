@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ctxrep.tokenize import TokenizerError
+from ctxrep.text.tokenizer import TokenizerError
 
 OPUS_FILES = ("source.spm", "target.spm", "vocab.json")
 

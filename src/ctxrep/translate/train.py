@@ -37,12 +37,12 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
 from torch import nn
 
-from ctxrep.files import apply_umask
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
 from ctxrep.train.config import Schema, check_run_folder
 from ctxrep.train.trainer import Trainer, TrainerConfig
 from ctxrep.translate import data as mtdata
+from ctxrep.util.files import apply_umask
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "mt"
 RUN_FILE = "mt_train.json"

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ctxrep.inputs import WindowPlan, collate
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.text.inputs import WindowPlan, collate
 
 # Compiling pays when a call runs more tokens than this. Measured on 2 CPU threads (benchmarks/notes_speed.md):
 # compiling takes 15-30 s on a quiet machine and then saves about 50 us per MiniLM token, so it breaks even near

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ctxrep.embed_corpus import parse_layers
-from ctxrep.sentence_similarity import METRICS, normalize_rows
+from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.similarity import METRICS
+from ctxrep.vectors.spec import parse_layers
 
 __all__ = ["SentenceIndex", "Hits", "SentenceIndexError"]
 
@@ -130,7 +131,7 @@ class SentenceIndex:
         """An index over given vectors: an (n, dim) array, or the folder of a `ctxrep embed --level sentence` run
         (read memory-mapped; ids default to its input line numbers, and queries are embedded with its settings)."""
         if isinstance(vectors, (str, os.PathLike)):
-            from ctxrep.vectors import load_vectors
+            from ctxrep.vectors.store import load_vectors
 
             stored = load_vectors(vectors)
             if stored.level != "sentence":

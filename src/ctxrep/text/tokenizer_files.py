@@ -89,7 +89,7 @@ def load_backend(folder: str | Path) -> tokenizers.Tokenizer | None:
 
 def cache_dir() -> Path:
     """$CTXREP_CACHE/tokenizers (~/.cache/ctxrep/tokenizers by default)."""
-    from ctxrep.files import ctxrep_cache
+    from ctxrep.util.files import ctxrep_cache
 
     return ctxrep_cache() / "tokenizers"
 

@@ -1,6 +1,6 @@
 """ELMo's character ids: a word as [begin-of-word, its UTF-8 bytes, end-of-word, padding...] (bilm-tf's
-UnicodeCharsVocabulary), the tokenizer side of a word-level encoder. `ctxrep.tokenize.WordTokenizer` and
-`ctxrep.inputs.collate` read words through it; models/elmo.py adds the sentence boundaries <S> and </S>.
+UnicodeCharsVocabulary), the tokenizer side of a word-level encoder. `ctxrep.text.tokenizer.WordTokenizer` and
+`ctxrep.text.inputs.collate` read words through it; models/elmo.py adds the sentence boundaries <S> and </S>.
 
     batch_to_ids([["The", "cat"]])  ->  (1 sentence, 2 words, 50 characters), 0 = a padding word
 """

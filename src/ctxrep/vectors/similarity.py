@@ -17,21 +17,11 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from ctxrep.util.arrays import unit_rows
+
 METRICS = ("cosine", "dot")
-EPS = 1e-12
 
-__all__ = ["similarity", "normalize_rows", "sts_evaluate", "spearman", "pearson", "METRICS"]
-
-
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    """x / max(||x||, eps) along the last axis (L2), in float64; zero rows stay zero."""
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), EPS)
-
-
-def normalize_rows(x: np.ndarray) -> np.ndarray:
-    """x / max(||x||, eps) along the last axis (L2) as float32; zero rows stay zero."""
-    return _unit_rows(np.asarray(x, dtype=np.float32)).astype(np.float32)
+__all__ = ["similarity", "sts_evaluate", "spearman", "pearson", "METRICS"]
 
 
 def _is_texts(x) -> bool:
@@ -106,7 +96,7 @@ def similarity(
     if u.shape[1] != v.shape[1]:
         raise ValueError(f"similarity: a's vectors are {u.shape[1]} wide but b's are {v.shape[1]}; use the same model")
     if metric == "cosine":
-        u, v = _unit_rows(u), _unit_rows(v)
+        u, v = unit_rows(u), unit_rows(v)
     if pairwise:
         if len(u) != len(v):
             raise ValueError(f"similarity(pairwise=True): a has {len(u)} rows but b has {len(v)}; give equal numbers")

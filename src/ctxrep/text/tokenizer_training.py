@@ -26,7 +26,7 @@ deterministic; tests/test_tokenizer_training.py checks all three across processe
 
 The text is read by `ctxrep.data.corpus` (Gutenberg header and footer removed, BOM and CRLF handled,
 binary files refused) and fed to the trainer line by line. The result is ``out_dir/tokenizer.json``
-(loads with `ctxrep.tokenize.Tokenizer.from_model_dir` and with transformers' ``AutoTokenizer``) and
+(loads with `ctxrep.text.tokenizer.Tokenizer.from_model_dir` and with transformers' ``AutoTokenizer``) and
 ``out_dir/tokenizer_config.json`` (special-token names for transformers).
 """
 
@@ -41,7 +41,7 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ctxrep.data.corpus import CorpusConfig, CorpusError, iter_documents, list_text_files
-from ctxrep.tokenize import Tokenizer
+from ctxrep.text.tokenizer import Tokenizer
 
 WORDPIECE_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 BPE_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -69,7 +69,7 @@ def train_tokenizer(
     For ``kind="word"`` the vocabulary holds the specials and the vocab_size - 4 most frequent words that
     occur at least `min_frequency` times (fewer when the corpus has fewer).
     `corpus` says how the text files are read (Gutenberg stripping); only its reading options are used.
-    Returns the saved tokenizer loaded back through `ctxrep.tokenize.Tokenizer`.
+    Returns the saved tokenizer loaded back through `ctxrep.text.tokenizer.Tokenizer`.
     """
     if kind not in KINDS:
         raise ValueError(

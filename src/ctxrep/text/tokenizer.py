@@ -115,9 +115,9 @@ class Tokenizer:
     @classmethod
     def from_model_dir(cls, path: str | Path) -> Tokenizer:
         """tokenizer.json; or a SentencePiece model (sentencepiece.bpe.model, spiece.model, spm.model: converted once
-        and cached, see ctxrep.tokenizer_files); or vocab.txt (WordPiece, BERT) / vocab.json + merges.txt (byte-level
+        and cached, see ctxrep.text.tokenizer_files); or vocab.txt (WordPiece, BERT) / vocab.json + merges.txt (byte-level
         BPE, RoBERTa)."""
-        from ctxrep.tokenizer_files import TokenizerFileError, load_backend
+        from ctxrep.text.tokenizer_files import TokenizerFileError, load_backend
 
         path = Path(path)
         try:
@@ -238,7 +238,7 @@ class WordTokenizer:
         """(len(words), max_characters_per_token) ELMo character ids of every word so far; row 0 (padding) is 0."""
         import torch
 
-        from ctxrep.char_ids import batch_to_ids
+        from ctxrep.text.char_ids import batch_to_ids
 
         width = self.max_characters_per_token
         if self._chars is None or self._chars.shape[1] != width:

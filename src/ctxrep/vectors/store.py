@@ -13,7 +13,7 @@
 Each shard is mapped, not read: .npy shards with np.load(mmap_mode="r"); .safetensors shards by mapping the
 tensor's bytes at the offset its header gives (safetensors' own layout: an 8-byte little-endian header length, a
 JSON header, then the raw data), so that both storages give the same np.memmap and a text costs only its rows.
-A folder of Parquet files written by `ctxrep embed --engine ray --storage parquet` is read too (`ctxrep.ray_embed`).
+A folder of Parquet files written by `ctxrep embed --engine ray --storage parquet` is read too (`ctxrep.embed.ray_engine`).
 """
 
 from __future__ import annotations

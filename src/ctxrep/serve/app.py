@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from ctxrep.sentence_similarity import normalize_rows
+from ctxrep.util.arrays import normalize_rows
 
 API_KEY_ENV = "CTXREP_API_KEY"
 

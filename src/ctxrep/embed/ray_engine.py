@@ -1,0 +1,379 @@
+"""Embedding on a Ray cluster with Ray Data (the optional extra `ctxrep[ray]`).
+
+Two ways in:
+
+1. `RayEmbedder`, a callable class for `ray.data.Dataset.map_batches`: each actor loads the model once and turns a
+   batch of texts into Arrow columns (sentence vectors, or per-word vectors with their words), with every Featurizer
+   option. Use it in your own pipeline:
+
+       import ray
+       from ctxrep.embed.ray_engine import RayEmbedder
+       ds = ray.data.read_parquet("s3://bucket/texts/")
+       ds = ds.map_batches(RayEmbedder, fn_constructor_kwargs={"model": "minilm", "level": "sentence"},
+                           batch_format="pyarrow", batch_size=256, concurrency=8, num_gpus=1)
+       ds.write_parquet("s3://bucket/vectors/")
+
+2. `ctxrep embed --engine ray [--ray-address ADDR]` (`embed_with_ray`): ctxrep reads the input (text, JSONL, CSV,
+   TSV, CoNLL, Parquet) on the driver, cuts it into the shards one process would write, hands them to Ray Data as
+   Arrow blocks (words, text number, line), and writes the vectors that come back, in input order, as ctxrep's
+   shards: the same folder, index and manifest as `ctxrep embed` without Ray (`ctxrep.load_vectors` reads it), and
+   resumable the same way. Ray restarts an actor that dies and retries its batch; the driver checks that every text
+   comes back exactly once, in order, before it writes a shard.
+
+Columns `RayEmbedder` adds (float32):
+  level="sentence": `vector`   fixed_size_list<float, dim>           (or <<float, dim>, layers> for several layers)
+  level="word":     `words`    list<string>, and
+                    `vectors`  list<fixed_size_list<float, dim>>     one entry per word (a layer axis likewise)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ctxrep.embed.corpus import (
+    EmbedJob,
+    EmbedSummary,
+    Record,
+    _row_shape,
+    _shards_of,
+    _stderr,
+    open_records,
+    open_run,
+    write_arrays,
+)
+from ctxrep.util.progress import progress
+
+# Shards the driver holds and sends through the actor pool at a time (64 x 2,000 texts by default): a corpus of any
+# size streams through in runs of this many, each its own Ray Data execution.
+SHARDS_PER_RUN = 64
+
+
+def _require_ray():
+    try:
+        import ray  # noqa: F401
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "--engine ray needs Ray Data: pip install 'ctxrep[ray]' (or pip install 'ray[data]')"
+        ) from None
+    return sys.modules["ray"]
+
+
+def _fixed_lists(values: np.ndarray):
+    """A float32 array (n, *shape) as an Arrow array of n nested fixed-size lists (innermost: the last axis)."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    array = pa.array(values.reshape(-1))
+    for size in reversed(values.shape[1:]):
+        array = pa.FixedSizeListArray.from_arrays(array, size)
+    return array
+
+
+def arrow_to_numpy(column, row_shape: tuple[int, ...]) -> np.ndarray:
+    """The inverse of `_fixed_lists` for a (chunked) column of nested fixed-size lists: (n, *row_shape) float32."""
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    flat = column
+    for _ in row_shape:
+        flat = flat.flatten()
+    return np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(column), *row_shape)
+
+
+class RayEmbedder:
+    """A callable class for `Dataset.map_batches(RayEmbedder, fn_constructor_kwargs={...}, batch_format="pyarrow")`.
+
+    The model is loaded once, when Ray starts the actor. Each call embeds the batch's `text_column` (strings, split
+    on whitespace, or lists of words) and returns the batch with the vector columns added (module docstring).
+    Options are the Featurizer's (model, layers, pooling, sentence_pooling, normalize, stride, max_length,
+    batch_tokens, precision, backend, compile) plus `level` ("sentence" or "word"), `threads` (torch threads) and
+    `device` (default: "cuda" when Ray gave the actor a GPU, `num_gpus=1`, else the CPU).
+    """
+
+    def __init__(
+        self,
+        model: str = "minilm",
+        *,
+        level: str = "sentence",
+        text_column: str = "text",
+        layers: int | list[int] | str = -1,
+        pooling: str = "mean",
+        sentence_pooling: str = "mean",
+        normalize: bool = False,
+        stride: int | None = None,
+        max_length: int | None = None,
+        batch_tokens: int | None = None,
+        threads: int | None = None,
+        device: str | None = None,
+        precision: str = "fp32",
+        backend: str = "torch",
+        compile: bool | str = "auto",
+    ) -> None:
+        from ctxrep.featurize import Featurizer
+
+        if level not in ("sentence", "word"):
+            raise ValueError(f"level must be 'sentence' or 'word', got {level!r}")
+        if device is None:
+            device = "cuda" if _actor_has_gpu() else None
+        kwargs: dict[str, Any] = {}
+        if normalize:
+            kwargs["normalize"] = True
+        self.featurizer = Featurizer(
+            model,
+            layers=layers,
+            pooling=pooling,
+            sentence_pooling=sentence_pooling,
+            stride=stride,
+            max_length=max_length,
+            batch_tokens=batch_tokens,
+            num_threads=threads,
+            compile=compile,
+            device=device,
+            precision=precision,
+            backend=backend,
+            **kwargs,
+        )
+        self.level = level
+        self.text_column = text_column
+        self.row_shape = _row_shape(self.featurizer, level)
+
+    def words_of(self, table) -> list[list[str]]:
+        if self.text_column not in table.column_names:
+            raise ValueError(
+                f"the batch has no column {self.text_column!r} (columns: {', '.join(table.column_names)}); "
+                "pass text_column=..."
+            )
+        return [t.split() if isinstance(t, str) else list(t) for t in table.column(self.text_column).to_pylist()]
+
+    def __call__(self, table):
+        """pyarrow.Table in, the same table with the vector columns appended out (a dict of numpy arrays or a pandas
+        DataFrame is turned into a table first)."""
+        import pyarrow as pa
+
+        if not isinstance(table, pa.Table):
+            table = pa.Table.from_pandas(table) if hasattr(table, "to_numpy") else pa.table(table)
+        words = self.words_of(table)
+        added = ("vector",) if self.level == "sentence" else ("words", "vectors")
+        table = table.drop_columns([c for c in added if c in table.column_names])  # replaced, not doubled
+        if self.level == "sentence":
+            vectors = self.featurizer.embed_sentences(words) if words else np.zeros((0, *self.row_shape), np.float32)
+            return table.append_column("vector", _fixed_lists(vectors))
+        per_text = self.featurizer.embed_words(words)
+        flat = np.concatenate(per_text) if per_text else np.zeros((0, *self.row_shape), np.float32)
+        offsets = pa.array(np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int32))
+        table = table.append_column("words", pa.array(words, type=pa.list_(pa.string())))
+        return table.append_column("vectors", pa.ListArray.from_arrays(offsets, _fixed_lists(flat)))
+
+
+def _actor_has_gpu() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and bool(ray.get_gpu_ids())
+    except Exception:  # outside a Ray worker
+        return False
+
+
+def _shard_table(first: int, records: list[Record]):
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "text_id": pa.array(range(first, first + len(records)), pa.int64()),
+            "line": pa.array([r.line for r in records], pa.int64()),
+            "text": pa.array([r.words for r in records], pa.list_(pa.string())),
+        }
+    )
+
+
+def embed_with_ray(
+    job: EmbedJob,
+    *,
+    address: str | None = None,
+    actors: int | None = None,
+    cpus_per_actor: float = 1,
+    gpus_per_actor: float = 0,
+    batch_size: int = 256,
+    embedder: type = RayEmbedder,
+    show_progress: bool = True,
+    log: Callable[[str], None] = _stderr,
+) -> EmbedSummary:
+    """`ctxrep embed --engine ray`: the folder `embed_corpus` writes, embedded by a pool of Ray actors.
+
+    address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local Ray (or uses the one
+    this process already started). actors: the pool size (default: as many as the cluster's CPUs, or GPUs when
+    gpus_per_actor > 0, allow). `embedder`: the map_batches class (RayEmbedder; a subclass to change what it does).
+    """
+    ray = _require_ray()
+    run = open_run(job, log)
+    if isinstance(run, EmbedSummary):
+        return run
+    if not ray.is_initialized():
+        if address is None:  # a local Ray for this run only
+            ray.init(log_to_driver=False, include_dashboard=False)
+        else:
+            try:
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError) as e:
+                cause = e.__cause__ or e
+                hint = ""
+                if "auth" in str(cause).lower():
+                    hint = (
+                        " (the cluster wants Ray's token: set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN, or run on a node"
+                    )
+                    hint += " of the cluster with --ray-address auto)"
+                first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+                raise ValueError(
+                    f"cannot join the Ray cluster at {address}: {first}{hint}; start one with `ray start --head` "
+                    "or check --ray-address"
+                ) from None
+    if actors is None:
+        resources = ray.cluster_resources()
+        if gpus_per_actor > 0:
+            actors = max(1, int(resources.get("GPU", 0) // gpus_per_actor))
+        else:
+            actors = max(1, int(resources.get("CPU", 1) // cpus_per_actor))
+    threads = job.threads or max(1, int(cpus_per_actor))
+    options = {
+        "model": job.model,
+        "level": job.level,
+        "text_column": "text",
+        "layers": job.layers,
+        "pooling": job.pooling,
+        "sentence_pooling": job.sentence_pooling,
+        "batch_tokens": job.batch_tokens,
+        "threads": threads,
+        "precision": "int8" if job.quantize == "int8" else job.precision,
+        "backend": job.backend,
+        "compile": job.compile,
+    }
+    if job.device is not None:
+        options["device"] = job.device
+
+    # The driver reads the input lazily and cuts the shards one process would write (the shards done already are
+    # skipped); SHARDS_PER_RUN of them at a time go through the actor pool, so the driver never holds the corpus.
+    from ray.data import DataContext
+
+    DataContext.get_current().execution_options.preserve_order = True  # rows come back in input order
+    run.say_resuming()
+    bar = progress(unit="texts", desc="embed (ray)", enabled=show_progress)
+    run.bar = bar
+
+    def embed_group(group: list[tuple[int, int, list[Record]]]) -> None:
+        expected = {k: (first, len(records)) for k, first, records in group}  # shard -> (first text, texts)
+        texts = sum(n for _, n in expected.values())
+        log(
+            f"embedding {texts:,} texts in {len(group)} shards with {actors} Ray actors "
+            f"({cpus_per_actor} CPU{f', {gpus_per_actor} GPU' if gpus_per_actor else ''} each)"
+        )
+        ds = ray.data.from_arrow([_shard_table(first, records) for _, first, records in group]).map_batches(
+            embedder,
+            fn_constructor_kwargs=options,
+            batch_format="pyarrow",
+            batch_size=batch_size,
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=cpus_per_actor,
+            num_gpus=gpus_per_actor or None,
+        )
+        for k, rows in _shards_back(ds.iter_batches(batch_format="pyarrow", batch_size=None), expected):
+            vectors, index, row_shape = _shard_arrays(rows, job.level)
+            run.record(k, write_arrays(vectors, index, k, expected[k][1], job.storage, run.out), row_shape)
+            bar.update(expected[k][1])
+
+    reading, stream, records = open_records(job, show_progress=False, log=log)
+    try:
+        group = []
+        for k, first, shard_records in _shards_of(records, job.shard_size):
+            run.seen = k + 1
+            if k in run.done:
+                continue
+            group.append((k, first, shard_records))
+            if len(group) == SHARDS_PER_RUN:
+                embed_group(group)
+                group = []
+        if group:
+            embed_group(group)
+    except BaseException:
+        bar.disable = True
+        raise
+    finally:
+        bar.close()
+        reading.close()
+        if stream is not None:
+            stream.close()
+    return run.finish()
+
+
+def _shards_back(batches: Iterator, expected: dict[int, tuple[int, int]]) -> Iterator[tuple[int, list]]:
+    """Regroup the embedded rows (in input order) into the shards they came from; every text exactly once."""
+    import pyarrow as pa
+
+    order = sorted(expected)
+    pending: list = []
+    have = 0
+    position = 0  # index into order
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        start = 0
+        while start < batch.num_rows:
+            if position >= len(order):
+                raise RuntimeError("Ray returned more rows than the input holds: a batch came back twice")
+            k = order[position]
+            first, texts = expected[k]
+            take = min(texts - have, batch.num_rows - start)
+            piece = batch.slice(start, take)
+            ids = piece.column("text_id").to_numpy()
+            if not np.array_equal(ids, np.arange(first + have, first + have + take)):
+                raise RuntimeError(
+                    f"shard {k}: texts came back out of order or twice (got {ids[:5].tolist()}..., expected from "
+                    f"{first + have}); nothing of this shard was written"
+                )
+            pending.append(piece)
+            have += take
+            start += take
+            if have == texts:
+                yield k, pa.concat_tables(pending).to_batches()
+                pending, have, position = [], 0, position + 1
+    if position != len(order):
+        raise RuntimeError(f"Ray returned {position} of {len(order)} shards: texts were lost; run the command again")
+
+
+def _shard_arrays(batches: list, level: str) -> tuple[np.ndarray, list[tuple], tuple[int, ...]]:
+    """A shard's vectors and index entries from the Arrow rows RayEmbedder returned."""
+    import pyarrow as pa
+
+    table = pa.Table.from_batches(batches)
+    text_ids = table.column("text_id").to_pylist()
+    lines = table.column("line").to_pylist()
+    if level == "sentence":
+        column = table.column("vector").combine_chunks()
+        row_shape = _nested_shape(column.type)
+        vectors = arrow_to_numpy(column, row_shape)
+        index = [(t, line, -1, "") for t, line in zip(text_ids, lines)]
+        return vectors, index, row_shape
+    column = table.column("vectors").combine_chunks()
+    row_shape = _nested_shape(column.type.value_type)
+    vectors = arrow_to_numpy(column.flatten(), row_shape)
+    words = table.column("words").to_pylist()
+    index = [(t, line, w, word) for t, line, ws in zip(text_ids, lines, words) for w, word in enumerate(ws)]
+    return vectors, index, row_shape
+
+
+def _nested_shape(arrow_type) -> tuple[int, ...]:
+    import pyarrow as pa
+
+    shape = []
+    while pa.types.is_fixed_size_list(arrow_type):
+        shape.append(arrow_type.list_size)
+        arrow_type = arrow_type.value_type
+    return tuple(shape)
+
+
+__all__ = ["RayEmbedder", "embed_with_ray", "arrow_to_numpy"]

@@ -1,0 +1,1 @@
+"""`ctxrep serve`: the HTTP service over a Featurizer."""

@@ -1,0 +1,1 @@
+"""Small helpers every floor uses: file reading and writing, progress."""
