@@ -368,8 +368,8 @@ def test_config_round_trip(hf_lm):
     assert transformers.GPT2Config(**config.to_hf_dict()).n_inner == 48
     with pytest.raises(CheckpointError, match="add_cross_attention=true is not supported"):
         GPT2Config.from_hf_dict(d | {"add_cross_attention": True})
-    with pytest.raises(ValueError, match="activation_function 'swish' is not supported"):
-        GPT2Config.from_hf_dict(d | {"activation_function": "swish"})
+    with pytest.raises(ValueError, match="activation_function 'mish' is not supported"):
+        GPT2Config.from_hf_dict(d | {"activation_function": "mish"})
 
 
 def test_old_checkpoint_with_mask_buffers_in_pytorch_model_bin(hf_lm, ours, tmp_path):

@@ -321,7 +321,7 @@ def test_bi_data_needs_an_even_batch():
     [
         (dict(d_model=30, n_head=4), "d_model 30 is not a multiple of n_head 4"),
         (dict(attn_type="causal"), r"attn_type must be one of \('bi', 'uni'\)"),
-        (dict(ff_activation="tanh"), "ff_activation 'tanh' is not supported"),
+        (dict(ff_activation="mish"), "ff_activation 'mish' is not supported"),
         (dict(d_model=32, n_head=4, d_head=16), "d_head 16 must equal d_model // n_head = 8"),
     ],
 )

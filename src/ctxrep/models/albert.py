@@ -37,6 +37,7 @@ from torch import nn
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +45,6 @@ HF_MODEL_TYPE = "albert"
 CTXREP_MODEL_TYPE = "ctxrep-albert"  # attention- or FFN-only sharing: transformers cannot express it
 MODEL_TYPES = (HF_MODEL_TYPE, CTXREP_MODEL_TYPE)
 SHARING = ("all", "attention", "ffn", "none")
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# hidden_act strings as transformers' config.json spells them; ALBERT's default is gelu_new (the tanh form).
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "relu": F.relu}
 
 
 @dataclass
@@ -84,8 +77,7 @@ class AlbertConfig:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
             )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        check_activation("hidden_act", self.hidden_act)
         if self.num_hidden_groups < 1 or self.inner_group_num < 1 or self.num_hidden_layers < 1:
             raise ValueError(
                 f"num_hidden_layers ({self.num_hidden_layers}), num_hidden_groups ({self.num_hidden_groups}) and "

@@ -22,8 +22,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    config_errors,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
     check_head_mask,
     check_pruned_heads,
@@ -82,8 +91,7 @@ class BertConfig:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
             )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        check_activation("hidden_act", self.hidden_act)
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
         self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
@@ -151,14 +159,6 @@ class BertConfig:
             }
         config.__post_init__()  # check the new shape as a fresh config would be
         return config
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# hidden_act strings as transformers' config.json spells them.
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "relu": F.relu}
 
 
 class Embeddings(nn.Module):
@@ -458,12 +458,8 @@ class BertModel(Encoder):
         state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)} | {
             k: v for k, v in state.items() if not k.startswith(prefix)
         }
-        try:
+        with config_errors(path):  # e.g. pruned_heads naming a missing layer
             config = BertConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
-        except CheckpointError:
-            raise
-        except ValueError as e:  # a config that cannot be built (e.g. pruned_heads naming a missing layer)
-            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
         model.eval()
@@ -471,25 +467,21 @@ class BertModel(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
-        ours = self.state_dict()
         # Pre-training / task heads (MLM, NSP, ELECTRA's discriminator head, ...) are not part of the encoder;
         # the buffers are transformers' precomputed position ids, not weights.
-        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in _BUFFERS}
-        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
-        check_weights(found, expected, source, f"a {self.config.model_type} encoder")
-        if heads:
-            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
-        with torch.no_grad():
-            for hf, our in names.items():
-                ours[our].copy_(state[hf].to(ours[our].dtype))
+        load_named_weights(
+            self,
+            state,
+            hf_parameter_names(self.config),
+            source,
+            f"a {self.config.model_type} encoder",
+            outside=_HEAD_PREFIXES,
+            not_weights=_BUFFERS,
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' AutoModel loads."""
-        ours = self.state_dict()
-        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        write_folder(path, self.config.to_hf_dict(), tensors)
+        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
 
 
 # Buffers some checkpoints carry that are not weights (transformers' precomputed position_ids).

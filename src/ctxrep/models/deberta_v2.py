@@ -45,8 +45,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    config_errors,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    without_prefix,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
     check_head_mask,
     check_pruned_heads,
@@ -60,20 +70,6 @@ from ctxrep.modules.heads import (
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "deberta-v2"
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# hidden_act / conv_act strings as transformers' config.json spells them.
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "relu": F.relu,
-    "tanh": torch.tanh,
-}
 
 
 @dataclass
@@ -121,8 +117,7 @@ class DebertaV2Config:
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
             )
         for name in ("hidden_act", "conv_act"):
-            if getattr(self, name) not in ACTIVATIONS:
-                raise ValueError(f"{name} {getattr(self, name)!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+            check_activation(name, getattr(self, name))
         norms = {x.strip() for x in self.norm_rel_ebd.lower().split("|")}
         if not norms <= {"none", "layer_norm"}:
             raise ValueError(f"norm_rel_ebd {self.norm_rel_ebd!r} is not supported; use 'none' or 'layer_norm'")
@@ -607,14 +602,9 @@ class DebertaV2Model(Encoder):
         path = Path(path)
         hf_config = read_config(path, (MODEL_TYPE,))
         state = read_state_dict(path)
-        if any(k.startswith("deberta.") for k in state):  # DebertaV2ForMaskedLM etc.: the encoder under "deberta."
-            state = {k.removeprefix("deberta."): v for k, v in state.items()}
-        try:
+        state = without_prefix(state, "deberta.")  # DebertaV2ForMaskedLM etc.: the encoder under "deberta."
+        with config_errors(path):
             config = DebertaV2Config.from_hf_dict(hf_config)
-        except CheckpointError:
-            raise
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
         model.eval()
@@ -622,31 +612,24 @@ class DebertaV2Model(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
-        ours = self.state_dict()
         # Task and pre-training heads are not part of the encoder. The v3 checkpoints also carry an absolute
         # position table their config switches off (position_biased_input=False); transformers ignores it too.
-        skipped = [
-            k
-            for k in state
-            if k not in names
-            and (k.startswith(_HEAD_PREFIXES) or (k == _UNUSED_POSITIONS and not self.config.position_biased_input))
-        ]
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in skipped and k not in _BUFFERS}
-        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
-        check_weights(found, expected, source, "a deberta-v2 encoder")
-        if skipped:
-            logger.info("%s: not loading %d weights outside the encoder: %s", source, len(skipped), ", ".join(skipped))
-        with torch.no_grad():
-            for hf, our in names.items():
-                ours[our].copy_(state[hf].to(ours[our].dtype))
+        outside = _HEAD_PREFIXES + (() if self.config.position_biased_input else (_UNUSED_POSITIONS,))
+        load_named_weights(
+            self,
+            state,
+            hf_parameter_names(self.config),
+            source,
+            "a deberta-v2 encoder",
+            outside=outside,
+            outside_noun="weights outside the encoder",
+            not_weights=_BUFFERS,
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' AutoModel loads (as DebertaV2Model), unless heads
         were pruned: transformers cannot load that folder back (it has no DeBERTa head pruning); ctxrep does."""
-        ours = self.state_dict()
-        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        write_folder(path, self.config.to_hf_dict(), tensors)
+        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
 
 
 _BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not weights

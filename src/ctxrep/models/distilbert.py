@@ -26,10 +26,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctxrep.models.bert import ACTIVATIONS, EncoderLayer
+from ctxrep.models.bert import EncoderLayer
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    config_errors,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    without_prefix,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import check_activation
 from ctxrep.modules.heads import check_head_mask, check_pruned_heads, kept_heads, merge_pruned_heads, pruned_heads_json
 
 logger = logging.getLogger(__name__)
@@ -60,8 +69,7 @@ class DistilBertConfig:
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        check_activation("activation", self.activation)
         self.pruned_heads = check_pruned_heads(self.pruned_heads, self.n_layers, self.n_heads)
 
     # BERT's names for the same numbers: what bert.py's EncoderLayer and SelfAttention read.
@@ -301,12 +309,9 @@ class DistilBertModel(Encoder):
         path = Path(path)
         hf_config = read_config(path, (MODEL_TYPE,))
         state = read_state_dict(path)
-        if any(k.startswith("distilbert.") for k in state):
-            state = {k.removeprefix("distilbert."): v for k, v in state.items()}
-        try:
+        state = without_prefix(state, "distilbert.")
+        with config_errors(path):
             config = DistilBertConfig.from_hf_dict(hf_config)
-        except ValueError as e:
-            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
         model.eval()
@@ -314,20 +319,13 @@ class DistilBertModel(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
-        ours = self.state_dict()
-        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in _BUFFERS}
-        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
-        check_weights(found, expected, source, "a DistilBERT encoder")
-        if heads:
-            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
-        with torch.no_grad():
-            for hf, our in names.items():
-                ours[our].copy_(state[hf].to(ours[our].dtype))
+        names = hf_parameter_names(self.config)
+        load_named_weights(
+            self, state, names, source, "a DistilBERT encoder", outside=_HEAD_PREFIXES, not_weights=_BUFFERS
+        )
         if self.config.sinusoidal_pos_embds:  # the checkpoint's table should be the formula's: say so if not
             table = sinusoidal_table(self.config.max_position_embeddings, self.config.dim)
-            if not torch.allclose(ours["embeddings.position_embeddings.weight"].float(), table, atol=1e-4):
+            if not torch.allclose(self.embeddings.position_embeddings.weight.float(), table, atol=1e-4):
                 logger.warning(
                     "%s: sinusoidal_pos_embds is set but the stored position table differs from the formula; "
                     "using the stored table",
@@ -336,9 +334,7 @@ class DistilBertModel(Encoder):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' DistilBertModel / AutoModel loads."""
-        ours = self.state_dict()
-        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        write_folder(path, self.config.to_hf_dict(), tensors)
+        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
 
 
 # transformers' precomputed position ids: a buffer, not a weight.

@@ -7,6 +7,9 @@ unpickles arbitrary objects. Folders are written as config.json + model.safetens
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -14,6 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ctxrep.util.files import apply_umask
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -72,6 +77,73 @@ def check_weights(
         raise CheckpointError(
             f"{source}: cannot load as {what}: " + "; ".join(problems) + (f". {hint}" if hint else "")
         )
+
+
+def load_named_weights(
+    module: torch.nn.Module,
+    state: Mapping[str, torch.Tensor],
+    names: Mapping[str, str],
+    source: str,
+    what: str,
+    *,
+    outside: tuple[str, ...] = (),
+    outside_noun: str = "task-head weights",
+    not_weights: tuple[str, ...] | frozenset[str] = (),
+    transposed: tuple[str, ...] = (),
+    hint: str = "",
+) -> None:
+    """The loading loop of every family: copy state[ckpt] into the module's tensor names[ckpt] for every entry of
+    `names` (checkpoint name -> module name), cast to the module's dtype.
+
+    A checkpoint name outside `names` that starts with one of `outside` (a task or pre-training head on top of the
+    model) is named in one log line and not loaded; names in `not_weights` (buffers some files carry, such as
+    precomputed position ids) are passed over; a name ending with one of `transposed` is stored (in, out), as
+    transformers' Conv1D keeps it, and is loaded transposed. Anything else missing, unknown or mis-shaped is
+    refused in one CheckpointError naming every one (`check_weights`)."""
+    ours = module.state_dict()
+    skipped = [k for k in state if k not in names and k.startswith(outside)]
+    found = {k: tuple(v.shape) for k, v in state.items() if k not in not_weights and k not in skipped}
+    expected = {}
+    for ckpt, our in names.items():
+        shape = tuple(ours[our].shape)
+        expected[ckpt] = shape[::-1] if ckpt.endswith(transposed) else shape
+    check_weights(found, expected, source, what, hint=hint)
+    if skipped:
+        shown = ", ".join(skipped[:20]) + (f" and {len(skipped) - 20} more" if len(skipped) > 20 else "")
+        logger.info("%s: not loading %d %s: %s", source, len(skipped), outside_noun, shown)
+    with torch.no_grad():
+        for ckpt, our in names.items():
+            w = state[ckpt]
+            ours[our].copy_((w.t() if ckpt.endswith(transposed) else w).to(ours[our].dtype))
+
+
+def named_tensors(
+    module: torch.nn.Module, names: Mapping[str, str], transposed: tuple[str, ...] = ()
+) -> dict[str, torch.Tensor]:
+    """The module's tensors under their checkpoint names (`names`: checkpoint name -> module name), the names
+    ending with one of `transposed` back to (in, out): what `load_named_weights` reads, for saving."""
+    ours = module.state_dict()
+    return {ckpt: ours[our].t() if ckpt.endswith(transposed) else ours[our] for ckpt, our in names.items()}
+
+
+def without_prefix(state: dict[str, torch.Tensor], prefix: str, marker: str | None = None) -> dict[str, torch.Tensor]:
+    """A task or pre-training checkpoint stores the model under `prefix` (e.g. "bert."): its names without it when
+    any name starts with `marker` (default: the prefix itself), else the state as it is."""
+    if not any(k.startswith(marker or prefix) for k in state):
+        return state
+    return {k.removeprefix(prefix): v for k, v in state.items()}
+
+
+@contextmanager
+def config_errors(path: Path) -> Iterator[None]:
+    """Around building a family's config from config.json: a TypeError / ValueError becomes a CheckpointError that
+    names the file (a CheckpointError passes as it is)."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{Path(path) / 'config.json'}: {e}") from e
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], file: Path) -> None:

@@ -28,20 +28,12 @@ from torch import nn
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
 logger = logging.getLogger(__name__)
 
 # One (key, value) pair per layer, each (batch, heads, past_len, head_dim).
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    # GPT-2's "gelu_new": 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016).
-    return F.gelu(x, approximate="tanh")
-
-
-# activation_function strings as transformers' config.json spells them.
-ACTIVATIONS = {"gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "gelu": F.gelu, "relu": F.relu}
 
 
 @dataclass
@@ -69,10 +61,7 @@ class GPT2Config:
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not a multiple of n_head {self.n_head}")
-        if self.activation_function not in ACTIVATIONS:
-            raise ValueError(
-                f"activation_function {self.activation_function!r} is not supported; use one of {sorted(ACTIVATIONS)}"
-            )
+        check_activation("activation_function", self.activation_function)
         if self.n_inner is None:
             self.n_inner = 4 * self.n_embd
 

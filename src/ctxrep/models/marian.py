@@ -40,6 +40,7 @@ from torch import nn
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +48,6 @@ MARIAN = "marian"  # transformers' model_type: post-LN only
 OWN_FORMAT = "ctxrep_mt"  # ctxrep's own model_type: the same weights, pre-LN allowed
 MODEL_TYPES = (MARIAN, OWN_FORMAT)
 IGNORE_INDEX = -100  # a label that does not count in the loss (torch's cross_entropy default)
-
-# activation_function strings as transformers' config.json spells them.
-ACTIVATIONS = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "swish": F.silu,
-    "silu": F.silu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-}
 
 
 @dataclass
@@ -99,10 +91,7 @@ class MarianConfig:
         ):
             if width % heads:
                 raise ValueError(f"d_model {width} is not a multiple of {side}_attention_heads {heads}")
-        if self.activation_function not in ACTIVATIONS:
-            raise ValueError(
-                f"activation_function {self.activation_function!r} is not supported; use one of {sorted(ACTIVATIONS)}"
-            )
+        check_activation("activation_function", self.activation_function)
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
                 f"decoder_vocab_size {self.decoder_vocab_size} differs from vocab_size {self.vocab_size} but "

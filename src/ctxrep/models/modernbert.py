@@ -39,8 +39,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    config_errors,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    without_prefix,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
     check_head_mask,
     check_pruned_heads,
@@ -58,14 +68,6 @@ GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_typ
 # ModernBertModel.unpad_from: benchmarks/modernbert_unpad.py (ModernBERT-base shape, 16 x 128 tokens, 2 threads) on a
 # quiet 2-core Xeon: the packed path 1.08x faster at 10% padding, 1.15x at 20%, 1.61x at 50% (RESULTS.md).
 UNPAD_FROM = 0.1
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# hidden_activation strings as transformers' config.json spells them.
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "relu": F.relu, "silu": F.silu}
 
 
 @dataclass
@@ -112,10 +114,7 @@ class ModernBertConfig:
             raise ValueError(
                 f"rotary positions need an even head size, got {self.hidden_size // self.num_attention_heads}"
             )
-        if self.hidden_activation not in ACTIVATIONS:
-            raise ValueError(
-                f"hidden_activation {self.hidden_activation!r} is not supported; use one of {sorted(ACTIVATIONS)}"
-            )
+        check_activation("hidden_activation", self.hidden_activation)
         if not self.layer_types:
             n = self.global_attn_every_n_layers
             self.layer_types = [LOCAL if i % n else GLOBAL for i in range(self.num_hidden_layers)]
@@ -558,14 +557,9 @@ class ModernBertModel(Encoder):
         path = Path(path)
         hf_config = read_config(path, (MODEL_TYPE,))
         state = read_state_dict(path)
-        if any(k.startswith("model.layers.") for k in state):  # ModernBertForMaskedLM etc.: the encoder under "model."
-            state = {k.removeprefix("model."): v for k, v in state.items()}
-        try:
+        state = without_prefix(state, "model.", marker="model.layers.")  # ModernBertForMaskedLM etc.
+        with config_errors(path):
             config = ModernBertConfig.from_hf_dict(hf_config)
-        except CheckpointError:
-            raise
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
         model.eval()
@@ -573,23 +567,14 @@ class ModernBertModel(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
-        ours = self.state_dict()
-        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]  # MLM / task heads
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads}
-        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
-        check_weights(found, expected, source, "a modernbert encoder")
-        if heads:
-            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
-        with torch.no_grad():
-            for hf, our in names.items():
-                ours[our].copy_(state[hf].to(ours[our].dtype))
+        names = hf_parameter_names(self.config)
+        load_named_weights(
+            self, state, names, source, "a modernbert encoder", outside=_HEAD_PREFIXES
+        )  # MLM / task heads
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' AutoModel loads (as ModernBertModel)."""
-        ours = self.state_dict()
-        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        write_folder(path, self.config.to_hf_dict(), tensors)
+        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
 
 
 _HEAD_PREFIXES = ("head.", "decoder.", "classifier.", "drop.")

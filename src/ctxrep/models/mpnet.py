@@ -30,10 +30,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.models.bert import ACTIVATIONS
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    config_errors,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    without_prefix,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
     check_head_mask,
     check_pruned_heads,
@@ -81,8 +89,7 @@ class MPNetConfig:
             raise ValueError(
                 f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
             )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        check_activation("hidden_act", self.hidden_act)
         if self.relative_attention_num_buckets < BUCKETS:
             raise ValueError(
                 f"relative_attention_num_buckets is {self.relative_attention_num_buckets}, but MPNet's bias reads "
@@ -420,12 +427,9 @@ class MPNetModel(Encoder):
         path = Path(path)
         hf_config = read_config(path, (MODEL_TYPE,))
         state = read_state_dict(path)
-        if any(k.startswith("mpnet.encoder.") for k in state):
-            state = {k.removeprefix("mpnet."): v for k, v in state.items()}
-        try:
+        state = without_prefix(state, "mpnet.", marker="mpnet.encoder.")
+        with config_errors(path):
             config = MPNetConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
-        except ValueError as e:
-            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
         model.eval()
@@ -433,23 +437,12 @@ class MPNetModel(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
-        ours = self.state_dict()
-        heads = [k for k in state if k not in names and k.startswith(_HEAD_PREFIXES)]
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in _BUFFERS}
-        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
-        check_weights(found, expected, source, "an MPNet encoder")
-        if heads:
-            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
-        with torch.no_grad():
-            for hf, our in names.items():
-                ours[our].copy_(state[hf].to(ours[our].dtype))
+        names = hf_parameter_names(self.config)
+        load_named_weights(self, state, names, source, "an MPNet encoder", outside=_HEAD_PREFIXES, not_weights=_BUFFERS)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' MPNetModel / AutoModel loads."""
-        ours = self.state_dict()
-        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        write_folder(path, self.config.to_hf_dict(), tensors)
+        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
 
 
 _BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not a weight

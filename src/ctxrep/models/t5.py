@@ -39,6 +39,7 @@ from torch import nn
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.modules.heads import (
     check_head_mask,
     check_pruned_heads,
@@ -55,14 +56,6 @@ MODEL_TYPE = "t5"
 # mT5 (Xue et al. 2021) is T5 v1.1's network (gated GELU, untied head) over a multilingual vocabulary: one file.
 ARCHITECTURES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel"}
 DEFAULT_MAX_TOKENS = 512  # T5's pre-training length; relative positions themselves have no limit
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# transformers' dense_act_fn names (feed_forward_proj "gated-gelu" means gelu_new, the tanh approximation).
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_new": _gelu_tanh, "gelu_pytorch_tanh": _gelu_tanh, "silu": F.silu}
 
 
 @dataclass

@@ -32,18 +32,11 @@ from torch import nn
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
 logger = logging.getLogger(__name__)
 
 ATTN_TYPES = ("bi", "uni")  # "bi": XLNet; "uni": Transformer-XL's causal attention
-
-
-def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
-
-
-# ff_activation strings as transformers' config.json spells them.
-ACTIVATIONS = {"gelu": F.gelu, "gelu_new": _gelu_tanh, "relu": F.relu, "silu": F.silu, "swish": F.silu}
 
 
 @dataclass
@@ -79,8 +72,7 @@ class XLNetConfig:
             raise ValueError(f"d_head {self.d_head} must equal d_model // n_head = {self.d_model // self.n_head}")
         if self.attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {self.attn_type!r}")
-        if self.ff_activation not in ACTIVATIONS:
-            raise ValueError(f"ff_activation {self.ff_activation!r} is not supported; use one of {sorted(ACTIVATIONS)}")
+        check_activation("ff_activation", self.ff_activation)
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> XLNetConfig:
