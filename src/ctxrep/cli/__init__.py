@@ -24,6 +24,7 @@ def _register() -> None:
     from ctxrep.cli.predict import predict
     from ctxrep.cli.pretrain import pretrain
     from ctxrep.cli.prune import prune
+    from ctxrep.cli.rerank import rerank
     from ctxrep.cli.sentence_encoder import train_sentence_encoder
     from ctxrep.cli.serve import serve
     from ctxrep.cli.tokenizer import tokenizer
@@ -34,6 +35,7 @@ def _register() -> None:
         main.add_command(command)
     main.add_command(predict)
     main.add_command(serve)
+    main.add_command(rerank)
 
 
 _register()

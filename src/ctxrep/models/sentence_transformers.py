@@ -31,6 +31,7 @@ import torch
 from ctxrep.models.folders import CheckpointError
 
 MODULES_FILE = "modules.json"
+SETTINGS_FILE = "config_sentence_transformers.json"  # prompts, default_prompt_name
 # The config's flags, in the order sentence-transformers concatenates the vectors.
 MODES = {
     "pooling_mode_cls_token": "cls",
@@ -122,6 +123,54 @@ def read_sentence_pooling(folder: str | Path) -> SentencePooling:
     if not isinstance(dim, int):
         raise CheckpointError(f"{config_file}: word_embedding_dimension is missing or not an integer")
     return SentencePooling(modes=modes, normalize="Normalize" in names, dim=dim)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The prompts a sentence-transformers folder declares (config_sentence_transformers.json): name -> text put
+    before each input, and the name used when a call names none (sentence-transformers' `_resolve_prompt`)."""
+
+    prompts: dict[str, str]
+    default_name: str | None = None
+    where: str = "this model"  # the folder, for error messages
+
+    def resolve(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
+        """The text to put before each input: `prompt` as given; else the folder's prompt called `prompt_name`
+        (a name it lacks is a one-line ValueError naming those it has); else the default prompt; else ""."""
+        if prompt is not None and prompt_name is not None:
+            raise ValueError(
+                f"give prompt or prompt_name, not both (got prompt={prompt!r}, prompt_name={prompt_name!r})"
+            )
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be a string, got {type(prompt).__name__}")
+            return prompt
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                known = ", ".join(repr(k) for k in self.prompts) or "none"
+                raise ValueError(f"unknown prompt name {prompt_name!r}: {self.where} declares the prompts {known}")
+            return self.prompts[prompt_name]
+        if self.default_name is not None:
+            return self.prompts.get(self.default_name, "")
+        return ""
+
+
+def read_prompts(folder: str | Path) -> Prompts:
+    """The prompts of `folder`'s config_sentence_transformers.json; none (Prompts({})) when it has no such file."""
+    folder = Path(folder)
+    file = folder / SETTINGS_FILE
+    if not file.is_file():
+        return Prompts({}, None, str(folder))
+    settings = _read_json(file, dict)
+    prompts = settings.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise CheckpointError(f'{file}: "prompts" must map prompt names to prompt texts')
+    default = settings.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise CheckpointError(
+            f"{file}: default_prompt_name {default!r} is not one of its prompts ({', '.join(prompts) or 'none'})"
+        )
+    return Prompts(dict(prompts), default, str(folder))
 
 
 def describe_sentence_pooling(folder: str | Path) -> str:

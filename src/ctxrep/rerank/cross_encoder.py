@@ -1,0 +1,236 @@
+"""Cross-encoder rerankers: a sequence-classification checkpoint scores (query, document) pairs.
+
+A sentence-transformers CrossEncoder folder is a Hugging Face `*ForSequenceClassification` folder (plus, in its
+config.json, `sentence_transformers.activation_fn`). ctxrep builds the encoder of the folder's family through
+models/loading.py (the family's loader skips the head's weights) and reads the head itself from the checkpoint,
+as the table HEADS says transformers lays it out for each architecture:
+
+    BERT        pooler (tanh, the encoder's own) -> classifier
+    RoBERTa     classification token -> classifier.dense -> tanh -> classifier.out_proj  (XLM-R, CamemBERT, MPNet)
+    ELECTRA     classification token -> classifier.dense -> gelu -> classifier.out_proj
+    DistilBERT  classification token -> pre_classifier -> relu -> classifier
+    DeBERTa-v2  classification token -> pooler.dense -> gelu -> classifier
+
+score = activation(logits): the folder's `activation_fn` (sigmoid or identity), else sigmoid for one label and the
+logits themselves for several, as sentence-transformers' CrossEncoder.predict. A pair is one window, cut to fit
+longest-first as transformers' tokenizers truncate (`WindowPlan.truncated`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ctxrep.models.folders import CheckpointError, read_config, read_state_dict
+from ctxrep.models.loading import LoadedEncoder, load_encoder
+from ctxrep.models.sentence_transformers import SETTINGS_FILE, Prompts, read_prompts
+from ctxrep.rerank.ranking import check_rerank_args, top_scores
+from ctxrep.runtime.hardware import default_batch_tokens
+from ctxrep.text.inputs import WindowPlan, collate, token_budget_batches, words_of
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Where a `*ForSequenceClassification` checkpoint keeps its head: an optional hidden -> hidden layer with its
+    activation over the classification token, then the output layer. `from_pooler`: the encoder's own pooler
+    output feeds the output layer (BERT)."""
+
+    out: str
+    dense: str | None = None
+    activation: Callable[[torch.Tensor], torch.Tensor] | None = None
+    from_pooler: bool = False
+
+
+_ROBERTA_HEAD = HeadLayout("classifier.out_proj", "classifier.dense", torch.tanh)
+# config.json's architectures[0] -> its head (transformers' modeling files of each family).
+HEADS: dict[str, HeadLayout] = {
+    "BertForSequenceClassification": HeadLayout("classifier", from_pooler=True),
+    "RobertaForSequenceClassification": _ROBERTA_HEAD,
+    "XLMRobertaForSequenceClassification": _ROBERTA_HEAD,
+    "CamembertForSequenceClassification": _ROBERTA_HEAD,
+    "MPNetForSequenceClassification": _ROBERTA_HEAD,
+    "ElectraForSequenceClassification": HeadLayout("classifier.out_proj", "classifier.dense", F.gelu),
+    "DistilBertForSequenceClassification": HeadLayout("classifier", "pre_classifier", F.relu),
+    "DebertaV2ForSequenceClassification": HeadLayout("classifier", "pooler.dense", F.gelu),
+}
+# sentence-transformers' activation_fn paths -> the function (any other is refused: nothing is imported by name).
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "torch.nn.modules.activation.Sigmoid": torch.sigmoid,
+    "torch.nn.Sigmoid": torch.sigmoid,
+    "torch.nn.modules.linear.Identity": lambda x: x,
+    "torch.nn.Identity": lambda x: x,
+    "torch.nn.modules.activation.Tanh": torch.tanh,
+    "torch.nn.Tanh": torch.tanh,
+}
+
+
+class ClassificationHead(nn.Module):
+    """logits = out(activation(dense(h_cls))), or out(pooler_output) for BERT (see HeadLayout)."""
+
+    def __init__(self, layout: HeadLayout, state: dict[str, torch.Tensor], source: str) -> None:
+        super().__init__()
+        self.layout = layout
+        self.dense = _linear(state, layout.dense, source) if layout.dense else None
+        self.out = _linear(state, layout.out, source)
+
+    def forward(self, output, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.layout.from_pooler:
+            return self.out(output.pooler_output)  # (batch, labels)
+        h = output.last_hidden_state[torch.arange(len(batch["cls_position"])), batch["cls_position"]]  # (batch, hidden)
+        if self.dense is not None:
+            h = self.layout.activation(self.dense(h))
+        return self.out(h)  # (batch, labels)
+
+
+def _linear(state: dict[str, torch.Tensor], name: str, source: str) -> nn.Linear:
+    missing = [f"{name}.{p}" for p in ("weight", "bias") if f"{name}.{p}" not in state]
+    if missing:
+        raise CheckpointError(f"{source}: the classification head lacks {', '.join(missing)}; is this a cross-encoder?")
+    weight, bias = state[f"{name}.weight"], state[f"{name}.bias"]
+    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(weight.float())
+        layer.bias.copy_(bias.float())
+    return layer.eval()
+
+
+def architecture_of(folder: Path) -> str:
+    """config.json's architectures[0], or a one-line CheckpointError."""
+    architectures = read_config(folder).get("architectures") or []
+    if not architectures or not isinstance(architectures[0], str):
+        raise CheckpointError(
+            f'{folder / "config.json"}: no "architectures" entry, so the head cannot be told; a cross-encoder '
+            f"folder names one of {', '.join(HEADS)}"
+        )
+    return architectures[0]
+
+
+def _activation(folder: Path, num_labels: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The folder's activation_fn, where sentence-transformers looks for it, in its order: config_sentence_transformers.json
+    (v6), config.json's "sentence_transformers" (v4-5), its "sbert_ce_default_activation_function" (older); else
+    sigmoid for one label, identity for several."""
+    settings = folder / SETTINGS_FILE
+    config = read_config(folder)
+    path = (json.loads(settings.read_text()).get("activation_fn") if settings.is_file() else None) or (
+        (config.get("sentence_transformers") or {}).get("activation_fn")
+        or config.get("sbert_ce_default_activation_function")
+    )
+    if path is None:
+        return torch.sigmoid if num_labels == 1 else ACTIVATIONS["torch.nn.Identity"]
+    if path not in ACTIVATIONS:
+        raise CheckpointError(
+            f"{folder}: activation_fn {path!r} is not one ctxrep applies ({', '.join(ACTIVATIONS)}); pass "
+            "activation='identity' or 'sigmoid' to choose one"
+        )
+    return ACTIVATIONS[path]
+
+
+ACTIVATION_CHOICES = {"sigmoid": torch.sigmoid, "identity": ACTIVATIONS["torch.nn.Identity"]}
+
+
+class CrossEncoderReranker:
+    """Scores (query, document) pairs with a cross-encoder folder; `rerank` orders documents by their score.
+
+    model: a folder or a name `ctxrep.load_encoder` resolves (its config.json's architectures[0] in HEADS).
+    activation: None (the folder's, see the module docstring), "sigmoid" or "identity" (raw logits).
+    batch_tokens: rows x longest per batch (default: the Featurizer's rule for the device).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | LoadedEncoder,
+        activation: str | None = None,
+        max_length: int | None = None,
+        batch_tokens: int | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if activation is not None and activation not in ACTIVATION_CHOICES:
+            raise ValueError(f"activation must be None, 'sigmoid' or 'identity', got {activation!r}")
+        loaded = model if isinstance(model, LoadedEncoder) else load_encoder(model)
+        folder, source = loaded.folder, str(loaded.folder)
+        architecture = architecture_of(folder)
+        if architecture not in HEADS:
+            raise CheckpointError(
+                f"{folder / 'config.json'}: architectures says {architecture}, which is not a cross-encoder ctxrep "
+                f"reads (it reads {', '.join(HEADS)}; causal LMs through ctxrep.rerank.LLMReranker)"
+            )
+        if loaded.model.word_level:
+            raise CheckpointError(f"{source}: {loaded.model.family} has no classification token to rerank with")
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.folder = folder
+        self.head = ClassificationHead(HEADS[architecture], read_state_dict(folder), source)
+        if device is not None:
+            self.model.to(device)
+            self.head.to(device)
+        self.num_labels = self.head.out.out_features
+        self.activation = (
+            ACTIVATION_CHOICES[activation] if activation is not None else _activation(folder, self.num_labels)
+        )
+        self.prompts: Prompts = read_prompts(folder)
+        self.max_length = min(max_length or self.model.max_tokens, self.model.max_tokens)
+        self.plan = WindowPlan(self.tokenizer, self.max_length)
+        self.batch_tokens = batch_tokens or default_batch_tokens(
+            self.device, self.model.hidden_size, self.model.num_layers
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def predict(
+        self, pairs: Sequence[tuple[str, str]], prompt: str | None = None, prompt_name: str | None = None
+    ) -> np.ndarray:
+        """Scores of (query, document) pairs in their order: (pairs,) for one label, (pairs, labels) for several.
+        The prompt (given, named, or the folder's default) goes before each query, as sentence-transformers does."""
+        prefix = self.prompts.resolve(prompt, prompt_name)
+        pairs = list(pairs)
+        for i, pair in enumerate(pairs):
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise TypeError(f"pair {i}: expected a (query, document) pair of strings, got {type(pair).__name__}")
+        words_a = [words_of(prefix + a, i) for i, (a, _) in enumerate(pairs)]
+        words_b = [words_of(b, i) for i, (_, b) in enumerate(pairs)]
+        records = [
+            self.plan.truncated(i, a, b)
+            for i, (a, b) in enumerate(zip(self.tokenizer.encode_words(words_a), self.tokenizer.encode_words(words_b)))
+        ]
+        scores = torch.zeros(len(records), self.num_labels)
+        order = sorted(range(len(records)), key=lambda r: len(records[r]))
+        start = 0
+        with torch.inference_mode():
+            for size in token_budget_batches([len(records[r]) for r in order], self.batch_tokens):
+                rows = order[start : start + size]
+                start += size
+                batch = collate([records[r] for r in rows], self.tokenizer)
+                batch["cls_position"] = torch.tensor([records[r].cls_position for r in rows])
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                logits = self.head(self.model.encode(batch), batch)
+                scores[rows] = self.activation(logits.float()).cpu()
+        out = scores.numpy()
+        return out[:, 0] if self.num_labels == 1 else out
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+    ) -> list[tuple[int, float]]:
+        """(document index, score) for the `top_n` best documents (all when None), highest score first; ties keep
+        the documents' order. The server's /rerank and /v1/rerank answer with this."""
+        documents = check_rerank_args(query, documents, top_n)
+        if self.num_labels != 1:
+            raise ValueError(
+                f"{self.folder}: this cross-encoder has {self.num_labels} labels; rerank needs one relevance score "
+                "per pair (use predict for the per-label scores)"
+            )
+        return top_scores(self.predict([(query, d) for d in documents], prompt, prompt_name), top_n)

@@ -1,0 +1,33 @@
+"""What every reranker shares: the checks of a rerank call and the ordering of its scores."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def check_rerank_args(query: str, documents: Sequence[str], top_n: int | None) -> list[str]:
+    """The documents as a list, or a one-line error: a query string, a non-empty list of non-empty strings, and
+    top_n None or >= 1."""
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError(f"query must be a non-empty string, got {query!r}")
+    if isinstance(documents, str):
+        raise TypeError("documents must be a list of strings, got a single string; wrap it in a list: [document]")
+    documents = list(documents)
+    if not documents:
+        raise ValueError("documents is empty; give at least one document to rerank")
+    for i, d in enumerate(documents):
+        if not isinstance(d, str):
+            raise TypeError(f"document {i}: expected a string, got {type(d).__name__}")
+        if not d.strip():
+            raise ValueError(f"document {i} is empty; remove it or give it some text")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise ValueError(f"top_n must be a positive integer or None, got {top_n!r}")
+    return documents
+
+
+def top_scores(scores: np.ndarray, top_n: int | None) -> list[tuple[int, float]]:
+    """(index, score) of the top_n highest scores (all when None), best first; ties keep the input order."""
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    return [(int(i), float(scores[i])) for i in order[:top_n]]

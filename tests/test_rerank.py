@@ -1,0 +1,206 @@
+"""Rerankers: cross-encoder scores equal sentence-transformers' CrossEncoder.predict on tiny random folders that
+sentence-transformers itself saved; the rerank API's ordering, top_n and bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ctxrep.models.folders import CheckpointError
+from ctxrep.rerank import CrossEncoderReranker, load_reranker
+from tests.conftest import TOKENIZER_FILES, _roberta_tokenizer
+
+st = pytest.importorskip("sentence_transformers")
+
+QUERY = "where did the fox jump ?"
+DOCS = [
+    "The quick brown fox jumps over the lazy dog .",
+    "A crane lifted the steel beam onto the roof .",
+    "Contextual word vectors depend on the sentence around the word .",
+    "the fox jumped over the dog , twice , and then it ran away into the woods behind the house",
+    "dog",
+]
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _save_cross_encoder(model: torch.nn.Module, tokenizer_from: Path, path: Path, **kwargs) -> Path:
+    """Save a random *ForSequenceClassification as sentence-transformers' CrossEncoder writes it."""
+    model.save_pretrained(path / "hf")
+    for name in TOKENIZER_FILES:
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, path / "hf" / name)
+    ce = st.CrossEncoder(str(path / "hf"), max_length=64, **kwargs)  # the tiny models' 64 positions
+    ce.save(str(path / "ce"))
+    return path / "ce"
+
+
+@pytest.fixture(scope="module")
+def bert_ce(tmp_path_factory, minilm_path) -> Path:
+    torch.manual_seed(1)
+    config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=64, num_labels=1, **TINY, **NO_DROPOUT)
+    model = transformers.BertForSequenceClassification(config)
+    return _save_cross_encoder(model, minilm_path, tmp_path_factory.mktemp("bert-ce"))
+
+
+def _st_scores(folder: Path, pairs, **kwargs) -> np.ndarray:
+    return st.CrossEncoder(str(folder)).predict(pairs, batch_size=2, **kwargs)
+
+
+def test_bert_cross_encoder_matches_sentence_transformers(bert_ce):
+    pairs = [(QUERY, d) for d in DOCS]
+    ours = CrossEncoderReranker(bert_ce, batch_tokens=64).predict(pairs)
+    theirs = _st_scores(bert_ce, pairs)
+    assert ours.shape == (len(DOCS),)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    assert ((ours > 0) & (ours < 1)).all()  # sigmoid for one label
+
+
+def test_rerank_orders_by_score_and_keeps_top_n(bert_ce):
+    reranker = load_reranker(bert_ce)
+    scores = reranker.predict([(QUERY, d) for d in DOCS])
+    ranked = reranker.rerank(QUERY, DOCS)
+    assert [i for i, _ in ranked] == list(np.argsort(-scores, kind="stable"))
+    np.testing.assert_allclose([s for _, s in ranked], np.sort(scores)[::-1], rtol=1e-6)
+    assert reranker.rerank(QUERY, DOCS, top_n=2) == ranked[:2]
+    assert len(reranker.rerank(QUERY, DOCS, top_n=50)) == len(DOCS)
+
+
+def test_truncated_pairs_match_sentence_transformers(bert_ce):
+    long_doc = " ".join(["the fox jumped over the lazy dog again"] * 20)  # far past the 64 positions
+    pairs = [(QUERY, long_doc), (long_doc, "dog")]
+    ours = CrossEncoderReranker(bert_ce).predict(pairs)
+    np.testing.assert_allclose(ours, _st_scores(bert_ce, pairs), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["roberta", "electra", "distilbert"])
+def test_other_heads_match_sentence_transformers(family, tmp_path, minilm_path):
+    torch.manual_seed(2)
+    tokenizer_from = minilm_path
+    if family == "roberta":
+        tokenizer_from = tmp_path / "tok"
+        tokenizer_from.mkdir()
+        _roberta_tokenizer(tokenizer_from)
+        config = transformers.RobertaConfig(
+            vocab_size=300, max_position_embeddings=66, type_vocab_size=1, pad_token_id=1, bos_token_id=0,
+            eos_token_id=2, num_labels=1, **TINY, **NO_DROPOUT,
+        )  # fmt: skip
+        model = transformers.RobertaForSequenceClassification(config)
+    elif family == "electra":
+        config = transformers.ElectraConfig(
+            vocab_size=30522, embedding_size=16, max_position_embeddings=64, num_labels=1, **TINY, **NO_DROPOUT
+        )
+        model = transformers.ElectraForSequenceClassification(config)
+    else:
+        config = transformers.DistilBertConfig(
+            vocab_size=30522, max_position_embeddings=64, n_layers=2, n_heads=4, dim=32, hidden_dim=64, dropout=0.0,
+            attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=1,
+        )  # fmt: skip
+        model = transformers.DistilBertForSequenceClassification(config)
+    folder = _save_cross_encoder(model, tokenizer_from, tmp_path)
+    pairs = [(QUERY, d) for d in DOCS]
+    np.testing.assert_allclose(CrossEncoderReranker(folder).predict(pairs), _st_scores(folder, pairs), atol=1e-5)
+
+
+def test_several_labels_give_identity_scores_and_refuse_rerank(tmp_path, minilm_path):
+    torch.manual_seed(3)
+    config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=64, num_labels=3, **TINY, **NO_DROPOUT)
+    folder = _save_cross_encoder(transformers.BertForSequenceClassification(config), minilm_path, tmp_path)
+    pairs = [(QUERY, d) for d in DOCS[:3]]
+    ours = CrossEncoderReranker(folder).predict(pairs)
+    assert ours.shape == (3, 3)
+    np.testing.assert_allclose(ours, _st_scores(folder, pairs), atol=1e-5)
+    with pytest.raises(ValueError, match="3 labels; rerank needs one relevance score"):
+        CrossEncoderReranker(folder).rerank(QUERY, DOCS)
+
+
+@pytest.mark.parametrize("where", ["config_sentence_transformers.json", "config.json"])
+def test_identity_activation_from_the_folder(bert_ce, tmp_path, where):
+    """sentence-transformers 6 saves activation_fn in config_sentence_transformers.json, 4-5 in config.json."""
+    folder = tmp_path / "identity"
+    shutil.copytree(bert_ce, folder)
+    if where == "config.json":  # as a folder of sentence-transformers 4-5: no activation_fn in the settings file
+        st_file = folder / "config_sentence_transformers.json"
+        st_file.write_text(json.dumps(json.loads(st_file.read_text()) | {"activation_fn": None}))
+    file = folder / where
+    settings = json.loads(file.read_text())
+    if where == "config.json":
+        settings["sentence_transformers"] = {"activation_fn": "torch.nn.modules.linear.Identity"}
+    else:
+        settings["activation_fn"] = "torch.nn.modules.linear.Identity"
+    file.write_text(json.dumps(settings))
+    pairs = [(QUERY, d) for d in DOCS]
+    logits = CrossEncoderReranker(folder).predict(pairs)
+    np.testing.assert_allclose(logits, _st_scores(folder, pairs), atol=1e-5)
+    np.testing.assert_allclose(CrossEncoderReranker(bert_ce).predict(pairs), 1 / (1 + np.exp(-logits)), atol=1e-6)
+    if where == "config.json":
+        settings["sentence_transformers"] = {"activation_fn": "mypackage.Custom"}
+    else:
+        settings["activation_fn"] = "mypackage.Custom"
+    file.write_text(json.dumps(settings))
+    with pytest.raises(CheckpointError, match="activation_fn 'mypackage.Custom' is not one ctxrep applies"):
+        CrossEncoderReranker(folder)
+
+
+def test_prompts_match_sentence_transformers(bert_ce, tmp_path):
+    folder = tmp_path / "prompts"
+    shutil.copytree(bert_ce, folder)
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
+    settings["prompts"] = {"query": "query : ", "web": "search the web :"}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    pairs = [(QUERY, d) for d in DOCS]
+    reranker = CrossEncoderReranker(folder)
+    np.testing.assert_allclose(
+        reranker.predict(pairs, prompt_name="query"), _st_scores(folder, pairs, prompt_name="query"), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        reranker.predict(pairs, prompt="find : "), _st_scores(folder, pairs, prompt="find : "), atol=1e-5
+    )
+    with pytest.raises(ValueError, match=r"unknown prompt name 'passage': .* declares the prompts 'query', 'web'"):
+        reranker.rerank(QUERY, DOCS, prompt_name="passage")
+
+
+def test_bad_input_is_refused_in_one_line(bert_ce, tiny_models):
+    reranker = CrossEncoderReranker(bert_ce)
+    with pytest.raises(ValueError, match="documents is empty"):
+        reranker.rerank(QUERY, [])
+    with pytest.raises(ValueError, match="top_n must be a positive integer"):
+        reranker.rerank(QUERY, DOCS, top_n=0)
+    with pytest.raises(ValueError, match="document 1 is empty"):
+        reranker.rerank(QUERY, ["a dog", "  "])
+    with pytest.raises(TypeError, match="got a single string"):
+        reranker.rerank(QUERY, "a dog")
+    with pytest.raises(ValueError, match="query must be a non-empty string"):
+        reranker.rerank("", DOCS)
+    with pytest.raises(CheckpointError, match="architectures says BertModel, which is not a cross-encoder"):
+        load_reranker(tiny_models["bert"])
+
+
+def test_cli_prints_the_documents_best_first(bert_ce, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text(DOCS[0] + "\n\n" + "\n".join(DOCS[1:]) + "\n")  # an empty line is skipped, numbers kept
+    result = CliRunner().invoke(
+        main, ["rerank", "--model", str(bert_ce), "--query", QUERY, "--documents", str(docs), "--top-n", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0] == "rank\tscore\tline\tdocument" and len(lines) == 4
+    expected = CrossEncoderReranker(bert_ce).rerank(QUERY, DOCS, top_n=3)
+    line_of = [1, 3, 4, 5, 6]
+    for row, (i, score) in zip(lines[1:], expected):
+        rank, shown, line, doc = row.split("\t")
+        assert (int(line), doc) == (line_of[i], DOCS[i]) and abs(float(shown) - score) < 1e-6
+    bad = CliRunner().invoke(
+        main, ["rerank", "--model", str(bert_ce), "--query", QUERY, "--documents", str(docs), "--top-n", "0"]
+    )
+    assert bad.exit_code == 1 and "error: top_n must be a positive integer" in bad.output
