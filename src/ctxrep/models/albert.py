@@ -35,7 +35,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    without_prefix,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
@@ -348,9 +356,7 @@ class AlbertModel(Encoder):
         path = Path(path)
         config = AlbertConfig.from_dict(read_config(path, MODEL_TYPES))
         model = cls(config)
-        state = read_state_dict(path)
-        if any(k.startswith("albert.") for k in state):  # AlbertFor*: the encoder under 'albert.'
-            state = {k.removeprefix("albert."): v for k, v in state.items()}
+        state = without_prefix(read_state_dict(path), "albert.")  # AlbertFor*: the encoder under 'albert.'
         model.load_state(state, source=str(path))
         return model.eval()
 
@@ -362,24 +368,18 @@ class AlbertModel(Encoder):
 
     def load_state(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy a checkpoint's weights into this model; refuse anything missing, unknown or mis-shaped."""
-        names = self.checkpoint_names()
-        ours = self.state_dict()
         # Pretraining / task heads sit on top of the encoder; the buffers are transformers' precomputed ids.
-        heads = [k for k in state if k not in names and k.startswith(HEAD_PREFIXES)]
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in heads and k not in BUFFERS}
-        expected = {ckpt: tuple(ours[our].shape) for ckpt, our in names.items()}
-        check_weights(
-            found,
-            expected,
+        load_named_weights(
+            self,
+            state,
+            self.checkpoint_names(),
             source,
             f"an ALBERT encoder (share={self.config.share!r})",
+            outside=HEAD_PREFIXES,
+            outside_noun="pretraining-head weights",
+            not_weights=BUFFERS,
             hint="check that config.json (num_hidden_groups, inner_group_num, sizes) belongs to these weights",
         )
-        if heads:
-            logger.info("%s: not loading %d pretraining-head weights: %s", source, len(heads), ", ".join(heads))
-        with torch.no_grad():
-            for ckpt, our in names.items():
-                ours[our].copy_(state[ckpt].to(ours[our].dtype))
 
     def save_pretrained(self, path: str | Path, transformers_compatible: bool = False) -> Path:
         """config.json + model.safetensors. share "all" / "none": transformers' AutoModel loads it;
@@ -391,9 +391,7 @@ class AlbertModel(Encoder):
                 "layers only; save without transformers_compatible=True to get ctxrep's format (ctxrep.load_model "
                 "reads it)"
             )
-        ours = self.state_dict()
-        tensors = {ckpt: ours[our] for ckpt, our in self.checkpoint_names().items()}
-        return write_folder(path, self.config.to_dict(), tensors)
+        return write_folder(path, self.config.to_dict(), named_tensors(self, self.checkpoint_names()))
 
 
 # Buffers transformers' checkpoints may carry that are not weights.
@@ -525,18 +523,14 @@ class AlbertForPreTraining(nn.Module):
         """An AlbertForPreTraining folder (transformers' or this class's save_pretrained), heads included."""
         path = Path(path)
         model = cls(AlbertConfig.from_dict(read_config(path, MODEL_TYPES)))
-        state = {k: v for k, v in read_state_dict(path).items() if k.removeprefix("albert.") not in BUFFERS}
+        state = read_state_dict(path)
         state.pop("predictions.decoder.weight", None)  # tied to the word embeddings, when a file stores it
         decoder_bias = state.pop("predictions.decoder.bias", None)  # tied to predictions.bias
         if decoder_bias is not None and "predictions.bias" not in state:
             state["predictions.bias"] = decoder_bias
+        buffers = BUFFERS + tuple("albert." + b for b in BUFFERS)
         names = model.checkpoint_names()
-        ours = model.state_dict()
-        expected = {ckpt: tuple(ours[our].shape) for ckpt, our in names.items()}
-        check_weights({k: tuple(v.shape) for k, v in state.items()}, expected, str(path), "an ALBERT pretraining model")
-        with torch.no_grad():
-            for ckpt, our in names.items():
-                ours[our].copy_(state[ckpt].to(ours[our].dtype))
+        load_named_weights(model, state, names, str(path), "an ALBERT pretraining model", not_weights=buffers)
         return model.eval()
 
     def save_pretrained(self, path: str | Path) -> Path:

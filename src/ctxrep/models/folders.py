@@ -18,8 +18,6 @@ from safetensors.torch import load_file, save_file
 
 from ctxrep.util.files import apply_umask
 
-logger = logging.getLogger(__name__)
-
 
 class CheckpointError(ValueError):
     """A model folder or weight file that cannot be used, with what is wrong and what to do."""
@@ -110,7 +108,10 @@ def load_named_weights(
     check_weights(found, expected, source, what, hint=hint)
     if skipped:
         shown = ", ".join(skipped[:20]) + (f" and {len(skipped) - 20} more" if len(skipped) > 20 else "")
-        logger.info("%s: not loading %d %s: %s", source, len(skipped), outside_noun, shown)
+        # under the family's own logger, where users of that family look for it
+        logging.getLogger(type(module).__module__).info(
+            "%s: not loading %d %s: %s", source, len(skipped), outside_noun, shown
+        )
     with torch.no_grad():
         for ckpt, our in names.items():
             w = state[ckpt]

@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
@@ -351,29 +358,14 @@ class GPT2Model(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers' GPT2Model into this model; refuse missing, unknown, mis-shaped."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
-        ours = self.state_dict()
-
-        def expected_shape(hf: str) -> tuple[int, ...]:
-            shape = tuple(ours[names[hf]].shape)
-            return shape[::-1] if hf.endswith(TRANSPOSED) else shape
-
-        buffers = {f"h.{i}.attn.{b}" for i in range(self.config.n_layer) for b in _BUFFERS}
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in buffers}
-        check_weights(found, {hf: expected_shape(hf) for hf in names}, source, "a GPT-2 model")
-        with torch.no_grad():
-            for hf, our in names.items():
-                w = state[hf]
-                # transformers' Conv1D keeps its weight as (in, out); nn.Linear wants (out, in).
-                ours[our].copy_((w.t() if hf.endswith(TRANSPOSED) else w).to(ours[our].dtype))
+        buffers = frozenset(f"h.{i}.attn.{b}" for i in range(self.config.n_layer) for b in _BUFFERS)
+        # transformers' Conv1D keeps its weight as (in, out); nn.Linear wants (out, in): TRANSPOSED.
+        names = hf_parameter_names(self.config)
+        load_named_weights(self, state, names, source, "a GPT-2 model", not_weights=buffers, transposed=TRANSPOSED)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """This model's weights under transformers' names and layouts (Conv1D weights back to (in, out))."""
-        ours = self.state_dict()
-        return {
-            hf: ours[our].t() if hf.endswith(TRANSPOSED) else ours[our]
-            for hf, our in hf_parameter_names(self.config).items()
-        }
+        return named_tensors(self, hf_parameter_names(self.config), transposed=TRANSPOSED)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' GPT2Model / AutoModel loads."""

@@ -38,7 +38,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
@@ -822,8 +829,6 @@ class MarianMTModel(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
-        ours = self.state_dict()
         state = dict(state)
         # Older transformers also saved each tied copy of the shared embedding and the sinusoidal tables; they are
         # known names, accepted only when they hold what they should be a copy of.
@@ -839,13 +844,8 @@ class MarianMTModel(Encoder):
                         "be a copy; this checkpoint was not trained as a Marian model that ctxrep can run"
                     )
         if "final_logits_bias" not in state:  # transformers lets it be missing too: zeros
-            state["final_logits_bias"] = torch.zeros_like(ours["final_logits_bias"])
-        found = {k: tuple(v.shape) for k, v in state.items()}
-        expected = {hf: tuple(ours[our].shape) for hf, our in names.items()}
-        check_weights(found, expected, source, "a Marian encoder-decoder")
-        with torch.no_grad():
-            for hf, our in names.items():
-                ours[our].copy_(state[hf].to(ours[our].dtype))
+            state["final_logits_bias"] = torch.zeros_like(self.final_logits_bias)
+        load_named_weights(self, state, hf_parameter_names(self.config), source, "a Marian encoder-decoder")
 
     def save_pretrained(self, path: str | Path, format: str = "auto") -> Path:
         """Write config.json + model.safetensors + generation_config.json.
@@ -864,9 +864,7 @@ class MarianMTModel(Encoder):
         config = self.config.to_hf_dict()
         if own:
             config |= {"model_type": OWN_FORMAT, "architectures": ["ctxrep.MarianMTModel"], "normalize_before": pre_ln}
-        ours = self.state_dict()
-        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        path = write_folder(path, config, tensors)
+        path = write_folder(path, config, named_tensors(self, hf_parameter_names(self.config)))
         if not own:  # what transformers' generate() should do by default: Marian's conventions
             c = self.config
             generation = {

@@ -37,7 +37,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    config_errors,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.modules.heads import (
@@ -453,10 +461,8 @@ class T5EncoderModel(Encoder):
         """A T5EncoderModel folder, or a whole T5 whose decoder and LM head are left out by name."""
         path = Path(path)
         hf_config = read_config(path, tuple(ARCHITECTURES))
-        try:
+        with config_errors(path):
             config = T5Config.from_hf_dict(hf_config)
-        except ValueError as e:
-            raise CheckpointError(f"{path / 'config.json'}: {e}") from e
         model = cls(config)
         model.load_hf_state_dict(read_state_dict(path), source=str(path))
         model.eval()
@@ -465,7 +471,6 @@ class T5EncoderModel(Encoder):
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; the decoder half of a whole T5 is left out by
         name; anything else missing, unknown or mis-shaped is refused."""
-        names = hf_parameter_names(self.config)  # hf name -> our name
         state = dict(state)
         # shared.weight and encoder.embed_tokens.weight are one tied table; a checkpoint may store either or both.
         if "shared.weight" not in state and "encoder.embed_tokens.weight" in state:
@@ -475,26 +480,19 @@ class T5EncoderModel(Encoder):
             raise CheckpointError(
                 f"{source}: encoder.embed_tokens.weight differs from shared.weight; T5's encoder reads one tied table"
             )
-        decoder = [k for k in state if k.startswith(DECODER_PREFIXES)]
-        found = {k: tuple(v.shape) for k, v in state.items() if k not in decoder}
-        ours = self.state_dict()
-        check_weights(found, {hf: tuple(ours[our].shape) for hf, our in names.items()}, source, "a T5 encoder")
-        if decoder:
-            logger.info(
-                "%s: a whole T5 checkpoint: loading its encoder; its %d decoder and LM-head weights are not part of "
-                "the encoder and are left out",
-                source,
-                len(decoder),
-            )
-        with torch.no_grad():
-            for hf, our in names.items():
-                ours[our].copy_(state[hf].to(ours[our].dtype))
+        load_named_weights(
+            self,
+            state,
+            hf_parameter_names(self.config),
+            source,
+            "a T5 encoder",
+            outside=DECODER_PREFIXES,
+            outside_noun="decoder and LM-head weights (a whole T5 checkpoint: they are not part of the encoder)",
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' T5EncoderModel loads."""
-        ours = self.state_dict()
-        tensors = {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()}
-        write_folder(path, self.config.to_hf_dict(), tensors)
+        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
 
 
 # The decoder half of T5Model / T5ForConditionalGeneration checkpoints, not part of the encoder.

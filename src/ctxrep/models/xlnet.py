@@ -30,7 +30,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import CheckpointError, check_weights, read_config, read_state_dict, write_folder
+from ctxrep.models.folders import (
+    CheckpointError,
+    load_named_weights,
+    named_tensors,
+    read_config,
+    read_state_dict,
+    write_folder,
+)
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
@@ -525,21 +532,13 @@ class XLNetModel(Encoder):
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers (with or without 'transformer.') into this model."""
+        names = hf_parameter_names(self.config)
         state = _strip_prefix(state)
-        heads = [k for k in state if k.startswith(_HEAD_PREFIXES)]
-        if heads:
-            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
-        state = {k: v for k, v in state.items() if k not in heads}
-        _copy_weights(self, hf_parameter_names(self.config), state, source, "an XLNet encoder")
+        load_named_weights(self, state, names, source, "an XLNet encoder", outside=_HEAD_PREFIXES, hint=_HINT)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' XLNetModel loads."""
-        ours = self.state_dict()
-        write_folder(
-            path,
-            self.config.to_hf_dict("XLNetModel"),
-            {hf: ours[our] for hf, our in hf_parameter_names(self.config).items()},
-        )
+        write_folder(path, self.config.to_hf_dict("XLNetModel"), named_tensors(self, hf_parameter_names(self.config)))
 
 
 @dataclass
@@ -646,22 +645,19 @@ class XLNetLMHeadModel(nn.Module):
                     f"{source}: lm_loss.weight differs from word_embedding.weight, but XLNet's LM head is tied to "
                     "the word embedding; this checkpoint has an untied head that ctxrep cannot represent"
                 )
-        heads = [k for k in state if k.startswith(_HEAD_PREFIXES) and k != "lm_loss.bias"]
-        if heads:
-            logger.info("%s: not loading %d task-head weights: %s", source, len(heads), ", ".join(heads))
-        state = {k: v for k, v in state.items() if k not in heads}
-        _copy_weights(self, _lm_parameter_names(self.config), state, source, "an XLNet LM head model")
+        names = _lm_parameter_names(self.config)
+        load_named_weights(self, state, names, source, "an XLNet LM head model", outside=_HEAD_PREFIXES, hint=_HINT)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' XLNetLMHeadModel loads (and XLNetModel)."""
         names = {"transformer." + hf: "transformer." + our for hf, our in hf_parameter_names(self.config).items()}
         names["lm_loss.bias"] = "lm_bias"
-        ours = self.state_dict()
-        write_folder(path, self.config.to_hf_dict("XLNetLMHeadModel"), {hf: ours[our] for hf, our in names.items()})
+        write_folder(path, self.config.to_hf_dict("XLNetLMHeadModel"), named_tensors(self, names))
 
 
 # ---- name maps and file helpers -----------------------------------------------------------------
 
+_HINT = "Check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights"
 # Weights of heads that sit on top of the encoder in pre-training / task checkpoints.
 _HEAD_PREFIXES = (
     "lm_loss.",
@@ -717,20 +713,3 @@ def _read_folder(path: Path) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
     except ValueError as e:
         raise CheckpointError(f"{path / 'config.json'}: {e}") from e
     return config, read_state_dict(path)
-
-
-def _copy_weights(
-    model: nn.Module, names: dict[str, str], state: dict[str, torch.Tensor], source: str, what: str
-) -> None:
-    """Copy state[hf] into model[names[hf]]; refuse anything missing, unknown or mis-shaped, naming them all."""
-    ours = model.state_dict()
-    check_weights(
-        {k: tuple(v.shape) for k, v in state.items()},
-        {hf: tuple(ours[our].shape) for hf, our in names.items()},
-        source,
-        what,
-        hint="Check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights",
-    )
-    with torch.no_grad():
-        for hf, our in names.items():
-            ours[our].copy_(state[hf].to(ours[our].dtype))
