@@ -1,0 +1,205 @@
+"""Compact sentence vectors: fewer dimensions (Matryoshka truncation) and fewer bits per dimension.
+
+    truncate(v, dimensions)          the first `dimensions` coordinates, then L2-normalised (OpenAI's `dimensions`)
+    quantize(v, precision, ...)      sentence-transformers' quantize_embeddings, bit for bit:
+        int8 / uint8   per dimension j, with ranges (2, dim) = (min_j, max_j) over calibration vectors:
+                       step_j = (max_j - min_j) / 255 (1 where 0), q = clip(floor((v - min_j) / step_j), 0, 255),
+                       uint8 = q, int8 = q - 128
+        ubinary        np.packbits(v > 0) per row: ceil(dim / 8) bytes, first dimension in the high bit
+        binary         ubinary - 128 as int8
+    The ranges are part of the result (QuantizedVectors.ranges) and saved beside the codes, so a query or a later
+    batch is quantized on the same grid; `dequantize` maps int8 / uint8 codes back to the grid point
+    min_j + q * step_j (sentence-transformers' `_dequantize_embeddings`, in float64, then float32), for rescoring in the float query's space.
+
+BinaryIndex: ubinary codes searched by Hamming distance, the best `rescore_multiplier` x k candidates rescored
+exactly by the float query's dot product with the candidates' int8 (dequantized) or float vectors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+QUANTIZATION_FILE = "quantization.json"
+CODES_FILE = "codes.npy"
+# bits set in each byte value: Hamming distance of packed codes = sum of _POPCOUNT[a ^ b]
+_POPCOUNT = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1).astype(np.uint16)
+
+
+def _as_matrix(vectors, what: str = "vectors") -> np.ndarray:
+    v = np.asarray(vectors)
+    if v.ndim != 2:
+        raise ValueError(f"{what} must be a 2-D array (texts, dim), got shape {v.shape}")
+    if not np.issubdtype(v.dtype, np.floating):
+        raise ValueError(f"{what} must be float vectors to quantize, got dtype {v.dtype}")
+    return v
+
+
+def truncate(vectors, dimensions: int | None, normalize: bool = True) -> np.ndarray:
+    """The first `dimensions` coordinates of each row (all when None), L2-normalised when `normalize` (a zero row
+    stays zero). More dimensions than the vectors have is a one-line ValueError."""
+    v = _as_matrix(vectors)
+    if dimensions is not None:
+        if isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer)) or dimensions < 1:
+            raise ValueError(f"dimensions must be a positive integer, got {dimensions!r}")
+        if dimensions > v.shape[1]:
+            raise ValueError(
+                f"dimensions={dimensions} is more than the vectors' {v.shape[1]}; give at most {v.shape[1]}"
+            )
+        v = v[:, :dimensions]
+    if not normalize:
+        return np.ascontiguousarray(v, dtype=np.float32)
+    norms = np.linalg.norm(v.astype(np.float32), axis=1, keepdims=True)
+    return (v / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def calibration_ranges(vectors) -> np.ndarray:
+    """(2, dim) float32: each dimension's minimum and maximum over `vectors` (at least two rows)."""
+    v = _as_matrix(vectors, "calibration vectors")
+    if len(v) < 2:
+        raise ValueError(
+            f"int8 / uint8 ranges need at least 2 calibration vectors, got {len(v)}; give ranges= from an earlier "
+            "quantization or more vectors"
+        )
+    return np.vstack((v.min(axis=0), v.max(axis=0))).astype(np.float32)
+
+
+@dataclass
+class QuantizedVectors:
+    """Codes and what is needed to read them: the precision, the float width and, for int8 / uint8, the ranges."""
+
+    codes: np.ndarray  # (texts, dim) int8/uint8; (texts, ceil(dim / 8)) binary/ubinary; float32 for "float32"
+    precision: str
+    dim: int
+    ranges: np.ndarray | None = None  # (2, dim) float32 for int8 / uint8
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes)
+
+    def save(self, folder: str | Path) -> Path:
+        """codes.npy + quantization.json (precision, dim, ranges) in `folder`."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / CODES_FILE, self.codes)
+        meta = {"precision": self.precision, "dim": self.dim}
+        if self.ranges is not None:
+            meta["ranges"] = self.ranges.tolist()
+        (folder / QUANTIZATION_FILE).write_text(json.dumps(meta, indent=1) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, mmap: bool = True) -> QuantizedVectors:
+        folder = Path(folder)
+        meta_file = folder / QUANTIZATION_FILE
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{meta_file}: missing; {folder} was not written by QuantizedVectors.save")
+        meta = json.loads(meta_file.read_text())
+        if meta.get("precision") not in PRECISIONS:
+            raise ValueError(f"{meta_file}: precision {meta.get('precision')!r} is not one of {', '.join(PRECISIONS)}")
+        codes = np.load(folder / CODES_FILE, mmap_mode="r" if mmap else None)
+        ranges = np.asarray(meta["ranges"], dtype=np.float32) if "ranges" in meta else None
+        return cls(codes, meta["precision"], int(meta["dim"]), ranges)
+
+
+def quantize(
+    vectors, precision: str, ranges: np.ndarray | None = None, calibration: np.ndarray | None = None
+) -> QuantizedVectors:
+    """Codes of float `vectors` at `precision` (see the module docstring). int8 / uint8 take their ranges from
+    `ranges`, else from `calibration` vectors, else from `vectors` themselves."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    v = _as_matrix(vectors)
+    dim = v.shape[1]
+    if precision == "float32":
+        return QuantizedVectors(v.astype(np.float32), precision, dim)
+    if precision in ("binary", "ubinary"):
+        packed = np.packbits(v > 0, axis=-1)
+        return QuantizedVectors(packed if precision == "ubinary" else (packed - 128).astype(np.int8), precision, dim)
+    if ranges is None:
+        ranges = calibration_ranges(calibration if calibration is not None else v)
+    ranges = np.asarray(ranges, dtype=np.float32)
+    if ranges.shape != (2, dim):
+        raise ValueError(f"ranges must have shape (2, {dim}) (minimum and maximum per dimension), got {ranges.shape}")
+    starts = ranges[0]
+    steps = (ranges[1] - starts) / 255
+    steps = np.where(steps == 0, 1, steps)
+    q = np.clip(np.floor((v - starts) / steps), 0, 255)
+    codes = q.astype(np.uint8) if precision == "uint8" else (q - 128).astype(np.int8)
+    return QuantizedVectors(codes, precision, dim, ranges)
+
+
+def dequantize(quantized: QuantizedVectors) -> np.ndarray:
+    """Float32 vectors on the int8 / uint8 grid (min_j + q * step_j), or the float32 codes themselves."""
+    if quantized.precision == "float32":
+        return np.asarray(quantized.codes, dtype=np.float32)
+    if quantized.ranges is None:
+        raise ValueError(f"{quantized.precision} codes have no ranges to map back; only int8 / uint8 dequantize")
+    q = quantized.codes.astype(np.float64) + (128 if quantized.precision == "int8" else 0)
+    starts = quantized.ranges[0]
+    steps = (quantized.ranges[1] - starts) / 255
+    steps = np.where(steps == 0, 1, steps)
+    return (q * steps + starts).astype(np.float32)
+
+
+def hamming(query_codes: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """(queries, rows) Hamming distances between packed ubinary codes (queries, bytes) and (rows, bytes)."""
+    out = np.empty((len(query_codes), len(codes)), dtype=np.uint32)
+    for i, q in enumerate(query_codes):
+        out[i] = _POPCOUNT[np.bitwise_xor(codes, q)].sum(axis=1, dtype=np.uint32)
+    return out
+
+
+class BinaryIndex:
+    """Search by the Hamming distance of ubinary codes, then rescore the best candidates exactly.
+
+    vectors: (rows, dim) float sentence vectors (normalised: scores are dot products = cosines). What stays in
+    memory: the codes (dim / 8 bytes a row) and the rescoring vectors, int8 (dim bytes a row, `rescore="int8"`) or
+    the float32 vectors (`rescore="float32"`).
+    """
+
+    def __init__(self, vectors, rescore: str = "int8", calibration: np.ndarray | None = None) -> None:
+        if rescore not in ("int8", "float32"):
+            raise ValueError(f"rescore must be 'int8' or 'float32', got {rescore!r}")
+        v = _as_matrix(vectors)
+        self.dim = v.shape[1]
+        self.codes = quantize(v, "ubinary").codes
+        self.rescore = quantize(v, rescore, calibration=calibration)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the codes plus the rescoring vectors."""
+        return int(self.codes.nbytes + self.rescore.nbytes)
+
+    def search(self, queries, k: int = 10, rescore_multiplier: int = 4) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of each query's k best rows, best first: the k x rescore_multiplier nearest codes by
+        Hamming distance, rescored by the float query's dot product with their int8 (dequantized) or float vectors."""
+        q = _as_matrix(queries, "queries")
+        if q.shape[1] != self.dim:
+            raise ValueError(f"queries are {q.shape[1]} wide but the index holds {self.dim}-wide vectors")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        if rescore_multiplier < 1:
+            raise ValueError(f"rescore_multiplier must be at least 1, got {rescore_multiplier}")
+        k = min(k, len(self))
+        n_candidates = min(len(self), k * rescore_multiplier)
+        distances = hamming(np.packbits(q > 0, axis=-1), self.codes)
+        if n_candidates < len(self):
+            candidates = np.argpartition(distances, n_candidates - 1, axis=1)[:, :n_candidates]
+        else:
+            candidates = np.broadcast_to(np.arange(len(self)), (len(q), len(self)))
+        scores = np.empty((len(q), k), dtype=np.float32)
+        rows = np.empty((len(q), k), dtype=np.int64)
+        for i, cand in enumerate(candidates):
+            part = QuantizedVectors(self.rescore.codes[cand], self.rescore.precision, self.dim, self.rescore.ranges)
+            s = dequantize(part) @ q[i].astype(np.float32)
+            best = np.argsort(-s, kind="stable")[:k]
+            scores[i], rows[i] = s[best], cand[best]
+        return scores, rows
