@@ -276,7 +276,7 @@ def test_occurrence_index_round_trip_and_query(fz, tmp_path):
     assert hits[0].similarity >= hits[1].similarity >= hits[2].similarity
     with pytest.raises(ValueError, match="word index 9 is outside the sentence, which has 5 words"):
         loaded.query(fz, sentences[3], 9)
-    with pytest.raises(FileNotFoundError, match="index.hnsw: missing"):
+    with pytest.raises(FileNotFoundError, match="index.json: missing"):
         neighbors.OccurrenceIndex.load(tmp_path / "nothing")
     with pytest.raises(ValueError, match="layer 3 is out of range"):
         neighbors.OccurrenceIndex.build(fz, sentences, layer=3)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,7 +118,7 @@ def test_cli_build_search_and_embed_output(tiny_models, tmp_path):
     assert out.exit_code == 0, out.output
     lines = out.output.strip().splitlines()
     assert lines[0] == "query\trank\tscore\tid\ttext"
-    assert lines[1].split("\t")[3:] == ["3", TEXTS[2]]  # ids are line numbers
+    assert lines[1].split("\t")[3:] == ["2", TEXTS[2]]  # ids are 0-based text numbers, as SentenceIndex.build
 
     # embed once, index the vectors without embedding again: the same hits
     out = runner.invoke(
@@ -138,10 +139,10 @@ def test_cli_build_search_and_embed_output(tiny_models, tmp_path):
     assert [r[3:] for r in rows_a] == [r[3:] for r in rows_b]
     np.testing.assert_allclose([float(r[2]) for r in rows_a], [float(r[2]) for r in rows_b], atol=2e-4)
     meta = json.loads((tmp_path / "ix2" / "index.json").read_text())
-    assert meta["featurizer"]["model"] == model and meta["count"] == len(TEXTS)
-    bare = SentenceIndex.from_vectors(tmp_path / "vecs")  # no texts given: ids are the input lines, texts unknown
+    assert meta["spec"]["model"] == str(Path(model).resolve()) and meta["count"] == len(TEXTS)
+    bare = SentenceIndex.from_vectors(tmp_path / "vecs")  # no texts given: ids are the text numbers, texts unknown
     hit = bare.search(TEXTS[4], k=1)  # the query embedded with the embed run's own settings
-    assert hit.ids == [5] and hit.texts == [None] and hit.scores[0] == pytest.approx(1.0, abs=1e-5)
+    assert hit.ids == [4] and hit.texts == [None] and hit.scores[0] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_bad_input_names_file_and_line(tmp_path):

@@ -1,7 +1,8 @@
 """Nearest neighbours of word occurrences in context, the static contrast, and WiC by layer.
 
-* `OccurrenceIndex`: every word occurrence of a corpus, embedded at one layer, in an HNSW index (hnswlib,
-  cosine space) saved to disk with the occurrence metadata (sentence, word index). A query is a word in a
+* `OccurrenceIndex`: every word occurrence of a corpus, embedded at one layer, in ctxrep's nearest-neighbour index
+  (`ctxrep.vectors.index.SentenceIndex`, cosine) saved to disk with the occurrence metadata (sentence, word index)
+  and the spec of its vectors. A query is a word in a
   sentence; the answer is the closest occurrences with their sentences. `read_queries` reads a file of queries
   (one a line: `SENTENCE<TAB>WORD_INDEX`, or the sentence with its word marked `[[word]]`) for `query_many`,
   which embeds them all in one call.
@@ -25,8 +26,10 @@ import torch
 from ctxrep.analysis._common import model_name, with_layers
 from ctxrep.featurize import Featurizer
 from ctxrep.util.files import utf8_lines
+from ctxrep.vectors.index import SentenceIndex
+from ctxrep.vectors.spec import SENTENCE_ONLY, FeaturizerSpec
 
-INDEX_FILE = "index.hnsw"
+OLD_INDEX_FILE = "index.hnsw"  # what ctxrep wrote before the occurrence index was a SentenceIndex
 META_FILE = "occurrences.json"
 
 
@@ -127,21 +130,28 @@ def _check_word(words: list[str], word: int) -> None:
 
 
 class OccurrenceIndex:
-    """A cosine HNSW index over the word occurrences of a corpus at one layer of one model."""
+    """The word occurrences of a corpus at one layer of one model, searchable by cosine: a
+    `ctxrep.vectors.index.SentenceIndex` (ctxrep's one nearest-neighbour index: exact up to 20,000 rows, HNSW
+    above) whose row r is occurrence r, with the sentences and occurrences beside it."""
 
-    def __init__(
-        self, index, sentences: list[list[str]], occurrences: list[Occurrence], model: str, layer: int, pooling: str
-    ) -> None:
-        self.index = index
+    def __init__(self, index: SentenceIndex, sentences: list[list[str]], occurrences: list[Occurrence], layer: int):
+        self.index = index  # cosine, ids = row numbers; index.spec: what made the vectors
         self.sentences = sentences
         self.occurrences = occurrences
-        self.model = model
         self.layer = layer
-        self.pooling = pooling
 
     @property
     def dim(self) -> int:
         return self.index.dim
+
+    @property
+    def model(self) -> str:
+        """The model name that loads the indexed model again (a Hub name with its commit)."""
+        return self.index.spec.featurizer_kwargs()["model"]
+
+    @property
+    def pooling(self) -> str:
+        return self.index.spec.pooling
 
     @classmethod
     def build(
@@ -153,8 +163,6 @@ class OccurrenceIndex:
         ef_construction: int = 200,
     ) -> OccurrenceIndex:
         """Embed every word of `sentences` at `layer` (0 = embeddings, negative counts from the top) and index it."""
-        import hnswlib
-
         if not sentences:
             raise ValueError("no sentences to index (empty corpus)")
         word_lists = []
@@ -169,24 +177,20 @@ class OccurrenceIndex:
                 f"layer {layer!r} is out of range: the model has layers 0..{n_layers - 1} (0 = embeddings)"
             )
         layer %= n_layers
-        vectors = with_layers(fz, layer).embed_words(word_lists)
+        view = with_layers(fz, layer)
+        vectors = view.embed_words(word_lists)
         occurrences = [Occurrence(s, w) for s, v in enumerate(vectors) for w in range(len(v))]
-        data = np.concatenate(vectors).astype(np.float32)
-        index = hnswlib.Index(space="cosine", dim=data.shape[1])
-        index.init_index(max_elements=len(data), M=m, ef_construction=ef_construction, random_seed=0)
-        index.add_items(data, np.arange(len(data)), num_threads=1)
-        return cls(index, word_lists, occurrences, str(fz.source.folder), layer, fz.pooling)
+        index = SentenceIndex.from_vectors(
+            np.concatenate(vectors), spec=FeaturizerSpec.of(view), hnsw_m=m, hnsw_ef_construction=ef_construction
+        )
+        return cls(index, word_lists, occurrences, layer)
 
     def save(self, directory: str | os.PathLike) -> None:
-        """Write the index (index.hnsw) and its metadata (occurrences.json: model, layer, sentences, occurrences)."""
+        """Write the index (SentenceIndex.save's files) and occurrences.json (layer, sentences, occurrences)."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.index.save_index(str(directory / INDEX_FILE))
+        self.index.save(directory)
         meta = {
-            "model": self.model,
             "layer": self.layer,
-            "pooling": self.pooling,
-            "dim": self.dim,
             "sentences": self.sentences,
             "occurrences": [[o.sentence, o.word] for o in self.occurrences],
         }
@@ -194,45 +198,44 @@ class OccurrenceIndex:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> OccurrenceIndex:
-        import hnswlib
-
         directory = Path(directory)
-        for name in (INDEX_FILE, META_FILE):
+        if (directory / OLD_INDEX_FILE).is_file() and not (directory / "index.json").is_file():
+            raise ValueError(
+                f"{directory}: an occurrence index written by an older ctxrep; build it again (ctxrep neighbors index)"
+            )
+        for name in ("index.json", META_FILE):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"{directory / name}: missing; build the index first (ctxrep neighbors index)")
         try:
             meta = json.loads((directory / META_FILE).read_text())
             occurrences = [Occurrence(s, w) for s, w in meta["occurrences"]]
-            dim, sentences = int(meta["dim"]), meta["sentences"]
+            sentences, layer = meta["sentences"], int(meta["layer"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{directory / META_FILE}: not an occurrence index's metadata ({e})") from None
-        index = hnswlib.Index(space="cosine", dim=dim)
-        index.load_index(str(directory / INDEX_FILE), max_elements=len(occurrences))
-        if index.get_current_count() != len(occurrences):
+        index = SentenceIndex.load(directory)
+        if len(index) != len(occurrences) or index.spec is None:
             raise ValueError(
-                f"{directory}: the index holds {index.get_current_count()} vectors but the metadata "
-                f"lists {len(occurrences)} occurrences; rebuild it"
+                f"{directory}: the index holds {len(index)} vectors but the metadata lists {len(occurrences)} "
+                "occurrences (or it records no model); rebuild it"
             )
-        return cls(index, sentences, occurrences, meta["model"], int(meta["layer"]), meta.get("pooling", "mean"))
+        return cls(index, sentences, occurrences, layer)
 
     def search(self, vector: np.ndarray, k: int = 10) -> list[Neighbor]:
         """The k occurrences closest to `vector` by cosine, closest first."""
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        vector = np.asarray(vector, dtype=np.float32).reshape(1, -1)
-        if vector.shape[1] != self.dim:
+        vector = np.asarray(vector, dtype=np.float32).reshape(-1)
+        if len(vector) != self.dim:
             raise ValueError(
-                f"the index holds {self.dim}-wide vectors but the query is {vector.shape[1]}-wide; "
+                f"the index holds {self.dim}-wide vectors but the query is {len(vector)}-wide; "
                 f"query with the model the index was built with ({self.model})"
             )
-        k = min(k, len(self.occurrences))
-        self.index.set_ef(max(50, 2 * k))
-        labels, distances = self.index.knn_query(vector, k=k, num_threads=1)
+        hits = self.index.search(vector, k=k)
         out = []
-        for row, distance in zip(labels[0], distances[0]):
-            o = self.occurrences[int(row)]
+        for row, similarity in zip(hits.rows.tolist(), hits.scores.tolist()):
+            o = self.occurrences[row]
             words = self.sentences[o.sentence]
-            out.append(Neighbor(o.sentence, o.word, words[o.word], 1.0 - float(distance), " ".join(words)))
+            out.append(Neighbor(o.sentence, o.word, words[o.word], float(similarity), " ".join(words)))
         return out
 
     def query(self, fz: Featurizer, sentence: str | Sequence[str], word: int, k: int = 10) -> list[Neighbor]:
@@ -242,19 +245,19 @@ class OccurrenceIndex:
         return self.query_many(fz, [Query(words, word)], k)[0]
 
     def query_many(self, fz: Featurizer, queries: Sequence[Query], k: int = 10) -> list[list[Neighbor]]:
-        """`query` for many queries (e.g. from `read_queries`): their sentences are embedded in one call."""
+        """`query` for many queries (e.g. from `read_queries`): their sentences are embedded in one call. `fz` must
+        make the indexed word vectors (its model, pooling, precision, ...: SpecMismatch names what differs)."""
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        if fz.pooling != self.pooling:
-            raise ValueError(
-                f"the index was built with pooling {self.pooling!r} but the featurizer pools {fz.pooling!r}"
-            )
+        view = with_layers(fz, self.layer)
+        fix = f"query with the settings the index was built with (model {self.model})"
+        self.index.spec.check(FeaturizerSpec.of(view), "the occurrence index", fix, ignore=SENTENCE_ONLY)
         for q in queries:
             try:
                 _check_word(q.words, q.word)
             except ValueError as e:
                 raise ValueError(f"{q.source}: {e}") from None
-        vectors = with_layers(fz, self.layer).embed_words([q.words for q in queries])
+        vectors = view.embed_words([q.words for q in queries])
         return [self.search(v[q.word], k) for q, v in zip(queries, vectors)]
 
 

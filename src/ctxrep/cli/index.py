@@ -1,6 +1,6 @@
 """`ctxrep index build` and `ctxrep search`: a sentence index (ctxrep.SentenceIndex) from the command line.
 
-ctxrep index build --input faq.txt --out ix/                       # one text per line; ids = line numbers
+ctxrep index build --input faq.txt --out ix/                       # one text per line; ids = 0, 1, 2, ...
 ctxrep index build --input faq.csv --text-column question --id-column qid --out ix/
 ctxrep index build --vectors vecs/ --input faq.txt --out ix/        # `ctxrep embed --level sentence` output
 ctxrep search --index ix/ --query "how do I reset my password" -k 10
@@ -35,12 +35,17 @@ def index() -> None:
     help="Input format [default: from the file name; text otherwise].",
 )
 @click.option("--text-column", default="text", show_default=True, help="CSV/TSV/JSONL column holding the text.")
-@click.option("--id-column", default=None, help="CSV/TSV/JSONL column holding each text's id [default: line number].")
+@click.option(
+    "--id-column",
+    default=None,
+    help="CSV/TSV/JSONL column holding each text's id [default: the text's 0-based position, as SentenceIndex.build "
+    "numbers them].",
+)
 @click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list or 'mix'.")
 @click.option(
     "--sentence-pooling",
     type=click.Choice(["mean", "cls", "model", "auto"]),
-    default="mean",
+    default="auto",
     show_default=True,
     help="Mean of words, the classification token, a sentence-transformers folder's own pooling, or auto (the "
     "folder's pooling where it has one, else mean).",
@@ -90,9 +95,7 @@ def search(index_dir, queries, queries_file, k, out_path, device) -> None:
         raise ValueError("give --query TEXT or --queries FILE")
     if k < 1:
         raise ValueError(f"-k must be at least 1, got {k}")
-    ix = SentenceIndex.load(index_dir)
-    if device and ix.featurizer_settings:
-        ix.featurizer_settings = {**ix.featurizer_settings, "device": device}
+    ix = SentenceIndex.load(index_dir, runtime={"device": device} if device else None)
     hits = ix.search(queries, k=k)
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout
     try:

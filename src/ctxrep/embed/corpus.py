@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -43,7 +42,8 @@ import numpy as np
 
 from ctxrep.util.files import utf8_lines
 from ctxrep.util.progress import progress
-from ctxrep.vectors.spec import layers_text, parse_layers
+from ctxrep.vectors.spec import FeaturizerSpec, layers_text, parse_layers
+from ctxrep.vectors.store import MANIFEST, write_arrays, write_manifest
 
 FORMATS = ("text", "jsonl", "csv", "tsv", "conll", "parquet")
 DEFAULT_TEXT_COLUMN = "text"
@@ -369,12 +369,6 @@ def _fingerprint(path: str) -> dict:
     return {"input": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def _write_json_atomic(file: Path, obj: dict) -> None:
-    tmp = file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, file)
-
-
 # ---- one shard --------------------------------------------------------------------------------------------------
 
 
@@ -400,42 +394,6 @@ def write_shard(fz, records: list[Record], k: int, first_text: int, level: str, 
     """Embed shard `k` and write it (`write_arrays`); returns its manifest entry."""
     vectors, index = embed_shard(fz, records, first_text, level)
     return write_arrays(vectors, index, k, len(records), storage, out)
-
-
-def write_arrays(vectors: np.ndarray, index: list[tuple], k: int, texts: int, storage: str, out: Path) -> dict:
-    """Write shard `k` (its vectors and one index entry (text, line, word, word) per row) under temporary names
-    unique to this process, renamed when complete; returns its manifest entry. The index file is renamed last: its
-    final name means the shard is whole."""
-    name = f"shard-{k:05d}.{storage}"
-    index_name = f"index-{k:05d}.tsv"
-    tag = f".{os.getpid()}.tmp"
-    tmp, index_tmp = out / (name + tag), out / (index_name + tag)
-    if storage == "safetensors":
-        from safetensors.numpy import save_file
-
-        from ctxrep.util.files import apply_umask
-
-        save_file({"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}, str(tmp))
-        apply_umask(tmp)  # safetensors writes 0600 whatever the umask
-    else:
-        with open(tmp, "wb") as f:
-            np.save(f, np.asarray(vectors, dtype=np.float32))
-    with open(index_tmp, "w", encoding="utf-8") as f:
-        f.write("row\ttext\tline\tword\ttoken\n")
-        for row, (text, line, w, word) in enumerate(index):
-            f.write(f"{row}\t{text}\t{line}\t{w}\t{word}\n")
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:16]
-    os.replace(tmp, out / name)
-    os.replace(index_tmp, out / index_name)
-    return {
-        "file": name,
-        "index": index_name,
-        "first_text": int(index[0][0]) if index else 0,
-        "texts": texts,
-        "rows": len(index),
-        "first_line": int(index[0][1]) if index else 0,
-        "sha256_16": digest,
-    }
 
 
 def _shard_number(entry: dict) -> int:
@@ -532,8 +490,9 @@ def open_run(job: EmbedJob, log: Callable[[str], None] = _stderr) -> _Run | Embe
     different run's folder is refused), or the summary of a complete folder."""
     out = Path(job.out_dir)
     settings = job.settings()
-    manifest_file = out / "manifest.json"
+    manifest_file = out / MANIFEST
     done: dict[int, dict] = {}
+    spec = None  # what the shards already written hold (a resumed run must add the same)
     if manifest_file.is_file():
         manifest = json.loads(manifest_file.read_text())
         if manifest["settings"] != settings:
@@ -555,10 +514,11 @@ def open_run(job: EmbedJob, log: Callable[[str], None] = _stderr) -> _Run | Embe
                 already_complete=True,
             )
         done = {_shard_number(s): s for s in manifest["shards"]}
+        spec = FeaturizerSpec.from_dict(manifest["spec"], str(manifest_file)) if "spec" in manifest else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # what a killed run left half-written (the manifest's own .tmp included)
         stale.unlink(missing_ok=True)
-    return _Run(job, out, manifest_file, settings, done, log)
+    return _Run(job, out, manifest_file, settings, done, log, spec)
 
 
 def _placements(job: EmbedJob, workers: int, devices: list[str] | None) -> list[tuple[str | None, int | None]]:
@@ -612,8 +572,11 @@ def _counting(stream, bar) -> Iterator[bytes]:
 class _Run:
     """The manifest's bookkeeping for one run (only the process that reads the input writes it)."""
 
-    def __init__(self, job: EmbedJob, out: Path, manifest_file: Path, settings: dict, done: dict, log) -> None:
+    def __init__(
+        self, job: EmbedJob, out: Path, manifest_file: Path, settings: dict, done: dict, log, spec=None
+    ) -> None:
         self.job, self.out, self.manifest_file, self.settings, self.log = job, out, manifest_file, settings, log
+        self.spec: FeaturizerSpec | None = spec
         self.done = dict(done)
         self.resumed = len(done)
         self.seen = 0  # shards in the input
@@ -626,7 +589,11 @@ class _Run:
             kept = sum(s["texts"] for s in self.done.values())
             self.log(f"resuming after {kept} texts in {len(self.done)} complete shards")
 
-    def record(self, k: int, entry: dict, row_shape: tuple[int, ...]) -> None:
+    def record(self, k: int, entry: dict, row_shape: tuple[int, ...], spec: FeaturizerSpec | None = None) -> None:
+        if spec is not None:
+            if self.spec is not None and spec != self.spec:  # e.g. the Hub model changed between runs
+                self.spec.check(spec, str(self.out), "use another --out folder, or delete this one")
+            self.spec = spec
         self.done[k] = entry
         self.row_shape = tuple(row_shape)
         self._write(complete=False)
@@ -637,26 +604,18 @@ class _Run:
 
     def _write(self, complete: bool) -> None:
         shards = [self.done[k] for k in sorted(self.done)]
-        manifest: dict[str, Any] = {
-            "settings": self.settings,
-            "dim": self.row_shape[-1] if self.row_shape else None,
-            "row_shape": list(self.row_shape) if self.row_shape else None,
-            "shards": shards,
-            "complete": complete,
-        }
-        if complete:
-            manifest.update(texts=sum(s["texts"] for s in shards), rows=sum(s["rows"] for s in shards))
-        _write_json_atomic(self.manifest_file, manifest)
+        write_manifest(self.out, self.settings, shards, self.row_shape, complete, self.spec)
 
     def in_process(self, shards, device: str | None, threads: int | None) -> None:
         fz = self.job.featurizer(device, threads)
         self.row_shape = _row_shape(fz, self.job.level)
+        spec = FeaturizerSpec.of(fz)
         for k, first, records in shards:
             self.seen = k + 1
             if k in self.done:
                 continue
             self.record(
-                k, write_shard(fz, records, k, first, self.job.level, self.job.storage, self.out), self.row_shape
+                k, write_shard(fz, records, k, first, self.job.level, self.job.storage, self.out), self.row_shape, spec
             )
 
     def in_workers(self, shards, placements: list[tuple[str | None, int | None]]) -> None:
@@ -724,9 +683,9 @@ class _Run:
             if kind == "started":
                 pending[k] = worker
             elif kind == "done":
-                entry, row_shape = payload
+                entry, row_shape, spec = payload
                 pending.pop(k, None)
-                self.record(k, entry, row_shape)
+                self.record(k, entry, row_shape, FeaturizerSpec.from_dict(spec))
             elif kind == "error":
                 where = f" while embedding shard {k}" if k >= 0 else ""
                 raise ValueError(f"worker {worker}{where}: {payload}")
@@ -807,6 +766,7 @@ def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None
     try:
         fz = job.featurizer(device, threads)
         row_shape = _row_shape(fz, job.level)
+        spec = FeaturizerSpec.of(fz).to_dict()
     except Exception as e:
         results.put(("error", -1, worker, f"{type(e).__name__}: {e}"))
         return
@@ -822,7 +782,7 @@ def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None
         except Exception as e:
             results.put(("error", k, worker, f"{type(e).__name__}: {e}"))
             return
-        results.put(("done", k, worker, (entry, row_shape)))
+        results.put(("done", k, worker, (entry, row_shape, spec)))
 
 
 # ---- reading back (tests and small scripts; ctxrep.load_vectors maps the shards instead) --------------------------

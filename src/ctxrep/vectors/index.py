@@ -1,4 +1,5 @@
-"""A nearest-neighbour index of sentence vectors: build, add, search the k nearest, save, load.
+"""THE nearest-neighbour index of ctxrep (sentence vectors, and word occurrences through
+`ctxrep.analysis.neighbors.OccurrenceIndex`): build, add, search the k nearest, save, load.
 
     index = ctxrep.SentenceIndex.build(texts, model="minilm")           # embeds the texts (ctxrep.Featurizer)
     index.add(more_texts)
@@ -6,14 +7,18 @@
     index.save("ix/");  index = ctxrep.SentenceIndex.load("ix/")
     index = ctxrep.SentenceIndex.from_vectors("vecs/")                # `ctxrep embed --level sentence` output
 
+Ids default to 0-based row numbers everywhere: `build`, `add`, `from_vectors` (the embed run's text numbers, as
+`load_vectors` counts them) and `ctxrep index build` (the text's position in the input file).
+
 Scores are cosine similarities (metric="cosine": vectors are stored L2-normalised and compared by dot product) or
 raw dot products (metric="dot"). Up to `exact_below` items the search is exact: one matrix product over all stored
 vectors. Above it, an HNSW graph (hnswlib, Malkov & Yashunin 2018) answers in about log(n) distance computations,
 approximately; `exact=True` on `search` asks for the exact answer at any size.
 
 On disk (no pickle: every file is plain numpy, JSON or hnswlib's own format):
-    index.json     metric, dim, count, the featurizer settings that embed queries (model, layers, pooling,
-                   sentence_pooling), hnswlib's parameters
+    index.json     metric, dim, count, the FeaturizerSpec of the vectors (`ctxrep.vectors.spec`: model, revision,
+                   layers, pooling, sentence_pooling, precision, ...; text queries are embedded with it and a
+                   featurizer handed to `load` is checked against it), hnswlib's parameters
     vectors.npy    (count, dim) float32, as searched (normalised for cosine)
     items.jsonl    one {"id": ..., "text": ...} per line, in row order (text null when unknown)
     hnsw.bin       hnswlib's graph (only above exact_below)
@@ -31,7 +36,7 @@ import numpy as np
 
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.similarity import METRICS
-from ctxrep.vectors.spec import parse_layers
+from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["SentenceIndex", "Hits", "SentenceIndexError"]
 
@@ -62,9 +67,10 @@ class Hits:
 class SentenceIndex:
     """Sentence vectors with their ids and texts, searchable by cosine or dot product; see the module docstring.
 
-    dim: vector width. metric: "cosine" or "dot". featurizer_settings: how queries given as text are embedded
-    (keyword arguments of ctxrep.Featurizer: model, layers, pooling, sentence_pooling); None for an index of bare
-    vectors, which then takes only vector queries. exact_below: the size up to which search is exact.
+    dim: vector width. metric: "cosine" or "dot". spec: the FeaturizerSpec (or its dict) of the stored vectors,
+    with which queries given as text are embedded; None for an index of bare vectors, which then takes only vector
+    queries. runtime: further Featurizer keyword arguments for text queries that do not change the vectors
+    (device, batch_tokens, num_threads). exact_below: the size up to which search is exact.
     hnsw_m / hnsw_ef_construction / hnsw_ef: hnswlib's M, ef_construction and the search-time ef (at least k).
     """
 
@@ -72,11 +78,12 @@ class SentenceIndex:
         self,
         dim: int,
         metric: str = "cosine",
-        featurizer_settings: dict | None = None,
+        spec: FeaturizerSpec | dict | None = None,
         exact_below: int = EXACT_BELOW,
         hnsw_m: int = 32,
         hnsw_ef_construction: int = 200,
         hnsw_ef: int = 100,
+        runtime: dict | None = None,
     ) -> None:
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
@@ -84,7 +91,8 @@ class SentenceIndex:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self.dim = int(dim)
         self.metric = metric
-        self.featurizer_settings = dict(featurizer_settings) if featurizer_settings else None
+        self.spec = FeaturizerSpec.from_dict(spec, "spec") if isinstance(spec, dict) else spec
+        self.runtime = dict(runtime or {})
         self.exact_below = exact_below
         self.hnsw_m, self.hnsw_ef_construction, self.hnsw_ef = hnsw_m, hnsw_ef_construction, hnsw_ef
         self._chunks: list[np.ndarray] = []  # float32 (rows, dim) blocks, concatenated on demand
@@ -113,7 +121,7 @@ class SentenceIndex:
         from ctxrep.featurize import Featurizer
 
         fz = featurizer if featurizer is not None else Featurizer(model)
-        index = cls(fz.sentence_dim, metric, featurizer_settings=featurizer_settings_of(fz), **kwargs)
+        index = cls(fz.sentence_dim, metric, spec=FeaturizerSpec.of(fz), **kwargs)
         index._featurizer = fz
         index.add(texts, ids=ids)
         return index
@@ -125,11 +133,12 @@ class SentenceIndex:
         ids: Sequence | None = None,
         texts: Sequence[str | None] | None = None,
         metric: str = "cosine",
-        featurizer_settings: dict | None = None,
+        spec: FeaturizerSpec | dict | None = None,
         **kwargs,
     ) -> SentenceIndex:
-        """An index over given vectors: an (n, dim) array, or the folder of a `ctxrep embed --level sentence` run
-        (read memory-mapped; ids default to its input line numbers, and queries are embedded with its settings)."""
+        """An index over given vectors: an (n, dim) array (`spec`: what made them, for text queries), or the folder
+        of a `ctxrep embed --level sentence` run (read memory-mapped; ids default to its 0-based text numbers, and
+        queries are embedded with its recorded spec)."""
         if isinstance(vectors, (str, os.PathLike)):
             from ctxrep.vectors.store import load_vectors
 
@@ -138,11 +147,10 @@ class SentenceIndex:
                 raise SentenceIndexError(
                     f"{vectors}: holds word vectors; a sentence index needs `ctxrep embed --level sentence` output"
                 )
-            s = stored.settings
             if ids is None:
-                ids = stored.index().line.tolist()
-            if featurizer_settings is None and "model" in s:
-                featurizer_settings = _settings_from_embed(s)
+                ids = stored.index().text.tolist()
+            if spec is None:
+                spec = stored.spec
             vectors = stored.array  # every row, in one array (a method in older ctxrep versions)
             vectors = vectors() if callable(vectors) else vectors
         array = np.asarray(vectors, dtype=np.float32)
@@ -150,7 +158,7 @@ class SentenceIndex:
             raise SentenceIndexError(
                 f"vectors must be (n, dim), got shape {array.shape}; give one layer's sentence vectors"
             )
-        index = cls(array.shape[1], metric, featurizer_settings=featurizer_settings, **kwargs)
+        index = cls(array.shape[1], metric, spec=spec, **kwargs)
         index.add_vectors(array, ids=ids, texts=texts)
         return index
 
@@ -294,23 +302,30 @@ class SentenceIndex:
     # ---- queries as text ----------------------------------------------------------------------------
 
     def featurizer(self):
-        """The Featurizer that embeds text queries (built from featurizer_settings on first use)."""
+        """The Featurizer that embeds text queries (built from the spec, with `runtime`, on first use)."""
         if self._featurizer is None:
-            if not self.featurizer_settings:
+            if self.spec is None:
                 raise SentenceIndexError(
                     "this index was built from bare vectors and does not know which model made them: search it with "
-                    "vectors, or pass featurizer_settings={'model': ...} when you build it"
+                    "vectors, or pass spec={'model': ...} (a FeaturizerSpec) when you build it"
                 )
             from ctxrep.featurize import Featurizer
-            from ctxrep.modules.scalar_mix import ScalarMix
 
-            settings = dict(self.featurizer_settings)
-            if isinstance(settings.get("layers"), dict):  # a ScalarMix, saved as its weights
-                settings["layers"] = ScalarMix.from_weights(
-                    settings["layers"]["mix"], gamma=settings["layers"]["gamma"]
-                )
-            self._featurizer = Featurizer(**settings)
+            self._featurizer = Featurizer(**self.spec.featurizer_kwargs(), **self.runtime)
         return self._featurizer
+
+    def use_featurizer(self, featurizer) -> SentenceIndex:
+        """Embed text queries with `featurizer` (a ready ctxrep.Featurizer), after checking that it makes the
+        stored vectors (SpecMismatch names each setting that differs)."""
+        asked = FeaturizerSpec.of(featurizer)
+        if self.spec is not None:
+            self.spec.check(asked, "this index", "load it without a featurizer to embed queries as it was built")
+        if featurizer.sentence_dim != self.dim:
+            raise SentenceIndexError(
+                f"the featurizer gives {featurizer.sentence_dim}-wide vectors but the index holds {self.dim}-wide ones"
+            )
+        self._featurizer = featurizer
+        return self
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         out = self.featurizer().embed_sentences(texts)
@@ -345,7 +360,7 @@ class SentenceIndex:
             "metric": self.metric,
             "dim": self.dim,
             "count": len(self),
-            "featurizer": self.featurizer_settings,
+            "spec": None if self.spec is None else self.spec.to_dict(),
             "exact_below": self.exact_below,
             "hnsw": {"M": self.hnsw_m, "ef_construction": self.hnsw_ef_construction, "ef": self.hnsw_ef, "file": graph},
         }
@@ -353,9 +368,10 @@ class SentenceIndex:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, featurizer=None) -> SentenceIndex:
-        """Read a folder written by `save`. `featurizer`: a ready ctxrep.Featurizer for text queries (else one is
-        built from the saved settings on the first text query)."""
+    def load(cls, path: str | os.PathLike, featurizer=None, runtime: dict | None = None) -> SentenceIndex:
+        """Read a folder written by `save`. `featurizer`: a ready ctxrep.Featurizer for text queries, checked against
+        the saved spec (SpecMismatch when it would make other vectors); else one is built from the spec on the first
+        text query, with `runtime` (e.g. {"device": "cuda"})."""
         path = Path(path)
         meta_file = path / "index.json"
         if not meta_file.is_file():
@@ -367,10 +383,12 @@ class SentenceIndex:
             if meta.get("format") != "ctxrep-sentence-index":
                 raise KeyError("format")
             hnsw = meta["hnsw"]
+            spec = meta.get("spec", meta.get("featurizer"))  # "featurizer": the Featurizer kwargs older ctxrep saved
             index = cls(
                 meta["dim"],
                 meta["metric"],
-                featurizer_settings=meta.get("featurizer"),
+                spec=FeaturizerSpec.from_dict(spec, str(meta_file)) if spec else None,
+                runtime=runtime,
                 exact_below=meta["exact_below"],
                 hnsw_m=hnsw["M"],
                 hnsw_ef_construction=hnsw["ef_construction"],
@@ -414,54 +432,14 @@ class SentenceIndex:
             graph = hnswlib.Index(space="ip", dim=index.dim)
             graph.load_index(str(path / graph_file), max_elements=len(vectors))
             index._hnsw, index._hnsw_rows = graph, len(vectors)
-        index._featurizer = featurizer
+        if featurizer is not None:
+            index.use_featurizer(featurizer)
         return index
-
-
-def featurizer_settings_of(fz) -> dict:
-    """The keyword arguments that rebuild `fz`'s sentence vectors (what SentenceIndex saves for text queries)."""
-    from ctxrep.featurize import Featurizer
-
-    if not isinstance(fz, Featurizer):
-        raise TypeError(f"featurizer must be a ctxrep.Featurizer, got {type(fz).__name__}")
-    if fz.mix is not None:  # saved as its weights and scale; rebuilt with ScalarMix.from_weights
-        layers = {"mix": fz.mix.weights.detach().cpu().tolist(), "gamma": float(fz.mix.gamma.detach().reshape(-1)[0])}
-    else:
-        layers = fz.layer_indices[0] if fz.single_layer else list(fz.layer_indices)
-    model = Path(fz.source.name).expanduser().resolve() if _is_user_folder(fz.source) else fz.source.name
-    return {
-        "model": str(model),
-        "layers": layers,
-        "pooling": fz.pooling,
-        "sentence_pooling": fz.sentence_pooling,
-        "normalize": fz.normalize,
-    } | ({"precision": fz.precision} if getattr(fz, "precision", "fp32") != "fp32" else {})
-
-
-def _is_user_folder(source) -> bool:
-    from ctxrep.models.loading import PACKAGED_MODELS
-
-    return str(source.name) not in PACKAGED_MODELS and Path(str(source.name)).expanduser().is_dir()
-
-
-def _settings_from_embed(settings: dict) -> dict:
-    """Featurizer keyword arguments from a `ctxrep embed` manifest's settings."""
-    out = {
-        "model": settings["model"],
-        "layers": parse_layers(str(settings.get("layers", "-1"))),
-        "pooling": settings.get("pooling", "mean"),
-        "sentence_pooling": settings.get("sentence_pooling", "mean"),
-    }
-    if settings.get("quantize"):
-        out["precision"] = settings["quantize"]
-    if settings.get("precision") and settings["precision"] != "fp32":
-        out["precision"] = settings["precision"]
-    return out
 
 
 @dataclass
 class Texts:
-    """Texts read from a file, with their ids (the id column, or the 1-based line number) and lines."""
+    """Texts read from a file, with their ids (the id column, or the 0-based text number) and 1-based lines."""
 
     texts: list[str]
     ids: list
@@ -469,8 +447,9 @@ class Texts:
 
 
 def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "text", id_column: str | None = None):
-    """Texts to index or queries: a plain text file (one text per line, ids = line numbers) or a CSV / TSV / JSONL
-    file with a text column and optionally an id column (ctxrep.data.table's formats). A missing column, an empty
+    """Texts to index or queries: a plain text file (one text per line) or a CSV / TSV / JSONL file with a text
+    column and optionally an id column; without one, ids are the texts' 0-based positions, as `SentenceIndex.build`
+    numbers them (ctxrep.data.table's formats). A missing column, an empty
     text or a repeated id stops with `FILE:LINE: what is wrong`."""
     from ctxrep.data.table import detect_format, field_of, numbered_lines, table_rows, text_of
 
@@ -485,8 +464,8 @@ def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "
             text = raw.rstrip("\r\n")
             if not text.strip():
                 raise ValueError(f"{path}:{line}: empty line; give one text per line (remove the blank line)")
+            out.ids.append(len(out.texts))
             out.texts.append(text)
-            out.ids.append(line)
             out.lines.append(line)
     else:
         columns, rows = table_rows(path, format)
@@ -509,7 +488,7 @@ def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "
                     )
                 first_line[value] = line
             else:
-                value = line
+                value = len(out.texts)
             out.texts.append(text)
             out.ids.append(value)
             out.lines.append(line)

@@ -1,4 +1,5 @@
-"""Read what `ctxrep embed` wrote: `load_vectors(DIR)`, memory-mapped, one array per input text.
+"""The shard folder of `ctxrep embed`, both halves: `write_arrays` / `write_manifest` write it (the embedding jobs
+call them), `load_vectors(DIR)` reads it, memory-mapped, one array per input text.
 
     vectors = load_vectors("out/")
     len(vectors)            # texts
@@ -8,7 +9,9 @@
     vectors.line(0)         # the 1-based input line where text 0 starts
     vectors.index()         # every row: text, line, word, token (numpy arrays)
     vectors.array           # every row in one in-memory array (reads all shards)
+    vectors.spec            # the FeaturizerSpec that made them (ctxrep.vectors.spec)
     for array in vectors: ...
+    load_vectors("out/", expect=featurizer)   # SpecMismatch unless `featurizer` makes the same vectors
 
 Each shard is mapped, not read: .npy shards with np.load(mmap_mode="r"); .safetensors shards by mapping the
 tensor's bytes at the offset its header gives (safetensors' own layout: an 8-byte little-endian header length, a
@@ -19,7 +22,9 @@ A folder of Parquet files written by `ctxrep embed --engine ray --storage parque
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
+import os
 import struct
 import warnings
 from collections.abc import Iterator
@@ -27,6 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch
+
+MANIFEST = "manifest.json"
+INDEX_HEADER = "row\ttext\tline\tword\ttoken\n"
 
 
 class VectorsError(ValueError):
@@ -64,7 +74,7 @@ class Vectors:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        manifest_file = self.path / "manifest.json"
+        manifest_file = self.path / MANIFEST
         if not self.path.is_dir():
             raise VectorsError(f"{self.path}: no such folder; pass the --out folder of a `ctxrep embed` run")
         if not manifest_file.is_file():
@@ -105,6 +115,24 @@ class Vectors:
             first += shard.texts
         self._firsts = [s.first_text for s in self._shards]
         self.num_texts = first
+
+    @property
+    def spec(self) -> FeaturizerSpec | None:
+        """The settings that made these vectors (the manifest's `spec`; for a folder written before manifests kept
+        one, read from its requested settings); None when the folder does not say which model made them."""
+        if "spec" in self.manifest:
+            return FeaturizerSpec.from_dict(self.manifest["spec"], f"{self.path / MANIFEST}")
+        if "model" in self.settings:
+            return FeaturizerSpec.from_embed_settings(self.settings)
+        return None
+
+    def check(self, expect) -> None:
+        """SpecMismatch unless `expect` (a FeaturizerSpec or a ctxrep.Featurizer) gives the vectors stored here."""
+        asked = expect if isinstance(expect, FeaturizerSpec) else FeaturizerSpec.of(expect)
+        written = self.spec
+        if written is None:
+            raise SpecMismatch(f"{self.path / MANIFEST}: records no featurizer, so it cannot be checked against one")
+        written.check(asked, str(self.path), "embed again with the featurizer you want, into another --out folder")
 
     # ---- shape ------------------------------------------------------------------------------------------
 
@@ -265,7 +293,7 @@ def _read_index(file: Path, rows: int) -> VectorIndex:
     return VectorIndex(np.array(text, np.int64), np.array(line, np.int64), np.array(word, np.int64), token)
 
 
-def load_vectors(path: str | Path) -> Vectors:
+def load_vectors(path: str | Path, expect=None) -> Vectors:
     """Open the output folder of `ctxrep embed` (its --out): a `Vectors` with one array per input text, mapped from
     the shards (nothing is read until used).
 
@@ -279,8 +307,83 @@ def load_vectors(path: str | Path) -> Vectors:
         vectors.index()      # every row's text, line, word position and word, as arrays
         vectors.array        # every row in one in-memory array (reads all shards)
         vectors.settings     # what the run asked for (model as typed, layers, pooling, input)
+        vectors.spec         # what made the vectors (FeaturizerSpec: model, revision, layers, pooling, precision, ...)
 
+    expect: a ctxrep.Featurizer (or FeaturizerSpec) the caller means to compare these vectors with; a folder
+    written with other settings raises SpecMismatch naming each field that differs.
     Raises VectorsError (a ValueError) for a folder that is not `ctxrep embed` output; warns for an unfinished run
     (run the same command again to finish it).
     """
-    return Vectors(path)
+    vectors = Vectors(path)
+    if expect is not None:
+        vectors.check(expect)
+    return vectors
+
+
+# ---- writing (the embedding jobs: ctxrep.embed.corpus, ctxrep.embed.ray_engine) ---------------------------------
+
+
+def write_arrays(vectors: np.ndarray, index: list[tuple], k: int, texts: int, storage: str, out: Path) -> dict:
+    """Write shard `k` (its vectors and one index entry (text, line, word, word) per row) under temporary names
+    unique to this process, renamed when complete; returns its manifest entry. The index file is renamed last: its
+    final name means the shard is whole."""
+    name = f"shard-{k:05d}.{storage}"
+    index_name = f"index-{k:05d}.tsv"
+    tag = f".{os.getpid()}.tmp"
+    tmp, index_tmp = out / (name + tag), out / (index_name + tag)
+    if storage == "safetensors":
+        from safetensors.numpy import save_file
+
+        from ctxrep.util.files import apply_umask
+
+        save_file({"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}, str(tmp))
+        apply_umask(tmp)  # safetensors writes 0600 whatever the umask
+    else:
+        with open(tmp, "wb") as f:
+            np.save(f, np.asarray(vectors, dtype=np.float32))
+    with open(index_tmp, "w", encoding="utf-8") as f:
+        f.write(INDEX_HEADER)
+        for row, (text, line, w, word) in enumerate(index):
+            f.write(f"{row}\t{text}\t{line}\t{w}\t{word}\n")
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:16]
+    os.replace(tmp, out / name)
+    os.replace(index_tmp, out / index_name)
+    return {
+        "file": name,
+        "index": index_name,
+        "first_text": int(index[0][0]) if index else 0,
+        "texts": texts,
+        "rows": len(index),
+        "first_line": int(index[0][1]) if index else 0,
+        "sha256_16": digest,
+    }
+
+
+def write_manifest(
+    out: Path,
+    settings: dict,
+    shards: list[dict],
+    row_shape: tuple[int, ...] | None,
+    complete: bool,
+    spec: FeaturizerSpec | None = None,
+    extra: dict | None = None,
+) -> None:
+    """Write OUT/manifest.json atomically: the run's settings, the spec of its vectors, the finished shards (in
+    order) and, when complete, the totals. `extra`: further top-level entries a job records."""
+    manifest: dict = {
+        "settings": settings,
+        "dim": row_shape[-1] if row_shape else None,
+        "row_shape": list(row_shape) if row_shape else None,
+        "shards": shards,
+        "complete": complete,
+    }
+    if spec is not None:
+        manifest["spec"] = spec.to_dict()
+    if extra:
+        manifest.update(extra)
+    if complete:
+        manifest.update(texts=sum(s["texts"] for s in shards), rows=sum(s["rows"] for s in shards))
+    file = Path(out) / MANIFEST
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, file)
