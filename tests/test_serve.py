@@ -18,39 +18,16 @@ import time
 import httpx
 import numpy as np
 import pytest
-import uvicorn
+from _serve_helpers import ServerThread
 from openai import AuthenticationError, OpenAI
 
 from ctxrep import Featurizer
-from ctxrep.serve.app import EmbeddingService, ServeConfig, build_app
+from ctxrep.serve.app import build_app
+from ctxrep.serve.service import EmbeddingService, ServeConfig
 from ctxrep.util.arrays import normalize_rows
 
 TEXTS = ["The vase broke .", "Dawn broke over the hills .", "A crane lifted the beam", "We broke even ."]
 LONG = " ".join(f"word{i % 50} and" for i in range(400))  # over 512 pieces: windowed
-
-
-class ServerThread:
-    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread."""
-
-    def __init__(self, app) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert self.server.started
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -191,14 +168,16 @@ def test_a_normalizing_server_still_answers_embed_normalize_false(fz):
 
 def test_a_refused_text_fails_its_own_request_not_the_ones_batched_with_it(fz, monkeypatch):
     service = EmbeddingService(fz, "minilm", ServeConfig(max_wait_ms=500))  # both requests land in one batch
-    run = service._run
+    run = service.batcher.run
+    calls = []
 
-    def refuse_poison(kind, key, texts):
+    def refuse_poison(key, texts, between_batches):
+        calls.append(len(texts))
         if any("POISON" in w for t in texts for w in t):
             raise ValueError("text 'POISON': refused")
-        return run(kind, key, texts)
+        return run(key, texts, between_batches)
 
-    monkeypatch.setattr(service, "_run", refuse_poison)
+    monkeypatch.setattr(service.batcher, "run", refuse_poison)
     with ServerThread(build_app(service)) as s:
 
         async def both():
@@ -208,7 +187,7 @@ def test_a_refused_text_fails_its_own_request_not_the_ones_batched_with_it(fz, m
                 return await asyncio.gather(good, bad)
 
         good, bad = asyncio.run(both())
-    assert service.metrics.batches == 0  # the merged batch was refused and each request ran alone
+    assert sorted(calls[1:]) == [1, 2] and calls[0] == 3  # the merged call was refused, then each ran alone
     assert good.status_code == 200 and len(good.json()["data"]) == 2
     assert bad.status_code == 422 and "POISON" in bad.json()["error"]["message"]
 

@@ -15,7 +15,7 @@ import collections
 import copy
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -90,9 +90,14 @@ class Featurizer:
     quantize: deprecated spelling of precision="int8" (quantize="int8"), kept for old code.
     normalize: embed_sentences returns unit-length vectors, v / max(||v||, 1e-12) per layer (so that a dot product is
         the cosine, as sentence-transformers' normalize_embeddings); word vectors are left as they are.
+    between_batches: None, or a function called after each batch of a call with one argument, `drain`: calling
+        drain() pools every batch still in flight, so that the function may then run other calls on the same model
+        before it returns (ctxrep serve interleaves long and short requests this way). Set it on a copy.
     The model's device and dtype are used as they are: move `featurizer.model` to "cuda" or bfloat16, or call
     inside `torch.autocast`; vectors come back as float32 numpy arrays.
     """
+
+    between_batches: Callable[[Callable[[], None]], None] | None = None
 
     def __init__(
         self,
@@ -306,8 +311,14 @@ class Featurizer:
                 )
             bar.update(real)
 
+        pending = collections.deque()  # started batches, pooled oldest first while later ones run
+
+        def drain() -> None:
+            while pending:
+                pool(*pending.popleft())
+
         with torch.inference_mode():
-            start, pending = 0, collections.deque()  # started batches, pooled oldest first while later ones run
+            start = 0
             for size in batches:
                 rows = order[start : start + size]
                 batch = [windows[i] for i in rows]
@@ -321,8 +332,9 @@ class Featurizer:
                 pending.append((batch, rows, run.start(inputs, self.layer_indices, call_tokens=num_tokens), real))
                 if len(pending) >= in_flight:
                     pool(*pending.popleft())
-            while pending:
-                pool(*pending.popleft())
+                if self.between_batches is not None:  # e.g. ctxrep serve: other calls' batches run here
+                    self.between_batches(drain)
+            drain()
         bar.close()
         cls = cls_sum / cls_count[:, None, None] if want_cls else None
         return word_out, cls

@@ -36,6 +36,12 @@ from ctxrep.cli.runtime_options import runtime_options
 @click.option("--max-queue", default=4096, show_default=True, help="Texts waiting; beyond it: 503 + Retry-After.")
 @click.option("--max-texts", default=2048, show_default=True, help="Texts per request; beyond it: 413.")
 @click.option("--max-text-chars", default=200_000, show_default=True, help="Characters per text; beyond it: 413.")
+@click.option(
+    "--access-log",
+    default=None,
+    metavar="FILE",
+    help="One line per request (client, method, path, status, milliseconds) appended to FILE; '-': stderr.",
+)
 @user_errors
 def serve(
     model,
@@ -54,13 +60,14 @@ def serve(
     max_queue,
     max_texts,
     max_text_chars,
+    access_log,
 ) -> None:
-    """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings, text-embeddings-inference's /embed,
-    ctxrep's /v1/word-embeddings, /health and /metrics."""
+    """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings and /v1/models, text-embeddings-inference's
+    /embed, ctxrep's /v1/word-embeddings, /health and /metrics. Long requests run in token-budget steps between other
+    requests' steps, so a short request never waits for a whole long one."""
     try:
-        import uvicorn
-
-        from ctxrep.serve.app import ServeConfig, api_key_from, build_app, make_service
+        from ctxrep.serve.server import access_log_to, bind, serve
+        from ctxrep.serve.service import ServeConfig, api_key_from, make_service
     except ImportError as e:
         raise ValueError(f"ctxrep serve needs FastAPI and uvicorn ({e}): pip install 'ctxrep[serve]'") from None
     from ctxrep.vectors.spec import parse_layers
@@ -73,6 +80,7 @@ def serve(
         max_text_chars=max_text_chars,
         api_key=api_key_from(api_key),
     )
+    sock = bind(host, port)  # before the model loads: a taken port is said at once
     service = make_service(
         model,
         layers=parse_layers(layers),
@@ -84,10 +92,14 @@ def serve(
         threads=threads,
         config=config,
     )
+    access_log_to(access_log)
     key = "an API key" if config.api_key else "no API key"
-    click.echo(
-        f"serving {model} ({service.dim}-dim sentence vectors) on http://{host}:{port} with {key}: "
-        "POST /v1/embeddings (OpenAI), /embed (TEI), /v1/word-embeddings; GET /health, /metrics",
-        err=True,
-    )
-    uvicorn.run(build_app(service), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+
+    def started() -> None:
+        click.echo(
+            f"serving {model} ({service.dim}-dim sentence vectors) on http://{host}:{port} with {key}: "
+            "POST /v1/embeddings (OpenAI), /embed (TEI), /v1/word-embeddings; GET /v1/models, /health, /metrics",
+            err=True,
+        )
+
+    serve(sock, service, on_started=started)

@@ -1,0 +1,172 @@
+"""The server's backend: one Featurizer (and its views for other layers and poolings) behind the batcher.
+
+Every vector comes from `Featurizer.embed_sentences` / `embed_words`; texts longer than the model's window are
+windowed as the Featurizer does, never truncated (`windowed` says which were).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ctxrep.serve.batcher import Batcher
+from ctxrep.serve.metrics import Metrics
+
+API_KEY_ENV = "CTXREP_API_KEY"
+
+
+@dataclass
+class ServeConfig:
+    """How the server batches and what it accepts."""
+
+    max_batch_tokens: int = 16384  # words+pieces estimate of one merged Featurizer call (it batches inside again)
+    max_wait_ms: float = 5.0  # how long the first request of a batch waits for others
+    max_queue_texts: int = 4096  # texts waiting; beyond: 503 + Retry-After
+    max_texts: int = 2048  # texts per request; beyond: 413
+    max_text_chars: int = 200_000  # characters per text; beyond: 413 (longer texts than the window are windowed)
+    max_body_bytes: int = 32 * 1024 * 1024  # request body; beyond: 413
+    max_active_calls: int = 32  # model calls in progress at once (they take turns batch by batch)
+    api_key: str | None = None
+    retry_after_s: int = 1
+
+
+@dataclass(frozen=True)
+class CallKey:
+    """The options that must agree for requests to share one Featurizer call."""
+
+    words: bool = False  # embed_words (else embed_sentences)
+    layers: int | tuple[int, ...] | str | None = None  # word requests: their layers
+    pooling: str | None = None  # word requests: their pooling
+
+
+SENTENCES = CallKey()
+
+
+class EmbeddingService:
+    """The model, the queue and the batcher: what the HTTP handlers call.
+
+    normalize: /v1/embeddings returns unit-length vectors (--normalize); a folder whose modules.json ends in
+    Normalize is served unit-length there too. /embed follows each request's own `normalize`.
+    """
+
+    def __init__(self, featurizer, name: str, config: ServeConfig | None = None, normalize: bool = False) -> None:
+        if featurizer.normalize:
+            raise ValueError(
+                "give the service a Featurizer with normalize=False and EmbeddingService(normalize=True): /embed "
+                "normalizes per request"
+            )
+        pooling = featurizer.model_pooling
+        self.folder_normalizes = pooling is not None and pooling.normalize
+        if self.folder_normalizes:  # the raw vectors, normalised here when a request asks (so /embed can say no)
+            featurizer = copy.copy(featurizer)
+            featurizer.model_pooling = dataclasses.replace(pooling, normalize=False)
+        self.fz = featurizer
+        self.name = name
+        self.normalize = normalize or self.folder_normalizes
+        self.config = config or ServeConfig()
+        self.metrics = Metrics()
+        self.views: dict[CallKey, Any] = {SENTENCES: featurizer}
+        c = self.config
+        self.batcher = Batcher(
+            self._run,
+            max_batch_tokens=c.max_batch_tokens,
+            max_wait_ms=c.max_wait_ms,
+            max_queue_texts=c.max_queue_texts,
+            max_active_calls=c.max_active_calls,
+            interleave=not featurizer.tokenizer.word_level,  # ELMo numbers its words per call: calls run whole
+            metrics=self.metrics,
+        )
+
+    @property
+    def dim(self) -> int:
+        return self.fz.sentence_dim
+
+    @property
+    def queued_texts(self) -> int:
+        return self.batcher.queued_texts
+
+    async def start(self) -> None:
+        await self.batcher.start()
+
+    async def stop(self) -> None:
+        await self.batcher.stop()
+
+    async def embed(self, key: CallKey, texts: list[list[str]]) -> tuple[Any, list[int]]:
+        """(vectors, token counts) of checked word lists; QueueFull, or the Featurizer's ValueError / TypeError."""
+        return await self.batcher.submit(key, texts)
+
+    def view(self, key: CallKey):
+        """The Featurizer for `key`, sharing the model (nothing reloaded); a ValueError names a bad option."""
+        if key not in self.views:
+            layers = list(key.layers) if isinstance(key.layers, tuple) else key.layers
+            view = self.fz.with_layers(layers)
+            if key.pooling != view.pooling:
+                view = copy.copy(view)
+                view.pooling = key.pooling
+            self.views[key] = view
+        return self.views[key]
+
+    def windowed(self, counts: list[int]) -> list[int]:
+        """Indices of the texts longer than one window (of `counts` pieces each): windowed here, cut elsewhere."""
+        return [i for i, n in enumerate(counts) if n > self.fz.plan.window_size]
+
+    # ---- on a worker thread, holding the model's turn ---------------------------------------------------------
+
+    def _run(self, key: CallKey, texts: list[list[str]], between_batches: Callable | None):
+        fz = self.view(key)
+        if between_batches is not None:
+            fz = copy.copy(fz)
+            fz.between_batches = between_batches
+        counts = self.token_counts(texts)
+        return (fz.embed_words(texts) if key.words else fz.embed_sentences(texts)), counts
+
+    def token_counts(self, texts: list[list[str]]) -> list[int]:
+        """Subword pieces per text (OpenAI's `usage`), without special tokens; words for a word-level model."""
+        if self.fz.tokenizer.word_level:
+            return [len(t) for t in texts]
+        return [len(p.tokens) for p in self.fz.tokenizer.encode_words(texts)]
+
+
+def make_service(
+    model: str,
+    *,
+    layers: int | list[int] | str = -1,
+    pooling: str = "mean",
+    sentence_pooling: str = "auto",
+    normalize: bool = False,
+    device: str | None = None,
+    precision: str = "fp32",
+    backend: str = "torch",
+    threads: int | None = None,
+    batch_tokens: int | None = None,
+    config: ServeConfig | None = None,
+) -> EmbeddingService:
+    """Load the model once and wrap it for serving. sentence_pooling="auto": the folder's own pooling where it has a
+    sentence-transformers modules.json, else the mean of the word vectors."""
+    from ctxrep.featurize import Featurizer
+    from ctxrep.models.loading import load_encoder
+
+    fz = Featurizer(
+        load_encoder(model),
+        layers=layers,
+        pooling=pooling,
+        sentence_pooling=sentence_pooling,
+        device=device,
+        precision=precision,
+        backend=backend,
+        num_threads=threads,
+        batch_tokens=batch_tokens,
+    )
+    return EmbeddingService(fz, str(model), config, normalize=normalize)
+
+
+def api_key_from(value: str | None) -> str | None:
+    """--api-key, else the CTXREP_API_KEY environment variable; an empty key is refused."""
+    key = value if value is not None else os.environ.get(API_KEY_ENV)
+    if key is not None and not key.strip():
+        raise ValueError(f"the API key is empty; give a non-empty --api-key or unset {API_KEY_ENV}")
+    return key

@@ -1,0 +1,96 @@
+"""The server's fairness: a long request runs in token-budget steps and a short request that arrives meanwhile is
+answered between two of them (`serve.batcher.Turns`), with the same vectors as the Featurizer alone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from _serve_helpers import ServerThread
+
+from ctxrep import Featurizer
+from ctxrep.serve.app import build_app
+from ctxrep.serve.batcher import Turns
+from ctxrep.serve.service import EmbeddingService
+
+LONG = " ".join(f"word{i % 97} and more" for i in range(400))  # about 1,600 pieces: 6 windows of MiniLM
+SHORT = "two words"
+
+
+@pytest.fixture(scope="module")
+def fz():
+    return Featurizer("minilm", batch_tokens=512)  # one window per batch: the long text takes many steps
+
+
+def wait_for(condition, what: str, limit: float = 60.0) -> None:
+    """Poll `condition` (a bound on a hang, not a timed assertion)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what} after {limit:.0f} s")
+        time.sleep(0.005)
+
+
+def test_a_short_request_is_answered_between_the_steps_of_a_long_one(fz, monkeypatch):
+    service = EmbeddingService(fz, "minilm")
+    turns = service.batcher.turns
+    between = turns.between_batches
+    long_started = threading.Event()
+
+    def gated(call, drain):  # the long call's first step waits until the short call is in line for the model
+        if not long_started.is_set():
+            long_started.set()
+            wait_for(lambda: turns.waiting > 0, "the short call to queue for the model")
+        between(call, drain)
+
+    monkeypatch.setattr(turns, "between_batches", gated)
+    finished = []
+    with ServerThread(build_app(service)) as s:
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+
+                async def post(name, text):
+                    r = await client.post("/v1/embeddings", json={"input": [text]})
+                    finished.append(name)
+                    return r
+
+                long = asyncio.create_task(post("long", LONG))
+                await asyncio.to_thread(long_started.wait, 60)  # the long call holds the model
+                short = asyncio.create_task(post("short", SHORT))
+                return await long, await short
+
+        long, short = asyncio.run(go())
+    assert finished == ["short", "long"]
+    steps = list(turns.steps)
+    long_call, short_call = steps[0], next(c for c in steps if c != steps[0])
+    at = steps.index(short_call)
+    assert long_call in steps[:at] and long_call in steps[at + 1 :], steps  # the short one ran between long steps
+    assert steps.count(long_call) == len(fz.plan.single(0, fz.tokenizer.encode_words([LONG.split()])[0]))
+    assert long.json()["windowed"] == {"count": 1, "indices": [0]} and short.json()["windowed"]["count"] == 0
+    np.testing.assert_allclose(long.json()["data"][0]["embedding"], fz.embed_sentences([LONG])[0], atol=1e-5)
+    np.testing.assert_allclose(short.json()["data"][0]["embedding"], fz.embed_sentences([SHORT])[0], atol=1e-5)
+
+
+def test_turns_hand_the_model_round_robin_between_batches():
+    turns, order, drained = Turns(), [], []
+    turns.take(1)  # call 1 holds the model; calls 2 and 3 queue behind it
+    threads = [threading.Thread(target=lambda c=c: (turns.take(c), order.append(c), turns.release())) for c in (2, 3)]
+    for queued, t in enumerate(threads, start=1):  # 2 joins the line first, then 3
+        t.start()
+        wait_for(lambda queued=queued: turns.waiting == queued, "a call to queue")
+    order.append(1)
+    turns.between_batches(1, lambda: drained.append(1))  # hands over to 2, then 3, and takes the model back
+    order.append(1)
+    turns.release()
+    for t in threads:
+        t.join(timeout=30)
+    assert order == [1, 2, 3, 1] and drained == [1]
+    turns.take(4)
+    turns.between_batches(4, lambda: drained.append(4))  # nobody in line: goes on without draining
+    turns.release()
+    assert drained == [1] and list(turns.steps) == [1, 4]
