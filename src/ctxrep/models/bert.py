@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -38,7 +38,6 @@ from ctxrep.modules.heads import (
     check_pruned_heads,
     kept_heads,
     linear_subset,
-    merge_pruned_heads,
     pruned_heads_json,
     remaining,
 )
@@ -329,23 +328,9 @@ class BertModel(Encoder):
         have fewer: see `heads_per_layer()`."""
         return self.config.num_attention_heads
 
-    def heads_per_layer(self) -> list[int]:
-        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
-        return [layer.attention.num_heads for layer in self.layers]
-
-    def kept_heads(self) -> list[list[int]]:
-        """Each layer's remaining heads in the original numbering."""
-        return [list(layer.attention.kept_heads) for layer in self.layers]
-
-    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
-        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
-        are ignored). Query/key/value lose those heads' rows and the output projection their columns, so the
-        model is smaller and faster; the result equals the unpruned model run with those heads' mask set to 0.
-        config.pruned_heads records every removed head, so save_pretrained / from_pretrained rebuild it."""
-        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
-        for layer, removed in heads.items():  # every request checked before any layer changes
-            self.layers[layer].attention.prune(removed)
-        self.config.pruned_heads = merged
+    def attention_modules(self) -> list[nn.Module]:
+        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
+        return [layer.attention for layer in self.layers]
 
     @property
     def hidden_size(self) -> int:
@@ -369,7 +354,7 @@ class BertModel(Encoder):
             return self.num_layers
         raise self.unknown_parameter(name)
 
-    can_prune_heads = True  # prune_heads above; forward takes head_mask
+    can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
 
     def fusable_qkv_modules(self) -> list[str]:

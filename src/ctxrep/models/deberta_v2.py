@@ -62,7 +62,6 @@ from ctxrep.modules.heads import (
     check_pruned_heads,
     kept_heads,
     linear_subset,
-    merge_pruned_heads,
     pruned_heads_json,
     remaining,
 )
@@ -458,32 +457,20 @@ class DebertaV2Model(Encoder):
         everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
         return self.config.num_attention_heads
 
-    def heads_per_layer(self) -> list[int]:
-        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
-        return [layer.attention.num_heads for layer in self.layers]
-
-    def kept_heads(self) -> list[list[int]]:
-        """Each layer's remaining heads in the original numbering."""
-        return [list(layer.attention.kept_heads) for layer in self.layers]
-
-    def _attentions(self) -> list[DisentangledSelfAttention]:
+    def attention_modules(self) -> list[nn.Module]:
+        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
         return [layer.attention for layer in self.layers]
 
     def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
-        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
-        are ignored). Query / key / value and the position projections lose those heads' rows, the output
-        projection their columns; the shared relative table P is kept whole. The result equals the unpruned model
-        run with those heads' mask set to 0. config.pruned_heads records every removed head, so save_pretrained /
-        from_pretrained rebuild it in ctxrep; transformers cannot load such a folder (it has no DeBERTa pruning)."""
-        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
-        if any(a.query_key_value is not None or not isinstance(a.value, nn.Linear) for a in self._attentions()):
+        """Encoder.prune_heads, after refusing a quantized model. Query / key / value and the position projections
+        lose the heads' rows, the output projection their columns; the shared relative table P is kept whole.
+        transformers cannot load a pruned folder back (it has no DeBERTa head pruning); ctxrep does."""
+        if any(a.query_key_value is not None or not isinstance(a.value, nn.Linear) for a in self.attention_modules()):
             raise ValueError(
                 "prune_heads: this model's attention is quantized (fast.quantize_int8); prune the float model, "
                 "then quantize it"
             )
-        for layer, removed in heads.items():  # every request checked before any layer changes
-            self.layers[layer].attention.prune(removed)
-        self.config.pruned_heads = merged
+        super().prune_heads(heads)
 
     @property
     def hidden_size(self) -> int:
@@ -513,7 +500,7 @@ class DebertaV2Model(Encoder):
             return self.num_layers
         raise self.unknown_parameter(name)
 
-    can_prune_heads = True  # prune_heads above; forward takes head_mask
+    can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
 
     def fusable_qkv_modules(self) -> list[str]:

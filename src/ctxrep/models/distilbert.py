@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from ctxrep.models.folders import (
 )
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
-from ctxrep.modules.heads import check_head_mask, check_pruned_heads, kept_heads, merge_pruned_heads, pruned_heads_json
+from ctxrep.modules.heads import check_head_mask, check_pruned_heads, kept_heads, pruned_heads_json
 
 logger = logging.getLogger(__name__)
 
@@ -205,11 +205,9 @@ class DistilBertModel(Encoder):
     def max_tokens(self) -> int:
         return self.config.max_position_embeddings
 
-    def heads_per_layer(self) -> list[int]:
-        return [layer.attention.num_heads for layer in self.layers]
-
-    def kept_heads(self) -> list[list[int]]:
-        return [list(layer.attention.kept_heads) for layer in self.layers]
+    def attention_modules(self) -> list[nn.Module]:
+        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
+        return [layer.attention for layer in self.layers]
 
     def input_embeddings(self) -> torch.Tensor:
         return self.embeddings.word_embeddings.weight
@@ -223,17 +221,8 @@ class DistilBertModel(Encoder):
             return int(parts[1]) + 1
         raise self.unknown_parameter(name)
 
-    can_prune_heads = True
+    can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
-
-    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
-        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (as BertModel.prune_heads:
-        query/key/value lose the heads' rows, the output projection their columns; config.pruned_heads records
-        them so that a saved folder rebuilds the smaller model)."""
-        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
-        for layer, removed in heads.items():  # every request checked before any layer changes
-            self.layers[layer].attention.prune(removed)
-        self.config.pruned_heads = merged
 
     def fusable_qkv_modules(self) -> list[str]:
         """Every layer's attention (bert.py's SelfAttention): one product for query, key and value when set."""

@@ -17,6 +17,9 @@ whether it reads whole words, and how to run it to hidden states. A new family i
     input_embeddings()  the static token-embedding table (vocabulary, dim), or None for character input
     heads_per_layer()   heads left in each layer (a pruned model's layers differ; num_heads is the original count)
     kept_heads()        the original indices of each layer's remaining heads (all of them unless pruned)
+    attention_modules() each layer's attention module, for families that prune heads (each holds `kept_heads`, the
+                        original indices of its heads, and `prune(heads)`); heads_per_layer, kept_heads and
+                        prune_heads are read off them here, once for every family
     layer_of(name)      depth of the parameter `name` (from named_parameters()): 0 = embeddings (ELMo: the char
                         CNN), l = layer l (1..num_layers), num_layers = what sits above the top layer (pooler,
                         final LayerNorm, scalar mixes; Marian: the decoder, which encode never runs). A block
@@ -27,7 +30,8 @@ whether it reads whole words, and how to run it to hidden states. A new family i
 Capabilities: what a tool may do with the family. The base class says no; a family that can says so here.
 
     can_prune_heads          prune_heads({layer: [heads]}) removes heads for real, and forward takes
-                             head_mask (num_layers, num_heads) (Michel et al. 2019's mask variables xi)
+                             head_mask (num_layers, num_heads) (Michel et al. 2019's mask variables xi); such a
+                             family lists attention_modules() and keeps config.pruned_heads
     fusable_qkv_modules()    names of attention modules whose query, key and value nn.Linear read the same input
                              and that run one product instead when their `query_key_value` is set (fast.py's int8)
     can_distill              init_student(layers, hidden_size, intermediate_size) builds a smaller encoder of the
@@ -42,6 +46,7 @@ import torch
 from torch import nn
 
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.modules.heads import merge_pruned_heads
 
 
 class Encoder(nn.Module):
@@ -72,12 +77,21 @@ class Encoder(nn.Module):
     def has_attention(self) -> bool:
         return self.num_heads is not None
 
+    def attention_modules(self) -> list[nn.Module]:
+        """Each layer's attention module, bottom first, in families that can prune heads: each has `kept_heads`
+        (the original indices of its remaining heads) and `prune(heads)`. [] for the others."""
+        return []
+
     def heads_per_layer(self) -> list[int]:
         """Attention heads left in each layer (differs from num_heads after head pruning); [] without attention."""
+        if modules := self.attention_modules():
+            return [len(m.kept_heads) for m in modules]
         return [self.num_heads] * self.num_layers if self.has_attention else []
 
     def kept_heads(self) -> list[list[int]]:
         """Original indices (0..num_heads - 1) of the heads left in each layer; [] without attention."""
+        if modules := self.attention_modules():
+            return [list(m.kept_heads) for m in modules]
         return [list(range(n)) for n in self.heads_per_layer()]
 
     def input_embeddings(self) -> torch.Tensor | None:
@@ -122,8 +136,18 @@ class Encoder(nn.Module):
     can_distill: bool = False
 
     def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
-        """Remove heads {layer: [heads in the original numbering]} for real (families with can_prune_heads)."""
-        raise ValueError(f"a {self.family} model cannot have attention heads removed (can_prune_heads is False)")
+        """Remove heads {layer: [heads in the original numbering]} for good (families with can_prune_heads); heads
+        already pruned are ignored. Each layer's attention module drops those heads' rows of its input projections
+        and the columns of its output projection, so the result equals the unpruned model run with those heads'
+        mask set to 0. Every request is checked before any layer changes; config.pruned_heads records every removed
+        head, so that save_pretrained / from_pretrained rebuild the smaller model."""
+        if not self.can_prune_heads:
+            raise ValueError(f"a {self.family} model cannot have attention heads removed (can_prune_heads is False)")
+        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
+        modules = self.attention_modules()
+        for layer, removed in heads.items():
+            modules[layer].prune(removed)
+        self.config.pruned_heads = merged
 
     def fusable_qkv_modules(self) -> list[str]:
         """Names (as in named_modules()) of attention modules with `query`, `key`, `value` nn.Linear over the same

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -56,7 +56,6 @@ from ctxrep.modules.heads import (
     check_pruned_heads,
     kept_heads,
     linear_subset,
-    merge_pruned_heads,
     pruned_heads_json,
     remaining,
 )
@@ -384,26 +383,11 @@ class ModernBertModel(Encoder):
         everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
         return self.config.num_attention_heads
 
-    def heads_per_layer(self) -> list[int]:
-        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
-        return [layer.attn.num_heads for layer in self.layers]
+    def attention_modules(self) -> list[nn.Module]:
+        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
+        return [layer.attn for layer in self.layers]
 
-    def kept_heads(self) -> list[list[int]]:
-        """Each layer's remaining heads in the original numbering."""
-        return [list(layer.attn.kept_heads) for layer in self.layers]
-
-    can_prune_heads = True  # prune_heads below; forward takes head_mask
-
-    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
-        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
-        are ignored). Wqkv loses those heads' query, key and value rows and Wo their columns, so the model is
-        smaller and faster; the result equals the unpruned model run with those heads' mask set to 0.
-        config.pruned_heads records every removed head, so save_pretrained / from_pretrained rebuild it in ctxrep
-        (transformers cannot load a pruned ModernBERT folder: its ModernBertModel has no pruned_heads)."""
-        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
-        for layer, removed in heads.items():  # every request checked before any layer changes
-            self.layers[layer].attn.prune(removed)
-        self.config.pruned_heads = merged
+    can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
 
     @property
     def hidden_size(self) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -47,7 +47,6 @@ from ctxrep.modules.heads import (
     check_pruned_heads,
     kept_heads,
     linear_subset,
-    merge_pruned_heads,
     pruned_heads_json,
     remaining,
 )
@@ -286,24 +285,11 @@ class MPNetModel(Encoder):
         """Heads per layer before any pruning (the width of head_mask; see `heads_per_layer()` for what is left)."""
         return self.config.num_attention_heads
 
-    def heads_per_layer(self) -> list[int]:
-        """How many heads each layer has now (num_heads minus the layer's pruned heads)."""
-        return [layer.attention.num_heads for layer in self.layers]
+    def attention_modules(self) -> list[nn.Module]:
+        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
+        return [layer.attention for layer in self.layers]
 
-    def kept_heads(self) -> list[list[int]]:
-        """Each layer's remaining heads in the original numbering."""
-        return [list(layer.attention.kept_heads) for layer in self.layers]
-
-    can_prune_heads = True  # prune_heads below; forward takes head_mask
-
-    def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
-        """Remove attention heads for good: {layer: [head, ...]} in the original numbering (heads already pruned
-        are ignored), as BertModel.prune_heads. The shared relative position table keeps every head: each layer
-        adds its kept heads' rows of the bias. config.pruned_heads records every removed head."""
-        heads, merged = merge_pruned_heads(self.config.pruned_heads, heads, self.num_layers, self.num_heads)
-        for layer, removed in heads.items():  # every request checked before any layer changes
-            self.layers[layer].attention.prune(removed)
-        self.config.pruned_heads = merged
+    can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
 
     @property
     def hidden_size(self) -> int:
