@@ -321,7 +321,7 @@ def test_unreachable_hub_with_an_empty_cache_is_one_line(server):
 
 def test_repository_without_weights_or_config_is_refused(server, bert_files):
     no_weights = {k: v for k, v in bert_files.items() if k not in ("model.safetensors", "pytorch_model.bin")}
-    no_weights["model-00001-of-00002.safetensors"] = b"x"
+    no_weights["pytorch_model-00001-of-00002.bin"] = b"x"  # sharded PyTorch pickles: not read
     no_config = {k: v for k, v in bert_files.items() if k != "config.json"}
     server(
         {
@@ -329,7 +329,7 @@ def test_repository_without_weights_or_config_is_refused(server, bert_files):
             "org/noconfig": {"refs": {"main": _sha(7)}, "commits": {_sha(7): no_config}},
         }
     )
-    with pytest.raises(CheckpointError, match="sharded weights .*model-00001-of-00002.safetensors"):
+    with pytest.raises(CheckpointError, match="sharded PyTorch weights .*pytorch_model-00001-of-00002.bin"):
         hub.hub_folder("org/sharded", progress=False)
     with pytest.raises(CheckpointError, match="has no config.json"):
         hub.hub_folder("org/noconfig", progress=False)
@@ -571,3 +571,27 @@ def test_new_family_downloads_and_loads_like_its_source(request, server, tmp_pat
     ids = torch.tensor([loaded.tokenizer.build_inputs(got[1].ids)[0]])
     with torch.no_grad():
         assert torch.equal(loaded.model(ids).last_hidden_state, local.model(ids).last_hidden_state)
+
+
+def test_sharded_safetensors_download_every_shard_and_load_lazily(server, tmp_path):
+    """A decoder LLM as the Hub ships it: model.safetensors.index.json and its shards (issue 35)."""
+    from _decoders import tiny_folder
+
+    from ctxrep.models.loading import load_model
+
+    source = tiny_folder(tmp_path / "src", "qwen3")
+    load_model(source).save_pretrained(tmp_path / "sharded", max_shard_bytes=20_000)
+    files = _repo(tmp_path / "sharded", **{"tokenizer.json": (source / "tokenizer.json").read_bytes()})
+    files["pytorch_model-00001-of-00002.bin"] = b"never fetched"
+    shard_names = sorted(f for f in files if f.startswith("model-"))
+    assert len(shard_names) > 2
+    s = server({"org/tiny-qwen3": {"refs": {"main": _sha(8)}, "commits": {_sha(8): files}}})
+    folder = hub.hub_folder("org/tiny-qwen3", progress=False)
+    assert sorted(_files(folder)) == sorted(
+        ["config.json", "model.safetensors.index.json", "tokenizer.json", *shard_names]
+    )
+    assert s.fetched(".bin") == 0 and s.fetched("README.md") == 0
+    ids = torch.tensor([[5, 17, 42, 9]])
+    with torch.no_grad():
+        assert torch.equal(load_model(folder)(ids).last_hidden_state, load_model(source)(ids).last_hidden_state)
+    assert hub.cached_hub_folder("org/tiny-qwen3") == folder

@@ -2,8 +2,9 @@
 
 Hub names ("bert-base-cased", "google/electra-small-discriminator", "org/name@revision") are fetched with
 `huggingface_hub.snapshot_download` into its own cache (HF_HOME, HF_HUB_CACHE), from HF_ENDPOINT, honouring
-HF_HUB_OFFLINE; only what ctxrep reads is fetched: config.json, model.safetensors (pytorch_model.bin only when the
-repository has no safetensors), tokenizer files and a sentence-transformers folder's pooling description.
+HF_HUB_OFFLINE; only what ctxrep reads is fetched: config.json, model.safetensors (or the shards that
+model.safetensors.index.json lists; pytorch_model.bin only when the repository has no safetensors), tokenizer files
+and a sentence-transformers folder's pooling description.
 
 "elmo:small|medium|original|original-5.5b" download the options.json + weights.hdf5 pairs that AllenNLP publishes
 under https://allennlp.s3.amazonaws.com/models/elmo/FOLDER/elmo_FOLDER_{options.json,weights.hdf5} (the URLs of
@@ -32,7 +33,9 @@ from ctxrep.util.files import ctxrep_cache
 
 # ---- Hugging Face Hub -------------------------------------------------------------------------------------
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in order of preference; read by folders.read_state_dict
+# In order of preference: read by folders.read_state_dict, and (the index and its shards) by models/shards.py.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+SHARD = re.compile(r"^model-\d+-of-\d+\.safetensors$")  # the shard names transformers writes beside the index
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
 _REVISION = re.compile(r"^[\w.\-/]+$")  # branch, tag or commit hash
@@ -144,15 +147,16 @@ def _files_to_fetch(name: str, files: list[str]) -> list[str]:
         )
     weights = next((f for f in WEIGHT_FILES if f in files), None)
     if weights is None:
-        sharded = [f for f in files if f.endswith((".safetensors", ".bin")) and ("-of-" in f)]
-        detail = f"it has sharded weights ({sharded[0]}, ...)" if sharded else "it has neither"
+        sharded = [f for f in files if f.endswith(".bin") and ("-of-" in f)]
+        detail = f"it has sharded PyTorch weights ({sharded[0]}, ...)" if sharded else "it has none of them"
         raise CheckpointError(
-            f"hub model {name!r}: ctxrep reads one model.safetensors or pytorch_model.bin and {detail}; "
-            "merge the shards into one model.safetensors (transformers: save_pretrained(DIR, max_shard_size='100GB')) "
-            "and pass DIR"
+            f"hub model {name!r}: ctxrep reads model.safetensors, safetensors shards with "
+            f"model.safetensors.index.json, or pytorch_model.bin, and {detail}; convert the weights to safetensors "
+            "(transformers: save_pretrained(DIR)) and pass DIR"
         )
     wanted = {"config.json", weights, *TOKENIZER_FILES, *SENTENCE_TRANSFORMERS_FILES}
-    return [f for f in files if f in wanted]
+    shards = [f for f in files if SHARD.match(f)] if weights == "model.safetensors.index.json" else []
+    return [f for f in files if f in wanted] + shards
 
 
 _HTTP_MODULES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")

