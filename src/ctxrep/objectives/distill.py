@@ -45,10 +45,9 @@ from torch import nn
 from ctxrep.models.bert import MODEL_TYPES, BertModel, EncoderLayer
 from ctxrep.models.folders import (
     CheckpointError,
-    check_weights,
-    read_state_dict,
     write_folder,
 )
+from ctxrep.models.mlm_head import read_mlm_head
 from ctxrep.models.student import choose_layers, distillable_families, student_config
 from ctxrep.objectives.masked_lm import (
     IGNORE_INDEX,
@@ -174,29 +173,7 @@ def load_teacher(name_or_path: str | Path) -> tuple[BertModel, MaskedLMHead | No
             f"implemented for {', '.join(sorted(MODEL_TYPES))} teachers; give one of those as the teacher "
             f"(task-specific distillation, ctxrep distill without --corpus, also takes {', '.join(others)} teachers)"
         )
-    head = None
-    prefix = _HEAD_PREFIX.get(teacher.config.model_type)
-    state = read_state_dict(folder) if prefix else {}
-    found = {k: v for k, v in state.items() if k.startswith(prefix + ".")} if prefix else {}
-    if found:
-        head = MaskedLMHead(teacher.config, teacher.embeddings.word_embeddings)
-        expected = head_tensors(head, prefix, teacher.config.model_type)  # names -> our tensors (decoder.bias = bias)
-        decoder = found.pop(f"{prefix}.decoder.weight", None)
-        if decoder is not None and not torch.equal(decoder, teacher.embeddings.word_embeddings.weight):
-            raise CheckpointError(
-                f"{folder}: {prefix}.decoder.weight differs from the word embeddings; ctxrep's MLM head ties them "
-                "(as BERT and RoBERTa do), so an untied head cannot teach here: distil without it from a plain encoder"
-            )
-        bias, decoder_bias = f"{prefix}.bias", f"{prefix}.decoder.bias"  # one tensor under two names; files hold either
-        for name, other in ((bias, decoder_bias), (decoder_bias, bias)):
-            if name not in found and other in found:
-                found[name] = found[other]
-        shapes = {k: tuple(v.shape) for k, v in found.items()}
-        check_weights(shapes, {k: tuple(v.shape) for k, v in expected.items()}, str(folder), "a masked-LM head")
-        with torch.no_grad():
-            for name, ours in expected.items():
-                ours.copy_(found[name])
-        head.eval().requires_grad_(False)
+    head = read_mlm_head(folder, teacher) if teacher.config.model_type in _HEAD_PREFIX else None
     teacher.eval().requires_grad_(False)
     return teacher, head, folder
 

@@ -33,8 +33,9 @@ from torch import nn
 
 from ctxrep.data.corpus import PackedCorpus
 from ctxrep.data.packing import SegmentPairConfig, SegmentPairPacker
-from ctxrep.models.bert import ACTIVATIONS, BertConfig, BertModel, hf_parameter_names
+from ctxrep.models.bert import BertConfig, BertModel, hf_parameter_names
 from ctxrep.models.folders import write_folder
+from ctxrep.models.mlm_head import MaskedLMHead, head_tensors  # noqa: F401 (also imported from here)
 from ctxrep.objectives.next_sentence import NextSentenceHead, next_sentence_loss
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.objectives.recipe import Built, Ingredients, Packing, PretrainError, Recipe, Shape, full_sentences
@@ -252,29 +253,6 @@ def static_mask_seed(seed: int, copy: int, ids: torch.Tensor) -> int:
     return int.from_bytes(h.digest(), "little") & (2**63 - 1)
 
 
-class MaskedLMHead(nn.Module):
-    """logits = LayerNorm(act(W h + b)) E^T + bias, E the input word embeddings (BERT's cls.predictions).
-
-    The dense layer maps hidden_size -> embedding_size (equal for BERT / RoBERTa; ELECTRA's generator is
-    narrower than its shared embeddings). BERT applies config.hidden_act; RoBERTa's lm_head and ELECTRA's
-    generator always apply gelu (as transformers).
-    """
-
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding) -> None:
-        super().__init__()
-        e = config.embedding_size
-        self.dense = nn.Linear(config.hidden_size, e)
-        self.activation = ACTIVATIONS[config.hidden_act] if config.model_type == "bert" else F.gelu
-        self.norm = nn.LayerNorm(e, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(e, config.vocab_size, bias=False)
-        self.decoder.weight = word_embeddings.weight  # tied: one Parameter, two names
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (n, hidden_size), the selected positions only -> logits (n, vocab)."""
-        return self.decoder(self.norm(self.activation(self.dense(hidden)))) + self.bias
-
-
 def mlm_loss(
     head: MaskedLMHead, hidden_states: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -383,22 +361,6 @@ def prefixed_encoder_tensors(encoder: BertModel) -> dict[str, torch.Tensor]:
     ours = encoder.state_dict()
     prefix = encoder.config.model_type + "."
     return {prefix + hf: ours[our] for hf, our in hf_parameter_names(encoder.config).items()}
-
-
-def head_tensors(head: MaskedLMHead, prefix: str, model_type: str) -> dict[str, torch.Tensor]:
-    """The MLM head's weights under transformers' names. The decoder weight is the word embedding matrix and
-    is left out, as transformers does for tied weights; decoder.bias is the same tensor as bias."""
-    if model_type == "bert":  # BertLMPredictionHead: transform.{dense, LayerNorm}, decoder, bias
-        names = {"transform.dense": head.dense, "transform.LayerNorm": head.norm}
-    elif model_type == "roberta":  # RobertaLMHead: dense, layer_norm, decoder, bias
-        names = {"dense": head.dense, "layer_norm": head.norm}
-    else:  # ElectraGeneratorPredictions: dense, LayerNorm (the decoder is generator_lm_head)
-        names = {"dense": head.dense, "LayerNorm": head.norm}
-    tensors = {f"{prefix}.{hf}.{p}": w for hf, m in names.items() for p, w in m.state_dict().items()}
-    if model_type != "electra":
-        tensors[f"{prefix}.bias"] = head.bias
-        tensors[f"{prefix}.decoder.bias"] = head.bias
-    return tensors
 
 
 # ------------------------------------------------------------------------------------------------ recipes
