@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 from _serve_helpers import ServerThread
-from openai import AuthenticationError, OpenAI
+from openai import AuthenticationError, NotFoundError, OpenAI
 
 from ctxrep import Featurizer
 from ctxrep.serve.app import build_app
@@ -220,7 +220,9 @@ def test_cli_listens_on_localhost_and_shuts_down_gracefully(tmp_path):
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
+    log = tmp_path / "access.log"
     command = [sys.executable, "-c", "from ctxrep.cli import main; main()", "serve", "--port", str(port)]
+    command += ["--access-log", str(log)]
     env = {**os.environ, "CTXREP_API_KEY": "k"}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -256,3 +258,81 @@ def test_cli_listens_on_localhost_and_shuts_down_gracefully(tmp_path):
     assert f"on http://127.0.0.1:{port} with an API key" in stderr
     listening = json.dumps(stderr)
     assert "0.0.0.0" not in listening
+    lines = log.read_text().splitlines()  # one line per request: client, method and path, status, milliseconds
+    assert any('"POST /v1/embeddings" 401' in line for line in lines), lines
+    assert any('"POST /v1/embeddings" 200' in line and line.endswith(" ms") for line in lines), lines
+
+
+def test_v1_models_through_the_openai_client(server):
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="not-checked")
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["minilm"] and models.data[0].owned_by == "ctxrep"
+    assert client.models.retrieve("minilm").id == "minilm"
+    with pytest.raises(NotFoundError, match="model 'gpt-4' is not served here"):
+        client.models.retrieve("gpt-4")
+
+
+@pytest.mark.parametrize(
+    "method, path, kwargs, status, message",
+    [
+        ("GET", "/v1/embeddings", {}, 405, "GET /v1/embeddings: method not allowed; use POST"),
+        ("PUT", "/embed", {"json": {"inputs": "a"}}, 405, "PUT /embed: method not allowed; use POST"),
+        ("POST", "/v1/nothing", {"json": {}}, 404, "POST /v1/nothing: no such route"),
+        ("POST", "/v1/embeddings", {"data": {"input": "a b"}}, 415, "'application/x-www-form-urlencoded': send JSON"),
+        ("POST", "/embed", {"files": {"inputs": b"a b"}}, 415, "'multipart/form-data': send JSON"),
+        ("POST", "/v1/embeddings", {"json": ["a"]}, 422, "body: expected a JSON object"),
+        ("POST", "/embed", {"json": {"inputs": []}}, 422, "inputs: an empty list"),
+    ],
+)
+def test_every_error_comes_in_the_routes_own_schema(server, method, path, kwargs, status, message):
+    r = httpx.request(method, server.url + path, **kwargs)
+    assert r.status_code == status, r.text
+    body = r.json()
+    if path == "/embed":  # text-embeddings-inference's {"error", "error_type"}
+        assert set(body) == {"error", "error_type"} and body["error_type"] == "Validation"
+        assert message in body["error"], body
+    else:  # OpenAI's {"error": {"message", "type", "param", "code"}}
+        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+        assert message in body["error"]["message"] and body["error"]["code"] == status, body
+
+
+def test_texts_longer_than_the_window_are_reported_as_windowed(server, fz):
+    r = httpx.post(f"{server.url}/v1/embeddings", json={"input": ["short one", LONG, "another"]}).json()
+    assert r["windowed"] == {"count": 1, "indices": [1]}
+    np.testing.assert_allclose(r["data"][1]["embedding"], fz.embed_sentences([LONG])[0], atol=1e-5)
+    tei = httpx.post(f"{server.url}/embed", json={"inputs": [LONG, "short"]})
+    assert tei.headers["x-windowed-count"] == "1" and tei.headers["x-windowed-indices"] == "0"
+    words = httpx.post(f"{server.url}/v1/word-embeddings", json={"input": "a b"}).json()
+    assert words["windowed"] == {"count": 0, "indices": []}
+
+
+def test_embed_normalize_false_for_a_folder_that_normalizes():
+    """MiniLM's folder ends in Normalize: /v1/embeddings and /embed's default are unit-length as the folder says,
+    /embed with normalize false returns the pooled vectors before Normalize."""
+    folder_fz = Featurizer("minilm", sentence_pooling="model")
+    assert folder_fz.model_pooling.normalize
+    expected = folder_fz.embed_sentences(TEXTS)  # the folder's own, unit-length
+    with ServerThread(build_app(EmbeddingService(folder_fz, "minilm"))) as s:
+        openai_style = [
+            d["embedding"] for d in httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS}).json()["data"]
+        ]
+        default = httpx.post(f"{s.url}/embed", json={"inputs": TEXTS}).json()
+        raw = np.array(httpx.post(f"{s.url}/embed", json={"inputs": TEXTS, "normalize": False}).json())
+    np.testing.assert_allclose(openai_style, expected, atol=1e-5)
+    np.testing.assert_allclose(default, expected, atol=1e-5)
+    assert np.all(np.abs(np.linalg.norm(raw, axis=1) - 1) > 0.01)  # not unit length ...
+    np.testing.assert_allclose(normalize_rows(raw), expected, atol=1e-5)  # ... and the same direction
+    assert folder_fz.model_pooling.normalize  # the caller's Featurizer is left as it was
+
+
+def test_a_taken_port_is_one_line_before_the_model_loads():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-c", "from ctxrep.cli import main; main()", "serve", "--port", str(port)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"error: cannot listen on 127.0.0.1:{port}: the port is taken by another program; choose another --port"
+    )

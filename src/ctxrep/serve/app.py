@@ -258,9 +258,10 @@ def error_handlers(app) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
         where = f"{request.method} {request.url.path}"
+        allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "another method")
         messages = {
             404: f"{where}: no such route; see the routes in `ctxrep serve --help`",
-            405: f"{where}: method not allowed; use {(exc.headers or {}).get('allow', 'another method')}",
+            405: f"{where}: method not allowed; use {allowed}",
         }
         kinds = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
         message = messages.get(exc.status_code, str(exc.detail))
