@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,10 +31,11 @@ from ctxrep.models.sentence_transformers import TokenPooler, is_sentence_transfo
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.text.inputs import (
     EncoderInput,
+    Rows,
     Text,
     WindowPlan,
     as_list,
-    collate,
+    check_text,
     split_windows,
     token_budget_batches,
     words_of,
@@ -253,62 +255,101 @@ class Featurizer:
         pieces = self.tokenizer.encode_words(words)
         return [Alignment(w, p.tokens, p.word_ids) for w, p in zip(words, pieces)]
 
-    def _windows(
-        self, words_a: list[list[str]], words_b: list[list[str]] | None
-    ) -> tuple[list[EncoderInput], list[int]]:
-        """The windows of checked word lists (`words_of`), each text's alone or paired with words_b's, and each
-        text's word count."""
+    def _word_windows(self, words_a: list[list[str]], words_b: list[list[str]] | None) -> _Prepared:
+        """The windows of checked word lists (`words_of`), each text's alone or paired with words_b's, with each
+        text's word count: what word vectors (and pairs) need."""
         if self.tokenizer.word_level:
             self.tokenizer.reset()  # number only this call's words: memory stays bounded over a corpus
         if words_b is None:
             pieces = self.tokenizer.encode_words(words_a)
             windows = [w for i, p in enumerate(pieces) for w in self.plan.single(i, p)]
-            return windows, [len(w) for w in words_a]
-        pieces = self.tokenizer.encode_words(words_a + words_b)
-        n = len(words_a)
-        windows = [self.plan.pair(i, pieces[i], pieces[n + i]) for i in range(n)]
-        return windows, [pieces[i].num_words + pieces[n + i].num_words for i in range(n)]
+            counts = [len(w) for w in words_a]
+        else:
+            pieces = self.tokenizer.encode_words(words_a + words_b)
+            n = len(words_a)
+            windows = [self.plan.pair(i, pieces[i], pieces[n + i]) for i in range(n)]
+            counts = [pieces[i].num_words + pieces[n + i].num_words for i in range(n)]
+        rows = Rows.from_records(windows)
+        rows.weights = np.ones(len(rows.ids), np.float32)  # a pair is one window; word pooling reads no weights
+        return _Prepared(rows, len(counts), windows, counts)
+
+    def _sentence_rows(self, texts: list[Text], keep_specials: str) -> _Prepared:
+        """The rows of checked texts for vectors that need no word alignment (the model's pooling, the
+        classification token, every token's state). A string that fits one window is tokenized whole, as
+        sentence-transformers tokenizes it, and its row assembled with array operations; word lists, long
+        texts (windows on word boundaries, `_token_weights`) and ELMo go through the words. `keep_specials`:
+        "share" or "ends" (see `_token_weights`)."""
+        n = len(texts)
+        fast = [] if self.tokenizer.word_level else [i for i, t in enumerate(texts) if isinstance(t, str)]
+        parts, slow = [], sorted(set(range(n)) - set(fast))
+        if fast:
+            ids, lengths = self.tokenizer.encode_texts([texts[i] for i in fast])
+            fits = (lengths > 0) & (lengths <= self.plan.window_size)
+            keep = np.repeat(fits, lengths)
+            rows = Rows.single_texts(self.tokenizer.template, ids[keep], lengths[fits], np.asarray(fast)[fits])
+            rows.weights = np.ones(len(rows.ids), np.float32)  # one window: every position counts once
+            parts.append(rows)
+            slow = sorted(slow + [fast[k] for k in np.flatnonzero(~fits)])
+        if slow:
+            words = [words_of(texts[i], i) for i in slow]
+            windows, weights = self._token_weights(words, keep_specials)
+            rows = Rows.from_records(windows, weights)
+            rows.text = np.asarray(slow, np.int64)[rows.text]  # back to the call's text numbers
+            parts.append(rows)
+        return _Prepared(Rows.concat(parts) if len(parts) > 1 else parts[0], n)
+
+    def _token_weights(self, words: list[list[str]], keep_specials: str = "share"):
+        """The windows of the checked word lists (as `_word_windows` cuts them) and one weight per position of
+        each window: 1 for a piece of a word the window owns, 0 for the other pieces (another window answers for
+        them); a special token weighs 1 / (the text's number of windows) with keep_specials="share", and with
+        "ends" 1 in the first window's leading and the last window's trailing specials, else 0 (the text's tokens
+        as one long sequence). One window: every position weighs 1."""
+        offset = self.tokenizer.build_inputs([])[2]  # special tokens before the text's first piece
+        windows, weights = [], []
+        for i, pieces in enumerate(self.tokenizer.encode_words(words)):
+            rows = self.plan.single(i, pieces)
+            if len(rows) == 1:  # one window (the common case): every position weighs 1, no second cut needed
+                windows.append(rows[0])
+                weights.append(np.ones(len(rows[0]), dtype=np.float32))
+                continue
+            spans = pieces.spans()
+            # the same cut, with its piece ranges: split_windows is what plan.single windows by
+            cuts = split_windows(spans, self.plan.window_size, self.plan.stride)
+            assert len(cuts) == len(rows)
+            for k, (row, (p0, p1, owned)) in enumerate(zip(rows, cuts)):
+                if keep_specials == "share":
+                    w = np.full(len(row), 1.0 / len(rows), dtype=np.float32)  # (seq,) special tokens: shared
+                else:
+                    w = np.zeros(len(row), dtype=np.float32)
+                    w[: offset if k == 0 else 0] = 1.0
+                    if k == len(rows) - 1:
+                        w[offset + p1 - p0 :] = 1.0
+                w[offset : offset + p1 - p0] = 0.0
+                for word in owned:
+                    s, e = spans[word]
+                    w[offset + s - p0 : offset + min(e, p1) - p0] = 1.0
+                windows.append(row)
+                weights.append(w)
+        return windows, weights
 
     # ---- running the encoder --------------------------------------------------------------------
 
-    def _run(
-        self,
-        windows: list[EncoderInput],
-        word_counts: list[int],
-        want_words: bool,
-        want_cls: bool,
-        tokens: tuple[TokenPooler, list[np.ndarray]] | None = None,
-    ):
-        """Encode all windows; returns per-text word arrays and per-text mean CLS vectors (as requested). `tokens`:
-        a TokenPooler fed every batch, with one weight array per window (sentence_pooling="model")."""
-        n_out = 1 if self.single_layer else len(self.layer_indices)
-        word_out = [np.zeros((c, n_out, self.dim), dtype=np.float32) for c in word_counts] if want_words else None
-        cls_sum = np.zeros((len(word_counts), n_out, self.model.hidden_size), dtype=np.float32) if want_cls else None
-        cls_count = np.zeros(len(word_counts), dtype=np.int64)
-        order = sorted(range(len(windows)), key=lambda i: len(windows[i].input_ids))
-        batches = token_budget_batches([len(windows[i].input_ids) for i in order], self.batch_tokens)
-        num_tokens = sum(len(w.input_ids) for w in windows)
+    def _run(self, rows: Rows, consume: Callable[[torch.Tensor, np.ndarray, np.ndarray | None], None]) -> None:
+        """Encode every row in length-sorted token-budget batches; `consume(selected, batch_rows, weights)` pools
+        each batch once its hidden states (layers, batch, seq, hidden) are on the CPU as float32 (after the mix)."""
+        order = np.argsort(rows.lengths, kind="stable")  # the same order for the same input: same batches
+        sizes = token_budget_batches(rows.lengths[order].tolist(), self.batch_tokens)
+        num_tokens = int(rows.lengths.sum())
         bar = tqdm(total=num_tokens, unit="tok", disable=not self.progress, desc="embed")
         self.model.eval()
         run = self.runtime
         in_flight = max(1, run.in_flight(num_tokens))  # batches started before the oldest is pooled
 
-        def pool(batch: list[EncoderInput], rows: list[int], wait, real: int) -> None:
-            """Pool one batch once its hidden states (layers, batch, seq, hidden) are on the CPU as float32."""
+        def pool(batch_rows: np.ndarray, weights: np.ndarray | None, wait, real: int) -> None:
             selected = wait()
             if self.mix is not None:
                 selected = self.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
-            if want_words:
-                self._pool_words(selected, batch, word_out)
-            if want_cls:
-                for r, w in enumerate(batch):
-                    cls_sum[w.text] += selected[:, r, w.cls_position].numpy()
-                    cls_count[w.text] += 1
-            if tokens is not None:
-                pooler, weights = tokens
-                pooler.add(
-                    selected, [w.text for w in batch], [weights[i] for i in rows], [w.cls_position for w in batch]
-                )
+            consume(selected, batch_rows, weights)
             bar.update(real)
 
         pending = collections.deque()  # started batches, pooled oldest first while later ones run
@@ -319,25 +360,18 @@ class Featurizer:
 
         with torch.inference_mode():
             start = 0
-            for size in batches:
-                rows = order[start : start + size]
-                batch = [windows[i] for i in rows]
+            for size in sizes:
+                batch_rows = order[start : start + size]
                 start += size
-                collated = collate(batch, self.tokenizer)
-                real = int(collated["attention_mask"].sum())
-                if run.device.type == "cuda":  # pinned host memory: the copies run asynchronously with the host's work
-                    inputs = {k: v.pin_memory().to(run.device, non_blocking=True) for k, v in collated.items()}
-                else:
-                    inputs = {k: v.to(run.device) for k, v in collated.items()}
-                pending.append((batch, rows, run.start(inputs, self.layer_indices, call_tokens=num_tokens), real))
+                collated, weights = rows.collate(batch_rows, self.tokenizer)
+                real = int(rows.lengths[batch_rows].sum())
+                pending.append((batch_rows, weights, run.start(collated, self.layer_indices, num_tokens), real))
                 if len(pending) >= in_flight:
                     pool(*pending.popleft())
                 if self.between_batches is not None:  # e.g. ctxrep serve: other calls' batches run here
                     self.between_batches(drain)
             drain()
         bar.close()
-        cls = cls_sum / cls_count[:, None, None] if want_cls else None
-        return word_out, cls
 
     def _pool_words(self, selected: torch.Tensor, batch: list[EncoderInput], word_out: list[np.ndarray]) -> None:
         """Pool each word's pieces; selected: (layers, batch, seq, hidden)."""
@@ -386,34 +420,56 @@ class Featurizer:
         "mean" averages the text's word vectors; "cls" takes the classification token (for a text longer than
         one window, the average over its windows).
         """
-        if self.sentence_pooling == "model":
-            out = self._encode(texts, text_pairs, "model")  # the folder's Pooling (+ Normalize)
-        elif self.sentence_pooling == "cls":
-            out = self._encode(texts, text_pairs, "cls")
+        if self.sentence_pooling in ("model", "cls"):
+            out = self._encode(texts, text_pairs, self.sentence_pooling)
         else:
             words = self._encode(texts, text_pairs, "words")
             out = np.stack([w.mean(axis=0) for w in words]) if words else np.zeros((0, 1, self.dim), np.float32)
         out = out[:, 0] if self.single_layer else out
         return normalize_rows(out) if self.normalize else out  # each layer's vector unit length
 
+    def embed_tokens(self, texts: Sequence[Text]) -> list[TokenStates]:
+        """Every token's hidden state, per text: `TokenStates(ids, states)` with ids (n_tokens,) int64 and states
+        (n_tokens, hidden) float32 for one layer or a mix, (n_tokens, n_layers, hidden) otherwise.
+
+        The tokens are the text's as the model reads it, special tokens included ([CLS] ... [SEP] for BERT): a
+        string that fits one window is tokenized whole (as sentence-transformers tokenizes it), a word list word
+        by word. A text longer than one window is run in the featurizer's windows and comes back as one long
+        sequence: the first window's leading special tokens, each piece from the window that owns its word (the
+        most context on its poorer side), the last window's trailing special tokens. The raw material of
+        token-level heads (SPLADE's MLM logits, ColBERT's projection): the same batches, runtime and precision as
+        embed_sentences, so the states equal what the encoder gives for that window (within 1e-5 in float32).
+        """
+        return self._encode(texts, None, "tokens")
+
     def _encode(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None, want: str):
         """Every text's result for `want`: "words" (a list of (words, layers, dim) arrays), "cls" or "model" (one
-        (texts, layers, width) array). Every text is checked first, so errors name its index in the call.
+        (texts, layers, width) array), "tokens" (a list of TokenStates). Every text is checked first, so errors
+        name its index in the call.
 
         On CUDA a call of more than OVERLAP_CHUNK_TEXTS texts is cut into chunks of that many, and a thread
         tokenizes the next chunk while the device encodes this one (`tokenizers` releases the GIL); a chunk's
         windows are batched among themselves, and batching never changes a vector."""
-        words_a = [words_of(t, i) for i, t in enumerate(as_list(texts))]
-        words_b = None
+        texts = as_list(texts)
+        for i, t in enumerate(texts):
+            check_text(t, i)
+        pairs = None
         if text_pairs is not None:
-            words_b = [words_of(t, i) for i, t in enumerate(as_list(text_pairs))]
-            if len(words_b) != len(words_a):
-                raise ValueError(f"got {len(words_a)} texts but {len(words_b)} text_pairs; give one pair text per text")
-        n, step = len(words_a), OVERLAP_CHUNK_TEXTS
+            pairs = as_list(text_pairs)
+            for i, t in enumerate(pairs):
+                check_text(t, i)
+            if len(pairs) != len(texts):
+                raise ValueError(f"got {len(texts)} texts but {len(pairs)} text_pairs; give one pair text per text")
+        n, step = len(texts), OVERLAP_CHUNK_TEXTS
         chunks = [slice(i, i + step) for i in range(0, n, step)] if self._overlaps_tokenization(n) else [slice(0, n)]
 
-        def prepare(chunk: slice):
-            return self._prepare(words_a[chunk], None if words_b is None else words_b[chunk], want)
+        def prepare(chunk: slice) -> _Prepared:
+            if pairs is not None or want == "words":
+                offset = chunk.start  # errors keep the index in the call
+                words_a = [words_of(t, offset + i) for i, t in enumerate(texts[chunk])]
+                words_b = None if pairs is None else [words_of(t, offset + i) for i, t in enumerate(pairs[chunk])]
+                return self._word_windows(words_a, words_b)
+            return self._sentence_rows(texts[chunk], "ends" if want == "tokens" else "share")
 
         if len(chunks) == 1:
             results = [self._finish(prepare(chunks[0]), want)]
@@ -426,7 +482,7 @@ class Featurizer:
                     if k + 1 < len(chunks):
                         ahead = tokenizer_thread.submit(prepare, chunks[k + 1])
                     results.append(self._finish(prepared, want))
-        if want == "words":
+        if want in ("words", "tokens"):
             return [w for chunk in results for w in chunk]
         return results[0] if len(results) == 1 else np.concatenate(results)
 
@@ -435,49 +491,74 @@ class Featurizer:
         more than OVERLAP_CHUNK_TEXTS texts, and not for ELMo (its word numbering is reset per call)."""
         return self.runtime.device.type == "cuda" and not self.model.word_level and num_texts > OVERLAP_CHUNK_TEXTS
 
-    def _prepare(self, words_a: list[list[str]], words_b: list[list[str]] | None, want: str):
-        """(windows, word counts, token weights or None) of checked word lists: the tokenizing half of `_encode`."""
-        if want == "model" and words_b is None:
-            return self._token_weights(words_a)
-        windows, counts = self._windows(words_a, words_b)
-        if want != "model":
-            return windows, counts, None
-        return windows, counts, [np.ones(len(w), dtype=np.float32) for w in windows]  # a pair is one window
-
-    def _finish(self, prepared, want: str):
-        """Run the windows of one `_prepare` and pool them as `want` asks: the encoding half of `_encode`."""
-        windows, counts, weights = prepared
-        if want == "words":
-            return self._run(windows, counts, want_words=True, want_cls=False)[0]
-        if want == "cls":
-            return self._run(windows, counts, want_words=False, want_cls=True)[1]
+    def _finish(self, prepared: _Prepared, want: str):
+        """Run the rows of one prepared chunk and pool them as `want` asks: the encoding half of `_encode`."""
+        rows, n = prepared.rows, prepared.num_texts
         n_layers = 1 if self.single_layer else len(self.layer_indices)
-        pooler = TokenPooler(self.model_pooling, len(counts), n_layers, self.model.hidden_size)
-        self._run(windows, counts, want_words=False, want_cls=False, tokens=(pooler, weights))
-        return pooler.result()  # (texts, layers, width)
+        if want == "words":
+            word_out = [np.zeros((c, n_layers, self.dim), dtype=np.float32) for c in prepared.word_counts]
+            windows = prepared.windows
 
-    def _token_weights(self, words: list[list[str]]) -> tuple[list[EncoderInput], list[int], list[np.ndarray]]:
-        """The windows of the checked word lists (as `_windows` cuts them), their word counts, and one weight per position of
-        each window: 1 for a piece of a word the window owns, 0 for the other pieces (another window answers for
-        them), 1 / (the text's number of windows) for a special token. One window: every position weighs 1."""
-        offset = self.tokenizer.build_inputs([])[2]  # special tokens before the text's first piece
-        windows, weights = [], []
-        for i, pieces in enumerate(self.tokenizer.encode_words(words)):
-            rows = self.plan.single(i, pieces)
-            if len(rows) == 1:  # one window (the common case): every position weighs 1, no second cut needed
-                windows.append(rows[0])
-                weights.append(np.ones(len(rows[0]), dtype=np.float32))
-                continue
-            spans = pieces.spans()
-            # the same cut, with its piece ranges: split_windows is what plan.single windows by
-            cuts = split_windows(spans, self.plan.window_size, self.plan.stride)
-            assert len(cuts) == len(rows)
-            for row, (p0, p1, owned) in zip(rows, cuts):
-                w = np.full(len(row), 1.0 / len(rows), dtype=np.float32)  # (seq,) special tokens: shared
-                w[offset : offset + p1 - p0] = 0.0
-                for word in owned:
-                    s, e = spans[word]
-                    w[offset + s - p0 : offset + min(e, p1) - p0] = 1.0
-                windows.append(row)
-                weights.append(w)
-        return windows, [len(w) for w in words], weights
+            def consume(selected, batch_rows, _weights):
+                self._pool_words(selected, [windows[i] for i in batch_rows], word_out)
+
+            self._run(rows, consume)
+            return word_out
+        if want == "cls":
+            sums = np.zeros((n, n_layers, self.model.hidden_size), dtype=np.float32)
+            counts = np.zeros(n, dtype=np.int64)
+
+            def consume(selected, batch_rows, _weights):
+                at_cls = selected[:, torch.arange(len(batch_rows)), torch.from_numpy(rows.cls_position[batch_rows])]
+                np.add.at(sums, rows.text[batch_rows], at_cls.transpose(0, 1).numpy())  # (batch, layers, hidden)
+                np.add.at(counts, rows.text[batch_rows], 1)
+
+            self._run(rows, consume)
+            return sums / counts[:, None, None]
+        if want == "model":
+            pooler = TokenPooler(self.model_pooling, n, n_layers, self.model.hidden_size)
+
+            def consume(selected, batch_rows, weights):
+                pooler.add(
+                    selected, rows.text[batch_rows].tolist(), list(weights), rows.cls_position[batch_rows].tolist()
+                )
+
+            self._run(rows, consume)
+            return pooler.result()  # (texts, layers, width)
+        parts: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(rows)  # "tokens": (ids, states) per row
+        starts = rows.starts
+
+        def consume(selected, batch_rows, weights):
+            states = selected.transpose(0, 1).transpose(1, 2).numpy()  # (batch, seq, layers, hidden)
+            for r, row in enumerate(batch_rows):
+                keep = np.flatnonzero(weights[r] > 0)
+                ids = rows.ids[starts[row] : starts[row] + rows.lengths[row]][keep]
+                kept = states[r, keep]
+                parts[row] = (ids, kept[:, 0] if self.single_layer else kept)
+
+        self._run(rows, consume)
+        per_text: list[list[int]] = [[] for _ in range(n)]
+        for row, t in enumerate(rows.text.tolist()):  # rows are made in each text's window order
+            per_text[t].append(row)
+        return [
+            TokenStates(*parts[r[0]]) if len(r) == 1 else TokenStates(*map(np.concatenate, zip(*(parts[k] for k in r))))
+            for r in per_text
+        ]
+
+
+class TokenStates(NamedTuple):
+    """One text's tokens and their hidden states (`Featurizer.embed_tokens`)."""
+
+    ids: np.ndarray  # (n_tokens,) int64, special tokens included
+    states: np.ndarray  # (n_tokens, hidden) float32, or (n_tokens, n_layers, hidden)
+
+
+@dataclass
+class _Prepared:
+    """One chunk of a call, tokenized: its rows, its number of texts, and for word vectors the windows (with their
+    word spans) and each text's word count."""
+
+    rows: Rows
+    num_texts: int
+    windows: list[EncoderInput] | None = None
+    word_counts: list[int] | None = None

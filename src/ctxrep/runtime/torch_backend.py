@@ -21,6 +21,8 @@ from ctxrep.runtime import fast
 from ctxrep.runtime.hardware import prepack_pays
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Pinned input buffers on CUDA, used in turn: one more than the batches in flight (in_flight) keeps a slot free.
+PINNED_SLOTS = 3
 
 
 class TorchRuntime:
@@ -43,6 +45,8 @@ class TorchRuntime:
         self.device = next(model.parameters()).device
         self._inference: torch.nn.Module | None = None
         self._compiled: fast.CompiledEncoder | None = None
+        self._pinned: list[dict[str, torch.Tensor]] = [{} for _ in range(PINNED_SLOTS)]  # CUDA input buffers
+        self._next_slot = 0
 
     @property
     def encoder(self) -> torch.nn.Module:
@@ -79,25 +83,47 @@ class TorchRuntime:
     def start(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
     ) -> Callable[[], torch.Tensor]:
-        """Run the encoder on `batch` (stopping after the highest layer asked for). On CUDA the hidden states are
-        copied into pinned host memory asynchronously and wait() synchronizes on that copy; on the CPU they are
-        ready at once (float32: no copy)."""
+        """Run the encoder on `batch` (CPU tensors; stopping after the highest layer asked for). On CUDA the inputs
+        go through reused pinned host buffers with non-blocking copies, the hidden states come back into pinned
+        memory in their own dtype, asynchronously, and wait() synchronizes on that copy and widens them to float32;
+        on the CPU they are ready at once (float32: no copy)."""
+        if self.device.type == "cuda":
+            batch = self._to_device(batch)
+        elif self.device.type != "cpu":
+            batch = {k: v.to(self.device) for k, v in batch.items()}
         top = max(layers)
         out = self._encoder_for(call_tokens).encode(batch, num_layers=top if top < self.model.num_layers else None)
         selected = torch.stack([out.hidden_states[i] for i in layers])  # (layers, batch, seq, hidden)
         if self.device.type != "cuda":
             host = selected.float().cpu()
             return lambda: host
-        host = torch.empty(selected.shape, dtype=torch.float32, pin_memory=True)
-        host.copy_(selected.float(), non_blocking=True)
+        host = torch.empty(selected.shape, dtype=selected.dtype, pin_memory=True)
+        host.copy_(selected, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
 
         def wait() -> torch.Tensor:
             done.synchronize()  # its copy into host memory has landed
-            return host
+            return host.float()
 
         return wait
+
+    def _to_device(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`batch` on the device through pinned host buffers reused across batches: PINNED_SLOTS sets, taken in
+        turn, each grown (never shrunk) to the largest batch it has held. A slot is written again only after the
+        batches started since have been waited for (the Featurizer keeps at most `in_flight` pending), and the
+        copy out of it was queued before that batch's compute, so it has landed."""
+        slot = self._pinned[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self._pinned)
+        out = {}
+        for k, v in batch.items():
+            buffer = slot.get(k)
+            if buffer is None or buffer.numel() < v.numel() or buffer.dtype != v.dtype:
+                buffer = slot[k] = torch.empty(max(v.numel(), 1), dtype=v.dtype, pin_memory=True)
+            staged = buffer[: v.numel()].view(v.shape)
+            staged.copy_(v)
+            out[k] = staged.to(self.device, non_blocking=True)
+        return out
 
     def hidden_states(
         self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0

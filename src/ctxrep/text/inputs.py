@@ -11,14 +11,19 @@ The featurizer, the estimators and the attention tool all build their encoder in
       .truncated(a, b)         -> one EncoderInput cut to fit (longer text first), for sequence classification
   collate(records, tokenizer)  -> input_ids, token_type_ids, attention_mask (batch, longest), and char_ids for a
                                word-level tokenizer (ELMo): what `Encoder.encode` reads
+  Rows                         the same rows as flat arrays (every row's ids end to end): built once per call
+                               (`from_records`, or `single_texts` straight from token ids), then `collate(rows)`
+                               pads any subset of them with whole-array operations, no Python loop per row
   token_budget_batches(lengths, budget)  batch sizes over length-sorted records: rows x longest <= budget
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 Text = str | Sequence[str]
@@ -56,6 +61,15 @@ def words_of(text: Text, index: int) -> list[str]:
     if not words:
         raise ValueError(f"text {index} is empty (no words); remove it or give it some text")
     return words
+
+
+def check_text(text: Text, index: int) -> None:
+    """Refuse what `words_of` refuses, without splitting a string (a string only has to hold a word)."""
+    if isinstance(text, str):
+        if not text or text.isspace():
+            raise ValueError(f"text {index} is empty (no words); remove it or give it some text")
+    else:
+        words_of(text, index)
 
 
 def as_list(texts) -> list:
@@ -137,19 +151,103 @@ class WindowPlan:
 def collate(records: Sequence, tokenizer) -> dict[str, torch.Tensor]:
     """Right-pad records with .input_ids and .token_type_ids: input_ids, token_type_ids, attention_mask
     (batch, longest); for a word-level tokenizer (ELMo) also char_ids (batch, longest, max_characters)."""
-    length = max(len(r.input_ids) for r in records)
-    input_ids = torch.full((len(records), length), tokenizer.pad_token_id, dtype=torch.long)
-    token_type_ids = torch.zeros((len(records), length), dtype=torch.long)
-    attention_mask = torch.zeros((len(records), length), dtype=torch.long)
-    for i, r in enumerate(records):
-        n = len(r.input_ids)
-        input_ids[i, :n] = torch.tensor(r.input_ids)
-        token_type_ids[i, :n] = torch.tensor(r.token_type_ids)
-        attention_mask[i, :n] = 1
-    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
-    if tokenizer.word_level:  # each id is a word the tokenizer has numbered; look up its characters
-        batch["char_ids"] = tokenizer.char_table()[input_ids]
-    return batch
+    return Rows.from_records(records).collate(np.arange(len(records)), tokenizer)[0]
+
+
+@dataclass
+class Rows:
+    """Encoder rows (windows or whole texts) as flat arrays: row r's ids are ids[starts[r] : starts[r] + lengths[r]].
+
+    weights: one per position, end to end like ids (sentence_pooling="model": 0 for a position another window
+    answers for), or None."""
+
+    ids: np.ndarray  # (positions,) int64
+    types: np.ndarray  # (positions,) int64
+    lengths: np.ndarray  # (rows,) int64
+    text: np.ndarray  # (rows,) the text each row belongs to
+    cls_position: np.ndarray  # (rows,)
+    weights: np.ndarray | None = None  # (positions,) float32
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def starts(self) -> np.ndarray:
+        return np.cumsum(self.lengths) - self.lengths
+
+    @classmethod
+    def from_records(cls, records: Sequence, weights: Sequence[np.ndarray] | None = None) -> Rows:
+        """The rows of EncoderInput-like records (.input_ids, .token_type_ids, .text, .cls_position)."""
+        lengths = np.fromiter(map(len, (r.input_ids for r in records)), np.int64, count=len(records))
+        total = int(lengths.sum())
+        ids = np.fromiter(itertools.chain.from_iterable(r.input_ids for r in records), np.int64, count=total)
+        types = np.fromiter(itertools.chain.from_iterable(r.token_type_ids for r in records), np.int64, count=total)
+        text = np.fromiter((r.text for r in records), np.int64, count=len(records))
+        cls_position = np.fromiter((r.cls_position for r in records), np.int64, count=len(records))
+        flat_weights = np.concatenate(weights).astype(np.float32) if weights is not None and len(weights) else None
+        return cls(ids, types, lengths, text, cls_position, flat_weights)
+
+    @classmethod
+    def single_texts(cls, template, ids: np.ndarray, lengths: np.ndarray, text: np.ndarray) -> Rows:
+        """One row per text from its pieces (no special tokens; `ids` end to end, `lengths` per text): the
+        template's special tokens added around each, as `SpecialTemplate.build_inputs` adds them."""
+        prefix, suffix = np.asarray(template.prefix, np.int64), np.asarray(template.single_suffix, np.int64)
+        row_lengths = lengths + len(prefix) + len(suffix)
+        n, total = len(lengths), int(row_lengths.sum())
+        starts = np.cumsum(row_lengths) - row_lengths
+        out_ids = np.empty(total, np.int64)
+        out_types = np.full(total, template.type_a, np.int64)
+        inside = np.ones(total, bool)  # positions that hold the text's pieces
+        for k in range(len(prefix)):
+            out_ids[starts + k] = prefix[k]
+            out_types[starts + k] = template.prefix_types[k]
+            inside[starts + k] = False
+        ends = starts + row_lengths
+        for k in range(len(suffix)):
+            at = ends - len(suffix) + k
+            out_ids[at] = suffix[k]
+            out_types[at] = template.single_suffix_types[k]
+            inside[at] = False
+        out_ids[inside] = ids
+        cls_position = np.full(n, 0, np.int64) if template.cls_index == 0 else row_lengths + template.cls_index
+        return cls(out_ids, out_types, row_lengths, np.asarray(text, np.int64), cls_position)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Rows]) -> Rows:
+        """The rows of `parts`, one after another; weights where every part has them."""
+        weights = [p.weights for p in parts]
+        return cls(
+            np.concatenate([p.ids for p in parts]),
+            np.concatenate([p.types for p in parts]),
+            np.concatenate([p.lengths for p in parts]),
+            np.concatenate([p.text for p in parts]),
+            np.concatenate([p.cls_position for p in parts]),
+            None if any(w is None for w in weights) else np.concatenate(weights),
+        )
+
+    def collate(self, rows: np.ndarray, tokenizer) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
+        """The rows `rows` (indices, in batch order) right-padded, as `collate` gives them, and their weights
+        (batch, longest) with 0 at padding (None without weights)."""
+        lengths = self.lengths[rows]  # (batch,)
+        longest = int(lengths.max())
+        positions = np.repeat(self.starts[rows] - (np.cumsum(lengths) - lengths), lengths) + np.arange(lengths.sum())
+        mask = np.arange(longest)[None, :] < lengths[:, None]  # (batch, longest); row-major order = ids' order
+        input_ids = np.full(mask.shape, tokenizer.pad_token_id, np.int64)
+        input_ids[mask] = self.ids[positions]
+        token_type_ids = np.zeros(mask.shape, np.int64)
+        token_type_ids[mask] = self.types[positions]
+        batch = {
+            "input_ids": torch.from_numpy(input_ids),
+            "token_type_ids": torch.from_numpy(token_type_ids),
+            "attention_mask": torch.from_numpy(mask.astype(np.int64)),
+        }
+        if tokenizer.word_level:  # each id is a word the tokenizer has numbered; look up its characters
+            batch["char_ids"] = tokenizer.char_table()[batch["input_ids"]]
+        weights = None
+        if self.weights is not None:
+            weights = np.zeros(mask.shape, np.float32)
+            weights[mask] = self.weights[positions]
+        return batch, weights
 
 
 def window_words(spans: list[tuple[int, int]], window: int, stride: int) -> list[tuple[int, int]]:

@@ -10,6 +10,7 @@ the template ([CLS] A [SEP] B [SEP] for BERT, <s> A </s></s> B </s> for RoBERTa,
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import tokenizers
 
 if TYPE_CHECKING:
@@ -185,6 +187,14 @@ class Tokenizer:
                 pieces = WordPieces(list(enc.ids), list(enc.word_ids), list(enc.tokens), len(words))
             out.append(pieces)
         return out
+
+    def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Raw strings tokenized whole, as sentence-transformers tokenizes them (no special tokens, no word
+        alignment): (every text's ids end to end (int64), each text's number of ids). A text may give no ids."""
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        lengths = np.fromiter(map(len, encodings), np.int64, count=len(encodings))
+        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, count=int(lengths.sum()))
+        return ids, lengths
 
     def _as_in_text(self, words: Sequence[str]) -> list[str]:
         """The words as the pre-tokenizer sees them in running text: with their space where it is kept."""

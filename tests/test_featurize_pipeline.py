@@ -1,0 +1,118 @@
+"""The featurizer's host pipeline: rows as whole arrays, raw-text sentence rows, every token's state (embed_tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ctxrep import Featurizer
+from ctxrep.text.inputs import EncoderInput, Rows, collate
+
+LONG = " ".join(f"word{i % 7} crane lifted beams" for i in range(12))  # 60 words, over 100 pieces
+
+
+def _old_collate(records, pad_id):
+    """The per-row reference: one row at a time into padded tensors."""
+    n = max(len(r.input_ids) for r in records)
+    ids = torch.full((len(records), n), pad_id)
+    types = torch.zeros((len(records), n), dtype=torch.long)
+    mask = torch.zeros((len(records), n), dtype=torch.long)
+    for i, r in enumerate(records):
+        ids[i, : len(r.input_ids)] = torch.tensor(r.input_ids)
+        types[i, : len(r.input_ids)] = torch.tensor(r.token_type_ids)
+        mask[i, : len(r.input_ids)] = 1
+    return ids, types, mask
+
+
+def test_rows_collate_as_the_row_by_row_reference_in_any_order():
+    fz = Featurizer("minilm")
+    records = [
+        EncoderInput(0, [101, 7, 8, 102], [0, 0, 0, 0], 0),
+        EncoderInput(1, [101, 9, 102, 5, 6, 102], [0, 0, 0, 1, 1, 1], 0),
+        EncoderInput(2, [101, 102], [0, 0], 0),
+    ]
+    weights = [np.full(len(r.input_ids), k + 1.0, np.float32) for k, r in enumerate(records)]
+    rows = Rows.from_records(records, weights)
+    for order in ([0, 1, 2], [2, 0], [1]):
+        batch, w = rows.collate(np.array(order), fz.tokenizer)
+        ids, types, mask = _old_collate([records[i] for i in order], fz.tokenizer.pad_token_id)
+        assert torch.equal(batch["input_ids"], ids) and torch.equal(batch["token_type_ids"], types)
+        assert torch.equal(batch["attention_mask"], mask)
+        np.testing.assert_array_equal(w, mask.numpy() * np.array([[i + 1.0] for i in order]))
+    assert torch.equal(collate(records, fz.tokenizer)["input_ids"], _old_collate(records, 0)[0])
+
+
+def test_single_text_rows_are_the_templates_inputs(xlnet_dir):
+    """Special tokens added with array operations equal SpecialTemplate.build_inputs (BERT: [CLS] A [SEP];
+    XLNet: A <sep> <cls>, the classification token last)."""
+    for name in ("minilm", xlnet_dir):
+        tok = Featurizer(name).tokenizer
+        pieces = [[5, 6, 7], [8], [9, 10]]
+        rows = Rows.single_texts(
+            tok.template, np.array(sum(pieces, []), np.int64), np.array([3, 1, 2]), np.array([4, 5, 6])
+        )
+        built = [tok.build_inputs(p) for p in pieces]
+        assert rows.ids.tolist() == sum((b[0] for b in built), [])
+        assert rows.types.tolist() == sum((b[1] for b in built), [])
+        assert rows.text.tolist() == [4, 5, 6]
+        assert rows.cls_position.tolist() == [tok.template.cls_index % len(b[0]) for b in built]
+
+
+def test_sentence_rows_tokenize_the_raw_text_as_sentence_transformers(minilm_path):
+    """A string is tokenized whole (as sentence-transformers does), not word by word: the model's sentence vector
+    equals transformers' tokenizer + model on the raw string, odd spacing and a word that gives no pieces included."""
+    texts = ["Unbelievably,   the newscaster\tbroke in!", "a \u200b b"]  # \u200b: a word with no pieces
+    fz = Featurizer(minilm_path, sentence_pooling="model")
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    model = transformers.AutoModel.from_pretrained(minilm_path).eval()
+    with torch.no_grad():
+        ref = [torch.nn.functional.normalize(model(**tok(t, return_tensors="pt"))[0][0].mean(0), dim=0) for t in texts]
+    np.testing.assert_allclose(fz.embed_sentences(texts), torch.stack(ref).numpy(), atol=1e-5)
+
+
+def test_embed_tokens_are_the_models_states_with_special_tokens(minilm_path):
+    fz = Featurizer(minilm_path, layers=[0, -1])
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    model = transformers.AutoModel.from_pretrained(minilm_path).eval()
+    texts = ["The vase broke .", ["Pre", "tokenized", "words"]]
+    out = fz.embed_tokens(texts)
+    for text, (ids, states) in zip(texts, out, strict=True):
+        enc = tok(text, is_split_into_words=not isinstance(text, str), return_tensors="pt")
+        with torch.no_grad():
+            hs = model(**enc, output_hidden_states=True).hidden_states
+        assert ids.tolist() == enc["input_ids"][0].tolist()
+        assert states.shape == (len(ids), 2, 384) and states.dtype == np.float32
+        np.testing.assert_allclose(states[:, 1], hs[-1][0].numpy(), atol=1e-5)
+        np.testing.assert_allclose(states[:, 0], hs[0][0].numpy(), atol=1e-5)
+    # the model's own pooling is the mean of these states, normalised
+    pooled = Featurizer(minilm_path, sentence_pooling="model").embed_sentences(texts)
+    means = np.stack([s[:, 1].mean(0) for _, s in out])
+    np.testing.assert_allclose(pooled, means / np.linalg.norm(means, axis=1, keepdims=True), atol=1e-5)
+
+
+def test_embed_tokens_of_a_long_text_are_one_sequence_from_the_owning_windows(minilm_path):
+    fz = Featurizer(minilm_path, max_length=24)
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    model = transformers.AutoModel.from_pretrained(minilm_path).eval()
+    ((ids, states),) = fz.embed_tokens([LONG])
+    whole = tok(LONG)["input_ids"]
+    assert ids.tolist() == whole and states.shape == (len(whole), 384)  # [CLS] every piece once [SEP]
+    words = LONG.split()
+    windows = fz.plan.single(0, fz.tokenizer.encode_words([words])[0])
+    assert len(windows) > 2
+    with torch.no_grad():
+        first = model(input_ids=torch.tensor([windows[0].input_ids]))[0][0]
+        last = model(input_ids=torch.tensor([windows[-1].input_ids]))[0][0]
+    _, s, e = windows[0].words[0]  # the first word is the first window's
+    np.testing.assert_allclose(states[:e], first[:e].numpy(), atol=1e-5)  # [CLS] and the first word's pieces
+    np.testing.assert_allclose(states[-1], last[-1].numpy(), atol=1e-5)  # [SEP] from the last window
+
+
+def test_embed_tokens_bad_input_names_the_text():
+    fz = Featurizer("minilm")
+    with pytest.raises(ValueError, match="text 1 is empty"):
+        fz.embed_tokens(["fine", "   "])
+    with pytest.raises(TypeError, match="text 0: expected a string or a list of word strings"):
+        fz.embed_tokens([3])
