@@ -154,7 +154,13 @@ def test_model_pooling_applies_to_each_chosen_layer(fz_model):
 def _st_folder(tmp_path: Path, bert: Path, modules: list[str], pooling: dict) -> Path:
     folder = tmp_path / "st"
     shutil.copytree(bert, folder)
-    paths = {"Transformer": "", "Pooling": "1_Pooling", "Normalize": "2_Normalize", "Dense": "2_Dense"}
+    paths = {
+        "Transformer": "",
+        "Pooling": "1_Pooling",
+        "Normalize": "2_Normalize",
+        "Dense": "2_Dense",
+        "LayerNorm": "2_Ln",
+    }
     (folder / "modules.json").write_text(
         json.dumps(
             [
@@ -194,7 +200,8 @@ def test_auto_is_the_folders_pooling_where_it_declares_one_else_the_mean(fz_mode
 @pytest.mark.parametrize(
     "modules, pooling, message",
     [
-        (["Transformer", "Pooling", "Dense"], {"pooling_mode_mean_tokens": True}, r"lists Dense \(2_Dense\), which"),
+        (["Transformer", "Pooling", "LayerNorm"], {"pooling_mode_mean_tokens": True}, r"lists LayerNorm \(2_Ln\), wh"),
+        (["Transformer", "Pooling", "Dense"], {"pooling_mode_mean_tokens": True}, r"2_Dense/config.json: missing"),
         (["Transformer", "Pooling"], {"pooling_mode_weightedmean_tokens": True}, "weightedmean_tokens is not impl"),
         (["Transformer", "Pooling"], {"pooling_mode_mean_tokens": False}, "no pooling mode is switched on"),
         (["Pooling", "Transformer"], {"pooling_mode_mean_tokens": True}, "expected Transformer, then one Pooling"),
@@ -212,7 +219,7 @@ def test_pooling_dimension_must_fit_the_model(tmp_path, tiny_models):
     (folder / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": 384, "pooling_mode_mean_tokens": True})
     )
-    with pytest.raises(CheckpointError, match="word_embedding_dimension=384 but the model's hidden size is 32"):
+    with pytest.raises(CheckpointError, match="embedding_dimension=384 but the model's hidden size is 32"):
         Featurizer(folder, sentence_pooling="model").embed_sentences(["Dawn broke ."])
 
 

@@ -1,61 +1,105 @@
-"""A sentence-transformers folder's own sentence pooling: modules.json, 1_Pooling/config.json, Normalize.
+"""A sentence-transformers folder's own sentence pipeline: modules.json, Pooling, Dense, Normalize, prompts.
 
 sentence-transformers stores a model as a Hugging Face folder plus `modules.json`, the list of modules its
 `SentenceTransformer` runs in order:
 
-    Transformer (path "": the folder itself)  ->  Pooling (e.g. 1_Pooling/config.json)  ->  [Normalize]
+    Transformer (path "": the folder itself) -> Pooling (1_Pooling/config.json) -> [Dense ...] -> [Normalize]
 
-The Pooling config says which vectors are concatenated, in this order (sentence-transformers' `Pooling.forward`):
-    pooling_mode_cls_token             the classification token's vector
-    pooling_mode_max_tokens            max over the tokens, per dimension
-    pooling_mode_mean_tokens           sum_t h_t / n
-    pooling_mode_mean_sqrt_len_tokens  sum_t h_t / sqrt(n)
-where t runs over every token the attention mask keeps, special tokens included. Normalize divides the result by
-its L2 norm (max(||v||, 1e-12), as torch.nn.functional.normalize). `Featurizer(sentence_pooling="model")` reads
-this here and pools with `TokenPooler`. sentence_bert_config.json's `max_seq_length` is read by nobody on
-purpose: ctxrep windows long texts instead of truncating them.
+The Pooling config says which vectors are concatenated, in its order (`pooling_mode`, one name or a list, as
+sentence-transformers 6 writes it; the older `pooling_mode_*` flags in the order below):
+    cls             the classification token's vector
+    max             max over the tokens, per dimension
+    mean            sum_t h_t / n
+    mean_sqrt_len   sum_t h_t / sqrt(n)
+    lasttoken       the text's last token (its last window's last position, special tokens included): decoder
+                    embedders (Qwen3-Embedding, e5-mistral), whichever side the batch is padded on
+where t runs over every token the attention mask keeps, special tokens included; with `include_prompt: false` the
+prompt's tokens (and the leading special tokens) are left out. Each Dense module (EmbeddingGemma's 2_Dense,
+3_Dense) is activation(W v + b) with its own config.json and weights. Normalize divides the result by its L2 norm
+(max(||v||, 1e-12), as torch.nn.functional.normalize). `Featurizer(sentence_pooling="model")` reads this here and
+pools with `TokenPooler`. sentence_bert_config.json's `max_seq_length` is read by nobody on purpose: ctxrep windows
+long texts instead of truncating them.
 
-A folder whose modules.json lists a module ctxrep does not apply (Dense, LayerNorm, a custom one) or a pooling
-mode it does not implement (weightedmean, lasttoken) is refused with one line, never silently half-applied.
+Prompts (config_sentence_transformers.json's `prompts` and `default_prompt_name`) are read by `read_prompts`;
+the text of a prompt goes before each input, as sentence-transformers' encode(prompt=..., prompt_name=...).
+
+A folder whose modules.json lists a module ctxrep does not apply (LayerNorm, a custom one) or a pooling mode it
+does not implement (weightedmean) is refused with one line, never silently half-applied.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ctxrep.models.folders import CheckpointError
+from ctxrep.models.folders import CheckpointError, read_state_dict
 
 MODULES_FILE = "modules.json"
 SETTINGS_FILE = "config_sentence_transformers.json"  # prompts, default_prompt_name
-# The config's flags, in the order sentence-transformers concatenates the vectors.
+# The older config's flags, in the order sentence-transformers concatenates the vectors.
 MODES = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_lasttoken": "lasttoken",
 }
-UNSUPPORTED_MODES = ("pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+# sentence-transformers 6's `pooling_mode` names.
+MODE_NAMES = {
+    "cls": "cls",
+    "max": "max",
+    "mean": "mean",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+    "lasttoken": "lasttoken",
+}
+UNSUPPORTED_MODES = ("pooling_mode_weightedmean_tokens", "weightedmean")
 NORMALIZE_EPS = 1e-12  # torch.nn.functional.normalize's default
+# The activation paths sentence-transformers saves (Dense's activation_function, CrossEncoder's activation_fn).
+TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "torch.nn.modules.linear.Identity": lambda x: x,
+    "torch.nn.Identity": lambda x: x,
+    "torch.nn.modules.activation.Tanh": torch.tanh,
+    "torch.nn.Tanh": torch.tanh,
+    "torch.nn.modules.activation.Sigmoid": torch.sigmoid,
+    "torch.nn.Sigmoid": torch.sigmoid,
+    "torch.nn.modules.activation.ReLU": torch.relu,
+    "torch.nn.ReLU": torch.relu,
+}
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """One Dense module: activation(v W^T + b)."""
+
+    weight: torch.Tensor  # (out, in)
+    bias: torch.Tensor | None
+    activation: Callable[[torch.Tensor], torch.Tensor]
+
+    def __call__(self, v: torch.Tensor) -> torch.Tensor:
+        out = v @ self.weight.to(v.dtype).T
+        return self.activation(out + self.bias.to(v.dtype) if self.bias is not None else out)
 
 
 @dataclass(frozen=True)
 class SentencePooling:
-    """What a sentence-transformers folder does after its Transformer: pooling modes (concatenated in this order)
-    and whether the result is L2-normalised."""
+    """What a sentence-transformers folder does after its Transformer: pooling modes (concatenated in this order),
+    whether the prompt's tokens are pooled, the Dense modules and whether the result is L2-normalised."""
 
     modes: tuple[str, ...]
     normalize: bool
-    dim: int  # the config's word_embedding_dimension: the Transformer's hidden size
+    dim: int  # the config's embedding dimension: the Transformer's hidden size
+    include_prompt: bool = True
+    dense: tuple[DenseLayer, ...] = field(default_factory=tuple)
 
     @property
     def width(self) -> int:
-        """Width of one sentence vector (per layer): dim x the number of modes."""
-        return self.dim * len(self.modes)
+        """Width of one sentence vector (per layer): the last Dense module's output, else dim x the modes."""
+        return self.dense[-1].weight.shape[0] if self.dense else self.dim * len(self.modes)
 
 
 def _read_json(file: Path, expect: type) -> object:
@@ -88,16 +132,20 @@ def read_sentence_pooling(folder: str | Path) -> SentencePooling:
             raise CheckpointError(f'{modules_file}: entry {i} has no "type"; expected sentence-transformers\' layout')
         kinds.append((m["type"].rsplit(".", 1)[-1], str(m.get("path", ""))))
     names = [k for k, _ in kinds]
-    others = [f"{k} ({p or '.'})" for k, p in kinds if k not in ("Transformer", "Pooling", "Normalize")]
+    others = [f"{k} ({p or '.'})" for k, p in kinds if k not in ("Transformer", "Pooling", "Dense", "Normalize")]
     if others:
         raise CheckpointError(
-            f"{modules_file}: lists {', '.join(others)}, which ctxrep does not apply (it applies Transformer, Pooling "
-            "and Normalize only); use sentence_pooling='mean' or 'cls' with this model"
+            f"{modules_file}: lists {', '.join(others)}, which ctxrep does not apply (it applies Transformer, Pooling, "
+            "Dense and Normalize only); use sentence_pooling='mean' or 'cls' with this model"
         )
     if names.count("Pooling") != 1 or names[0] != "Transformer" or names.index("Pooling") != 1:
         raise CheckpointError(
-            f"{modules_file}: expected Transformer, then one Pooling, then optionally Normalize; found "
-            f"{', '.join(names) or 'no modules'}"
+            f"{modules_file}: expected Transformer, then one Pooling, then Dense modules and optionally Normalize; "
+            f"found {', '.join(names) or 'no modules'}"
+        )
+    if any(k != "Dense" for k in names[2 : len(names) - ("Normalize" in names)]):
+        raise CheckpointError(
+            f"{modules_file}: only Dense modules may sit between Pooling and Normalize; found {', '.join(names)}"
         )
     if "Normalize" in names and names.index("Normalize") != len(names) - 1:
         raise CheckpointError(f"{modules_file}: Normalize must be the last module; found {', '.join(names)}")
@@ -110,19 +158,79 @@ def read_sentence_pooling(folder: str | Path) -> SentencePooling:
     if not config_file.is_file():
         raise CheckpointError(f"{config_file}: missing; modules.json says the Pooling module lives in {kinds[1][1]}/")
     config = _read_json(config_file, dict)
-    unsupported = [k for k in UNSUPPORTED_MODES if config.get(k)]
-    if unsupported:
-        raise CheckpointError(
-            f"{config_file}: {', '.join(unsupported)} is not implemented in ctxrep (it implements "
-            f"{', '.join(MODES)}); use sentence_pooling='mean' or 'cls' with this model"
-        )
-    modes = tuple(name for flag, name in MODES.items() if config.get(flag))
-    if not modes:
-        raise CheckpointError(f"{config_file}: no pooling mode is switched on (expected one of {', '.join(MODES)})")
-    dim = config.get("word_embedding_dimension")
+    modes = _pooling_modes(config, config_file)
+    dim = config.get("embedding_dimension", config.get("word_embedding_dimension"))
     if not isinstance(dim, int):
-        raise CheckpointError(f"{config_file}: word_embedding_dimension is missing or not an integer")
-    return SentencePooling(modes=modes, normalize="Normalize" in names, dim=dim)
+        raise CheckpointError(f"{config_file}: embedding_dimension is missing or not an integer")
+    dense = tuple(_read_dense(folder / p, modules_file) for k, p in kinds if k == "Dense")
+    width = dim * len(modes)
+    for layer, (_, p) in zip(dense, [kp for kp in kinds if kp[0] == "Dense"]):
+        if layer.weight.shape[1] != width:
+            raise CheckpointError(
+                f"{folder / p}: the Dense module takes {layer.weight.shape[1]} inputs but receives {width}; the "
+                "folder's modules do not belong together"
+            )
+        width = layer.weight.shape[0]
+    return SentencePooling(
+        modes=modes,
+        normalize="Normalize" in names,
+        dim=dim,
+        include_prompt=bool(config.get("include_prompt", True)),
+        dense=dense,
+    )
+
+
+def _pooling_modes(config: dict, config_file: Path) -> tuple[str, ...]:
+    """The modes, in order: sentence-transformers 6's `pooling_mode` (a name or a list), else the older flags."""
+    if "pooling_mode" in config:
+        given = config["pooling_mode"]
+        given = [given] if isinstance(given, str) else list(given)
+        bad = [m for m in given if m not in MODE_NAMES]
+        if bad:
+            raise CheckpointError(
+                f"{config_file}: pooling_mode {', '.join(map(str, bad))} is not implemented in ctxrep (it implements "
+                f"{', '.join(MODE_NAMES)}); use sentence_pooling='mean' or 'cls' with this model"
+            )
+        modes = tuple(MODE_NAMES[m] for m in given)
+    else:
+        unsupported = [k for k in UNSUPPORTED_MODES if config.get(k)]
+        if unsupported:
+            raise CheckpointError(
+                f"{config_file}: {', '.join(unsupported)} is not implemented in ctxrep (it implements "
+                f"{', '.join(MODES)}); use sentence_pooling='mean' or 'cls' with this model"
+            )
+        modes = tuple(name for flag, name in MODES.items() if config.get(flag))
+    if not modes:
+        raise CheckpointError(
+            f"{config_file}: no pooling mode is switched on (expected one of {', '.join(MODE_NAMES)})"
+        )
+    return modes
+
+
+def _read_dense(path: Path, modules_file: Path) -> DenseLayer:
+    """A Dense module's config.json (in_features, out_features, bias, activation_function) and weights."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing; {modules_file} lists a Dense module in {path.name}/")
+    config = _read_json(config_file, dict)
+    activation = config.get("activation_function", "torch.nn.modules.activation.Tanh")  # Dense's default
+    if activation not in TORCH_ACTIVATIONS:
+        raise CheckpointError(
+            f"{config_file}: activation_function {activation!r} is not one ctxrep applies "
+            f"({', '.join(TORCH_ACTIVATIONS)})"
+        )
+    state = read_state_dict(path)
+    shape = (config.get("out_features"), config.get("in_features"))
+    weight = state.get("linear.weight")
+    if weight is None or tuple(weight.shape) != shape:
+        found = "no linear.weight" if weight is None else f"linear.weight {tuple(weight.shape)}"
+        raise CheckpointError(
+            f"{path}: expected linear.weight of shape {shape} (out, in) from config.json; found {found}"
+        )
+    bias = state.get("linear.bias") if config.get("bias", True) else None
+    if config.get("bias", True) and bias is None:
+        raise CheckpointError(f"{path}: config.json says bias but the weights have no linear.bias")
+    return DenseLayer(weight.float(), None if bias is None else bias.float(), TORCH_ACTIVATIONS[activation])
 
 
 @dataclass(frozen=True)
@@ -183,26 +291,39 @@ def describe_sentence_pooling(folder: str | Path) -> str:
         pooling = read_sentence_pooling(folder)
     except CheckpointError as e:
         return f"declared in {MODULES_FILE} but not applicable by ctxrep: {e}"
-    names = {"cls": "classification token", "max": "max", "mean": "mean", "mean_sqrt_len": "sum / sqrt(n)"}
+    names = {
+        "cls": "classification token",
+        "max": "max",
+        "mean": "mean",
+        "mean_sqrt_len": "sum / sqrt(n)",
+        "lasttoken": "last token",
+    }
     modes = " + ".join(names[m] for m in pooling.modes)
     concatenated = " (concatenated)" if len(pooling.modes) > 1 else ""
+    prompt = "" if pooling.include_prompt else ", prompt tokens left out"
+    dense = f", {len(pooling.dense)} Dense to {pooling.width}" if pooling.dense else ""
     normalized = ", then L2-normalised" if pooling.normalize else ""
-    return f"{modes}{concatenated}{normalized}, from {MODULES_FILE} (sentence_pooling='model' applies it)"
+    return (
+        f"{modes}{concatenated}{prompt}{dense}{normalized}, from {MODULES_FILE} (sentence_pooling='model' applies it)"
+    )
 
 
 class TokenPooler:
     """Pools token vectors into one vector per text over the batches of one call.
 
     Each window row comes with one weight per position (0 = padding or a position that another window
-    answers for); with W_t the weights of a text's positions t over all its windows and n = sum_t W_t:
+    answers for, or a prompt token with include_prompt false); with W_t the weights of a text's positions t over
+    all its windows and n = sum_t W_t:
         mean = sum_t W_t h_t / n,   mean_sqrt_len = sum_t W_t h_t / sqrt(n),
-        max = max over the positions with W_t > 0,   cls = the mean of the windows' classification tokens.
+        max = max over the positions with W_t > 0,   cls = the mean of the windows' classification tokens,
+        lasttoken = the last position with W_t > 0 of the text's last window (`rows`: the rows' numbers in the call, made in
+        each text's window order; without them a later `add` counts as a later window).
     """
 
     def __init__(self, pooling: SentencePooling, num_texts: int, num_layers: int, hidden: int) -> None:
         if hidden != pooling.dim:
             raise CheckpointError(
-                f"the Pooling config says word_embedding_dimension={pooling.dim} but the model's hidden size is "
+                f"the Pooling config says embedding_dimension={pooling.dim} but the model's hidden size is "
                 f"{hidden}; the folder's modules do not belong together"
             )
         self.pooling = pooling
@@ -211,19 +332,29 @@ class TokenPooler:
         self.maxes = torch.full((num_texts, num_layers, hidden), -torch.inf)
         self.cls_sums = torch.zeros(num_texts, num_layers, hidden, dtype=torch.float64)
         self.cls_counts = torch.zeros(num_texts, dtype=torch.float64)
+        self.last = torch.zeros(num_texts, num_layers, hidden, dtype=torch.float64)
+        self.last_row = np.full(num_texts, -1, dtype=np.int64)
+        self.added = 0
 
     def add(
-        self, selected: torch.Tensor, texts: list[int], row_weights: list[np.ndarray], cls_positions: list[int]
+        self,
+        selected: torch.Tensor,
+        texts: list[int],
+        row_weights: list[np.ndarray],
+        cls_positions: list[int],
+        rows: list[int] | None = None,
     ) -> None:
         """selected: (layers, batch, seq, hidden); for each row: its text, its weights (one per position, no
-        padding) and where its classification token sits."""
+        padding), where its classification token sits and (optional) its number in the call."""
         weights = torch.zeros(selected.shape[1], selected.shape[2])  # (batch, seq): padding weighs 0
         for r, w in enumerate(row_weights):
-            weights[r, : len(w)] = torch.from_numpy(w)
-        rows = torch.tensor(texts)
+            weights[r, : len(w)] = torch.from_numpy(np.asarray(w, dtype=np.float32))
+        text_index = torch.tensor(texts)
         h = selected.double()
-        self.sums.index_add_(0, rows, torch.einsum("lbsh,bs->blh", h, weights.double()))  # (batch, layers, hidden)
-        self.counts.index_add_(0, rows, weights.double().sum(1))
+        self.sums.index_add_(
+            0, text_index, torch.einsum("lbsh,bs->blh", h, weights.double())
+        )  # (batch, layers, hidden)
+        self.counts.index_add_(0, text_index, weights.double().sum(1))
         if "max" in self.pooling.modes:
             masked = selected.masked_fill((weights <= 0)[None, :, :, None], -torch.inf)  # (layers, batch, seq, hidden)
             row_max = masked.amax(dim=2).transpose(0, 1)  # (batch, layers, hidden)
@@ -233,19 +364,31 @@ class TokenPooler:
             at_cls = h[:, torch.arange(len(texts)), torch.tensor(cls_positions)].transpose(
                 0, 1
             )  # (batch, layers, hidden)
-            self.cls_sums.index_add_(0, rows, at_cls)
-            self.cls_counts.index_add_(0, rows, torch.ones(len(texts), dtype=torch.float64))
+            self.cls_sums.index_add_(0, text_index, at_cls)
+            self.cls_counts.index_add_(0, text_index, torch.ones(len(texts), dtype=torch.float64))
+        if "lasttoken" in self.pooling.modes:
+            numbers = rows if rows is not None else range(self.added, self.added + len(texts))
+            for r, (t, number) in enumerate(zip(texts, numbers)):
+                if number > self.last_row[t]:
+                    self.last_row[t] = number
+                    last = int(np.flatnonzero(np.asarray(row_weights[r]) > 0)[-1])  # padding weighs 0
+                    self.last[t] = h[:, r, last]  # (layers, hidden)
+        self.added += len(texts)
 
     def result(self) -> np.ndarray:
-        """(texts, layers, width) float32: the modes concatenated, then L2-normalised if the folder says so."""
+        """(texts, layers, width) float32: the modes concatenated, the Dense modules, then L2-normalised if the
+        folder says so."""
         n = self.counts.clamp(min=1e-9)[:, None, None]  # sentence-transformers' clamp of the token count
         parts = {
             "cls": lambda: self.cls_sums / self.cls_counts.clamp(min=1)[:, None, None],
             "max": lambda: self.maxes.double(),
             "mean": lambda: self.sums / n,
             "mean_sqrt_len": lambda: self.sums / n.sqrt(),
+            "lasttoken": lambda: self.last,
         }
         out = torch.cat([parts[m]() for m in self.pooling.modes], dim=-1)
+        for layer in self.pooling.dense:
+            out = layer(out.float()).double()  # the Dense modules run in float32, as sentence-transformers'
         if self.pooling.normalize:
             out = out / out.norm(dim=-1, keepdim=True).clamp(min=NORMALIZE_EPS)
         return out.float().numpy()

@@ -1,0 +1,120 @@
+"""Sentence vectors as sentence-transformers 6 folders define them, against sentence-transformers' own encode on tiny
+random folders it saved: last-token pooling (right padding on BERT, left padding on a Qwen3 decoder), Dense modules
+(EmbeddingGemma's 2_Dense, 3_Dense), Normalize, and the folder's prompts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ctxrep import Featurizer
+from ctxrep.models.folders import CheckpointError
+from ctxrep.models.sentence_transformers import read_prompts, read_sentence_pooling
+
+st = pytest.importorskip("sentence_transformers")
+from sentence_transformers.base.modules import Dense, Normalize, Transformer  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+
+TEXTS = [
+    "A crane caught a fish .",
+    "Unbelievably , the newscaster broke into the broadcast !",
+    "Dawn broke .",
+    "the quick brown fox jumps over the lazy dog while the crane lifted the steel beam",
+]
+PROMPTS = {"query": "query : ", "document": "", "classification": "classify the text :"}
+
+
+def _bert(path: Path, minilm_path: Path) -> Path:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    transformers.BertModel(config).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(minilm_path).save_pretrained(path)
+    return path
+
+
+def _save(modules: list, path: Path, **kwargs) -> Path:
+    st.SentenceTransformer(modules=modules, **kwargs).save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory, minilm_path) -> Path:
+    return _bert(tmp_path_factory.mktemp("bert"), minilm_path)
+
+
+def _parity(folder: Path, texts=TEXTS, atol: float = 1e-5, **encode) -> np.ndarray:
+    theirs = st.SentenceTransformer(str(folder)).encode(texts, batch_size=3, **encode)
+    ours = Featurizer(folder, sentence_pooling="model", batch_tokens=64).embed_sentences(texts, **encode)
+    np.testing.assert_allclose(ours, theirs, atol=atol)
+    return ours
+
+
+def test_last_token_pooling_right_padding(bert, tmp_path):
+    folder = _save([Transformer(str(bert)), Pooling(32, pooling_mode="lasttoken")], tmp_path / "st")
+    assert read_sentence_pooling(folder).modes == ("lasttoken",)
+    ours = _parity(folder)
+    reference = transformers.AutoModel.from_pretrained(bert).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(bert)
+    with torch.no_grad():  # the last token is [SEP]: its state, one text at a time
+        alone = reference(**tok(TEXTS[2], return_tensors="pt")).last_hidden_state[0, -1].numpy()
+    np.testing.assert_allclose(ours[2], alone, atol=1e-5)
+
+
+def test_dense_modules_then_normalize_as_embeddinggemma(bert, tmp_path):
+    modules = [
+        Transformer(str(bert)),
+        Pooling(32, pooling_mode="mean"),
+        Dense(32, 48, bias=False, activation_function=torch.nn.Identity()),
+        Dense(48, 24, bias=True, activation_function=torch.nn.Tanh()),
+        Normalize(),
+    ]
+    folder = _save(modules, tmp_path / "st")
+    pooling = read_sentence_pooling(folder)
+    assert len(pooling.dense) == 2 and pooling.width == 24 and pooling.normalize
+    fz = Featurizer(folder, sentence_pooling="model")
+    assert fz.sentence_dim == 24
+    ours = _parity(folder)
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-6)
+
+
+def test_several_modes_in_the_configs_order(bert, tmp_path):
+    folder = _save([Transformer(str(bert)), Pooling(32, pooling_mode=("lasttoken", "max", "mean"))], tmp_path / "st")
+    assert read_sentence_pooling(folder).modes == ("lasttoken", "max", "mean")
+    _parity(folder)
+
+
+def test_dense_that_does_not_fit_is_refused(bert, tmp_path):
+    modules = [Transformer(str(bert)), Pooling(32, pooling_mode="mean"), Dense(32, 8), Normalize()]
+    folder = _save(modules, tmp_path / "st")
+    config = json.loads((folder / "2_Dense" / "config.json").read_text())
+    (folder / "2_Dense" / "config.json").write_text(json.dumps(config | {"in_features": 16}))
+    with pytest.raises(
+        CheckpointError, match=r"expected linear.weight of shape \(8, 16\) .* found linear.weight \(8, 32\)"
+    ):
+        read_sentence_pooling(folder)
+
+
+def test_prompts_are_read_by_name(bert, tmp_path):
+    folder = _save(
+        [Transformer(str(bert)), Pooling(32, pooling_mode="mean")],
+        tmp_path / "st",
+        prompts=PROMPTS,
+        default_prompt_name="query",
+    )
+    prompts = read_prompts(folder)
+    assert prompts.resolve() == "query : " and prompts.resolve(prompt_name="document") == ""
+    assert prompts.resolve(prompt="passage: ") == "passage: "
+    with pytest.raises(
+        ValueError,
+        match=r"unknown prompt name 'passage': .* declares the prompts 'classification', 'document', 'query'",
+    ):
+        prompts.resolve(prompt_name="passage")
+    assert read_prompts(bert).resolve() == ""  # a folder without config_sentence_transformers.json: no prompt
