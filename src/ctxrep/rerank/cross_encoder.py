@@ -31,7 +31,7 @@ from torch import nn
 
 from ctxrep.models.folders import CheckpointError, read_config, read_state_dict
 from ctxrep.models.loading import LoadedEncoder, load_encoder
-from ctxrep.models.sentence_transformers import SETTINGS_FILE, Prompts, read_prompts
+from ctxrep.models.sentence_transformers import SETTINGS_FILE, TORCH_ACTIVATIONS, Prompts, read_prompts
 from ctxrep.rerank.ranking import check_rerank_args, top_scores
 from ctxrep.runtime.hardware import default_batch_tokens
 from ctxrep.text.inputs import WindowPlan, collate, token_budget_batches, words_of
@@ -61,17 +61,6 @@ HEADS: dict[str, HeadLayout] = {
     "DistilBertForSequenceClassification": HeadLayout("classifier", "pre_classifier", F.relu),
     "DebertaV2ForSequenceClassification": HeadLayout("classifier", "pooler.dense", F.gelu),
 }
-# sentence-transformers' activation_fn paths -> the function (any other is refused: nothing is imported by name).
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "torch.nn.modules.activation.Sigmoid": torch.sigmoid,
-    "torch.nn.Sigmoid": torch.sigmoid,
-    "torch.nn.modules.linear.Identity": lambda x: x,
-    "torch.nn.Identity": lambda x: x,
-    "torch.nn.modules.activation.Tanh": torch.tanh,
-    "torch.nn.Tanh": torch.tanh,
-}
-
-
 class ClassificationHead(nn.Module):
     """logits = out(activation(dense(h_cls))), or out(pooler_output) for BERT (see HeadLayout)."""
 
@@ -124,16 +113,16 @@ def _activation(folder: Path, num_labels: int) -> Callable[[torch.Tensor], torch
         or config.get("sbert_ce_default_activation_function")
     )
     if path is None:
-        return torch.sigmoid if num_labels == 1 else ACTIVATIONS["torch.nn.Identity"]
-    if path not in ACTIVATIONS:
+        return torch.sigmoid if num_labels == 1 else TORCH_ACTIVATIONS["torch.nn.Identity"]
+    if path not in TORCH_ACTIVATIONS:
         raise CheckpointError(
-            f"{folder}: activation_fn {path!r} is not one ctxrep applies ({', '.join(ACTIVATIONS)}); pass "
+            f"{folder}: activation_fn {path!r} is not one ctxrep applies ({', '.join(TORCH_ACTIVATIONS)}); pass "
             "activation='identity' or 'sigmoid' to choose one"
         )
-    return ACTIVATIONS[path]
+    return TORCH_ACTIVATIONS[path]
 
 
-ACTIVATION_CHOICES = {"sigmoid": torch.sigmoid, "identity": ACTIVATIONS["torch.nn.Identity"]}
+ACTIVATION_CHOICES = {"sigmoid": torch.sigmoid, "identity": TORCH_ACTIVATIONS["torch.nn.Identity"]}
 
 
 class CrossEncoderReranker:
