@@ -46,6 +46,7 @@ from ctxrep.models.folders import (
 )
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
+from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
 
@@ -254,18 +255,7 @@ class AlbertModel(Encoder):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-            if module.padding_idx is not None:
-                nn.init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        normal_init(module, self.config.initializer_range)
 
     # ---- the Encoder interface --------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from ctxrep.modules.heads import (
     pruned_heads_json,
     remaining,
 )
+from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
 
@@ -250,6 +251,11 @@ class SelfAttention(nn.Module):
     def prune(self, heads: Iterable[int]) -> None:
         """Remove `heads` (original numbering; ones already removed are ignored): drop their rows of
         query/key/value and their columns of output, so the layer computes less, not just zeros."""
+        if self.query_key_value is not None:
+            raise ValueError(
+                "prune_heads: this attention runs a fused int8 query/key/value product (fast.quantize_int8); "
+                "prune the float model, then quantize it"
+            )
         keep, rows = remaining(self.kept_heads, heads, self.head_dim)
         self.query = linear_subset(self.query, rows, dim=0)
         self.key = linear_subset(self.key, rows, dim=0)
@@ -298,17 +304,7 @@ class BertModel(Encoder):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-            if module.padding_idx is not None:
-                nn.init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        normal_init(module, self.config.initializer_range)
 
     # ---- the encoder interface (models/encoder.py) ----
     prepack_for_inference = True  # oneDNN pre-packed linear layers: measured 1.4-2x faster here

@@ -65,6 +65,7 @@ from ctxrep.modules.heads import (
     pruned_heads_json,
     remaining,
 )
+from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
 
@@ -427,17 +428,11 @@ class DebertaV2Model(Encoder):
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Conv1d)):
+        normal_init(module, std)
+        if isinstance(module, nn.Conv1d):  # the optional convolution beside the first layer: as a Linear
             nn.init.normal_(module.weight, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-            if module.padding_idx is not None:
-                nn.init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
 
     # ---- the encoder interface (models/encoder.py) ----
     family = MODEL_TYPE

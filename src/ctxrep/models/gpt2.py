@@ -36,6 +36,7 @@ from ctxrep.models.folders import (
 )
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
+from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
 
@@ -210,14 +211,7 @@ class GPT2Model(Encoder):
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        normal_init(module, std)
         if isinstance(module, (CausalSelfAttention, MLP)):
             # Radford et al. 2019, sec. 2.3: scale residual-path weights by 1/sqrt(N), N = 2 residuals per block.
             nn.init.normal_(module.c_proj.weight, std=std / math.sqrt(2 * self.config.n_layer))

@@ -50,6 +50,7 @@ from ctxrep.modules.heads import (
     pruned_heads_json,
     remaining,
 )
+from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class SelfAttention(nn.Module):
     matrices are (kept * head_dim, hidden) and (hidden, kept * head_dim), and it adds the kept heads' rows of the
     shared bias. A head mask xi multiplies each head's output before the output projection (Michel et al. 2019)."""
 
+    # Copied from ctxrep.models.bert.SelfAttention.__init__ with BertConfig->MPNetConfig
     def __init__(self, config: MPNetConfig, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
@@ -169,7 +171,8 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(h, inner)
         self.output = nn.Linear(inner, h)
         self.dropout_p = config.attention_probs_dropout_prob
-        # fast.py's int8 slot: one product for query, key and value when set (fusable_qkv_modules).
+        # A fast path set by ctxrep.runtime.fast.quantize_int8: one int8 product for query, key and value (one
+        # quantization of x instead of three); None runs the three projections above, the reference.
         self.query_key_value: nn.Module | None = None
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -202,9 +205,10 @@ class SelfAttention(nn.Module):
         context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
         return self.output(context), probs
 
+    # Copied from ctxrep.models.bert.SelfAttention.prune
     def prune(self, heads: Iterable[int]) -> None:
         """Remove `heads` (original numbering; ones already removed are ignored): drop their rows of
-        query/key/value and their columns of output. The shared bias table is not touched (other layers read it)."""
+        query/key/value and their columns of output, so the layer computes less, not just zeros."""
         if self.query_key_value is not None:
             raise ValueError(
                 "prune_heads: this attention runs a fused int8 query/key/value product (fast.quantize_int8); "
@@ -221,6 +225,7 @@ class SelfAttention(nn.Module):
 class EncoderLayer(nn.Module):
     """Post-LN block: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
 
+    # Copied from ctxrep.models.bert.EncoderLayer.__init__ with BertConfig->MPNetConfig
     def __init__(self, config: MPNetConfig, layer: int = 0) -> None:
         super().__init__()
         h = config.hidden_size
@@ -259,17 +264,7 @@ class MPNetModel(Encoder):
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-            if module.padding_idx is not None:
-                nn.init.zeros_(module.weight[module.padding_idx])
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        normal_init(module, self.config.initializer_range)
 
     # ---- the encoder interface (models/encoder.py) ----
     family = MODEL_TYPE

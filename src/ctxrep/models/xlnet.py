@@ -40,6 +40,7 @@ from ctxrep.models.folders import (
 )
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
+from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
 
@@ -274,15 +275,8 @@ class XLNetModel(Encoder):
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=std)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
-        elif isinstance(module, RelativeAttention):
+        normal_init(module, std)
+        if isinstance(module, RelativeAttention):
             for p in (module.q, module.k, module.v, module.o, module.r):
                 nn.init.normal_(p, std=std)
             for p in (module.r_w_bias, module.r_r_bias, module.r_s_bias, module.seg_embed):
