@@ -128,7 +128,7 @@ def test_tag_gzipped_conll_with_column_options_and_a_crf(tiny_models, tmp_path):
         "--dev",
         str(train),
         "--word-column",
-        "0",
+        "1",
         "--tag-column",
         "-1",
         "--crf",
@@ -187,12 +187,13 @@ def test_readers_read_csv_quoting_tsv_jsonl_and_conllu(tmp_path):
     data = table.read_labelled_texts(write(tmp_path / "a.csv", CSV))
     assert data.X[:2] == ["good, great fine", "bad awful\npoor sad"] and data.y[:2] == ["pos", "neg"]
     assert data.lines[:3] == [2, 3, 5]  # the quoted field spans lines 3-4
-    data = table.read_labelled_texts(write(tmp_path / "a.tsv", 'a\t"b\tc\n"x\t"y\t1\n'), 0, -1, text_pair_column=1)
+    tsv = write(tmp_path / "a.tsv", 'a\t"b\tc\n"x\t"y\t1\n')
+    data = table.read_labelled_texts(tsv, 1, -1, text_pair_column=2, header=True)  # columns counted from 1
     assert data.X == [('"x', '"y')] and data.y == ["1"]  # TSV: quotes are ordinary text
     data = table.read_labelled_texts(write(tmp_path / "a.jsonl", '{"text": "hi there", "label": 3}\n\n'))
     assert data.X == ["hi there"] and data.y == [3]
     conllu = "# sent_id = 1\n1-2\tdon't\t_\t_\n1\tdo\tdo\tAUX\n2\tn't\tnot\tPART\n3\tgo\tgo\tVERB\n\n"
-    data = table.read_tagged(write(tmp_path / "a.conllu", conllu), word_column=1, tag_column=3)
+    data = table.read_tagged(write(tmp_path / "a.conllu", conllu), word_column=2, tag_column=4)
     assert data.X == [["do", "n't", "go"]] and data.y == [["AUX", "PART", "VERB"]] and data.lines == [3]
     data = table.read_tagged(write(tmp_path / "eng.train", CONLL))  # no suffix: CoNLL columns
     assert len(data.X) == 6 and data.X[0] == ["John", "lives", "in", "Paris"] and data.lines[:2] == [3, 8]
@@ -229,7 +230,7 @@ def test_readers_read_csv_quoting_tsv_jsonl_and_conllu(tmp_path):
             "a.csv",
             "text,label\nhi,pos\n",
             lambda p: table.read_labelled_texts(p, label_column=5),
-            r"a\.csv:1: --label-column 5 is out of range: the header has 2 columns",
+            r"a\.csv:1: --label-column 5 is out of range: the header has 2 column\(s\)",
         ),
         (
             "a.jsonl",
@@ -259,8 +260,8 @@ def test_readers_read_csv_quoting_tsv_jsonl_and_conllu(tmp_path):
         (
             "a.conll",
             "EU B-ORG\nrejects\n",
-            lambda p: table.read_tagged(p, tag_column=1),
-            r"a\.conll:2: the row has 1 column\(s\) but --tag-column is 1",
+            lambda p: table.read_tagged(p, tag_column=2),
+            r"a\.conll:2: the row has 1 column\(s\) but --tag-column is 2",
         ),
         (
             "a.conll",
@@ -337,11 +338,12 @@ def test_cli_errors_name_the_file_and_line_and_only_options_that_exist(tiny_mode
         ),
         (
             ["--task", "classify", "--train", str(good), "--dev", str(good), "--word-column", "0"],
-            r"--task classify does not read --word-column; it reads --format, --text-column, --label-column",
+            r"--task classify does not read --word-column; it reads --format, --header, --text-column, --label-column",
         ),
         (
             ["--task", "sst2", "--train", str(good), "--dev", str(good), "--text-column", "x"],
-            r"--text-column: column options are for your own files",
+            r"--task sst2 reads its own format, so --text-column does not apply; column settings are for --task "
+            r"classify, pair, regress, tag, span, wic",
         ),
         (["--task", "classify", "--train", str(good), "--dev", str(good), "--crf"], r"--crf and --tag-scheme are for"),
         (["--task", "tag", "--train", str(good), "--dev", str(good)], r"train\.csv: --task tag reads CoNLL-style"),

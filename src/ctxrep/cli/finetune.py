@@ -1,9 +1,10 @@
 """`ctxrep finetune`: train a task model on a data set, evaluate it on dev, save model, metrics and plots.
 
---task names a benchmark data set in its own format (sst2, sst5, conll2003, upos, glue-pair, squad, stsb, sick-r) or
-says what to do with the user's own files (classify, pair, regress, tag, span, wic: ctxrep.data.table reads CSV / TSV
-/ JSONL / CoNLL columns, gzip-compressed or not, with the column options below; wic also reads WiC's own files).
-It ends by printing how to apply the model (`ctxrep predict`) and how to load it in Python.
+--task is a row of ctxrep.tasks.kinds' table: a benchmark data set in its own format (sst2, sst5, conll2003, upos,
+glue-pair, squad, stsb, sick-r) or what to do with the user's own files (classify, pair, regress, tag, span, wic:
+ctxrep.data.table reads CSV / TSV / JSONL / CoNLL columns, gzip-compressed or not, with the column options below; wic
+also reads WiC's own files). The row answers everything task-specific: which options apply, the default settings,
+and the Python example printed at the end (how to apply the model with `ctxrep predict` and load it in Python).
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import user_errors
-from ctxrep.tasks.experiment import ALL_TASKS, FILE_TASKS
-from ctxrep.tasks.tagger import TAG_SCHEMES
+from ctxrep.data.tags import TAG_SCHEMES
+from ctxrep.tasks.kinds import KINDS, NAMES, kind, option
 from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS, describe, resolve_precision
 
-TAGGING = ("conll2003", "upos", "tag")
 # option -> the reader setting it fills (ctxrep.data.table's keyword arguments)
 COLUMN_OPTIONS = (
     "format",
+    "header",
     "text_column",
     "text_pair_column",
     "label_column",
@@ -28,19 +29,19 @@ COLUMN_OPTIONS = (
     "context_column",
     "answers_column",
 )
+COLUMN_RULE = "a header name or a column number counted from 1 (-1: the last); JSONL: a field name"
+HEADER_HELP = (
+    "CSV / TSV: whether the first row names the columns. Needed only when every column is given by number (the "
+    "first row could then be an example); a column given by name means --header."
+)
+
+
+def _task_help() -> str:
+    return "; ".join(f"{k.name}: {k.reads}" for k in KINDS.values()) + "."
 
 
 @click.command("finetune")
-@click.option(
-    "--task",
-    type=click.Choice(ALL_TASKS),
-    required=True,
-    help="A benchmark data set (sst2, sst5, conll2003, upos, glue-pair, squad; stsb: the STS benchmark's sts-*.csv "
-    "or GLUE's STS-B TSV; sick-r: SICK_*.txt relatedness), or your own files: classify (text -> label), pair (two "
-    "texts -> label), regress (a text or two -> a numeric score), tag (a tag per word), span (SQuAD-style question "
-    "answering), wic (two texts with the target word marked [[word]], or written SENTENCE<TAB>WORD_INDEX, -> "
-    "label; or WiC's *.data.txt with *.gold.txt beside it).",
-)
+@click.option("--task", type=click.Choice(NAMES), required=True, help=_task_help())
 @click.option(
     "--train",
     "train",
@@ -55,11 +56,11 @@ COLUMN_OPTIONS = (
     default=None,
     help="Your files' format (default: from the name: .csv, .tsv, .jsonl; tag: CoNLL columns).",
 )
+@click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option(
     "--text-column",
     default=None,
-    help="classify / pair / regress / wic: the text column (header name, 0-based index or JSONL field). "
-    "[default: text]",
+    help=f"classify / pair / regress / wic: the text column, {COLUMN_RULE}. [default: text]",
 )
 @click.option(
     "--text-pair-column",
@@ -74,9 +75,9 @@ COLUMN_OPTIONS = (
 @click.option(
     "--word-column",
     default=None,
-    help="tag: the word column (0-based, negative from the end; JSONL: a field holding a list). [default: 0]",
+    help="tag: the word column, a number counted from 1 (-1: the last; JSONL: a field holding a list). [default: 1]",
 )
-@click.option("--tag-column", default=None, help="tag: the tag column. [default: -1]")
+@click.option("--tag-column", default=None, help="tag: the tag column. [default: -1, the last]")
 @click.option("--question-column", default=None, help="span: the question field. [default: question]")
 @click.option("--context-column", default=None, help="span: the context field. [default: context]")
 @click.option(
@@ -102,15 +103,31 @@ COLUMN_OPTIONS = (
 )
 @click.option("--mode", type=click.Choice(["finetune", "frozen"]), default="finetune", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Output folder.")
-@click.option("--max-epochs", type=int, default=3, show_default=True)
+@click.option(
+    "--max-epochs",
+    type=int,
+    default=None,
+    help="Passes over the training data [default: the task's measured recipe when fine-tuning (4 for regress, stsb, "
+    "sick-r, wic), else 3].",
+)
 @click.option(
     "--max-steps",
     type=int,
     default=None,
     help="Stop after this many optimizer steps (the schedule is laid out over them; --max-epochs is then ignored).",
 )
-@click.option("--batch-size", type=int, default=32, show_default=True)
-@click.option("--lr", type=float, default=None, help="Peak learning rate (default 5e-5 finetune, 1e-3 frozen).")
+@click.option(
+    "--batch-size",
+    type=int,
+    default=None,
+    help="[default: 16 for regress, stsb, sick-r, wic when fine-tuning, else 32]",
+)
+@click.option(
+    "--lr",
+    type=float,
+    default=None,
+    help="Peak learning rate [default: fine-tuning 1e-4 (the measured best for MiniLM; span: 5e-5), frozen 1e-3].",
+)
 @click.option("--warmup-fraction", type=float, default=0.1, show_default=True, help="Share of steps of warm-up.")
 @click.option("--max-length", type=int, default=None, help="Longest input in pieces (default: the model's).")
 @click.option("--limit", type=int, default=None, help="Use only the first N train and dev examples.")
@@ -146,19 +163,13 @@ def finetune(
     """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots)."""
     from ctxrep.tasks.experiment import experiment
 
-    columns = {name: options.pop(name) for name in COLUMN_OPTIONS}
-    if task not in FILE_TASKS and any(v is not None for v in columns.values()):
-        given = ", ".join("--" + k.replace("_", "-") for k, v in columns.items() if v is not None)
-        raise click.UsageError(
-            f"{given}: column options are for your own files (--task {'|'.join(FILE_TASKS)}); --task {task} reads its "
-            "own format"
-        )
+    row = kind(task)
+    columns = {name: options.pop(name) for name in COLUMN_OPTIONS}  # the task's row says which it reads
     tagger_options = {}
     if crf or tag_scheme is not None:
-        if task not in TAGGING:
-            raise click.UsageError(
-                f"--crf and --tag-scheme are for tagging (--task {'|'.join(TAGGING)}), not --task {task}"
-            )
+        if not {"crf", "tag_scheme"} <= row.options:
+            users = "|".join(k.name for k in KINDS.values() if "crf" in k.options)
+            raise click.UsageError(f"--crf and --tag-scheme are for tagging (--task {users}), not --task {task}")
         tagger_options = {"crf": crf} | ({"tag_scheme": tag_scheme} if tag_scheme is not None else {})
     chosen = resolve_precision(precision, options["device"])  # auto: from the hardware's description
     note = [describe(chosen, precision)]
@@ -176,7 +187,7 @@ def finetune(
         limit=limit,
         echo=echo,
         train_phrases=train_phrases,
-        columns=columns if task in FILE_TASKS else None,
+        columns=columns,
         random_state=seed,
         progress=True if progress else "lines",
         bf16=chosen == "bf16",
@@ -187,27 +198,16 @@ def finetune(
     click.echo(how_to_use(task, out_dir, metrics["estimator"]))
 
 
-EXAMPLE_INPUT = {  # what predict takes, by task kind, for the Python lines printed at the end
-    "regress": '[("A man is playing a guitar.", "A man plays the guitar.")]',
-    "pair": '[("A man is playing a guitar.", "A man plays the guitar.")]',
-    "wic": '[("He sat on the [[bank]] .", "She went to the [[bank]] .")]',
-    "tag": '[["John", "lives", "in", "Paris"]]',
-    "span": '[("Where does John live?", "John lives in Paris.")]',
-    "classify": '["a fine, moving film"]',
-}
-KIND = {"stsb": "regress", "sick-r": "regress", "glue-pair": "pair", "conll2003": "tag", "upos": "tag", "squad": "span"}
-
-
 def how_to_use(task: str, out_dir, estimator: str) -> str:
     """The lines `ctxrep finetune` ends with: how to predict from the CLI and how to load the model in Python."""
     model = f"{out_dir}/model"
-    example = EXAMPLE_INPUT.get(KIND.get(task, task), EXAMPLE_INPUT["classify"])
     return "\n".join(
         [
             "use it:",
-            f"  ctxrep predict --model {model} --input FILE --out preds.csv   # FILE read as --task {task} reads it",
+            f"  ctxrep predict --model {model} --input FILE --out preds.csv   # FILE: the texts, read as --task {task}"
+            " reads them (labels optional)",
             f"  python: from ctxrep.tasks import {estimator}",
             f"          model = {estimator}.load({model!r})          # or ctxrep.tasks.load({model!r})",
-            f"          model.predict({example})",
+            f"          model.predict({kind(task).example})",
         ]
     )

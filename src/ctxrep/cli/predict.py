@@ -5,10 +5,12 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import user_errors
-from ctxrep.tasks.experiment import ALL_TASKS
+from ctxrep.cli.finetune import COLUMN_RULE, HEADER_HELP
+from ctxrep.tasks.kinds import NAMES
 
 COLUMN_OPTIONS = (
     "format",
+    "header",
     "text_column",
     "text_pair_column",
     "word_column",
@@ -25,7 +27,14 @@ COLUMN_OPTIONS = (
     required=True,
     help="A saved estimator: `ctxrep finetune`'s OUT/model (or a folder an estimator's save wrote).",
 )
-@click.option("--input", "input_path", type=click.Path(dir_okay=False), required=True, help="Examples to predict.")
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Examples to predict: the texts alone (a label or score column may be there; it is not read). An STS "
+    "model (stsb, sick-r) takes the benchmark's layout or a file of two texts per row.",
+)
 @click.option(
     "--out",
     type=click.Path(dir_okay=False),
@@ -34,15 +43,16 @@ COLUMN_OPTIONS = (
 )
 @click.option(
     "--task",
-    type=click.Choice(ALL_TASKS),
+    type=click.Choice(NAMES),
     default=None,
     help="How to read --input (default: the task the model was trained on, from MODEL/task.json).",
 )
 @click.option("--format", type=click.Choice(["csv", "tsv", "jsonl", "conll"]), default=None, help="--input's format.")
+@click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option("--device", default=None, help="Where to predict: cpu, cuda, cuda:1 (default: as saved, usually cpu).")
-@click.option("--text-column", default=None, help="The text column (default: as at training).")
+@click.option("--text-column", default=None, help=f"The text column, {COLUMN_RULE} (default: as at training).")
 @click.option("--text-pair-column", default=None, help="The second text's column (default: as at training).")
-@click.option("--word-column", default=None, help="tag: the word column (default: as at training).")
+@click.option("--word-column", default=None, help="tag: the word column, counted from 1 (default: as at training).")
 @click.option("--question-column", default=None, help="span: the question field (default: as at training).")
 @click.option("--context-column", default=None, help="span: the context field (default: as at training).")
 @user_errors

@@ -50,7 +50,19 @@ def detect_layout(first_line: str) -> str:
     return "sts-benchmark"
 
 
-def _score(value: str, source: str, line: int, column: str) -> float:
+def sniff_layout(first_line: str) -> str | None:
+    """Which of LAYOUTS a file's first line shows for sure (a SICK or GLUE STS-B header, or an STS benchmark row of
+    7 or 9 tab-separated fields with a numeric score), or None (e.g. a file of two texts per line)."""
+    fields = first_line.rstrip("\r\n").split("\t")
+    layout = detect_layout(first_line.rstrip("\r\n"))
+    if layout != "sts-benchmark":
+        return layout
+    return layout if len(fields) in (7, 9) and math.isfinite(numeric_score(fields[4])) else None
+
+
+def _score(value: str, source: str, line: int, column: str, scored: bool = True) -> float:
+    if not scored:
+        return math.nan
     score = numeric_score(value)
     if not math.isfinite(score):
         raise ValueError(
@@ -66,9 +78,10 @@ def text_of(value: str, source: str, line: int, which: str) -> str:
     return text
 
 
-def read_sts(path: str | Path, layout: str | None = None) -> list[ScoredPair]:
+def read_sts(path: str | Path, layout: str | None = None, scored: bool = True) -> list[ScoredPair]:
     """Scored pairs from an STS benchmark, GLUE STS-B or SICK file (`layout` one of LAYOUTS; None: from the first
-    line). A GLUE STS-B test file (no score column) is refused: there is nothing to train or score on."""
+    line). A GLUE STS-B test file (no score column) is refused: there is nothing to train or score on.
+    `scored=False` reads the pairs alone (score NaN), as `ctxrep predict` does: a score column may be absent."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
@@ -95,7 +108,7 @@ def read_sts(path: str | Path, layout: str | None = None) -> list[ScoredPair]:
                 ScoredPair(
                     text_of(fields[5], source, number, "sentence1"),
                     text_of(fields[6], source, number, "sentence2"),
-                    _score(fields[4], source, number, "score"),
+                    _score(fields[4], source, number, "score", scored),
                     number,
                     genre=fields[0],
                 )
@@ -107,14 +120,15 @@ def read_sts(path: str | Path, layout: str | None = None) -> list[ScoredPair]:
             if layout == "sick"
             else ("sentence1", "sentence2", "score", None)
         )
-        missing = [n for n in names if n is not None and n not in header]
+        missing = [n for n in names[: 3 if scored else 2] if n not in header]
         if missing:
             hint = "; a GLUE test file has no scores to train or evaluate on" if missing == ["score"] else ""
             raise ValueError(
                 f"{source}:1: the header has no column {', '.join(map(repr, missing))} (columns: "
                 f"{', '.join(header)}){hint}"
             )
-        a, b, s = (header.index(n) for n in names[:3])
+        a, b = header.index(names[0]), header.index(names[1])
+        s = header.index(names[2]) if scored else None
         label = header.index(names[3]) if names[3] is not None and names[3] in header else None
         for number, text in lines:
             if not text.strip():
@@ -129,7 +143,7 @@ def read_sts(path: str | Path, layout: str | None = None) -> list[ScoredPair]:
                 ScoredPair(
                     text_of(fields[a], source, number, names[0]),
                     text_of(fields[b], source, number, names[1]),
-                    _score(fields[s], source, number, names[2]),
+                    _score(fields[s], source, number, names[2]) if s is not None else math.nan,
                     number,
                     label=fields[label] if label is not None else None,
                 )
@@ -145,4 +159,4 @@ def read_sick(path: str | Path) -> list[ScoredPair]:
     return read_sts(path, layout="sick")
 
 
-__all__ = ["LAYOUTS", "ScoredPair", "detect_layout", "read_sick", "read_sts"]
+__all__ = ["LAYOUTS", "ScoredPair", "detect_layout", "read_sick", "read_sts", "sniff_layout"]

@@ -10,15 +10,22 @@ Each returns `TaskData(X, y, lines, source)`: X and y in the form the ctxrep.tas
 
 Formats (`format=None` reads it from the name, ".gz" removed): .csv -> csv, .tsv / .tab -> tsv, .jsonl / .ndjson /
 .json -> jsonl, anything else -> conll for `read_tagged` (CoNLL-2003's eng.train has no suffix).
-  csv, tsv   a header row, then one example per row. A column is a header name or a 0-based index (negative
-             counts from the end). CSV follows RFC 4180 quoting (a quoted field may span lines); TSV is split on
-             tabs only, with no quoting (as GLUE's files: a quote character is ordinary text).
+  csv, tsv   one example per row, after a header row naming the columns. A column is a header name or a
+             number counted from 1 (as `cut -f` counts; -1 is the last column). CSV follows RFC 4180 quoting (a
+             quoted field may span lines); TSV is split on tabs only, with no quoting (as GLUE's files: a quote
+             character is ordinary text).
   jsonl      one JSON object per line; a column is a field name. For `read_tagged` the word and tag fields hold
              lists of the same length (e.g. {"tokens": [...], "ner_tags": [...]}).
-  conll      one word per line, columns separated by single spaces or tabs, a blank line between sentences;
+  conll      one word per line, columns (numbered from 1, -1 the last) separated by single spaces or tabs, a
+             blank line between sentences;
              -DOCSTART- lines are skipped; a .conllu file's "#" comment lines and multiword / empty-node rows
              ("1-2", "1.1") are skipped too.
 A file is gzip-compressed when it starts with gzip's magic bytes, whatever its name.
+
+The header rule (`header`, --header / --no-header): a column given by name means the first row names the columns.
+When every column is given by number, the first row could be a header or an example, so the reader refuses to
+guess unless `header` says which (True: the first row names the columns; False: it is the first example). No row
+is ever dropped without being read as the header.
 
 Every error names the file and line and says what to change; the advice names `ctxrep finetune` options
 (--text-column, ...), which are the keyword arguments of these readers with "-" for "_".
@@ -27,6 +34,7 @@ Every error names the file and line and says what to change; the advice names `c
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import logging
 import math
@@ -90,21 +98,23 @@ def numbered_lines(path: str | Path) -> Iterator[tuple[int, str]]:
 # ---- rows of CSV / TSV / JSONL ----------------------------------------------------------------------------
 
 
-class _Columns:
-    """Header names -> positions for one CSV / TSV file; a column spec is a name or a 0-based index."""
+class Columns:
+    """The columns of one CSV / TSV file: header names (or none, with --no-header) and the number of fields every
+    row has. A column spec is a name or a number counted from 1 (negative from the end: -1 is the last)."""
 
-    def __init__(self, header: list[str], source: str, line: int, format: str) -> None:
-        self.header, self.source, self.line, self.format = header, source, line, format
+    def __init__(self, header: list[str] | None, width: int, source: str, line: int, format: str) -> None:
+        self.header, self.width, self.source, self.line, self.format = header, width, source, line, format
 
     def index(self, spec: str | int, option: str) -> int:
-        if isinstance(spec, int) or _is_int(spec):
-            i = int(spec)
-            if not -len(self.header) <= i < len(self.header):
-                raise ValueError(
-                    f"{self.source}:{self.line}: {option} {i} is out of range: the header has {len(self.header)} "
-                    f"columns ({', '.join(self.header)}); give a name or an index from 0 to {len(self.header) - 1}"
-                )
-            return i % len(self.header)
+        """The 0-based position of `spec`, or an error naming the option and the columns there are."""
+        if is_number(spec):
+            first = "the header" if self.header is not None else "the first row"
+            return column_number(spec, self.width, option, f"{self.source}:{self.line}", first)
+        if self.header is None:
+            raise ValueError(
+                f"{self.source}: {option} {spec!r} is a name, but with --no-header the columns have no names; give "
+                f"its number (1 to {self.width})"
+            )
         if spec not in self.header:
             raise ValueError(
                 f"{self.source}:{self.line}: no column {spec!r} in the header (columns: {', '.join(self.header)}); "
@@ -113,8 +123,43 @@ class _Columns:
         return self.header.index(spec)
 
 
-def _is_int(text: str) -> bool:
-    return text.lstrip("-").isdigit()
+def is_number(spec: str | int | None) -> bool:
+    """Whether a column spec is a number (an int, or text such as "2" or "-1" as the command line gives it)."""
+    return isinstance(spec, int) or (isinstance(spec, str) and spec.lstrip("-").isdigit())
+
+
+def column_number(spec: str | int, width: int, option: str, where: str, row: str = "the row") -> int:
+    """The 0-based position of column number `spec` (1 = the first, -1 = the last) in a row of `width` fields."""
+    n = int(spec)
+    if n == 0:
+        raise ValueError(f"{where}: {option} 0: columns are numbered from 1 (the first column is 1, the last -1)")
+    if not -width <= n <= width:
+        raise ValueError(
+            f"{where}: {option} {n} is out of range: {row} has {width} column(s); give a number from 1 to {width} "
+            "(or -1 for the last)"
+        )
+    return n - 1 if n > 0 else width + n
+
+
+def decide_header(path: Path, format: str, header: bool | None, specs: dict[str, Any]) -> bool:
+    """Whether the first row of a CSV / TSV file names the columns (see the module docstring's header rule).
+    `specs`: option -> column spec of every column read (None: not read)."""
+    given = {option: spec for option, spec in specs.items() if spec is not None}
+    if format == "jsonl":
+        if header is not None:
+            raise ValueError(
+                f"{path}: --header / --no-header are for CSV and TSV; a JSON Lines record names its fields"
+            )
+        return False
+    if header is not None:
+        return header
+    if not given or any(not is_number(spec) for spec in given.values()):
+        return True  # a column by name: the first row must name it
+    shown = ", ".join(f"{option} {spec}" for option, spec in given.items())
+    raise ValueError(
+        f"{path}:1: the columns are given by number ({shown}), so the first row could be a header or an example; "
+        "say which with --header (the first row names the columns) or --no-header (it is the first example)"
+    )
 
 
 def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
@@ -154,18 +199,26 @@ def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
         raise ValueError(f"{path}:{reader.line_num}: {e}; check the quoting (or give --format tsv)") from None
 
 
-def table_rows(path: Path, format: str) -> tuple[_Columns | None, Iterator[tuple[int, Any]]]:
-    """The header's columns (None for JSONL) and the (line, row) pairs of a CSV, TSV or JSONL file, read lazily."""
+def table_rows(
+    path: Path, format: str, header: bool | None = True, specs: dict[str, Any] | None = None
+) -> tuple[Columns | None, Iterator[tuple[int, Any]]]:
+    """The columns (None for JSONL) and the (line, row) pairs of a CSV, TSV or JSONL file, read lazily. `header`
+    and `specs` (option -> column spec) decide whether the first row names the columns (decide_header)."""
+    header = decide_header(path, format, header, specs or {})
     rows = _rows(path, format)
     if format == "jsonl":
         return None, rows
     first = next(rows, None)
     if first is None:
-        raise ValueError(f"{path}: the file is empty; expected a header row naming the columns, then examples")
-    return _Columns([h.strip() for h in first[1]], str(path), first[0], format), rows
+        what = "a header row naming the columns, then examples" if header else "one example per row"
+        raise ValueError(f"{path}: the file is empty; expected {what}")
+    if header:
+        names = [h.strip() for h in first[1]]
+        return Columns(names, len(names), str(path), first[0], format), rows
+    return Columns(None, len(first[1]), str(path), first[0], format), itertools.chain([first], rows)
 
 
-def field_of(path: Path, line: int, row: Any, columns: _Columns | None, spec: str | int, option: str) -> Any:
+def field_of(path: Path, line: int, row: Any, columns: Columns | None, spec: str | int, option: str) -> Any:
     """One value of a row: by header position (csv / tsv) or field name (jsonl)."""
     if columns is None:
         key = str(spec)
@@ -176,9 +229,10 @@ def field_of(path: Path, line: int, row: Any, columns: _Columns | None, spec: st
             )
         return row[key]
     i = columns.index(spec, option)
-    if len(row) != len(columns.header):
+    if len(row) != columns.width:
+        first = "the header" if columns.header is not None else f"the first row (line {columns.line})"
         raise ValueError(
-            f"{path}:{line}: {len(row)} field(s) but the header has {len(columns.header)}; "
+            f"{path}:{line}: {len(row)} field(s) but {first} has {columns.width}; "
             + ("quote fields that hold commas" if columns.format == "csv" else "a field holds a tab or one is missing")
         )
     return row[i]
@@ -231,14 +285,17 @@ def read_labelled_texts(
     label_column: str | int | None = "label",
     text_pair_column: str | int | None = None,
     format: str | None = None,
+    header: bool | None = None,
 ) -> TaskData:
     """Texts (or (text, text_pair) pairs with `text_pair_column`) and their labels from a CSV, TSV or JSONL file;
-    `label_column=None` reads unlabelled input (y: None each), as `ctxrep predict` does."""
+    `label_column=None` reads unlabelled input (y: None each), as `ctxrep predict` does. `header`: the header rule
+    of the module docstring."""
     path = Path(path)
     format = detect_format(path, format)
     if format == "conll":
         raise ValueError(f"{path}: a CoNLL column file holds tagged words, not labelled texts; use --task tag")
-    columns, rows = table_rows(path, format)
+    specs = {"--text-column": text_column, "--text-pair-column": text_pair_column, "--label-column": label_column}
+    columns, rows = table_rows(path, format, header, specs)
     data = TaskData([], [], [], str(path))
     for line, row in rows:
         text = text_of(
@@ -274,10 +331,11 @@ def read_scored_texts(
     label_column: str | int = "label",
     text_pair_column: str | int | None = None,
     format: str | None = None,
+    header: bool | None = None,
 ) -> TaskData:
     """Texts (or (text, text_pair) pairs) and a numeric score each (regression) from a CSV, TSV or JSONL file; a
     score that is not a number names its file and line."""
-    data = read_labelled_texts(path, text_column, label_column, text_pair_column, format)
+    data = read_labelled_texts(path, text_column, label_column, text_pair_column, format, header)
     scores = []
     for line, value in zip(data.lines, data.y):
         score = numeric_score(value)
@@ -296,11 +354,11 @@ def read_scored_texts(
 
 def read_tagged(
     path: str | Path,
-    word_column: str | int = 0,
+    word_column: str | int = 1,
     tag_column: str | int | None = -1,
     format: str | None = None,
 ) -> TaskData:
-    """Sentences (word lists) and their tags from a CoNLL-style column file (columns by 0-based index, negative
+    """Sentences (word lists) and their tags from a CoNLL-style column file (columns numbered from 1, negative
     from the end) or a JSONL file (word and tag fields holding lists). `tag_column=None` reads words only (y: None
     each), as `ctxrep predict` does."""
     unlabelled = tag_column is None
@@ -347,11 +405,14 @@ def read_tagged(
 
 
 def _column_index(path: Path, spec: str | int, option: str) -> int:
-    if isinstance(spec, int) or _is_int(str(spec)):
+    """A CoNLL column number as given (1 = the first, -1 = the last); checked against each row's width."""
+    if is_number(spec) and int(spec) != 0:
         return int(spec)
+    if is_number(spec):
+        raise ValueError(f"{path}: {option} 0: columns are numbered from 1 (the first column is 1, the last -1)")
     raise ValueError(
-        f"{path}: {option} {spec!r} is a name, but a CoNLL-style file has no header: give a 0-based column index "
-        "(negative from the end, e.g. -1)"
+        f"{path}: {option} {spec!r} is a name, but a CoNLL-style file has no header: give a column number (1 is "
+        "the first, -1 the last)"
     )
 
 
@@ -372,16 +433,16 @@ def _conll_sentences(path: Path, word: int, tag: int) -> Iterator[tuple[list[str
             continue
         if conllu and ("-" in fields[0] or "." in fields[0]):  # multiword token / empty node rows
             continue
-        for option, i in (("--word-column", word), ("--tag-column", tag)):
-            if not -len(fields) <= i < len(fields):
+        for option, n in (("--word-column", word), ("--tag-column", tag)):
+            if not -len(fields) <= n <= len(fields):
                 raise ValueError(
-                    f"{path}:{number}: the row has {len(fields)} column(s) but {option} is {i}; give a 0-based "
-                    f"index from {-len(fields)} to {len(fields) - 1} (or check the separators: single spaces or tabs)"
+                    f"{path}:{number}: the row has {len(fields)} column(s) but {option} is {n}; give a number from 1 "
+                    f"to {len(fields)} or -1 to {-len(fields)} (or check the separators: single spaces or tabs)"
                 )
         if not words:
             start = number
-        words.append(fields[word])
-        tags.append(fields[tag])
+        words.append(fields[word - 1 if word > 0 else word])
+        tags.append(fields[tag - 1 if tag > 0 else tag])
     if words:
         yield words, tags, start
 
@@ -483,7 +544,10 @@ def _answers(path: Path, line: int, value: Any, context: str) -> list[tuple[str,
 
 __all__ = [
     "FORMATS",
+    "Columns",
     "TaskData",
+    "column_number",
+    "decide_header",
     "detect_format",
     "numbered_lines",
     "read_labelled_texts",

@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+# the tag schemes a TokenTagger scores entities by (auto: read from the training tags; none: no entities, per-tag)
+TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
+
 
 @dataclass(frozen=True)
 class Entity:

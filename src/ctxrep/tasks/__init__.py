@@ -10,18 +10,32 @@ scikit-learn-style estimators (fit / predict / score, get_params / set_params) o
 `experiment` reads a data set, trains, evaluates and writes a report.
 """
 
-from ctxrep.tasks.classifier import SequenceClassifier
-from ctxrep.tasks.experiment import experiment
-from ctxrep.tasks.regressor import SequenceRegressor
-from ctxrep.tasks.sentence_encoder import SentenceEncoder
-from ctxrep.tasks.span import SpanExtractor
-from ctxrep.tasks.tagger import TokenTagger
-from ctxrep.tasks.wic import WordInContextClassifier
+from __future__ import annotations
 
-ESTIMATORS = {
-    cls.__name__: cls
-    for cls in (SequenceClassifier, SequenceRegressor, WordInContextClassifier, TokenTagger, SpanExtractor)
+import importlib
+
+from ctxrep.tasks.experiment import experiment  # light: the kinds table and the reports import no torch
+
+# name -> module; each imported on first use, so `import ctxrep.tasks.kinds` (the CLI's --help) loads no torch
+_EXPORTS = {
+    "SequenceClassifier": "classifier",
+    "SequenceRegressor": "regressor",
+    "SentenceEncoder": "sentence_encoder",
+    "SpanExtractor": "span",
+    "TokenTagger": "tagger",
+    "WordInContextClassifier": "wic",
 }
+ESTIMATOR_NAMES = ("SequenceClassifier", "SequenceRegressor", "WordInContextClassifier", "TokenTagger", "SpanExtractor")
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"ctxrep.tasks.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    if name == "ESTIMATORS":
+        return {n: __getattr__(n) for n in ESTIMATOR_NAMES}
+    raise AttributeError(f"module 'ctxrep.tasks' has no attribute {name!r}")
 
 
 def load(path, device: str | None = None):
@@ -34,9 +48,9 @@ def load(path, device: str | None = None):
     if not config.is_file():
         raise FileNotFoundError(f"{path}: no config.json; expected a folder written by an estimator's save (OUT/model)")
     name = json.loads(config.read_text()).get("estimator")
-    if name not in ESTIMATORS:
-        raise ValueError(f"{config}: estimator {name!r} is not one of {', '.join(ESTIMATORS)}")
-    return ESTIMATORS[name].load(path, device=device)
+    if name not in ESTIMATOR_NAMES:
+        raise ValueError(f"{config}: estimator {name!r} is not one of {', '.join(ESTIMATOR_NAMES)}")
+    return __getattr__(name).load(path, device=device)
 
 
 __all__ = [

@@ -223,7 +223,7 @@ class SequenceClassifier(SequenceTask):
     # ---- targets ----------------------------------------------------------------------------------
 
     def _learn_targets(self, y) -> None:
-        _refuse_continuous_labels(y)
+        refuse_continuous_labels(y)
         self.classes_ = np.unique(np.asarray(y))
 
     def _check_same_targets(self, y) -> None:
@@ -284,7 +284,7 @@ class SequenceClassifier(SequenceTask):
         return float(np.mean(predicted == y)) if len(y) else 0.0
 
 
-def _refuse_continuous_labels(y) -> None:
+def refuse_continuous_labels(y) -> None:
     """Scores such as 0.0-5.0 similarity given to a classifier would silently become one class per distinct value:
     numeric labels (or numeric strings) with a fractional value among at least 3 distinct ones stop here."""
     values = []

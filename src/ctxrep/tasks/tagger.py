@@ -26,13 +26,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.data.tags import entity_scores
+from ctxrep.data.tags import TAG_SCHEMES, entity_scores
 from ctxrep.modules.crf import CRF
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
 from ctxrep.tasks.network import Representation
 from ctxrep.text.inputs import EncoderInput, WindowPlan
 
-TAG_SCHEMES = ("auto", "iob1", "bio", "iobes", "none")
 _ENTITY_TAG = re.compile(r"^(O|[BIES]-.+)$")
 
 
