@@ -1,0 +1,359 @@
+"""Sparse lexical vectors (SPLADE; BGE-M3's sparse head) and a sparse inverted index with dot-product search.
+
+    encoder = SparseEncoder("naver/splade-v3")            # or a sentence-transformers SparseEncoder folder
+    m = encoder.embed_sentences(texts)                     # scipy.sparse.csr_matrix (texts, vocabulary), float32
+    encoder.embed_sparse(texts)                            # [SparseVector(indices, values)], TEI's /embed_sparse
+    encoder.decode(m[0], top_k=5)                          # [("guitar", 2.31), ...]
+    index = SparseIndex.build(texts, encoder); index.search("who plays guitar", k=10)
+
+SPLADE (Formal et al. 2021, v2): each token's masked-LM logits over the vocabulary, w = log(1 + ReLU(logits)) (twice
+log1p for sentence-transformers' "log1p_relu"), then the maximum (or the sum) over the text's tokens, special
+tokens included, as sentence-transformers' SpladePooling. BGE-M3 (Chen et al. 2024): each token's weight
+ReLU(sparse_linear(h)) on its own token id, the maximum over repeats, its special tokens (cls, eos, pad, unk) left
+out. Both read every token's last hidden state from the Featurizer's hot path (`Featurizer.embed_tokens`: its
+windows, batches, runtime and precision), so a sparse vector costs the dense featurization plus its own head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ctxrep.models.folders import CheckpointError
+from ctxrep.models.mlm_head import read_mlm_head
+from ctxrep.vectors.spec import FeaturizerSpec
+
+__all__ = ["SparseEncoder", "SparseIndex", "SparseVector", "SpladeSettings"]
+
+MODULES_FILE = "modules.json"
+SPARSE_LINEAR_FILE = "sparse_linear.pt"  # BGE-M3's sparse head: Linear(hidden, 1)
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One text's non-zero weights: vocabulary ids (ascending) and their values; TEI's /embed_sparse items."""
+
+    indices: list[int]
+    values: list[float]
+
+    def to_tei(self) -> list[dict]:
+        """[{"index": id, "value": weight}, ...] as text-embeddings-inference's /embed_sparse answers."""
+        return [{"index": i, "value": v} for i, v in zip(self.indices, self.values)]
+
+
+@dataclass(frozen=True)
+class SpladeSettings:
+    """sentence-transformers' SpladePooling config: pooling over tokens ("max" or "sum") and activation ("relu":
+    log(1 + relu(x)); "log1p_relu": log(1 + log(1 + relu(x))))."""
+
+    pooling_strategy: str = "max"
+    activation_function: str = "relu"
+
+    def __post_init__(self) -> None:
+        if self.pooling_strategy not in ("max", "sum"):
+            raise CheckpointError(f"SpladePooling pooling_strategy {self.pooling_strategy!r}: expected max or sum")
+        if self.activation_function not in ("relu", "log1p_relu"):
+            raise CheckpointError(
+                f"SpladePooling activation_function {self.activation_function!r}: expected relu or log1p_relu"
+            )
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> SpladeSettings:
+        """The SpladePooling module a sentence-transformers folder's modules.json lists (defaults without one)."""
+        modules_file = Path(folder) / MODULES_FILE
+        if not modules_file.is_file():
+            return cls()
+        try:
+            modules = json.loads(modules_file.read_text())
+            pooling = [m for m in modules if str(m.get("type", "")).endswith("SpladePooling")]
+        except (json.JSONDecodeError, AttributeError, TypeError) as e:
+            raise CheckpointError(f"{modules_file}: not a sentence-transformers modules list ({e})") from None
+        if not pooling:
+            return cls()
+        config = Path(folder) / pooling[0].get("path", "") / "config.json"
+        data = json.loads(config.read_text()) if config.is_file() else {}
+        return cls(data.get("pooling_strategy", "max"), data.get("activation_function", "relu"))
+
+
+class SparseEncoder:
+    """Texts -> sparse vectors over the model's vocabulary, a sibling of ctxrep.Featurizer (see the module docs).
+
+    model: a folder or name with a masked-LM head (BertForMaskedLM / RobertaForMaskedLM-like weights, as SPLADE
+    checkpoints and sentence-transformers SparseEncoder folders hold them) or BGE-M3's sparse_linear.pt; or a
+    ready ctxrep.Featurizer over such a model. max_active_dims: keep only each vector's largest weights (as
+    sentence-transformers' max_active_dims). Further keyword arguments go to the Featurizer (device, precision,
+    backend, batch_tokens, ...); the layer is always the last and the head runs in float32.
+    """
+
+    def __init__(self, model="minilm", max_active_dims: int | None = None, **featurizer_kwargs) -> None:
+        from ctxrep.featurize import Featurizer
+
+        if max_active_dims is not None and (not isinstance(max_active_dims, int) or max_active_dims < 1):
+            raise ValueError(f"max_active_dims must be a positive integer or None, got {max_active_dims!r}")
+        self.featurizer = model if isinstance(model, Featurizer) else Featurizer(model, **featurizer_kwargs)
+        self.featurizer = self.featurizer.with_layers(-1)
+        self.max_active_dims = max_active_dims
+        folder = self.featurizer.source.folder
+        self.splade = SpladeSettings.of_folder(folder)
+        self.sparse_linear = _read_sparse_linear(folder)
+        self.head = None
+        if self.sparse_linear is None:
+            model_ = self.featurizer.model
+            self.head = read_mlm_head(folder, model_) if hasattr(model_, "embeddings") else None
+            if self.head is None:
+                raise CheckpointError(
+                    f"{folder}: no masked-LM head (cls.predictions.* / lm_head.*) and no {SPARSE_LINEAR_FILE}: sparse "
+                    "vectors need a SPLADE checkpoint (a *ForMaskedLM folder, e.g. naver/splade-v3) or BGE-M3"
+                )
+        self.unused_ids = self._special_ids() if self.sparse_linear is not None else np.zeros(0, np.int64)
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of a sparse vector: the tokenizer's vocabulary."""
+        return int(self.featurizer.model.input_embeddings().shape[0])
+
+    @property
+    def spec(self) -> FeaturizerSpec:
+        """The spec of the dense featurizer underneath (what made the token states)."""
+        return FeaturizerSpec.of(self.featurizer)
+
+    def embed_sentences(self, texts: Sequence[str | list[str]], batch_texts: int = 64):
+        """(texts, vocab_size) scipy.sparse.csr_matrix of float32 weights."""
+        import scipy.sparse
+
+        if isinstance(texts, str):
+            texts = [texts]
+        rows = []
+        for start in range(0, len(texts), batch_texts):  # bounds the (tokens, vocabulary) logits in memory
+            for states in self.featurizer.embed_tokens(texts[start : start + batch_texts]):
+                rows.append(self._weights(states.ids, states.states))
+        if not rows:
+            return scipy.sparse.csr_matrix((0, self.vocab_size), dtype=np.float32)
+        return scipy.sparse.vstack(rows, format="csr", dtype=np.float32)
+
+    def embed_sparse(self, texts: Sequence[str | list[str]]) -> list[SparseVector]:
+        """One SparseVector (ids ascending, non-zero weights) per text: the function behind `ctxrep serve`'s
+        /embed_sparse (TEI's schema: `vector.to_tei()`)."""
+        m = self.embed_sentences(texts)
+        return [
+            SparseVector(
+                m.indices[m.indptr[i] : m.indptr[i + 1]].tolist(), m.data[m.indptr[i] : m.indptr[i + 1]].tolist()
+            )
+            for i in range(m.shape[0])
+        ]
+
+    def decode(self, row, top_k: int | None = None) -> list[tuple[str, float]]:
+        """A sparse row (1, vocab) or SparseVector as (token, weight) pairs, largest first."""
+        if isinstance(row, SparseVector):
+            ids, values = np.asarray(row.indices, np.int64), np.asarray(row.values, np.float32)
+        else:
+            row = row.tocsr()
+            ids, values = row.indices, row.data
+        order = np.argsort(-values, kind="stable")[:top_k]
+        vocab = self.featurizer.tokenizer.backend
+        return [(vocab.id_to_token(int(ids[i])), float(values[i])) for i in order]
+
+    # ---- the heads -----------------------------------------------------------------------------------------
+
+    def _weights(self, ids: np.ndarray, states: np.ndarray):
+        """One text's (1, vocab) csr row from its token ids and last-layer states (tokens, hidden)."""
+        import scipy.sparse
+
+        with torch.inference_mode():
+            h = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32))
+            if self.sparse_linear is not None:
+                dense = self._bge_m3(torch.from_numpy(ids), h)
+            else:
+                w = torch.log1p(torch.relu(self.head(h)))  # (tokens, vocab)
+                if self.splade.activation_function == "log1p_relu":
+                    w = torch.log1p(w)
+                dense = w.amax(dim=0) if self.splade.pooling_strategy == "max" else w.sum(dim=0)  # (vocab,)
+            if self.max_active_dims is not None and self.max_active_dims < dense.numel():
+                top = torch.topk(dense, self.max_active_dims)
+                dense = torch.zeros_like(dense).index_copy_(0, top.indices, top.values)
+            dense = dense.numpy()
+        nz = np.flatnonzero(dense)
+        return scipy.sparse.csr_matrix((dense[nz], nz, np.array([0, len(nz)])), shape=(1, len(dense)), dtype=np.float32)
+
+    def _bge_m3(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """BGE-M3: relu(sparse_linear(h)) per token on its own id, the maximum over repeats; specials left out."""
+        weight, bias = self.sparse_linear
+        w = torch.relu(h @ weight.T + bias).squeeze(-1)  # (tokens,)
+        dense = torch.zeros(self.vocab_size).scatter_reduce_(0, ids, w, reduce="amax", include_self=True)
+        dense[torch.from_numpy(self.unused_ids)] = 0.0
+        return dense
+
+    def _special_ids(self) -> np.ndarray:
+        """The ids BGE-M3 leaves out of its sparse vectors: cls, eos (sep), pad, unk."""
+        vocab = self.featurizer.tokenizer.backend
+        names = ("<s>", "</s>", "<pad>", "<unk>", "[CLS]", "[SEP]", "[PAD]", "[UNK]")
+        return np.array(sorted({vocab.token_to_id(t) for t in names} - {None}), dtype=np.int64)
+
+
+def _read_sparse_linear(folder: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """BGE-M3's sparse_linear.pt (a Linear(hidden, 1) state dict), read with weights_only=True; None without it."""
+    file = Path(folder) / SPARSE_LINEAR_FILE
+    if not file.is_file():
+        return None
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    try:
+        return state["weight"].float(), state["bias"].float()
+    except (KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{file}: expected a Linear(hidden, 1) state dict with weight and bias") from None
+
+
+# ---- the inverted index ---------------------------------------------------------------------------------------
+
+
+class SparseIndex:
+    """Sparse vectors with ids and texts, searched by dot product through an inverted index: the postings of each
+    vocabulary id (a CSR matrix of (vocabulary, documents)), walked only for the query's non-zero ids; exact.
+
+    On disk: index.json (count, vocabulary size, the encoder's spec and SPLADE settings), postings.npz
+    (scipy.sparse), items.jsonl ({"id", "text"} per document, in row order).
+    """
+
+    def __init__(self, vocab_size: int, encoder: SparseEncoder | None = None) -> None:
+        import scipy.sparse
+
+        self.vocab_size = int(vocab_size)
+        self.encoder = encoder
+        self.spec = None if encoder is None else encoder.spec  # what made the vectors
+        self.max_active_dims = None if encoder is None else encoder.max_active_dims
+        self.ids: list = []
+        self.texts: list[str | None] = []
+        self._docs = scipy.sparse.csr_matrix((0, self.vocab_size), dtype=np.float32)  # (documents, vocabulary)
+        self._postings = None  # (vocabulary, documents) CSR, built on the first search after an add
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def build(cls, texts: Sequence[str], encoder: SparseEncoder, ids: Sequence | None = None) -> SparseIndex:
+        """Embed `texts` with `encoder` and index them (ids default to 0, 1, 2, ...)."""
+        return cls(encoder.vocab_size, encoder).add(texts, ids)
+
+    def add(self, texts: Sequence[str], ids: Sequence | None = None) -> SparseIndex:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        return self.add_vectors(self._encoder().embed_sentences(texts), ids, texts)
+
+    def _encoder(self) -> SparseEncoder:
+        """The encoder of text queries: the one given, else rebuilt from the saved spec on first use."""
+        if self.encoder is None:
+            if self.spec is None:
+                raise ValueError("this index does not know which model made its vectors: search it with vectors")
+            self.encoder = SparseEncoder(**self.spec.featurizer_kwargs(), max_active_dims=self.max_active_dims)
+        return self.encoder
+
+    def add_vectors(self, matrix, ids: Sequence | None = None, texts: Sequence[str | None] | None = None):
+        """Add a (n, vocab_size) sparse matrix with its ids (default: the next row numbers) and texts."""
+        import scipy.sparse
+
+        matrix = scipy.sparse.csr_matrix(matrix, dtype=np.float32)
+        if matrix.shape[1] != self.vocab_size:
+            raise ValueError(f"vectors {matrix.shape[1]} wide do not fit this index of {self.vocab_size}-wide ones")
+        n = matrix.shape[0]
+        ids = list(range(len(self), len(self) + n)) if ids is None else list(ids)
+        texts = [None] * n if texts is None else list(texts)
+        if len(ids) != n or len(texts) != n:
+            raise ValueError(f"{n} vectors but {len(ids)} ids and {len(texts)} texts; give one of each per vector")
+        seen = set(self.ids)
+        for i in ids:
+            if i in seen:
+                raise ValueError(f"id {i!r} is already in the index; ids must be unique")
+            seen.add(i)
+        self._docs = scipy.sparse.vstack([self._docs, matrix], format="csr")
+        self.ids.extend(ids)
+        self.texts.extend(texts)
+        self._postings = None
+        return self
+
+    def search(self, queries, k: int = 10):
+        """The k documents with the largest dot product with each query (a text, a list of texts, or a sparse
+        (n, vocab) matrix), best first: one Hits for a single query, a list for several."""
+        import scipy.sparse
+
+        from ctxrep.vectors.index import Hits
+
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        single = isinstance(queries, str) or (scipy.sparse.issparse(queries) and queries.shape[0] == 1)
+        if isinstance(queries, str) or (isinstance(queries, Sequence) and not scipy.sparse.issparse(queries)):
+            q = self._encoder().embed_sentences([queries] if isinstance(queries, str) else list(queries))
+        else:
+            q = scipy.sparse.csr_matrix(queries, dtype=np.float32)
+        if q.shape[1] != self.vocab_size:
+            raise ValueError(f"queries {q.shape[1]} wide do not fit this index of {self.vocab_size}-wide vectors")
+        if self._postings is None:
+            self._postings = self._docs.T.tocsr()  # (vocabulary, documents): one posting list per id
+        scores = (q @ self._postings).toarray()  # (queries, documents): only the query's ids' postings are read
+        k = min(int(k), len(self))
+        out = []
+        for s in scores:
+            top = np.argpartition(-s, k - 1)[:k] if k < len(s) else np.arange(len(s))
+            top = top[np.lexsort((top, -s[top]))]  # best first; ties by row
+            out.append(
+                Hits(
+                    [self.ids[r] for r in top],
+                    [self.texts[r] for r in top],
+                    s[top].astype(np.float32),
+                    top.astype(np.int64),
+                )
+            )
+        return out[0] if single else out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        import scipy.sparse
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        scipy.sparse.save_npz(path / "postings.npz", self._docs)
+        with open(path / "items.jsonl", "w", encoding="utf-8") as f:
+            for i, t in zip(self.ids, self.texts):
+                f.write(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n")
+        meta = {
+            "format": "ctxrep-sparse-index",
+            "version": 1,
+            "count": len(self),
+            "vocab_size": self.vocab_size,
+            "spec": None if self.spec is None else self.spec.to_dict(),
+            "max_active_dims": self.max_active_dims,
+        }
+        (path / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, encoder: SparseEncoder | None = None) -> SparseIndex:
+        """Read a folder written by `save`; `encoder` (for text queries) is checked against the saved spec."""
+        import scipy.sparse
+
+        path = Path(path)
+        try:
+            meta = json.loads((path / "index.json").read_text())
+            if meta.get("format") != "ctxrep-sparse-index":
+                raise KeyError("format")
+            docs = scipy.sparse.load_npz(path / "postings.npz").tocsr().astype(np.float32)
+            items = [json.loads(line) for line in (path / "items.jsonl").read_text(encoding="utf-8").splitlines()]
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(
+                f"{path}: not a sparse index written by SparseIndex.save ({type(e).__name__}: {e})"
+            ) from None
+        spec = FeaturizerSpec.from_dict(meta["spec"], str(path / "index.json")) if meta.get("spec") else None
+        if encoder is not None and spec is not None:
+            spec.check(encoder.spec, str(path), "load it without an encoder to embed queries as it was built")
+        if docs.shape != (meta["count"], meta["vocab_size"]) or len(items) != meta["count"]:
+            raise ValueError(
+                f"{path}: index.json says {meta['count']} documents but the files disagree; build it again"
+            )
+        index = cls(meta["vocab_size"], encoder)
+        index.spec, index.max_active_dims = spec, meta.get("max_active_dims")
+        index._docs = docs
+        index.ids = [item["id"] for item in items]
+        index.texts = [item["text"] for item in items]
+        return index

@@ -1,0 +1,162 @@
+"""Sparse vectors (issue 34, item 1): SPLADE over a masked-LM head and BGE-M3's sparse_linear, equal to
+sentence-transformers' SparseEncoder on a tiny random folder; the inverted index's dot-product search."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from ctxrep.models.folders import CheckpointError
+from ctxrep.models.loading import resolve_model_path
+from ctxrep.vectors.sparse import SparseEncoder, SparseIndex, SparseVector, SpladeSettings
+from ctxrep.vectors.spec import SpecMismatch
+
+TEXTS = [
+    "A man is playing a guitar .",
+    "Stocks fell sharply on Monday , and the market never recovered .",
+    "The cat sleeps on the sofa .",
+    "guitar guitar guitar",
+]
+
+
+def _mlm_folder(path: Path, model_type: str = "bert") -> Path:
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if model_type == "bert":
+        model = transformers.BertForMaskedLM(
+            transformers.BertConfig(vocab_size=30522, max_position_embeddings=64, **common)
+        )
+    else:
+        config = transformers.RobertaConfig(vocab_size=30522, max_position_embeddings=66, **common)
+        model = transformers.RobertaForMaskedLM(config)
+    with torch.no_grad():  # a bias that spreads the weights, so that many ids are non-zero
+        for name, p in model.named_parameters():
+            if name.endswith("predictions.bias") or name == "lm_head.bias":
+                p.normal_(0.0, 1.0)
+    model.save_pretrained(path)
+    src = resolve_model_path("minilm")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(src / name, path / name)
+    return path
+
+
+@pytest.fixture(scope="module")
+def splade_folder(tmp_path_factory) -> Path:
+    """A sentence-transformers SparseEncoder folder (MLMTransformer + SpladePooling max), written by ST itself."""
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    mlm = _mlm_folder(tmp_path_factory.mktemp("mlm"))
+    out = tmp_path_factory.mktemp("splade")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        STSparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling("max")], device="cpu").save(str(out))
+    return out
+
+
+def _reference(folder: Path, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = STSparseEncoder(str(folder), device="cpu")
+        return st.encode(texts, convert_to_tensor=True).to_dense().numpy()
+
+
+def test_splade_folder_equals_sentence_transformers(splade_folder):
+    encoder = SparseEncoder(splade_folder)
+    assert encoder.splade == SpladeSettings("max", "relu") and encoder.vocab_size == 30522
+    m = encoder.embed_sentences(TEXTS)
+    assert m.shape == (len(TEXTS), 30522) and m.dtype == np.float32
+    expected = _reference(splade_folder, TEXTS)
+    np.testing.assert_allclose(m.toarray(), expected, atol=1e-5)
+    assert (m.toarray() > 0).sum() == (expected > 0).sum()  # the same support
+    # the server's form: ids ascending, the same weights
+    v = encoder.embed_sparse(TEXTS[:1])[0]
+    assert isinstance(v, SparseVector) and v.indices == sorted(v.indices)
+    np.testing.assert_allclose(v.values, expected[0, v.indices], atol=1e-5)
+    assert v.to_tei()[0] == {"index": v.indices[0], "value": v.values[0]}
+    top = encoder.decode(m[0], top_k=3)
+    assert len(top) == 3 and top[0][1] == pytest.approx(expected[0].max(), abs=1e-5)
+
+
+def test_sum_pooling_log1p_relu_and_max_active_dims(splade_folder, tmp_path):
+    folder = tmp_path / "sum"
+    shutil.copytree(splade_folder, folder)
+    (folder / "1_SpladePooling" / "config.json").write_text(
+        json.dumps({"pooling_strategy": "sum", "activation_function": "log1p_relu", "embedding_dimension": None})
+    )
+    np.testing.assert_allclose(
+        SparseEncoder(folder).embed_sentences(TEXTS).toarray(), _reference(folder, TEXTS), atol=1e-5
+    )
+    top = SparseEncoder(splade_folder, max_active_dims=7).embed_sentences(TEXTS).toarray()
+    full = _reference(splade_folder, TEXTS)
+    assert ((top > 0).sum(axis=1) == 7).all()
+    for row, ref in zip(top, full):  # the 7 largest weights of each full vector
+        np.testing.assert_allclose(np.sort(row[row > 0]), np.sort(ref)[-7:], atol=1e-5)
+
+
+def test_a_plain_roberta_mlm_folder_long_texts_and_errors(tmp_path, tiny_models):
+    folder = _mlm_folder(tmp_path / "rob", "roberta")
+    encoder = SparseEncoder(folder)
+    model = transformers.RobertaForMaskedLM.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    batch = tok(TEXTS[1], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits[0]
+    expected = torch.log1p(torch.relu(logits)).amax(dim=0).numpy()
+    np.testing.assert_allclose(encoder.embed_sentences([TEXTS[1]]).toarray()[0], expected, atol=1e-5)
+    long = " ".join(["word"] * 150)  # longer than the 64 positions: windowed, never truncated
+    assert encoder.embed_sentences([long]).nnz > 0
+    with pytest.raises(CheckpointError, match="no masked-LM head .* sparse vectors need a SPLADE checkpoint"):
+        SparseEncoder(tiny_models["bert"])
+    with pytest.raises(ValueError, match="max_active_dims must be a positive integer"):
+        SparseEncoder(folder, max_active_dims=0)
+
+
+def test_bge_m3_sparse_linear(tmp_path):
+    folder = _mlm_folder(tmp_path / "m3")
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(32, 1)
+    torch.save(linear.state_dict(), folder / "sparse_linear.pt")
+    encoder = SparseEncoder(folder)
+    model = transformers.BertModel.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    batch = tok(TEXTS[3], return_tensors="pt")
+    with torch.no_grad():
+        weights = torch.relu(linear(model(**batch).last_hidden_state[0])).squeeze(-1)
+    expected: dict[int, float] = {}  # FlagEmbedding's _process_token_weights: max per id, specials left out
+    for i, w in zip(batch["input_ids"][0].tolist(), weights.tolist()):
+        if i not in (tok.cls_token_id, tok.sep_token_id, tok.pad_token_id, tok.unk_token_id) and w > 0:
+            expected[i] = max(expected.get(i, 0.0), w)
+    got = encoder.embed_sparse([TEXTS[3]])[0]
+    assert got.indices == sorted(expected)
+    np.testing.assert_allclose(got.values, [expected[i] for i in got.indices], atol=1e-5)
+
+
+def test_sparse_index_dot_product_search_round_trip(splade_folder, tmp_path):
+    encoder = SparseEncoder(splade_folder)
+    index = SparseIndex.build(TEXTS, encoder)
+    hits = index.search(TEXTS[2], k=2)
+    docs, q = encoder.embed_sentences(TEXTS).toarray(), encoder.embed_sentences([TEXTS[2]]).toarray()[0]
+    order = np.argsort(-(docs @ q))[:2]
+    assert hits.ids == order.tolist() and hits.texts == [TEXTS[i] for i in order]
+    np.testing.assert_allclose(hits.scores, (docs @ q)[order], rtol=1e-5)
+    index.save(tmp_path / "sx")
+    back = SparseIndex.load(tmp_path / "sx")  # text queries rebuild the encoder from the saved spec
+    again = back.search([TEXTS[2], TEXTS[0]], k=2)
+    assert again[0].ids == hits.ids
+    np.testing.assert_allclose(again[0].scores, hits.scores, rtol=1e-5)
+    with pytest.raises(ValueError, match="id 0 is already in the index"):
+        back.add_vectors(encoder.embed_sentences(TEXTS[:1]), ids=[0])
+    with pytest.raises(SpecMismatch, match="max_length 64 != 32"):  # other windows: other vectors
+        SparseIndex.load(tmp_path / "sx", encoder=SparseEncoder(splade_folder, max_length=32))
+    with pytest.raises(ValueError, match="not a sparse index"):
+        SparseIndex.load(tmp_path)
