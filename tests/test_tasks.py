@@ -552,7 +552,7 @@ def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeyp
         return encoder
 
     monkeypatch.setattr(base, "PREDICT_TOKENS", 40)
-    monkeypatch.setattr(fast, "COMPILE_MIN_TOKENS", 1)
+    monkeypatch.setattr(fast, "compile_min_flops", lambda device: 1.0)
     monkeypatch.setattr(fast, "compile_encoder", compile_encoder)
     texts = X_CLS + ["good " * n + "bad" for n in range(1, 30, 3)]
     clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=2, batch_size=3)).fit(X_CLS, Y_CLS)

@@ -77,8 +77,10 @@ class Featurizer:
     stride: how many pieces each window of a long text advances (default: half a window).
     batch_tokens: the token budget of one batch (padded batch size x longest sequence); None: on a CPU 2,048 (1,024
         for models wider than 512), sized for the GPU's memory on CUDA (`runtime.hardware.default_batch_tokens`). Batching never changes a vector.
-    compile: run the encoder under torch.compile (`ctxrep.runtime.fast.compile_encoder`): True, False, or "auto" (compile
-        once a call's work is large enough to pay for the compilation, `fast.worth_compiling`; stay eager before).
+    compile: run the encoder under torch.compile (`ctxrep.runtime.fast.compile_encoder`): True, False, or "auto": compile
+        only a call whose work (tokens x the model's FLOPs per token) repays the compilation even on the fastest
+        machine of the device's kind (`fast.worth_compiling`: MiniLM from about 34M tokens on a CPU), so a one-off
+        call is never slower than eager; stay eager before.
     device: where the model runs ("cpu", "cuda", "cuda:1"); None: where it is (the CPU after loading). On CUDA,
         batches go through pinned memory with non-blocking copies, and pooling of one batch overlaps the next's run.
     precision: "fp32" (default: the model as it is, exact), "bf16" / "fp16" (a copy cast to that type), "int8" (the

@@ -6,7 +6,7 @@ forward stays the reference they are tested against (tests/test_fast.py).
   compile_encoder(encoder)   `encoder.encode` under torch.compile (Inductor, frozen weights, dynamic shapes): the
                              same float32 results (to ~1e-5), about 1.5-2x eager on CPU once compiled; compiling
                              costs 10-90 s per process (less when Inductor's on-disk cache already holds the
-                             graphs), so `worth_compiling` says when a call is large enough to pay for it.
+                             graphs), so `worth_compiling` says when a call's work (tokens x FLOPs) repays it.
   quantize_int8(encoder, batches)  a copy whose nn.Linear layers run in int8 (`Int8Linear`): per-output-channel
                              weights, per-tensor activations quantised on the fly with the full 8-bit range
                              where the CPU sums int8 products without saturating (`full_range_is_exact`), and
@@ -34,15 +34,39 @@ from ctxrep.models.encoder import Encoder
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.text.inputs import WindowPlan, collate
 
-# Compiling pays when a call runs more tokens than this. Measured on 2 CPU threads (benchmarks/notes_speed.md):
-# compiling takes 15-30 s on a quiet machine and then saves about 50 us per MiniLM token, so it breaks even near
-# 300k-500k tokens; with Inductor's on-disk cache warm (a second process) it takes a few seconds.
-COMPILE_MIN_TOKENS = 400_000
+# compile="auto" compiles only a call whose work repays the compilation on any machine of the device's kind, by a
+# rule from the work (never a timing, so the same call takes the same path everywhere): compiling costs up to
+# COMPILE_SECONDS (Inductor, cold cache: 10-90 s measured per process) and saves at most 1 - 1 / COMPILE_SPEEDUP of
+# the eager time (1.3-2x measured once compiled); the eager time is at least the call's FLOPs / EAGER_FLOPS[device
+# type], the fastest eager rate of that kind (a many-core AVX-512 CPU; a data-centre GPU). The issue that set it
+# (32): the old 400k-token rule made one 17,088-sentence call 1.17x slower with MiniLM and 4.3x with a tiny encoder.
+COMPILE_SECONDS = 90.0
+COMPILE_SPEEDUP = 1.3
+EAGER_FLOPS = {"cpu": 2e12, "cuda": 4e14}
+MEAN_LENGTH = 128  # tokens per row assumed for attention's share of the FLOPs
+
+
+def flops_per_token(encoder: Encoder, mean_length: float = MEAN_LENGTH) -> float:
+    """2 x the weights of every linear layer (multiply + add) + attention's QK^T and PV (4 x hidden x length per
+    layer); a pooler is counted too (an upper bound by one layer's width)."""
+    linear = sum(m.weight.numel() for m in encoder.modules() if isinstance(m, nn.Linear))
+    return 2.0 * linear + 4.0 * encoder.hidden_size * mean_length * encoder.num_layers
+
+
+def compile_min_flops(device_type: str) -> float:
+    """The work (FLOPs) from which compiling repays itself on the fastest eager machine of `device_type`."""
+    rate = EAGER_FLOPS.get(device_type, EAGER_FLOPS["cuda"])
+    return COMPILE_SECONDS * rate / (1.0 - 1.0 / COMPILE_SPEEDUP)
 
 
 def worth_compiling(num_tokens: int, encoder: Encoder) -> bool:
-    """Whether compiling `encoder` pays for a call of `num_tokens` tokens (ELMo's biLSTM never compiles)."""
-    return not encoder.word_level and num_tokens >= COMPILE_MIN_TOKENS
+    """Whether compiling `encoder` repays itself within a call of `num_tokens` tokens: tokens x `flops_per_token`
+    >= `compile_min_flops` of its device (MiniLM on a CPU: about 34M tokens; a BERT-base size model about 4.5M);
+    ELMo's biLSTM never compiles."""
+    if encoder.word_level or num_tokens <= 0:
+        return False
+    device = next(encoder.parameters()).device.type
+    return num_tokens * flops_per_token(encoder) >= compile_min_flops(device)
 
 
 class CompiledEncoder(nn.Module):
