@@ -60,3 +60,25 @@ def test_unit_scale_and_unknown_total():
     bar = LineProgress(desc="read", unit="B", unit_scale=True, file=io.StringIO())
     bar.update(1_500_000)
     assert bar.line().startswith("read: 1.5M B")
+
+
+def test_a_resumed_count_starts_at_initial_and_rates_only_this_run(monkeypatch):
+    clock = iter([0.0, 0.0, 10.0, 10.0, 10.0])
+    monkeypatch.setattr("ctxrep.util.progress.time.monotonic", lambda: next(clock))
+    bar = progress(total=100, initial=40, desc="train", unit="steps", file=io.StringIO(), dynamic_ncols=True)
+    assert isinstance(bar, LineProgress)  # tqdm-only options are for the terminal bar
+    bar.update(20)
+    # 20 steps in 10 s: 2 steps/s, 40 left -> 20 s
+    assert bar.line() == "train: 60/100 steps (60%), 2 steps/s, 0:00:10 elapsed, ~0:00:20 left"
+
+
+def test_a_count_of_seconds_can_leave_out_the_rate():
+    bar = LineProgress(total=60, unit="s", rate=False, file=io.StringIO())
+    bar.update(30)
+    assert "s/s" not in bar.line() and bar.line().startswith("30/60 s (50%)")
+
+
+def test_terminal_bar_takes_tqdm_options():
+    bar = progress(total=3, initial=1, file=FakeTerminal(), bar_format="{desc}: {n}/{total}", desc="train")
+    assert isinstance(bar, tqdm) and bar.n == 1
+    bar.close()

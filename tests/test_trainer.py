@@ -293,11 +293,23 @@ def test_a_run_bounded_by_minutes_ends_on_the_clock_and_its_bar_shows_time(tmp_p
     assert result["step"] == 3 and result["interrupted"] is False and "eval_loss" in result
     assert saved == [tmp_path] and read_log(tmp_path)[-1]["step"] == 3
     captured = capsys.readouterr()
-    assert "of 01:00" in captured.err and " left" in captured.err and "step 3" in captured.err, captured.err
-    assert "1000000000" not in captured.err  # no bar over max_steps
+    # not a terminal: plain lines over the clock's seconds, with the step count
+    assert "train: 60/60 s (100%)" in captured.err and "step 3" in captured.err, captured.err
+    assert "1000000000" not in captured.err and "\r" not in captured.err  # no count against max_steps, no bar
     assert "max_minutes=1 reached at step 3" in captured.out
     with pytest.raises(TrainerError, match="max_minutes"):
         TrainerConfig(max_minutes=-1).validate()
+
+
+def test_progress_to_a_log_file_is_a_few_plain_lines_of_steps(tmp_path, monkeypatch, capsys):
+    clock = iter(range(0, 10**6, 4))  # every look at the progress clock moves 4 s on: a line every 3 looks
+    monkeypatch.setattr("ctxrep.util.progress.time.monotonic", lambda: float(next(clock)))
+    Trainer(CausalLM(), config(max_steps=12, log_every=100), Rows(), tmp_path).train()
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    lines = [line for line in err.splitlines() if line.startswith("train: ")]
+    assert 2 <= len(lines) <= 8, err  # one line per 10 s of a 12-step run, and the last
+    assert lines[-1].startswith("train: 12/12 steps (100%)") and "loss=" in lines[-1], lines
 
 
 # ------------------------------------------------------------------------------------------- Ctrl-C and resume

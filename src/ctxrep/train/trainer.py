@@ -36,12 +36,12 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm.auto import tqdm  # tqdm.write: a line that does not break a bar on a terminal
 
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
@@ -49,6 +49,7 @@ from ctxrep.train.allocator import tune_malloc
 from ctxrep.train.checkpoint import check_fingerprint, fingerprint, load_checkpoint, read_state, save_checkpoint
 from ctxrep.train.optim import adamw, param_groups  # noqa: F401  (param_groups: its old home, still imported)
 from ctxrep.train.schedules import SCHEDULES, warmup_decay
+from ctxrep.util.progress import progress
 
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoint"
@@ -455,17 +456,22 @@ class Trainer:
         signal.signal(signal.SIGINT, handler)
         return previous
 
-    def _progress_bar(self) -> tqdm:
-        """The training bar: over steps, or over the minutes of the clock when max_minutes is set (elapsed and
-        remaining time; a clock-bounded run's max_steps is only a cap, often 10**9, and a bar over it says nothing)."""
+    def _progress_bar(self) -> Any:
+        """The training progress (ctxrep.util.progress: a bar on a terminal, a plain line every 10 s in a log): over
+        steps, or over the seconds of the clock when max_minutes is set (elapsed and remaining time; a
+        clock-bounded run's max_steps is only a cap, often 10**9, and a count against it says nothing)."""
         cfg, enabled = self.config, self.ctx.is_main and self.progress
         if not cfg.max_minutes:
-            return tqdm(total=cfg.max_steps, initial=self.step, disable=not enabled, desc="train", dynamic_ncols=True)
+            return progress(
+                total=cfg.max_steps, initial=self.step, enabled=enabled, desc="train", unit="steps", dynamic_ncols=True
+            )
         total = 60 * cfg.max_minutes
-        bar = tqdm(
+        bar = progress(
             total=total,
-            disable=not enabled,
+            enabled=enabled,
             desc="train",
+            unit="s",
+            rate=False,  # seconds per second
             dynamic_ncols=True,
             smoothing=0,  # rate = seconds / seconds = 1: "left" is the clock's remaining time
             bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of "

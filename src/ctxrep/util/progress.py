@@ -52,12 +52,15 @@ class LineProgress:
         file: IO[str] | None = None,
         interval: float = 10.0,
         disable: bool = False,
+        initial: float = 0,
+        rate: bool = True,
     ) -> None:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.iterable, self.total, self.desc, self.unit = iterable, total, desc, unit
         self.unit_scale, self.file, self.interval, self.disable = unit_scale, file, interval, disable
-        self.n: float = 0
+        self.n: float = initial
+        self.initial, self.rate = initial, rate  # a resumed count: the rate and time left read what this run did
         self.postfix = ""
         self.start = self.last_print = time.monotonic()
         self.closed = False
@@ -69,11 +72,12 @@ class LineProgress:
         parts = [f"{done}/{_amount(self.total, self.unit_scale)} {self.unit}" if self.total else f"{done} {self.unit}"]
         if self.total:
             parts[0] += f" ({100 * self.n / self.total:.0f}%)"
-        if elapsed > 0 and self.n:
-            parts.append(f"{_amount(self.n / elapsed, self.unit_scale)} {self.unit}/s")
+        done_here = self.n - self.initial
+        if self.rate and elapsed > 0 and done_here:
+            parts.append(f"{_amount(done_here / elapsed, self.unit_scale)} {self.unit}/s")
         parts.append(f"{format_duration(elapsed)} elapsed")
-        if self.total and self.n and self.n < self.total:
-            parts.append(f"~{format_duration(elapsed * (self.total - self.n) / self.n)} left")
+        if self.total and done_here > 0 and self.n < self.total:
+            parts.append(f"~{format_duration(elapsed * (self.total - self.n) / done_here)} left")
         if self.postfix:
             parts.append(self.postfix)
         return f"{self.desc + ': ' if self.desc else ''}{', '.join(parts)}"
@@ -102,7 +106,7 @@ class LineProgress:
         self.desc = desc or ""
 
     def reset(self, total: float | None = None) -> None:
-        self.n, self.total = 0, total if total is not None else self.total
+        self.n, self.initial, self.total = 0, 0, total if total is not None else self.total
         self.start = self.last_print = time.monotonic()
 
     def write(self, s: str, file: IO[str] | None = None) -> None:
@@ -137,12 +141,27 @@ def progress(
     enabled: bool = True,
     file: IO[str] | None = None,
     interval: float = 10.0,
+    initial: float = 0,
+    rate: bool = True,
+    **bar_options: Any,
 ) -> Any:
     """A progress display for `iterable` (or for `total` units updated by hand): tqdm's bar when `file` (stderr by
-    default) is a terminal, plain lines every `interval` seconds otherwise; nothing when `enabled` is False."""
+    default) is a terminal, plain lines every `interval` seconds otherwise; nothing when `enabled` is False.
+
+    `initial`: where a resumed count starts. `rate`: show units per second (off for a count of seconds).
+    `bar_options` go to tqdm only (bar_format, smoothing, dynamic_ncols, ...): the look of the terminal bar."""
     stream = file or sys.stderr
     if enabled and getattr(stream, "isatty", lambda: False)():
-        return tqdm(iterable, total=total, desc=desc, unit=unit, unit_scale=unit_scale, file=stream)
+        return tqdm(
+            iterable,
+            total=total,
+            desc=desc,
+            unit=unit,
+            unit_scale=unit_scale,
+            file=stream,
+            initial=initial,
+            **bar_options,
+        )
     return LineProgress(
         iterable,
         total=total,
@@ -152,4 +171,6 @@ def progress(
         file=file,
         interval=interval,
         disable=not enabled,
+        initial=initial,
+        rate=rate,
     )
