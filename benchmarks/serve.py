@@ -15,7 +15,14 @@ threads) for the ratio server / in-process (target >= 0.8).
 same model folder, at its OpenAI-compatible /embeddings. It needs its own virtualenv: infinity-emb 0.0.78 pins
 numpy<2, transformers 4.57 and older click / uvicorn / huggingface_hub than ctxrep's.
 
+--mixed: the fairness row instead (issue 33): the same server, first --clients clients (default 32) sending 1-32
+SST sentences for --duration / 2 seconds, then the same clients plus one client sending 20,000-word texts (SST
+sentences joined) for another --duration / 2; reported: the short requests' p50 / p99 in each phase, their ratio
+(target: p99 with the long client within 2x of p99 without it), the long requests answered, and errors (every answer
+checked: nothing lost). The long client stops sending at the end; its request in flight is answered and checked.
+
 Run:  .venv/bin/python benchmarks/serve.py                       # 64 clients, 60 s, 2 server threads
+      .venv/bin/python benchmarks/serve.py --mixed               # 32 short clients + 1 long, 2 x 30 s
       .venv/bin/python benchmarks/serve.py --duration 5 --clients 8 # smoke test (not a result)
 The machine's cores are shared between the server and the clients (that is part of what is measured).
 """
@@ -41,6 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from featurize import DEFAULT_DATA, load_corpus  # noqa: E402  (the benchmarks' shared SST reader)
 
 TARGET = 0.8
+MIXED_TARGET = 2.0  # p99 of the short requests with the long client / without it
+LONG_WORDS = 20_000
 
 
 def free_port() -> int:
@@ -91,14 +100,47 @@ def requests_plan(sentences: list[list[str]], n: int, seed: int) -> list[list[st
     return [[" ".join(rng.choice(sentences)) for _ in range(rng.randint(1, 32))] for _ in range(n)]
 
 
-async def load(url: str, model: str, plan: list[list[str]], clients: int, duration: float, dim: int) -> dict:
+def long_text(sentences: list[list[str]], words: int) -> str:
+    """SST sentences joined, cut at `words` words."""
+    out: list[str] = []
+    while len(out) < words:
+        for sentence in sentences:
+            out += sentence
+            if len(out) >= words:
+                break
+    return " ".join(out[:words])
+
+
+async def load(
+    url: str,
+    model: str,
+    plan: list[list[str]],
+    clients: int,
+    duration: float,
+    dim: int,
+    long: str | None = None,
+    start_request: int = 0,
+) -> dict:
+    """`clients` clients sending the plan's requests (from `start_request`) for `duration` seconds; with `long`, one
+    more client sending that text alone, request after request."""
     import httpx
 
     latencies: list[float] = []
+    long_latencies: list[float] = []
     sent_sentences = 0
     errors: list[str] = []
-    next_request = 0
+    next_request = start_request
     stop_at = time.monotonic() + duration
+
+    async def long_client() -> None:
+        async with httpx.AsyncClient(timeout=600) as http:
+            while time.monotonic() < stop_at:
+                start = time.perf_counter()
+                r = await http.post(url, json={"model": model, "input": [long], "encoding_format": "base64"})
+                long_latencies.append(time.perf_counter() - start)
+                ok = r.status_code == 200 and len(r.json()["data"]) == 1
+                if not ok or len(base64.b64decode(r.json()["data"][0]["embedding"])) != 4 * dim:
+                    errors.append(f"long request: {r.status_code}: {r.text[:200]}")
 
     async def client() -> None:
         nonlocal next_request, sent_sentences
@@ -122,7 +164,7 @@ async def load(url: str, model: str, plan: list[list[str]], clients: int, durati
                 sent_sentences += len(texts)
 
     start = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(*(client() for _ in range(clients)), *([long_client()] if long else []))
     elapsed = time.perf_counter() - start
     lat = np.array(latencies) * 1000
     return {
@@ -134,6 +176,8 @@ async def load(url: str, model: str, plan: list[list[str]], clients: int, durati
         "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
         "errors": errors,
         "plan_used": next_request,
+        "long_requests": len(long_latencies),
+        "long_mean_s": float(np.mean(long_latencies)) if long_latencies else float("nan"),
     }
 
 
@@ -158,11 +202,40 @@ def report(name: str, result: dict) -> str:
     )
 
 
+def mixed(args, sentences: list[list[str]], plan: list[list[str]], base: str, dim: int) -> None:
+    """The fairness row: short requests alone, then beside one client sending 20,000-word texts."""
+    url = f"{base}/v1/embeddings"
+    half = args.duration / 2
+    alone = asyncio.run(load(url, args.model, plan, args.clients, half, dim))
+    text = long_text(sentences, args.long_words)
+    beside = asyncio.run(load(url, args.model, plan, args.clients, half, dim, text, alone["plan_used"]))
+    print()
+    print(
+        f"{args.clients} clients sending 1-32 SST sentences per request, {half:.0f} s alone, then {half:.0f} s beside "
+        f"one client sending {args.long_words:,}-word texts; model {args.model}, {args.threads} threads"
+    )
+    print("| load | short p50 ms | short p99 ms | short requests | long requests | long mean s | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in (("short only", alone), (f"short + one {args.long_words:,}-word client", beside)):
+        print(
+            f"| {name} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['requests']:,} | {r['long_requests']} | "
+            f"{r['long_mean_s']:.1f} | {len(r['errors'])} |"
+        )
+    ratio = beside["p99_ms"] / alone["p99_ms"]
+    print(f"\nshort p99 with the long client / without = {ratio:.2f} (target <= {MIXED_TARGET})")
+    errors = alone["errors"] + beside["errors"]
+    if errors:
+        print(f"errors (first 3): {errors[:3]}")
+        sys.exit(1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="minilm")
-    p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60)")
+    p.add_argument("--clients", type=int, default=None, help="concurrent clients (default 64; --mixed: 32)")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60; --mixed: in two halves)")
+    p.add_argument("--mixed", action="store_true", help="the fairness row: short requests beside 20,000-word ones")
+    p.add_argument("--long-words", type=int, default=LONG_WORDS, help="--mixed: words of each long text")
     p.add_argument("--max-requests", type=int, default=20000, help="stop after this many requests")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the server and of the in-process run")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -171,6 +244,7 @@ def main() -> None:
         "--infinity", default=None, help="the infinity_emb executable (its own venv): the same load against it"
     )
     args = p.parse_args()
+    args.clients = args.clients or (32 if args.mixed else 64)
 
     sentences = load_corpus(args.data, "sst", 4000)
     plan = requests_plan(sentences, args.max_requests, args.seed)
@@ -183,6 +257,8 @@ def main() -> None:
     server = start_server(command, f"{base}/health")
     try:
         dim = __import__("httpx").get(f"{base}/health").json()["dim"]
+        if args.mixed:
+            return mixed(args, sentences, plan, base, dim)
         result = asyncio.run(load(f"{base}/v1/embeddings", args.model, plan, args.clients, args.duration, dim))
     finally:
         stop_server(server)

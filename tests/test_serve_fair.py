@@ -18,7 +18,7 @@ from ctxrep.serve.batcher import Turns
 from ctxrep.serve.service import EmbeddingService
 
 LONG = " ".join(f"word{i % 97} and more" for i in range(400))  # about 1,600 pieces: 6 windows of MiniLM
-SHORT = "two words"
+SHORTS = ["two words", "a third one", "and the fourth sentence"]
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +35,18 @@ def wait_for(condition, what: str, limit: float = 60.0) -> None:
         time.sleep(0.005)
 
 
-def test_a_short_request_is_answered_between_the_steps_of_a_long_one(fz, monkeypatch):
+def test_short_requests_are_answered_between_the_steps_of_a_long_one(fz, monkeypatch):
+    """Three short requests sent while a long one holds the model: they merge into one call (they arrive while it waits
+    for its first turn), which runs between two steps of the long call."""
     service = EmbeddingService(fz, "minilm")
     turns = service.batcher.turns
     between = turns.between_batches
     long_started = threading.Event()
 
-    def gated(call, drain):  # the long call's first step waits until the short call is in line for the model
+    def gated(call, drain):  # the long call's first step waits until the short requests are in line for the model
         if not long_started.is_set():
             long_started.set()
-            wait_for(lambda: turns.waiting > 0, "the short call to queue for the model")
+            wait_for(lambda: turns.waiting > 0 and service.queued_texts == len(SHORTS), "the short requests")
         between(call, drain)
 
     monkeypatch.setattr(turns, "between_batches", gated)
@@ -61,19 +63,22 @@ def test_a_short_request_is_answered_between_the_steps_of_a_long_one(fz, monkeyp
 
                 long = asyncio.create_task(post("long", LONG))
                 await asyncio.to_thread(long_started.wait, 60)  # the long call holds the model
-                short = asyncio.create_task(post("short", SHORT))
-                return await long, await short
+                shorts = await asyncio.gather(*(post("short", text) for text in SHORTS))
+                return await long, shorts
 
-        long, short = asyncio.run(go())
-    assert finished == ["short", "long"]
+        long, shorts = asyncio.run(go())
+    assert finished == ["short"] * len(SHORTS) + ["long"]
     steps = list(turns.steps)
-    long_call, short_call = steps[0], next(c for c in steps if c != steps[0])
-    at = steps.index(short_call)
-    assert long_call in steps[:at] and long_call in steps[at + 1 :], steps  # the short one ran between long steps
+    long_call = steps[0]
+    short_calls = {c for c in steps if c != long_call}
+    assert len(short_calls) == 1, steps  # the three requests were one call
+    at = steps.index(short_calls.pop())
+    assert long_call in steps[:at] and long_call in steps[at + 1 :], steps  # it ran between two long steps
     assert steps.count(long_call) == len(fz.plan.single(0, fz.tokenizer.encode_words([LONG.split()])[0]))
-    assert long.json()["windowed"] == {"count": 1, "indices": [0]} and short.json()["windowed"]["count"] == 0
+    assert long.json()["windowed"] == {"count": 1, "indices": [0]}
     np.testing.assert_allclose(long.json()["data"][0]["embedding"], fz.embed_sentences([LONG])[0], atol=1e-5)
-    np.testing.assert_allclose(short.json()["data"][0]["embedding"], fz.embed_sentences([SHORT])[0], atol=1e-5)
+    got = [r.json()["data"][0]["embedding"] for r in shorts]
+    np.testing.assert_allclose(got, fz.embed_sentences(SHORTS), atol=1e-5)
 
 
 def test_turns_hand_the_model_round_robin_between_batches():

@@ -3,8 +3,8 @@
 at a time and passes the model on between batches, so a long call runs in token-budget steps with the other calls'
 steps in between (round robin by batch): a short request waits for one batch of a long one, not for all of it.
 
-The batcher dispatches the next merged call only once every dispatched call has had its first turn, so requests that
-arrive while a call waits keep joining the queue and are merged into the next call.
+A call takes its requests when it gets the model, not when it is formed: requests that arrive while the last call
+waits for its first turn join it (up to the token budget), and the next call is formed only once it has started.
 """
 
 from __future__ import annotations
@@ -38,6 +38,32 @@ class Waiting:
     tokens: int
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
+
+
+class Call:
+    """Requests that share one model call. Until the call has its first turn, later requests with its key join it
+    (up to the token budget), so that requests arriving while it waits for the model still merge."""
+
+    def __init__(self, key: Hashable, requests: list[Waiting], budget: int) -> None:
+        self.key, self.requests, self.budget = key, requests, budget
+        self.tokens = sum(w.tokens for w in requests)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def join(self, waiting: Waiting) -> bool:
+        """Add a request with the same key if the call has not started and has room; False otherwise."""
+        with self._lock:
+            if self._closed or waiting.key != self.key or self.tokens + waiting.tokens > self.budget:
+                return False
+            self.requests.append(waiting)
+            self.tokens += waiting.tokens
+            return True
+
+    def close(self) -> list[Waiting]:
+        """The call's requests, final from now on (called when it takes the model)."""
+        with self._lock:
+            self._closed = True
+            return list(self.requests)
 
 
 class Turns:
@@ -95,7 +121,7 @@ class Batcher:
         self.queued_texts = 0
         self.executor = ThreadPoolExecutor(max_workers=max_active_calls, thread_name_prefix="ctxrep-inference")
         self._calls = 0
-        self._unstarted = 0  # dispatched calls that have not had their first turn
+        self._open: Call | None = None  # the dispatched call that has not had its first turn: requests join it
         self._running: set[asyncio.Task] = set()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -125,7 +151,8 @@ class Batcher:
             raise QueueFull
         tokens = sum(len(w) for w in texts) + 2 * len(texts)  # words + special tokens: an estimate before tokenizing
         waiting = Waiting(key, texts, tokens, asyncio.get_running_loop().create_future())
-        self.queue.append(waiting)
+        if self._open is None or self.queue or not self._open.join(waiting):  # joining keeps arrival order
+            self.queue.append(waiting)
         self._queued(len(texts))
         self._wakeup.set()
         return await waiting.future
@@ -157,11 +184,11 @@ class Batcher:
                 if pending >= self.max_batch_tokens or left <= 0:
                     break
                 await self._sleep(left)
-            while self._unstarted and not self._stopping:  # the last call has not started: keep merging
+            while self._open is not None and not self._stopping:  # the last call has not started: let it grow
                 await self._sleep()
-            batch = self._take(first.key)
-            self._unstarted += 1
-            task = asyncio.create_task(self._dispatch(batch))
+            call = Call(first.key, self._take(first.key), self.max_batch_tokens)
+            self._open = call
+            task = asyncio.create_task(self._dispatch(call))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
         if self._running:
@@ -177,48 +204,51 @@ class Batcher:
             else:
                 rest.append(w)
         self.queue = rest
-        self._queued(-sum(len(w.texts) for w in batch))
         return batch
 
     # ---- model calls ------------------------------------------------------------------------------------------
 
-    async def _dispatch(self, batch: list[Waiting]) -> None:
+    async def _dispatch(self, call: Call) -> None:
         loop = asyncio.get_running_loop()
-        texts = [t for w in batch for t in w.texts]
         try:
-            results, counts = await self._call(loop, batch[0].key, texts, first_of_batch=True)
+            results, counts = await self._run(loop, call)
         except Exception as e:  # the Featurizer refused the call
-            if len(batch) == 1:
-                _settle(batch[0].future, error=e)
+            if len(call.requests) == 1:
+                _settle(call.requests[0].future, error=e)
                 return
             # several requests were merged: run each alone, so that only the one it refused gets the reason
-            for w in batch:
+            for w in call.requests:
                 try:
-                    _settle(w.future, result=await self._call(loop, w.key, w.texts, first_of_batch=False))
+                    _settle(w.future, result=await self._run(loop, Call(w.key, [w], w.tokens), queued=False))
                 except Exception as refused:
                     _settle(w.future, error=refused)
             return
         at = 0
-        for w in batch:
+        for w in call.requests:
             n = len(w.texts)
             _settle(w.future, result=(results[at : at + n], counts[at : at + n]))
             at += n
 
-    async def _call(self, loop, key: Hashable, texts: list[list[str]], first_of_batch: bool):
-        call = self._calls = self._calls + 1
+    async def _run(self, loop, call: Call, queued: bool = True):
+        """Run `call` on a worker thread once it holds the model; its requests are fixed at that moment (and leave
+        the queue's count, unless they left it before: `queued`)."""
+        number = self._calls = self._calls + 1
 
-        def started() -> None:
-            if first_of_batch:
-                self._unstarted -= 1
+        def started(texts: int) -> None:  # on the event loop
+            if queued:
+                self._queued(-texts)
+            if self._open is call:
+                self._open = None
                 self._wakeup.set()
 
         def on_worker():
-            self.turns.take(call)
-            loop.call_soon_threadsafe(started)
+            self.turns.take(number)
+            texts = [t for w in call.close() for t in w.texts]
+            loop.call_soon_threadsafe(started, len(texts))
             try:
-                hook = (lambda drain: self.turns.between_batches(call, drain)) if self.interleave else None
+                hook = (lambda drain: self.turns.between_batches(number, drain)) if self.interleave else None
                 start = time.perf_counter()
-                results, counts = self.run(key, texts, hook)
+                results, counts = self.run(call.key, texts, hook)
                 self.metrics.call(len(texts), int(sum(counts)), time.perf_counter() - start)
                 return results, counts
             finally:
