@@ -13,7 +13,8 @@ import torch
 import transformers
 
 from ctxrep.models.folders import CheckpointError
-from ctxrep.rerank import CrossEncoderReranker, load_reranker
+from ctxrep.rerank import QWEN3_RERANKER as QWEN3
+from ctxrep.rerank import CrossEncoderReranker, YesNoTemplate, load_reranker
 from tests.conftest import TOKENIZER_FILES, _roberta_tokenizer
 
 st = pytest.importorskip("sentence_transformers")
@@ -204,3 +205,85 @@ def test_cli_prints_the_documents_best_first(bert_ce, tmp_path):
         main, ["rerank", "--model", str(bert_ce), "--query", QUERY, "--documents", str(docs), "--top-n", "0"]
     )
     assert bad.exit_code == 1 and "error: top_n must be a positive integer" in bad.output
+
+
+# ---- LLM rerankers (Qwen3-Reranker style) ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen3_reranker(tmp_path_factory) -> Path:
+    """A tiny random Qwen3ForCausalLM with a Qwen-style tokenizer that knows the chat markers and "yes" / "no"."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from tests._decoders import hf_model, qwen_tokenizer
+
+    path = tmp_path_factory.mktemp("qwen3-reranker")
+    qwen_tokenizer(path)
+    tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, special=True) for t in ("<|im_start|>", "<|im_end|>", "<think>", "</think>")])
+    tok.add_tokens(["yes", "no"])
+    tok.save(str(path / "tokenizer.json"))
+    hf_model(
+        "qwen3", tok.get_vocab_size(), seed=4, causal_lm=True, tie_word_embeddings=False, max_position_embeddings=512
+    ).save_pretrained(path)
+    return path
+
+
+def _model_card_scores(folder: Path, pairs, instruction: str, max_length: int = 512) -> np.ndarray:
+    """Qwen3-Reranker's model card, with transformers: left padding, the last position's yes / no logits."""
+    from ctxrep.rerank import QWEN3_RERANKER as t
+
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(folder / "tokenizer.json"), pad_token="<|endoftext|>", padding_side="left"
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    prefix = tok.encode(t.prefix, add_special_tokens=False)
+    suffix = tok.encode(t.suffix, add_special_tokens=False)
+    bodies = [t.body.format(instruction=instruction, query=q, document=d) for q, d in pairs]
+    inputs = tok(
+        bodies, padding=False, truncation="longest_first", return_attention_mask=False, add_special_tokens=False,
+        max_length=max_length - len(prefix) - len(suffix),
+    )  # fmt: skip
+    inputs["input_ids"] = [prefix + ids + suffix for ids in inputs["input_ids"]]
+    inputs = tok.pad(inputs, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[:, -1, :]
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    two = torch.stack([logits[:, no], logits[:, yes]], dim=1)
+    return torch.nn.functional.log_softmax(two, dim=1)[:, 1].exp().numpy()
+
+
+def test_llm_reranker_matches_the_model_card(qwen3_reranker):
+    from ctxrep.rerank import LLMReranker
+
+    reranker = load_reranker(qwen3_reranker, batch_tokens=200)  # several batches
+    assert isinstance(reranker, LLMReranker)
+    pairs = [(QUERY, d) for d in DOCS]
+    ours = reranker.predict(pairs)
+    np.testing.assert_allclose(ours, _model_card_scores(qwen3_reranker, pairs, QWEN3.instruction), atol=1e-5)
+    custom = reranker.predict(pairs, prompt="Find the sentence about animals")
+    np.testing.assert_allclose(
+        custom, _model_card_scores(qwen3_reranker, pairs, "Find the sentence about animals"), atol=1e-5
+    )
+    ranked = reranker.rerank(QUERY, DOCS, top_n=3)
+    assert [i for i, _ in ranked] == list(np.argsort(-ours, kind="stable")[:3])
+
+
+def test_llm_reranker_cuts_a_long_document_to_the_positions(qwen3_reranker):
+    long_doc = " ".join(["the fox jumped over the lazy dog again"] * 60)  # past the 512 positions
+    pairs = [(QUERY, long_doc), (QUERY, DOCS[0])]
+    reranker = load_reranker(qwen3_reranker)
+    body = QWEN3.body.format(instruction=QWEN3.instruction, query=QUERY, document=long_doc)
+    assert reranker.tokenizer.encode_texts([body])[1][0] > reranker.room  # the body is cut
+    ours = reranker.predict(pairs)
+    np.testing.assert_allclose(ours, _model_card_scores(qwen3_reranker, pairs, QWEN3.instruction), atol=1e-5)
+
+
+def test_llm_reranker_needs_an_lm_head_and_answer_tokens(qwen3_reranker, tmp_path, tiny_models):
+    from ctxrep.rerank import LLMReranker
+
+    with pytest.raises(CheckpointError, match="has no LM head to read yes/no logits from"):
+        LLMReranker(tiny_models["bert"])
+    with pytest.raises(CheckpointError, match="the tokenizer has no 'oui' token"):
+        LLMReranker(qwen3_reranker, template=YesNoTemplate(QWEN3.prefix, QWEN3.body, QWEN3.suffix, "x", yes="oui"))

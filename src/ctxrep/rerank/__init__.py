@@ -1,7 +1,8 @@
 """Rerankers: score (query, document) pairs and order documents by relevance.
 
 load_reranker(name)                    a CrossEncoderReranker (sequence-classification folders) or an
-                                       LLMReranker (causal LMs scored by their yes/no token logits)
+                                       LLMReranker (causal LMs scored by their yes/no token logits), by the
+                                       folder's config.json architectures[0]
 reranker.rerank(query, documents, top_n=None, prompt=None, prompt_name=None) -> [(index, score)], best first
 reranker.predict(pairs)                the scores of (query, document) pairs, in their order
 """
@@ -10,13 +11,26 @@ from __future__ import annotations
 
 import os
 
-from ctxrep.rerank.cross_encoder import CrossEncoderReranker
+from ctxrep.models.loading import load_encoder
+from ctxrep.rerank.cross_encoder import CrossEncoderReranker, architecture_of
+from ctxrep.rerank.llm import QWEN3_RERANKER, LLMReranker, YesNoTemplate
 from ctxrep.rerank.ranking import check_rerank_args, top_scores
 
-__all__ = ["CrossEncoderReranker", "load_reranker", "check_rerank_args", "top_scores"]
+__all__ = [
+    "CrossEncoderReranker",
+    "LLMReranker",
+    "QWEN3_RERANKER",
+    "YesNoTemplate",
+    "load_reranker",
+    "check_rerank_args",
+    "top_scores",
+]
 
 
-def load_reranker(model: str | os.PathLike, **kwargs) -> CrossEncoderReranker:
-    """The reranker for `model`'s folder, chosen by its config.json's architectures[0] (keyword arguments go to
-    the reranker's constructor)."""
-    return CrossEncoderReranker(model, **kwargs)
+def load_reranker(model: str | os.PathLike, **kwargs) -> CrossEncoderReranker | LLMReranker:
+    """The reranker for `model`'s folder: an LLMReranker when its config.json's architectures[0] is a
+    ...ForCausalLM (as sentence-transformers' CrossEncoder decides), else a CrossEncoderReranker. Keyword arguments
+    go to the reranker's constructor."""
+    loaded = load_encoder(model)
+    causal = architecture_of(loaded.folder).endswith("ForCausalLM")
+    return (LLMReranker if causal else CrossEncoderReranker)(loaded, **kwargs)

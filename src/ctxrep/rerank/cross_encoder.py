@@ -61,6 +61,8 @@ HEADS: dict[str, HeadLayout] = {
     "DistilBertForSequenceClassification": HeadLayout("classifier", "pre_classifier", F.relu),
     "DebertaV2ForSequenceClassification": HeadLayout("classifier", "pooler.dense", F.gelu),
 }
+
+
 class ClassificationHead(nn.Module):
     """logits = out(activation(dense(h_cls))), or out(pooler_output) for BERT (see HeadLayout)."""
 
