@@ -25,13 +25,13 @@ def _register() -> None:
     from ctxrep.cli.pretrain import pretrain
     from ctxrep.cli.prune import prune
     from ctxrep.cli.rerank import rerank
-    from ctxrep.cli.sentence_encoder import train_sentence_encoder
+    from ctxrep.cli.sentence_encoder import COMMANDS as SENTENCE_ENCODER
     from ctxrep.cli.serve import serve
     from ctxrep.cli.tokenizer import tokenizer
 
     for command in (embed, demo, info, finetune, pretrain, distill, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
         main.add_command(command)
-    for command in (*INDEX, train_sentence_encoder):  # index build, search, train-sentence-encoder
+    for command in (*INDEX, *SENTENCE_ENCODER):  # index build, search, train- and evaluate-sentence-encoder
         main.add_command(command)
     main.add_command(predict)
     main.add_command(serve)

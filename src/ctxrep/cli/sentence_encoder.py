@@ -1,9 +1,10 @@
 """`ctxrep train-sentence-encoder`: fine-tune a bi-encoder (ctxrep.tasks.SentenceEncoder) on a file and save it as a
-sentence-transformers folder.
+sentence-transformers folder; `ctxrep evaluate-sentence-encoder`: STS Spearman / Pearson of a saved one on a file.
 
     ctxrep train-sentence-encoder --train sts-train.csv --format sts --dev sts-dev.csv --loss cosent --out runs/sts
     ctxrep train-sentence-encoder --train pairs.tsv --text-column question --text-pair-column answer --out runs/qa
     ctxrep train-sentence-encoder --train sentences.txt --loss simcse --out runs/simcse
+    ctxrep evaluate-sentence-encoder runs/sts --data sts-test.csv
 """
 
 from __future__ import annotations
@@ -14,26 +15,45 @@ from pathlib import Path
 import click
 
 from ctxrep.cli.common import user_errors
+from ctxrep.cli.finetune import HEADER_HELP
 from ctxrep.data.sentence_pairs import FORMATS
 from ctxrep.tasks.sentence_encoder import LOSSES, POOLINGS
+
+COLUMN = "a header name or a column number counted from 1 (-1: the last); JSONL: a field name"
+SCORED_LAYOUTS = (
+    "the STS benchmark / GLUE STS-B / SICK layouts (recognised from the first line, whatever the name), or CSV / TSV "
+    "/ JSONL with the text columns and --score-column (default: text, text_pair, score)"
+)
 
 
 @click.command("train-sentence-encoder")
 @click.option("--train", "train_path", required=True, help="Training file (pairs, triplets, scored pairs or texts).")
-@click.option("--dev", "dev_path", default=None, help="Scored pairs to report STS Spearman on after every epoch.")
+@click.option(
+    "--dev",
+    "dev_path",
+    default=None,
+    help=f"Scored pairs to report STS Spearman on after every epoch: {SCORED_LAYOUTS}.",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to save the model in.")
 @click.option("--model", default="minilm", show_default=True, help="Model name or folder to start from.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help="[default: from the file name]")
+@click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option(
     "--loss",
     type=click.Choice(LOSSES),
     default=None,
-    help="[default: cosent with scores, simcse for one column, else mnrl]",
+    help="[default: cosent with scores, mnrl for pairs or triplets, simcse for a file of single texts; a file with "
+    "columns that are not read needs --loss simcse to train on one column]",
 )
-@click.option("--text-column", default="text", show_default=True)
-@click.option("--text-pair-column", default=None, help="The second text (positive) of each example.")
+@click.option("--text-column", default=None, help=f"The (first) text: {COLUMN}. [default: text]")
+@click.option(
+    "--text-pair-column",
+    default=None,
+    help="The second text (positive) of each example. [default: text_pair where the file has it]",
+)
 @click.option("--negative-column", default=None, help="A hard negative per example (mnrl).")
 @click.option("--score-column", default=None, help="The similarity score of each pair (cosine, cosent).")
+@click.option("--limit", type=int, default=None, help="Use only the first N training (and dev) examples.")
 @click.option("--pooling", type=click.Choice(POOLINGS), default="model", show_default=True)
 @click.option("--normalize/--no-normalize", default=None, help="[default: as the model folder says]")
 @click.option("--epochs", default=1, show_default=True)
@@ -51,11 +71,13 @@ def train_sentence_encoder(
     out_dir,
     model,
     fmt,
+    header,
     loss,
     text_column,
     text_pair_column,
     negative_column,
     score_column,
+    limit,
     pooling,
     normalize,
     epochs,
@@ -68,20 +90,21 @@ def train_sentence_encoder(
     device,
 ) -> None:
     """Fine-tune a sentence encoder on TRAIN and save it to OUT (a sentence-transformers folder)."""
-    from ctxrep.data.sentence_pairs import read_sentence_examples
-    from ctxrep.tasks.sentence_encoder import SentenceEncoder
+    from ctxrep.data.sentence_pairs import read_scored_pairs, read_sentence_examples
+    from ctxrep.tasks.sentence_encoder import SentenceEncoder, choose_loss
 
-    columns = [c for c in (text_column, text_pair_column, negative_column) if c is not None]
-    train = read_sentence_examples(train_path, columns, score_column, fmt)
-    if loss is None:
-        loss = "cosent" if train.y is not None else ("simcse" if len(train.X[0]) == 1 else "mnrl")
+    if negative_column is not None and text_pair_column is None:
+        raise click.UsageError("--negative-column needs --text-pair-column (mnrl triplets: anchor, positive, negative)")
+    named = (text_column, text_pair_column, negative_column)
+    columns = None  # None: text, and text_pair where the file has it
+    if any(c is not None for c in named):
+        columns = [text_column or "text", *(c for c in named[1:] if c is not None)]
+    train = read_sentence_examples(train_path, columns, score_column, fmt, header, limit)
+    loss = choose_loss(loss, train)
     eval_set = None
     if dev_path is not None:
-        dev = read_sentence_examples(dev_path, columns[:2], score_column, fmt)
-        if dev.y is None or len(dev.X[0]) != 2:
-            raise ValueError(
-                f"{dev_path}: --dev needs scored pairs (two text columns and --score-column, or --format sts)"
-            )
+        pair = columns[:2] if columns and len(columns) >= 2 else None
+        dev = read_scored_pairs(dev_path, pair, score_column, None, header, limit)
         eval_set = (dev.X, dev.y)
     X = [x[0] for x in train.X] if loss == "simcse" else train.X
     enc = SentenceEncoder(
@@ -106,6 +129,39 @@ def train_sentence_encoder(
     dev_note = f", dev Spearman {last['dev_spearman']:.2f}" if "dev_spearman" in last else ""
     click.echo(f"trained on {len(X)} examples ({loss}, {last['steps']} steps{dev_note}); saved to {out}")
     click.echo(
-        f"use it: ctxrep.Featurizer({str(out)!r}, sentence_pooling='model'), "
-        f"SentenceEncoder.load({str(out)!r}), or sentence_transformers.SentenceTransformer({str(out)!r})"
+        f"use it: ctxrep evaluate-sentence-encoder {out} --data FILE, ctxrep.Featurizer({str(out)!r}, "
+        f"sentence_pooling='model'), SentenceEncoder.load({str(out)!r}), or "
+        f"sentence_transformers.SentenceTransformer({str(out)!r})"
     )
+
+
+@click.command("evaluate-sentence-encoder")
+@click.argument("model", type=click.Path(file_okay=False, exists=True))
+@click.option("--data", "data_path", required=True, help=f"Scored pairs: {SCORED_LAYOUTS}.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["csv", "tsv", "jsonl", "sts"]), default=None, help="[default: detected]"
+)
+@click.option("--header/--no-header", default=None, help=HEADER_HELP)
+@click.option("--text-column", default=None, help=f"The first text: {COLUMN}. [default: text]")
+@click.option("--text-pair-column", default=None, help="The second text. [default: text_pair]")
+@click.option("--score-column", default=None, help="The gold similarity score. [default: score]")
+@click.option("--limit", type=int, default=None, help="Use only the first N pairs.")
+@click.option("--device", default="cpu", show_default=True)
+@user_errors
+def evaluate_sentence_encoder(
+    model, data_path, fmt, header, text_column, text_pair_column, score_column, limit, device
+) -> None:
+    """STS evaluation of a saved sentence encoder MODEL (a sentence-transformers folder): the cosine of each pair's
+    two sentence vectors against the gold score, Spearman and Pearson x 100 (as SentEval and MTEB)."""
+    from ctxrep.tasks.sentence_encoder import evaluate_file
+
+    columns = [text_column or "text", text_pair_column or "text_pair"] if text_column or text_pair_column else None
+    result = evaluate_file(
+        model, data_path, device, columns=columns, score_column=score_column, format=fmt, header=header, limit=limit
+    )
+    click.echo(
+        f"{data_path}: Spearman {result['spearman']:.2f}, Pearson {result['pearson']:.2f} ({result['pairs']:,} pairs)"
+    )
+
+
+COMMANDS = (train_sentence_encoder, evaluate_sentence_encoder)

@@ -449,6 +449,57 @@ class SentenceEncoder(ParamsProtocol):
 
 
 # Files of a model folder that are not the tokenizer's: weights, configs, sentence-transformers' modules, notes.
+def choose_loss(loss: str | None, data) -> str:
+    """The loss a file of examples trains with (data: ctxrep.data.sentence_pairs' SentenceData): `loss` when it can
+    read the examples, else a one-line error naming the loss that reads them. None: cosent for scored pairs, mnrl
+    for pairs or triplets, simcse for single texts, refused when the file has other columns that were not read (a
+    file of pairs is never trained as single texts without being told)."""
+    texts = len(data.X[0])
+    scored = data.y is not None
+    shown = f" ({', '.join(map(repr, data.unread))})" if data.unread else ""
+    if loss is None:
+        if scored:
+            loss = "cosent"
+        elif texts > 1:
+            loss = "mnrl"
+        elif data.unread:
+            raise ValueError(
+                f"{data.source}: only one text column is read, but the file has other columns{shown}; to train on "
+                "pairs name the second text with --text-pair-column (mnrl reads pairs; cosine / cosent read scored "
+                "pairs with --score-column); to train SimCSE on the one column alone give --loss simcse"
+            )
+        else:
+            loss = "simcse"
+    if loss == "simcse" and texts > 1:
+        raise ValueError(
+            f"{data.source}: --loss simcse reads one text per example, but {texts} text columns are read; pairs train "
+            "with --loss mnrl (or cosine / cosent with --score-column); for SimCSE read one column (--text-column)"
+        )
+    if loss in ("cosine", "cosent") and not (scored and texts == 2):
+        raise ValueError(
+            f"{data.source}: --loss {loss} reads scored pairs: two text columns (--text-column, --text-pair-column) "
+            "and --score-column (or --format sts)"
+        )
+    if loss == "mnrl" and texts == 1:
+        raise ValueError(
+            f"{data.source}: --loss mnrl reads pairs (anchor, positive); name the second text with --text-pair-column, "
+            "or train SimCSE on single texts (--loss simcse)"
+        )
+    return loss
+
+
+def evaluate_file(
+    model: str | os.PathLike, path: str | os.PathLike, device: str = "cpu", **reading
+) -> dict[str, float]:
+    """STS evaluation of a saved sentence encoder (a sentence-transformers folder) on a file of scored pairs in any
+    layout (ctxrep.data.sentence_pairs.read_scored_pairs; `reading`: its columns, score_column, format, header,
+    limit): Spearman and Pearson x 100 and the number of pairs."""
+    from ctxrep.data.sentence_pairs import read_scored_pairs
+
+    data = read_scored_pairs(path, **reading)
+    return SentenceEncoder.load(model, device=device).evaluate(data.X, data.y)
+
+
 NOT_TOKENIZER = {
     "config.json",
     "modules.json",
