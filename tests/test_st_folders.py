@@ -118,3 +118,22 @@ def test_prompts_are_read_by_name(bert, tmp_path):
     ):
         prompts.resolve(prompt_name="passage")
     assert read_prompts(bert).resolve() == ""  # a folder without config_sentence_transformers.json: no prompt
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_last_token_pooling_on_a_qwen3_decoder_padded_on_either_side(tmp_path, side):
+    """Qwen3-Embedding's layout: the decoder, last-token pooling (its <|endoftext|>), Normalize; sentence-transformers
+    pads on the tokenizer's side, ctxrep reads each row at its own last token."""
+    from tests._decoders import tiny_folder
+
+    decoder = tiny_folder(tmp_path / "qwen3", "qwen3")
+    transformer = Transformer(str(decoder), processor_kwargs={"padding_side": side})
+    transformer.tokenizer.padding_side = side
+    if transformer.tokenizer.pad_token is None:
+        transformer.tokenizer.pad_token = "<|endoftext|>"
+    folder = _save([transformer, Pooling(32, pooling_mode="lasttoken"), Normalize()], tmp_path / "st")
+    model = st.SentenceTransformer(str(folder))
+    assert model.tokenizer.padding_side == side
+    theirs = model.encode(TEXTS, batch_size=4)
+    ours = Featurizer(folder, sentence_pooling="model").embed_sentences(TEXTS)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
