@@ -233,6 +233,13 @@ def _read_dense(path: Path, modules_file: Path) -> DenseLayer:
     return DenseLayer(weight.float(), None if bias is None else bias.float(), TORCH_ACTIVATIONS[activation])
 
 
+def read_dense(path: str | Path) -> DenseLayer:
+    """One Dense module folder (config.json + weights) of a sentence-transformers folder as a DenseLayer (e.g. a
+    multi-vector encoder's token projection, vectors/late_interaction.py)."""
+    path = Path(path)
+    return _read_dense(path, path.parent / MODULES_FILE)
+
+
 @dataclass(frozen=True)
 class Prompts:
     """The prompts a sentence-transformers folder declares (config_sentence_transformers.json): name -> text put

@@ -1,0 +1,296 @@
+"""Multi-vector late interaction (ColBERT, Khattab & Zaharia 2020): one unit vector per token, MaxSim scoring, and
+an index that finds candidates by token vectors and rescores them exactly.
+
+    encoder = MultiVectorEncoder("folder/")          # a sentence-transformers MultiVectorEncoder folder, or any model
+    q = encoder.embed_queries(["who plays guitar"])   # [(tokens, dim) float32], rows of unit length
+    d = encoder.embed_documents(texts)
+    maxsim(q[0], d[0])                                # sum over query tokens of the best document-token cosine
+    index = LateInteractionIndex.build(texts, encoder); index.search("who plays guitar", k=10)
+
+A token's vector: the encoder's last hidden state (`Featurizer.embed_tokens`: the Featurizer's windows, batches,
+runtime and precision), through the folder's Dense projections (token_embeddings -> token_embeddings, as
+sentence-transformers' MultiVectorEncoder lists them), L2-normalised. Tokens of the folder's skiplist (its
+MultiVectorMask: ColBERT's punctuation) are dropped from the tasks it names (documents by default), special tokens
+kept, as sentence-transformers does. A model without MultiVectorEncoder modules gives its normalised hidden states
+with ColBERT's punctuation skiplist on documents (the raw material of late interaction, no trained projection).
+The folder's "query" / "document" prompts are put before the texts. Query expansion (PyLate's [MASK] padding to
+query_length) and Stanford-NLP ColBERT checkpoints (HF_ColBERT) are refused with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ctxrep.models.folders import CheckpointError
+from ctxrep.models.sentence_transformers import DenseLayer, read_dense, read_prompts
+from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.spec import FeaturizerSpec
+
+__all__ = ["LateInteractionIndex", "MultiVectorEncoder", "MultiVectorSettings", "maxsim", "maxsim_scores"]
+
+MODULES_FILE = "modules.json"
+COLBERT_SKIPLIST = tuple(string.punctuation)  # ColBERT's mask_punctuation
+EXPANSION_KEYS = ("query_expansion", "query_length", "document_length")  # Transformer knobs ctxrep does not apply
+
+
+@dataclass(frozen=True)
+class MultiVectorSettings:
+    """What a folder declares after its encoder: Dense projections (in order), the skiplist and the tasks it
+    applies to (MultiVectorMask), and whether token vectors are normalised."""
+
+    dense: tuple[DenseLayer, ...] = ()
+    skiplist_words: tuple[str, ...] = COLBERT_SKIPLIST
+    skiplist_tasks: tuple[str, ...] = ("document",)
+    normalize: bool = True
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> MultiVectorSettings:
+        """The modules.json of a sentence-transformers MultiVectorEncoder folder; the defaults above without one."""
+        folder = Path(folder)
+        config = folder / "config.json"
+        if config.is_file() and "HF_ColBERT" in (json.loads(config.read_text()).get("architectures") or []):
+            raise CheckpointError(
+                f"{folder}: a Stanford-NLP ColBERT checkpoint (HF_ColBERT); ctxrep reads sentence-transformers "
+                "MultiVectorEncoder folders: load it with sentence_transformers.MultiVectorEncoder and save() it"
+            )
+        modules_file = folder / MODULES_FILE
+        if not modules_file.is_file():
+            return cls()
+        modules = json.loads(modules_file.read_text())
+        kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        if "MultiVectorMask" not in kinds:
+            return cls()  # a single-vector folder: its token states, as for a plain model
+        transformer = folder / "sentence_bert_config.json"
+        knobs = json.loads(transformer.read_text()) if transformer.is_file() else {}
+        used = [k for k in EXPANSION_KEYS if knobs.get(k) not in (None, False)]
+        if used:
+            raise CheckpointError(
+                f"{transformer}: sets {', '.join(used)} (query expansion / fixed lengths), which ctxrep does not "
+                "apply; use sentence_transformers.MultiVectorEncoder for this folder"
+            )
+        dense, skiplist, tasks, normalize = [], (), ("document",), False
+        for m, kind in zip(modules, kinds):
+            path = folder / m.get("path", "")
+            if kind == "Dense":
+                dense.append(read_dense(path))
+            elif kind == "MultiVectorMask":
+                mask = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+                skiplist = tuple(mask.get("skiplist_words") or ())
+                tasks = mask.get("skiplist_tasks") or ["document"]
+                tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
+                if mask.get("keep_only_token_ids") is not None:
+                    raise CheckpointError(f"{path}: keep_only_token_ids (image patches) is not applied by ctxrep")
+            elif kind == "Normalize":
+                normalize = True
+            elif kind not in ("Transformer", "MLMTransformer"):
+                raise CheckpointError(f"{modules_file}: module {kind} is not one ctxrep applies to token vectors")
+        return cls(tuple(dense), skiplist, tasks, normalize)
+
+
+class MultiVectorEncoder:
+    """Texts -> one vector per token (see the module docs), a sibling of ctxrep.Featurizer.
+
+    model: a folder or name (a sentence-transformers MultiVectorEncoder folder, or any encoder), or a ready
+    ctxrep.Featurizer. Further keyword arguments go to the Featurizer (device, precision, backend, ...); the layer
+    is always the last, the projections run in float32.
+    """
+
+    def __init__(self, model="minilm", **featurizer_kwargs) -> None:
+        from ctxrep.featurize import Featurizer
+
+        fz = model if isinstance(model, Featurizer) else Featurizer(model, **featurizer_kwargs)
+        self.featurizer = fz.with_layers(-1)
+        folder = self.featurizer.source.folder
+        self.settings = MultiVectorSettings.of_folder(folder)
+        self.prompts = read_prompts(folder)
+        vocab = self.featurizer.tokenizer.backend
+        ids = [vocab.token_to_id(w) for w in self.settings.skiplist_words]  # words that are no token: dropped
+        self.skiplist_ids = np.array(sorted({i for i in ids if i is not None}), dtype=np.int64)
+
+    @property
+    def dim(self) -> int:
+        """Width of one token vector."""
+        return self.settings.dense[-1].weight.shape[0] if self.settings.dense else self.featurizer.model.hidden_size
+
+    @property
+    def spec(self) -> FeaturizerSpec:
+        return FeaturizerSpec.of(self.featurizer)
+
+    def embed_queries(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """One (tokens, dim) float32 array per query (the folder's "query" prompt first)."""
+        return self._embed(texts, "query")
+
+    def embed_documents(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """One (tokens, dim) float32 array per document, skiplisted tokens dropped (the "document" prompt first)."""
+        return self._embed(texts, "document")
+
+    def _embed(self, texts: Sequence[str], task: str) -> list[np.ndarray]:
+        import torch
+
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        prompt = self.prompts.prompts.get(task, "")
+        if prompt:
+            texts = [prompt + t for t in texts]
+        skip = task in self.settings.skiplist_tasks and len(self.skiplist_ids) > 0
+        out = []
+        for states in self.featurizer.embed_tokens(texts):
+            v = torch.from_numpy(np.ascontiguousarray(states.states, dtype=np.float32))
+            for layer in self.settings.dense:
+                v = layer(v)
+            v = v.numpy()
+            if skip:
+                v = v[~np.isin(states.ids, self.skiplist_ids)]
+            out.append(normalize_rows(v) if self.settings.normalize else np.ascontiguousarray(v, np.float32))
+        return out
+
+
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    """ColBERT's late interaction: sum over the query's tokens of the best dot product with a document token."""
+    if len(query) == 0 or len(document) == 0:
+        return 0.0
+    return float((query @ document.T).max(axis=1).sum())
+
+
+def maxsim_scores(queries: Sequence[np.ndarray], documents: Sequence[np.ndarray]) -> np.ndarray:
+    """(queries, documents) MaxSim scores (sentence-transformers' MultiVectorEncoder.similarity)."""
+    return np.array([[maxsim(q, d) for d in documents] for q in queries], dtype=np.float32).reshape(
+        len(queries), len(documents)
+    )
+
+
+class LateInteractionIndex:
+    """Documents as token vectors: candidates found by each query token's nearest document tokens (ctxrep's
+    nearest-neighbour index, `SentenceIndex`, over every document token: exact up to 20,000 tokens, HNSW above),
+    then rescored exactly by MaxSim.
+
+    candidates: document tokens each query token retrieves (ColBERT's ncandidates idea); a document none of the
+    query's tokens retrieves is not scored. On disk: the token index (SentenceIndex's files, ids = token rows),
+    documents.jsonl ({"id", "text", "tokens"} per document, in order) and late_interaction.json (the spec).
+    """
+
+    def __init__(self, dim: int, encoder: MultiVectorEncoder | None = None, spec: FeaturizerSpec | None = None):
+        from ctxrep.vectors.index import SentenceIndex
+
+        self.encoder = encoder
+        self.spec = spec if spec is not None else (encoder.spec if encoder is not None else None)
+        self.tokens = SentenceIndex(dim, metric="dot")  # every document token, in document order
+        self.ids: list = []
+        self.texts: list[str | None] = []
+        self.starts = np.zeros(1, np.int64)  # document j's tokens are rows starts[j]:starts[j + 1]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def build(cls, texts: Sequence[str], encoder: MultiVectorEncoder, ids: Sequence | None = None):
+        return cls(encoder.dim, encoder).add(texts, ids)
+
+    def _encoder(self) -> MultiVectorEncoder:
+        if self.encoder is None:
+            if self.spec is None:
+                raise ValueError("this index does not know which model made its vectors: search it with vectors")
+            self.encoder = MultiVectorEncoder(**self.spec.featurizer_kwargs())
+        return self.encoder
+
+    def add(self, texts: Sequence[str], ids: Sequence | None = None) -> LateInteractionIndex:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        return self.add_vectors(self._encoder().embed_documents(texts), ids, texts)
+
+    def add_vectors(self, documents: Sequence[np.ndarray], ids: Sequence | None = None, texts=None):
+        """Add documents given as (tokens, dim) arrays, with ids (default: the next row numbers) and texts."""
+        n = len(documents)
+        ids = list(range(len(self), len(self) + n)) if ids is None else list(ids)
+        texts = [None] * n if texts is None else list(texts)
+        if len(ids) != n or len(texts) != n:
+            raise ValueError(f"{n} documents but {len(ids)} ids and {len(texts)} texts; give one of each per document")
+        seen = set(self.ids)
+        for i in ids:
+            if i in seen:
+                raise ValueError(f"id {i!r} is already in the index; ids must be unique")
+            seen.add(i)
+        sizes = np.array([len(d) for d in documents], dtype=np.int64)
+        if n:
+            self.tokens.add_vectors(
+                np.concatenate([np.asarray(d, np.float32).reshape(-1, self.tokens.dim) for d in documents])
+            )
+        self.starts = np.concatenate([self.starts, self.starts[-1] + np.cumsum(sizes)])
+        self.ids.extend(ids)
+        self.texts.extend(texts)
+        return self
+
+    def document(self, j: int) -> np.ndarray:
+        """Document j's token vectors (tokens, dim)."""
+        return self.tokens.vectors[self.starts[j] : self.starts[j + 1]]
+
+    def search(self, queries, k: int = 10, candidates: int = 64):
+        """The k documents with the best MaxSim score for each query (a text, texts, or (tokens, dim) arrays), best
+        first: one Hits for a single query, a list for several."""
+        from ctxrep.vectors.index import Hits
+
+        if not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 2)
+        if isinstance(queries, str) or (queries and isinstance(queries[0], str)):
+            q_list = self._encoder().embed_queries([queries] if single else list(queries))
+        else:
+            q_list = [queries] if single else list(queries)
+        doc_of_row = np.repeat(np.arange(len(self)), np.diff(self.starts))
+        out = []
+        for q in q_list:
+            if len(self) == 0 or len(q) == 0:
+                out.append(Hits([], [], np.zeros(0, np.float32), np.zeros(0, np.int64)))
+                continue
+            near = self.tokens.search(np.asarray(q, np.float32), k=min(candidates, len(self.tokens)))
+            found = np.unique(doc_of_row[np.concatenate([h.rows for h in near])])
+            scores = np.array([maxsim(q, self.document(j)) for j in found], dtype=np.float32)
+            order = np.lexsort((found, -scores))[:k]
+            rows = found[order]
+            out.append(Hits([self.ids[r] for r in rows], [self.texts[r] for r in rows], scores[order], rows))
+        return out[0] if single else out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        self.tokens.save(path)
+        with open(path / "documents.jsonl", "w", encoding="utf-8") as f:
+            for i, t, n in zip(self.ids, self.texts, np.diff(self.starts).tolist()):
+                f.write(json.dumps({"id": i, "text": t, "tokens": n}, ensure_ascii=False) + "\n")
+        meta = {
+            "format": "ctxrep-late-interaction",
+            "version": 1,
+            "spec": None if self.spec is None else self.spec.to_dict(),
+        }
+        (path / "late_interaction.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, encoder: MultiVectorEncoder | None = None) -> LateInteractionIndex:
+        """Read a folder written by `save`; `encoder` (for text queries) is checked against the saved spec."""
+        from ctxrep.vectors.index import SentenceIndex
+
+        path = Path(path)
+        try:
+            meta = json.loads((path / "late_interaction.json").read_text())
+            docs = [json.loads(line) for line in (path / "documents.jsonl").read_text(encoding="utf-8").splitlines()]
+        except (OSError, ValueError) as e:
+            raise ValueError(
+                f"{path}: not a late-interaction index ({type(e).__name__}: {e}); build it again"
+            ) from None
+        spec = FeaturizerSpec.from_dict(meta["spec"], str(path)) if meta.get("spec") else None
+        if encoder is not None and spec is not None:
+            spec.check(encoder.spec, str(path), "load it without an encoder to embed queries as it was built")
+        tokens = SentenceIndex.load(path)
+        index = cls(tokens.dim, encoder, spec)
+        index.tokens = tokens
+        index.ids = [d["id"] for d in docs]
+        index.texts = [d["text"] for d in docs]
+        index.starts = np.concatenate([[0], np.cumsum([d["tokens"] for d in docs])]).astype(np.int64)
+        if index.starts[-1] != len(tokens):
+            raise ValueError(f"{path}: documents.jsonl lists {index.starts[-1]} tokens, the index holds {len(tokens)}")
+        return index

@@ -1,0 +1,125 @@
+"""Multi-vector late interaction (issue 34, item 2): token vectors equal to sentence-transformers'
+MultiVectorEncoder on a tiny random folder it wrote; MaxSim; the candidate-then-rescore index."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import string
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ctxrep.models.folders import CheckpointError
+from ctxrep.vectors.late_interaction import LateInteractionIndex, MultiVectorEncoder, maxsim, maxsim_scores
+from ctxrep.vectors.spec import SpecMismatch
+
+QUERIES = ["Who plays a guitar?", "What happened to stocks on Monday"]
+DOCS = [
+    "A man, plays a guitar.",
+    "Stocks fell sharply on Monday; the market never recovered!",
+    "The cat sleeps on the sofa.",
+    "A woman slices an onion (quickly).",
+]
+
+
+@pytest.fixture(scope="module")
+def mve_folder(tiny_models, tmp_path_factory) -> Path:
+    """A sentence-transformers MultiVectorEncoder folder (Transformer, Dense 32 -> 16, punctuation mask,
+    Normalize), written by sentence-transformers itself."""
+    from sentence_transformers import MultiVectorEncoder as STMultiVectorEncoder
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("mve")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dense = Dense(32, 16, bias=False, activation_function=torch.nn.Identity(), module_input_name="token_embeddings")
+        modules = [
+            Transformer(str(tiny_models["bert"])),
+            dense,
+            MultiVectorMask(skiplist_words=list(string.punctuation)),
+            Normalize(module_input_name="token_embeddings"),
+        ]
+        STMultiVectorEncoder(modules=modules, device="cpu").save(str(out))
+    return out
+
+
+def _reference(folder: Path):
+    from sentence_transformers import MultiVectorEncoder as STMultiVectorEncoder
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = STMultiVectorEncoder(str(folder), device="cpu")
+        q = [t.numpy() for t in st.encode_query(QUERIES, convert_to_numpy=False)]
+        d = [t.numpy() for t in st.encode_document(DOCS, convert_to_numpy=False)]
+        return q, d, st.similarity(st.encode_query(QUERIES), st.encode_document(DOCS)).numpy()
+
+
+def test_token_vectors_and_maxsim_equal_sentence_transformers(mve_folder):
+    encoder = MultiVectorEncoder(mve_folder)
+    assert encoder.dim == 16 and len(encoder.settings.dense) == 1 and encoder.settings.skiplist_tasks == ("document",)
+    q, d = encoder.embed_queries(QUERIES), encoder.embed_documents(DOCS)
+    ref_q, ref_d, ref_scores = _reference(mve_folder)
+    assert [len(x) for x in q] == [len(x) for x in ref_q] and [len(x) for x in d] == [len(x) for x in ref_d]
+    for ours, theirs in zip(q + d, ref_q + ref_d):
+        np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(d[0], axis=1), 1.0, rtol=1e-6)
+    # punctuation is dropped from documents only: "A man, plays a guitar." keeps [CLS] ... [SEP] minus ", ."
+    assert len(d[0]) == len(encoder.featurizer.embed_tokens([DOCS[0]])[0].ids) - 2
+    np.testing.assert_allclose(maxsim_scores(q, d), ref_scores, rtol=1e-5, atol=1e-5)
+    assert maxsim(q[0], d[0]) == pytest.approx(float((q[0] @ d[0].T).max(axis=1).sum()), rel=1e-6)
+
+
+def test_a_plain_model_gives_normalised_states_with_colberts_skiplist(tiny_models):
+    encoder = MultiVectorEncoder(tiny_models["bert"])
+    assert encoder.dim == 32 and encoder.settings.dense == ()
+    states = encoder.featurizer.embed_tokens([DOCS[0]])[0]
+    keep = ~np.isin(states.ids, encoder.skiplist_ids)
+    assert keep.sum() == len(states.ids) - 2  # "," and "."
+    expected = states.states[keep] / np.linalg.norm(states.states[keep], axis=1, keepdims=True)
+    np.testing.assert_allclose(encoder.embed_documents([DOCS[0]])[0], expected, rtol=1e-5, atol=1e-6)
+    assert len(encoder.embed_queries([DOCS[0]])[0]) == len(states.ids)  # queries keep their punctuation
+
+
+def test_folders_ctxrep_does_not_apply_are_refused(mve_folder, tmp_path):
+    expand = tmp_path / "expand"
+    shutil.copytree(mve_folder, expand)
+    config = json.loads((expand / "sentence_bert_config.json").read_text())
+    (expand / "sentence_bert_config.json").write_text(json.dumps(config | {"query_length": 32}))
+    with pytest.raises(CheckpointError, match="sets query_length .* which ctxrep does not apply"):
+        MultiVectorEncoder(expand)
+    stanford = tmp_path / "stanford"
+    shutil.copytree(mve_folder, stanford)
+    config = json.loads((stanford / "config.json").read_text())
+    (stanford / "config.json").write_text(json.dumps(config | {"architectures": ["HF_ColBERT"]}))
+    with pytest.raises(CheckpointError, match="Stanford-NLP ColBERT checkpoint"):
+        MultiVectorEncoder(stanford)
+
+
+def test_index_finds_candidates_by_tokens_and_rescores_exactly(mve_folder, tmp_path):
+    encoder = MultiVectorEncoder(mve_folder)
+    index = LateInteractionIndex.build(DOCS, encoder)
+    q, d = encoder.embed_queries(QUERIES), encoder.embed_documents(DOCS)
+    exact = maxsim_scores(q, d)
+    hits = index.search(QUERIES, k=3, candidates=1000)  # every token a candidate: the exact ranking
+    for h, s in zip(hits, exact):
+        order = np.lexsort((np.arange(len(s)), -s))[:3]
+        assert h.ids == order.tolist() and h.texts == [DOCS[i] for i in order]
+        np.testing.assert_allclose(h.scores, s[order], rtol=1e-5)
+    few = index.search(QUERIES[0], k=4, candidates=1)  # only the documents of each query token's best match
+    assert len(few) <= 4 and few.ids[0] == hits[0].ids[0]
+    index.save(tmp_path / "li")
+    back = LateInteractionIndex.load(tmp_path / "li")  # text queries rebuild the encoder from the spec
+    again = back.search(QUERIES[1], k=3, candidates=1000)
+    assert again.ids == hits[1].ids
+    np.testing.assert_allclose(again.scores, hits[1].scores, rtol=1e-5)
+    with pytest.raises(SpecMismatch, match="max_length 64 != 16"):
+        LateInteractionIndex.load(tmp_path / "li", encoder=MultiVectorEncoder(mve_folder, max_length=16))
+    with pytest.raises(ValueError, match="id 0 is already in the index"):
+        back.add_vectors(d[:1], ids=[0])
