@@ -393,3 +393,27 @@ def test_bad_model_folders_and_files_get_one_line_errors(trained, tmp_path):
     assert f"{source} ends at line 1" in msg
     msg = _error(_invoke("score", "--hyp", tmp_path / "missing.txt", "--ref", ref))
     assert "missing.txt: no such file" in msg
+
+
+def test_train_with_its_output_in_a_file_writes_plain_lines(corpus, tmp_path):
+    """`ctxrep mt train > log 2>&1`: no carriage-return bar redraws, a bounded number of lines, steps counted."""
+    import os
+    import subprocess
+    import sys
+
+    log = tmp_path / "train.log"
+    args = [str(a) for a in _train_args(corpus, tmp_path / "model", "--max-steps", "8")]
+    with log.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-c", "from ctxrep.cli import main; main()", "mt", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            timeout=600,
+        )
+    text = log.read_text()
+    assert done.returncode == 0, text
+    assert "\r" not in text and "\x1b" not in text
+    assert len(text.splitlines()) <= 30, text
+    assert "train: 8/8 steps (100%)" in text, text

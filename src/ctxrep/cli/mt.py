@@ -147,11 +147,10 @@ def translate(
 ) -> None:
     """Translate --input (or stdin) with the model in --model, to --out (or stdout). --precision bf16 / fp16 runs a
     copy of the weights cast to that type; int8 (CPU) runs every linear layer and the output projection in int8."""
-    from tqdm.auto import tqdm
-
     from ctxrep.translate.data import decode_lines, read_lines
     from ctxrep.translate.search import translate_n_best
     from ctxrep.translate.train import load_translator
+    from ctxrep.util.progress import progress as show_progress
 
     if beam < 1 or n_best < 1 or n_best > beam:
         raise ValueError(f"--beam {beam} --n-best {n_best}: need 1 <= n-best <= beam")
@@ -174,10 +173,10 @@ def translate(
             continue
         todo.append(number - 1)
     outputs: list[list[tuple[str, float]]] = [[] for _ in lines]
-    # disable=None is tqdm's "only on a TTY"; --progress / --no-progress decide instead. Never on stdout, which
-    # carries the translations.
-    disable = None if progress is None else not progress
-    with tqdm(total=len(todo), disable=disable, desc="translate", unit="sent", file=sys.stderr) as bar:
+    # On a terminal only, unless --progress / --no-progress decide (a bar there, plain lines in a log). Never on
+    # stdout, which carries the translations.
+    enabled = sys.stderr.isatty() if progress is None else progress
+    with show_progress(total=len(todo), enabled=enabled, desc="translate", unit="sent", file=sys.stderr) as bar:
         results = translate_n_best(
             model,
             tokenizer,
