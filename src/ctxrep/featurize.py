@@ -22,7 +22,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ctxrep import runtime
 from ctxrep.models.encoder import Encoder
@@ -41,6 +40,7 @@ from ctxrep.text.inputs import (
     words_of,
 )
 from ctxrep.util.arrays import normalize_rows
+from ctxrep.util.progress import progress as show_progress
 
 POOLINGS = ("first", "last", "mean", "first_last")
 SENTENCE_POOLINGS = ("mean", "cls", "model", "auto")
@@ -342,7 +342,7 @@ class Featurizer:
         order = np.argsort(rows.lengths, kind="stable")  # the same order for the same input: same batches
         sizes = token_budget_batches(rows.lengths[order].tolist(), self.batch_tokens)
         num_tokens = int(rows.lengths.sum())
-        bar = tqdm(total=num_tokens, unit="tok", disable=not self.progress, desc="embed")
+        bar = show_progress(total=num_tokens, unit="tok", enabled=bool(self.progress), desc="embed")  # lines in a log
         self.model.eval()
         run = self.runtime
         in_flight = max(1, run.in_flight(num_tokens))  # batches started before the oldest is pooled

@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import re
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 from ctxrep.models.folders import CheckpointError
 from ctxrep.text.tokenizer_files import TOKENIZER_FILES
 from ctxrep.util.files import ctxrep_cache
+from ctxrep.util.progress import progress as show_progress
 
 # ---- Hugging Face Hub -------------------------------------------------------------------------------------
 
@@ -262,6 +264,12 @@ def hub_folder(
     files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
     if check_model_type is not None:
         _check_config_first(hub, name, repo_id, info.sha or revision, cache, endpoint, check_model_type)
+    if progress and not sys.stderr.isatty():  # a log gets one plain line, not byte bars
+        print(
+            f"hub model {name!r}{at}: fetching {len(files)} files into {cache} (kept ones are not downloaded again)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         folder = hub.snapshot_download(
             repo_id,
@@ -270,7 +278,7 @@ def hub_folder(
             endpoint=endpoint,
             allow_patterns=files,
             library_name="ctxrep",
-            tqdm_class=None if progress else _SilentTqdm,
+            tqdm_class=None if progress and sys.stderr.isatty() else _SilentTqdm,  # bars on a terminal only
         )
     except OSError as e:  # HfHubHTTPError and httpx's errors included: the connection broke during the download
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -373,7 +381,7 @@ def _fetch(url: str, file: Path, progress: bool) -> None:
             total = int(total) if total and total.isdigit() else None
             with (
                 open(tmp, "wb") as out,
-                tqdm(total=total, unit="B", unit_scale=True, desc=file.name, disable=None if progress else True) as bar,
+                show_progress(total=total, unit="B", unit_scale=True, desc=file.name, enabled=progress) as bar,
             ):
                 while chunk := response.read(1 << 20):
                     out.write(chunk)
