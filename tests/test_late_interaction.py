@@ -123,3 +123,24 @@ def test_index_finds_candidates_by_tokens_and_rescores_exactly(mve_folder, tmp_p
         LateInteractionIndex.load(tmp_path / "li", encoder=MultiVectorEncoder(mve_folder, max_length=16))
     with pytest.raises(ValueError, match="id 0 is already in the index"):
         back.add_vectors(d[:1], ids=[0])
+
+
+def test_cli_index_build_late_interaction_and_search(mve_folder, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    (tmp_path / "d.txt").write_text("\n".join(DOCS) + "\n")
+    runner = CliRunner()
+    args = ["index", "build", "--input", str(tmp_path / "d.txt"), "--model", str(mve_folder), "--late-interaction"]
+    out = runner.invoke(main, args + ["--out", str(tmp_path / "lx")])
+    assert out.exit_code == 0, out.output
+    search = ["search", "--index", str(tmp_path / "lx"), "--query", QUERIES[1], "-k", "2", "--candidates", "1000"]
+    out = runner.invoke(main, search)
+    assert out.exit_code == 0, out.output
+    expected = LateInteractionIndex.build(DOCS, MultiVectorEncoder(mve_folder)).search(QUERIES[1], k=2)
+    rows = [line.split("\t") for line in out.output.strip().splitlines()[1:]]
+    assert [int(r[3]) for r in rows] == expected.ids
+    np.testing.assert_allclose([float(r[2]) for r in rows], expected.scores, atol=1e-4)
+    out = runner.invoke(main, args + ["--vectors", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert out.exit_code == 1 and "--late-interaction embeds the texts of --input" in out.output

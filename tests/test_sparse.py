@@ -160,3 +160,25 @@ def test_sparse_index_dot_product_search_round_trip(splade_folder, tmp_path):
         SparseIndex.load(tmp_path / "sx", encoder=SparseEncoder(splade_folder, max_length=32))
     with pytest.raises(ValueError, match="not a sparse index"):
         SparseIndex.load(tmp_path)
+
+
+def test_cli_index_build_sparse_and_search(splade_folder, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    (tmp_path / "t.txt").write_text("\n".join(TEXTS) + "\n")
+    runner = CliRunner()
+    args = ["index", "build", "--input", str(tmp_path / "t.txt"), "--model", str(splade_folder), "--sparse"]
+    out = runner.invoke(main, args + ["--out", str(tmp_path / "sx")])
+    assert out.exit_code == 0, out.output
+    assert "indexed 4 texts (sparse vectors)" in out.output
+    out = runner.invoke(main, ["search", "--index", str(tmp_path / "sx"), "--query", TEXTS[2], "-k", "2"])
+    assert out.exit_code == 0, out.output
+    expected = SparseIndex.build(TEXTS, SparseEncoder(splade_folder)).search(TEXTS[2], k=2)
+    rows = [line.split("\t") for line in out.output.strip().splitlines()[1:]]
+    assert [int(r[3]) for r in rows] == expected.ids and [r[4] for r in rows] == expected.texts
+    out = runner.invoke(main, args + ["--late-interaction", "--out", str(tmp_path / "x")])
+    assert out.exit_code == 1 and "give --sparse or --late-interaction, not both" in out.output
+    out = runner.invoke(main, args + ["--layers", "0", "--out", str(tmp_path / "x")])
+    assert out.exit_code == 1 and "--sparse reads the last layer" in out.output

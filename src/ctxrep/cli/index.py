@@ -1,10 +1,14 @@
-"""`ctxrep index build` and `ctxrep search`: a sentence index (ctxrep.SentenceIndex) from the command line.
+"""`ctxrep index build` and `ctxrep search`: a dense (ctxrep.SentenceIndex), sparse (SPLADE, vectors/sparse.py) or
+late-interaction (ColBERT, vectors/late_interaction.py) index from the command line.
 
 ctxrep index build --input faq.txt --out ix/                       # one text per line; ids = 0, 1, 2, ...
 ctxrep index build --input faq.csv --text-column question --id-column qid --out ix/
 ctxrep index build --vectors vecs/ --input faq.txt --out ix/        # `ctxrep embed --level sentence` output
 ctxrep search --index ix/ --query "how do I reset my password" -k 10
 ctxrep search --index ix/ --queries questions.txt -k 5 --out hits.tsv
+ctxrep index build --input faq.txt --sparse --model naver/splade-v3 --out sx/      # SPLADE, inverted index
+ctxrep index build --input faq.txt --late-interaction --model FOLDER --out lx/    # ColBERT token vectors, MaxSim
+ctxrep search --index lx/ --query "how do I reset my password"                    # the kind is read from the folder
 """
 
 from __future__ import annotations
@@ -51,17 +55,59 @@ def index() -> None:
     "folder's pooling where it has one, else mean).",
 )
 @click.option("--metric", type=click.Choice(["cosine", "dot"]), default="cosine", show_default=True)
+@click.option(
+    "--sparse", is_flag=True, help="Sparse lexical vectors (SPLADE / BGE-M3: the model needs an MLM or sparse head)."
+)
+@click.option(
+    "--late-interaction",
+    is_flag=True,
+    help="One vector per token (ColBERT: a sentence-transformers MultiVectorEncoder folder, or any model's token "
+    "states), searched by MaxSim.",
+)
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
 @user_errors
 def build(
-    input_path, vectors_dir, out_dir, model, fmt, text_column, id_column, layers, sentence_pooling, metric, device
+    input_path,
+    vectors_dir,
+    out_dir,
+    model,
+    fmt,
+    text_column,
+    id_column,
+    layers,
+    sentence_pooling,
+    metric,
+    sparse,
+    late_interaction,
+    device,
 ) -> None:
     """Embed the texts of INPUT (or take the vectors of an embed run) and write a searchable index to OUT."""
     from ctxrep.vectors.index import SentenceIndex, read_texts
 
     if input_path is None and vectors_dir is None:
         raise ValueError("give --input (texts to embed) or --vectors (a `ctxrep embed --level sentence` folder)")
+    if sparse or late_interaction:
+        kind = "--sparse" if sparse else "--late-interaction"
+        if sparse and late_interaction:
+            raise ValueError("give --sparse or --late-interaction, not both")
+        if vectors_dir is not None or input_path is None:
+            raise ValueError(f"{kind} embeds the texts of --input; --vectors holds dense vectors")
+        if layers != "-1" or metric != "cosine":
+            raise ValueError(f"{kind} reads the last layer and scores by dot product; leave --layers and --metric out")
     items = read_texts(input_path, fmt, text_column, id_column) if input_path is not None else None
+    if sparse or late_interaction:
+        from ctxrep.vectors.late_interaction import LateInteractionIndex, MultiVectorEncoder
+        from ctxrep.vectors.sparse import SparseEncoder, SparseIndex
+
+        kwargs = {"device": device} if device else {}
+        if sparse:
+            ix = SparseIndex.build(items.texts, SparseEncoder(model, progress=True, **kwargs), ids=items.ids)
+        else:
+            ix = LateInteractionIndex.build(items.texts, MultiVectorEncoder(model, progress=True, **kwargs), items.ids)
+        ix.save(out_dir)
+        what = "sparse vectors" if sparse else f"{len(ix.tokens)} token vectors"
+        click.echo(f"indexed {len(ix)} texts ({what}) in {out_dir}")
+        return
     if vectors_dir is not None:
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
         ix = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric)
@@ -82,11 +128,18 @@ def build(
 @click.option("--queries", "queries_file", default=None, help="A file of queries, one per line.")
 @click.option("-k", "k", default=10, show_default=True, help="Neighbours per query.")
 @click.option("--out", "out_path", default=None, help="Write the hits as TSV here instead of standard output.")
+@click.option(
+    "--candidates",
+    default=64,
+    show_default=True,
+    help="Late-interaction indexes: document tokens each query token retrieves before exact MaxSim rescoring.",
+)
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
 @user_errors
-def search(index_dir, queries, queries_file, k, out_path, device) -> None:
-    """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV)."""
-    from ctxrep.vectors.index import SentenceIndex, read_texts
+def search(index_dir, queries, queries_file, k, out_path, candidates, device) -> None:
+    """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV). Dense, sparse
+    and late-interaction indexes alike (the kind is read from the folder)."""
+    from ctxrep.vectors.index import read_texts
 
     queries = list(queries)
     if queries_file is not None:
@@ -95,8 +148,9 @@ def search(index_dir, queries, queries_file, k, out_path, device) -> None:
         raise ValueError("give --query TEXT or --queries FILE")
     if k < 1:
         raise ValueError(f"-k must be at least 1, got {k}")
-    ix = SentenceIndex.load(index_dir, runtime={"device": device} if device else None)
-    hits = ix.search(queries, k=k)
+    if candidates < 1:
+        raise ValueError(f"--candidates must be at least 1, got {candidates}")
+    hits = _open(Path(index_dir), device, candidates).search(queries, k=k)
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout
     try:
         out.write("query\trank\tscore\tid\ttext\n")
@@ -109,6 +163,27 @@ def search(index_dir, queries, queries_file, k, out_path, device) -> None:
             out.close()
     if out_path:
         click.echo(f"wrote {sum(len(h) for h in hits)} hits for {len(queries)} queries to {Path(out_path)}")
+
+
+def _open(folder: Path, device: str | None, candidates: int = 64):
+    """The index in `folder`, whatever its kind, with the runtime options for its query encoder."""
+    from ctxrep.vectors.index import SentenceIndex
+    from ctxrep.vectors.late_interaction import LateInteractionIndex, MultiVectorEncoder
+    from ctxrep.vectors.sparse import SparseEncoder, SparseIndex
+
+    runtime = {"device": device} if device else {}
+    if (folder / "late_interaction.json").is_file():
+        ix = LateInteractionIndex.load(folder)
+        ix.candidates = candidates
+        if runtime and ix.spec is not None:
+            ix.encoder = MultiVectorEncoder(**ix.spec.featurizer_kwargs(), **runtime)
+        return ix
+    if (folder / "postings.npz").is_file():
+        ix = SparseIndex.load(folder)
+        if runtime and ix.spec is not None:
+            ix.encoder = SparseEncoder(**ix.spec.featurizer_kwargs(), max_active_dims=ix.max_active_dims, **runtime)
+        return ix
+    return SentenceIndex.load(folder, runtime=runtime or None)
 
 
 COMMANDS = (index, search)

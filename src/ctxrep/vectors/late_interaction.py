@@ -184,6 +184,7 @@ class LateInteractionIndex:
         self.ids: list = []
         self.texts: list[str | None] = []
         self.starts = np.zeros(1, np.int64)  # document j's tokens are rows starts[j]:starts[j + 1]
+        self.candidates = 64  # the default of `search`
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -229,9 +230,10 @@ class LateInteractionIndex:
         """Document j's token vectors (tokens, dim)."""
         return self.tokens.vectors[self.starts[j] : self.starts[j + 1]]
 
-    def search(self, queries, k: int = 10, candidates: int = 64):
+    def search(self, queries, k: int = 10, candidates: int | None = None):
         """The k documents with the best MaxSim score for each query (a text, texts, or (tokens, dim) arrays), best
-        first: one Hits for a single query, a list for several."""
+        first: one Hits for a single query, a list for several. candidates: default `self.candidates`."""
+        candidates = self.candidates if candidates is None else candidates
         from ctxrep.vectors.index import Hits
 
         if not isinstance(k, (int, np.integer)) or k < 1:
