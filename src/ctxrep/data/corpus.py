@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from tqdm.auto import tqdm
+
+from ctxrep.util.progress import progress as show_progress
 
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
@@ -359,7 +360,7 @@ def pack_corpus(
     num_tokens = 0
     with (
         open(out / TOKENS_FILE, "wb") as sink,
-        tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", disable=not progress) as bar,
+        show_progress(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", enabled=progress) as bar,
     ):
         for task, (tokens, piece_counts, lengths) in _run_tasks(_tasks(files, config), out, config.num_workers):
             for (new_document, _), count in zip(task.pieces, piece_counts):
