@@ -272,6 +272,9 @@ def test_v1_models_through_the_openai_client(server):
         client.models.retrieve("gpt-4")
 
 
+JSON = {"content-type": "application/json"}
+
+
 @pytest.mark.parametrize(
     "method, path, kwargs, status, message",
     [
@@ -282,6 +285,21 @@ def test_v1_models_through_the_openai_client(server):
         ("POST", "/embed", {"files": {"inputs": b"a b"}}, 415, "'multipart/form-data': send JSON"),
         ("POST", "/v1/embeddings", {"json": ["a"]}, 422, "body: expected a JSON object"),
         ("POST", "/embed", {"json": {"inputs": []}}, 422, "inputs: an empty list"),
+        (
+            "POST",
+            "/v1/embeddings",
+            {"content": b'{"input": "\xff"}', "headers": JSON},
+            400,
+            "the body is not JSON text in UTF-8",
+        ),
+        ("POST", "/v1/embeddings", {"content": b""}, 422, "the body is empty; send a JSON object"),
+        (
+            "POST",
+            "/embed",
+            {"content": b'{"inputs": "a \\ud800"}', "headers": JSON},
+            422,
+            "inputs[0]: not valid Unicode",
+        ),
     ],
 )
 def test_every_error_comes_in_the_routes_own_schema(server, method, path, kwargs, status, message):

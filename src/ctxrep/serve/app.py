@@ -72,6 +72,16 @@ def encode(vector: np.ndarray, encoding_format: str) -> list | str:
     return vector.astype(np.float32).tolist()
 
 
+def _is_unicode(text: str | list[str]) -> bool:
+    """False for a string holding a lone surrogate (JSON's "\\ud800" escape parses into one; UTF-8 cannot hold it)."""
+    try:
+        for part in [text] if isinstance(text, str) else text:
+            part.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 # ---- what every route shares ----------------------------------------------------------------------------------
 
 
@@ -108,6 +118,10 @@ class Handlers:
                     413,
                     f"{field_name}[{i}]: {chars:,} characters; the limit is {config.max_text_chars:,} per text",
                     "request_too_large",
+                )
+            if not _is_unicode(item):
+                raise RequestError(
+                    422, f"{field_name}[{i}]: not valid Unicode (a lone surrogate escape); send UTF-8 text"
                 )
             words = item.split() if isinstance(item, str) else list(item)
             if not words or any(not w or w.isspace() for w in words):
@@ -260,6 +274,7 @@ def error_handlers(app) -> None:
         where = f"{request.method} {request.url.path}"
         allowed = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "another method")
         messages = {
+            400: f"{where}: the body is not JSON text in UTF-8",
             404: f"{where}: no such route; see the routes in `ctxrep serve --help`",
             405: f"{where}: method not allowed; use {allowed}",
         }

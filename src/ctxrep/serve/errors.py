@@ -67,6 +67,8 @@ def validation_message(errors: list[dict]) -> str:
     if first.get("type") == "json_invalid":
         return f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg', ''))}"
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if not loc and first.get("type") == "missing":
+        return "the body is empty; send a JSON object"
     field = loc[0] if loc else "body"
     same_field = [e for e in errors if [str(p) for p in e.get("loc", ()) if p != "body"][:1] == loc[:1]]
     if len(same_field) > 1 or field in EXPECTED and len(loc) > 1:  # a union: every alternative failed
