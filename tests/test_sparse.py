@@ -182,3 +182,25 @@ def test_cli_index_build_sparse_and_search(splade_folder, tmp_path):
     assert out.exit_code == 1 and "give --sparse or --late-interaction, not both" in out.output
     out = runner.invoke(main, args + ["--layers", "0", "--out", str(tmp_path / "x")])
     assert out.exit_code == 1 and "--sparse reads the last layer" in out.output
+
+
+def test_embed_output_sparse_round_trips_through_load_vectors(splade_folder, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+    from ctxrep.vectors.store import load_vectors
+
+    (tmp_path / "t.txt").write_text("\n".join(TEXTS) + "\n")
+    args = ["embed", "--input", str(tmp_path / "t.txt"), "--model", str(splade_folder), "--level", "sentence"]
+    out = CliRunner().invoke(main, args + ["--output", "sparse", "--shard-size", "3", "--out", str(tmp_path / "o")])
+    assert out.exit_code == 0, out.output
+    encoder = SparseEncoder(splade_folder)
+    vectors = load_vectors(tmp_path / "o", expect=encoder)
+    assert vectors.sparse and len(vectors) == 4 and vectors.row_shape == (30522,) and vectors.spec.head == "sparse"
+    expected = encoder.embed_sentences([t.split() for t in TEXTS]).toarray()  # embed reads words
+    np.testing.assert_allclose(vectors.array.toarray(), expected, atol=1e-6)
+    np.testing.assert_allclose(vectors[3].toarray()[0], expected[3], atol=1e-6)  # the second shard
+    with pytest.raises(SpecMismatch, match="head 'sparse' != 'dense'"):
+        vectors.check(encoder.featurizer)
+    out = CliRunner().invoke(main, args[:-2] + ["--output", "sparse", "--out", str(tmp_path / "w")])
+    assert out.exit_code == 1 and "--output sparse writes one sparse vector per text" in out.output

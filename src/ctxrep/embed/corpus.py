@@ -260,6 +260,7 @@ class EmbedJob:
     device: str | None = None
     precision: str = "fp32"
     backend: str = "torch"
+    output: str = "dense"  # "sparse": SPLADE vectors over the vocabulary (ctxrep.vectors.sparse), sentence level
     extra_settings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -273,6 +274,13 @@ class EmbedJob:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.fmt!r}")
         if isinstance(self.layers, str) and self.layers not in ("all", "mix"):
             self.layers = parse_layers(self.layers)
+        if self.output not in ("dense", "sparse"):
+            raise ValueError(f"output must be 'dense' or 'sparse', got {self.output!r}")
+        if self.output == "sparse" and (self.level != "sentence" or self.storage != "safetensors" or self.layers != -1):
+            raise ValueError(
+                "--output sparse writes one sparse vector per text from the last layer: use --level sentence, "
+                "safetensors storage and the default --layers"
+            )
         if self.fmt == "parquet" and self.input_path == "-":
             raise ValueError("--format parquet reads a file, not standard input; give --input FILE")
 
@@ -301,11 +309,14 @@ class EmbedJob:
             settings["precision"] = self.precision
         if self.backend not in ("torch", None):
             settings["backend"] = self.backend
+        if self.output != "dense":
+            settings["output"] = self.output
         settings.update(self.extra_settings)
         return settings
 
     def featurizer(self, device: str | None = None, threads: int | None = None):
-        """The Featurizer this job embeds with (on `device`, with `threads` torch threads, when given)."""
+        """The Featurizer this job embeds with (on `device`, with `threads` torch threads, when given); for
+        output="sparse" the SparseEncoder over it."""
         from ctxrep.featurize import Featurizer
 
         kwargs: dict[str, Any] = {}
@@ -319,7 +330,7 @@ class EmbedJob:
             kwargs["precision"] = precision
         if self.backend != "torch":
             kwargs["backend"] = self.backend
-        return Featurizer(
+        fz = Featurizer(
             self.model,
             layers=self.layers,
             pooling=self.pooling,
@@ -329,6 +340,11 @@ class EmbedJob:
             compile=self.compile,
             **kwargs,
         )
+        if self.output == "sparse":  # the same interface: embed_sentences gives a (texts, vocabulary) csr_matrix
+            from ctxrep.vectors.sparse import SparseEncoder
+
+            return SparseEncoder(fz)
+        return fz
 
 
 @dataclass
@@ -386,7 +402,7 @@ def embed_shard(fz, records: list[Record], first_text: int, level: str) -> tuple
     else:
         vectors = fz.embed_sentences(words)
         index = [(first_text + t, r.line, -1, "") for t, r in enumerate(records)]
-    assert len(index) == len(vectors), "one index line per vector row"
+    assert len(index) == vectors.shape[0], "one index line per vector row"
     return vectors, index
 
 

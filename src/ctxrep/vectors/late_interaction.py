@@ -19,6 +19,7 @@ query_length) and Stanford-NLP ColBERT checkpoints (HF_ColBERT) are refused with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import string
@@ -121,7 +122,8 @@ class MultiVectorEncoder:
 
     @property
     def spec(self) -> FeaturizerSpec:
-        return FeaturizerSpec.of(self.featurizer)
+        """The dense featurizer's spec underneath (what made the token states), head "multi-vector"."""
+        return dataclasses.replace(FeaturizerSpec.of(self.featurizer), head="multi-vector")
 
     def embed_queries(self, texts: Sequence[str]) -> list[np.ndarray]:
         """One (tokens, dim) float32 array per query (the folder's "query" prompt first)."""

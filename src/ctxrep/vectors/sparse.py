@@ -16,6 +16,7 @@ windows, batches, runtime and precision), so a sparse vector costs the dense fea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -120,8 +121,12 @@ class SparseEncoder:
 
     @property
     def spec(self) -> FeaturizerSpec:
-        """The spec of the dense featurizer underneath (what made the token states)."""
-        return FeaturizerSpec.of(self.featurizer)
+        """The dense featurizer's spec underneath (what made the token states), head "sparse"."""
+        return dataclasses.replace(FeaturizerSpec.of(self.featurizer), head="sparse")
+
+    # the Featurizer's shape questions, so that an embedding job takes either
+    sentence_dim = vocab_size
+    single_layer = True
 
     def embed_sentences(self, texts: Sequence[str | list[str]], batch_texts: int = 64):
         """(texts, vocab_size) scipy.sparse.csr_matrix of float32 weights."""

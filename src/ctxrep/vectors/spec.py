@@ -46,10 +46,14 @@ class FeaturizerSpec:
     backend: str | None = "torch"
     max_length: int | None = None
     stride: int | None = None
+    head: str = "dense"  # what turns the token states into the vectors: "dense", "sparse" (SPLADE), "multi-vector"
 
     @classmethod
     def of(cls, featurizer) -> FeaturizerSpec:
-        """The spec of a ctxrep.Featurizer (read from its public attributes)."""
+        """The spec of a ctxrep.Featurizer (read from its public attributes), or of a sibling encoder (SparseEncoder,
+        MultiVectorEncoder: its own `spec`)."""
+        if not hasattr(featurizer, "layer_indices") and isinstance(getattr(featurizer, "spec", None), FeaturizerSpec):
+            return featurizer.spec
         if not all(hasattr(featurizer, a) for a in ("source", "layer_indices", "pooling", "sentence_pooling")):
             raise TypeError(f"expected a ctxrep.Featurizer, got {type(featurizer).__name__}")
         mix, indices = featurizer.mix, [int(i) for i in featurizer.layer_indices]

@@ -10,6 +10,7 @@ call them), `load_vectors(DIR)` reads it, memory-mapped, one array per input tex
     vectors.index()         # every row: text, line, word, token (numpy arrays)
     vectors.array           # every row in one in-memory array (reads all shards)
     vectors.spec            # the FeaturizerSpec that made them (ctxrep.vectors.spec)
+    (`ctxrep embed --output sparse`: each text's row is a scipy.sparse (1, vocabulary) row, `array` a csr_matrix)
     for array in vectors: ...
     load_vectors("out/", expect=featurizer)   # SpecMismatch unless `featurizer` makes the same vectors
 
@@ -92,6 +93,7 @@ class Vectors:
         self.manifest = manifest
         self.settings: dict = settings
         self.level: str = settings.get("level", "word")
+        self.sparse = settings.get("output") == "sparse"  # rows are scipy.sparse (1, vocabulary) rows
         self.complete = bool(manifest.get("complete"))
         if not self.complete:
             warnings.warn(
@@ -195,6 +197,11 @@ class Vectors:
     def array(self) -> np.ndarray:
         """Every row in one in-memory array, (rows, *row_shape), in index order. Reads every shard on each access:
         keep the result (`a = vectors.array`) rather than reading it in a loop."""
+        if self.sparse:
+            import scipy.sparse
+
+            parts = [self._vectors(s) for s in self._shards]
+            return scipy.sparse.vstack(parts, format="csr") if parts else scipy.sparse.csr_matrix((0, self.dim))
         if not self._shards:
             return np.zeros((0, *self.row_shape), np.float32)
         return np.concatenate([np.asarray(self._vectors(s)) for s in self._shards])
@@ -213,10 +220,13 @@ class Vectors:
 
     def _vectors(self, shard: _Shard) -> np.ndarray:
         if shard._vectors is None:
-            array = _map_npy(shard.file) if shard.file.suffix == ".npy" else _map_safetensors(shard.file)
-            if "row_shape" not in self.manifest and len(array):  # written before manifests kept the row shape
+            if self.sparse:
+                array = _read_sparse(shard.file)
+            else:
+                array = _map_npy(shard.file) if shard.file.suffix == ".npy" else _map_safetensors(shard.file)
+            if "row_shape" not in self.manifest and array.shape[0]:  # written before manifests kept the row shape
                 self.row_shape = tuple(array.shape[1:])
-            if len(array) != shard.rows or tuple(array.shape[1:]) != self.row_shape:
+            if array.shape[0] != shard.rows or tuple(array.shape[1:]) != self.row_shape:
                 raise VectorsError(
                     f"{shard.file}: {array.shape} does not match the manifest ({shard.rows} rows of {self.row_shape}); "
                     "the folder was changed after ctxrep embed wrote it: run it again into an empty folder"
@@ -331,7 +341,17 @@ def write_arrays(vectors: np.ndarray, index: list[tuple], k: int, texts: int, st
     index_name = f"index-{k:05d}.tsv"
     tag = f".{os.getpid()}.tmp"
     tmp, index_tmp = out / (name + tag), out / (index_name + tag)
-    if storage == "safetensors":
+    if _is_sparse(vectors):  # `ctxrep embed --output sparse`: the CSR arrays of (texts, vocabulary)
+        from safetensors.numpy import save_file
+
+        from ctxrep.util.files import apply_umask
+
+        csr = vectors.tocsr()
+        arrays = {"indptr": csr.indptr.astype(np.int64), "indices": csr.indices.astype(np.int64)}
+        arrays["values"] = csr.data.astype(np.float32)
+        save_file(arrays, str(tmp), metadata={"shape": json.dumps(list(csr.shape))})
+        apply_umask(tmp)
+    elif storage == "safetensors":
         from safetensors.numpy import save_file
 
         from ctxrep.util.files import apply_umask
@@ -357,6 +377,26 @@ def write_arrays(vectors: np.ndarray, index: list[tuple], k: int, texts: int, st
         "first_line": int(index[0][1]) if index else 0,
         "sha256_16": digest,
     }
+
+
+def _is_sparse(vectors) -> bool:
+    return hasattr(vectors, "tocsr")  # a scipy.sparse matrix (SparseEncoder's output)
+
+
+def _read_sparse(file: Path):
+    """A sparse shard (indptr, indices, values; shape in the metadata) as a scipy.sparse.csr_matrix."""
+    import scipy.sparse
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), "np") as f:
+            shape = tuple(json.loads(f.metadata()["shape"]))
+            arrays = [f.get_tensor(k) for k in ("values", "indices", "indptr")]
+        return scipy.sparse.csr_matrix(tuple(arrays), shape=shape, dtype=np.float32)
+    except Exception as e:  # safetensors raises its own errors
+        raise VectorsError(
+            f"{file}: not a sparse shard ({type(e).__name__}: {e}); run ctxrep embed again into an empty folder"
+        ) from None
 
 
 def write_manifest(
