@@ -29,7 +29,6 @@ from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import TokenPooler, is_sentence_transformers_folder, read_sentence_pooling
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.text.inputs import (
-    EncoderInput,
     Rows,
     Text,
     WindowPlan,
@@ -258,22 +257,65 @@ class Featurizer:
         return [Alignment(w, p.tokens, p.word_ids) for w, p in zip(words, pieces)]
 
     def _word_windows(self, words_a: list[list[str]], words_b: list[list[str]] | None) -> _Prepared:
-        """The windows of checked word lists (`words_of`), each text's alone or paired with words_b's, with each
-        text's word count: what word vectors (and pairs) need."""
+        """The rows of checked word lists (`words_of`), each text's alone or paired with words_b's, with the words
+        each row pools and each text's word count: what word vectors (and pairs) need."""
+        n = len(words_a)
         if self.tokenizer.word_level:
             self.tokenizer.reset()  # number only this call's words: memory stays bounded over a corpus
         if words_b is None:
+            counts = np.fromiter(map(len, words_a), np.int64, count=n)
+        else:
+            counts = np.fromiter((len(a) + len(b) for a, b in zip(words_a, words_b)), np.int64, count=n)
+        slots = np.cumsum(counts) - counts  # each text's first word in the call's output
+        if words_b is None and not self.tokenizer.word_level:
+            rows = self._single_word_rows(words_a, slots)
+        elif words_b is None:
             pieces = self.tokenizer.encode_words(words_a)
             windows = [w for i, p in enumerate(pieces) for w in self.plan.single(i, p)]
-            counts = [len(w) for w in words_a]
+            rows = Rows.from_records(windows, word_slots=slots)
         else:
             pieces = self.tokenizer.encode_words(words_a + words_b)
-            n = len(words_a)
             windows = [self.plan.pair(i, pieces[i], pieces[n + i]) for i in range(n)]
-            counts = [pieces[i].num_words + pieces[n + i].num_words for i in range(n)]
-        rows = Rows.from_records(windows)
+            rows = Rows.from_records(windows, word_slots=slots)
         rows.weights = np.ones(len(rows.ids), np.float32)  # a pair is one window; word pooling reads no weights
-        return _Prepared(rows, len(counts), windows, counts)
+        return _Prepared(rows, n, counts)
+
+    def _single_word_rows(self, words: list[list[str]], slots: np.ndarray) -> Rows:
+        """Rows and word spans of single texts: a text that fits one window (every word with a piece) straight from
+        the tokenizer's flat arrays, the others (long texts, a word without pieces) through `WindowPlan.single`."""
+        ids, word_ids, lengths = self.tokenizer.encode_words_flat(words)
+        n = len(words)
+        text_of = np.repeat(np.arange(n), lengths)  # (pieces,) each piece's text
+        starts = np.cumsum(lengths) - lengths
+        first_piece = np.ones(len(ids), bool)  # a word's first piece: the text's first, or a new word index
+        first_piece[1:] = word_ids[1:] != word_ids[:-1]
+        first_piece[starts[lengths > 0]] = True
+        covered = np.bincount(text_of[first_piece], minlength=n)  # words with pieces, per text
+        counts = np.fromiter(map(len, words), np.int64, count=n)
+        fits = (covered == counts) & (lengths <= self.plan.window_size)
+        parts = []
+        if fits.any():
+            keep = fits[text_of]
+            ids_k, word_ids_k, lengths_k = ids[keep], word_ids[keep], lengths[fits]
+            texts = np.flatnonzero(fits)
+            rows = Rows.single_texts(self.tokenizer.template, ids_k, lengths_k, texts)
+            firsts = np.flatnonzero(first_piece[keep])  # (K,) every word's first piece, in the kept arrays
+            ends = np.append(firsts[1:], len(ids_k))  # the next word's first piece (texts start with a word)
+            row = np.repeat(np.arange(len(texts)), lengths_k)[firsts]  # (K,) each word's row
+            # a bare word-start marker ("▁", "Ġ") before the word's other pieces is not pooled (pooling_spans)
+            bare = np.isin(ids_k[firsts], self.tokenizer.word_start_ids) & (ends - firsts > 1)
+            at = len(self.tokenizer.template.prefix) - (np.cumsum(lengths_k) - lengths_k)[row]  # piece -> position
+            slot = slots[texts[row]] + word_ids_k[firsts]
+            rows.words = np.stack([row, slot, firsts + bare + at, ends + at], axis=1)
+            parts.append(rows)
+        if not fits.all():
+            rest = np.flatnonzero(~fits)
+            pieces = self.tokenizer.encode_words([words[i] for i in rest])  # repairs a word without pieces
+            windows = [w for i, p in enumerate(pieces) for w in self.plan.single(i, p)]
+            rows = Rows.from_records(windows, word_slots=slots[rest])
+            rows.text = rest[rows.text]  # back to the chunk's text numbers
+            parts.append(rows)
+        return Rows.concat(parts) if len(parts) > 1 else parts[0]
 
     def _sentence_rows(self, texts: list[Text], keep_specials: str) -> _Prepared:
         """The rows of checked texts for vectors that need no word alignment (the model's pooling, the
@@ -375,17 +417,14 @@ class Featurizer:
             drain()
         bar.close()
 
-    def _pool_words(self, selected: torch.Tensor, batch: list[EncoderInput], word_out: list[np.ndarray]) -> None:
-        """Pool each word's pieces; selected: (layers, batch, seq, hidden)."""
+    def _pool_words(self, selected: torch.Tensor, rows: Rows, batch_rows: np.ndarray, out: np.ndarray) -> None:
+        """Pool each word's pieces of one batch into its slot of `out`; selected: (layers, batch, seq, hidden)."""
         n_layers, b, t, h = selected.shape
-        flat = selected.permute(1, 2, 0, 3).reshape(b * t, n_layers, h)  # (batch*seq, layers, hidden)
-        rows = [(r, w) for r, w in enumerate(batch) if w.words]
-        if not rows:
+        position, slot, first, end = rows.batch_words(batch_rows)  # one entry per word
+        if not len(slot):
             return
-        words = np.array([span for _, w in rows for span in w.words], dtype=np.int64)  # (K, 3): word, start, end
-        sizes = [len(w.words) for _, w in rows]
-        base = np.repeat([r * t for r, _ in rows], sizes)  # (K,) the window's first row in `flat`
-        firsts, lasts = base + words[:, 1], base + words[:, 2] - 1  # (K,) rows of each word's first and last piece
+        flat = selected.permute(1, 2, 0, 3).reshape(b * t, n_layers, h)  # (batch*seq, layers, hidden)
+        firsts, lasts = position * t + first, position * t + end - 1  # rows of each word's first and last piece
         if self.pooling == "first":
             vectors = flat[firsts]
         elif self.pooling == "last":
@@ -396,14 +435,10 @@ class Featurizer:
             counts = lasts - firsts + 1  # (K,)
             starts = np.repeat(np.cumsum(counts) - counts, counts)  # each piece's word's first slot in `pieces`
             pieces = np.arange(counts.sum()) - starts + np.repeat(firsts, counts)  # (pieces,) rows in `flat`
-            slots = torch.from_numpy(np.repeat(np.arange(len(words)), counts))  # (pieces,) the word of each piece
-            sums = torch.zeros(len(words), n_layers, h).index_add_(0, slots, flat[torch.from_numpy(pieces)])
+            words = torch.from_numpy(np.repeat(np.arange(len(slot)), counts))  # (pieces,) the word of each piece
+            sums = torch.zeros(len(slot), n_layers, h).index_add_(0, words, flat[torch.from_numpy(pieces)])
             vectors = sums / torch.from_numpy(counts).to(sums.dtype)[:, None, None]
-        vectors = vectors.numpy()
-        k = 0
-        for (_, w), size in zip(rows, sizes):  # a window's words are one slice of `vectors`
-            word_out[w.text][words[k : k + size, 0]] = vectors[k : k + size]
-            k += size
+        out[slot] = vectors.numpy()
 
     # ---- public API -----------------------------------------------------------------------------
 
@@ -453,24 +488,23 @@ class Featurizer:
         tokenizes the next chunk while the device encodes this one (`tokenizers` releases the GIL); a chunk's
         windows are batched among themselves, and batching never changes a vector."""
         texts = as_list(texts)
-        for i, t in enumerate(texts):
-            check_text(t, i)
+        by_words = text_pairs is not None or want == "words"  # word alignment needed: split every text once, here
+        if by_words:
+            texts = [words_of(t, i) for i, t in enumerate(texts)]
+        else:
+            for i, t in enumerate(texts):
+                check_text(t, i)
         pairs = None
         if text_pairs is not None:
-            pairs = as_list(text_pairs)
-            for i, t in enumerate(pairs):
-                check_text(t, i)
+            pairs = [words_of(t, i) for i, t in enumerate(as_list(text_pairs))]
             if len(pairs) != len(texts):
                 raise ValueError(f"got {len(texts)} texts but {len(pairs)} text_pairs; give one pair text per text")
         n, step = len(texts), OVERLAP_CHUNK_TEXTS
         chunks = [slice(i, i + step) for i in range(0, n, step)] if self._overlaps_tokenization(n) else [slice(0, n)]
 
         def prepare(chunk: slice) -> _Prepared:
-            if pairs is not None or want == "words":
-                offset = chunk.start  # errors keep the index in the call
-                words_a = [words_of(t, offset + i) for i, t in enumerate(texts[chunk])]
-                words_b = None if pairs is None else [words_of(t, offset + i) for i, t in enumerate(pairs[chunk])]
-                return self._word_windows(words_a, words_b)
+            if by_words:
+                return self._word_windows(texts[chunk], None if pairs is None else pairs[chunk])
             return self._sentence_rows(texts[chunk], "ends" if want == "tokens" else "share")
 
         if len(chunks) == 1:
@@ -498,14 +532,14 @@ class Featurizer:
         rows, n = prepared.rows, prepared.num_texts
         n_layers = 1 if self.single_layer else len(self.layer_indices)
         if want == "words":
-            word_out = [np.zeros((c, n_layers, self.dim), dtype=np.float32) for c in prepared.word_counts]
-            windows = prepared.windows
+            counts = prepared.word_counts
+            out = np.zeros((int(counts.sum()), n_layers, self.dim), dtype=np.float32)  # every word of the chunk
 
             def consume(selected, batch_rows, _weights):
-                self._pool_words(selected, [windows[i] for i in batch_rows], word_out)
+                self._pool_words(selected, rows, batch_rows, out)
 
             self._run(rows, consume)
-            return word_out
+            return np.split(out, np.cumsum(counts)[:-1])  # one view per text
         if want == "cls":
             sums = np.zeros((n, n_layers, self.model.hidden_size), dtype=np.float32)
             counts = np.zeros(n, dtype=np.int64)
@@ -557,10 +591,8 @@ class TokenStates(NamedTuple):
 
 @dataclass
 class _Prepared:
-    """One chunk of a call, tokenized: its rows, its number of texts, and for word vectors the windows (with their
-    word spans) and each text's word count."""
+    """One chunk of a call, tokenized: its rows, its number of texts, and for word vectors each text's word count."""
 
     rows: Rows
     num_texts: int
-    windows: list[EncoderInput] | None = None
-    word_counts: list[int] | None = None
+    word_counts: np.ndarray | None = None

@@ -51,11 +51,18 @@ def words_of(text: Text, index: int) -> list[str]:
     """The words of one text; errors name the text (and word) index."""
     if isinstance(text, str):
         words = text.split()
-    elif isinstance(text, Sequence) and all(isinstance(w, str) for w in text):
+    elif isinstance(text, Sequence):
         words = list(text)
-        for j, w in enumerate(words):
-            if not w or w.isspace():
-                raise ValueError(f"text {index}: word {j} is empty or whitespace; remove it from the word list")
+        try:
+            every_word_has_text = all(map(str.strip, words))  # one C loop: a non-string word raises TypeError
+        except TypeError:
+            raise TypeError(
+                f"text {index}: expected a string or a list of word strings, got a list holding "
+                f"{type(next(w for w in words if not isinstance(w, str))).__name__}"
+            ) from None
+        if not every_word_has_text:
+            j = next(j for j, w in enumerate(words) if not w.strip())
+            raise ValueError(f"text {index}: word {j} is empty or whitespace; remove it from the word list")
     else:
         raise TypeError(f"text {index}: expected a string or a list of word strings, got {type(text).__name__}")
     if not words:
@@ -159,7 +166,8 @@ class Rows:
     """Encoder rows (windows or whole texts) as flat arrays: row r's ids are ids[starts[r] : starts[r] + lengths[r]].
 
     weights: one per position, end to end like ids (sentence_pooling="model": 0 for a position another window
-    answers for), or None."""
+    answers for), or None. words: the words each row pools, (K, 4) int64 sorted by row: the row, the word's slot in
+    the call's output, its first piece's position in the row, its last piece's position + 1; or None."""
 
     ids: np.ndarray  # (positions,) int64
     types: np.ndarray  # (positions,) int64
@@ -167,6 +175,7 @@ class Rows:
     text: np.ndarray  # (rows,) the text each row belongs to
     cls_position: np.ndarray  # (rows,)
     weights: np.ndarray | None = None  # (positions,) float32
+    words: np.ndarray | None = None  # (K, 4) int64: row, slot, first, end
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -176,8 +185,12 @@ class Rows:
         return np.cumsum(self.lengths) - self.lengths
 
     @classmethod
-    def from_records(cls, records: Sequence, weights: Sequence[np.ndarray] | None = None) -> Rows:
-        """The rows of EncoderInput-like records (.input_ids, .token_type_ids, .text, .cls_position)."""
+    def from_records(
+        cls, records: Sequence, weights: Sequence[np.ndarray] | None = None, word_slots: np.ndarray | None = None
+    ) -> Rows:
+        """The rows of EncoderInput-like records (.input_ids, .token_type_ids, .text, .cls_position); with
+        `word_slots` (the output slot of each text's first word) also their .words, word w of text t in slot
+        word_slots[t] + w."""
         lengths = np.fromiter(map(len, (r.input_ids for r in records)), np.int64, count=len(records))
         total = int(lengths.sum())
         ids = np.fromiter(itertools.chain.from_iterable(r.input_ids for r in records), np.int64, count=total)
@@ -185,7 +198,11 @@ class Rows:
         text = np.fromiter((r.text for r in records), np.int64, count=len(records))
         cls_position = np.fromiter((r.cls_position for r in records), np.int64, count=len(records))
         flat_weights = np.concatenate(weights).astype(np.float32) if weights is not None and len(weights) else None
-        return cls(ids, types, lengths, text, cls_position, flat_weights)
+        words = None
+        if word_slots is not None:
+            spans = [(r, word_slots[rec.text] + w, s, e) for r, rec in enumerate(records) for w, s, e in rec.words]
+            words = np.array(spans, np.int64).reshape(-1, 4)
+        return cls(ids, types, lengths, text, cls_position, flat_weights, words)
 
     @classmethod
     def single_texts(cls, template, ids: np.ndarray, lengths: np.ndarray, text: np.ndarray) -> Rows:
@@ -214,8 +231,12 @@ class Rows:
 
     @classmethod
     def concat(cls, parts: Sequence[Rows]) -> Rows:
-        """The rows of `parts`, one after another; weights where every part has them."""
+        """The rows of `parts`, one after another; weights and words where every part has them."""
         weights = [p.weights for p in parts]
+        words = None
+        if all(p.words is not None for p in parts):
+            first_rows = np.cumsum([0] + [len(p) for p in parts[:-1]])
+            words = np.concatenate([p.words + np.array([r0, 0, 0, 0]) for p, r0 in zip(parts, first_rows)])
         return cls(
             np.concatenate([p.ids for p in parts]),
             np.concatenate([p.types for p in parts]),
@@ -223,7 +244,17 @@ class Rows:
             np.concatenate([p.text for p in parts]),
             np.concatenate([p.cls_position for p in parts]),
             None if any(w is None for w in weights) else np.concatenate(weights),
+            words,
         )
+
+    def batch_words(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The words of the rows `rows` (a batch, in its order): each word's row in the batch, its output slot, its
+        first piece's position and its last piece's position + 1 (arrays of one entry per word)."""
+        counts = np.bincount(self.words[:, 0], minlength=len(self))[rows]  # (batch,) words per row
+        first = np.searchsorted(self.words[:, 0], rows)  # each row's first entry in the table
+        entries = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+        table = self.words[entries]
+        return np.repeat(np.arange(len(rows)), counts), table[:, 1], table[:, 2], table[:, 3]
 
     def collate(self, rows: np.ndarray, tokenizer) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
         """The rows `rows` (indices, in batch order) right-padded, as `collate` gives them, and their weights

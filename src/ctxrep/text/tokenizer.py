@@ -196,6 +196,23 @@ class Tokenizer:
         ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, count=int(lengths.sum()))
         return ids, lengths
 
+    def encode_words_flat(self, texts: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Pre-split words encoded as `encode_words` encodes them, as flat arrays and without its repair of a word
+        that gives no pieces: (every text's ids end to end, each id's word index, each text's number of ids)."""
+        words = [self._as_in_text(t) for t in texts] if self.space_before_words else texts
+        encodings = self.backend.encode_batch(words, is_pretokenized=True, add_special_tokens=False)
+        lengths = np.fromiter(map(len, encodings), np.int64, count=len(encodings))
+        total = int(lengths.sum())
+        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, count=total)
+        word_ids = np.fromiter(itertools.chain.from_iterable(e.word_ids for e in encodings), np.int64, count=total)
+        return ids, word_ids, lengths
+
+    @property
+    def word_start_ids(self) -> list[int]:
+        """The ids of the bare word-start markers ("▁", "Ġ") this vocabulary has (see WordPieces.pooling_spans)."""
+        found = (self.backend.token_to_id(m) for m in WORD_START_MARKERS)
+        return [i for i in found if i is not None]
+
     def _as_in_text(self, words: Sequence[str]) -> list[str]:
         """The words as the pre-tokenizer sees them in running text: with their space where it is kept."""
         if self.space_before_words:
