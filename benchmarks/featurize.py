@@ -261,13 +261,15 @@ def nncf_int8(onnx_file: Path, featurizer: Featurizer, sentences: Sequence[list[
     import nncf
     import openvino as ov
 
-    from ctxrep.text.inputs import collate
+    from ctxrep.text.inputs import WindowPlan, collate
 
     model = ov.Core().read_model(str(onnx_file))
     names = [
         next(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in i.get_names()) for i in model.inputs
     ]
-    windows, _ = featurizer._windows(list(sentences), None)
+    plan = WindowPlan(featurizer.tokenizer, featurizer.max_length)  # the featurizer's windows, built in public
+    pieces = featurizer.tokenizer.encode_words(list(sentences))
+    windows = [w for i, p in enumerate(pieces) for w in plan.single(i, p)]
     samples = [{k: v.numpy() for k, v in collate([w], featurizer.tokenizer).items() if k in names} for w in windows]
     return nncf.quantize(model, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(samples))
 
