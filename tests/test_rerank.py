@@ -287,3 +287,24 @@ def test_llm_reranker_needs_an_lm_head_and_answer_tokens(qwen3_reranker, tmp_pat
         LLMReranker(tiny_models["bert"])
     with pytest.raises(CheckpointError, match="the tokenizer has no 'oui' token"):
         LLMReranker(qwen3_reranker, template=YesNoTemplate(QWEN3.prefix, QWEN3.body, QWEN3.suffix, "x", yes="oui"))
+
+
+def test_search_rerank_keeps_the_rerankers_k_best(bert_ce, tmp_path, tiny_models):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(DOCS) + "\n")
+    built = CliRunner().invoke(
+        main,
+        ["index", "build", "--input", str(docs), "--out", str(tmp_path / "ix"), "--model", str(tiny_models["bert"])],
+    )
+    assert built.exit_code == 0, built.output
+    args = ["search", "--index", str(tmp_path / "ix"), "--query", QUERY, "-k", "3"]
+    result = CliRunner().invoke(main, [*args, "--rerank", str(bert_ce), "--rerank-depth", "5"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.output.strip().splitlines()[1:]]
+    expected = CrossEncoderReranker(bert_ce).rerank(QUERY, DOCS, top_n=3)  # depth 5 = every document
+    assert [(int(r[3]), r[4]) for r in rows] == [(i, DOCS[i]) for i, _ in expected]
+    np.testing.assert_allclose([float(r[2]) for r in rows], [s for _, s in expected], atol=1e-4)

@@ -134,9 +134,11 @@ def build(
     show_default=True,
     help="Late-interaction indexes: document tokens each query token retrieves before exact MaxSim rescoring.",
 )
+@click.option("--rerank", "rerank_model", default=None, help="Rerank the hits with this reranker (a model).")
+@click.option("--rerank-depth", default=50, show_default=True, help="--rerank: hits retrieved, reranked to k.")
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
 @user_errors
-def search(index_dir, queries, queries_file, k, out_path, candidates, device) -> None:
+def search(index_dir, queries, queries_file, k, out_path, candidates, rerank_model, rerank_depth, device) -> None:
     """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV). Dense, sparse
     and late-interaction indexes alike (the kind is read from the folder)."""
     from ctxrep.vectors.index import read_texts
@@ -150,7 +152,14 @@ def search(index_dir, queries, queries_file, k, out_path, candidates, device) ->
         raise ValueError(f"-k must be at least 1, got {k}")
     if candidates < 1:
         raise ValueError(f"--candidates must be at least 1, got {candidates}")
-    hits = _open(Path(index_dir), device, candidates).search(queries, k=k)
+    if rerank_model is None:
+        hits = _open(Path(index_dir), device, candidates).search(queries, k=k)
+    else:  # retrieve rerank_depth, then keep the reranker's k best (ctxrep.rerank.rerank_hits)
+        from ctxrep.rerank import load_reranker, rerank_hits
+
+        found = _open(Path(index_dir), device, candidates).search(queries, k=max(k, rerank_depth))
+        reranker = load_reranker(rerank_model, device=device)
+        hits = [rerank_hits(reranker, q, h, k) for q, h in zip(queries, found)]
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout
     try:
         out.write("query\trank\tscore\tid\ttext\n")

@@ -14,7 +14,7 @@ import os
 from ctxrep.models.loading import load_encoder
 from ctxrep.rerank.cross_encoder import CrossEncoderReranker, architecture_of
 from ctxrep.rerank.llm import QWEN3_RERANKER, LLMReranker, YesNoTemplate
-from ctxrep.rerank.ranking import check_rerank_args, top_scores
+from ctxrep.rerank.ranking import check_rerank_args, rerank_hits, top_scores
 
 __all__ = [
     "CrossEncoderReranker",
@@ -24,6 +24,7 @@ __all__ = [
     "load_reranker",
     "check_rerank_args",
     "top_scores",
+    "rerank_hits",
 ]
 
 

@@ -31,3 +31,24 @@ def top_scores(scores: np.ndarray, top_n: int | None) -> list[tuple[int, float]]
     """(index, score) of the top_n highest scores (all when None), best first; ties keep the input order."""
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
     return [(int(i), float(scores[i])) for i in order[:top_n]]
+
+
+def rerank_hits(
+    reranker, query: str, hits, k: int | None = None, prompt: str | None = None, prompt_name: str | None = None
+):
+    """Retrieve-then-rerank: the `k` best of an index's `hits` (ctxrep.vectors.index.Hits, texts stored) for
+    `query` by `reranker.rerank`, as Hits whose scores are the reranker's."""
+    from ctxrep.vectors.index import Hits
+
+    if any(t is None for t in hits.texts):
+        raise ValueError("the index stores no texts to rerank; build it from the texts (ctxrep index build --input)")
+    if len(hits) == 0:
+        return hits
+    ranked = reranker.rerank(query, list(hits.texts), top_n=k, prompt=prompt, prompt_name=prompt_name)
+    order = [i for i, _ in ranked]
+    return Hits(
+        [hits.ids[i] for i in order],
+        [hits.texts[i] for i in order],
+        np.asarray([s for _, s in ranked], dtype=np.float32),
+        np.asarray(hits.rows)[order],
+    )
