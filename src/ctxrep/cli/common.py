@@ -8,11 +8,24 @@ import sys
 
 import click
 
-from ctxrep.models.loading import CheckpointError
-from ctxrep.text.tokenizer import TokenizerError
+# Errors whose message tells the user what to fix: printed on one line, no traceback. The library's own
+# (CheckpointError, TokenizerError, PretrainError, ...) are ValueErrors; naming them here would import torch to
+# print `ctxrep --help`.
+USER_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, PermissionError)
 
-# Errors whose message tells the user what to fix: printed on one line, no traceback.
-USER_ERRORS = (CheckpointError, TokenizerError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError)
+
+class LazyChoice(click.Choice):
+    """click.Choice whose choices come from a library table read only when needed (parsing or --help of that
+    command), so that registering the command imports nothing heavy."""
+
+    def __init__(self, load, case_sensitive: bool = True) -> None:
+        self._load, self._choices, self.case_sensitive = load, None, case_sensitive
+
+    @property
+    def choices(self):
+        if self._choices is None:
+            self._choices = tuple(self._load())
+        return self._choices
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,10 +6,14 @@ follow the sense at the top layer (Smith 2019, "Contextual word representations:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
-import numpy as np
 
 from ctxrep.cli.common import user_errors
+
+if TYPE_CHECKING:
+    import numpy as np
 
 BROKE = [
     "The vase broke .",
@@ -32,12 +36,16 @@ CRANE = [
 
 def target_vectors(fz, sentences: list[str], word: str) -> np.ndarray:
     """(n_sentences, n_layers + 1, hidden): the vectors of `word` in each sentence, every layer."""
+    import numpy as np
+
     split = [s.split() for s in sentences]
     vectors = fz.embed_words(split)
     return np.stack([v[words.index(word)] for v, words in zip(vectors, split)])
 
 
 def cosine_matrix(x: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     x = x / np.linalg.norm(x, axis=-1, keepdims=True)
     return x @ x.T
 
@@ -60,6 +68,8 @@ def print_table(labels: list[str], sims: np.ndarray) -> None:
 @user_errors
 def demo(model: str, low_layer: int | None) -> None:
     """Show that the same word gets different vectors in different contexts."""
+    import numpy as np
+
     from ctxrep.featurize import Featurizer
 
     fz = Featurizer(model, layers="all", pooling="mean")

@@ -23,7 +23,6 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.tasks.experiment import TASKS
-from ctxrep.train.config import parse_overrides
 
 
 def _layer_list(text: str | None) -> tuple[int, ...]:
@@ -160,6 +159,7 @@ def distill(
     --distill.temperature 4, --trainer.lr 5e-4).
     """
     from ctxrep.train import distributed
+    from ctxrep.train.config import parse_overrides
     from ctxrep.train.pretrain import pretrain as run_pretraining
     from ctxrep.train.pretrain_config import load_config
 
@@ -245,13 +245,13 @@ def _distill_task(
     import time
     from pathlib import Path
 
-    from ctxrep.cli.prune import _load_estimator
+    from ctxrep.cli.prune import load_estimator
     from ctxrep.compress.distill_task import distill_estimator, save_distilled
     from ctxrep.compress.prune import parameter_count
     from ctxrep.tasks.experiment import read_task
 
     out = Path(out_dir)
-    teacher, source = _load_estimator(Path(teacher_dir), task)
+    teacher, source = load_estimator(Path(teacher_dir), task)
     if out.resolve() in (source.resolve(), Path(teacher_dir).resolve()):
         raise ValueError(f"--out {out} is the teacher's folder; give a new folder")
     data = read_task(task, train, limit)

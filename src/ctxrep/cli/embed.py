@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import click
 
-from ctxrep.cli.common import user_errors
+from ctxrep.cli.common import LazyChoice, user_errors
 from ctxrep.cli.runtime_options import runtime_options
-from ctxrep.embed.corpus import (  # noqa: F401  (read_records, load_shards: re-exported for scripts and tests)
-    DEFAULT_TEXT_COLUMN,
-    FORMATS,
-    EmbedJob,
-    embed_corpus,
-    expand_devices,
-    load_shards,
-    read_records,
-)
 from ctxrep.vectors.spec import parse_layers
+
+
+def _formats() -> tuple[str, ...]:
+    from ctxrep.embed.corpus import FORMATS  # numpy and the readers: imported to run, not to print --help
+
+    return FORMATS
+
+
+def __getattr__(name: str):
+    """read_records and load_shards, re-exported for scripts and tests, imported when first asked for."""
+    if name in ("read_records", "load_shards"):
+        from ctxrep.embed import corpus
+
+        return getattr(corpus, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @click.command()
@@ -29,7 +35,7 @@ from ctxrep.vectors.spec import parse_layers
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(FORMATS),
+    type=LazyChoice(_formats),
     default="text",
     show_default=True,
     help="text: one text per line; jsonl: one JSON object per line; csv/tsv: a header line, then one row "
@@ -155,6 +161,8 @@ def embed(
     shards when run again with the same arguments. --workers N / --devices run several processes, each embedding
     whole shards; the folder is the same as one process's.
     """
+    from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedJob, embed_corpus, expand_devices
+
     if text_column is not None and fmt not in ("jsonl", "csv", "tsv", "parquet"):
         raise ValueError(f"--text-column applies to --format jsonl, csv, tsv or parquet, not {fmt}; add --format")
     if devices is not None and device is not None:

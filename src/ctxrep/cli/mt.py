@@ -15,7 +15,6 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.cli.runtime_options import runtime_options
-from ctxrep.train.config import parse_overrides
 
 
 @click.group("mt")
@@ -54,6 +53,7 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
     when only one section has it.
     """
     from ctxrep.train import distributed
+    from ctxrep.train.config import parse_overrides
     from ctxrep.translate.train import load_config, train_mt
 
     dist = distributed.init_distributed()  # first: under torchrun every process joins before any work

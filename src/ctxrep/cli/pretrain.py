@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import click
 
-from ctxrep.cli.common import user_errors
-from ctxrep.objectives.recipes import OBJECTIVES  # the recipes' table: the choices are its names
-from ctxrep.train.config import parse_overrides
+from ctxrep.cli.common import LazyChoice, user_errors
 from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS
 
 
+def _objectives() -> tuple[str, ...]:
+    from ctxrep.objectives.recipes import OBJECTIVES  # the recipes' table: the choices are its names
+
+    return OBJECTIVES
+
+
 @click.command("pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option("--objective", type=click.Choice(OBJECTIVES), required=True, help="Pretraining objective.")
+@click.option("--objective", type=LazyChoice(_objectives), required=True, help="Pretraining objective.")
 @click.option(
     "--config",
     "config_name",
@@ -51,6 +55,7 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
     `ctxrep distill`) and [objective] hold settings of particular ones.
     """
     from ctxrep.train import distributed
+    from ctxrep.train.config import parse_overrides
     from ctxrep.train.precision import describe
     from ctxrep.train.pretrain import choose_precision
     from ctxrep.train.pretrain import pretrain as run_pretraining

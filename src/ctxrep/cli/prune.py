@@ -34,7 +34,9 @@ def _estimator_folder(path: Path) -> Path:
     )
 
 
-def _load_estimator(path: Path, task: str):
+def load_estimator(path: Path, task: str):
+    """The estimator saved in PATH (or PATH/model) as `ctxrep finetune --out` wrote it, and its folder; refused in
+    one line when its estimator class is not --task's (prune and distill --task read it)."""
     from ctxrep.tasks.experiment import make_estimator
 
     folder = _estimator_folder(path)
@@ -126,7 +128,7 @@ def prune(
     if finetune_epochs < 0 or batch_size < 1:
         raise ValueError("--finetune-epochs must be >= 0 and --batch-size >= 1")
     out = Path(out_dir)
-    estimator, source = _load_estimator(Path(model_dir), task)
+    estimator, source = load_estimator(Path(model_dir), task)
     if out.resolve() in (source.resolve(), Path(model_dir).resolve()):
         raise ValueError(f"--out {out} is the folder of the model being pruned; give a new folder")
     data = read_task(task, train, limit)

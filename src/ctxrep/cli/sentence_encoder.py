@@ -14,16 +14,27 @@ from pathlib import Path
 
 import click
 
-from ctxrep.cli.common import user_errors
+from ctxrep.cli.common import LazyChoice, user_errors
 from ctxrep.cli.finetune import HEADER_HELP
 from ctxrep.data.sentence_pairs import FORMATS
-from ctxrep.tasks.sentence_encoder import LOSSES, POOLINGS
 
 COLUMN = "a header name or a column number counted from 1 (-1: the last); JSONL: a field name"
 SCORED_LAYOUTS = (
     "the STS benchmark / GLUE STS-B / SICK layouts (recognised from the first line, whatever the name), or CSV / TSV "
     "/ JSONL with the text columns and --score-column (default: text, text_pair, score)"
 )
+
+
+def _losses() -> tuple[str, ...]:
+    from ctxrep.tasks.sentence_encoder import LOSSES  # imported when this command runs, not to print --help
+
+    return LOSSES
+
+
+def _poolings() -> tuple[str, ...]:
+    from ctxrep.tasks.sentence_encoder import POOLINGS
+
+    return POOLINGS
 
 
 @click.command("train-sentence-encoder")
@@ -40,7 +51,7 @@ SCORED_LAYOUTS = (
 @click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option(
     "--loss",
-    type=click.Choice(LOSSES),
+    type=LazyChoice(_losses),
     default=None,
     help="[default: cosent with scores, mnrl for pairs or triplets, simcse for a file of single texts; a file with "
     "columns that are not read needs --loss simcse to train on one column]",
@@ -54,7 +65,7 @@ SCORED_LAYOUTS = (
 @click.option("--negative-column", default=None, help="A hard negative per example (mnrl).")
 @click.option("--score-column", default=None, help="The similarity score of each pair (cosine, cosent).")
 @click.option("--limit", type=int, default=None, help="Use only the first N training (and dev) examples.")
-@click.option("--pooling", type=click.Choice(POOLINGS), default="model", show_default=True)
+@click.option("--pooling", type=LazyChoice(_poolings), default="model", show_default=True)
 @click.option("--normalize/--no-normalize", default=None, help="[default: as the model folder says]")
 @click.option("--epochs", default=1, show_default=True)
 @click.option("--max-steps", type=int, default=None)

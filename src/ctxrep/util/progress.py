@@ -17,8 +17,6 @@ from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import IO, Any
 
-from tqdm.auto import tqdm
-
 __all__ = ["progress", "LineProgress", "format_duration"]
 
 
@@ -152,6 +150,8 @@ def progress(
     `bar_options` go to tqdm only (bar_format, smoothing, dynamic_ncols, ...): the look of the terminal bar."""
     stream = file or sys.stderr
     if enabled and getattr(stream, "isatty", lambda: False)():
+        from tqdm.auto import tqdm  # here, not at the top: `ctxrep --help` imports this module
+
         return tqdm(
             iterable,
             total=total,
