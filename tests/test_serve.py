@@ -19,12 +19,13 @@ import httpx
 import numpy as np
 import pytest
 from _serve_helpers import ServerThread
-from openai import AuthenticationError, NotFoundError, OpenAI
+from openai import AuthenticationError, NotFoundError, OpenAI, UnprocessableEntityError
 
 from ctxrep import Featurizer
 from ctxrep.serve.app import build_app
 from ctxrep.serve.service import EmbeddingService, ServeConfig
 from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.quantize import truncate
 
 TEXTS = ["The vase broke .", "Dawn broke over the hills .", "A crane lifted the beam", "We broke even ."]
 LONG = " ".join(f"word{i % 50} and" for i in range(400))  # over 512 pieces: windowed
@@ -115,7 +116,8 @@ def _metric(server, name: str) -> float:
         ("/v1/embeddings", {"input": ["ab " * 7000]}, 413, "over the limit of 20,000 bytes"),
         ("/v1/embeddings", {"input": "a", "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
         ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 422, "encoding_format: "),
-        ("/v1/embeddings", {"input": "a", "dimensions": 64}, 422, "384 dimensions, not 64"),
+        ("/v1/embeddings", {"input": "a", "dimensions": 500}, 422, "dimensions=500 is more than the vectors' 384"),
+        ("/v1/embeddings", {"input": "a", "dimensions": 0}, 422, "dimensions must be a positive integer"),
         ("/v1/word-embeddings", {"input": "a b", "layers": 99}, 422, "layers: layer 99 is out of range"),
         ("/v1/word-embeddings", {"input": "a b", "pooling": "max"}, 422, "pooling: "),
         ("/embed", {"inputs": None}, 422, "inputs: "),
@@ -173,7 +175,7 @@ def test_a_refused_text_fails_its_own_request_not_the_ones_batched_with_it(fz, m
 
     def refuse_poison(key, texts, between_batches):
         calls.append(len(texts))
-        if any("POISON" in w for t in texts for w in t):
+        if any("POISON" in t for t in texts):  # the texts as sent: strings
             raise ValueError("text 'POISON': refused")
         return run(key, texts, between_batches)
 
@@ -354,3 +356,16 @@ def test_a_taken_port_is_one_line_before_the_model_loads():
     assert done.stderr.strip() == (
         f"error: cannot listen on 127.0.0.1:{port}: the port is taken by another program; choose another --port"
     )
+
+
+def test_openai_dimensions_truncate_then_normalise_float_and_base64(server, fz):
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="not-checked")
+    expected = truncate(fz.embed_sentences(TEXTS), 64)  # the library's truncation: first 64, unit length
+    got = client.embeddings.create(model="minilm", input=TEXTS, dimensions=64, encoding_format="float")
+    np.testing.assert_allclose([d.embedding for d in got.data], expected, atol=1e-5)
+    packed = client.embeddings.create(model="minilm", input=TEXTS, dimensions=64, encoding_format="base64")
+    decoded = np.stack([np.frombuffer(base64.b64decode(d.embedding), "<f4") for d in packed.data])
+    np.testing.assert_allclose(decoded, expected, atol=1e-5)
+    assert np.allclose(np.linalg.norm(decoded, axis=1), 1, atol=1e-5)
+    with pytest.raises(UnprocessableEntityError, match="give at most 384"):
+        client.embeddings.create(model="minilm", input=TEXTS, dimensions=1000)

@@ -1,7 +1,8 @@
 """`ctxrep serve`'s routes (FastAPI): each parses its request, calls the service, and answers in its API's schema.
 
 Routes:
-  POST /v1/embeddings        OpenAI's schema: {"model", "input": str | [str], "encoding_format": "float"|"base64"}
+  POST /v1/embeddings        OpenAI's schema: {"model", "input": str | [str], "encoding_format": "float"|"base64",
+                             "dimensions": the first N coordinates, unit length (vectors.quantize.truncate)}
                              -> {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
                              "usage": {"prompt_tokens", "total_tokens"}, "windowed"}; the official `openai` client works
                              with base_url="http://127.0.0.1:8080/v1".
@@ -33,8 +34,9 @@ from pydantic import BaseModel, ConfigDict
 
 from ctxrep.serve.batcher import QueueFull
 from ctxrep.serve.errors import BodyLimit, RequestError, error_body, validation_message
-from ctxrep.serve.service import SENTENCES, CallKey, EmbeddingService
+from ctxrep.serve.service import SENTENCES, EmbeddingService, Text, Words
 from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.quantize import truncate
 
 ACCESS_LOG = logging.getLogger("ctxrep.serve.access")  # one line per request, when a handler is attached
 
@@ -82,6 +84,10 @@ def _is_unicode(text: str | list[str]) -> bool:
     return True
 
 
+def _words(text: Text) -> list[str]:
+    return text.split() if isinstance(text, str) else list(text)
+
+
 # ---- what every route shares ----------------------------------------------------------------------------------
 
 
@@ -98,8 +104,8 @@ class Handlers:
                 404, f"model {model!r} is not served here; this server serves {self.service.name!r}", "model_not_found"
             )
 
-    def texts_of(self, value: str | list, field_name: str) -> list[list[str]]:
-        """The request's texts as word lists, within the limits."""
+    def texts_of(self, value: str | list, field_name: str) -> list[Text]:
+        """The request's texts (strings, or word lists), checked against the limits."""
         config = self.config
         items = [value] if isinstance(value, str) else list(value)
         if not items:
@@ -126,10 +132,10 @@ class Handlers:
             words = item.split() if isinstance(item, str) else list(item)
             if not words or any(not w or w.isspace() for w in words):
                 raise RequestError(422, f"{field_name}[{i}]: an empty text or an empty word; send some text")
-            out.append(words)
+            out.append(item)
         return out
 
-    async def embed(self, key: CallKey, texts: list[list[str]]):
+    async def embed(self, key, texts: list[Text]):
         """(vectors, token counts) from the service, its refusals as RequestErrors."""
         try:
             return await self.service.embed(key, texts)
@@ -158,13 +164,19 @@ def openai_routes(app, h: Handlers, started: int) -> None:
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIRequest):
         h.check_model(body.model)
-        if body.dimensions is not None and body.dimensions != service.dim:
-            raise RequestError(
-                422, f"dimensions: this model's vectors have {service.dim} dimensions, not {body.dimensions}"
-            )
+        if body.dimensions is not None:
+            if not service.fz.single_layer:
+                raise RequestError(422, "dimensions: this server returns several layers per text; ask without it")
+            try:  # checked before the model runs: the library's own check, on a row of zeros
+                truncate(np.zeros((1, service.dim), np.float32), body.dimensions)
+            except ValueError as e:
+                raise RequestError(422, f"dimensions: {e}") from None
         texts = h.texts_of(body.input, "input")
         vectors, counts = await h.embed(SENTENCES, texts)
-        vectors = normalize_rows(vectors) if service.normalize else vectors
+        if body.dimensions is not None:  # OpenAI's: the first `dimensions` coordinates, unit length
+            vectors = truncate(vectors, body.dimensions)
+        elif service.normalize:
+            vectors = normalize_rows(vectors)
         tokens = int(sum(counts))
         data = [
             {"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
@@ -213,7 +225,7 @@ def ctxrep_routes(app, h: Handlers) -> None:
         h.check_model(body.model)
         pooling = body.pooling or service.fz.pooling
         layers = tuple(body.layers) if isinstance(body.layers, list) else body.layers  # hashable: a batch key
-        key = CallKey(words=True, layers=layers, pooling=pooling)
+        key = Words(layers, pooling)
         try:
             service.view(key)
         except ValueError as e:
@@ -222,8 +234,8 @@ def ctxrep_routes(app, h: Handlers) -> None:
         arrays, counts = await h.embed(key, texts)
         tokens = int(sum(counts))
         data = [
-            {"index": i, "words": words, "shape": list(a.shape), "embeddings": encode(a, body.encoding_format)}
-            for i, (words, a) in enumerate(zip(texts, arrays))
+            {"index": i, "words": _words(text), "shape": list(a.shape), "embeddings": encode(a, body.encoding_format)}
+            for i, (text, a) in enumerate(zip(texts, arrays))
         ]
         return {
             "object": "list",

@@ -20,9 +20,9 @@ from typing import Any
 
 from ctxrep.serve.metrics import Metrics
 
-# run(key, texts, between_batches) -> (results, token counts): one model call on a worker thread; between_batches is
-# None when the call must run whole (it is the Featurizer's hook of that name otherwise).
-RunCall = Callable[[Hashable, list[list[str]], Callable | None], tuple[Any, list[int]]]
+# run(key, items, between_batches) -> (results, token counts), one of each per item: one model call on a worker
+# thread; between_batches is None when the call must run whole (it is the Featurizer's hook of that name otherwise).
+RunCall = Callable[[Hashable, list, Callable | None], tuple[Any, list[int]]]
 
 
 class QueueFull(Exception):
@@ -31,11 +31,11 @@ class QueueFull(Exception):
 
 @dataclass
 class Waiting:
-    """One request's texts waiting for the model."""
+    """One request's items (texts, documents) waiting for the model."""
 
     key: Hashable  # requests with equal keys may share one model call
-    texts: list[list[str]]
-    tokens: int
+    texts: list
+    tokens: int  # an estimate before tokenizing: what the token budget counts
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
 
@@ -145,11 +145,11 @@ class Batcher:
 
     # ---- the queue --------------------------------------------------------------------------------------------
 
-    async def submit(self, key: Hashable, texts: list[list[str]]) -> Any:
-        """Queue `texts` and wait for (results, token counts); QueueFull when the queue is over its limit."""
+    async def submit(self, key: Hashable, texts: list, tokens: int) -> Any:
+        """Queue `texts` (about `tokens` tokens) and wait for (results, token counts); QueueFull when the queue is over
+        its limit."""
         if self.queued_texts + len(texts) > self.max_queue_texts:
             raise QueueFull
-        tokens = sum(len(w) for w in texts) + 2 * len(texts)  # words + special tokens: an estimate before tokenizing
         waiting = Waiting(key, texts, tokens, asyncio.get_running_loop().create_future())
         if self._open is None or self.queue or not self._open.join(waiting):  # joining keeps arrival order
             self.queue.append(waiting)

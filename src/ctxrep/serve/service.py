@@ -34,16 +34,40 @@ class ServeConfig:
     retry_after_s: int = 1
 
 
+Text = str | list[str]  # a text as a request sends it: a string, or its words
+
+
+def pieces(tokenizer, texts: list[Text]) -> list[int]:
+    """Subword pieces per text (OpenAI's `usage`), without special tokens; words for a word-level model."""
+    words = [t.split() if isinstance(t, str) else t for t in texts]
+    if tokenizer.word_level:
+        return [len(w) for w in words]
+    return [len(p.tokens) for p in tokenizer.encode_words(words)]
+
+
+# ---- what one model call computes: the key that requests must share to be merged, and how it runs ---------------
+
+
 @dataclass(frozen=True)
-class CallKey:
-    """The options that must agree for requests to share one Featurizer call."""
+class Sentences:
+    """Featurizer.embed_sentences."""
 
-    words: bool = False  # embed_words (else embed_sentences)
-    layers: int | tuple[int, ...] | str | None = None  # word requests: their layers
-    pooling: str | None = None  # word requests: their pooling
+    def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
+        return service.featurizer(self, between_batches).embed_sentences(texts), pieces(service.fz.tokenizer, texts)
 
 
-SENTENCES = CallKey()
+@dataclass(frozen=True)
+class Words:
+    """Featurizer.embed_words at these layers and this pooling."""
+
+    layers: int | tuple[int, ...] | str
+    pooling: str
+
+    def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
+        return service.featurizer(self, between_batches).embed_words(texts), pieces(service.fz.tokenizer, texts)
+
+
+SENTENCES = Sentences()
 
 
 class EmbeddingService:
@@ -69,7 +93,7 @@ class EmbeddingService:
         self.normalize = normalize or self.folder_normalizes
         self.config = config or ServeConfig()
         self.metrics = Metrics()
-        self.views: dict[CallKey, Any] = {SENTENCES: featurizer}
+        self.views: dict[Any, Any] = {SENTENCES: featurizer}
         c = self.config
         self.batcher = Batcher(
             self._run,
@@ -95,11 +119,13 @@ class EmbeddingService:
     async def stop(self) -> None:
         await self.batcher.stop()
 
-    async def embed(self, key: CallKey, texts: list[list[str]]) -> tuple[Any, list[int]]:
-        """(vectors, token counts) of checked word lists; QueueFull, or the Featurizer's ValueError / TypeError."""
-        return await self.batcher.submit(key, texts)
+    async def embed(self, key, texts: list[Text]) -> tuple[Any, list[int]]:
+        """(one result per text, token counts) for `key`'s kind of call; QueueFull, or the library's ValueError /
+        TypeError refusing a text."""
+        tokens = sum(len(t.split()) if isinstance(t, str) else len(t) for t in texts) + 2 * len(texts)
+        return await self.batcher.submit(key, texts, tokens)
 
-    def view(self, key: CallKey):
+    def view(self, key: Words):
         """The Featurizer for `key`, sharing the model (nothing reloaded); a ValueError names a bad option."""
         if key not in self.views:
             layers = list(key.layers) if isinstance(key.layers, tuple) else key.layers
@@ -116,19 +142,16 @@ class EmbeddingService:
 
     # ---- on a worker thread, holding the model's turn ---------------------------------------------------------
 
-    def _run(self, key: CallKey, texts: list[list[str]], between_batches: Callable | None):
+    def featurizer(self, key, between_batches: Callable | None):
+        """The Featurizer for `key`, on a copy that calls `between_batches` when given."""
         fz = self.view(key)
         if between_batches is not None:
             fz = copy.copy(fz)
             fz.between_batches = between_batches
-        counts = self.token_counts(texts)
-        return (fz.embed_words(texts) if key.words else fz.embed_sentences(texts)), counts
+        return fz
 
-    def token_counts(self, texts: list[list[str]]) -> list[int]:
-        """Subword pieces per text (OpenAI's `usage`), without special tokens; words for a word-level model."""
-        if self.fz.tokenizer.word_level:
-            return [len(t) for t in texts]
-        return [len(p.tokens) for p in self.fz.tokenizer.encode_words(texts)]
+    def _run(self, key, texts: list[Text], between_batches: Callable | None):
+        return key.run(self, texts, between_batches)
 
 
 def make_service(
