@@ -109,6 +109,40 @@ def test_other_heads_match_sentence_transformers(family, tmp_path, minilm_path):
     np.testing.assert_allclose(CrossEncoderReranker(folder).predict(pairs), _st_scores(folder, pairs), atol=1e-5)
 
 
+def _modernbert_ce(path: Path, pooling: str) -> torch.nn.Module:
+    from tests._families2 import modernbert_tokenizer
+
+    vocab = modernbert_tokenizer(path)
+    config = transformers.ModernBertConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+        max_position_embeddings=64, local_attention=4, global_attn_every_n_layers=3, pad_token_id=3, bos_token_id=1,
+        cls_token_id=1, eos_token_id=2, sep_token_id=2, num_labels=1, classifier_pooling=pooling,
+        classifier_activation="silu",
+    )  # fmt: skip
+    model = transformers.ModernBertForSequenceClassification(config)
+    with torch.no_grad():  # the head's LayerNorm away from its identity start, so that it matters
+        model.head.norm.weight.normal_(1.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("family", ["deberta-v2", "modernbert-cls", "modernbert-mean"])
+def test_deberta_and_modernbert_heads_match_sentence_transformers(family, tmp_path):
+    from tests._families2 import deberta_config, deberta_tokenizer_json
+
+    torch.manual_seed(5)
+    tokenizer_from = tmp_path / "tok"
+    tokenizer_from.mkdir()
+    if family == "deberta-v2":
+        config = deberta_config(deberta_tokenizer_json(tokenizer_from))
+        config.num_labels, config.pooler_hidden_act = 1, "tanh"
+        model = transformers.DebertaV2ForSequenceClassification(config)
+    else:
+        model = _modernbert_ce(tokenizer_from, family.split("-")[1])
+    folder = _save_cross_encoder(model, tokenizer_from, tmp_path)
+    pairs = [(QUERY, d) for d in DOCS]
+    np.testing.assert_allclose(CrossEncoderReranker(folder).predict(pairs), _st_scores(folder, pairs), atol=1e-5)
+
+
 def test_several_labels_give_identity_scores_and_refuse_rerank(tmp_path, minilm_path):
     torch.manual_seed(3)
     config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=64, num_labels=3, **TINY, **NO_DROPOUT)

@@ -9,7 +9,9 @@ as the table HEADS says transformers lays it out for each architecture:
     RoBERTa     classification token -> classifier.dense -> tanh -> classifier.out_proj  (XLM-R, CamemBERT, MPNet)
     ELECTRA     classification token -> classifier.dense -> gelu -> classifier.out_proj
     DistilBERT  classification token -> pre_classifier -> relu -> classifier
-    DeBERTa-v2  classification token -> pooler.dense -> gelu -> classifier
+    DeBERTa-v2  classification token -> pooler.dense -> pooler_hidden_act (gelu) -> classifier
+    ModernBERT  classification token or mean (classifier_pooling) -> head.dense -> classifier_activation ->
+                head.norm -> classifier
 
 score = activation(logits): the folder's `activation_fn` (sigmoid or identity), else sigmoid for one label and the
 logits themselves for several, as sentence-transformers' CrossEncoder.predict. A pair is one window, cut to fit
@@ -26,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.folders import CheckpointError, read_config, read_state_dict
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import SETTINGS_FILE, TORCH_ACTIVATIONS, Prompts, read_prompts
+from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.rerank.ranking import check_rerank_args, top_scores
 from ctxrep.runtime.hardware import default_batch_tokens
 from ctxrep.text.inputs import WindowPlan, collate, token_budget_batches, words_of
@@ -39,17 +41,21 @@ from ctxrep.text.inputs import WindowPlan, collate, token_budget_batches, words_
 
 @dataclass(frozen=True)
 class HeadLayout:
-    """Where a `*ForSequenceClassification` checkpoint keeps its head: an optional hidden -> hidden layer with its
-    activation over the classification token, then the output layer. `from_pooler`: the encoder's own pooler
-    output feeds the output layer (BERT)."""
+    """Where a `*ForSequenceClassification` checkpoint keeps its head: a pooled vector (the classification token,
+    or the mean over the tokens where `pooling_key` says so), an optional hidden -> hidden layer, its activation
+    (a row of modules/activations.py, or the one config.json's `activation_key` names) and optional LayerNorm, then
+    the output layer. `from_pooler`: the encoder's own pooler output feeds the output layer (BERT)."""
 
     out: str
     dense: str | None = None
-    activation: Callable[[torch.Tensor], torch.Tensor] | None = None
+    activation: str = "tanh"
+    activation_key: str | None = None
+    norm: str | None = None
+    pooling_key: str | None = None
     from_pooler: bool = False
 
 
-_ROBERTA_HEAD = HeadLayout("classifier.out_proj", "classifier.dense", torch.tanh)
+_ROBERTA_HEAD = HeadLayout("classifier.out_proj", "classifier.dense")
 # config.json's architectures[0] -> its head (transformers' modeling files of each family).
 HEADS: dict[str, HeadLayout] = {
     "BertForSequenceClassification": HeadLayout("classifier", from_pooler=True),
@@ -57,40 +63,70 @@ HEADS: dict[str, HeadLayout] = {
     "XLMRobertaForSequenceClassification": _ROBERTA_HEAD,
     "CamembertForSequenceClassification": _ROBERTA_HEAD,
     "MPNetForSequenceClassification": _ROBERTA_HEAD,
-    "ElectraForSequenceClassification": HeadLayout("classifier.out_proj", "classifier.dense", F.gelu),
-    "DistilBertForSequenceClassification": HeadLayout("classifier", "pre_classifier", F.relu),
-    "DebertaV2ForSequenceClassification": HeadLayout("classifier", "pooler.dense", F.gelu),
+    "ElectraForSequenceClassification": HeadLayout("classifier.out_proj", "classifier.dense", "gelu"),
+    "DistilBertForSequenceClassification": HeadLayout("classifier", "pre_classifier", "relu"),
+    "DebertaV2ForSequenceClassification": HeadLayout("classifier", "pooler.dense", "gelu", "pooler_hidden_act"),
+    "ModernBertForSequenceClassification": HeadLayout(
+        "classifier", "head.dense", "gelu", "classifier_activation", "head.norm", "classifier_pooling"
+    ),
 }
 
 
 class ClassificationHead(nn.Module):
-    """logits = out(activation(dense(h_cls))), or out(pooler_output) for BERT (see HeadLayout)."""
+    """logits = out(norm(activation(dense(pooled)))), or out(pooler_output) for BERT (see HeadLayout)."""
 
-    def __init__(self, layout: HeadLayout, state: dict[str, torch.Tensor], source: str) -> None:
+    def __init__(self, layout: HeadLayout, state: dict[str, torch.Tensor], config: dict, source: str) -> None:
         super().__init__()
-        self.layout = layout
+        self.from_pooler = layout.from_pooler
+        self.pooling = config.get(layout.pooling_key, "cls") if layout.pooling_key else "cls"
+        if self.pooling not in ("cls", "mean"):
+            raise CheckpointError(f"{source}: {layout.pooling_key} {self.pooling!r} is not 'cls' or 'mean'")
+        name = config.get(layout.activation_key, layout.activation) if layout.activation_key else layout.activation
+        if name not in ACTIVATIONS:
+            raise CheckpointError(f"{source}: head activation {name!r} is not one of {', '.join(ACTIVATIONS)}")
+        self.activation = ACTIVATIONS[name]
         self.dense = _linear(state, layout.dense, source) if layout.dense else None
+        self.norm = _layer_norm(state, layout.norm, config.get("norm_eps", 1e-5), source) if layout.norm else None
         self.out = _linear(state, layout.out, source)
 
     def forward(self, output, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self.layout.from_pooler:
+        if self.from_pooler:
             return self.out(output.pooler_output)  # (batch, labels)
-        h = output.last_hidden_state[torch.arange(len(batch["cls_position"])), batch["cls_position"]]  # (batch, hidden)
+        h = output.last_hidden_state
+        if self.pooling == "mean":
+            mask = batch["attention_mask"].unsqueeze(-1).to(h.dtype)  # (batch, seq, 1)
+            h = (h * mask).sum(dim=1) / mask.sum(dim=1)  # (batch, hidden)
+        else:
+            h = h[torch.arange(len(h)), batch["cls_position"]]  # (batch, hidden)
         if self.dense is not None:
-            h = self.layout.activation(self.dense(h))
+            h = self.activation(self.dense(h))
+        if self.norm is not None:
+            h = self.norm(h)
         return self.out(h)  # (batch, labels)
 
 
 def _linear(state: dict[str, torch.Tensor], name: str, source: str) -> nn.Linear:
-    missing = [f"{name}.{p}" for p in ("weight", "bias") if f"{name}.{p}" not in state]
-    if missing:
-        raise CheckpointError(f"{source}: the classification head lacks {', '.join(missing)}; is this a cross-encoder?")
-    weight, bias = state[f"{name}.weight"], state[f"{name}.bias"]
-    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    weight, bias = state.get(f"{name}.weight"), state.get(f"{name}.bias")
+    if weight is None:
+        raise CheckpointError(f"{source}: the classification head lacks {name}.weight; is this a cross-encoder?")
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     with torch.no_grad():
         layer.weight.copy_(weight.float())
-        layer.bias.copy_(bias.float())
+        if bias is not None:
+            layer.bias.copy_(bias.float())
     return layer.eval()
+
+
+def _layer_norm(state: dict[str, torch.Tensor], name: str, eps: float, source: str) -> nn.LayerNorm:
+    weight, bias = state.get(f"{name}.weight"), state.get(f"{name}.bias")
+    if weight is None:
+        raise CheckpointError(f"{source}: the classification head lacks {name}.weight")
+    norm = nn.LayerNorm(weight.shape[0], eps=eps, bias=bias is not None)
+    with torch.no_grad():
+        norm.weight.copy_(weight.float())
+        if bias is not None:
+            norm.bias.copy_(bias.float())
+    return norm.eval()
 
 
 def architecture_of(folder: Path) -> str:
@@ -158,7 +194,7 @@ class CrossEncoderReranker:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.folder = folder
-        self.head = ClassificationHead(HEADS[architecture], read_state_dict(folder), source)
+        self.head = ClassificationHead(HEADS[architecture], read_state_dict(folder), read_config(folder), source)
         if device is not None:
             self.model.to(device)
             self.head.to(device)
