@@ -128,19 +128,19 @@ class SparseEncoder:
     sentence_dim = vocab_size
     single_layer = True
 
-    def embed_sentences(self, texts: Sequence[str | list[str]], batch_texts: int = 64):
+    def embed_sentences(self, texts: Sequence[str | list[str]], batch_texts: int = 256):
         """(texts, vocab_size) scipy.sparse.csr_matrix of float32 weights."""
         import scipy.sparse
 
         if isinstance(texts, str):
             texts = [texts]
-        rows = []
-        for start in range(0, len(texts), batch_texts):  # bounds the (tokens, vocabulary) logits in memory
-            for states in self.featurizer.embed_tokens(texts[start : start + batch_texts]):
-                rows.append(self._weights(states.ids, states.states))
-        if not rows:
+        parts = [
+            self._rows(self.featurizer.embed_tokens(texts[start : start + batch_texts]))
+            for start in range(0, len(texts), batch_texts)
+        ]
+        if not parts:
             return scipy.sparse.csr_matrix((0, self.vocab_size), dtype=np.float32)
-        return scipy.sparse.vstack(rows, format="csr", dtype=np.float32)
+        return scipy.sparse.vstack(parts, format="csr", dtype=np.float32)
 
     def embed_sparse(self, texts: Sequence[str | list[str]]) -> list[SparseVector]:
         """One SparseVector (ids ascending, non-zero weights) per text: the function behind `ctxrep serve`'s
@@ -166,25 +166,40 @@ class SparseEncoder:
 
     # ---- the heads -----------------------------------------------------------------------------------------
 
-    def _weights(self, ids: np.ndarray, states: np.ndarray):
-        """One text's (1, vocab) csr row from its token ids and last-layer states (tokens, hidden)."""
+    def _rows(self, token_states, block_tokens: int = 1024):
+        """The (texts, vocab) csr rows of texts' TokenStates. The head runs on blocks of whole texts of about
+        `block_tokens` tokens together (no padding), so its (tokens, vocabulary) logits stay bounded in memory."""
         import scipy.sparse
 
+        out = np.zeros((len(token_states), self.vocab_size), np.float32)
+        lengths = np.array([len(t.ids) for t in token_states])
+        first = 0
         with torch.inference_mode():
-            h = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32))
-            if self.sparse_linear is not None:
-                dense = self._bge_m3(torch.from_numpy(ids), h)
-            else:
-                w = torch.log1p(torch.relu(self.head(h)))  # (tokens, vocab)
-                if self.splade.activation_function == "log1p_relu":
-                    w = torch.log1p(w)
-                dense = w.amax(dim=0) if self.splade.pooling_strategy == "max" else w.sum(dim=0)  # (vocab,)
-            if self.max_active_dims is not None and self.max_active_dims < dense.numel():
-                top = torch.topk(dense, self.max_active_dims)
-                dense = torch.zeros_like(dense).index_copy_(0, top.indices, top.values)
-            dense = dense.numpy()
-        nz = np.flatnonzero(dense)
-        return scipy.sparse.csr_matrix((dense[nz], nz, np.array([0, len(nz)])), shape=(1, len(dense)), dtype=np.float32)
+            while first < len(token_states):
+                last = first + max(1, int(np.searchsorted(np.cumsum(lengths[first:]), block_tokens, side="right")))
+                block = token_states[first:last]
+                h = torch.from_numpy(np.concatenate([t.states for t in block]).astype(np.float32, copy=False))
+                if self.sparse_linear is not None:
+                    ids = torch.from_numpy(np.concatenate([t.ids for t in block]))
+                    rows = [
+                        self._bge_m3(i, x)
+                        for i, x in zip(ids.split(lengths[first:last].tolist()), h.split(lengths[first:last].tolist()))
+                    ]
+                else:
+                    w = self.head(h).relu_().log1p_()  # (tokens, vocab): log(1 + ReLU(logits))
+                    if self.splade.activation_function == "log1p_relu":
+                        w = w.log1p_()
+                    pool = (
+                        (lambda x: x.amax(dim=0)) if self.splade.pooling_strategy == "max" else (lambda x: x.sum(dim=0))
+                    )
+                    rows = [pool(x) for x in w.split(lengths[first:last].tolist())]
+                dense = torch.stack(rows)  # (texts, vocab)
+                if self.max_active_dims is not None and self.max_active_dims < self.vocab_size:
+                    top = torch.topk(dense, self.max_active_dims, dim=1)
+                    dense = torch.zeros_like(dense).scatter_(1, top.indices, top.values)
+                out[first:last] = dense.numpy()
+                first = last
+        return scipy.sparse.csr_matrix(out)
 
     def _bge_m3(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """BGE-M3: relu(sparse_linear(h)) per token on its own id, the maximum over repeats; specials left out."""
