@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from featurize import (  # benchmarks/featurize.py: the corpus reader, the table
+from _common import (  # the corpus reader, the table
     fmt_table,
     load_corpus,
 )

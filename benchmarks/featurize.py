@@ -38,7 +38,6 @@ import argparse
 import gc
 import os
 import platform
-import re
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from _common import CORPORA, DEFAULT_DATA, flops_per_token, fmt_table, load_corpus, logical_cpus, mark
 from transformers import AutoTokenizer, BertModel
 
 from ctxrep.featurize import Featurizer
@@ -62,61 +62,9 @@ TARGET_VS_A = 2.5
 TARGET_VS_B = 1.1
 TARGET_VS_PEER = 1.0  # at each precision: ctxrep's fastest configuration / the fastest peer (issue 23; stretch 1.2)
 TARGET_INT8_COSINE = 0.99
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-_SST_LEAF = re.compile(r"\(\d+ ([^()]+)\)")  # a leaf node "(label word)"; words never hold parentheses (-LRB-)
 
 
-# ---- corpus ---------------------------------------------------------------------------------------
-
-
-def read_sst(path: Path, n: int) -> list[list[str]]:
-    """The leaves, in order, of the first n PTB trees (one tree per line), kept as written (-LRB-, \\/).
-    A few leaves hold a no-break space (U+00A0, as in "8 1/2"); such a leaf stays one word."""
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                out.append(_SST_LEAF.findall(line))
-            if len(out) == n:
-                break
-    return out
-
-
-def read_ud(path: Path, n: int) -> list[list[str]]:
-    """The first n `# text = ...` lines, split on whitespace."""
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("# text = "):
-                out.append(line[len("# text = ") :].split())
-            if len(out) == n:
-                break
-    return out
-
-
-CORPORA = {  # name: (file under the data dir, reader)
-    "sst": ("sst/train.txt", read_sst),
-    "ud": ("ud_english_ewt/en_ewt-ud-train.conllu", read_ud),
-}
-
-
-def load_corpus(data_dir: Path, corpus: str, n: int) -> list[list[str]]:
-    if not data_dir.is_dir():
-        sys.exit(
-            f"error: the data directory {data_dir} does not exist. The benchmark reads real sentences from the shared "
-            "data folder that sits beside the checkout (../shared/data); pass its location with --data DIR."
-        )
-    rel, reader = CORPORA[corpus]
-    path = data_dir / rel
-    if not path.is_file():
-        sys.exit(f"error: {path} is missing: --data {data_dir} does not look like the shared data folder")
-    sentences = reader(path, n)
-    if len(sentences) < n:
-        sys.exit(f"error: asked for {n:,} sentences but {path} has only {len(sentences):,}")
-    empty = [i for i, s in enumerate(sentences) if not s]
-    if empty:
-        sys.exit(f"error: {path}: sentences {empty[:5]} have no words")
-    return sentences
+# (the corpora, DEFAULT_DATA and the results table: benchmarks/_common.py, shared with other benchmarks)
 
 
 # ---- the reference: plain transformers ------------------------------------------------------------
@@ -274,15 +222,6 @@ def nncf_int8(onnx_file: Path, featurizer: Featurizer, sentences: Sequence[list[
     return nncf.quantize(model, nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(samples))
 
 
-def flops_per_token(model, mean_length: float) -> float:
-    """2 x the weights of every linear layer (multiply + add) + attention's QK^T and PV: 4 x hidden x length each."""
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    pooler = getattr(model, "pooler", None)
-    if isinstance(pooler, torch.nn.Linear):  # not run when only hidden states are asked for
-        linear -= pooler.weight.numel()
-    return 2 * linear + 4 * model.hidden_size * mean_length * model.num_layers
-
-
 def mean_cosine(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
     """Mean over all words of cos(ours, theirs)."""
     a, b = np.concatenate(ours), np.concatenate(theirs)
@@ -302,30 +241,6 @@ def max_abs_diff(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
             return float("nan")
         worst = max(worst, float(np.abs(a - b).max(initial=0.0)))
     return worst
-
-
-def fmt_table(header: list[str], rows: list[list[str]], markdown: bool, text_columns: int = 1) -> str:
-    """Plain text or Markdown; the first `text_columns` columns are left-aligned, the others right-aligned."""
-    right = [c >= text_columns for c in range(len(header))]
-    widths = [max(len(x) for x in [header[c]] + [r[c] for r in rows]) for c in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        cells = [c.rjust(w) if rj else c.ljust(w) for c, w, rj in zip(cells, widths, right)]
-        return "| " + " | ".join(cells) + " |" if markdown else "  ".join(cells)
-
-    if markdown:
-        rule = "| " + " | ".join("-" * (w - 1) + ":" if rj else "-" * w for w, rj in zip(widths, right)) + " |"
-    else:
-        rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), rule] + [line(r) for r in rows])
-
-
-def mark(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
-def logical_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ---- main -----------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-HIDDEN, LAYERS, HEADS, INTERMEDIATE, VOCAB = 256, 4, 4, 1024, 30522
+from _common import HEADS, HIDDEN, INTERMEDIATE, LAYERS, VOCAB, model_flops_per_step  # the `small` shape
 
 
 def make_batches(steps: int, batch: int, seq: int, seed: int = 0):
@@ -47,15 +47,6 @@ def make_batches(steps: int, batch: int, seq: int, seed: int = 0):
         labels = ids.masked_fill(~selected, -100)
         out.append((masked, labels, torch.ones_like(ids)))
     return out
-
-
-def model_flops_per_step(batch: int, seq: int, masked: float) -> float:
-    per_layer = 4 * HIDDEN * HIDDEN + 2 * HIDDEN * INTERMEDIATE  # weight multiply-adds per token
-    tokens = batch * seq
-    encoder = 6 * LAYERS * per_layer * tokens
-    attention = 12 * LAYERS * seq * HIDDEN * tokens  # QK^T and AV, forward + backward
-    head = 6 * (HIDDEN * HIDDEN + HIDDEN * VOCAB) * masked
-    return float(encoder + attention + head)
 
 
 def build(system: str):

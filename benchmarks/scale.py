@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from featurize import DEFAULT_DATA, load_corpus  # noqa: E402
-from serve import cpu_model  # noqa: E402
+from _common import DEFAULT_DATA, cpu_model, load_corpus  # noqa: E402
 
 from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards  # noqa: E402
 

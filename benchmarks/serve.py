@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import base64
 import os
-import platform
 import random
 import signal
 import socket
@@ -45,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from featurize import DEFAULT_DATA, load_corpus  # noqa: E402  (the benchmarks' shared SST reader)
+from _common import DEFAULT_DATA, cpu_model, load_corpus  # noqa: E402  (the benchmarks' shared SST reader)
 
 TARGET = 0.8
 MIXED_TARGET = 2.0  # p99 of the short requests with the long client / without it
@@ -56,16 +55,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def start_server(command: list[str], url: str, timeout: float = 300) -> subprocess.Popen:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
+from _common import cpu_model
 
 import ctxrep
 from ctxrep.data.sts import read_sts
@@ -37,16 +37,6 @@ TASKS = {  # name: (train file, evaluation file, evaluation split's name)
 }
 TARGETS = {("STS-B", "zero-shot model pooling"): 86.72, ("STS-B", "zero-shot mean of words"): 85.87}
 FINETUNE_TARGET = {"STS-B": 89.7}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def load(path: Path, limit: int | None) -> tuple[list[tuple[str, str]], list[float]]:

@@ -58,8 +58,18 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from featurize import flops_per_token, fmt_table, logical_cpus, mark  # benchmarks/featurize.py
-from pretrain_throughput import HEADS, HIDDEN, INTERMEDIATE, LAYERS, VOCAB, model_flops_per_step
+from _common import (
+    HEADS,
+    HIDDEN,
+    INTERMEDIATE,
+    LAYERS,
+    VOCAB,
+    flops_per_token,
+    fmt_table,
+    logical_cpus,
+    mark,
+    model_flops_per_step,
+)
 
 from ctxrep.runtime.hardware import cpu_description, cpu_has_bf16
 from ctxrep.tasks import SequenceClassifier, loop

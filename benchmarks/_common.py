@@ -1,0 +1,135 @@
+"""What several benchmarks share (a benchmark imports the library and this module, never another benchmark).
+
+The shared data folder and its two corpora (SST train leaves, UD EWT `# text` lines), the results table, the CPU's
+name and logical CPUs, FLOPs per token of an encoder's forward pass, and the MLM pretraining benchmark's model shape
+with its useful FLOPs per step.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+_SST_LEAF = re.compile(r"\(\d+ ([^()]+)\)")  # a leaf node "(label word)"; words never hold parentheses (-LRB-)
+
+
+# ---- corpora ---------------------------------------------------------------------------------------
+
+
+def read_sst(path: Path, n: int) -> list[list[str]]:
+    """The leaves, in order, of the first n PTB trees (one tree per line), kept as written (-LRB-, \\/).
+    A few leaves hold a no-break space (U+00A0, as in "8 1/2"); such a leaf stays one word."""
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                out.append(_SST_LEAF.findall(line))
+            if len(out) == n:
+                break
+    return out
+
+
+def read_ud(path: Path, n: int) -> list[list[str]]:
+    """The first n `# text = ...` lines, split on whitespace."""
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("# text = "):
+                out.append(line[len("# text = ") :].split())
+            if len(out) == n:
+                break
+    return out
+
+
+CORPORA = {  # name: (file under the data dir, reader)
+    "sst": ("sst/train.txt", read_sst),
+    "ud": ("ud_english_ewt/en_ewt-ud-train.conllu", read_ud),
+}
+
+
+def load_corpus(data_dir: Path, corpus: str, n: int) -> list[list[str]]:
+    if not data_dir.is_dir():
+        sys.exit(
+            f"error: the data directory {data_dir} does not exist. The benchmark reads real sentences from the shared "
+            "data folder that sits beside the checkout (../shared/data); pass its location with --data DIR."
+        )
+    rel, reader = CORPORA[corpus]
+    path = data_dir / rel
+    if not path.is_file():
+        sys.exit(f"error: {path} is missing: --data {data_dir} does not look like the shared data folder")
+    sentences = reader(path, n)
+    if len(sentences) < n:
+        sys.exit(f"error: asked for {n:,} sentences but {path} has only {len(sentences):,}")
+    empty = [i for i, s in enumerate(sentences) if not s]
+    if empty:
+        sys.exit(f"error: {path}: sentences {empty[:5]} have no words")
+    return sentences
+
+
+# ---- reporting ------------------------------------------------------------------------------------
+
+
+def fmt_table(header: list[str], rows: list[list[str]], markdown: bool, text_columns: int = 1) -> str:
+    """Plain text or Markdown; the first `text_columns` columns are left-aligned, the others right-aligned."""
+    right = [c >= text_columns for c in range(len(header))]
+    widths = [max(len(x) for x in [header[c]] + [r[c] for r in rows]) for c in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        cells = [c.rjust(w) if rj else c.ljust(w) for c, w, rj in zip(cells, widths, right)]
+        return "| " + " | ".join(cells) + " |" if markdown else "  ".join(cells)
+
+    if markdown:
+        rule = "| " + " | ".join("-" * (w - 1) + ":" if rj else "-" * w for w, rj in zip(widths, right)) + " |"
+    else:
+        rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule] + [line(r) for r in rows])
+
+
+def mark(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def logical_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+# ---- work counted ---------------------------------------------------------------------------------
+
+
+def flops_per_token(model, mean_length: float) -> float:
+    """2 x the weights of every linear layer (multiply + add) + attention's QK^T and PV: 4 x hidden x length each.
+    Unlike ctxrep.runtime.fast.flops_per_token, the pooler is left out: it does not run for hidden states."""
+    import torch
+
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    pooler = getattr(model, "pooler", None)
+    if isinstance(pooler, torch.nn.Linear):  # not run when only hidden states are asked for
+        linear -= pooler.weight.numel()
+    return 2 * linear + 4 * model.hidden_size * mean_length * model.num_layers
+
+
+# The MLM pretraining benchmarks' model (benchmarks/pretrain_throughput.py, training_precision.py): the `small` shape.
+HIDDEN, LAYERS, HEADS, INTERMEDIATE, VOCAB = 256, 4, 4, 1024, 30522
+
+
+def model_flops_per_step(batch: int, seq: int, masked: float) -> float:
+    per_layer = 4 * HIDDEN * HIDDEN + 2 * HIDDEN * INTERMEDIATE  # weight multiply-adds per token
+    tokens = batch * seq
+    encoder = 6 * LAYERS * per_layer * tokens
+    attention = 12 * LAYERS * seq * HIDDEN * tokens  # QK^T and AV, forward + backward
+    head = 6 * (HIDDEN * HIDDEN + HIDDEN * VOCAB) * masked
+    return float(encoder + attention + head)
