@@ -105,7 +105,7 @@ def test_other_heads_match_sentence_transformers(family, tmp_path, minilm_path):
         )  # fmt: skip
         model = transformers.DistilBertForSequenceClassification(config)
     folder = _save_cross_encoder(model, tokenizer_from, tmp_path)
-    pairs = [(QUERY, d) for d in DOCS]
+    pairs = [(QUERY, d) for d in DOCS + ["the  fox\njumped ,twice"]]  # spaces and a newline kept as in the text
     np.testing.assert_allclose(CrossEncoderReranker(folder).predict(pairs), _st_scores(folder, pairs), atol=1e-5)
 
 

@@ -15,7 +15,8 @@ as the table HEADS says transformers lays it out for each architecture:
 
 score = activation(logits): the folder's `activation_fn` (sigmoid or identity), else sigmoid for one label and the
 logits themselves for several, as sentence-transformers' CrossEncoder.predict. A pair is one window, cut to fit
-longest-first as transformers' tokenizers truncate (`WindowPlan.truncated`).
+longest-first as transformers' tokenizers truncate (`WindowPlan.truncated`); each side is tokenized whole, as
+transformers encodes a pair.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from ctxrep.models.sentence_transformers import SETTINGS_FILE, TORCH_ACTIVATIONS
 from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.rerank.ranking import check_rerank_args, top_scores
 from ctxrep.runtime.hardware import default_batch_tokens
-from ctxrep.text.inputs import WindowPlan, collate, token_budget_batches, words_of
+from ctxrep.text.inputs import WindowPlan, collate, token_budget_batches
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,13 @@ HEADS: dict[str, HeadLayout] = {
         "classifier", "head.dense", "gelu", "classifier_activation", "head.norm", "classifier_pooling"
     ),
 }
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """One side of a pair as token ids (what `WindowPlan.truncated` reads)."""
+
+    ids: list[int]
 
 
 class ClassificationHead(nn.Module):
@@ -223,12 +231,9 @@ class CrossEncoderReranker:
         for i, pair in enumerate(pairs):
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
                 raise TypeError(f"pair {i}: expected a (query, document) pair of strings, got {type(pair).__name__}")
-        words_a = [words_of(prefix + a, i) for i, (a, _) in enumerate(pairs)]
-        words_b = [words_of(b, i) for i, (_, b) in enumerate(pairs)]
-        records = [
-            self.plan.truncated(i, a, b)
-            for i, (a, b) in enumerate(zip(self.tokenizer.encode_words(words_a), self.tokenizer.encode_words(words_b)))
-        ]
+        # each side tokenized whole and alone, as transformers' tokenizers encode a pair, then cut to fit
+        sides = [self._pieces([prefix + a for a, _ in pairs]), self._pieces([b for _, b in pairs])]
+        records = [self.plan.truncated(i, a, b) for i, (a, b) in enumerate(zip(*sides))]
         scores = torch.zeros(len(records), self.num_labels)
         order = sorted(range(len(records)), key=lambda r: len(records[r]))
         start = 0
@@ -243,6 +248,11 @@ class CrossEncoderReranker:
                 scores[rows] = self.activation(logits.float()).cpu()
         out = scores.numpy()
         return out[:, 0] if self.num_labels == 1 else out
+
+    def _pieces(self, texts: list[str]) -> list[Pieces]:
+        ids, lengths = self.tokenizer.encode_texts(texts)
+        ends = np.cumsum(lengths)
+        return [Pieces(ids[e - n : e].tolist()) for e, n in zip(ends.tolist(), lengths.tolist())]
 
     def rerank(
         self,
