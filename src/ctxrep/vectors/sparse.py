@@ -107,6 +107,8 @@ class SparseEncoder:
         if self.sparse_linear is None:
             model_ = self.featurizer.model
             self.head = read_mlm_head(folder, model_) if hasattr(model_, "embeddings") else None
+            if self.head is not None:  # on the encoder's device (its decoder is the encoder's word embeddings)
+                self.head.to(next(model_.parameters()).device)
             if self.head is None:
                 raise CheckpointError(
                     f"{folder}: no masked-LM head (cls.predictions.* / lm_head.*) and no {SPARSE_LINEAR_FILE}: sparse "
@@ -179,6 +181,8 @@ class SparseEncoder:
                 last = first + max(1, int(np.searchsorted(np.cumsum(lengths[first:]), block_tokens, side="right")))
                 block = token_states[first:last]
                 h = torch.from_numpy(np.concatenate([t.states for t in block]).astype(np.float32, copy=False))
+                if self.head is not None:
+                    h = h.to(self.head.bias.device)
                 if self.sparse_linear is not None:
                     ids = torch.from_numpy(np.concatenate([t.ids for t in block]))
                     rows = [
@@ -197,7 +201,7 @@ class SparseEncoder:
                 if self.max_active_dims is not None and self.max_active_dims < self.vocab_size:
                     top = torch.topk(dense, self.max_active_dims, dim=1)
                     dense = torch.zeros_like(dense).scatter_(1, top.indices, top.values)
-                out[first:last] = dense.numpy()
+                out[first:last] = dense.float().cpu().numpy()
                 first = last
         return scipy.sparse.csr_matrix(out)
 
