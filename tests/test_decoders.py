@@ -243,28 +243,31 @@ def test_auto_dtype_keeps_a_bf16_checkpoint_in_bf16_only_where_the_cpu_has_it(tm
 
 def test_weights_that_cannot_fit_are_refused_before_reading_them(tmp_path, monkeypatch):
     _, folder = saved(tmp_path, "qwen3")
-    read = []
     monkeypatch.setattr(shards, "available_memory", lambda: 1000)
-    monkeypatch.setattr(shards, "safe_open", lambda *a, **k: read.append(a) or pytest.fail("a weight was read"))
-    monkeypatch.setattr(shards.WeightIndex, "of", _headers_only(shards.WeightIndex.of))
+    monkeypatch.setattr(shards, "read_tensor", lambda *a: pytest.fail("a weight was read"))
     with pytest.raises(CheckpointError, match=r"weights take .* GiB in float32 .* 0\.0 GiB of memory available") as e:
         load_model(folder, dtype="fp32")
     assert "\n" not in str(e.value) and "bf16" in str(e.value)
 
 
-def _headers_only(of):
-    """WeightIndex.of with the real safe_open (headers); the test's patched safe_open guards the tensor reads."""
-    import safetensors
+def test_weights_are_read_into_memory_of_their_own(tmp_path):
+    """No memory map: the loaded model survives its files being overwritten (a folder saved over itself)."""
+    _, folder = saved(tmp_path, "qwen3")
+    model = load_model(folder)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        before = model(ids).last_hidden_state
+        (folder / "model.safetensors").write_bytes(b"\0" * 16)
+        assert torch.equal(model(ids).last_hidden_state, before)
 
-    def wrapped(folder):
-        saved_open = shards.safe_open
-        shards.safe_open = safetensors.safe_open
-        try:
-            return of(folder)
-        finally:
-            shards.safe_open = saved_open
 
-    return wrapped
+def test_truncated_weights_are_one_line(tmp_path):
+    _, folder = saved(tmp_path, "qwen3")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match="truncated") as e:
+        load_model(folder)
+    assert "\n" not in str(e.value)
 
 
 # ---- bad input: one line, before the weights -------------------------------------------------------------------

@@ -41,7 +41,7 @@ from ctxrep.models.llama import (
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
 from ctxrep.modules.gated_mlp import GatedMLP
-from ctxrep.modules.grouped_attention import GroupedQueryAttention, decoder_mask, positions_of
+from ctxrep.modules.grouped_attention import GroupedQueryAttention, decoder_mask, padding_of, positions_of
 from ctxrep.modules.rms_norm import RMSNorm
 from ctxrep.modules.rotary import RopeError, RopeSpec, rotary_cos_sin
 
@@ -236,7 +236,7 @@ class Gemma3Model(Encoder):
         b, t = input_ids.shape
         check_length(t, self.max_tokens)
         c = self.config
-        real = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        real = padding_of(attention_mask)  # (batch, seq) bool, or None without padding
         w = self.embed_tokens.weight
         # sqrt(hidden) in the weights' dtype, as transformers rounds it (55.4256 becomes 55.5 in bfloat16)
         x = self.embed_tokens(input_ids) * torch.tensor(c.hidden_size**0.5, dtype=w.dtype)  # (batch, seq, hidden)

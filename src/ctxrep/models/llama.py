@@ -38,7 +38,7 @@ from ctxrep.models.outputs import EncoderOutput
 from ctxrep.models.shards import WeightIndex, load_into, resolve_dtype, write_sharded
 from ctxrep.modules.activations import check_activation
 from ctxrep.modules.gated_mlp import GatedMLP
-from ctxrep.modules.grouped_attention import GroupedQueryAttention, decoder_mask, positions_of
+from ctxrep.modules.grouped_attention import GroupedQueryAttention, decoder_mask, padding_of, positions_of
 from ctxrep.modules.rms_norm import RMSNorm
 from ctxrep.modules.rotary import RopeError, RopeSpec, rotary_cos_sin
 
@@ -247,7 +247,7 @@ class LlamaModel(Encoder):
         `num_layers` stops after that many layers (the final norm only after the last one)."""
         b, t = input_ids.shape
         check_length(t, self.max_tokens)
-        real = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()
+        real = padding_of(attention_mask)  # (batch, seq) bool, or None without padding
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         c = self.config
         positions = positions_of(real, b, t, input_ids.device)  # (batch, seq)

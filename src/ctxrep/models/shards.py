@@ -1,10 +1,12 @@
 """Weights read one tensor at a time, from one model.safetensors or from shards listed in
 model.safetensors.index.json (Hugging Face's layout for models of billions of parameters).
 
-A model is built on the "meta" device (no memory), then each parameter is read from its shard with safetensors'
-`safe_open` and put in place, cast to the chosen dtype: no second copy of the weights is ever held, so loading
-peaks at the weights' size plus one tensor. Before anything is read, the tensors' sizes (from the files' headers)
-are checked against the memory this machine has available, and the loading refuses in one line if they cannot fit.
+A model is built on the "meta" device (no memory), then each parameter is read from its shard straight into a
+tensor of its own (a plain read at the offset the safetensors header gives, not a memory map: mapped file pages
+would count against the process beside the copy) and put in place, cast to the chosen dtype: no second copy of
+the weights is ever held, so loading peaks at the weights' size plus one tensor. Before anything is read, the
+tensors' sizes (from the files' headers) are checked against the memory this machine has available, and the
+loading refuses in one line if they cannot fit.
 
     WeightIndex.of(folder)      every tensor's name -> its file, shape and dtype (headers only)
     resolve_dtype(...)          "auto" -> bfloat16 for a bfloat16 / float16 checkpoint where the CPU has native
@@ -17,12 +19,12 @@ are checked against the memory this machine has available, and the loading refus
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from ctxrep.models.folders import CheckpointError, check_weights, write_safetensors
 
@@ -30,6 +32,14 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+_ALL_DTYPES = _SAFETENSORS_DTYPES | {
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,40 @@ class TensorEntry:
     file: Path
     shape: tuple[int, ...]
     dtype: str  # safetensors' name: "BF16", "F32", ...
+    start: int  # byte offsets of the data in the file
+    end: int
+
+
+def read_header(file: Path) -> dict[str, TensorEntry]:
+    """The tensors of a safetensors file from its header: 8 bytes (little-endian length N), N bytes of JSON
+    {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": ...}, then the data."""
+    try:
+        with file.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > 100_000_000:
+                raise ValueError(f"a header of {n} bytes")
+            header = json.loads(f.read(n))
+        base = 8 + n
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            out[name] = TensorEntry(file, tuple(info["shape"]), info["dtype"], base + begin, base + end)
+        return out
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+        raise CheckpointError(f"{file}: corrupt or unreadable safetensors file ({e}); download it again") from e
+
+
+def read_tensor(handle, entry: TensorEntry) -> torch.Tensor:
+    """One tensor read from the open file `handle` into memory of its own (no memory map)."""
+    if entry.dtype not in _ALL_DTYPES:
+        raise CheckpointError(f"{entry.file}: tensor dtype {entry.dtype} is not supported")
+    buf = torch.empty(entry.end - entry.start, dtype=torch.uint8)
+    handle.seek(entry.start)
+    if handle.readinto(memoryview(buf.numpy())) != buf.numel():
+        raise CheckpointError(f"{entry.file}: the file ends inside a tensor (truncated); download it again")
+    return buf.view(_ALL_DTYPES[entry.dtype]).reshape(entry.shape)
 
 
 @dataclass(frozen=True)
@@ -68,14 +112,7 @@ class WeightIndex:
             raise CheckpointError(f"{folder}: no weights found: expected {SINGLE_FILE} or {INDEX_FILE} with its shards")
         entries: dict[str, TensorEntry] = {}
         for name in files:
-            file = folder / name
-            try:
-                with safe_open(str(file), framework="pt") as f:
-                    for key in f.keys():
-                        s = f.get_slice(key)
-                        entries[key] = TensorEntry(file, tuple(s.get_shape()), s.get_dtype())
-            except (SafetensorError, OSError) as e:
-                raise CheckpointError(f"{file}: corrupt or unreadable safetensors file ({e}); download it again") from e
+            entries |= read_header(folder / name)
         if weight_map is not None:
             listed = {k for k, f in weight_map.items() if entries.get(k) is not None and entries[k].file.name == f}
             absent = sorted(set(weight_map) - listed)
@@ -166,12 +203,14 @@ def load_into(
     for k in names:
         by_file.setdefault(index.entries[k].file, []).append(k)
     for file, keys in by_file.items():  # each shard opened once
-        with safe_open(str(file), framework="pt") as f:
+        with file.open("rb") as f:
             for k in keys:
                 owner, _, leaf = names[k].rpartition(".")
                 holder = module.get_submodule(owner)
                 old = holder._parameters[leaf]
-                holder._parameters[leaf] = torch.nn.Parameter(f.get_tensor(k).to(dtype), old.requires_grad)
+                holder._parameters[leaf] = torch.nn.Parameter(
+                    read_tensor(f, index.entries[k]).to(dtype), old.requires_grad
+                )
     left = [n for n, p in module.named_parameters() if p.is_meta]
     if left:
         raise CheckpointError(f"{index.folder}: no weights for {', '.join(left)} (a bug in the family's name map)")

@@ -34,14 +34,25 @@ def decoder_mask(
     distance = pos[:, None] - pos[None, :]  # (seq, seq): query i minus key j
     allowed = torch.ones(t, t, dtype=torch.bool, device=device)
     if causal:
-        allowed &= distance >= 0
+        allowed = allowed & (distance >= 0)
     if window is not None:
-        allowed &= (distance < window) if causal else (distance.abs() < window)
+        allowed = allowed & ((distance < window) if causal else (distance.abs() < window))
     mask = allowed[None, None]  # (1, 1, seq, seq)
     if real is not None:
         mask = mask & real.bool()[:, None, None, :]  # (batch, 1, seq, seq)
         mask = mask | torch.eye(t, dtype=torch.bool, device=device)[None, None]
     return mask
+
+
+def padding_of(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask as bool (batch, seq), or None when there is no padding. A traced or exported graph keeps the mask
+    whatever its example held: whether a batch has padding is data, and such a graph must serve every batch."""
+    if attention_mask is None:
+        return None
+    exporting = torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    if not exporting and bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()
 
 
 def positions_of(real: torch.Tensor | None, b: int, t: int, device: torch.device) -> torch.Tensor:

@@ -146,8 +146,9 @@ def rotary_cos_sin(
     spec: RopeSpec, dim: int, max_positions: int, positions: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of m * f for the positions m (batch, seq): each (batch, seq, dim), the dim / 2 angles twice
-    (rotate-half layout), computed in float32 and cast to `dtype` as transformers does."""
-    inv, scaling = spec.frequencies(dim, max_positions, int(positions.max()) + 1 if positions.numel() else 1)
+    (rotate-half layout), computed in float32 and cast to `dtype` as transformers does. Dynamic scaling reads the
+    batch's length (seq), as transformers' does from its positions 0..seq - 1."""
+    inv, scaling = spec.frequencies(dim, max_positions, positions.shape[-1])
     angles = positions[..., None].float() * inv.to(positions.device)  # (batch, seq, dim / 2)
     angles = torch.cat([angles, angles], dim=-1)  # (batch, seq, dim)
     return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
