@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ctxrep.util.arrays import normalize_rows
+
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 QUANTIZATION_FILE = "quantization.json"
 CODES_FILE = "codes.npy"
@@ -51,10 +53,7 @@ def truncate(vectors, dimensions: int | None, normalize: bool = True) -> np.ndar
                 f"dimensions={dimensions} is more than the vectors' {v.shape[1]}; give at most {v.shape[1]}"
             )
         v = v[:, :dimensions]
-    if not normalize:
-        return np.ascontiguousarray(v, dtype=np.float32)
-    norms = np.linalg.norm(v.astype(np.float32), axis=1, keepdims=True)
-    return (v / np.maximum(norms, 1e-12)).astype(np.float32)
+    return normalize_rows(v) if normalize else np.ascontiguousarray(v, dtype=np.float32)
 
 
 def calibration_ranges(vectors) -> np.ndarray:
