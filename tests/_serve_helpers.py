@@ -1,12 +1,34 @@
-"""What the server's tests share: uvicorn serving an app on 127.0.0.1 in a background thread."""
+"""What the server's tests share: uvicorn serving an app on 127.0.0.1 in a background thread; a tiny random
+cross-encoder folder."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import socket
 import threading
 import time
+from pathlib import Path
 
+import torch
+import transformers
 import uvicorn
+
+
+def tiny_cross_encoder(folder: Path, tokenizer_from: Path) -> Path:
+    """A random BertForSequenceClassification (one label) with `tokenizer_from`'s tokenizer and two declared
+    prompts ("query", "web")."""
+    torch.manual_seed(1)
+    config = transformers.BertConfig(
+        vocab_size=30522, max_position_embeddings=64, num_labels=1, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64,
+    )  # fmt: skip
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(tokenizer_from / name, folder / name)
+    prompts = {"prompts": {"query": "query : ", "web": "search the web :"}}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    return folder
 
 
 class ServerThread:

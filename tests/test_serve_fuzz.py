@@ -7,11 +7,12 @@ import json
 
 import httpx
 import pytest
-from _serve_helpers import ServerThread
+from _serve_helpers import ServerThread, tiny_cross_encoder
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ctxrep import Featurizer
+from ctxrep.rerank import CrossEncoderReranker
 from ctxrep.serve.app import build_app
 from ctxrep.serve.service import EmbeddingService, ServeConfig
 
@@ -43,6 +44,22 @@ ROUTES = {
         "pooling": st.sampled_from(["first", "last", "mean", "first_last", "max"]) | json_values,
         "encoding_format": st.sampled_from(["float", "base64"]) | json_values,
     },
+    "/rerank": {
+        "query": texts | json_values,
+        "texts": inputs,
+        "raw_scores": st.booleans() | json_values,
+        "return_text": st.booleans() | json_values,
+        "prompt": texts | json_values,
+        "prompt_name": st.sampled_from(["query", "web", "passage"]) | json_values,
+    },
+    "/v1/rerank": {
+        "query": texts | json_values,
+        "documents": inputs | st.lists(st.fixed_dictionaries({"text": texts}), max_size=3),
+        "model": st.sampled_from(["ce", "other"]) | json_values,
+        "top_n": st.integers(-2, 6) | json_values,
+        "return_documents": st.booleans() | json_values,
+        "prompt_name": st.sampled_from(["query", "web", "passage"]) | json_values,
+    },
 }
 
 
@@ -53,6 +70,12 @@ GOOD = {
     "/v1/embeddings": {"input": good_texts | st.lists(good_texts, min_size=1, max_size=8)},
     "/embed": {"inputs": good_texts | st.lists(good_texts, min_size=1, max_size=8)},
     "/v1/word-embeddings": {"input": st.lists(st.lists(words, min_size=1, max_size=5), min_size=1, max_size=4)},
+    "/rerank": {"query": good_texts, "texts": st.lists(good_texts, min_size=1, max_size=8)},
+    "/v1/rerank": {
+        "query": good_texts,
+        "documents": st.lists(good_texts, min_size=1, max_size=8),
+        "top_n": st.none() | st.integers(1, 10),
+    },
 }
 
 
@@ -63,16 +86,48 @@ def bodies(path: str) -> st.SearchStrategy:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models):
+def server(tiny_models, tmp_path_factory, minilm_path):
     fz = Featurizer(tiny_models["bert"])
+    reranker = CrossEncoderReranker(tiny_cross_encoder(tmp_path_factory.mktemp("ce"), minilm_path))
     config = ServeConfig(max_texts=8, max_text_chars=400, max_body_bytes=4000)
-    with ServerThread(build_app(EmbeddingService(fz, "tiny", config))) as s, httpx.Client(base_url=s.url) as client:
+    service = EmbeddingService(fz, "tiny", config, reranker=reranker, reranker_name="ce")
+    with ServerThread(build_app(service)) as s, httpx.Client(base_url=s.url) as client:
         yield client
 
 
-def rows_sent(body: dict, field: str) -> int:
-    value = body[field]
+def rows_sent(value) -> int:
     return 1 if isinstance(value, str) else len(value)
+
+
+# each route's answer to an accepted body: its rows (to count against the rows sent)
+ROWS_OUT = {
+    "/v1/embeddings": lambda body, answer: (
+        [d["index"] for d in answer["data"]],
+        list(range(rows_sent(body["input"]))),
+    ),
+    "/v1/word-embeddings": lambda body, answer: (
+        [d["index"] for d in answer["data"]],
+        list(range(rows_sent(body["input"]))),
+    ),
+    "/embed": lambda body, answer: (len(answer), rows_sent(body["inputs"])),
+    "/rerank": lambda body, answer: (sorted(x["index"] for x in answer), list(range(len(body["texts"])))),
+    "/v1/rerank": lambda body, answer: (
+        len(answer["results"]),
+        min(len(body["documents"]), body.get("top_n") or len(body["documents"])),
+    ),
+}
+
+
+def error_message(path: str, status: int, answer: dict) -> str:
+    """The reason in the route's schema (TEI's, Cohere's or OpenAI's), after checking the schema."""
+    if path in ("/embed", "/rerank"):
+        assert set(answer) == {"error", "error_type"}, answer
+        return answer["error"]
+    if path == "/v1/rerank":
+        assert set(answer) == {"message"}, answer
+        return answer["message"]
+    assert set(answer) == {"error"} and answer["error"]["code"] == status, answer
+    return answer["error"]["message"]
 
 
 def check(client: httpx.Client, path: str, content: bytes | str) -> None:
@@ -81,19 +136,11 @@ def check(client: httpx.Client, path: str, content: bytes | str) -> None:
     assert r.status_code < 500, (path, content, r.status_code, r.text)
     answer = r.json()
     if r.status_code == 200:  # rows in = rows out
-        body = json.loads(content)
-        if path == "/embed":
-            assert len(answer) == rows_sent(body, "inputs")
-        else:
-            assert [d["index"] for d in answer["data"]] == list(range(rows_sent(body, "input")))
+        got, sent = ROWS_OUT[path](json.loads(content), answer)
+        assert got == sent, (content, answer)
         return
     assert 400 <= r.status_code < 500
-    if path == "/embed":
-        assert set(answer) == {"error", "error_type"}, answer
-        message = answer["error"]
-    else:
-        assert set(answer) == {"error"} and answer["error"]["code"] == r.status_code, answer
-        message = answer["error"]["message"]
+    message = error_message(path, r.status_code, answer)
     assert message and "\n" not in message, message
 
 

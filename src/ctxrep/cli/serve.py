@@ -37,6 +37,12 @@ from ctxrep.cli.runtime_options import runtime_options
 @click.option("--max-texts", default=2048, show_default=True, help="Texts per request; beyond it: 413.")
 @click.option("--max-text-chars", default=200_000, show_default=True, help="Characters per text; beyond it: 413.")
 @click.option(
+    "--reranker",
+    default=None,
+    metavar="MODEL",
+    help="A cross-encoder or LLM reranker (folder or name) served at /rerank (TEI) and /v1/rerank (Cohere, Jina).",
+)
+@click.option(
     "--access-log",
     default=None,
     metavar="FILE",
@@ -60,10 +66,11 @@ def serve(
     max_queue,
     max_texts,
     max_text_chars,
+    reranker,
     access_log,
 ) -> None:
     """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings and /v1/models, text-embeddings-inference's
-    /embed, ctxrep's /v1/word-embeddings, /health and /metrics. Long requests run in token-budget steps between other
+    /embed, ctxrep's /v1/word-embeddings, /health and /metrics; with --reranker, /rerank and /v1/rerank. Long requests run in token-budget steps between other
     requests' steps, so a short request never waits for a whole long one."""
     try:
         from ctxrep.serve.server import access_log_to, bind, serve
@@ -91,6 +98,7 @@ def serve(
         backend=backend,
         threads=threads,
         config=config,
+        reranker=reranker,
     )
     access_log_to(access_log)
     key = "an API key" if config.api_key else "no API key"
@@ -98,7 +106,9 @@ def serve(
     def started() -> None:
         click.echo(
             f"serving {model} ({service.dim}-dim sentence vectors) on http://{host}:{port} with {key}: "
-            "POST /v1/embeddings (OpenAI), /embed (TEI), /v1/word-embeddings; GET /v1/models, /health, /metrics",
+            "POST /v1/embeddings (OpenAI), /embed (TEI), /v1/word-embeddings"
+            + (f"; {reranker} at /rerank (TEI), /v1/rerank (Cohere, Jina)" if reranker else "")
+            + "; GET /v1/models, /health, /metrics",
             err=True,
         )
 

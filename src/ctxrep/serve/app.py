@@ -8,6 +8,11 @@ Routes:
                              with base_url="http://127.0.0.1:8080/v1".
   GET  /v1/models            OpenAI's model list (the one served model); GET /v1/models/{id} that model
   POST /embed                text-embeddings-inference's schema: {"inputs": str | [str], "normalize": true} -> [[...]]
+  POST /rerank               text-embeddings-inference's: {"query", "texts", "return_text"} -> [{"index", "score"}]
+                             best first (with --reranker MODEL)
+  POST /v1/rerank            Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n",
+                             "return_documents"} -> {"id", "model", "results": [{"index", "relevance_score",
+                             "document"}], "usage"} (with --reranker MODEL); both take "prompt" / "prompt_name"
   POST /v1/word-embeddings   ctxrep's own: {"input", "layers": -1 | [..] | "all" | "mix", "pooling", "encoding_format"}
                              -> {"data": [{"index", "words", "embeddings", "shape"}], "model", "usage", "windowed"}
   GET  /health               {"status": "ok", "model", "dim"}  (no key needed)
@@ -27,11 +32,13 @@ import base64
 import hmac
 import logging
 import time
+import uuid
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from ctxrep.rerank.ranking import check_rerank_args
 from ctxrep.serve.batcher import QueueFull
 from ctxrep.serve.errors import BodyLimit, RequestError, error_body, validation_message
 from ctxrep.serve.service import SENTENCES, EmbeddingService, Text, Words
@@ -66,6 +73,33 @@ class WordRequest(BaseModel):
     layers: int | list[int] | Literal["all", "mix"] = -1
     pooling: Literal["first", "last", "mean", "first_last"] | None = None  # None: the server's pooling
     encoding_format: Literal["float", "base64"] = "float"
+
+
+class TEIRerankRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    query: str
+    texts: list[str]
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool = False
+    prompt: str | None = None
+    prompt_name: str | None = None
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    text: str
+
+
+class RerankRequest(BaseModel):  # Cohere's and Jina's
+    model_config = ConfigDict(extra="ignore")
+    query: str
+    documents: list[str | RerankDocument]
+    model: str | None = None
+    top_n: int | None = None
+    return_documents: bool = False
+    prompt: str | None = None
+    prompt_name: str | None = None
 
 
 def encode(vector: np.ndarray, encoding_format: str) -> list | str:
@@ -150,6 +184,25 @@ class Handlers:
         except (ValueError, TypeError) as e:  # the Featurizer refused a text
             raise RequestError(422, str(e).splitlines()[0]) from None
 
+    async def rerank(
+        self, query: str, documents: list[str], field_name: str, top_n=None, prompt=None, prompt_name=None
+    ):
+        """([(index, score)] best first, total tokens) from the service's reranker; refusals as RequestErrors."""
+        reranker = self.service.reranker
+        if reranker is None:
+            raise RequestError(
+                404, "no reranker is loaded: start ctxrep serve with --reranker MODEL", "model_not_found"
+            )
+        self.texts_of(query, "query")
+        documents = self.texts_of(documents, field_name)
+        try:  # the library's own checks, before the request waits for the model
+            check_rerank_args(query, documents, top_n)
+            reranker.prompts.resolve(prompt, prompt_name)
+        except (ValueError, TypeError) as e:
+            raise RequestError(422, str(e).splitlines()[0]) from None
+        ranked, counts = await self.embed(self.service.rerank_key(query, top_n, prompt, prompt_name), documents)
+        return ranked, int(sum(counts))
+
     def windowed(self, counts: list[int]) -> dict:
         indices = self.service.windowed(counts)
         return {"count": len(indices), "indices": indices}
@@ -190,16 +243,39 @@ def openai_routes(app, h: Handlers, started: int) -> None:
             "windowed": h.windowed(counts),
         }
 
-    model = {"id": service.name, "object": "model", "created": started, "owned_by": "ctxrep"}
+    names = [service.name] + ([service.reranker_name] if service.reranker is not None else [])
+    models = {name: {"id": name, "object": "model", "created": started, "owned_by": "ctxrep"} for name in names}
 
     @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model]}
+    async def list_models():
+        return {"object": "list", "data": list(models.values())}
 
     @app.get("/v1/models/{model_id:path}")
     async def one_model(model_id: str):
-        h.check_model(model_id)
-        return model
+        if model_id not in models:
+            h.check_model(model_id)
+        return models[model_id]
+
+    @app.post("/v1/rerank")
+    async def rerank(body: RerankRequest):
+        if body.model is not None and body.model != service.reranker_name and service.reranker is not None:
+            raise RequestError(
+                404, f"model {body.model!r} is not served here; the reranker is {service.reranker_name!r}",
+                "model_not_found",
+            )  # fmt: skip
+        documents = [d if isinstance(d, str) else d.text for d in body.documents]
+        ranked, tokens = await h.rerank(body.query, documents, "documents", body.top_n, body.prompt, body.prompt_name)
+        results = [
+            {"index": i, "relevance_score": score}
+            | ({"document": {"text": documents[i]}} if body.return_documents else {})
+            for i, score in ranked
+        ]
+        return {
+            "id": uuid.uuid4().hex,
+            "model": service.reranker_name,
+            "results": results,
+            "usage": {"total_tokens": tokens},
+        }
 
 
 def tei_routes(app, h: Handlers) -> None:
@@ -215,6 +291,18 @@ def tei_routes(app, h: Handlers) -> None:
         if windowed["indices"]:
             headers["x-windowed-indices"] = ",".join(map(str, windowed["indices"]))
         return JSONResponse([v.tolist() for v in vectors], headers=headers)
+
+    @app.post("/rerank")
+    async def tei_rerank(body: TEIRerankRequest):
+        if body.raw_scores:
+            raise RequestError(
+                422,
+                "raw_scores: this server answers the reranker's scores after its activation; raw ones are not served",
+            )
+        ranked, _ = await h.rerank(body.query, body.texts, "texts", None, body.prompt, body.prompt_name)
+        return [
+            {"index": i, "score": score} | ({"text": body.texts[i]} if body.return_text else {}) for i, score in ranked
+        ]
 
 
 def ctxrep_routes(app, h: Handlers) -> None:

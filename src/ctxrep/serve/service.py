@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,23 @@ class Words:
         return service.featurizer(self, between_batches).embed_words(texts), pieces(service.fz.tokenizer, texts)
 
 
+@dataclass(frozen=True)
+class Rerank:
+    """One rerank request: reranker.rerank(query, documents, top_n, prompt, prompt_name) -> [(index, score)] best
+    first; `request` keeps every request its own call (each has its own query and top_n)."""
+
+    request: int
+    query: str
+    top_n: int | None = None
+    prompt: str | None = None
+    prompt_name: str | None = None
+
+    def run(self, service: EmbeddingService, documents: list[str], between_batches: Callable | None):
+        reranker = service.reranker
+        ranked = reranker.rerank(self.query, documents, self.top_n, self.prompt, self.prompt_name)
+        return ranked, pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])
+
+
 SENTENCES = Sentences()
 
 
@@ -77,7 +95,15 @@ class EmbeddingService:
     Normalize is served unit-length there too. /embed follows each request's own `normalize`.
     """
 
-    def __init__(self, featurizer, name: str, config: ServeConfig | None = None, normalize: bool = False) -> None:
+    def __init__(
+        self,
+        featurizer,
+        name: str,
+        config: ServeConfig | None = None,
+        normalize: bool = False,
+        reranker=None,
+        reranker_name: str | None = None,
+    ) -> None:
         if featurizer.normalize:
             raise ValueError(
                 "give the service a Featurizer with normalize=False and EmbeddingService(normalize=True): /embed "
@@ -94,6 +120,9 @@ class EmbeddingService:
         self.config = config or ServeConfig()
         self.metrics = Metrics()
         self.views: dict[Any, Any] = {SENTENCES: featurizer}
+        self.reranker = reranker  # a ctxrep.rerank reranker for /rerank and /v1/rerank, or None
+        self.reranker_name = reranker_name
+        self._requests = itertools.count()
         c = self.config
         self.batcher = Batcher(
             self._run,
@@ -124,6 +153,9 @@ class EmbeddingService:
         TypeError refusing a text."""
         tokens = sum(len(t.split()) if isinstance(t, str) else len(t) for t in texts) + 2 * len(texts)
         return await self.batcher.submit(key, texts, tokens)
+
+    def rerank_key(self, query: str, top_n: int | None, prompt: str | None, prompt_name: str | None) -> Rerank:
+        return Rerank(next(self._requests), query, top_n, prompt, prompt_name)
 
     def view(self, key: Words):
         """The Featurizer for `key`, sharing the model (nothing reloaded); a ValueError names a bad option."""
@@ -167,9 +199,11 @@ def make_service(
     threads: int | None = None,
     batch_tokens: int | None = None,
     config: ServeConfig | None = None,
+    reranker: str | None = None,
 ) -> EmbeddingService:
     """Load the model once and wrap it for serving. sentence_pooling="auto": the folder's own pooling where it has a
-    sentence-transformers modules.json, else the mean of the word vectors."""
+    sentence-transformers modules.json, else the mean of the word vectors. reranker: a cross-encoder or LLM
+    reranker folder or name (`ctxrep.rerank.load_reranker`) for /rerank and /v1/rerank."""
     from ctxrep.featurize import Featurizer
     from ctxrep.models.loading import load_encoder
 
@@ -184,7 +218,14 @@ def make_service(
         num_threads=threads,
         batch_tokens=batch_tokens,
     )
-    return EmbeddingService(fz, str(model), config, normalize=normalize)
+    loaded_reranker = None
+    if reranker is not None:
+        from ctxrep.rerank import load_reranker
+
+        loaded_reranker = load_reranker(reranker, device=device)
+    return EmbeddingService(
+        fz, str(model), config, normalize=normalize, reranker=loaded_reranker, reranker_name=reranker and str(reranker)
+    )
 
 
 def api_key_from(value: str | None) -> str | None:

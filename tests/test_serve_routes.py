@@ -1,0 +1,107 @@
+"""The issue-34 routes of `ctxrep serve` through httpx: TEI's /rerank and Cohere's / Jina's /v1/rerank over a tiny
+random cross-encoder folder (the answers equal `ctxrep.rerank`'s, which tests/test_rerank.py holds to
+sentence-transformers), prompts by name and by text, and their bad requests in each route's schema."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from _serve_helpers import ServerThread, tiny_cross_encoder
+
+from ctxrep import Featurizer
+from ctxrep.rerank import CrossEncoderReranker
+from ctxrep.serve.app import build_app
+from ctxrep.serve.service import EmbeddingService, ServeConfig
+
+QUERY = "where did the fox jump ?"
+DOCS = [
+    "The quick brown fox jumps over the lazy dog .",
+    "A crane lifted the steel beam onto the roof .",
+    "the fox jumped over the dog , twice , and then it ran away",
+    "dog",
+]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory, minilm_path):
+    return tiny_cross_encoder(tmp_path_factory.mktemp("ce"), minilm_path)
+
+
+@pytest.fixture(scope="module")
+def server(cross_encoder, tiny_models):
+    reranker = CrossEncoderReranker(cross_encoder)
+    service = EmbeddingService(
+        Featurizer(tiny_models["bert"]), "tiny", ServeConfig(max_texts=8), reranker=reranker, reranker_name="ce"
+    )
+    with ServerThread(build_app(service)) as s:
+        yield s, reranker
+
+
+def test_tei_rerank(server):
+    s, reranker = server
+    r = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True})
+    assert r.status_code == 200, r.text
+    expected = reranker.rerank(QUERY, DOCS)
+    assert [item["index"] for item in r.json()] == [i for i, _ in expected]
+    assert [item["score"] for item in r.json()] == pytest.approx([score for _, score in expected], abs=1e-6)
+    assert [item["text"] for item in r.json()] == [DOCS[i] for i, _ in expected]
+    plain = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS, "prompt_name": "query"}).json()
+    assert "text" not in plain[0]
+    expected = reranker.rerank(QUERY, DOCS, prompt_name="query")
+    assert [(item["index"], pytest.approx(item["score"], abs=1e-6)) for item in plain] == expected
+
+
+def test_cohere_and_jina_rerank(server):
+    s, reranker = server
+    documents = [DOCS[0], {"text": DOCS[1]}, DOCS[2], {"text": DOCS[3]}]  # strings or {"text"} objects
+    body = {"model": "ce", "query": QUERY, "documents": documents, "top_n": 2, "return_documents": True}
+    r = httpx.post(f"{s.url}/v1/rerank", json=body | {"prompt": "find : "})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    expected = reranker.rerank(QUERY, DOCS, top_n=2, prompt="find : ")
+    assert [(x["index"], pytest.approx(x["relevance_score"], abs=1e-6)) for x in answer["results"]] == expected
+    assert [x["document"]["text"] for x in answer["results"]] == [DOCS[i] for i, _ in expected]
+    assert answer["model"] == "ce" and answer["usage"]["total_tokens"] > 0 and len(answer["id"]) == 32
+    bare = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}).json()["results"]
+    assert len(bare) == len(DOCS) and "document" not in bare[0]
+    models = httpx.get(f"{s.url}/v1/models").json()["data"]
+    assert [m["id"] for m in models] == ["tiny", "ce"]
+
+
+@pytest.mark.parametrize(
+    "path, body, status, message",
+    [
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 0}, 422, "top_n must be a positive integer"),
+        ("/v1/rerank", {"query": QUERY, "documents": []}, 422, "documents: an empty list"),
+        ("/v1/rerank", {"query": QUERY, "documents": ["a", " "]}, 422, "documents[1]: an empty text"),
+        ("/v1/rerank", {"query": " ", "documents": DOCS}, 422, "query"),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "prompt_name": "passage"}, 422, "unknown prompt name"),
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS, "model": "other"}, 404, "model 'other' is not served"),
+        ("/v1/rerank", {"query": QUERY, "documents": [5]}, 422, "documents"),
+        ("/v1/rerank", {"documents": DOCS}, 422, "query: Field required"),
+        ("/rerank", {"query": QUERY, "texts": []}, 422, "texts: an empty list"),
+        ("/rerank", {"query": QUERY, "texts": DOCS, "raw_scores": True}, 422, "raw_scores"),
+        ("/rerank", {"query": QUERY, "texts": DOCS, "prompt_name": "passage"}, 422, "'query', 'web'"),
+        ("/rerank", {"query": QUERY, "texts": ["a"] * 9}, 413, "texts: 9 texts; the limit is 8"),
+    ],
+)
+def test_bad_rerank_requests_in_the_routes_schema(server, path, body, status, message):
+    s, _ = server
+    r = httpx.post(s.url + path, json=body)
+    assert r.status_code == status, r.text
+    if path == "/rerank":  # TEI's
+        assert set(r.json()) == {"error", "error_type"} and message in r.json()["error"], r.json()
+    else:  # Cohere's {"message"}
+        assert set(r.json()) == {"message"} and message in r.json()["message"], r.json()
+    assert "\n" not in json.dumps(r.json())
+
+
+def test_rerank_without_a_reranker_is_404_in_the_routes_schema(tiny_models):
+    with ServerThread(build_app(EmbeddingService(Featurizer(tiny_models["bert"]), "tiny"))) as s:
+        cohere = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS})
+        tei = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS})
+    assert cohere.status_code == tei.status_code == 404
+    assert cohere.json() == {"message": "no reranker is loaded: start ctxrep serve with --reranker MODEL"}
+    assert tei.json()["error"].startswith("no reranker is loaded")
