@@ -322,3 +322,10 @@ def test_byte_level_words_get_the_pieces_of_running_text(tmp_path):
         for w, word in enumerate(words):  # and each word's pieces spell that word (with its space)
             pieces = [i for i, owner in zip(enc.ids, enc.word_ids) if owner == w]
             assert tok.backend.decode(pieces) == (word if w == 0 else " " + word)
+
+
+def test_lm_logits_of_an_encoder_without_a_head_is_one_line(tiny_models):
+    bert = load_model(tiny_models["bert"])
+    with pytest.raises(ValueError, match="bert encoder has no causal language-model head") as e:
+        bert.lm_logits(torch.zeros(1, bert.hidden_size))
+    assert "\n" not in str(e.value)

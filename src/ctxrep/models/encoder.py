@@ -36,6 +36,9 @@ Capabilities: what a tool may do with the family. The base class says no; a fami
                              and that run one product instead when their `query_key_value` is set (fast.py's int8)
     can_distill              init_student(layers, hidden_size, intermediate_size) builds a smaller encoder of the
                              same family whose layer j starts as this one's layer layers[j] (DistilBERT's init)
+    lm_logits(hidden, ids)   a causal LM head over final hidden states (..., hidden) -> (..., vocab), or only the
+                             columns of token ids `ids` (an LLM reranker's "yes" / "no"); the decoder LLM families
+                             (models/llama.py, gemma3.py) with a head or tied embeddings; elsewhere a one-line error
 """
 
 from __future__ import annotations
@@ -153,6 +156,10 @@ class Encoder(nn.Module):
         """Names (as in named_modules()) of attention modules with `query`, `key`, `value` nn.Linear over the same
         input and a `query_key_value` slot that replaces the three by one product when set; [] for none."""
         return []
+
+    def lm_logits(self, hidden: torch.Tensor, token_ids: Sequence[int] | None = None) -> torch.Tensor:
+        """Causal LM logits of final hidden states (..., hidden): (..., vocab), or (..., len(token_ids))."""
+        raise ValueError(f"a {self.family} encoder has no causal language-model head (lm_logits)")
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
