@@ -299,7 +299,7 @@ def test_finetune_wic_files_then_predict(tiny_models, tmp_path):
     out = tmp_path / "run"
     result = _run(
         ["finetune", "--task", "wic", "--train", data, "--dev", data, "--model", tiny_models["bert"], "--out", out]
-        + ["--max-epochs", "1", "--batch-size", "4"]
+        + ["--max-epochs", "10", "--lr", "1e-2", "--batch-size", "4"]
     )
     assert result.exit_code == 0, result.output
     assert "WordInContextClassifier" in result.output
@@ -307,7 +307,8 @@ def test_finetune_wic_files_then_predict(tiny_models, tmp_path):
     assert result.exit_code == 0, result.output
     predicted = _rows(tmp_path / "p.csv")
     assert len(predicted) == 8 and predicted[0]["text"] == "a [[crane]] lifted the beam"
-    assert {r["label"] for r in predicted} <= {"T", "F"} and all(0 <= float(r["probability"]) <= 1 for r in predicted)
+    assert [r["label"] for r in predicted] == ["T", "F"] * 4  # the gold labels of the training pairs it learned
+    assert all(0.5 < float(r["probability"]) <= 1 for r in predicted)
 
 
 def test_predict_tags_and_spans(tiny_models, tmp_path):
@@ -445,11 +446,22 @@ def test_symmetric_word_in_context_answers_both_orders_alike(tiny_models, tmp_pa
 @pytest.mark.parametrize("family", ["roberta", "elmo", "xlnet", "gpt2"])
 def test_regressor_and_word_in_context_on_every_family(family, tiny_models, elmo_dir, xlnet_dir, gpt2_dir, tmp_path):
     model = {"roberta": tiny_models["roberta"], "elmo": f"elmo:{elmo_dir}", "xlnet": xlnet_dir, "gpt2": gpt2_dir}
-    params = common(tiny_models, tmp_path, max_epochs=1, model=str(model[family]))
+    params = common(tiny_models, tmp_path, max_epochs=10, lr=1e-2, model=str(model[family]))
+    untrained = params | {"max_steps": 1, "lr": 1e-12}  # the same network, its head left as initialised
     reg = SequenceRegressor(**params).fit(X_PAIRS, Y_SCORES)
-    assert np.all(np.isfinite(reg.predict(X_PAIRS)))
-    wic = WordInContextClassifier(**params).fit(X_WIC, Y_WIC)
+    before = SequenceRegressor(**untrained).fit(X_PAIRS, Y_SCORES).score(X_PAIRS, Y_SCORES)
+    assert reg.score(X_PAIRS, Y_SCORES) > max(before + 0.5, 0.7)  # R² on the training pairs: it learned them
+    wic = WordInContextClassifier(**params | {"max_epochs": 30}).fit(X_WIC, Y_WIC)  # ELMo's tiny biLM: ~25 epochs
+    before = WordInContextClassifier(**untrained).fit(X_WIC, Y_WIC)
     assert wic.predict_proba(X_WIC).shape == (12, 2)
+    assert _log_loss(wic, X_WIC, Y_WIC) < _log_loss(before, X_WIC, Y_WIC) / 2
+    assert wic.predict(X_WIC).tolist() == Y_WIC  # the expected labels appear
+
+
+def _log_loss(model, X, y) -> float:
+    proba = model.predict_proba(X)
+    column = {label: i for i, label in enumerate(model.classes_)}
+    return float(-np.mean([np.log(proba[i, column[label]]) for i, label in enumerate(y)]))
 
 
 def test_finetune_wic_reads_word_indices_as_neighbors_query_does(tiny_models, tmp_path):
