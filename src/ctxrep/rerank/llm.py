@@ -69,11 +69,6 @@ class LLMReranker:
     ) -> None:
         loaded = model if isinstance(model, LoadedEncoder) else load_encoder(model)
         self.model, self.tokenizer, self.folder = loaded.model, loaded.tokenizer, loaded.folder
-        if not callable(getattr(self.model, "lm_logits", None)):
-            raise CheckpointError(
-                f"{self.folder}: a {self.model.family} model has no LM head to read yes/no logits from; an LLM "
-                "reranker needs a causal LM (e.g. a Qwen3 ...ForCausalLM folder)"
-            )
         if self.tokenizer.word_level:
             raise CheckpointError(f"{self.folder}: {self.model.family} reads whole words; it cannot be an LLM reranker")
         self.template = template
@@ -88,6 +83,14 @@ class LLMReranker:
                 )
             ids.append(i)
         self.answer_ids = ids  # [yes, no]
+        try:  # the encoder answers lm_logits when it has a causal LM head (models/encoder.py); ask once, here
+            weight = next(self.model.parameters())
+            self.model.lm_logits(torch.zeros(1, self.model.hidden_size, dtype=weight.dtype, device=weight.device), ids)
+        except ValueError as e:
+            raise CheckpointError(
+                f"{self.folder}: a {self.model.family} model has no LM head to read yes/no logits from ({e}); an "
+                "LLM reranker needs a causal LM (e.g. a Qwen3 ...ForCausalLM folder)"
+            ) from e
         if device is not None:
             self.model.to(device)
         self.prefix_ids = self._ids(template.prefix)
