@@ -1,5 +1,5 @@
 """What the server's tests share: uvicorn serving an app on 127.0.0.1 in a background thread; a tiny random
-cross-encoder folder."""
+cross-encoder folder; a tiny random SPLADE folder."""
 
 from __future__ import annotations
 
@@ -13,6 +13,23 @@ from pathlib import Path
 import torch
 import transformers
 import uvicorn
+
+
+def tiny_splade(folder: Path, tokenizer_from: Path) -> Path:
+    """A random BertForMaskedLM (a SPLADE model's layout) with `tokenizer_from`'s tokenizer; a bias that spreads the
+    weights, so that many vocabulary ids are non-zero."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, max_position_embeddings=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64,
+    )  # fmt: skip
+    model = transformers.BertForMaskedLM(config)
+    with torch.no_grad():
+        model.cls.predictions.bias.normal_(0.0, 1.0)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(tokenizer_from / name, folder / name)
+    return folder
 
 
 def tiny_cross_encoder(folder: Path, tokenizer_from: Path) -> Path:

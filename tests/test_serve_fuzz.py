@@ -1,4 +1,5 @@
-"""Hypothesis fuzzing of every route's request body against a real server (a tiny random BERT): no 500, every bad
+"""Hypothesis fuzzing of every route's request body against a real server (tiny random BERT, cross-encoder and
+SPLADE models): no 500, every bad
 body a 4xx in the route's own error schema with a one-line reason, and every good one answered row for row."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import json
 
 import httpx
 import pytest
-from _serve_helpers import ServerThread, tiny_cross_encoder
+from _serve_helpers import ServerThread, tiny_cross_encoder, tiny_splade
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
 from ctxrep.serve.app import build_app
 from ctxrep.serve.service import EmbeddingService, ServeConfig
+from ctxrep.vectors.sparse import SparseEncoder
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -37,6 +39,7 @@ ROUTES = {
         "user": json_values,
     },
     "/embed": {"inputs": inputs, "normalize": st.booleans() | json_values, "truncate": json_values},
+    "/embed_sparse": {"inputs": inputs, "truncate": json_values},
     "/v1/word-embeddings": {
         "input": inputs,
         "model": st.sampled_from(["tiny", "other"]),
@@ -69,6 +72,7 @@ good_texts = st.lists(words, min_size=1, max_size=6).map(" ".join)
 GOOD = {
     "/v1/embeddings": {"input": good_texts | st.lists(good_texts, min_size=1, max_size=8)},
     "/embed": {"inputs": good_texts | st.lists(good_texts, min_size=1, max_size=8)},
+    "/embed_sparse": {"inputs": good_texts | st.lists(good_texts, min_size=1, max_size=8)},
     "/v1/word-embeddings": {"input": st.lists(st.lists(words, min_size=1, max_size=5), min_size=1, max_size=4)},
     "/rerank": {"query": good_texts, "texts": st.lists(good_texts, min_size=1, max_size=8)},
     "/v1/rerank": {
@@ -90,7 +94,8 @@ def server(tiny_models, tmp_path_factory, minilm_path):
     fz = Featurizer(tiny_models["bert"])
     reranker = CrossEncoderReranker(tiny_cross_encoder(tmp_path_factory.mktemp("ce"), minilm_path))
     config = ServeConfig(max_texts=8, max_text_chars=400, max_body_bytes=4000)
-    service = EmbeddingService(fz, "tiny", config, reranker=reranker, reranker_name="ce")
+    sparse = SparseEncoder(tiny_splade(tmp_path_factory.mktemp("splade"), minilm_path))
+    service = EmbeddingService(fz, "tiny", config, reranker=reranker, reranker_name="ce", sparse=sparse)
     with ServerThread(build_app(service)) as s, httpx.Client(base_url=s.url) as client:
         yield client
 
@@ -110,6 +115,7 @@ ROWS_OUT = {
         list(range(rows_sent(body["input"]))),
     ),
     "/embed": lambda body, answer: (len(answer), rows_sent(body["inputs"])),
+    "/embed_sparse": lambda body, answer: (len(answer), rows_sent(body["inputs"])),
     "/rerank": lambda body, answer: (sorted(x["index"] for x in answer), list(range(len(body["texts"])))),
     "/v1/rerank": lambda body, answer: (
         len(answer["results"]),
@@ -120,7 +126,7 @@ ROWS_OUT = {
 
 def error_message(path: str, status: int, answer: dict) -> str:
     """The reason in the route's schema (TEI's, Cohere's or OpenAI's), after checking the schema."""
-    if path in ("/embed", "/rerank"):
+    if path in ("/embed", "/embed_sparse", "/rerank"):
         assert set(answer) == {"error", "error_type"}, answer
         return answer["error"]
     if path == "/v1/rerank":

@@ -8,12 +8,13 @@ import json
 
 import httpx
 import pytest
-from _serve_helpers import ServerThread, tiny_cross_encoder
+from _serve_helpers import ServerThread, tiny_cross_encoder, tiny_splade
 
 from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
 from ctxrep.serve.app import build_app
 from ctxrep.serve.service import EmbeddingService, ServeConfig
+from ctxrep.vectors.sparse import SparseEncoder
 
 QUERY = "where did the fox jump ?"
 DOCS = [
@@ -105,3 +106,36 @@ def test_rerank_without_a_reranker_is_404_in_the_routes_schema(tiny_models):
     assert cohere.status_code == tei.status_code == 404
     assert cohere.json() == {"message": "no reranker is loaded: start ctxrep serve with --reranker MODEL"}
     assert tei.json()["error"].startswith("no reranker is loaded")
+
+
+@pytest.fixture(scope="module")
+def splade_folder(tmp_path_factory, minilm_path):
+    return tiny_splade(tmp_path_factory.mktemp("splade"), minilm_path)
+
+
+def test_tei_embed_sparse(splade_folder, tiny_models):
+    encoder = SparseEncoder(splade_folder)
+    long = " ".join(f"word{i % 30} fox" for i in range(40))  # over the tiny model's 64 positions: windowed
+    texts = ["A man is playing a guitar .", "guitar guitar guitar", long]
+    service = EmbeddingService(Featurizer(tiny_models["bert"]), "tiny", sparse=SparseEncoder(splade_folder))
+    with ServerThread(build_app(service)) as s:
+        r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts})
+        one = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts[0]})
+        bad = httpx.post(f"{s.url}/embed_sparse", json={"inputs": []})
+    assert r.status_code == 200, r.text
+    expected = encoder.embed_sparse(texts)
+    assert len(r.json()) == len(texts)
+    for got, want in zip(r.json(), expected):
+        assert [x["index"] for x in got] == want.indices and len(want.indices) > 10
+        assert [x["value"] for x in got] == pytest.approx(want.values, abs=1e-6)
+    assert r.headers["x-windowed-count"] == "1" and r.headers["x-windowed-indices"] == "2"
+    assert [x["index"] for x in one.json()[0]] == expected[0].indices
+    assert bad.status_code == 422 and bad.json() == {"error": bad.json()["error"], "error_type": "Validation"}
+    assert "inputs: an empty list" in bad.json()["error"]
+
+
+def test_embed_sparse_without_a_sparse_model_is_404(server):
+    s, _ = server
+    r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": "a"})
+    assert r.status_code == 404 and r.json()["error_type"] == "Validation"
+    assert r.json()["error"] == "no sparse model is loaded: start ctxrep serve with --sparse-model MODEL"

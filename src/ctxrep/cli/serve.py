@@ -43,6 +43,12 @@ from ctxrep.cli.runtime_options import runtime_options
     help="A cross-encoder or LLM reranker (folder or name) served at /rerank (TEI) and /v1/rerank (Cohere, Jina).",
 )
 @click.option(
+    "--sparse-model",
+    default=None,
+    metavar="MODEL",
+    help="A SPLADE (masked-LM head) or BGE-M3 folder or name whose sparse vectors /embed_sparse (TEI) serves.",
+)
+@click.option(
     "--access-log",
     default=None,
     metavar="FILE",
@@ -67,11 +73,13 @@ def serve(
     max_texts,
     max_text_chars,
     reranker,
+    sparse_model,
     access_log,
 ) -> None:
     """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings and /v1/models, text-embeddings-inference's
-    /embed, ctxrep's /v1/word-embeddings, /health and /metrics; with --reranker, /rerank and /v1/rerank. Long requests run in token-budget steps between other
-    requests' steps, so a short request never waits for a whole long one."""
+    /embed, ctxrep's /v1/word-embeddings, /health and /metrics; with --reranker, /rerank and /v1/rerank; with
+    --sparse-model, /embed_sparse. Long requests run in token-budget steps between other requests' steps, so a short
+    request never waits for a whole long one."""
     try:
         from ctxrep.serve.server import access_log_to, bind, serve
         from ctxrep.serve.service import ServeConfig, api_key_from, make_service
@@ -99,6 +107,7 @@ def serve(
         threads=threads,
         config=config,
         reranker=reranker,
+        sparse_model=sparse_model,
     )
     access_log_to(access_log)
     key = "an API key" if config.api_key else "no API key"
@@ -108,6 +117,7 @@ def serve(
             f"serving {model} ({service.dim}-dim sentence vectors) on http://{host}:{port} with {key}: "
             "POST /v1/embeddings (OpenAI), /embed (TEI), /v1/word-embeddings"
             + (f"; {reranker} at /rerank (TEI), /v1/rerank (Cohere, Jina)" if reranker else "")
+            + (f"; {sparse_model} at /embed_sparse (TEI)" if sparse_model else "")
             + "; GET /v1/models, /health, /metrics",
             err=True,
         )

@@ -8,6 +8,8 @@ Routes:
                              with base_url="http://127.0.0.1:8080/v1".
   GET  /v1/models            OpenAI's model list (the one served model); GET /v1/models/{id} that model
   POST /embed                text-embeddings-inference's schema: {"inputs": str | [str], "normalize": true} -> [[...]]
+  POST /embed_sparse         text-embeddings-inference's: {"inputs"} -> [[{"index", "value"}]] per text (with
+                             --sparse-model MODEL: SPLADE or BGE-M3, `ctxrep.vectors.sparse.SparseEncoder`)
   POST /rerank               text-embeddings-inference's: {"query", "texts", "return_text"} -> [{"index", "score"}]
                              best first (with --reranker MODEL)
   POST /v1/rerank            Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n",
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict
 from ctxrep.rerank.ranking import check_rerank_args
 from ctxrep.serve.batcher import QueueFull
 from ctxrep.serve.errors import BodyLimit, RequestError, error_body, validation_message
-from ctxrep.serve.service import SENTENCES, EmbeddingService, Text, Words
+from ctxrep.serve.service import SENTENCES, SPARSE, EmbeddingService, Text, Words
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.quantize import truncate
 
@@ -73,6 +75,12 @@ class WordRequest(BaseModel):
     layers: int | list[int] | Literal["all", "mix"] = -1
     pooling: Literal["first", "last", "mean", "first_last"] | None = None  # None: the server's pooling
     encoding_format: Literal["float", "base64"] = "float"
+
+
+class TEISparseRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    inputs: str | list[str]
+    truncate: bool = False
 
 
 class TEIRerankRequest(BaseModel):
@@ -203,9 +211,17 @@ class Handlers:
         ranked, counts = await self.embed(self.service.rerank_key(query, top_n, prompt, prompt_name), documents)
         return ranked, int(sum(counts))
 
-    def windowed(self, counts: list[int]) -> dict:
-        indices = self.service.windowed(counts)
+    def windowed(self, counts: list[int], featurizer=None) -> dict:
+        indices = self.service.windowed(counts, featurizer)
         return {"count": len(indices), "indices": indices}
+
+
+def windowed_headers(windowed: dict) -> dict[str, str]:
+    """TEI's answers are bare lists: the windowed texts go in headers."""
+    headers = {"x-windowed-count": str(windowed["count"])}
+    if windowed["indices"]:
+        headers["x-windowed-indices"] = ",".join(map(str, windowed["indices"]))
+    return headers
 
 
 # ---- the routes, by API ---------------------------------------------------------------------------------------
@@ -286,11 +302,19 @@ def tei_routes(app, h: Handlers) -> None:
         texts = h.texts_of(body.inputs, "inputs")
         vectors, counts = await h.embed(SENTENCES, texts)
         vectors = normalize_rows(vectors) if body.normalize else vectors
-        windowed = h.windowed(counts)
-        headers = {"x-windowed-count": str(windowed["count"])}
-        if windowed["indices"]:
-            headers["x-windowed-indices"] = ",".join(map(str, windowed["indices"]))
-        return JSONResponse([v.tolist() for v in vectors], headers=headers)
+        return JSONResponse([v.tolist() for v in vectors], headers=windowed_headers(h.windowed(counts)))
+
+    @app.post("/embed_sparse")
+    async def tei_embed_sparse(body: TEISparseRequest):
+        sparse = h.service.sparse
+        if sparse is None:
+            raise RequestError(
+                404, "no sparse model is loaded: start ctxrep serve with --sparse-model MODEL", "model_not_found"
+            )
+        texts = h.texts_of(body.inputs, "inputs")
+        vectors, counts = await h.embed(SPARSE, texts)
+        windowed = h.windowed(counts, sparse.featurizer)
+        return JSONResponse([v.to_tei() for v in vectors], headers=windowed_headers(windowed))
 
     @app.post("/rerank")
     async def tei_rerank(body: TEIRerankRequest):

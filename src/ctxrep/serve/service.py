@@ -85,7 +85,21 @@ class Rerank:
         return ranked, pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])
 
 
+@dataclass(frozen=True)
+class Sparse:
+    """SparseEncoder.embed_sparse: one SparseVector per text (TEI's /embed_sparse)."""
+
+    def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
+        encoder = service.sparse
+        if between_batches is not None:  # a copy whose Featurizer passes the model on between batches
+            encoder = copy.copy(encoder)
+            encoder.featurizer = copy.copy(encoder.featurizer)
+            encoder.featurizer.between_batches = between_batches
+        return encoder.embed_sparse(texts), pieces(encoder.featurizer.tokenizer, texts)
+
+
 SENTENCES = Sentences()
+SPARSE = Sparse()
 
 
 class EmbeddingService:
@@ -103,6 +117,7 @@ class EmbeddingService:
         normalize: bool = False,
         reranker=None,
         reranker_name: str | None = None,
+        sparse=None,
     ) -> None:
         if featurizer.normalize:
             raise ValueError(
@@ -122,6 +137,7 @@ class EmbeddingService:
         self.views: dict[Any, Any] = {SENTENCES: featurizer}
         self.reranker = reranker  # a ctxrep.rerank reranker for /rerank and /v1/rerank, or None
         self.reranker_name = reranker_name
+        self.sparse = sparse  # a ctxrep.vectors.sparse.SparseEncoder for /embed_sparse, or None
         self._requests = itertools.count()
         c = self.config
         self.batcher = Batcher(
@@ -168,9 +184,11 @@ class EmbeddingService:
             self.views[key] = view
         return self.views[key]
 
-    def windowed(self, counts: list[int]) -> list[int]:
-        """Indices of the texts longer than one window (of `counts` pieces each): windowed here, cut elsewhere."""
-        return [i for i, n in enumerate(counts) if n > self.fz.plan.window_size]
+    def windowed(self, counts: list[int], featurizer=None) -> list[int]:
+        """Indices of the texts longer than one window of `featurizer` (default: the served one), of `counts` pieces
+        each: windowed here, cut elsewhere."""
+        window = (featurizer or self.fz).plan.window_size
+        return [i for i, n in enumerate(counts) if n > window]
 
     # ---- on a worker thread, holding the model's turn ---------------------------------------------------------
 
@@ -200,10 +218,12 @@ def make_service(
     batch_tokens: int | None = None,
     config: ServeConfig | None = None,
     reranker: str | None = None,
+    sparse_model: str | None = None,
 ) -> EmbeddingService:
     """Load the model once and wrap it for serving. sentence_pooling="auto": the folder's own pooling where it has a
     sentence-transformers modules.json, else the mean of the word vectors. reranker: a cross-encoder or LLM
-    reranker folder or name (`ctxrep.rerank.load_reranker`) for /rerank and /v1/rerank."""
+    reranker folder or name (`ctxrep.rerank.load_reranker`) for /rerank and /v1/rerank. sparse_model: a SPLADE or
+    BGE-M3 folder or name (`ctxrep.vectors.sparse.SparseEncoder`) for /embed_sparse."""
     from ctxrep.featurize import Featurizer
     from ctxrep.models.loading import load_encoder
 
@@ -223,8 +243,19 @@ def make_service(
         from ctxrep.rerank import load_reranker
 
         loaded_reranker = load_reranker(reranker, device=device)
+    sparse = None
+    if sparse_model is not None:
+        from ctxrep.vectors.sparse import SparseEncoder
+
+        sparse = SparseEncoder(sparse_model, device=device, precision=precision, backend=backend)
     return EmbeddingService(
-        fz, str(model), config, normalize=normalize, reranker=loaded_reranker, reranker_name=reranker and str(reranker)
+        fz,
+        str(model),
+        config,
+        normalize=normalize,
+        reranker=loaded_reranker,
+        reranker_name=reranker and str(reranker),
+        sparse=sparse,
     )
 
 
