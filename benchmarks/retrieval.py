@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     row("dense", dense, C.nbytes)
     q8 = quantize(C, "int8")
     row("int8", top(Q @ dequantize(q8).T, 10), q8.nbytes, "ranges from the corpus")
-    index = BinaryIndex(C, rescore="int8", calibration=C)
+    index = BinaryIndex.build(C, rescore="int8", calibration=C)
     _, binary = index.search(Q, k=10, rescore_multiplier=args.rescore_multiplier)
     row(
         "binary+rescore",

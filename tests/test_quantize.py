@@ -106,7 +106,7 @@ def test_binary_index_with_rescoring_finds_the_exact_neighbours(rescore):
     queries = corpus[:50] + 0.05 * rng.normal(size=(50, 64)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     exact = np.argsort(-(queries @ corpus.T), axis=1)[:, :10]
-    index = BinaryIndex(corpus, rescore=rescore)
+    index = BinaryIndex.build(corpus, rescore=rescore)
     scores, rows = index.search(queries, k=10, rescore_multiplier=8)
     assert rows.shape == scores.shape == (50, 10)
     assert (np.diff(scores, axis=1) <= 0).all()
@@ -118,3 +118,14 @@ def test_binary_index_with_rescoring_finds_the_exact_neighbours(rescore):
         np.testing.assert_allclose(scores[:, 0], np.sum(queries * corpus[rows[:, 0]], axis=1), atol=1e-5)
     with pytest.raises(ValueError, match="queries are 3 wide but the index holds 64-wide vectors"):
         index.search(np.ones((1, 3), np.float32))
+
+
+def test_binary_index_saved_and_loaded_searches_the_same(tmp_path):
+    v = _vectors(500, 64, seed=7)
+    index = BinaryIndex.build(v, rescore="int8")
+    loaded = BinaryIndex.load(index.save(tmp_path / "ix"))
+    assert isinstance(loaded.rescore.codes, np.memmap)  # the rescoring codes stay on disk
+    for a, b in zip(index.search(v[:20], k=5), loaded.search(v[:20], k=5)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="binary codes do not fit"):
+        BinaryIndex(loaded.codes[:3], loaded.rescore)

@@ -161,16 +161,39 @@ class BinaryIndex:
     the float32 vectors (`rescore="float32"`).
     """
 
-    def __init__(self, vectors, rescore: str = "int8", calibration: np.ndarray | None = None) -> None:
+    def __init__(self, codes: np.ndarray, rescore: QuantizedVectors) -> None:
+        """codes: (rows, ceil(dim / 8)) ubinary codes; rescore: the same rows' int8 or float32 vectors."""
+        if len(codes) != len(rescore.codes) or codes.shape[1] != (rescore.dim + 7) // 8:
+            raise ValueError(f"{codes.shape} binary codes do not fit {rescore.codes.shape} rescoring vectors")
+        self.dim, self.codes, self.rescore = rescore.dim, codes, rescore
+
+    @classmethod
+    def build(cls, vectors, rescore: str = "int8", calibration: np.ndarray | None = None) -> BinaryIndex:
+        """The index of float `vectors`; int8 rescoring ranges from `calibration` (default: the vectors)."""
         if rescore not in ("int8", "float32"):
             raise ValueError(f"rescore must be 'int8' or 'float32', got {rescore!r}")
         v = _as_matrix(vectors)
-        self.dim = v.shape[1]
-        self.codes = quantize(v, "ubinary").codes
-        self.rescore = quantize(v, rescore, calibration=calibration)
+        return cls(quantize(v, "ubinary").codes, quantize(v, rescore, calibration=calibration))
 
     def __len__(self) -> int:
         return len(self.codes)
+
+    def save(self, folder: str | Path) -> Path:
+        """binary/ (the ubinary codes) and rescore/ (the rescoring vectors and their ranges) in `folder`."""
+        folder = Path(folder)
+        QuantizedVectors(self.codes, "ubinary", self.dim).save(folder / "binary")
+        self.rescore.save(folder / "rescore")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> BinaryIndex:
+        """An index written by `save`: the codes read into memory, the rescoring vectors memory-mapped (only the
+        candidates' rows are read from disk)."""
+        folder = Path(folder)
+        codes = QuantizedVectors.load(folder / "binary", mmap=False)
+        if codes.precision != "ubinary":
+            raise ValueError(f"{folder / 'binary'}: expected ubinary codes, found {codes.precision}")
+        return cls(np.asarray(codes.codes), QuantizedVectors.load(folder / "rescore", mmap=True))
 
     @property
     def nbytes(self) -> int:
