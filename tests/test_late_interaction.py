@@ -112,6 +112,8 @@ def test_index_finds_candidates_by_tokens_and_rescores_exactly(mve_folder, tmp_p
         order = np.lexsort((np.arange(len(s)), -s))[:3]
         assert h.ids == order.tolist() and h.texts == [DOCS[i] for i in order]
         np.testing.assert_allclose(h.scores, s[order], rtol=1e-5)
+    one = index.search(q[1], k=3, candidates=1000)  # a query given as its token vectors
+    assert one.ids == hits[1].ids
     few = index.search(QUERIES[0], k=4, candidates=1)  # only the documents of each query token's best match
     assert len(few) <= 4 and few.ids[0] == hits[0].ids[0]
     index.save(tmp_path / "li")

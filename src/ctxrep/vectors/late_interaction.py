@@ -241,22 +241,28 @@ class LateInteractionIndex:
         if not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 2)
-        if isinstance(queries, str) or (queries and isinstance(queries[0], str)):
+        if isinstance(queries, str) or (not single and len(queries) and isinstance(queries[0], str)):
             q_list = self._encoder().embed_queries([queries] if single else list(queries))
         else:
             q_list = [queries] if single else list(queries)
-        doc_of_row = np.repeat(np.arange(len(self)), np.diff(self.starts))
+        doc_of_row = np.repeat(np.arange(len(self)), np.diff(self.starts))  # (tokens,) each token's document
+        vectors = self.tokens.vectors
         out = []
         for q in q_list:
-            if len(self) == 0 or len(q) == 0:
+            if len(self.tokens) == 0 or len(q) == 0:
                 out.append(Hits([], [], np.zeros(0, np.float32), np.zeros(0, np.int64)))
                 continue
-            near = self.tokens.search(np.asarray(q, np.float32), k=min(candidates, len(self.tokens)))
-            found = np.unique(doc_of_row[np.concatenate([h.rows for h in near])])
-            scores = np.array([maxsim(q, self.document(j)) for j in found], dtype=np.float32)
+            q = np.asarray(q, np.float32)
+            near = self.tokens.search(q, k=min(candidates, len(self.tokens)))
+            found = np.unique(doc_of_row[np.concatenate([h.rows for h in near])])  # candidate documents
+            sizes = self.starts[found + 1] - self.starts[found]
+            first = np.cumsum(sizes) - sizes  # each candidate's first column below
+            rows = np.repeat(self.starts[found] - first, sizes) + np.arange(sizes.sum())  # their token rows
+            sims = q @ vectors[rows].T  # (query tokens, candidate tokens)
+            scores = np.maximum.reduceat(sims, first, axis=1).sum(axis=0)  # MaxSim of each candidate
             order = np.lexsort((found, -scores))[:k]
-            rows = found[order]
-            out.append(Hits([self.ids[r] for r in rows], [self.texts[r] for r in rows], scores[order], rows))
+            best = found[order]
+            out.append(Hits([self.ids[r] for r in best], [self.texts[r] for r in best], scores[order], best))
         return out[0] if single else out
 
     def save(self, path: str | os.PathLike) -> Path:
