@@ -367,8 +367,8 @@ TAG_EXAMPLE = '[["John", "lives", "in", "Paris"]]'
 SPAN_EXAMPLE = '[("Where does John live?", "John lives in Paris.")]'
 
 KINDS: dict[str, Kind] = {
-    kind.name: kind
-    for kind in (
+    row.name: row
+    for row in (
         # benchmark data sets, each in its own format
         Kind("sst2", "SST trees, binary sentiment", _sst(2), _classifier, CLASSES, read_input=_sst_input(2),
              defaults=MEASURED_LR, options=frozenset({"train_phrases"})),
