@@ -99,3 +99,19 @@ def test_turns_hand_the_model_round_robin_between_batches():
     turns.between_batches(4, lambda: drained.append(4))  # nobody in line: goes on without draining
     turns.release()
     assert drained == [1] and list(turns.steps) == [1, 4]
+
+
+def test_a_call_of_n_requests_keeps_the_model_for_n_batches():
+    turns, order = Turns(), []
+    turns.take(1)
+    turns.grant(3)  # three merged requests: three batches a turn
+    other = threading.Thread(target=lambda: (turns.take(2), order.append(2), turns.release()))
+    other.start()
+    wait_for(lambda: turns.waiting == 1, "call 2 to queue")
+    for _ in range(3):
+        order.append(1)
+        turns.between_batches(1, lambda: None)  # the third hands the model to call 2
+    order.append(1)
+    turns.release()
+    other.join(timeout=30)
+    assert order == [1, 1, 1, 2, 1]

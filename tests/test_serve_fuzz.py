@@ -1,6 +1,6 @@
 """Hypothesis fuzzing of every route's request body against a real server (tiny random BERT, cross-encoder and
-SPLADE models): no 500, every bad
-body a 4xx in the route's own error schema with a one-line reason, and every good one answered row for row."""
+SPLADE models): no 500, every bad body a 4xx in the route's own error schema with a one-line reason, and every good
+one answered row for row."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The server's queue and batcher: requests wait in one queue, the batcher merges those that may share a model call
 (equal `key`, up to a token budget) and runs each merged call on a worker thread; `Turns` lets one call use the model
 at a time and passes the model on between batches, so a long call runs in token-budget steps with the other calls'
-steps in between (round robin by batch): a short request waits for one batch of a long one, not for all of it.
+steps in between (round robin, each call as many batches a turn as it carries requests: every request the same
+share): a short request waits for one batch of a long one, not for all of it.
 
 A call takes its requests when it gets the model, not when it is formed: requests that arrive while the last call
 waits for its first turn join it (up to the token budget), and the next call is formed only once it has started.
@@ -67,13 +68,16 @@ class Call:
 
 
 class Turns:
-    """Who uses the model now: one call at a time, the others in line (first come, first served). Between two batches
-    the call holding the turn passes it to the first in line, if any, and joins the end of the line."""
+    """Who uses the model now: one call at a time, the others in line (first come, first served). A call holds the
+    model for as many batches as it carries requests (its share: every request the same), then, if a call is in
+    line, passes the model to it and joins the end of the line. A long request alone passes the model on after each
+    of its batches; a call of 20 merged short requests keeps it for up to 20."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._holder: int | None = None
         self._line: deque[int] = deque()
+        self._share = self._used = 0  # batches the holder may run in this turn, and has run
         self.steps: deque[int] = deque(maxlen=10_000)  # the call of each batch run, oldest first
 
     @property
@@ -81,14 +85,19 @@ class Turns:
         with self._cond:
             return len(self._line)
 
-    def take(self, call: int) -> None:
-        """Block until `call` holds the turn."""
+    def take(self, call: int, share: int = 1) -> None:
+        """Block until `call` holds the model, for `share` batches a turn."""
         with self._cond:
             self._line.append(call)
             while self._holder is not None or self._line[0] != call:
                 self._cond.wait()
             self._line.popleft()
-            self._holder = call
+            self._holder, self._share, self._used = call, max(1, share), 0
+
+    def grant(self, share: int) -> None:
+        """Let the holder run `share` batches a turn (its number of requests, known once it holds the model)."""
+        with self._cond:
+            self._share = max(1, share)
 
     def release(self) -> None:
         with self._cond:
@@ -96,13 +105,17 @@ class Turns:
             self._cond.notify_all()
 
     def between_batches(self, call: int, drain: Callable[[], None]) -> None:
-        """The Featurizer's `between_batches` hook for `call`: let the calls in line run a batch each, then go on."""
+        """The Featurizer's `between_batches` hook for `call`: at the end of its share, let the calls in line have
+        their turns, then go on."""
         self.steps.append(call)
-        if not self.waiting:
-            return
+        with self._cond:
+            self._used += 1
+            if self._used < self._share or not self._line:
+                return
+            share = self._share
         drain()  # nothing of this call in flight while others use the model
         self.release()
-        self.take(call)
+        self.take(call, share)
 
 
 class Batcher:
@@ -243,7 +256,9 @@ class Batcher:
 
         def on_worker():
             self.turns.take(number)
-            texts = [t for w in call.close() for t in w.texts]
+            requests = call.close()
+            self.turns.grant(len(requests))  # a share of batches per request
+            texts = [t for w in requests for t in w.texts]
             loop.call_soon_threadsafe(started, len(texts))
             try:
                 hook = (lambda drain: self.turns.between_batches(number, drain)) if self.interleave else None
