@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test venv bench clean lint
+.PHONY: demo test test-isa venv bench clean lint
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format src tests benchmarks
@@ -30,6 +30,13 @@ test: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check -q src tests benchmarks
 	$(VENV)/bin/ruff check -q src tests benchmarks
 	$(PY) -m pytest -q tests
+
+# The numerics-sensitive tests (tests/isa_tests.txt: int8, bf16, fp16 against float32) under each x86-64
+# instruction-set level, held with ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY (.ci/isa); e.g. make test-isa
+# ISA_LEVELS='avx2 native'. About 4 CPU-minutes per level.
+ISA_LEVELS ?=
+test-isa: $(VENV)/.installed
+	PY=$(PY) .ci/isa $(ISA_LEVELS)
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/featurize.py

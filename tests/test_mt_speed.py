@@ -62,17 +62,41 @@ def test_int8_translator_quantizes_every_linear_and_leaves_the_model_alone(model
     assert error < 0.05
 
 
+def test_int8_logits_stay_within_a_bound_that_no_clear_decision_crosses(model):
+    """Teacher-forced on float32's greedy outputs, int8's logits differ from float32's by less than 0.25 at every
+    position, so every choice float32 makes by a margin above 0.5 stays the same. Measured under every level of
+    `make test-isa` (.ci/isa, SSE4.1 to AVX-512 BF16): 0.10-0.16; the choices that flipped had margins below 0.06
+    (this half-learned model has many near-ties, which no rounding can be asked to keep)."""
+    q = quantize_translator(model)
+    ids, mask = sources(48, seed=3)
+    clear = 0
+    with torch.inference_mode():
+        for i, row in enumerate(greedy_search(model, ids, mask, max_len_a=0, max_len_b=16)):
+            n, target = int(mask[i].sum()), torch.tensor([[PAD, *row]])
+            logits32 = model(ids[i : i + 1, :n], decoder_input_ids=target).logits[0]  # (len + 1, vocab)
+            logits8 = q(ids[i : i + 1, :n], decoder_input_ids=target).logits[0]
+            assert (logits8 - logits32).abs().max() < 0.25
+            real = torch.cat([logits32[:, :PAD], logits32[:, PAD + 1 :]], 1)  # <pad> is never chosen
+            top2 = real.topk(2, dim=1).values
+            sure = top2[:, 0] - top2[:, 1] > 0.5
+            clear += int(sure.sum())
+            assert torch.equal(
+                real.argmax(1)[sure], torch.cat([logits8[:, :PAD], logits8[:, PAD + 1 :]], 1).argmax(1)[sure]
+            )
+    assert clear > 100  # a real comparison: many clear choices
+
+
 def test_int8_outputs_mostly_equal_float32(model):
-    """int8 decoding writes the float32 output for at least 85% of the sentences greedy, 70% at beam 4 (this
-    half-learned model's beams hold near-ties that int8 rounding reorders; measured 37 of 48)."""
+    """Whole decodes: int8 writes the float32 output for most sentences, greedy and at beam 4. Measured under every
+    level of `make test-isa`: greedy 35-41 of 48, beam 36-41 (the sentences that differ hold near-ties, see above)."""
     q = quantize_translator(model)
     ids, mask = sources(48, seed=3)
     greedy32 = greedy_search(model, ids, mask, max_len_a=0, max_len_b=16)
     greedy8 = greedy_search(q, ids, mask, max_len_a=0, max_len_b=16)
     beam32 = [h[0].tokens for h in beam_search(model, ids, mask, beam=4, max_len_a=0, max_len_b=16)]
     beam8 = [h[0].tokens for h in beam_search(q, ids, mask, beam=4, max_len_a=0, max_len_b=16)]
-    assert sum(a == b for a, b in zip(greedy32, greedy8)) >= 0.85 * len(greedy32)
-    assert sum(a == b for a, b in zip(beam32, beam8)) >= 0.7 * len(beam32)
+    assert sum(a == b for a, b in zip(greedy32, greedy8)) >= 0.65 * len(greedy32)
+    assert sum(a == b for a, b in zip(beam32, beam8)) >= 0.65 * len(beam32)
     assert len({len(r) for r in greedy32}) > 3  # the outputs end at several lengths: a real comparison
 
 

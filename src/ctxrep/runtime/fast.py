@@ -226,6 +226,10 @@ def full_range_is_exact() -> bool:
     return bool(torch.allclose(y, torch.full_like(y, 64.0), rtol=1e-2))
 
 
+# int8 weight levels where int16 pair sums of u8 x s8 products would saturate: 2 * 255 * 63 = 32130 <= 32767.
+WEIGHT_LEVELS_WITHOUT_VNNI = 63
+
+
 def smoothquant_scales(weight: torch.Tensor, input_absmax: torch.Tensor | None, alpha: float) -> torch.Tensor:
     """SmoothQuant's per-input-channel scales s_j = max|x_j|^alpha / max|W_:j|^(1 - alpha) (Xiao et al. 2023, eq. 4)
     for a (out, in) weight; all ones without calibration."""
@@ -272,8 +276,10 @@ class Int8Linear(nn.Module):
     s: per-input-channel SmoothQuant scales, s_j = max|x_j|^alpha / max|W_:j|^(1 - alpha) (Xiao et al. 2023, eq. 4),
     with max|x_j| calibrated on real inputs; they move the activations' outlier channels into the weights, which
     are quantised per output channel (symmetric, scale = max|row| / 127). x / s is quantised per tensor on each
-    call over the full 0..255 range where `full_range_is_exact()` (torch's DynamicQuantizedLinear always uses
-    7 bits, which cost accuracy on a CPU with VNNI), else over 0..127.
+    call over the full 0..255 range (torch's DynamicQuantizedLinear always uses 7 bits, which cost accuracy).
+    Where `full_range_is_exact()` fails (no VNNI: int16 pair sums), the weights take 7 bits instead (-63..63:
+    2 * 255 * 63 <= 32767 cannot saturate): per-channel weights lose less to one bit than per-tensor activations
+    (tiny reverser MT, 48 greedy outputs equal to float32: 37 with 7-bit activations, see benchmarks/isa.py).
     """
 
     def __init__(self, linear: nn.Linear, input_absmax: torch.Tensor | None = None, alpha: float = 0.7) -> None:
@@ -284,7 +290,8 @@ class Int8Linear(nn.Module):
         # (in,); None without calibration (every s_j = 1): no pass over the activations to multiply them by one
         self.register_buffer("inv_smooth", None if input_absmax is None else 1 / smooth)
         weight = weight * smooth  # (out, in), column j scaled by s_j
-        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / 127  # (out,)
+        levels = 127 if full_range_is_exact() else WEIGHT_LEVELS_WITHOUT_VNNI
+        scale = weight.abs().amax(dim=1).clamp(min=1e-8) / levels  # (out,)
         zero = torch.zeros(self.out_features, dtype=torch.long)
         with warnings.catch_warnings():  # torch marks its quantized tensors deprecated in favour of torchao
             warnings.simplefilter("ignore", UserWarning)
@@ -292,11 +299,10 @@ class Int8Linear(nn.Module):
         bias = linear.bias.detach().float() if linear.bias is not None else None
         with _quantized_engine(int8_engine()):
             self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
-        self.reduce_range = not full_range_is_exact()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scaled = x.float() if self.inv_smooth is None else x.float() * self.inv_smooth
-        y = torch.ops.quantized.linear_dynamic(scaled, self._packed, reduce_range=self.reduce_range)
+        y = torch.ops.quantized.linear_dynamic(scaled, self._packed, reduce_range=False)
         return y.to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -74,6 +74,8 @@ class TorchRuntime:
             base = self.model if self.precision == "fp32" else self.encoder  # compiled code folds the weights in
             self._compiled = fast.compile_encoder(base, fallback=self.compile == "auto")  # "auto" never fails a call
             return self._compiled
+        if self.precision == "fp32" and self.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            return self.model  # the caller's autocast: oneDNN's pre-packed copy has no bf16 path without AVX-512 BW
         return self.encoder
 
     def in_flight(self, call_tokens: int) -> int:
