@@ -137,3 +137,16 @@ def test_last_token_pooling_on_a_qwen3_decoder_padded_on_either_side(tmp_path, s
     theirs = model.encode(TEXTS, batch_size=4)
     ours = Featurizer(folder, sentence_pooling="model").embed_sentences(TEXTS)
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def test_prompt_before_texts_and_its_positions(minilm_path):
+    from ctxrep.models.sentence_transformers import prompt_positions, with_prompt
+    from ctxrep.text.tokenizer import Tokenizer
+
+    assert with_prompt("query : ", ["a dog", ["pre", "split"]]) == ["query : a dog", ["query", ":", "pre", "split"]]
+    assert with_prompt("", ["a dog"]) == ["a dog"]
+    tok = Tokenizer.from_model_dir(minilm_path)
+    hf = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    ids = hf("query : ")["input_ids"]  # [CLS] query : [SEP]: sentence-transformers drops the trailing [SEP]
+    assert prompt_positions(tok, "query : ") == len(ids) - 1 == 3
+    assert prompt_positions(tok, "") == 0

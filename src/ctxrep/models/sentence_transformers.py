@@ -270,6 +270,24 @@ class Prompts:
         return ""
 
 
+def with_prompt(prefix: str, texts: list) -> list:
+    """Each text with `prefix` before it: a string as prefix + text (sentence-transformers' concatenation), a word
+    list with the prefix's words first. No prefix: the texts as given."""
+    if not prefix:
+        return texts
+    return [prefix + t if isinstance(t, str) else [*prefix.split(), *t] for t in texts]
+
+
+def prompt_positions(tokenizer, prefix: str) -> int:
+    """How many positions a prompt takes at the start of a text's first row: the leading special tokens and the
+    prompt's own tokens (sentence-transformers' prompt_length: the prompt tokenized with its special tokens, less
+    a trailing one). What Pooling's include_prompt=false leaves out."""
+    if not prefix:
+        return 0
+    _, lengths = tokenizer.encode_texts([prefix])
+    return tokenizer.build_inputs([])[2] + int(lengths[0])
+
+
 def read_prompts(folder: str | Path) -> Prompts:
     """The prompts of `folder`'s config_sentence_transformers.json; none (Prompts({})) when it has no such file."""
     folder = Path(folder)
