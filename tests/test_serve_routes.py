@@ -77,7 +77,7 @@ def test_cohere_and_jina_rerank(server):
         ("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 0}, 422, "top_n must be a positive integer"),
         ("/v1/rerank", {"query": QUERY, "documents": []}, 422, "documents: an empty list"),
         ("/v1/rerank", {"query": QUERY, "documents": ["a", " "]}, 422, "documents[1]: an empty text"),
-        ("/v1/rerank", {"query": " ", "documents": DOCS}, 422, "query"),
+        ("/v1/rerank", {"query": " ", "documents": DOCS}, 422, "query: an empty text"),
         ("/v1/rerank", {"query": QUERY, "documents": DOCS, "prompt_name": "passage"}, 422, "unknown prompt name"),
         ("/v1/rerank", {"query": QUERY, "documents": DOCS, "model": "other"}, 404, "model 'other' is not served"),
         ("/v1/rerank", {"query": QUERY, "documents": [5]}, 422, "documents"),

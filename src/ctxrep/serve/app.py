@@ -160,20 +160,19 @@ class Handlers:
             )
         out = []
         for i, item in enumerate(items):
+            where = field_name if isinstance(value, str) else f"{field_name}[{i}]"  # a lone string: no index
             chars = len(item) if isinstance(item, str) else sum(len(w) + 1 for w in item)
             if chars > config.max_text_chars:
                 raise RequestError(
                     413,
-                    f"{field_name}[{i}]: {chars:,} characters; the limit is {config.max_text_chars:,} per text",
+                    f"{where}: {chars:,} characters; the limit is {config.max_text_chars:,} per text",
                     "request_too_large",
                 )
             if not _is_unicode(item):
-                raise RequestError(
-                    422, f"{field_name}[{i}]: not valid Unicode (a lone surrogate escape); send UTF-8 text"
-                )
+                raise RequestError(422, f"{where}: not valid Unicode (a lone surrogate escape); send UTF-8 text")
             words = item.split() if isinstance(item, str) else list(item)
             if not words or any(not w or w.isspace() for w in words):
-                raise RequestError(422, f"{field_name}[{i}]: an empty text or an empty word; send some text")
+                raise RequestError(422, f"{where}: an empty text or an empty word; send some text")
             out.append(item)
         return out
 
