@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -439,6 +439,7 @@ def embed_corpus(
     in this process. Every worker embeds whole shards; the folder is the same as one process's.
     """
     placements = _placements(job, workers, devices)  # bad options fail before the folder is touched
+    job = choose_precision(job, placements[0][0], log)
     run = open_run(job, log)
     if isinstance(run, EmbedSummary):
         return run
@@ -459,6 +460,26 @@ def embed_corpus(
         if stream is not None:
             stream.close()
     return run.finish()
+
+
+def choose_precision(job: EmbedJob, device: str | None, log: Callable[[str], None] = to_stderr) -> EmbedJob:
+    """`job` with precision "auto" replaced by the precision it chooses on `device` (the Featurizer's rule,
+    `runtime.hardware.auto_precision`), so that the manifest records what ran; says the choice in one line, and one
+    more where the precision runs slower than float32 on this hardware (`hardware.slower_than_fp32`)."""
+    import torch
+
+    from ctxrep.runtime import hardware, parse_device, runtime_class
+
+    where = parse_device(device) or torch.device("cpu")
+    chosen = job.precision
+    if job.precision == "auto":
+        chosen = hardware.auto_precision(where, runtime_class(job.backend).precisions)
+        why = "native bfloat16 on this device" if chosen == "bf16" else "no native bfloat16 on this device"
+        log(f"precision: {chosen} (auto: {why})")
+    slow = hardware.slower_than_fp32(where, job.backend, chosen)
+    if slow:
+        log(f"note: {slow}")
+    return replace(job, precision=chosen) if chosen != job.precision else job
 
 
 def open_records(job: EmbedJob, show_progress: bool = True, log: Callable[[str], None] = _stderr):

@@ -41,6 +41,7 @@ from ctxrep.embed.corpus import (
     _row_shape,
     _shards_of,
     _stderr,
+    choose_precision,
     open_records,
     open_run,
     write_arrays,
@@ -211,6 +212,7 @@ def embed_with_ray(
     gpus_per_actor > 0, allow). `embedder`: the map_batches class (RayEmbedder; a subclass to change what it does).
     """
     ray = _require_ray()
+    job = choose_precision(job, "cuda" if gpus_per_actor > 0 else None, log)  # the actors' device
     run = open_run(job, log)
     if isinstance(run, EmbedSummary):
         return run

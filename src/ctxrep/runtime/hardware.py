@@ -99,3 +99,19 @@ def default_batch_tokens(device: torch.device, hidden_size: int, num_layers: int
     while budget * 2 <= min(fit, 131072):
         budget *= 2
     return budget
+
+
+FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")  # native float16 arithmetic (Sapphire Rapids and later)
+
+
+def slower_than_fp32(device: torch.device, backend: str, precision: str) -> str | None:
+    """Why `precision` runs slower than float32 on `device` with `backend`, from the CPU's flags (never a timing), or
+    None. torch on a CPU without native bfloat16 / float16 arithmetic converts every product (fp16 ran 2x slower than
+    fp32 on an AMD EPYC with AVX-512 but no avx512_fp16); OpenVINO and ONNX Runtime pick their own kernels."""
+    if device.type != "cpu" or backend != "torch":
+        return None
+    if precision == "bf16" and not cpu_has_bf16():
+        return "bf16 on this CPU is emulated (no avx512_bf16 or AMX): it runs slower than fp32"
+    if precision == "fp16" and not any(f in cpu_flags() for f in FP16_CPU_FLAGS):
+        return "fp16 on this CPU is emulated (no avx512_fp16 or AMX-FP16): it runs slower than fp32 (2x measured)"
+    return None
