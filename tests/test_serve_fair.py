@@ -115,3 +115,24 @@ def test_a_call_of_n_requests_keeps_the_model_for_n_batches():
     turns.release()
     other.join(timeout=30)
     assert order == [1, 1, 1, 2, 1]
+
+
+def test_elmo_calls_run_whole_and_answer_as_the_featurizer(elmo_dir):
+    """ELMo numbers its words per call, so its calls never interleave; concurrent requests still get their rows."""
+    elmo = Featurizer(elmo_dir, sentence_pooling="mean")
+    service = EmbeddingService(elmo, "elmo")
+    assert not service.batcher.interleave
+    texts = [f"the fox {i} jumps over {' dog' * i}" for i in range(1, 9)]
+    with ServerThread(build_app(service)) as s:
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+                requests = [client.post("/v1/word-embeddings", json={"input": [t]}) for t in texts]
+                return await asyncio.gather(*requests, client.post("/v1/embeddings", json={"input": texts}))
+
+        *words, sentences = asyncio.run(go())
+    for r, expected in zip(words, elmo.embed_words(texts)):
+        np.testing.assert_allclose(r.json()["data"][0]["embeddings"], expected, atol=1e-5)
+    np.testing.assert_allclose(
+        [d["embedding"] for d in sentences.json()["data"]], elmo.embed_sentences(texts), atol=1e-5
+    )
