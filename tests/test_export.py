@@ -11,7 +11,7 @@ from test_matrix import deberta_dir, modernbert_dir  # noqa: F401  (fixtures: De
 
 import ctxrep
 from ctxrep.models.albert import AlbertConfig, AlbertModel
-from ctxrep.runtime.export import ExportError, _first_line, export_onnx
+from ctxrep.runtime.export import ExportError, export_onnx, first_line
 
 
 def run_both(file, encoder, lengths=(10, 4, 7, 2)):
@@ -111,8 +111,8 @@ def test_a_graph_that_differs_is_refused_and_not_written(tiny_models, tmp_path, 
         "Failed to export the model with torch.export. \x1b[96mThis is step 1/3\x1b[0m of exporting.\n- Modify "
         "the model code\n## Exception summary\n\n<class 'GuardOnDataDependentSymNode'>: Could not guard\n\nmore"
     )
-    assert _first_line(RuntimeError(advice)) == "<class 'GuardOnDataDependentSymNode'>: Could not guard"
-    assert _first_line(RuntimeError("\x1b[96mplain\x1b[0m\nsecond")) == "plain"
+    assert first_line(RuntimeError(advice)) == "<class 'GuardOnDataDependentSymNode'>: Could not guard"
+    assert first_line(RuntimeError("\x1b[96mplain\x1b[0m\nsecond")) == "plain"
     assert list(tmp_path.iterdir()) == []
 
 

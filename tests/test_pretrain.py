@@ -18,11 +18,12 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import ctxrep
-from ctxrep.cli.pretrain import parse_overrides, pretrain
+from ctxrep.cli.pretrain import pretrain
 from ctxrep.cli.tokenizer import tokenizer as tokenizer_group
 from ctxrep.data.corpus import CorpusConfig, pack_corpus
 from ctxrep.objectives.recipes import OBJECTIVES
 from ctxrep.text.tokenizer import Tokenizer
+from ctxrep.train.config import parse_overrides
 from ctxrep.train.pretrain import split_held_out
 from ctxrep.train.pretrain_config import (
     CONFIG_DIR,

@@ -128,7 +128,7 @@ def test_graphs_are_exported_once_checked_and_reused(tiny_models, monkeypatch):
     checks = (path.parent / "check.json").read_text()
     assert '"fp32.onnx"' in checks and '"max_relative_diff"' in checks
     exported = []
-    monkeypatch.setattr("ctxrep.runtime.export._export", lambda *a, **k: exported.append(a))
+    monkeypatch.setattr("ctxrep.runtime.export.run_exporter", lambda *a, **k: exported.append(a))
     again = Featurizer(folder, backend="onnxruntime", compile=False)  # a new process would find the same file
     again.embed_words(WORDS[:1])
     assert exported == []

@@ -289,7 +289,7 @@ class SegmentPairPacker(_Packer):
                 if i == last - 1 or sent_off[i + 1] - sent_off[chunk_start] >= target:
                     n = i + 1 - chunk_start  # sentences in the chunk
                     a_end = chunk_start + (int(rng.integers(1, n)) if n >= 2 else 1)
-                    chunk = _Chunk(d, chunk_start, a_end, i, last, target)
+                    chunk = Chunk(d, chunk_start, a_end, i, last, target)
                     row, i = self._pair(chunk, sent_off, doc_off, max_tokens, rng)
                     if row is not None:
                         rows.append(row)
@@ -305,7 +305,7 @@ class SegmentPairPacker(_Packer):
         return plan[rng.permutation(len(plan))]
 
     def _pair(
-        self, chunk: _Chunk, sent_off: list[int], doc_off: list[int], max_tokens: int, rng: np.random.Generator
+        self, chunk: Chunk, sent_off: list[int], doc_off: list[int], max_tokens: int, rng: np.random.Generator
     ) -> tuple[tuple[int, ...] | None, int]:
         """The chunk's row and the sentence the walk goes on after: B is the chunk's rest or, half of the time,
         sentences from a random point of another document (the chunk's unused sentences go back)."""
@@ -314,7 +314,7 @@ class SegmentPairPacker(_Packer):
         a = [sent_off[chunk.start], sent_off[chunk.split]]
         b = [sent_off[chunk.split], sent_off[chunk.end + 1]]
         if not is_random and chunk.end == chunk.start:  # B must come from beyond the one-sentence chunk
-            following = _following_segment(a, chunk, sent_off, rng)
+            following = following_segment(a, chunk, sent_off, rng)
             if following is None:
                 is_random = True
             else:
@@ -329,7 +329,7 @@ class SegmentPairPacker(_Packer):
                 j += 1
                 b[1] = sent_off[j + 1]
             i = chunk.split - 1  # the chunk's unused sentences go back to the document
-        _truncate_pair(a, b, max_tokens, rng)
+        truncate_pair(a, b, max_tokens, rng)
         return (a[0], a[1], b[0], b[1], int(is_random)), i
 
     def _plan_size(self, plan: np.ndarray) -> int:
@@ -346,7 +346,7 @@ class SegmentPairPacker(_Packer):
 
 
 @dataclass
-class _Chunk:
+class Chunk:
     """Sentences start..end (inclusive) of document `document`, whose sentences end before `document_end`;
     A is sentences start..split - 1; `target` is the chunk's target length in tokens."""
 
@@ -358,8 +358,8 @@ class _Chunk:
     target: int
 
 
-def _following_segment(
-    a: list[int], chunk: _Chunk, sent_off: list[int], rng: np.random.Generator
+def following_segment(
+    a: list[int], chunk: Chunk, sent_off: list[int], rng: np.random.Generator
 ) -> tuple[list[int], int] | None:
     """B for a one-sentence chunk A, and the sentence the walk goes on after: the document's following sentence;
     at the document's end, A's own second part (A is cut at a random token); None if A is one final token."""
@@ -372,7 +372,7 @@ def _following_segment(
     return None
 
 
-def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: np.random.Generator) -> None:
+def truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: np.random.Generator) -> None:
     """BERT's truncate_seq_pair on [start, end) ranges: cut the longer one, from a random end, until they fit."""
     excess = (a[1] - a[0]) + (b[1] - b[0]) - max_tokens
     if excess <= 0:

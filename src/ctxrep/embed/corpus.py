@@ -42,14 +42,15 @@ import numpy as np
 
 from ctxrep.util.files import utf8_lines
 from ctxrep.util.progress import progress
-from ctxrep.vectors.spec import FeaturizerSpec, layers_text, parse_layers
+from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, layers_text, parse_layers
 from ctxrep.vectors.store import MANIFEST, write_arrays, write_manifest
 
 FORMATS = ("text", "jsonl", "csv", "tsv", "conll", "parquet")
 DEFAULT_TEXT_COLUMN = "text"
 
 
-def _stderr(message: str) -> None:
+def to_stderr(message: str) -> None:
+    """The default `log` / `warn` of an embedding run: one flushed line on stderr."""
     print(message, file=sys.stderr, flush=True)
 
 
@@ -78,7 +79,7 @@ def _words_of_value(value: Any, source: str, n: int, field_name: str) -> list[st
 
 
 def read_records(
-    stream, source: str, fmt: str, text_field: str, skip_empty: bool, warn: Callable[[str], None] = _stderr
+    stream, source: str, fmt: str, text_field: str, skip_empty: bool, warn: Callable[[str], None] = to_stderr
 ) -> Iterator[Record]:
     """Parse a binary stream into records; bad lines raise ValueError naming source:line and the fix.
 
@@ -249,7 +250,7 @@ class EmbedJob:
     level: str = "word"  # "word" or "sentence"
     layers: int | list[int] | str = -1
     pooling: str = "mean"
-    sentence_pooling: str = "mean"
+    sentence_pooling: str = DEFAULT_SENTENCE_POOLING
     shard_size: int = 2000
     storage: str = "safetensors"
     skip_empty: bool = False
@@ -430,7 +431,7 @@ def embed_corpus(
     workers: int = 1,
     devices: list[str] | None = None,
     show_progress: bool = True,
-    log: Callable[[str], None] = _stderr,
+    log: Callable[[str], None] = to_stderr,
 ) -> EmbedSummary:
     """Embed `job.input_path` into shards in `job.out_dir` (see the module docstring); resumes an unfinished run.
 
@@ -447,7 +448,7 @@ def embed_corpus(
     run.bar = bar
     try:
         run.say_resuming()
-        shards = _shards_of(records, job.shard_size)
+        shards = shards_of(records, job.shard_size)
         if len(placements) == 1:
             run.in_process(shards, *placements[0])
         else:
@@ -482,7 +483,7 @@ def choose_precision(job: EmbedJob, device: str | None, log: Callable[[str], Non
     return replace(job, precision=chosen) if chosen != job.precision else job
 
 
-def open_records(job: EmbedJob, show_progress: bool = True, log: Callable[[str], None] = _stderr):
+def open_records(job: EmbedJob, show_progress: bool = True, log: Callable[[str], None] = to_stderr):
     """(progress display, the stream to close or None, the lazy records) of the job's input. The progress counts the
     bytes read (rows for Parquet)."""
     if job.fmt == "parquet":
@@ -522,7 +523,7 @@ def _counting_records(records: Iterator[Record], bar) -> Iterator[Record]:
         yield record
 
 
-def open_run(job: EmbedJob, log: Callable[[str], None] = _stderr) -> _Run | EmbedSummary:
+def open_run(job: EmbedJob, log: Callable[[str], None] = to_stderr) -> _Run | EmbedSummary:
     """The bookkeeping of a run into `job.out_dir`: the shards an earlier run with the same settings completed (a
     different run's folder is refused), or the summary of a complete folder."""
     out = Path(job.out_dir)
@@ -587,7 +588,7 @@ def expand_devices(value: str) -> list[str]:
     return devices
 
 
-def _shards_of(records: Iterator[Record], shard_size: int) -> Iterator[tuple[int, int, list[Record]]]:
+def shards_of(records: Iterator[Record], shard_size: int) -> Iterator[tuple[int, int, list[Record]]]:
     """(shard number, first text, records) for consecutive groups of `shard_size` records, read lazily."""
     batch: list[Record] = []
     k = first = 0
@@ -645,7 +646,7 @@ class _Run:
 
     def in_process(self, shards, device: str | None, threads: int | None) -> None:
         fz = self.job.featurizer(device, threads)
-        self.row_shape = _row_shape(fz, self.job.level)
+        self.row_shape = vector_row_shape(fz, self.job.level)
         spec = FeaturizerSpec.of(fz)
         for k, first, records in shards:
             self.seen = k + 1
@@ -757,10 +758,10 @@ class _Run:
             old = json.loads(self.manifest_file.read_text())
             if old.get("row_shape"):
                 return tuple(old["row_shape"])
-        return _row_shape(self.job.featurizer(), self.job.level)
+        return vector_row_shape(self.job.featurizer(), self.job.level)
 
 
-def _row_shape(fz, level: str) -> tuple[int, ...]:
+def vector_row_shape(fz, level: str) -> tuple[int, ...]:
     """The shape of one vector row: (dim,) for one layer or a mix, (layers, dim) for several layers."""
     dim = fz.sentence_dim if level == "sentence" else fz.dim
     return (dim,) if fz.single_layer else (len(fz.layer_indices), dim)
@@ -802,7 +803,7 @@ def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None
     _die_with_parent()
     try:
         fz = job.featurizer(device, threads)
-        row_shape = _row_shape(fz, job.level)
+        row_shape = vector_row_shape(fz, job.level)
         spec = FeaturizerSpec.of(fz).to_dict()
     except Exception as e:
         results.put(("error", -1, worker, f"{type(e).__name__}: {e}"))

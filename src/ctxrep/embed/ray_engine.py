@@ -38,15 +38,16 @@ from ctxrep.embed.corpus import (
     EmbedJob,
     EmbedSummary,
     Record,
-    _row_shape,
-    _shards_of,
-    _stderr,
     choose_precision,
     open_records,
     open_run,
+    shards_of,
+    to_stderr,
+    vector_row_shape,
     write_arrays,
 )
 from ctxrep.util.progress import progress
+from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING
 
 # Shards the driver holds and sends through the actor pool at a time (64 x 2,000 texts by default): a corpus of any
 # size streams through in runs of this many, each its own Ray Data execution.
@@ -105,7 +106,7 @@ class RayEmbedder:
         text_column: str = "text",
         layers: int | list[int] | str = -1,
         pooling: str = "mean",
-        sentence_pooling: str = "mean",
+        sentence_pooling: str = DEFAULT_SENTENCE_POOLING,
         normalize: bool = False,
         stride: int | None = None,
         max_length: int | None = None,
@@ -142,7 +143,7 @@ class RayEmbedder:
         )
         self.level = level
         self.text_column = text_column
-        self.row_shape = _row_shape(self.featurizer, level)
+        self.row_shape = vector_row_shape(self.featurizer, level)
 
     def words_of(self, table) -> list[list[str]]:
         if self.text_column not in table.column_names:
@@ -203,7 +204,7 @@ def embed_with_ray(
     batch_size: int = 256,
     embedder: type = RayEmbedder,
     show_progress: bool = True,
-    log: Callable[[str], None] = _stderr,
+    log: Callable[[str], None] = to_stderr,
 ) -> EmbedSummary:
     """`ctxrep embed --engine ray`: the folder `embed_corpus` writes, embedded by a pool of Ray actors.
 
@@ -291,7 +292,7 @@ def embed_with_ray(
     reading, stream, records = open_records(job, show_progress=False, log=log)
     try:
         group = []
-        for k, first, shard_records in _shards_of(records, job.shard_size):
+        for k, first, shard_records in shards_of(records, job.shard_size):
             run.seen = k + 1
             if k in run.done:
                 continue

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.data.corpus import PackedCorpus
-from ctxrep.data.packing import SegmentPairConfig, SegmentPairPacker, _Chunk, _following_segment, _truncate_pair
+from ctxrep.data.packing import Chunk, SegmentPairConfig, SegmentPairPacker, following_segment, truncate_pair
 from ctxrep.models.albert import AlbertConfig, AlbertForPreTraining
 from ctxrep.objectives.masked_lm import BatchMasker, MaskedLMConfig, SegmentPairSettings, mlm_loss
 from ctxrep.objectives.output import ObjectiveOutput
@@ -52,7 +52,7 @@ class SentenceOrderPacker(SegmentPairPacker):
         self._check_length(max_length)  # pairs come from one document: one document is enough
 
     def _pair(
-        self, chunk: _Chunk, sent_off: list[int], doc_off: list[int], max_tokens: int, rng: np.random.Generator
+        self, chunk: Chunk, sent_off: list[int], doc_off: list[int], max_tokens: int, rng: np.random.Generator
     ) -> tuple[tuple[int, ...] | None, int]:
         """(first_start, first_end, second_start, second_end, label): A and B in order or swapped, or None for a
         one-token sentence alone at its document's end; and the sentence the walk goes on after."""
@@ -60,11 +60,11 @@ class SentenceOrderPacker(SegmentPairPacker):
         a = [sent_off[chunk.start], sent_off[chunk.split]]
         b = [sent_off[chunk.split], sent_off[chunk.end + 1]]
         if chunk.end == chunk.start:  # B must come from beyond the one-sentence chunk
-            following = _following_segment(a, chunk, sent_off, rng)
+            following = following_segment(a, chunk, sent_off, rng)
             if following is None:
                 return None, i
             b, i = following
-        _truncate_pair(a, b, max_tokens, rng)
+        truncate_pair(a, b, max_tokens, rng)
         swapped = rng.random() < 0.5  # Lan et al. 2019, sec. 4.1: the negative is the same pair swapped
         return ((*b, *a, SWAPPED) if swapped else (*a, *b, IN_ORDER)), i
 

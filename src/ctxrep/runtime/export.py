@@ -66,7 +66,7 @@ class _LastHiddenState(nn.Module):
         return self.encoder.encode(batch).last_hidden_state  # (batch, seq, hidden)
 
 
-def _batch(encoder: Encoder, lengths: list[int], seed: int) -> dict[str, torch.Tensor]:
+def example_batch(encoder: Encoder, lengths: list[int], seed: int) -> dict[str, torch.Tensor]:
     """Random token ids (right-padded with id 0), the mask, and segment ids 0: every family with segments has a
     segment 0 (RoBERTa only that one), and no family branches on their values, so the trace loses nothing."""
     vocab = encoder.input_embeddings().shape[0]
@@ -81,13 +81,13 @@ def _batch(encoder: Encoder, lengths: list[int], seed: int) -> dict[str, torch.T
     return batch
 
 
-def _check_batches(encoder: Encoder) -> list[dict[str, torch.Tensor]]:
+def check_batches(encoder: Encoder) -> list[dict[str, torch.Tensor]]:
     """Shapes unlike the export example's (2 x 8): padded rows, and an unpadded batch."""
     n = min(13, encoder.max_tokens)
-    return [_batch(encoder, [n, n - 4, 3], seed=1), _batch(encoder, [min(5, n)], seed=2)]
+    return [example_batch(encoder, [n, n - 4, 3], seed=1), example_batch(encoder, [min(5, n)], seed=2)]
 
 
-def _export(
+def run_exporter(
     wrapper: nn.Module,
     example: dict[str, torch.Tensor],
     file: Path,
@@ -141,7 +141,7 @@ def check_onnx(file: str | Path, encoder: Encoder, batches: list[dict[str, torch
     session = ort.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])
     expected_inputs = [i.name for i in session.get_inputs()]
     worst = 0.0
-    for batch in batches if batches is not None else _check_batches(encoder):
+    for batch in batches if batches is not None else check_batches(encoder):
         feed = {k: v.numpy() for k, v in batch.items() if k in expected_inputs}
         (got,) = session.run([OUTPUT_NAME], feed)
         with torch.inference_mode():
@@ -195,17 +195,17 @@ def export_onnx(
     was_training = encoder.training
     encoder.eval()
     wrapper = _LastHiddenState(encoder).eval()
-    example = _batch(encoder, [min(8, encoder.max_tokens), min(5, encoder.max_tokens - 1)], seed=0)
+    example = example_batch(encoder, [min(8, encoder.max_tokens), min(5, encoder.max_tokens - 1)], seed=0)
     tried = []
     try:
         for exporter in exporters:
             with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
                 candidate = Path(tmp) / out.name
                 try:
-                    _export(wrapper, example, candidate, opset, exporter)
+                    run_exporter(wrapper, example, candidate, opset, exporter)
                     diff = check_onnx(candidate, encoder)
                 except Exception as e:  # exporters and ONNX Runtime raise many types; the next exporter may work
-                    tried.append(f"{exporter}: {type(e).__name__}: {_first_line(e)}")
+                    tried.append(f"{exporter}: {type(e).__name__}: {first_line(e)}")
                     continue
                 if not diff <= atol:
                     tried.append(f"{exporter}: max abs difference {diff:.3g} > {atol:g}")
@@ -221,7 +221,7 @@ def export_onnx(
     )
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     """The line of an exporter's error that says what went wrong (torch.export's comes after its advice)."""
     lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if line.strip()]
     if "## Exception summary" in lines[:-1]:

@@ -84,9 +84,9 @@ class HiddenStates(nn.Module):
 
 def check_batches(model: Encoder) -> list[dict[str, torch.Tensor]]:
     """Batches unlike the export example (2 x 8): padded rows and an unpadded one."""
-    from ctxrep.runtime.export import _check_batches
+    from ctxrep.runtime import export
 
-    return _check_batches(model)
+    return export.check_batches(model)
 
 
 def compare(
@@ -147,21 +147,21 @@ def export_checked(model: Encoder, layers: tuple[int, ...], path: Path) -> dict:
             f"{model.family} runs on backend='torch' only: its LSTMs step through the sentence in a Python loop, "
             "which an exported graph would fix to one length"
         )
-    from ctxrep.runtime.export import EXPORTERS, _batch, _export, _first_line
+    from ctxrep.runtime.export import EXPORTERS, example_batch, first_line, run_exporter
 
     encoder = float_copy(model)
     wrapper = HiddenStates(encoder, layers).eval()
-    example = _batch(encoder, [min(8, encoder.max_tokens), min(5, encoder.max_tokens - 1)], seed=0)
+    example = example_batch(encoder, [min(8, encoder.max_tokens), min(5, encoder.max_tokens - 1)], seed=0)
     tried = []
     for exporter in EXPORTERS:
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             candidate = Path(tmp) / path.name
             try:
-                _export(wrapper, example, candidate, 17, exporter, tuple(output_names(layers)))
+                run_exporter(wrapper, example, candidate, 17, exporter, tuple(output_names(layers)))
                 session = ort_session(candidate, 1)
                 diff, cosine = compare(functools.partial(ort_run, session), wrapper, check_batches(encoder))
             except Exception as e:  # exporters and ONNX Runtime raise many types; the next exporter may work
-                tried.append(f"{exporter}: {type(e).__name__}: {_first_line(e)}")
+                tried.append(f"{exporter}: {type(e).__name__}: {first_line(e)}")
                 continue
             if not diff <= FP32_TOLERANCE:
                 tried.append(f"{exporter}: relative difference {diff:.3g} > {FP32_TOLERANCE:g}")

@@ -119,7 +119,7 @@ def prepare_run(
 
     def prepare() -> tuple[Tokenizer, PackedCorpus]:
         tok = prepare_tokenizer(objective, config, corpus, out, tokenizer, progress)
-        return tok, pack_corpus(corpus, out, out / CORPUS_DIR, _corpus_config(config.data), progress=progress)
+        return tok, pack_corpus(corpus, out, out / CORPUS_DIR, corpus_config_of(config.data), progress=progress)
 
     def load() -> tuple[Tokenizer, PackedCorpus]:
         return Tokenizer.from_model_dir(out), PackedCorpus.open(out / CORPUS_DIR)
@@ -128,7 +128,8 @@ def prepare_run(
     return build_run(objective, config, packed, tok)
 
 
-def _corpus_config(data: DataSection) -> CorpusConfig:
+def corpus_config_of(data: DataSection) -> CorpusConfig:
+    """The packed corpus's settings from the [data] section (document boundary and workers checked here)."""
     if data.document_boundary not in ("file", "blank_line"):
         raise PretrainError(f"[data] document_boundary={data.document_boundary!r}: use 'file' or 'blank_line'")
     if data.num_workers < -1:
@@ -177,7 +178,7 @@ def prepare_tokenizer(
     elif (out / "tokenizer.json").is_file():
         where = f"{out / 'tokenizer.json'} (from an earlier run)"
     else:
-        corpus_config = _corpus_config(config.data)
+        corpus_config = corpus_config_of(config.data)
         train_tokenizer(
             corpus,
             kind,
@@ -224,14 +225,14 @@ def build_run(objective: str, config: PretrainConfig, corpus: PackedCorpus, toke
                 f"([encoder] max_position_embeddings in {config.source}); lower {name} or raise max_position_embeddings"
             )
     train_corpus, eval_corpus = split_held_out(corpus, data, r.min_documents)
-    train_data = _packer(r, train_corpus, config, tokenizer, settings, built.separator_id, warmup=True)
+    train_data = make_packer(r, train_corpus, config, tokenizer, settings, built.separator_id, warmup=True)
     eval_data = None
     if eval_corpus is not None:
-        eval_data = _packer(r, eval_corpus, config, tokenizer, settings, built.separator_id, warmup=False)
+        eval_data = make_packer(r, eval_corpus, config, tokenizer, settings, built.separator_id, warmup=False)
     return PretrainRun(built.module, train_data, eval_data, built.module.save_pretrained)
 
 
-def _packer(
+def make_packer(
     r: Recipe,
     corpus: PackedCorpus,
     config: PretrainConfig,
@@ -240,6 +241,8 @@ def _packer(
     separator_id: int | None,
     warmup: bool,
 ):
+    """The objective's packer over a packed corpus (the training data the Trainer pulls batches from); `warmup`
+    adds the [data] short-sequence warmup of the training split."""
     data, trainer = config.data, config.trainer
     schedule = None
     if warmup and data.short_seq_warmup_length and data.short_seq_warmup_steps:

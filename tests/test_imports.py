@@ -1,0 +1,94 @@
+"""What importing costs and who may import what, beyond the layer order of test_layers.py.
+
+- `ctxrep --help` and `ctxrep embed --help` import no torch, scipy or other heavy library: each cli/ module imports
+  them inside its command functions (a fresh interpreter builds the help, then lists sys.modules; not a timing).
+- No module imports another module's private name (`from ctxrep.x import _name`): a helper two modules share is
+  public, with a docstring, or lives where both can reach it. Benchmarks import the library, never each other.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "scipy", "sklearn", "pandas", "transformers", "tokenizers", "safetensors", "onnxruntime", "openvino")
+
+DRIVER = """
+import json, sys
+from ctxrep.cli import main
+try:
+    main({args!r}, standalone_mode=False)
+except SystemExit:
+    pass
+print("\\nMODULES " + json.dumps(sorted(sys.modules)))
+"""
+
+
+def _help(*args: str) -> tuple[str, set[str]]:
+    """(help text, top-level names of the modules loaded) of `ctxrep ARGS` in a fresh interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER.format(args=list(args))], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    text, _, modules = done.stdout.rpartition("\nMODULES ")
+    return text, {name.split(".")[0] for name in json.loads(modules)}
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [(("--help",), "train-sentence-encoder"), (("embed", "--help"), "--sentence-pooling")],
+)
+def test_help_imports_no_heavy_library(args, shown):
+    text, loaded = _help(*args)
+    assert shown in text, text
+    assert sorted(loaded & set(HEAVY)) == []
+
+
+def test_top_level_help_does_not_even_import_numpy():
+    _, loaded = _help("--help")
+    assert "numpy" not in loaded and "tqdm" not in loaded
+
+
+def private_imports(folder: Path, root: Path = ROOT) -> list[str]:
+    """`file:line: from M import _x` (file relative to `root`) for every import of a private ctxrep name."""
+    found = []
+    for file in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ctxrep"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    found.append(
+                        f"{file.relative_to(root)}:{node.lineno}: from {node.module} import {', '.join(private)}"
+                    )
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_imports(ROOT / "src") == []
+    assert private_imports(ROOT / "benchmarks") == []
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n    from ctxrep.x import _hidden, shown\n")
+    assert private_imports(tmp_path, root=tmp_path) == ["m.py:2: from ctxrep.x import _hidden"]
+
+
+def test_benchmarks_do_not_import_each_other():
+    names = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+    crossing = []
+    for file in sorted((ROOT / "benchmarks").glob("*.py")):
+        text = file.read_text()
+        for node in ast.walk(ast.parse(text)):
+            modules = []
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            crossing += [f"{file.name}:{node.lineno}: {m}" for m in modules if m.split(".")[0] in names - {"_common"}]
+    assert crossing == [], "a benchmark imports the library (or benchmarks/_common.py), not another benchmark"
