@@ -111,7 +111,7 @@ def test_batch_and_alone_give_the_same_vectors(fz_all):
 
 
 def test_sentence_vectors(fz_all):
-    fz = Featurizer("minilm", layers=-1)
+    fz = Featurizer("minilm", layers=-1, sentence_pooling="mean")
     words = fz.embed_words(TEXTS)
     np.testing.assert_allclose(fz.embed_sentences(TEXTS), np.stack([w.mean(0) for w in words]), atol=1e-6)
     cls = Featurizer("minilm", layers=-1, sentence_pooling="cls").embed_sentences(TEXTS[:1])

@@ -25,6 +25,7 @@ import torch
 
 from ctxrep import runtime
 from ctxrep.models.encoder import Encoder
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import TokenPooler, is_sentence_transformers_folder, read_sentence_pooling
 from ctxrep.modules.scalar_mix import ScalarMix
@@ -40,9 +41,9 @@ from ctxrep.text.inputs import (
 )
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.util.progress import progress as show_progress
+from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, SENTENCE_POOLINGS
 
 POOLINGS = ("first", "last", "mean", "first_last")
-SENTENCE_POOLINGS = ("mean", "cls", "model", "auto")
 # On CUDA, a call of more texts is tokenized in chunks of this many, the next one while the device runs this one.
 OVERLAP_CHUNK_TEXTS = 4096
 
@@ -54,6 +55,20 @@ class Alignment:
     words: list[str]
     tokens: list[str]
     word_ids: list[int]
+
+
+def auto_sentence_pooling(folder) -> str:
+    """sentence_pooling="auto" for a model folder: "model" where the folder declares its own pooling (a
+    sentence-transformers modules.json) that ctxrep applies; "mean" without one, or, with a warning naming why,
+    where ctxrep cannot apply the declared one."""
+    if folder is None or not is_sentence_transformers_folder(folder):
+        return "mean"
+    try:
+        read_sentence_pooling(folder)
+    except CheckpointError as e:
+        warnings.warn(f"sentence_pooling='auto' uses the mean of the words: {e}", stacklevel=3)
+        return "mean"
+    return "model"
 
 
 class Featurizer:
@@ -72,7 +87,10 @@ class Featurizer:
         sentence-transformers gives. Nothing truncates at the folder's max_seq_length: a longer text is windowed as
         below, each of its pieces counts once, from the window that owns its word, and each window's special tokens
         count 1 / (number of windows), so the mean is over as many positions as one long sequence would have.
-        "auto": "model" for a sentence-transformers folder (it has modules.json), else "mean".
+        A string that fits one window is tokenized whole, as sentence-transformers tokenizes it (odd spacing included).
+        "auto" (the default here and in every entry point: ctxrep embed, index build, similarity, serve, mteb):
+        "model" where the folder declares its own pooling that ctxrep applies, else "mean" (with a warning where a
+        declared pooling cannot be applied); `auto_sentence_pooling`.
     stride: how many pieces each window of a long text advances (default: half a window).
     batch_tokens: the token budget of one batch (padded batch size x longest sequence); None: on a CPU 2,048 (1,024
         for models wider than 512), sized for the GPU's memory on CUDA (`runtime.hardware.default_batch_tokens`). Batching never changes a vector.
@@ -107,7 +125,7 @@ class Featurizer:
         model: str | os.PathLike = "minilm",
         layers: int | Sequence[int] | str | ScalarMix = -1,
         pooling: str = "mean",
-        sentence_pooling: str = "mean",
+        sentence_pooling: str = DEFAULT_SENTENCE_POOLING,
         stride: int | None = None,
         max_length: int | None = None,
         batch_tokens: int | None = None,
@@ -155,8 +173,7 @@ class Featurizer:
         self._runtimes: list[tuple[torch.nn.Module, tuple, object]] = []
         self.normalize = bool(normalize)  # embed_sentences: unit-length vectors (cosine = dot product)
         if sentence_pooling == "auto":
-            folder = self.source.folder
-            sentence_pooling = "model" if folder is not None and is_sentence_transformers_folder(folder) else "mean"
+            sentence_pooling = auto_sentence_pooling(self.source.folder)
         if self.model.word_level and sentence_pooling == "cls":
             raise ValueError(f"{self.model.family} has no classification token: use sentence_pooling='mean'")
         self.pooling = pooling

@@ -10,7 +10,7 @@ import click
 
 from ctxrep.cli.common import LazyChoice, user_errors
 from ctxrep.cli.runtime_options import runtime_options
-from ctxrep.vectors.spec import parse_layers
+from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, SENTENCE_POOLINGS, parse_layers
 
 
 def _formats() -> tuple[str, ...]:
@@ -59,8 +59,8 @@ def __getattr__(name: str):
 )
 @click.option(
     "--sentence-pooling",
-    type=click.Choice(["mean", "cls", "model", "auto"]),
-    default="mean",
+    type=click.Choice(SENTENCE_POOLINGS),
+    default=DEFAULT_SENTENCE_POOLING,
     show_default=True,
     help="--level sentence: mean of the word vectors, the classification token, or the model folder's own "
     "pooling (a sentence-transformers folder: modules.json); auto: the folder's pooling where it has one, else mean.",

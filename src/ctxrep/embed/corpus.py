@@ -42,7 +42,7 @@ import numpy as np
 
 from ctxrep.util.files import utf8_lines
 from ctxrep.util.progress import progress
-from ctxrep.vectors.spec import FeaturizerSpec, layers_text, parse_layers
+from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, layers_text, parse_layers
 from ctxrep.vectors.store import MANIFEST, write_arrays, write_manifest
 
 FORMATS = ("text", "jsonl", "csv", "tsv", "conll", "parquet")
@@ -250,7 +250,7 @@ class EmbedJob:
     level: str = "word"  # "word" or "sentence"
     layers: int | list[int] | str = -1
     pooling: str = "mean"
-    sentence_pooling: str = "mean"
+    sentence_pooling: str = DEFAULT_SENTENCE_POOLING
     shard_size: int = 2000
     storage: str = "safetensors"
     skip_empty: bool = False

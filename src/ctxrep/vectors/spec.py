@@ -14,7 +14,21 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-__all__ = ["FeaturizerSpec", "SENTENCE_ONLY", "SpecMismatch", "parse_layers", "layers_text"]
+__all__ = [
+    "DEFAULT_SENTENCE_POOLING",
+    "FeaturizerSpec",
+    "SENTENCE_ONLY",
+    "SENTENCE_POOLINGS",
+    "SpecMismatch",
+    "parse_layers",
+    "layers_text",
+]
+
+# How a text becomes one sentence vector (Featurizer(sentence_pooling=...)), and THE default of every entry point
+# (the Featurizer, ctxrep embed, index build, similarity, serve, mteb): "auto", the model folder's own pooling where
+# it declares one (a sentence-transformers modules.json), else the mean of the word vectors.
+SENTENCE_POOLINGS = ("mean", "cls", "model", "auto")
+DEFAULT_SENTENCE_POOLING = "auto"
 
 
 # fields that decide sentence vectors only (word vectors are the same whatever they say)
