@@ -1,13 +1,17 @@
 """Equal-compute comparison of pretraining objectives: MLM, ELECTRA, CLM, PLM on the same text and clock.
 
     python benchmarks/objectives.py --minutes 30 --parallel 2 --threads 1 --markdown-out benchmarks/results/objectives.md
+    python benchmarks/objectives.py --device cuda --minutes 1   # one GPU: 4 x 1 minute of training plus preparation
+
 
 Each objective trains a model of the same (discriminator) shape, the `small` config's unless --config says
-otherwise, on /work/shared/data/gutenberg/train for the same compute budget (--minutes; tokenizer training
-and corpus packing come first and are not counted), in its own subprocess: the budget ends with SIGINT,
-which makes the Trainer finish its step and save the model. The budget is the worker's CPU time divided by
-its threads (on Linux; wall-clock elsewhere): on an idle machine that is the wall-clock time, and when
-something else takes a core for a while, every objective still gets the same compute.
+otherwise, on gutenberg/train of the shared data folder (--data, default ../shared/data beside the checkout) for
+the same compute budget (--minutes; tokenizer training and corpus packing come first and are not counted), in its
+own subprocess: the budget ends with SIGINT, which makes the Trainer finish its step and save the model. On the CPU
+the budget is the worker's CPU time divided by its threads (on Linux; wall-clock elsewhere): on an idle machine that
+is the wall-clock time, and when something else takes a core for a while, every objective still gets the same
+compute. With --device cuda each objective trains on the GPU, one at a time (--parallel 1), for --minutes of
+wall-clock time, and the SST-2 features are computed there too.
 Then, in the same process:
 - held-out loss: the objective's own loss on gutenberg/valid (--eval-batches batches with a fixed seed);
   losses of different objectives measure different tasks and are not comparable with each other;
@@ -28,7 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-DATA = Path("/work/shared/data")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
+
 OBJECTIVES = ("mlm", "electra", "clm", "plm")
 CONTROL = "random"  # the MLM model and tokenizer, saved untrained: what the features give with no pretraining
 
@@ -41,9 +47,9 @@ def worker(args) -> dict:
     from ctxrep.objectives.recipes import recipe
     from ctxrep.train.pretrain import (
         CORPUS_DIR,
+        _corpus_config,
+        _packer,
         build_run,
-        corpus_config_of,
-        make_packer,
         prepare_tokenizer,
     )
     from ctxrep.train.pretrain_config import load_config
@@ -59,11 +65,12 @@ def worker(args) -> dict:
         ("trainer.checkpoint_every", "0"),
         ("tokenizer.vocab_size", str(args.vocab_size)),
         ("trainer.warmup_steps", str(args.lr_warmup)),
+        ("trainer.device", args.device),
     ]
     config = load_config(args.config, overrides)
     shutil.rmtree(out / "checkpoint", ignore_errors=True)  # a fresh run; the tokenizer and packed text are reused
     tok = prepare_tokenizer(objective, config, args.train, out)
-    packed = pack_corpus(args.train, out, out / CORPUS_DIR, corpus_config_of(config.data), progress=False)
+    packed = pack_corpus(args.train, out, out / CORPUS_DIR, _corpus_config(config.data), progress=False)
     torch.manual_seed(config.trainer.seed)
     run = build_run(objective, config, packed, tok)
     trainer = Trainer(run.objective, config.trainer, run.train_data, out, None, run.save_model)
@@ -77,15 +84,17 @@ def worker(args) -> dict:
         metrics = trainer.train(resume=False)
     train_s = time.perf_counter() - started
 
-    valid = pack_corpus(args.valid, out, out / "valid", corpus_config_of(config.data), progress=False)
+    valid = pack_corpus(args.valid, out, out / "valid", _corpus_config(config.data), progress=False)
     r = recipe(objective)
-    source = make_packer(r, valid, config, tok, config.settings(r), None, warmup=False)
+    source = _packer(r, valid, config, tok, config.settings(r), None, warmup=False)
     losses = []
     model = run.objective.eval()
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(0)
         for _ in range(args.eval_batches):
-            batch = {k: torch.from_numpy(v) for k, v in source.next_batch(config.trainer.batch_size).items()}
+            batch = {
+                k: torch.from_numpy(v).to(args.device) for k, v in source.next_batch(config.trainer.batch_size).items()
+            }
             losses.append(float(model(batch).loss))
 
     return {
@@ -95,11 +104,11 @@ def worker(args) -> dict:
         "tokens_per_s": metrics.get("tokens_per_s", float("nan")),
         "train_loss": metrics.get("loss", float("nan")),
         "valid_loss": sum(losses) / len(losses),
-        **sst2_probe(out, args.limit_sst),
+        **sst2_probe(out, args.limit_sst, args.data, args.device),
     }
 
 
-def sst2_probe(model_dir: Path, limit_sst: int | None) -> dict:
+def sst2_probe(model_dir: Path, limit_sst: int | None, data: Path, device: str = "cpu") -> dict:
     """SST-2 dev accuracy of logistic regressions on frozen mean-pooled last-layer sentence features: on the raw
     features, and on standardized ones (zero mean, unit variance per dimension, fitted on train). Pretrained
     features are anisotropic (a few large shared directions), which the raw probe's L2 penalty handles badly."""
@@ -111,13 +120,13 @@ def sst2_probe(model_dir: Path, limit_sst: int | None) -> dict:
     from ctxrep.data.sst import read_sst
     from ctxrep.featurize import Featurizer
 
-    train_sst = read_sst(DATA / "sst" / "train.txt", classes=2)
-    dev_sst = read_sst(DATA / "sst" / "dev.txt", classes=2)
+    train_sst = read_sst(data / "sst" / "train.txt", classes=2)
+    dev_sst = read_sst(data / "sst" / "dev.txt", classes=2)
     if limit_sst:  # a seeded random sample: the files are ordered by label
         for data in (train_sst, dev_sst):
             keep = np.random.default_rng(0).permutation(len(data.texts))[:limit_sst]
             data.texts, data.labels = [data.texts[i] for i in keep], [data.labels[i] for i in keep]
-    featurizer = Featurizer(model_dir, layers=-1, pooling="mean", sentence_pooling="mean")
+    featurizer = Featurizer(model_dir, layers=-1, pooling="mean", sentence_pooling="mean", device=device)
     x_train, x_dev = featurizer.embed_sentences(train_sst.texts), featurizer.embed_sentences(dev_sst.texts)
     accuracy = {}
     for name, probe in (
@@ -168,7 +177,8 @@ def run_group(objectives: list[str], args) -> list[dict]:
             if proc not in running:
                 continue
             used = cpu_seconds(proc.pid)
-            spent = (used - u0) / args.threads if used is not None and u0 is not None else time.monotonic() - started
+            on_cpu = args.device == "cpu" and used is not None and u0 is not None
+            spent = (used - u0) / args.threads if on_cpu else time.monotonic() - started
             if proc.poll() is not None or spent >= budget:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGINT)  # the Trainer finishes the step, saves the model and returns
@@ -180,6 +190,10 @@ def run_group(objectives: list[str], args) -> list[dict]:
             raise SystemExit(f"{objective}: the worker failed (exit {proc.returncode})")
         results.append(json.loads(output.strip().splitlines()[-1]))
     return results
+
+
+def budget_unit(args) -> str:
+    return "CPU minutes per thread" if args.device == "cpu" else f"wall-clock minutes on {args.device}"
 
 
 def main() -> None:
@@ -198,8 +212,10 @@ def main() -> None:
     p.add_argument("--config", default="small", help="model shape and training settings (a pretrain config)")
     p.add_argument("--vocab-size", type=int, default=16000, help="tokenizer entries (gutenberg/train is ~16 MB)")
     p.add_argument("--lr-warmup", type=int, default=200, help="learning-rate warm-up steps")
-    p.add_argument("--train", default=str(DATA / "gutenberg" / "train"))
-    p.add_argument("--valid", default=str(DATA / "gutenberg" / "valid"))
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder (gutenberg/, sst/)")
+    p.add_argument("--train", default=None, help="training text folder (default: DATA/gutenberg/train)")
+    p.add_argument("--valid", default=None, help="held-out text folder (default: DATA/gutenberg/valid)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: train and featurize on the GPU, one at a time")
     p.add_argument("--eval-batches", type=int, default=20)
     p.add_argument("--limit-sst", type=int, default=None, help="use only the first N SST-2 train and dev sentences")
     p.add_argument("--threads", type=int, default=2, help="torch threads per objective")
@@ -219,13 +235,19 @@ def main() -> None:
     )
     p.add_argument("--worker", choices=(*OBJECTIVES, CONTROL), default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.train = args.train or str(args.data / "gutenberg" / "train")
+    args.valid = args.valid or str(args.data / "gutenberg" / "valid")
+    if not (args.data / "sst" / "train.txt").is_file() or not Path(args.train).is_dir():
+        sys.exit(f"error: {args.data} does not hold sst/ and gutenberg/train: pass the shared data folder with --data")
+    if args.device != "cpu" and args.parallel != 1:
+        sys.exit("error: --device cuda trains one objective at a time on the GPU: leave --parallel at 1")
     if args.worker:
         print(json.dumps(worker(args)), flush=True)
         return
     if args.probe_only:
         lines = ["| objective | SST-2 dev acc (LR) | SST-2 dev acc (standardized LR) |", "|---|---:|---:|"]
         for objective in args.objectives.split(","):
-            r = sst2_probe(Path(args.out_root) / objective, args.limit_sst)
+            r = sst2_probe(Path(args.out_root) / objective, args.limit_sst, args.data, args.device)
             lines.append(f"| {objective} | {r['sst2_dev_accuracy']:.3f} | {r['sst2_dev_accuracy_standardized']:.3f} |")
             print(lines[-1], flush=True)
         lines += ["", "Command: `python benchmarks/objectives.py " + " ".join(sys.argv[1:]) + "`"]
@@ -246,7 +268,7 @@ def main() -> None:
             )
     n_train, n_dev = rows[0]["sst2_sizes"]
     lines = [
-        f"Equal-compute pretraining ({args.minutes:g} CPU minutes per thread each, {args.threads} thread(s), "
+        f"Equal-compute pretraining ({args.minutes:g} {budget_unit(args)} each, {args.threads} thread(s), "
         f"{args.parallel} objective(s) at a time), `{args.config}` shape, "
         f"vocab {args.vocab_size}, on gutenberg/train; held-out loss on gutenberg/valid (each objective's own "
         f"loss: not comparable across rows); SST-2 dev accuracy of a logistic regression on frozen mean-pooled "
