@@ -216,34 +216,14 @@ def build_report(
         f"hidden size {fz.model.hidden_size}, {shape}.</p>"
     ]
 
-    # -- probing
     parsed = None
     if ud_path is not None:
-        from ctxrep.data.conllu import read_conllu
-
-        parsed = read_conllu(ud_path)[:max_sentences]
-        if not parsed:
-            raise ValueError(f"{ud_path}: no sentences (empty corpus)")
-        data = probe.load_probe_data("upos", ud_path, max_sentences)
-        train, dev = probe.split_data(data)
-        start("UPOS probe", f"UPOS probes on {len(data.sentences):,} sentences, {fz.num_layers + 1} layers")
-        result = probe.run_probe(fz, train, dev, control=control, seed=seed, progress=progress)
-        bar.update(1)
-        numbers["probe"] = result.to_dict()
-        header = ["", *[f"L{j}" for j in range(fz.num_layers + 1)], "mix", "E[layer]"]
-        rows = [[r.name, *r.layer_accuracy, r.mix_accuracy, r.expected_layer] for r in result.rows]
-        rows += [[r.name + " mix weights", *r.mix_weights, "", ""] for r in result.rows]
-        body.append(
-            "<h2>UPOS probe by layer</h2>"
-            f"<p>Softmax-regression probes on frozen word vectors of {html.escape(str(ud_path))}: "
-            f"{result.n_train} train / {result.n_dev} dev words, {len(result.labels)} tags, majority baseline "
-            f"{result.majority_accuracy:.3f}. The mix probe learns a ScalarMix of all layers (Tenney et al. 2019); "
-            "the random-init row is the same network with untrained weights.</p>"
-            + _table(header, rows, "dev accuracy")
-            + _img(_png(result.save_plot), "probe accuracy by layer")
+        parsed, probe_html, numbers["probe"] = _probe_section(
+            fz, ud_path, max_sentences, control, seed, progress, start
         )
+        body.append(probe_html)
+        bar.update(1)
 
-    # -- attention
     sentences = [s.words for s in parsed] if parsed else [s.split() for s in DEFAULT_SENTENCES]
     start("attention", f"attention statistics over {len(sentences):,} sentences")
     if fz.model.has_attention:
@@ -251,11 +231,52 @@ def build_report(
     else:
         numbers["left_out"]["attention"] = fz.model.no_attention_reason()
         body.append(f"<h2>Attention heads</h2><p>Left out: {html.escape(fz.model.no_attention_reason())}.</p>")
-
     bar.update(1)
 
-    # -- sense demos
     start("sense demos", f"sense demos ({len(SENSE_DEMOS)} words) and static neighbours")
+    _sense_sections(fz, body, numbers)
+    bar.update(1)
+
+    if wic_path is not None:
+        body.append(_wic_section(fz, Path(wic_path), max_wic_pairs, start, numbers))
+        bar.update(1)
+
+    page = out_dir / "report.html"
+    page.write_text(_PAGE.format(title=html.escape(f"ctxrep report: {name}"), body="\n".join(body)), encoding="utf-8")
+    (out_dir / "report.json").write_text(json.dumps(numbers, indent=2) + "\n")
+    bar.close()
+    return page
+
+
+def _probe_section(fz: Featurizer, ud_path, max_sentences: int, control: bool, seed: int, progress: bool, start):
+    """UPOS probes on the first `max_sentences` sentences of a CoNLL-U file: (the parsed sentences, the section's
+    HTML, its numbers)."""
+    from ctxrep.data.conllu import read_conllu
+
+    parsed = read_conllu(ud_path)[:max_sentences]
+    if not parsed:
+        raise ValueError(f"{ud_path}: no sentences (empty corpus)")
+    data = probe.load_probe_data("upos", ud_path, max_sentences)
+    train, dev = probe.split_data(data)
+    start("UPOS probe", f"UPOS probes on {len(data.sentences):,} sentences, {fz.num_layers + 1} layers")
+    result = probe.run_probe(fz, train, dev, control=control, seed=seed, progress=progress)
+    header = ["", *[f"L{j}" for j in range(fz.num_layers + 1)], "mix", "E[layer]"]
+    rows = [[r.name, *r.layer_accuracy, r.mix_accuracy, r.expected_layer] for r in result.rows]
+    rows += [[r.name + " mix weights", *r.mix_weights, "", ""] for r in result.rows]
+    section = (
+        "<h2>UPOS probe by layer</h2>"
+        f"<p>Softmax-regression probes on frozen word vectors of {html.escape(str(ud_path))}: "
+        f"{result.n_train} train / {result.n_dev} dev words, {len(result.labels)} tags, majority baseline "
+        f"{result.majority_accuracy:.3f}. The mix probe learns a ScalarMix of all layers (Tenney et al. 2019); "
+        "the random-init row is the same network with untrained weights.</p>"
+        + _table(header, rows, "dev accuracy")
+        + _img(_png(result.save_plot), "probe accuracy by layer")
+    )
+    return parsed, section, result.to_dict()
+
+
+def _sense_sections(fz: Featurizer, body: list[str], numbers: dict) -> None:
+    """The sense demos (cosine of a word's vectors across sentences by layer) and each word's static neighbours."""
     shown = sorted({1, max(1, fz.num_layers // 2), fz.num_layers})
     layers = [0, *shown]
     no_static = neighbors.no_static_table_reason(fz)  # ELMo reads characters: no static word table
@@ -291,32 +312,23 @@ def build_report(
             )
         )
 
-    bar.update(1)
 
-    # -- WiC
-    if wic_path is not None:
-        wic_path = Path(wic_path)
-        train_pairs = probe.read_wic_pairs(wic_path / "train", max_wic_pairs)
-        dev_pairs = probe.read_wic_pairs(wic_path / "dev")
-        start("WiC", f"WiC by layer on {len(train_pairs):,} train / {len(dev_pairs):,} dev pairs")
-        wic = neighbors.evaluate_wic(fz, train_pairs, dev_pairs)
-        bar.update(1)
-        numbers["wic"] = asdict(wic)
-        body.append(
-            "<h2>WiC by layer</h2>"
-            f"<p>Cosine of the target word in the two sentences; threshold chosen on {wic.n_train} train pairs, "
-            f"accuracy on {wic.n_dev} dev pairs (chance 0.5).</p>"
-            + _table(
-                ["layer", "threshold", "train accuracy", "dev accuracy"],
-                [[r.layer, r.threshold, r.train_accuracy, r.dev_accuracy] for r in wic.layers],
-            )
+def _wic_section(fz: Featurizer, wic_path: Path, max_wic_pairs: int, start, numbers: dict) -> str:
+    """WiC accuracy by layer (a cosine threshold chosen on train pairs); its numbers go to numbers["wic"]."""
+    train_pairs = probe.read_wic_pairs(wic_path / "train", max_wic_pairs)
+    dev_pairs = probe.read_wic_pairs(wic_path / "dev")
+    start("WiC", f"WiC by layer on {len(train_pairs):,} train / {len(dev_pairs):,} dev pairs")
+    wic = neighbors.evaluate_wic(fz, train_pairs, dev_pairs)
+    numbers["wic"] = asdict(wic)
+    return (
+        "<h2>WiC by layer</h2>"
+        f"<p>Cosine of the target word in the two sentences; threshold chosen on {wic.n_train} train pairs, "
+        f"accuracy on {wic.n_dev} dev pairs (chance 0.5).</p>"
+        + _table(
+            ["layer", "threshold", "train accuracy", "dev accuracy"],
+            [[r.layer, r.threshold, r.train_accuracy, r.dev_accuracy] for r in wic.layers],
         )
-
-    page = out_dir / "report.html"
-    page.write_text(_PAGE.format(title=html.escape(f"ctxrep report: {name}"), body="\n".join(body)), encoding="utf-8")
-    (out_dir / "report.json").write_text(json.dumps(numbers, indent=2) + "\n")
-    bar.close()
-    return page
+    )
 
 
 _PAGE = """<!DOCTYPE html>
