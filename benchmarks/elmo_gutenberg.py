@@ -1,7 +1,7 @@
 """Pretrain a small ELMo biLM on Gutenberg, then check held-out perplexity and the word-sense test.
 
 1. ctxrep pretrain's pipeline for --objective bilm (prepare_run: word-level tokenizer, packed corpus, held-out
-   tail, FULL-SENTENCES packer, BiLMObjective with the sampled softmax) + the shared Trainer, for --minutes of training on /work/shared/data/gutenberg/train
+   tail, FULL-SENTENCES packer, BiLMObjective with the sampled softmax) + the shared Trainer, for --minutes of training on gutenberg/train of --data
    (the number of steps is set from the measured time of a few steps, so that the learning rate decays to 0
    at the end; a timer stops the run cleanly, as Ctrl-C would, if it overruns by more than 10%).
 2. Forward and backward perplexity (full softmax) on gutenberg/valid (--eval-batches; 0 = all of it).
@@ -35,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path("/work/shared/data/gutenberg")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
 
 # A small biLM (about a twentieth of the published "original" model): a 512-filter char CNN, two layers of
 # 1024-cell LSTMs projected to 128 in each direction, a 30k-word softmax sampled with 4096 draws.
@@ -179,8 +180,13 @@ def sense_markdown(header: list[str], rows: list[list[str]], verdicts: list[str]
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", type=Path, default=DATA / "train", help="Folder of .txt files to train on.")
-    parser.add_argument("--valid", type=Path, default=DATA / "valid", help="Folder of .txt files for perplexity.")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="The shared data folder (gutenberg/).")
+    parser.add_argument(
+        "--train", type=Path, default=None, help="Folder of .txt files to train on (DATA/gutenberg/train)."
+    )
+    parser.add_argument(
+        "--valid", type=Path, default=None, help="Folder of .txt files for perplexity (DATA/gutenberg/valid)."
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -226,6 +232,10 @@ def main(argv: list[str] | None = None) -> None:
         "drawn in a new order) instead of starting from random weights.",
     )
     args = parser.parse_args(argv)
+    args.train = args.train or args.data / "gutenberg" / "train"
+    args.valid = args.valid or args.data / "gutenberg" / "valid"
+    if not args.senses_only and not args.train.is_dir():
+        sys.exit(f"error: {args.train} is not a folder: pass the shared data folder with --data (or --train)")
     command = shlex.join(["python", "benchmarks/elmo_gutenberg.py", *(sys.argv[1:] if argv is None else argv)])
     if args.senses_only:
         from ctxrep.featurize import Featurizer

@@ -1,4 +1,4 @@
-"""Frozen features vs fine-tuning (Peters, Ruder & Smith 2019) with the default MiniLM on /work/shared/data.
+"""Frozen features vs fine-tuning (Peters, Ruder & Smith 2019) with the default MiniLM on the shared data (--data).
 
     SST-2 (binary, sentence level) dev accuracy      target fine-tuned >= 0.88
     CoNLL-2003 eng.testa entity F1 (conlleval)       target fine-tuned >= 0.88
@@ -27,10 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
-DATA = Path("/work/shared/data")
-FILES = {
-    "sst2": (DATA / "sst" / "train.txt", DATA / "sst" / "dev.txt"),
-    "conll2003": (DATA / "conll2003" / "eng.train", DATA / "conll2003" / "eng.testa"),
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
+
+FILES = {  # task: (train, dev) under the data folder
+    "sst2": ("sst/train.txt", "sst/dev.txt"),
+    "conll2003": ("conll2003/eng.train", "conll2003/eng.testa"),
 }
 # Chosen to reach the targets: MiniLM (6 layers, 384 wide) fine-tunes best near lr 1e-4; 10% linear warm-up.
 SETTINGS = {
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=None, help="Override the number of epochs of every run.")
     parser.add_argument("--limit", type=int, default=None, help="Use only the first N train and dev examples.")
     parser.add_argument("--model", default="minilm")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder (sst/, conll2003/)")
     parser.add_argument("--out", default=None, help="Folder for the runs' outputs (default: a temporary folder).")
     parser.add_argument("--cache-dir", default=None, help="Frozen-feature cache folder.")
     parser.add_argument("--markdown-out", default=None, help="Write the result table as Markdown here.")
@@ -117,7 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         for item in args.set:
             key, _, value = item.partition("=")
             params[key] = _literal(value)
-        train, dev = FILES[task]
+        train, dev = (args.data / name for name in FILES[task])
+        if not train.is_file():
+            sys.exit(f"error: {train} is missing: pass the shared data folder with --data")
         phrases = args.train_phrases and task == "sst2"
         print(f"== {task} {mode} {params}" + (" (trained on all phrases)" if phrases else ""), flush=True)
         started = time.perf_counter()

@@ -34,25 +34,24 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
 
 # ---- data ------------------------------------------------------------------------------------------------------
 
 
-def sst2(n_train: int, n_dev: int | None, seed: int):
+def sst2(data: Path, n_train: int, n_dev: int | None, seed: int):
     from ctxrep.data.sst import read_sst
 
     rng = np.random.default_rng(seed)
-    train, dev = read_sst(DATA / "sst" / "train.txt", classes=2), read_sst(DATA / "sst" / "dev.txt", classes=2)
+    train, dev = read_sst(data / "sst" / "train.txt", classes=2), read_sst(data / "sst" / "dev.txt", classes=2)
     pick = rng.choice(len(train.texts), size=min(n_train, len(train.texts)), replace=False)
     dev_pick = rng.choice(len(dev.texts), size=n_dev, replace=False) if n_dev else range(len(dev.texts))
     return (
@@ -63,13 +62,13 @@ def sst2(n_train: int, n_dev: int | None, seed: int):
     )
 
 
-def conll(n_train: int, n_dev: int, seed: int):
+def conll(data: Path, n_train: int, n_dev: int, seed: int):
     from ctxrep.data.conll import read_conll
 
     rng = np.random.default_rng(seed)
     out = []
     for name, n in (("eng.train", n_train), ("eng.testa", n_dev)):
-        sentences = read_conll(DATA / "conll2003" / name)
+        sentences = read_conll(data / "conll2003" / name)
         pick = rng.choice(len(sentences), size=min(n, len(sentences)), replace=False)
         out += [[sentences[i].words for i in pick], [sentences[i].tags for i in pick]]
     return out
@@ -309,6 +308,7 @@ def score(kind: str, gold, predicted) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=["sst2", "conll2003", "all"], default="all")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder (sst/, conll2003/)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sst-train", type=int, default=3000, help="SST-2 training sentences, sampled at random.")
     parser.add_argument("--sst-dev", type=int, default=None, help="SST-2 dev sentences to score (default: all 872).")
@@ -350,9 +350,9 @@ def main(argv: list[str] | None = None) -> None:
     tasks = ["sst2", "conll2003"] if args.task == "all" else [args.task]
     data = {}
     if "sst2" in tasks:
-        data["sst2"] = sst2(args.sst_train, args.sst_dev, args.seed)
+        data["sst2"] = sst2(args.data, args.sst_train, args.sst_dev, args.seed)
     if "conll2003" in tasks:
-        data["conll2003"] = conll(args.conll_train, args.conll_dev, args.seed)
+        data["conll2003"] = conll(args.data, args.conll_train, args.conll_dev, args.seed)
     systems = {
         "ctxrep": lambda kind, *a, **k: ctxrep_run(kind, *a, **k),
         "Trainer": lambda kind, *a, **k: (hf_classifier if kind == "sst2" else hf_tagger)(*a, **k),
