@@ -142,9 +142,19 @@ def test_causal_decoders_ignore_later_tokens_and_left_padding_changes_nothing(tm
         torch.testing.assert_close(y[:, 3:], x, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama", "gemma3_text"])
-def test_saved_folder_one_file_or_shards_loads_in_transformers_and_back(tmp_path, model_type):
-    hf, folder = saved(tmp_path / "src", model_type)
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("qwen3", {}),
+        ("llama", {}),
+        ("mistral", {}),
+        ("gemma3_text", {"use_bidirectional_attention": True}),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_saved_folder_one_file_or_shards_loads_in_transformers_and_back(tmp_path, model_type, extra):
+    hf, folder = saved(tmp_path / "src", model_type, **extra)
     ours = load_model(folder)
     ids, mask = batch("right")
     with torch.no_grad():

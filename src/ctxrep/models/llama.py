@@ -104,6 +104,9 @@ class LlamaConfig:
         d["rope_parameters"] = self.rope.to_hf()
         d["rope_theta"] = self.rope.theta  # transformers 4.x reads it here
         d["attention_bias"] = self.qkv_bias
+        if SLIDING in self.layer_types:  # Qwen2 / Qwen3 read their windows from these two
+            d["use_sliding_window"] = True
+            d["max_window_layers"] = self.layer_types.index(SLIDING)
         return d | {"architectures": [architecture]}
 
 
