@@ -116,3 +116,74 @@ def test_embed_tokens_bad_input_names_the_text():
         fz.embed_tokens(["fine", "   "])
     with pytest.raises(TypeError, match="text 0: expected a string or a list of word strings"):
         fz.embed_tokens([3])
+
+
+# ---- late chunking: embed_sentences(chunks=...) ---------------------------------------------------------------------
+
+DOC = "The crane lifted the beam. It was heavy! Then the workers went home."
+
+
+def test_sentence_spans():
+    from ctxrep.featurize import sentence_spans
+
+    assert [DOC[a:b] for a, b in sentence_spans(DOC)] == [
+        "The crane lifted the beam.",
+        "It was heavy!",
+        "Then the workers went home.",
+    ]
+    assert sentence_spans("  no end  ") == [(2, 8)]
+    text = "e.g. this... and U.S. that"  # the rule is plain: any run of . ! ? before white space ends a sentence
+    assert [text[a:b] for a, b in sentence_spans(text)] == ["e.g.", "this...", "and U.S.", "that"]
+
+
+def test_late_chunks_are_means_of_the_whole_documents_token_states(minilm_path):
+    """Each chunk's vector is the mean of its tokens' states from one forward pass over the whole document
+    (transformers by hand), normalised as the folder's pooling is; not the vector of the chunk embedded alone."""
+    fz = Featurizer(minilm_path, sentence_pooling="model")
+    tok = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    model = transformers.AutoModel.from_pretrained(minilm_path).eval()
+    enc = tok(DOC, return_offsets_mapping=True, return_tensors="pt")
+    starts = enc.pop("offset_mapping")[0, 1:-1, 0].numpy()  # each piece's first character
+    with torch.no_grad():
+        states = model(**enc)[0][0, 1:-1].numpy()  # the pieces' states, no [CLS] / [SEP]
+    (by_sentence,) = fz.embed_sentences([DOC], chunks="sentences")
+    spans = [(0, 26), (27, 40), (41, 68)]
+    (by_spans,) = fz.embed_sentences([DOC], chunks=[spans])
+    assert by_sentence.shape == (3, 384)
+    np.testing.assert_allclose(by_spans, by_sentence, atol=1e-6)
+    for (a, b), vector in zip(spans, by_sentence):
+        inside = (starts >= a) & (starts < b)
+        mean = states[inside].mean(0)
+        np.testing.assert_allclose(vector, mean / np.linalg.norm(mean), atol=1e-5)
+    alone = fz.embed_sentences([DOC[a:b] for a, b in spans])
+    assert np.all(np.abs((alone * by_sentence).sum(1)) < 0.999)  # the document's context changes them
+    (by_tokens,) = Featurizer(minilm_path, sentence_pooling="mean").embed_sentences([DOC], chunks=4)
+    n = len(starts)
+    assert by_tokens.shape == (-(-n // 4), 384)
+    np.testing.assert_allclose(by_tokens[-1], states[4 * (len(by_tokens) - 1) :].mean(0), atol=1e-5)
+
+
+def test_late_chunks_of_a_long_document_take_every_window(minilm_path):
+    fz = Featurizer(minilm_path, max_length=24, sentence_pooling="mean")
+    text = ". ".join(f"Sentence {i} about a crane" for i in range(10)) + "."
+    chunks = fz.embed_sentences([text, text], chunks="sentences")
+    ((_, states),) = fz.embed_tokens([text])
+    assert [c.shape for c in chunks] == [(10, 384), (10, 384)]
+    first = len(fz.tokenizer.encode_texts([text[: text.index(".") + 1]])[0])  # the first sentence's pieces
+    np.testing.assert_allclose(chunks[0][0], states[1 : 1 + first].mean(0), atol=1e-6)
+
+
+def test_late_chunks_bad_input():
+    fz = Featurizer("minilm")
+    with pytest.raises(ValueError, match="text 0: chunk 1 \\(30, 40\\) holds no token"):
+        fz.embed_sentences(["short text"], chunks=[[(0, 5), (30, 40)]])
+    with pytest.raises(ValueError, match="got 2 texts but chunk spans for 1"):
+        fz.embed_sentences(["a", "b"], chunks=[[(0, 1)]])
+    with pytest.raises(ValueError, match="text 0: chunks by characters .* need a string"):
+        fz.embed_sentences([["pre", "split"]], chunks="sentences")
+    with pytest.raises(ValueError, match="leave text_pairs out"):
+        fz.embed_sentences(["a"], ["b"], chunks=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        fz.embed_sentences(["a"], chunks=0)
+    with pytest.raises(ValueError, match="chunks must be 'sentences'"):
+        fz.embed_sentences(["a"], chunks="paragraphs")

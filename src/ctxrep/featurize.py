@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import copy
 import os
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -468,12 +469,26 @@ class Featurizer:
         words = self._encode(texts, text_pairs, "words")
         return [w[:, 0] if self.single_layer else w for w in words]
 
-    def embed_sentences(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None = None) -> np.ndarray:
+    def embed_sentences(
+        self, texts: Sequence[Text], text_pairs: Sequence[Text] | None = None, *, chunks: Chunks | None = None
+    ) -> np.ndarray | list[np.ndarray]:
         """(n_texts, dim) for one layer or a mix, (n_texts, n_layers, dim) otherwise.
 
         "mean" averages the text's word vectors; "cls" takes the classification token (for a text longer than
         one window, the average over its windows).
+
+        chunks (late chunking): one vector per chunk of each text instead, a list of (n_chunks, dim) arrays (with a
+        layer axis as above). The whole text is encoded first (in windows where it is long: `embed_tokens`), so
+        every chunk's tokens carry the context of the document around them; a chunk's vector is the mean of its
+        tokens' states (special tokens left out), unit length where the model's pooling normalises or normalize=True.
+        chunks is "sentences" (a string cut after ".", "!" or "?" followed by white space), an int N (consecutive
+        chunks of N tokens), or per text a list of (start, end) character spans (a token belongs to the span its
+        first character falls in). Spans and sentences need strings; word lists take N tokens.
         """
+        if chunks is not None:
+            if text_pairs is not None:
+                raise ValueError("chunks= embeds single texts: leave text_pairs out")
+            return self._embed_chunks(texts, chunks)
         if self.sentence_pooling in ("model", "cls"):
             out = self._encode(texts, text_pairs, self.sentence_pooling)
         else:
@@ -481,6 +496,45 @@ class Featurizer:
             out = np.stack([w.mean(axis=0) for w in words]) if words else np.zeros((0, 1, self.dim), np.float32)
         out = out[:, 0] if self.single_layer else out
         return normalize_rows(out) if self.normalize else out  # each layer's vector unit length
+
+    def _embed_chunks(self, texts: Sequence[Text], chunks: Chunks) -> list[np.ndarray]:
+        """embed_sentences(texts, chunks=...): the chunks' token ranges, then the means of embed_tokens' states."""
+        texts = as_list(texts)
+        if isinstance(chunks, str) and chunks != "sentences":
+            raise ValueError(f"chunks must be 'sentences', a number of tokens or per-text spans, got {chunks!r}")
+        if isinstance(chunks, bool) or (isinstance(chunks, int) and chunks < 1):
+            raise ValueError(f"chunks as a number of tokens must be at least 1, got {chunks!r}")
+        per_text_spans = not isinstance(chunks, (str, int))
+        if per_text_spans and len(chunks) != len(texts):
+            raise ValueError(
+                f"got {len(texts)} texts but chunk spans for {len(chunks)}; give one list of spans per text"
+            )
+        tokens = self.embed_tokens(texts)
+        before = len(self.tokenizer.template.prefix)  # special tokens before the text's first piece
+        after = len(self.tokenizer.template.single_suffix)
+        by_characters = [i for i, t in enumerate(texts) if not isinstance(chunks, int)]
+        for i in by_characters:
+            if not isinstance(texts[i], str):
+                raise ValueError(f"text {i}: chunks by characters (spans, sentences) need a string, not a word list")
+        offsets = dict(zip(by_characters, self.tokenizer.char_offsets([texts[i] for i in by_characters])))
+        normalize = self.normalize or (self.model_pooling is not None and self.model_pooling.normalize)
+        out = []
+        for i, (_, states) in enumerate(tokens):
+            pieces = states[before : len(states) - after]  # (pieces, ...) the text's tokens, no special tokens
+            if isinstance(chunks, int):
+                ranges = [(k, min(k + chunks, len(pieces))) for k in range(0, len(pieces), chunks)]
+            else:
+                starts = offsets[i]
+                if len(starts) != len(pieces):
+                    raise ValueError(
+                        f"text {i}: its {len(pieces)} tokens in windows differ from its {len(starts)} tokens whole; "
+                        "chunk it by a number of tokens instead"
+                    )
+                spans = sentence_spans(texts[i]) if chunks == "sentences" else chunks[i]
+                ranges = [_token_range(starts, span, i, k) for k, span in enumerate(spans)]
+            vectors = np.stack([pieces[a:b].mean(axis=0) for a, b in ranges])  # (chunks, ...)
+            out.append(normalize_rows(vectors) if normalize else vectors)
+        return out
 
     def embed_tokens(self, texts: Sequence[Text]) -> list[TokenStates]:
         """Every token's hidden state, per text: `TokenStates(ids, states)` with ids (n_tokens,) int64 and states
@@ -597,6 +651,41 @@ class Featurizer:
             TokenStates(*parts[r[0]]) if len(r) == 1 else TokenStates(*map(np.concatenate, zip(*(parts[k] for k in r))))
             for r in per_text
         ]
+
+
+Chunks = str | int | Sequence[Sequence[tuple[int, int]]]
+_SENTENCE_END = re.compile(r"[.!?]+(?=\s|$)")
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) character spans of the sentences of `text`: cut after ".", "!" or "?" (runs of them) followed
+    by white space or the end; white space between sentences belongs to none."""
+    spans, start = [], 0
+    for m in _SENTENCE_END.finditer(text):
+        spans.append((start, m.end()))
+        start = m.end()
+    spans.append((start, len(text)))
+    out = []
+    for a, b in spans:  # trim the white space around each, drop the empty ones
+        while a < b and text[a].isspace():
+            a += 1
+        while b > a and text[b - 1].isspace():
+            b -= 1
+        if a < b:
+            out.append((a, b))
+    return out
+
+
+def _token_range(starts: np.ndarray, span, text: int, chunk: int) -> tuple[int, int]:
+    """The tokens whose first character lies in the character span [start, end), or an error naming the chunk."""
+    try:
+        start, end = (int(x) for x in span)
+    except (TypeError, ValueError):
+        raise ValueError(f"text {text}: chunk {chunk} must be a (start, end) character span, got {span!r}") from None
+    a, b = int(np.searchsorted(starts, start)), int(np.searchsorted(starts, end))
+    if not 0 <= start < end or a >= b:
+        raise ValueError(f"text {text}: chunk {chunk} ({start}, {end}) holds no token; give spans that cover text")
+    return a, b
 
 
 class TokenStates(NamedTuple):

@@ -196,6 +196,11 @@ class Tokenizer:
         ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, count=int(lengths.sum()))
         return ids, lengths
 
+    def char_offsets(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Per raw string tokenized whole (as `encode_texts`), each token's first character (int64)."""
+        encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        return [np.fromiter((a for a, _ in e.offsets), np.int64, count=len(e)) for e in encodings]
+
     def encode_words_flat(self, texts: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Pre-split words encoded as `encode_words` encodes them, as flat arrays and without its repair of a word
         that gives no pieces: (every text's ids end to end, each id's word index, each text's number of ids)."""
