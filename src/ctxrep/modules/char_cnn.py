@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.modules.activations import ACTIVATIONS as ALL_ACTIVATIONS
 from ctxrep.modules.highway import Highway
 
-ACTIVATIONS = {"relu": F.relu, "tanh": torch.tanh}
+# bilm-tf's options.json knows these two (rows of the one activation table)
+ACTIVATIONS = {name: ALL_ACTIVATIONS[name] for name in ("relu", "tanh")}
 
 
 class CharCNN(nn.Module):
