@@ -135,3 +135,15 @@ def test_index_build_numbers_ids_as_sentence_index_build_and_from_vectors(tiny_m
     assert SentenceIndex.from_vectors(tmp_path / "vecs").ids == [0, 1, 2, 3]
     cli_hits = SentenceIndex.load(tmp_path / "ix-t.txt").search(TEXTS[3], k=2)
     assert cli_hits.ids == SentenceIndex.from_vectors(tmp_path / "vecs").search(TEXTS[3], k=2).ids
+
+
+def test_one_reader_of_the_manifest_for_resume_and_load(tiny_models, tmp_path):
+    from ctxrep.vectors.store import VectorsError
+
+    (tmp_path / "t.txt").write_text("\n".join(TEXTS) + "\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "manifest.json").write_text('{"settings": {}}')  # no shards: not a manifest
+    job = EmbedJob(str(tmp_path / "t.txt"), str(tmp_path / "out"), model=str(tiny_models["bert"]), level="sentence")
+    for read in (lambda: embed_corpus(job, show_progress=False), lambda: load_vectors(tmp_path / "out")):
+        with pytest.raises(VectorsError, match=r"manifest.json: not a manifest written by `ctxrep embed` \(KeyError"):
+            read()

@@ -43,7 +43,7 @@ import numpy as np
 from ctxrep.util.files import utf8_lines
 from ctxrep.util.progress import progress
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, layers_text, parse_layers
-from ctxrep.vectors.store import MANIFEST, write_arrays, write_manifest
+from ctxrep.vectors.store import MANIFEST, read_manifest, write_arrays, write_manifest
 
 FORMATS = ("text", "jsonl", "csv", "tsv", "conll", "parquet")
 DEFAULT_TEXT_COLUMN = "text"
@@ -531,8 +531,8 @@ def open_run(job: EmbedJob, log: Callable[[str], None] = to_stderr) -> _Run | Em
     manifest_file = out / MANIFEST
     done: dict[int, dict] = {}
     spec = None  # what the shards already written hold (a resumed run must add the same)
-    if manifest_file.is_file():
-        manifest = json.loads(manifest_file.read_text())
+    manifest = read_manifest(out)
+    if manifest is not None:
         if manifest["settings"] != settings:
             keys = set(settings) | set(manifest["settings"])
             changed = sorted(k for k in keys if manifest["settings"].get(k) != settings.get(k))
@@ -754,8 +754,8 @@ class _Run:
         )
 
     def _row_shape_without_model(self) -> tuple[int, ...]:
-        if self.manifest_file.is_file():
-            old = json.loads(self.manifest_file.read_text())
+        old = read_manifest(self.out)
+        if old is not None:
             if old.get("row_shape"):
                 return tuple(old["row_shape"])
         return vector_row_shape(self.job.featurizer(), self.job.level)

@@ -78,14 +78,14 @@ class Vectors:
         manifest_file = self.path / MANIFEST
         if not self.path.is_dir():
             raise VectorsError(f"{self.path}: no such folder; pass the --out folder of a `ctxrep embed` run")
-        if not manifest_file.is_file():
+        manifest = read_manifest(self.path)
+        if manifest is None:
             raise VectorsError(
                 f"{self.path}: not the output of `ctxrep embed` (no manifest.json); pass the --out folder of an embed run"
             )
         try:
-            manifest = json.loads(manifest_file.read_text())
             settings, shards, self.dim = manifest["settings"], manifest["shards"], int(manifest["dim"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise VectorsError(
                 f"{manifest_file}: not a manifest written by `ctxrep embed` ({type(e).__name__}: {e}); "
                 "run ctxrep embed again into an empty folder"
@@ -397,6 +397,25 @@ def _read_sparse(file: Path):
         raise VectorsError(
             f"{file}: not a sparse shard ({type(e).__name__}: {e}); run ctxrep embed again into an empty folder"
         ) from None
+
+
+def read_manifest(out: str | Path) -> dict | None:
+    """OUT/manifest.json as `write_manifest` wrote it (settings, spec, shards, ...), or None when there is none;
+    VectorsError for one that is not JSON with settings and shards."""
+    file = Path(out) / MANIFEST
+    if not file.is_file():
+        return None
+    try:
+        manifest = json.loads(file.read_text())
+        missing = [k for k in ("settings", "shards") if k not in manifest]  # what every manifest has
+        if missing:
+            raise KeyError(", ".join(missing))
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise VectorsError(
+            f"{file}: not a manifest written by `ctxrep embed` ({type(e).__name__}: {e}); "
+            "run ctxrep embed again into an empty folder"
+        ) from None
+    return manifest
 
 
 def write_manifest(
