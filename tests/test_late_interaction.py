@@ -100,6 +100,12 @@ def test_folders_ctxrep_does_not_apply_are_refused(mve_folder, tmp_path):
     (stanford / "config.json").write_text(json.dumps(config | {"architectures": ["HF_ColBERT"]}))
     with pytest.raises(CheckpointError, match="Stanford-NLP ColBERT checkpoint"):
         MultiVectorEncoder(stanford)
+    pylate = tmp_path / "pylate"
+    shutil.copytree(mve_folder, pylate)
+    settings = json.loads((pylate / "config_sentence_transformers.json").read_text())
+    (pylate / "config_sentence_transformers.json").write_text(json.dumps(settings | {"query_prefix": "[unused0]"}))
+    with pytest.raises(CheckpointError, match=r"a PyLate folder \(query_prefix\)"):
+        MultiVectorEncoder(pylate)
 
 
 def test_index_finds_candidates_by_tokens_and_rescores_exactly(mve_folder, tmp_path):
@@ -144,5 +150,8 @@ def test_cli_index_build_late_interaction_and_search(mve_folder, tmp_path):
     rows = [line.split("\t") for line in out.output.strip().splitlines()[1:]]
     assert [int(r[3]) for r in rows] == expected.ids
     np.testing.assert_allclose([float(r[2]) for r in rows], expected.scores, atol=1e-4)
+    assert runner.invoke(main, search + ["--late-interaction"]).output == out.output  # the flag names the kind
+    out = runner.invoke(main, search + ["--sparse"])
+    assert out.exit_code == 1 and "holds a LateInteractionIndex, not the index --sparse asks for" in out.output
     out = runner.invoke(main, args + ["--vectors", str(tmp_path), "--out", str(tmp_path / "x")])
     assert out.exit_code == 1 and "--late-interaction embeds the texts of --input" in out.output

@@ -121,6 +121,16 @@ def test_a_plain_roberta_mlm_folder_long_texts_and_errors(tmp_path, tiny_models)
         SparseEncoder(folder, max_active_dims=0)
 
 
+def test_modules_ctxrep_does_not_apply_are_refused(splade_folder, tmp_path):
+    folder = tmp_path / "router"
+    shutil.copytree(splade_folder, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Router", "type": "sentence_transformers.base.modules.Router"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(CheckpointError, match="lists Router, which ctxrep's SparseEncoder does not apply"):
+        SparseEncoder(folder)
+
+
 def test_bge_m3_sparse_linear(tmp_path):
     folder = _mlm_folder(tmp_path / "m3")
     torch.manual_seed(1)

@@ -136,9 +136,25 @@ def build(
 )
 @click.option("--rerank", "rerank_model", default=None, help="Rerank the hits with this reranker (a model).")
 @click.option("--rerank-depth", default=50, show_default=True, help="--rerank: hits retrieved, reranked to k.")
+@click.option("--sparse", is_flag=True, help="Expect a sparse index (`index build --sparse`); else an error.")
+@click.option(
+    "--late-interaction", is_flag=True, help="Expect a late-interaction index (`index build --late-interaction`)."
+)
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
 @user_errors
-def search(index_dir, queries, queries_file, k, out_path, candidates, rerank_model, rerank_depth, device) -> None:
+def search(
+    index_dir,
+    queries,
+    queries_file,
+    k,
+    out_path,
+    candidates,
+    rerank_model,
+    rerank_depth,
+    sparse,
+    late_interaction,
+    device,
+) -> None:
     """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV). Dense, sparse
     and late-interaction indexes alike (the kind is read from the folder)."""
     from ctxrep.vectors.index import read_texts
@@ -152,12 +168,25 @@ def search(index_dir, queries, queries_file, k, out_path, candidates, rerank_mod
         raise ValueError(f"-k must be at least 1, got {k}")
     if candidates < 1:
         raise ValueError(f"--candidates must be at least 1, got {candidates}")
+    from ctxrep.vectors.late_interaction import LateInteractionIndex
+    from ctxrep.vectors.sparse import SparseIndex
+
+    ix = _open(Path(index_dir), device, candidates)
+    for flag, asked, kind in (
+        ("--sparse", sparse, SparseIndex),
+        ("--late-interaction", late_interaction, LateInteractionIndex),
+    ):
+        if asked and not isinstance(ix, kind):
+            raise ValueError(
+                f"{index_dir} holds a {type(ix).__name__}, not the index {flag} asks for; build one with "
+                f"`ctxrep index build {flag}`"
+            )
     if rerank_model is None:
-        hits = _open(Path(index_dir), device, candidates).search(queries, k=k)
+        hits = ix.search(queries, k=k)
     else:  # retrieve rerank_depth, then keep the reranker's k best (ctxrep.rerank.rerank_hits)
         from ctxrep.rerank import load_reranker, rerank_hits
 
-        found = _open(Path(index_dir), device, candidates).search(queries, k=max(k, rerank_depth))
+        found = ix.search(queries, k=max(k, rerank_depth))
         reranker = load_reranker(rerank_model, device=device)
         hits = [rerank_hits(reranker, q, h, k) for q, h in zip(queries, found)]
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout

@@ -14,7 +14,8 @@ MultiVectorMask: ColBERT's punctuation) are dropped from the tasks it names (doc
 kept, as sentence-transformers does. A model without MultiVectorEncoder modules gives its normalised hidden states
 with ColBERT's punctuation skiplist on documents (the raw material of late interaction, no trained projection).
 The folder's "query" / "document" prompts are put before the texts. Query expansion (PyLate's [MASK] padding to
-query_length) and Stanford-NLP ColBERT checkpoints (HF_ColBERT) are refused with a one-line reason.
+query_length), Stanford-NLP ColBERT checkpoints (HF_ColBERT) and PyLate <= 3 folders (query_prefix /
+document_prefix) are refused with a one-line reason: sentence-transformers loads them and saves a folder ctxrep reads.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ class MultiVectorSettings:
             raise CheckpointError(
                 f"{folder}: a Stanford-NLP ColBERT checkpoint (HF_ColBERT); ctxrep reads sentence-transformers "
                 "MultiVectorEncoder folders: load it with sentence_transformers.MultiVectorEncoder and save() it"
+            )
+        settings = folder / "config_sentence_transformers.json"
+        legacy = json.loads(settings.read_text()) if settings.is_file() else {}
+        prefixes = [k for k in ("query_prefix", "document_prefix") if legacy.get(k)]
+        if prefixes:  # PyLate <= 3: prefix tokens sentence-transformers registers on the tokenizer when it loads
+            raise CheckpointError(
+                f"{settings}: a PyLate folder ({', '.join(prefixes)}); load it with sentence_transformers."
+                "MultiVectorEncoder and save() it, then give ctxrep the saved folder"
             )
         modules_file = folder / MODULES_FILE
         if not modules_file.is_file():

@@ -34,6 +34,7 @@ __all__ = ["SparseEncoder", "SparseIndex", "SparseVector", "SpladeSettings"]
 
 MODULES_FILE = "modules.json"
 SPARSE_LINEAR_FILE = "sparse_linear.pt"  # BGE-M3's sparse head: Linear(hidden, 1)
+APPLIED_MODULES = ("Transformer", "MLMTransformer", "SpladePooling")  # a SparseEncoder folder's modules ctxrep applies
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,12 @@ class SpladeSettings:
             raise CheckpointError(f"{modules_file}: not a sentence-transformers modules list ({e})") from None
         if not pooling:
             return cls()
+        others = [k for k in (str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules) if k not in APPLIED_MODULES]
+        if others:  # e.g. an inference-free query side (Router, SparseStaticEmbedding), CSR's SparseAutoEncoder
+            raise CheckpointError(
+                f"{modules_file}: lists {', '.join(others)}, which ctxrep's SparseEncoder does not apply (it applies "
+                f"{', '.join(APPLIED_MODULES)}); use sentence_transformers.SparseEncoder for this folder"
+            )
         config = Path(folder) / pooling[0].get("path", "") / "config.json"
         data = json.loads(config.read_text()) if config.is_file() else {}
         return cls(data.get("pooling_strategy", "max"), data.get("activation_function", "relu"))
