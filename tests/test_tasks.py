@@ -543,7 +543,7 @@ def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeyp
     enough, here a stand-in that records its use) against the network in batches of batch_size, in order, for the
     classifier and the tagger (long windowed sentences included); a tiny token budget forces many batches."""
     from ctxrep.runtime import fast
-    from ctxrep.tasks import base
+    from ctxrep.tasks import inference
 
     compiled = []
 
@@ -551,7 +551,7 @@ def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeyp
         compiled.append(encoder)
         return encoder
 
-    monkeypatch.setattr(base, "PREDICT_TOKENS", 40)
+    monkeypatch.setattr(inference, "PREDICT_TOKENS", 40)
     monkeypatch.setattr(fast, "compile_min_flops", lambda device: 1.0)
     monkeypatch.setattr(fast, "compile_encoder", compile_encoder)
     texts = X_CLS + ["good " * n + "bad" for n in range(1, 30, 3)]
@@ -561,7 +561,7 @@ def test_fast_predict_gives_the_reference_outputs(tiny_models, tmp_path, monkeyp
     fast, reference = clf._forward_all(records, call), clf._forward_reference(records, call)
     torch.testing.assert_close(torch.stack(fast), torch.stack(reference), rtol=1e-5, atol=1e-5)
     assert compiled == [clf.model_.representation.encoder]
-    assert base.inference_network(clf.model_, num_tokens=0) is clf.model_  # a small call: the network itself
+    assert inference.inference_network(clf.model_, num_tokens=0) is clf.model_  # a small call: the network itself
 
     sentences = X_TAG + [["the", "cat"] * 50, ["paris"] * 7]
     tagger = TokenTagger(**common(tiny_models, tmp_path, max_epochs=2, word_pooling="mean")).fit(X_TAG, Y_TAG)
