@@ -147,3 +147,17 @@ def test_one_reader_of_the_manifest_for_resume_and_load(tiny_models, tmp_path):
     for read in (lambda: embed_corpus(job, show_progress=False), lambda: load_vectors(tmp_path / "out")):
         with pytest.raises(VectorsError, match=r"manifest.json: not a manifest written by `ctxrep embed` \(KeyError"):
             read()
+
+
+def test_hub_models_are_recorded_with_the_commit_they_were_read_from(tmp_path):
+    from ctxrep.vectors.spec import model_identity
+
+    snapshot = tmp_path / "models--org--m" / "snapshots" / "0123abcd"
+    assert model_identity("org/m", snapshot) == ("org/m", "0123abcd")
+    assert model_identity("org/m@v1.0", snapshot) == ("org/m", "0123abcd")  # the commit the tag pointed at
+    assert model_identity("org/m@v1.0", None) == ("org/m", "v1.0")
+    assert model_identity(str(tmp_path), tmp_path) == (str(tmp_path.resolve()), None)  # a folder: its path
+    spec = FeaturizerSpec(model="org/m", revision="0123abcd")
+    assert spec.featurizer_kwargs()["model"] == "org/m@0123abcd"
+    with pytest.raises(SpecMismatch, match="revision '0123abcd' != 'ffff0000'"):
+        spec.check(FeaturizerSpec(model="org/m", revision="ffff0000"), "ix/")
