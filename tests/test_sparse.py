@@ -212,5 +212,18 @@ def test_embed_output_sparse_round_trips_through_load_vectors(splade_folder, tmp
     np.testing.assert_allclose(vectors[3].toarray()[0], expected[3], atol=1e-6)  # the second shard
     with pytest.raises(SpecMismatch, match="head 'sparse' != 'dense'"):
         vectors.check(encoder.featurizer)
+    # indexed without embedding again: the same hits as embedding the texts
+    build = ["index", "build", "--sparse", "--vectors", str(tmp_path / "o"), "--input", str(tmp_path / "t.txt")]
+    out = CliRunner().invoke(main, build + ["--out", str(tmp_path / "sx")])
+    assert out.exit_code == 0, out.output
+    index = SparseIndex.load(tmp_path / "sx")
+    assert index.ids == [0, 1, 2, 3] and index.texts == TEXTS and index.spec == vectors.spec
+    q = encoder.embed_sentences([TEXTS[0]])
+    expected_hits = SparseIndex(encoder.vocab_size).add_vectors(expected).search(q, k=2)
+    assert index.search(q, k=2).ids == expected_hits.ids
+    from ctxrep.vectors.index import SentenceIndex, SentenceIndexError
+
+    with pytest.raises(SentenceIndexError, match="holds sparse vectors"):
+        SentenceIndex.from_vectors(tmp_path / "o")
     out = CliRunner().invoke(main, args[:-2] + ["--output", "sparse", "--out", str(tmp_path / "w")])
     assert out.exit_code == 1 and "--output sparse writes one sparse vector per text" in out.output

@@ -90,8 +90,8 @@ def build(
         kind = "--sparse" if sparse else "--late-interaction"
         if sparse and late_interaction:
             raise ValueError("give --sparse or --late-interaction, not both")
-        if vectors_dir is not None or input_path is None:
-            raise ValueError(f"{kind} embeds the texts of --input; --vectors holds dense vectors")
+        if late_interaction and (vectors_dir is not None or input_path is None):
+            raise ValueError(f"{kind} embeds the texts of --input; --vectors holds one vector per text")
         if layers != "-1" or metric != "cosine":
             raise ValueError(f"{kind} reads the last layer and scores by dot product; leave --layers and --metric out")
     items = read_texts(input_path, fmt, text_column, id_column) if input_path is not None else None
@@ -100,7 +100,9 @@ def build(
         from ctxrep.vectors.sparse import SparseEncoder, SparseIndex
 
         kwargs = {"device": device} if device else {}
-        if sparse:
+        if sparse and vectors_dir is not None:  # `ctxrep embed --output sparse` output, not embedded again
+            ix = SparseIndex.from_vectors(vectors_dir, *((items.ids, items.texts) if items is not None else ()))
+        elif sparse:
             ix = SparseIndex.build(items.texts, SparseEncoder(model, progress=True, **kwargs), ids=items.ids)
         else:
             ix = LateInteractionIndex.build(items.texts, MultiVectorEncoder(model, progress=True, **kwargs), items.ids)

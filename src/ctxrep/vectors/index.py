@@ -147,6 +147,11 @@ class SentenceIndex:
                 raise SentenceIndexError(
                     f"{vectors}: holds word vectors; a sentence index needs `ctxrep embed --level sentence` output"
                 )
+            if stored.sparse:
+                raise SentenceIndexError(
+                    f"{vectors}: holds sparse vectors (`ctxrep embed --output sparse`); index them with "
+                    "ctxrep.vectors.sparse.SparseIndex.from_vectors (ctxrep index build --sparse --vectors)"
+                )
             if ids is None:
                 ids = stored.index().text.tolist()
             if spec is None:

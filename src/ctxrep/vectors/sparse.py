@@ -270,6 +270,21 @@ class SparseIndex:
         """Embed `texts` with `encoder` and index them (ids default to 0, 1, 2, ...)."""
         return cls(encoder.vocab_size, encoder).add(texts, ids)
 
+    @classmethod
+    def from_vectors(cls, folder, ids: Sequence | None = None, texts: Sequence[str | None] | None = None):
+        """An index over a `ctxrep embed --output sparse` folder (ids default to its 0-based text numbers; text
+        queries are embedded with its recorded spec)."""
+        from ctxrep.vectors.store import load_vectors
+
+        stored = load_vectors(folder)
+        if not stored.sparse:
+            raise ValueError(
+                f"{folder}: holds dense vectors; a sparse index needs `ctxrep embed --output sparse` output"
+            )
+        index = cls(stored.dim)
+        index.spec = stored.spec
+        return index.add_vectors(stored.array, ids, texts)
+
     def add(self, texts: Sequence[str], ids: Sequence | None = None) -> SparseIndex:
         texts = [texts] if isinstance(texts, str) else list(texts)
         return self.add_vectors(self._encoder().embed_sentences(texts), ids, texts)
