@@ -24,6 +24,7 @@ from ctxrep.data.conll import iter_conll
 from ctxrep.data.conllu import iter_conllu
 from ctxrep.data.sentence_pairs import read_scored_pairs, read_sentence_examples
 from ctxrep.data.sts import read_sts
+from ctxrep.tasks.kinds import NAMES, Reading, kind
 from ctxrep.util.files import utf8_lines
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -229,3 +230,22 @@ def test_invalid_utf8_names_the_line_and_column(folder, prefix, bad):
         list(utf8_lines(path))
     line = prefix.count("\n") + 1
     assert str(caught.value).startswith(f"{path}:{line}:"), str(caught.value)
+
+
+# ---- every task kind's readers (training files and prediction input), through the table of kinds -------------
+
+
+@pytest.mark.parametrize("labelled", [True, False], ids=["training", "prediction"])
+@pytest.mark.parametrize("name", NAMES)
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=120), TRICKY.map(str.encode)))
+def test_every_kind_reads_any_bytes_or_refuses_naming_the_file(folder, name, labelled, data):
+    suffix = {"wic": ".data.txt", "squad": ".json", "span": ".jsonl", "sick-r": ".txt"}.get(name, ".tsv")
+    path = folder / f"kind-{name}{suffix}"
+    path.write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            kind(name).read_file(path, Reading(labelled=labelled))
+        except ValueError as e:
+            _named_error(e, path)

@@ -168,6 +168,12 @@ def _conll2003(path: Path, how: Reading) -> Dataset:
     from ctxrep.data.conll import read_conll
 
     sentences = read_conll(path)
+    untagged = next((s for s in sentences if how.labelled and not all(s.columns)), None)
+    if untagged is not None:
+        raise ValueError(
+            f"{path}:{untagged.line}: the sentence starting here has a word with no tag column; a CoNLL-2003 "
+            "training file gives every word its tags (the entity tag last)"
+        )
     tags = [s.tags if how.labelled else None for s in sentences]
     return Dataset([s.words for s in sentences], tags, [s.line for s in sentences])
 
