@@ -187,3 +187,20 @@ def test_late_chunks_bad_input():
         fz.embed_sentences(["a"], chunks=0)
     with pytest.raises(ValueError, match="chunks must be 'sentences'"):
         fz.embed_sentences(["a"], chunks="paragraphs")
+
+
+def test_cut_texts_name_the_texts_a_window_cut(minilm_path):
+    """Windows cut nothing; a word longer than a whole window is the one cut, and the call says which texts."""
+    fz = Featurizer(minilm_path, max_length=8, sentence_pooling="model")  # windows of 6 pieces
+    long_word = "pneumonoultramicroscopicsilicovolcanoconiosis"  # more than 6 pieces
+    texts = ["a short text", f"one {long_word} here", " ".join(["crane"] * 20)]  # the third: windowed, not cut
+    with pytest.warns(UserWarning, match="text 1: word 1 has .* subword pieces, more than a window"):
+        fz.embed_words(texts)
+    assert fz.cut_texts == [1]
+    with pytest.warns(UserWarning):
+        fz.embed_sentences(texts)
+    assert fz.cut_texts == [1]
+    fz.embed_sentences(texts[::2])
+    assert fz.cut_texts == []
+    with pytest.raises(ValueError, match="pair 0 is .* tokens long, more than the model's 8; sentence pairs are not"):
+        fz.embed_words(["a b c d"], ["e f g h"])

@@ -18,7 +18,7 @@ import re
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -115,6 +115,9 @@ class Featurizer:
     between_batches: None, or a function called after each batch of a call with one argument, `drain`: calling
         drain() pools every batch still in flight, so that the function may then run other calls on the same model
         before it returns (ctxrep serve interleaves long and short requests this way). Set it on a copy.
+    After each call, `cut_texts` lists the texts (indices in that call) a window cut: a word longer than a whole window
+    keeps its first pieces (with a warning). Windows cut nothing else, and a pair that does not fit one window is
+    an error, never cut.
     The model's device and dtype are used as they are: move `featurizer.model` to "cuda" or bfloat16, or call
     inside `torch.autocast`; vectors come back as float32 numpy arrays.
     """
@@ -189,6 +192,8 @@ class Featurizer:
         self.plan = WindowPlan(self.tokenizer, self.max_length, stride)
         self.layer_indices, self.mix = self._parse_layers(layers)
         self.single_layer = isinstance(layers, int) or self.mix is not None  # one array per word, no layer axis
+        # the texts of the last call that a window cut (a word longer than a whole window), by index in that call
+        self.cut_texts: list[int] = []
 
     @property
     def runtime(self):
@@ -285,8 +290,9 @@ class Featurizer:
         else:
             counts = np.fromiter((len(a) + len(b) for a, b in zip(words_a, words_b)), np.int64, count=n)
         slots = np.cumsum(counts) - counts  # each text's first word in the call's output
+        cut: list[int] = []
         if words_b is None and not self.tokenizer.word_level:
-            rows = self._single_word_rows(words_a, slots)
+            rows, cut = self._single_word_rows(words_a, slots)
         elif words_b is None:
             pieces = self.tokenizer.encode_words(words_a)
             windows = [w for i, p in enumerate(pieces) for w in self.plan.single(i, p)]
@@ -296,11 +302,12 @@ class Featurizer:
             windows = [self.plan.pair(i, pieces[i], pieces[n + i]) for i in range(n)]
             rows = Rows.from_records(windows, word_slots=slots)
         rows.weights = np.ones(len(rows.ids), np.float32)  # a pair is one window; word pooling reads no weights
-        return _Prepared(rows, n, counts)
+        return _Prepared(rows, n, counts, cut)
 
-    def _single_word_rows(self, words: list[list[str]], slots: np.ndarray) -> Rows:
+    def _single_word_rows(self, words: list[list[str]], slots: np.ndarray) -> tuple[Rows, list[int]]:
         """Rows and word spans of single texts: a text that fits one window (every word with a piece) straight from
-        the tokenizer's flat arrays, the others (long texts, a word without pieces) through `WindowPlan.single`."""
+        the tokenizer's flat arrays, the others (long texts, a word without pieces) through `WindowPlan.single`;
+        and the texts a window cuts (`WindowPlan.cuts`)."""
         ids, word_ids, lengths = self.tokenizer.encode_words_flat(words)
         n = len(words)
         text_of = np.repeat(np.arange(n), lengths)  # (pieces,) each piece's text
@@ -311,7 +318,7 @@ class Featurizer:
         covered = np.bincount(text_of[first_piece], minlength=n)  # words with pieces, per text
         counts = np.fromiter(map(len, words), np.int64, count=n)
         fits = (covered == counts) & (lengths <= self.plan.window_size)
-        parts = []
+        parts, cut = [], []
         if fits.any():
             keep = fits[text_of]
             ids_k, word_ids_k, lengths_k = ids[keep], word_ids[keep], lengths[fits]
@@ -329,11 +336,10 @@ class Featurizer:
         if not fits.all():
             rest = np.flatnonzero(~fits)
             pieces = self.tokenizer.encode_words([words[i] for i in rest])  # repairs a word without pieces
-            windows = [w for i, p in enumerate(pieces) for w in self.plan.single(i, p)]
-            rows = Rows.from_records(windows, word_slots=slots[rest])
-            rows.text = rest[rows.text]  # back to the chunk's text numbers
-            parts.append(rows)
-        return Rows.concat(parts) if len(parts) > 1 else parts[0]
+            windows = [w for i, p in zip(rest.tolist(), pieces) for w in self.plan.single(i, p)]  # the chunk's numbers
+            parts.append(Rows.from_records(windows, word_slots=slots))
+            cut = [int(rest[i]) for i, p in enumerate(pieces) if self.plan.cuts(p)]
+        return (Rows.concat(parts) if len(parts) > 1 else parts[0]), cut
 
     def _sentence_rows(self, texts: list[Text], keep_specials: str) -> _Prepared:
         """The rows of checked texts for vectors that need no word alignment (the model's pooling, the
@@ -343,7 +349,7 @@ class Featurizer:
         "share" or "ends" (see `_token_weights`)."""
         n = len(texts)
         fast = [] if self.tokenizer.word_level else [i for i, t in enumerate(texts) if isinstance(t, str)]
-        parts, slow = [], sorted(set(range(n)) - set(fast))
+        parts, slow, cut = [], sorted(set(range(n)) - set(fast)), []
         if fast:
             ids, lengths = self.tokenizer.encode_texts([texts[i] for i in fast])
             fits = (lengths > 0) & (lengths <= self.plan.window_size)
@@ -354,22 +360,23 @@ class Featurizer:
             slow = sorted(slow + [fast[k] for k in np.flatnonzero(~fits)])
         if slow:
             words = [words_of(texts[i], i) for i in slow]
-            windows, weights = self._token_weights(words, keep_specials)
-            rows = Rows.from_records(windows, weights)
-            rows.text = np.asarray(slow, np.int64)[rows.text]  # back to the call's text numbers
-            parts.append(rows)
-        return _Prepared(Rows.concat(parts) if len(parts) > 1 else parts[0], n)
+            windows, weights, cut = self._token_weights(words, keep_specials, slow)
+            parts.append(Rows.from_records(windows, weights))
+        return _Prepared(Rows.concat(parts) if len(parts) > 1 else parts[0], n, cut=cut)
 
-    def _token_weights(self, words: list[list[str]], keep_specials: str = "share"):
+    def _token_weights(self, words: list[list[str]], keep_specials: str, numbers: list[int]):
         """The windows of the checked word lists (as `_word_windows` cuts them) and one weight per position of
         each window: 1 for a piece of a word the window owns, 0 for the other pieces (another window answers for
         them); a special token weighs 1 / (the text's number of windows) with keep_specials="share", and with
         "ends" 1 in the first window's leading and the last window's trailing specials, else 0 (the text's tokens
-        as one long sequence). One window: every position weighs 1."""
+        as one long sequence). One window: every position weighs 1. `numbers`: each word list's text number (the
+        windows' .text); also the text numbers a window cuts (`WindowPlan.cuts`)."""
         offset = self.tokenizer.build_inputs([])[2]  # special tokens before the text's first piece
-        windows, weights = [], []
-        for i, pieces in enumerate(self.tokenizer.encode_words(words)):
+        windows, weights, cut = [], [], []
+        for i, pieces in zip(numbers, self.tokenizer.encode_words(words)):
             rows = self.plan.single(i, pieces)
+            if len(rows) > 1 and self.plan.cuts(pieces):
+                cut.append(i)
             if len(rows) == 1:  # one window (the common case): every position weighs 1, no second cut needed
                 windows.append(rows[0])
                 weights.append(np.ones(len(rows[0]), dtype=np.float32))
@@ -392,7 +399,7 @@ class Featurizer:
                     w[offset + s - p0 : offset + min(e, p1) - p0] = 1.0
                 windows.append(row)
                 weights.append(w)
-        return windows, weights
+        return windows, weights, cut
 
     # ---- running the encoder --------------------------------------------------------------------
 
@@ -578,8 +585,10 @@ class Featurizer:
                 return self._word_windows(texts[chunk], None if pairs is None else pairs[chunk])
             return self._sentence_rows(texts[chunk], "ends" if want == "tokens" else "share")
 
+        cut: list[int] = []
         if len(chunks) == 1:
-            results = [self._finish(prepare(chunks[0]), want)]
+            prepared = prepare(chunks[0])
+            results, cut = [self._finish(prepared, want)], prepared.cut
         else:
             results = []
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxrep-tokenize") as tokenizer_thread:
@@ -589,6 +598,8 @@ class Featurizer:
                     if k + 1 < len(chunks):
                         ahead = tokenizer_thread.submit(prepare, chunks[k + 1])
                     results.append(self._finish(prepared, want))
+                    cut += [chunks[k].start + i for i in prepared.cut]
+        self.cut_texts = sorted(cut)
         if want in ("words", "tokens"):
             return [w for chunk in results for w in chunk]
         return results[0] if len(results) == 1 else np.concatenate(results)
@@ -702,3 +713,4 @@ class _Prepared:
     rows: Rows
     num_texts: int
     word_counts: np.ndarray | None = None
+    cut: list[int] = field(default_factory=list)  # texts a window cuts (a word longer than a window)

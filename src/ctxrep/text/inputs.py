@@ -126,6 +126,11 @@ class WindowPlan:
             windows.append(EncoderInput(text, ids, types, self.cls_position(len(ids)), words))
         return windows
 
+    def cuts(self, pieces) -> bool:
+        """Whether `single` cuts this text: a word longer than a whole window keeps only its first window_size
+        pieces. Windows themselves cut nothing (every piece is in a window)."""
+        return any(e - s > self.window_size for s, e in pieces.spans())
+
     def pair(self, text: int, a, b) -> EncoderInput:
         """[CLS] A [SEP] B [SEP] as one window (A's words, then B's); pairs are not windowed."""
         ids, types, offset = self.tokenizer.build_inputs(a.ids, b.ids)
