@@ -48,6 +48,7 @@ _EXPORTS = {
     "TaskData": "table",
     # a sentence encoder's training pairs / triples / scored pairs (sentence_pairs.py)
     "read_sentence_examples": "sentence_pairs",
+    "read_scored_pairs": "sentence_pairs",
     # tag schemes and entity F1 (tags.py)
     "entities": "tags",
     "entity_scores": "tags",
@@ -115,6 +116,7 @@ __all__ = [
     "read_tagged",
     "read_questions",
     "read_sentence_examples",
+    "read_scored_pairs",
     "TaskData",
 ]
 
