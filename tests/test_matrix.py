@@ -54,6 +54,12 @@ FAMILIES = [
     Family("deberta-v2", "deberta_dir"),  # DeBERTa-v3 as the Hub ships it: spm.model, pytorch_model.bin
     Family("modernbert", "modernbert_dir"),
     Family("marian", "marian_dir"),  # the encoder side of a translation model (tools see its encoder stack)
+    Family("qwen3", "decoder_dirs"),  # issue 35's decoder LLMs (tests/_decoders.py: Qwen-style byte-level BPE)
+    Family("qwen2", "decoder_dirs"),
+    Family("llama", "decoder_dirs"),
+    Family("mistral", "decoder_dirs"),  # a sliding window of 5 tokens
+    Family("gemma3_text", "decoder_dirs"),
+    Family("gemma3_text", "embeddinggemma_dir", label="embeddinggemma"),  # bidirectional attention
 ]
 
 # UD-like sentences "DET NOUN VERB ADV PUNCT" (det -> noun, nsubj -> verb, advmod -> verb, punct -> verb).
@@ -178,6 +184,22 @@ def modernbert_dir(tmp_path_factory) -> Path:
     from _families2 import modernbert_dir as build
 
     return build(tmp_path_factory.mktemp("modernbert") / "m")
+
+
+@pytest.fixture(scope="session")
+def decoder_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random decoder LLM folders by model_type, as transformers saves them (tests/_decoders.py)."""
+    from _decoders import FAMILIES as DECODERS
+    from _decoders import tiny_folder
+
+    return {t: tiny_folder(tmp_path_factory.mktemp(t), t) for t in DECODERS}
+
+
+@pytest.fixture(scope="session")
+def embeddinggemma_dir(tmp_path_factory) -> Path:
+    from _decoders import tiny_folder
+
+    return tiny_folder(tmp_path_factory.mktemp("embeddinggemma"), "gemma3_text", use_bidirectional_attention=True)
 
 
 @pytest.fixture(params=FAMILIES, ids=[f.label or f.name for f in FAMILIES])
