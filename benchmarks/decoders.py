@@ -18,11 +18,12 @@ ctxrep's last-layer states agree with transformers' (max |diff| at fp32, mean co
 
 Part 2, the probe command on 28-layer decoders: `ctxrep probe` (UPOS on UD EWT, NER on CoNLL-2003) over every layer
 of a Qwen3-shaped and a Llama-shaped model with random weights (the floor a trained model's curve is read against);
---probe-width (default 256) keeps it inside the time budget: 28 layers, as the real models, narrower.
+--probe-width (default 128) keeps it inside the time budget: 28 layers, as the real models, narrower.
 
-Run:  .venv/bin/python benchmarks/decoders.py                       # ~4 minutes on 2 cores
+Run:  .venv/bin/python benchmarks/decoders.py                       # ~4-5 minutes on 2 quiet cores (estimated)
       .venv/bin/python benchmarks/decoders.py --tiny                # smoke test: tiny shapes (not a result)
-Options: --data (default ../shared/data), --sentences 160, --probe-sentences 300, --threads 2, --skip-probe.
+Options: --data (default ../shared/data), --sentences 96, --probe-sentences 200, --probe-width 128, --threads 2,
+--skip-probe.
 """
 
 from __future__ import annotations
@@ -327,9 +328,9 @@ def probes(args: argparse.Namespace, work: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--sentences", type=int, default=160)
-    p.add_argument("--probe-sentences", type=int, default=300)
-    p.add_argument("--probe-width", type=int, default=256)
+    p.add_argument("--sentences", type=int, default=96)
+    p.add_argument("--probe-sentences", type=int, default=200)
+    p.add_argument("--probe-width", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke test, not a result")
     p.add_argument("--skip-probe", action="store_true")

@@ -339,3 +339,23 @@ def test_lm_logits_of_an_encoder_without_a_head_is_one_line(tiny_models):
     with pytest.raises(ValueError, match="bert encoder has no causal language-model head") as e:
         bert.lm_logits(torch.zeros(1, bert.hidden_size))
     assert "\n" not in str(e.value)
+
+
+def test_a_text_runs_whole_up_to_the_positions_and_in_windows_beyond(tmp_path):
+    import ctxrep
+
+    tiny_folder(tmp_path, "qwen3")  # 128 positions
+    fz = ctxrep.Featurizer(str(tmp_path), layers=-1, pooling="mean")
+    assert fz.plan.max_length == fz.model.max_tokens == 128
+    short, long = ("dog runs " * 30).split(), ("dog runs " * 150).split()  # about 60 and 300 pieces
+    whole = fz.embed_words([short])[0]
+    pieces = fz.tokenizer.encode_words([short])[0]
+    ids, _, offset = fz.tokenizer.build_inputs(pieces.ids)
+    with torch.no_grad():
+        states = fz.model(torch.tensor([ids])).last_hidden_state[0]
+    last = [offset + i for i, w in enumerate(pieces.word_ids) if w == len(short) - 1]
+    # the last word read every word before it: the whole text ran as one window
+    assert abs(whole[-1] - states[last].mean(0).numpy()).max() < 1e-5
+    windowed = fz.embed_words([long, "  café 東京 🙂"])
+    assert windowed[0].shape == (300, 32) and torch.isfinite(torch.from_numpy(windowed[0])).all()
+    assert windowed[1].shape == (3, 32)  # leading spaces: three words
