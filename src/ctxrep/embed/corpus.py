@@ -335,7 +335,7 @@ class EmbedJob:
             self.model,
             layers=self.layers,
             pooling=self.pooling,
-            sentence_pooling=self.sentence_pooling,
+            sentence_pooling="mean" if self.output == "sparse" else self.sentence_pooling,  # sparse: unread
             batch_tokens=self.batch_tokens,
             num_threads=threads if threads is not None else self.threads,
             compile=self.compile,

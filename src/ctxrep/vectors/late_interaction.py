@@ -115,7 +115,12 @@ class MultiVectorEncoder:
     def __init__(self, model="minilm", **featurizer_kwargs) -> None:
         from ctxrep.featurize import Featurizer
 
-        fz = model if isinstance(model, Featurizer) else Featurizer(model, **featurizer_kwargs)
+        # token states only: the sentence pooling is never read ("mean" spares the folder's modules a warning)
+        fz = (
+            model
+            if isinstance(model, Featurizer)
+            else Featurizer(model, **({"sentence_pooling": "mean"} | featurizer_kwargs))
+        )
         self.featurizer = fz.with_layers(-1)
         folder = self.featurizer.source.folder
         self.settings = MultiVectorSettings.of_folder(folder)

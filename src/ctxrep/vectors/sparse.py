@@ -104,7 +104,8 @@ class SparseEncoder:
 
         if max_active_dims is not None and (not isinstance(max_active_dims, int) or max_active_dims < 1):
             raise ValueError(f"max_active_dims must be a positive integer or None, got {max_active_dims!r}")
-        self.featurizer = model if isinstance(model, Featurizer) else Featurizer(model, **featurizer_kwargs)
+        kwargs = {"sentence_pooling": "mean"} | featurizer_kwargs  # token states only: the sentence pooling is unread
+        self.featurizer = model if isinstance(model, Featurizer) else Featurizer(model, **kwargs)
         self.featurizer = self.featurizer.with_layers(-1)
         self.max_active_dims = max_active_dims
         folder = self.featurizer.source.folder

@@ -149,6 +149,8 @@ class FeaturizerSpec:
     def differences(self, other: FeaturizerSpec, ignore: tuple[str, ...] = ()) -> list[str]:
         """Each field both record and that differs, as "field written != asked" (fields in `ignore` left out)."""
         out = []
+        if "dense" not in (self.head, other.head):  # token heads never read the sentence settings
+            ignore = (*ignore, *SENTENCE_ONLY)
         for f in fields(self):
             if f.name in ignore:
                 continue
