@@ -27,15 +27,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError, read_config
 from ctxrep.models.llama import (
     FULL,
     SLIDING,
+    DecoderEncoder,
     build_from_folder,
     check_length,
     context_length,
-    lm_head_weight,
     save_folder,
 )
 from ctxrep.models.outputs import EncoderOutput
@@ -167,7 +166,7 @@ class Gemma3Layer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), probs
 
 
-class Gemma3Model(Encoder):
+class Gemma3Model(DecoderEncoder):
     """The text decoder; `forward` takes transformers' Gemma3TextModel arguments and returns its hidden states."""
 
     def __init__(self, config: Gemma3Config, lm_head: bool = False) -> None:
@@ -177,16 +176,10 @@ class Gemma3Model(Encoder):
         self.layers = nn.ModuleList(Gemma3Layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset=True)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if lm_head else None
-        if not any(p.is_meta for p in self.parameters()):
-            for module in self.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(module.weight, std=config.initializer_range)
-                    if getattr(module, "bias", None) is not None:
-                        nn.init.zeros_(module.bias)
+        self.init_weights()
 
-    # ---- the encoder interface (models/encoder.py) ----
+    # ---- the encoder interface (models/encoder.py; the rest in DecoderEncoder) ----
     family = MODEL_TYPE
-    reads_segments = False
 
     @property
     def causal(self) -> bool:
@@ -194,34 +187,8 @@ class Gemma3Model(Encoder):
         return not self.config.use_bidirectional_attention
 
     @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.num_attention_heads
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
     def max_tokens(self) -> int:
         return context_length(self.config.rope[FULL], self.config.max_position_embeddings)
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.embed_tokens.weight
-
-    def layer_of(self, name: str) -> int:
-        """embed_tokens 0; layers.i i + 1; the final norm and the LM head num_layers."""
-        parts = name.split(".")
-        if parts[0] == "embed_tokens":
-            return 0
-        if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit() and int(parts[1]) < self.num_layers:
-            return int(parts[1]) + 1
-        if parts[0] in ("norm", "lm_head"):
-            return self.num_layers
-        raise self.unknown_parameter(name)
 
     def forward(
         self,
@@ -266,7 +233,7 @@ class Gemma3Model(Encoder):
     def lm_logits(self, hidden: torch.Tensor, token_ids: Sequence[int] | None = None) -> torch.Tensor:
         """The LM head (tied embeddings unless the folder has lm_head) on final hidden states (..., hidden), capped
         as c tanh(logits / c) by final_logit_softcapping when set; only the `token_ids` columns when given."""
-        logits = hidden @ lm_head_weight(self, token_ids).T
+        logits = hidden @ self.lm_head_weight(token_ids).T
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

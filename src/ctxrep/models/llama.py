@@ -172,38 +172,23 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x)), probs
 
 
-class LlamaModel(Encoder):
-    """The decoder stack; `forward` takes transformers' LlamaModel arguments and returns the same hidden states."""
+class DecoderEncoder(Encoder):
+    """The encoder-interface members every decoder LLM family answers alike (LlamaModel and its Qwen layouts,
+    Gemma3Model): their configs share transformers' names, embed_tokens / layers / norm / lm_head their modules."""
 
-    MODEL_TYPES: tuple[str, ...] = ("llama", "mistral")
-    layout = staticmethod(llama_layout)
-
-    def __init__(self, config: LlamaConfig, lm_head: bool = False) -> None:
-        """lm_head: hold a separate LM head (an untied causal-LM checkpoint's lm_head.weight)."""
-        super().__init__()
-        self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if lm_head else None
-        if not any(p.is_meta for p in self.parameters()):
-            self.apply(self._init_weights)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        # transformers: normal(0, initializer_range) for linear and embedding weights, zero biases; norms as built
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
-
-    # ---- the encoder interface (models/encoder.py) ----
     reads_segments = False
     causal = True  # each token reads only itself and the tokens before it (last-token pooling reads the whole text)
 
-    @property
-    def family(self) -> str:
-        return self.config.model_type
+    def init_weights(self) -> None:
+        """transformers' init: normal(0, initializer_range) linear and embedding weights, zero biases; norms as
+        built. Nothing happens on the meta device (a model about to be loaded)."""
+        if any(p.is_meta for p in self.parameters()):
+            return
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=self.config.initializer_range)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
 
     @property
     def num_layers(self) -> int:
@@ -216,12 +201,6 @@ class LlamaModel(Encoder):
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
-
-    @property
-    def max_tokens(self) -> int:
-        """max_position_embeddings (Qwen3: 40,960; Llama 3.1: 131,072), times the factor of a linear or dynamic
-        rope scaling, which stretch the positions past it."""
-        return context_length(self.config.rope, self.config.max_position_embeddings)
 
     def input_embeddings(self) -> torch.Tensor:
         return self.embed_tokens.weight
@@ -236,6 +215,48 @@ class LlamaModel(Encoder):
         if parts[0] in ("norm", "lm_head"):
             return self.num_layers
         raise self.unknown_parameter(name)
+
+    def lm_head_weight(self, token_ids: Sequence[int] | None) -> torch.Tensor:
+        """(vocab or len(token_ids), hidden): lm_head's weight, or the token embeddings when the folder ties them."""
+        if self.lm_head is not None:
+            w = self.lm_head.weight
+        elif self.config.tie_word_embeddings:
+            w = self.embed_tokens.weight
+        else:
+            raise ValueError(
+                f"this {self.family} folder has no LM head (no lm_head.weight and untied embeddings): load a "
+                "...ForCausalLM folder (a reranker's) for lm_logits"
+            )
+        return w if token_ids is None else w[torch.as_tensor(list(token_ids), device=w.device)]
+
+
+class LlamaModel(DecoderEncoder):
+    """The decoder stack; `forward` takes transformers' LlamaModel arguments and returns the same hidden states."""
+
+    MODEL_TYPES: tuple[str, ...] = ("llama", "mistral")
+    layout = staticmethod(llama_layout)
+
+    def __init__(self, config: LlamaConfig, lm_head: bool = False) -> None:
+        """lm_head: hold a separate LM head (an untied causal-LM checkpoint's lm_head.weight)."""
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if lm_head else None
+        self.init_weights()
+
+    # ---- the encoder interface (models/encoder.py; the rest in DecoderEncoder) ----
+
+    @property
+    def family(self) -> str:
+        return self.config.model_type
+
+    @property
+    def max_tokens(self) -> int:
+        """max_position_embeddings (Qwen3: 40,960; Llama 3.1: 131,072), times the factor of a linear or dynamic
+        rope scaling, which stretch the positions past it."""
+        return context_length(self.config.rope, self.config.max_position_embeddings)
 
     def forward(
         self,
@@ -276,7 +297,7 @@ class LlamaModel(Encoder):
     def lm_logits(self, hidden: torch.Tensor, token_ids: Sequence[int] | None = None) -> torch.Tensor:
         """The causal LM head on final hidden states (..., hidden) -> logits (..., vocab), or only the columns of
         `token_ids` (a reranker's "yes" / "no"). The head is lm_head, or the token embeddings when tied."""
-        return hidden @ lm_head_weight(self, token_ids).T
+        return hidden @ self.lm_head_weight(token_ids).T
 
     # ---- Hugging Face folder format -------------------------------------------------------------
 
@@ -310,20 +331,6 @@ def check_length(t: int, max_tokens: int) -> None:
             f"sequence of {t} tokens is longer than the model's {max_tokens} positions; "
             "ctxrep.Featurizer splits long texts into windows for you"
         )
-
-
-def lm_head_weight(model: nn.Module, token_ids: Sequence[int] | None) -> torch.Tensor:
-    """(vocab or len(token_ids), hidden): lm_head's weight, or the token embeddings when the folder ties them."""
-    if model.lm_head is not None:
-        w = model.lm_head.weight
-    elif model.config.tie_word_embeddings:
-        w = model.embed_tokens.weight
-    else:
-        raise ValueError(
-            f"this {model.family} folder has no LM head (no lm_head.weight and untied embeddings): load a "
-            "...ForCausalLM folder (a reranker's) for lm_logits"
-        )
-    return w if token_ids is None else w[torch.as_tensor(list(token_ids), device=w.device)]
 
 
 def architecture_of(model: nn.Module) -> str:
