@@ -34,16 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder
-from ctxrep.models.folders import (
-    CheckpointError,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    without_prefix,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.init_weights import normal_init
@@ -344,9 +337,11 @@ class AlbertModel(Encoder):
         """An AlbertModel / AlbertForPreTraining / AlbertForMaskedLM folder saved by transformers, or a folder that
         ctxrep saved (either format). Pretraining-head weights are named in a log message and not loaded."""
         path = Path(path)
-        config = AlbertConfig.from_dict(read_config(path, MODEL_TYPES))
+        config = AlbertConfig.from_dict(folders.read_config(path, MODEL_TYPES))
         model = cls(config)
-        state = without_prefix(read_state_dict(path), "albert.")  # AlbertFor*: the encoder under 'albert.'
+        state = folders.without_prefix(
+            folders.read_state_dict(path), "albert."
+        )  # AlbertFor*: the encoder under 'albert.'
         model.load_state(state, source=str(path))
         return model.eval()
 
@@ -359,7 +354,7 @@ class AlbertModel(Encoder):
     def load_state(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy a checkpoint's weights into this model; refuse anything missing, unknown or mis-shaped."""
         # Pretraining / task heads sit on top of the encoder; the buffers are transformers' precomputed ids.
-        load_named_weights(
+        folders.load_named_weights(
             self,
             state,
             self.checkpoint_names(),
@@ -381,7 +376,7 @@ class AlbertModel(Encoder):
                 "layers only; save without transformers_compatible=True to get ctxrep's format (ctxrep.load_model "
                 "reads it)"
             )
-        return write_folder(path, self.config.to_dict(), named_tensors(self, self.checkpoint_names()))
+        return folders.write_folder(path, self.config.to_dict(), folders.named_tensors(self, self.checkpoint_names()))
 
 
 # Buffers transformers' checkpoints may carry that are not weights.
@@ -512,15 +507,15 @@ class AlbertForPreTraining(nn.Module):
     def from_pretrained(cls, path: str | Path) -> AlbertForPreTraining:
         """An AlbertForPreTraining folder (transformers' or this class's save_pretrained), heads included."""
         path = Path(path)
-        model = cls(AlbertConfig.from_dict(read_config(path, MODEL_TYPES)))
-        state = read_state_dict(path)
+        model = cls(AlbertConfig.from_dict(folders.read_config(path, MODEL_TYPES)))
+        state = folders.read_state_dict(path)
         state.pop("predictions.decoder.weight", None)  # tied to the word embeddings, when a file stores it
         decoder_bias = state.pop("predictions.decoder.bias", None)  # tied to predictions.bias
         if decoder_bias is not None and "predictions.bias" not in state:
             state["predictions.bias"] = decoder_bias
         buffers = BUFFERS + tuple("albert." + b for b in BUFFERS)
         names = model.checkpoint_names()
-        load_named_weights(model, state, names, str(path), "an ALBERT pretraining model", not_weights=buffers)
+        folders.load_named_weights(model, state, names, str(path), "an ALBERT pretraining model", not_weights=buffers)
         return model.eval()
 
     def save_pretrained(self, path: str | Path) -> Path:
@@ -532,4 +527,4 @@ class AlbertForPreTraining(nn.Module):
         config = self.config.to_dict()
         if self.config.transformers_compatible:
             config["architectures"] = ["AlbertForPreTraining"]
-        return write_folder(path, config, tensors)
+        return folders.write_folder(path, config, tensors)

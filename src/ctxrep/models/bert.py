@@ -21,16 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    CheckpointError,
-    config_errors,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
@@ -433,13 +426,13 @@ class BertModel(Encoder):
     @classmethod
     def from_pretrained(cls, path: str | Path) -> BertModel:
         path = Path(path)
-        hf_config = read_config(path, MODEL_TYPES)
-        state = read_state_dict(path)
+        hf_config = folders.read_config(path, MODEL_TYPES)
+        state = folders.read_state_dict(path)
         prefix = _checkpoint_prefix(state, hf_config["model_type"])
         state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)} | {
             k: v for k, v in state.items() if not k.startswith(prefix)
         }
-        with config_errors(path):  # e.g. pruned_heads naming a missing layer
+        with folders.config_errors(path):  # e.g. pruned_heads naming a missing layer
             config = BertConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
@@ -450,7 +443,7 @@ class BertModel(Encoder):
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
         # Pre-training / task heads (MLM, NSP, ELECTRA's discriminator head, ...) are not part of the encoder;
         # the buffers are transformers' precomputed position ids, not weights.
-        load_named_weights(
+        folders.load_named_weights(
             self,
             state,
             hf_parameter_names(self.config),
@@ -462,7 +455,9 @@ class BertModel(Encoder):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' AutoModel loads."""
-        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
+        folders.write_folder(
+            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
+        )
 
 
 # Buffers some checkpoints carry that are not weights (transformers' precomputed position_ids).

@@ -44,17 +44,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    CheckpointError,
-    config_errors,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    without_prefix,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
@@ -582,10 +574,10 @@ class DebertaV2Model(Encoder):
     @classmethod
     def from_pretrained(cls, path: str | Path) -> DebertaV2Model:
         path = Path(path)
-        hf_config = read_config(path, (MODEL_TYPE,))
-        state = read_state_dict(path)
-        state = without_prefix(state, "deberta.")  # DebertaV2ForMaskedLM etc.: the encoder under "deberta."
-        with config_errors(path):
+        hf_config = folders.read_config(path, (MODEL_TYPE,))
+        state = folders.read_state_dict(path)
+        state = folders.without_prefix(state, "deberta.")  # DebertaV2ForMaskedLM etc.: the encoder under "deberta."
+        with folders.config_errors(path):
             config = DebertaV2Config.from_hf_dict(hf_config)
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
@@ -597,7 +589,7 @@ class DebertaV2Model(Encoder):
         # Task and pre-training heads are not part of the encoder. The v3 checkpoints also carry an absolute
         # position table their config switches off (position_biased_input=False); transformers ignores it too.
         outside = _HEAD_PREFIXES + (() if self.config.position_biased_input else (_UNUSED_POSITIONS,))
-        load_named_weights(
+        folders.load_named_weights(
             self,
             state,
             hf_parameter_names(self.config),
@@ -611,7 +603,9 @@ class DebertaV2Model(Encoder):
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' AutoModel loads (as DebertaV2Model), unless heads
         were pruned: transformers cannot load that folder back (it has no DeBERTa head pruning); ctxrep does."""
-        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
+        folders.write_folder(
+            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
+        )
 
 
 _BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not weights

@@ -26,17 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.bert import EncoderLayer
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    config_errors,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    without_prefix,
-    write_folder,
-)
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
 from ctxrep.modules.heads import check_head_mask, check_pruned_heads, kept_heads, pruned_heads_json
@@ -296,10 +288,10 @@ class DistilBertModel(Encoder):
     def from_pretrained(cls, path: str | Path) -> DistilBertModel:
         """A DistilBertModel folder, or a task / pre-training one (encoder under 'distilbert.'; heads not loaded)."""
         path = Path(path)
-        hf_config = read_config(path, (MODEL_TYPE,))
-        state = read_state_dict(path)
-        state = without_prefix(state, "distilbert.")
-        with config_errors(path):
+        hf_config = folders.read_config(path, (MODEL_TYPE,))
+        state = folders.read_state_dict(path)
+        state = folders.without_prefix(state, "distilbert.")
+        with folders.config_errors(path):
             config = DistilBertConfig.from_hf_dict(hf_config)
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
@@ -309,7 +301,7 @@ class DistilBertModel(Encoder):
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
         names = hf_parameter_names(self.config)
-        load_named_weights(
+        folders.load_named_weights(
             self, state, names, source, "a DistilBERT encoder", outside=_HEAD_PREFIXES, not_weights=_BUFFERS
         )
         if self.config.sinusoidal_pos_embds:  # the checkpoint's table should be the formula's: say so if not
@@ -323,7 +315,9 @@ class DistilBertModel(Encoder):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' DistilBertModel / AutoModel loads."""
-        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
+        folders.write_folder(
+            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
+        )
 
 
 # transformers' precomputed position ids: a buffer, not a weight.

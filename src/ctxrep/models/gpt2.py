@@ -25,15 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    CheckpointError,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.init_weights import normal_init
@@ -355,11 +349,13 @@ class GPT2Model(Encoder):
         buffers = frozenset(f"h.{i}.attn.{b}" for i in range(self.config.n_layer) for b in _BUFFERS)
         # transformers' Conv1D keeps its weight as (in, out); nn.Linear wants (out, in): TRANSPOSED.
         names = hf_parameter_names(self.config)
-        load_named_weights(self, state, names, source, "a GPT-2 model", not_weights=buffers, transposed=TRANSPOSED)
+        folders.load_named_weights(
+            self, state, names, source, "a GPT-2 model", not_weights=buffers, transposed=TRANSPOSED
+        )
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """This model's weights under transformers' names and layouts (Conv1D weights back to (in, out))."""
-        return named_tensors(self, hf_parameter_names(self.config), transposed=TRANSPOSED)
+        return folders.named_tensors(self, hf_parameter_names(self.config), transposed=TRANSPOSED)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' GPT2Model / AutoModel loads."""
@@ -547,13 +543,13 @@ def hf_parameter_names(config: GPT2Config) -> dict[str, str]:
 
 def _read_checkpoint(path: Path) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
     """config.json and the weights, with GPT2LMHeadModel's 'transformer.' prefix removed."""
-    hf_config = read_config(path, ("gpt2",))
+    hf_config = folders.read_config(path, ("gpt2",))
     config = GPT2Config.from_hf_dict(hf_config)
-    state = read_state_dict(path)
+    state = folders.read_state_dict(path)
     # GPT2LMHeadModel stores the decoder under 'transformer.'; GPT2Model stores it without a prefix.
     prefix = "transformer."
     return config, {k.removeprefix(prefix): v for k, v in state.items()}
 
 
 def _write_checkpoint(path: Path, config: GPT2Config, tensors: dict[str, torch.Tensor], architecture: str) -> None:
-    write_folder(path, config.to_hf_dict(architecture), tensors)
+    folders.write_folder(path, config.to_hf_dict(architecture), tensors)

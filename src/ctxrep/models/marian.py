@@ -37,15 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder
-from ctxrep.models.folders import (
-    CheckpointError,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 
@@ -817,9 +811,9 @@ class MarianMTModel(Encoder):
         """A folder with config.json (model_type "marian", or ctxrep's "ctxrep_mt") and model.safetensors or
         pytorch_model.bin, as transformers' MarianMTModel (or MarianModel) saves it."""
         path = Path(path)
-        hf_config = read_config(path, MODEL_TYPES)
+        hf_config = folders.read_config(path, MODEL_TYPES)
         config = MarianConfig.from_hf_dict(hf_config)
-        state = read_state_dict(path)
+        state = folders.read_state_dict(path)
         if not any(k.startswith("model.") for k in state):  # saved from MarianModel: no "model." prefix, no head
             state = {f"model.{k}": v for k, v in state.items()}
         model = cls(config)
@@ -845,7 +839,7 @@ class MarianMTModel(Encoder):
                     )
         if "final_logits_bias" not in state:  # transformers lets it be missing too: zeros
             state["final_logits_bias"] = torch.zeros_like(self.final_logits_bias)
-        load_named_weights(self, state, hf_parameter_names(self.config), source, "a Marian encoder-decoder")
+        folders.load_named_weights(self, state, hf_parameter_names(self.config), source, "a Marian encoder-decoder")
 
     def save_pretrained(self, path: str | Path, format: str = "auto") -> Path:
         """Write config.json + model.safetensors + generation_config.json.
@@ -864,7 +858,7 @@ class MarianMTModel(Encoder):
         config = self.config.to_hf_dict()
         if own:
             config |= {"model_type": OWN_FORMAT, "architectures": ["ctxrep.MarianMTModel"], "normalize_before": pre_ln}
-        path = write_folder(path, config, named_tensors(self, hf_parameter_names(self.config)))
+        path = folders.write_folder(path, config, folders.named_tensors(self, hf_parameter_names(self.config)))
         if not own:  # what transformers' generate() should do by default: Marian's conventions
             c = self.config
             generation = {

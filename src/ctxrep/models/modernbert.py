@@ -38,17 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    CheckpointError,
-    config_errors,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    without_prefix,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
@@ -539,10 +531,10 @@ class ModernBertModel(Encoder):
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModernBertModel:
         path = Path(path)
-        hf_config = read_config(path, (MODEL_TYPE,))
-        state = read_state_dict(path)
-        state = without_prefix(state, "model.", marker="model.layers.")  # ModernBertForMaskedLM etc.
-        with config_errors(path):
+        hf_config = folders.read_config(path, (MODEL_TYPE,))
+        state = folders.read_state_dict(path)
+        state = folders.without_prefix(state, "model.", marker="model.layers.")  # ModernBertForMaskedLM etc.
+        with folders.config_errors(path):
             config = ModernBertConfig.from_hf_dict(hf_config)
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
@@ -552,13 +544,15 @@ class ModernBertModel(Encoder):
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
         names = hf_parameter_names(self.config)
-        load_named_weights(
+        folders.load_named_weights(
             self, state, names, source, "a modernbert encoder", outside=_HEAD_PREFIXES
         )  # MLM / task heads
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' AutoModel loads (as ModernBertModel)."""
-        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
+        folders.write_folder(
+            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
+        )
 
 
 _HEAD_PREFIXES = ("head.", "decoder.", "classifier.", "drop.")

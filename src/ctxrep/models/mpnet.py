@@ -30,16 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    config_errors,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    without_prefix,
-    write_folder,
-)
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import (
@@ -406,10 +398,10 @@ class MPNetModel(Encoder):
     def from_pretrained(cls, path: str | Path) -> MPNetModel:
         """An MPNetModel folder, or MPNetForMaskedLM / a task model (encoder under 'mpnet.'; heads not loaded)."""
         path = Path(path)
-        hf_config = read_config(path, (MODEL_TYPE,))
-        state = read_state_dict(path)
-        state = without_prefix(state, "mpnet.", marker="mpnet.encoder.")
-        with config_errors(path):
+        hf_config = folders.read_config(path, (MODEL_TYPE,))
+        state = folders.read_state_dict(path)
+        state = folders.without_prefix(state, "mpnet.", marker="mpnet.encoder.")
+        with folders.config_errors(path):
             config = MPNetConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
         model = cls(config)
         model.load_hf_state_dict(state, source=str(path))
@@ -419,11 +411,15 @@ class MPNetModel(Encoder):
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
         names = hf_parameter_names(self.config)
-        load_named_weights(self, state, names, source, "an MPNet encoder", outside=_HEAD_PREFIXES, not_weights=_BUFFERS)
+        folders.load_named_weights(
+            self, state, names, source, "an MPNet encoder", outside=_HEAD_PREFIXES, not_weights=_BUFFERS
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' MPNetModel / AutoModel loads."""
-        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
+        folders.write_folder(
+            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
+        )
 
 
 _BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not a weight

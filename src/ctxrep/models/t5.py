@@ -36,16 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    CheckpointError,
-    config_errors,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.modules.heads import (
@@ -446,11 +439,11 @@ class T5EncoderModel(Encoder):
     def from_pretrained(cls, path: str | Path) -> T5EncoderModel:
         """A T5EncoderModel folder, or a whole T5 whose decoder and LM head are left out by name."""
         path = Path(path)
-        hf_config = read_config(path, tuple(ARCHITECTURES))
-        with config_errors(path):
+        hf_config = folders.read_config(path, tuple(ARCHITECTURES))
+        with folders.config_errors(path):
             config = T5Config.from_hf_dict(hf_config)
         model = cls(config)
-        model.load_hf_state_dict(read_state_dict(path), source=str(path))
+        model.load_hf_state_dict(folders.read_state_dict(path), source=str(path))
         model.eval()
         return model
 
@@ -466,7 +459,7 @@ class T5EncoderModel(Encoder):
             raise CheckpointError(
                 f"{source}: encoder.embed_tokens.weight differs from shared.weight; T5's encoder reads one tied table"
             )
-        load_named_weights(
+        folders.load_named_weights(
             self,
             state,
             hf_parameter_names(self.config),
@@ -478,7 +471,9 @@ class T5EncoderModel(Encoder):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' T5EncoderModel loads."""
-        write_folder(path, self.config.to_hf_dict(), named_tensors(self, hf_parameter_names(self.config)))
+        folders.write_folder(
+            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
+        )
 
 
 # The decoder half of T5Model / T5ForConditionalGeneration checkpoints, not part of the encoder.

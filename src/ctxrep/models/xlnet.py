@@ -29,15 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
-from ctxrep.models.folders import (
-    CheckpointError,
-    load_named_weights,
-    named_tensors,
-    read_config,
-    read_state_dict,
-    write_folder,
-)
+from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.init_weights import normal_init
@@ -528,11 +522,13 @@ class XLNetModel(Encoder):
         """Copy weights named as in transformers (with or without 'transformer.') into this model."""
         names = hf_parameter_names(self.config)
         state = _strip_prefix(state)
-        load_named_weights(self, state, names, source, "an XLNet encoder", outside=_HEAD_PREFIXES, hint=_HINT)
+        folders.load_named_weights(self, state, names, source, "an XLNet encoder", outside=_HEAD_PREFIXES, hint=_HINT)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' XLNetModel loads."""
-        write_folder(path, self.config.to_hf_dict("XLNetModel"), named_tensors(self, hf_parameter_names(self.config)))
+        folders.write_folder(
+            path, self.config.to_hf_dict("XLNetModel"), folders.named_tensors(self, hf_parameter_names(self.config))
+        )
 
 
 @dataclass
@@ -640,13 +636,15 @@ class XLNetLMHeadModel(nn.Module):
                     "the word embedding; this checkpoint has an untied head that ctxrep cannot represent"
                 )
         names = _lm_parameter_names(self.config)
-        load_named_weights(self, state, names, source, "an XLNet LM head model", outside=_HEAD_PREFIXES, hint=_HINT)
+        folders.load_named_weights(
+            self, state, names, source, "an XLNet LM head model", outside=_HEAD_PREFIXES, hint=_HINT
+        )
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' XLNetLMHeadModel loads (and XLNetModel)."""
         names = {"transformer." + hf: "transformer." + our for hf, our in hf_parameter_names(self.config).items()}
         names["lm_loss.bias"] = "lm_bias"
-        write_folder(path, self.config.to_hf_dict("XLNetLMHeadModel"), named_tensors(self, names))
+        folders.write_folder(path, self.config.to_hf_dict("XLNetLMHeadModel"), folders.named_tensors(self, names))
 
 
 # ---- name maps and file helpers -----------------------------------------------------------------
@@ -701,9 +699,9 @@ def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _read_folder(path: Path) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
-    hf_config = read_config(path, ("xlnet",))
+    hf_config = folders.read_config(path, ("xlnet",))
     try:
         config = XLNetConfig.from_hf_dict(hf_config)
     except ValueError as e:
         raise CheckpointError(f"{path / 'config.json'}: {e}") from e
-    return config, read_state_dict(path)
+    return config, folders.read_state_dict(path)
