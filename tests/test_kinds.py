@@ -168,6 +168,14 @@ def test_reading_labelled_and_unlabelled_gives_the_same_examples(tmp_path):
         assert all(v is not None for v in labelled.y), name
 
 
+def test_an_sts_model_reads_its_layout_whatever_the_header_flag_says(tmp_path):
+    _, text, *_ = SAMPLES["stsb"]
+    (tmp_path / "sts-test.csv").write_text(text)
+    for header in (None, True, False):
+        data = kind("stsb").read_file(tmp_path / "sts-test.csv", Reading({"header": header}, labelled=False))
+        assert data.X == [(f"a b {i}", f"c d {i}") for i in range(4)], header
+
+
 def test_defaults_apply_when_fine_tuning_and_given_values_win():
     regress = kind("regress")
     assert regress.settings("finetune", {"lr": None}) == {"lr": 1e-4, "max_epochs": 4, "batch_size": 16}

@@ -226,7 +226,7 @@ def _sts_input(layout: str | None) -> Reader:
         from ctxrep.data.sts import sniff_layout
 
         first = next(iter(table.numbered_lines(path)), (0, ""))[1]
-        if not how.columns and sniff_layout(first) is not None:
+        if not set(how.columns) - {"header"} and sniff_layout(first) is not None:  # the layouts fix their header
             return read_layout(path, how)
         columns = dict(how.columns)
         if columns.get("format") is None:  # the STS files are tab-separated whatever their name
