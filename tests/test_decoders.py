@@ -359,3 +359,18 @@ def test_a_text_runs_whole_up_to_the_positions_and_in_windows_beyond(tmp_path):
     windowed = fz.embed_words([long, "  café 東京 🙂"])
     assert windowed[0].shape == (300, 32) and torch.isfinite(torch.from_numpy(windowed[0])).all()
     assert windowed[1].shape == (3, 32)  # leading spaces: three words
+
+
+def test_a_bf16_loaded_decoder_featurizes_close_to_fp32(tmp_path):
+    import numpy as np
+
+    import ctxrep
+
+    tiny_folder(tmp_path, "gemma3_text")
+    words = [TEXT[0].split(), TEXT[3].split()]
+    exact = ctxrep.Featurizer(load_encoder(tmp_path, dtype="fp32"), layers="all").embed_words(words)
+    half = ctxrep.Featurizer(load_encoder(tmp_path, dtype="bf16"), layers="all").embed_words(words)
+    for a, b in zip(half, exact):
+        assert a.dtype == np.float32 and a.shape == b.shape
+        cosine = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+        assert cosine.mean() > 0.99
