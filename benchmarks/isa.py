@@ -143,7 +143,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder (sst/dev.txt)")
     p.add_argument("--levels", default=",".join(LEVELS), help=f"comma-separated, from {', '.join(LEVELS)}")
     p.add_argument("--sentences", type=int, default=200, help="SST-2 dev sentences to featurize")
-    p.add_argument("--mt-steps", type=int, default=600, help="training steps of the tiny reversal MT model")
+    p.add_argument("--mt-steps", type=int, default=400, help="training steps of the tiny reversal MT model")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--markdown-out", type=Path, default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)

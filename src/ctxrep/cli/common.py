@@ -28,7 +28,19 @@ class LazyChoice(click.Choice):
         return self._choices
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """Ctrl-C ends a command with exit status 130 (128 + SIGINT, as a shell reports it) and one line, instead of
+    click's "Aborted!" and status 1; what a command keeps on Ctrl-C is its own (embed: the complete shards)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted (Ctrl-C)", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
 def main(verbose: bool) -> None:
     """ctxrep: contextual word representations (featurize, fine-tune, pretrain, analyse)."""
