@@ -13,10 +13,9 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.data.tags import TAG_SCHEMES
-from ctxrep.tasks.kinds import KINDS, NAMES, kind, option
+from ctxrep.tasks.kinds import COLUMN_SETTINGS, KINDS, NAMES, kind
 from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS, describe, resolve_precision
 
-# option -> the reader setting it fills (ctxrep.data.table's keyword arguments)
 COLUMN_OPTIONS = (
     "format",
     "header",
@@ -164,7 +163,7 @@ def finetune(
     from ctxrep.tasks.experiment import experiment
 
     row = kind(task)
-    columns = {name: options.pop(name) for name in COLUMN_OPTIONS}  # the task's row says which it reads
+    columns = {name: options.pop(name) for name in COLUMN_SETTINGS}  # the task's row says which it reads
     tagger_options = {}
     if crf or tag_scheme is not None:
         if not {"crf", "tag_scheme"} <= row.options:
