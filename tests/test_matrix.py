@@ -572,6 +572,25 @@ def test_sentence_index_and_encoder(family, model, data, tmp_path):
     np.testing.assert_allclose(by_folder, vectors, atol=1e-5)
 
 
+def test_serve(model):
+    """`ctxrep serve`'s app on every family: TEI's /embed and the word-vector route answer the Featurizer's vectors."""
+    import httpx
+    from _serve_helpers import ServerThread
+
+    from ctxrep.serve.app import build_app
+    from ctxrep.serve.service import EmbeddingService, ServeConfig
+
+    fz = ctxrep.Featurizer(model, sentence_pooling="mean")
+    texts = [" ".join(w) for w in SENTENCES[:3]]
+    with ServerThread(build_app(EmbeddingService(fz, "m", ServeConfig()))) as server:
+        r = httpx.post(f"{server.url}/embed", json={"inputs": texts, "normalize": False}, timeout=60)
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(np.array(r.json()), fz.embed_sentences(texts), atol=1e-5)
+        r = httpx.post(f"{server.url}/v1/word-embeddings", json={"input": texts[:1]}, timeout=60)
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(np.array(r.json()["data"][0]["embeddings"]), fz.embed_words(texts[:1])[0], atol=1e-5)
+
+
 def test_int8(family, model, data, tmp_path):
     """quantize="int8" through `ctxrep embed` and the estimators' predict, for every Transformer family (the
     Featurizer's int8 vectors per family: tests/test_fast.py); ELMo refuses in one line, before any training."""
