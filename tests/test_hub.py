@@ -255,12 +255,22 @@ def test_sentence_transformers_files_are_fetched(server, bert_files):
     files = dict(bert_files)
     files["modules.json"] = b'[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]'
     files["1_Pooling/config.json"] = b'{"pooling_mode_mean_tokens": true}'
-    files["2_Dense/config.json"] = b"{}"
+    files["2_Dense/config.json"] = b"{}"  # EmbeddingGemma's Dense modules and Qwen3-Embedding's prompts
+    files["2_Dense/model.safetensors"] = b"dense weights"
+    files["2_Dense/pytorch_model.bin"] = b"not fetched"
+    files["config_sentence_transformers.json"] = b'{"prompts": {"query": "Instruct: x\\nQuery:"}}'
+    files["3_Normalize/README.md"] = b"not fetched"
     server({"org/st": {"refs": {"main": _sha(3)}, "commits": {_sha(3): files}}})
     folder = hub.hub_folder("org/st", progress=False)
-    assert (folder / "modules.json").read_bytes() == files["modules.json"]
-    assert (folder / "1_Pooling" / "config.json").read_bytes() == files["1_Pooling/config.json"]
-    assert not (folder / "2_Dense").exists()
+    for name in (
+        "modules.json",
+        "1_Pooling/config.json",
+        "2_Dense/config.json",
+        "2_Dense/model.safetensors",
+        "config_sentence_transformers.json",
+    ):
+        assert (folder / name).read_bytes() == files[name], name
+    assert not (folder / "2_Dense" / "pytorch_model.bin").exists() and not (folder / "3_Normalize").exists()
 
 
 def test_name_at_revision_pins_a_branch_tag_or_commit(server, bert_files):

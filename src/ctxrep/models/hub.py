@@ -4,7 +4,7 @@ Hub names ("bert-base-cased", "google/electra-small-discriminator", "org/name@re
 `huggingface_hub.snapshot_download` into its own cache (HF_HOME, HF_HUB_CACHE), from HF_ENDPOINT, honouring
 HF_HUB_OFFLINE; only what ctxrep reads is fetched: config.json, model.safetensors (or the shards that
 model.safetensors.index.json lists; pytorch_model.bin only when the repository has no safetensors), tokenizer files
-and a sentence-transformers folder's pooling description.
+and a sentence-transformers folder's modules (modules.json, prompts, Pooling, Dense configs and weights).
 
 "elmo:small|medium|original|original-5.5b" download the options.json + weights.hdf5 pairs that AllenNLP publishes
 under https://allennlp.s3.amazonaws.com/models/elmo/FOLDER/elmo_FOLDER_{options.json,weights.hdf5} (the URLs of
@@ -38,7 +38,9 @@ from ctxrep.util.progress import progress as show_progress
 # In order of preference: read by folders.read_state_dict, and (the index and its shards) by models/shards.py.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 SHARD = re.compile(r"^model-\d+-of-\d+\.safetensors$")  # the shard names transformers writes beside the index
-SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "config_sentence_transformers.json")  # modules, prompts
+# The modules ctxrep applies (models/sentence_transformers.py): Pooling's config, each Dense's config and weights.
+SENTENCE_TRANSFORMERS_MODULE = re.compile(r"^\d+_(Pooling/config\.json|Dense/(config\.json|model\.safetensors))$")
 
 _REVISION = re.compile(r"^[\w.\-/]+$")  # branch, tag or commit hash
 
@@ -158,7 +160,7 @@ def _files_to_fetch(name: str, files: list[str]) -> list[str]:
         )
     wanted = {"config.json", weights, *TOKENIZER_FILES, *SENTENCE_TRANSFORMERS_FILES}
     shards = [f for f in files if SHARD.match(f)] if weights == "model.safetensors.index.json" else []
-    return [f for f in files if f in wanted] + shards
+    return [f for f in files if f in wanted or SENTENCE_TRANSFORMERS_MODULE.match(f)] + shards
 
 
 _HTTP_MODULES = ("httpx", "httpx2", "httpcore", "requests", "urllib3")
