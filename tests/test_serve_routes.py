@@ -139,3 +139,21 @@ def test_embed_sparse_without_a_sparse_model_is_404(server):
     r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": "a"})
     assert r.status_code == 404 and r.json()["error_type"] == "Validation"
     assert r.json()["error"] == "no sparse model is loaded: start ctxrep serve with --sparse-model MODEL"
+
+
+def test_texts_a_window_cut_are_reported(tiny_models):
+    """A word longer than a whole window (the tiny BERT's 64 positions) keeps its first pieces: `cut` says which
+    text, beside `windowed`; TEI's /embed says it in headers."""
+    fz = Featurizer(tiny_models["bert"], sentence_pooling="mean")
+    texts = ["a short one", "an " + "x," * 45 + " word", " ".join(["fox"] * 100)]  # 90 pieces in one word
+    fz.embed_sentences(texts)
+    assert fz.cut_texts == [1]  # what the library says of this call
+    with ServerThread(build_app(EmbeddingService(fz, "tiny"))) as s:
+        openai_style = httpx.post(f"{s.url}/v1/embeddings", json={"input": texts}).json()
+        tei = httpx.post(f"{s.url}/embed", json={"inputs": texts})
+        words = httpx.post(f"{s.url}/v1/word-embeddings", json={"input": texts}).json()
+    for answer in (openai_style, words):
+        assert answer["cut"] == {"count": 1, "indices": [1]}
+        assert answer["windowed"] == {"count": 2, "indices": [1, 2]}
+    assert tei.headers["x-cut-count"] == "1" and tei.headers["x-cut-indices"] == "1"
+    assert tei.headers["x-windowed-indices"] == "1,2"

@@ -4,7 +4,7 @@ Routes:
   POST /v1/embeddings        OpenAI's schema: {"model", "input": str | [str], "encoding_format": "float"|"base64",
                              "dimensions": the first N coordinates, unit length (vectors.quantize.truncate)}
                              -> {"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
-                             "usage": {"prompt_tokens", "total_tokens"}, "windowed"}; the official `openai` client works
+                             "usage": {"prompt_tokens", "total_tokens"}, "windowed", "cut"}; the official `openai` client works
                              with base_url="http://127.0.0.1:8080/v1".
   GET  /v1/models            OpenAI's model list (the one served model); GET /v1/models/{id} that model
   POST /embed                text-embeddings-inference's schema: {"inputs": str | [str], "normalize": true} -> [[...]]
@@ -16,12 +16,14 @@ Routes:
                              "return_documents"} -> {"id", "model", "results": [{"index", "relevance_score",
                              "document"}], "usage"} (with --reranker MODEL); both take "prompt" / "prompt_name"
   POST /v1/word-embeddings   ctxrep's own: {"input", "layers": -1 | [..] | "all" | "mix", "pooling", "encoding_format"}
-                             -> {"data": [{"index", "words", "embeddings", "shape"}], "model", "usage", "windowed"}
+                             -> {"data": [{"index", "words", "embeddings", "shape"}], "model", "usage", "windowed", "cut"}
   GET  /health               {"status": "ok", "model", "dim"}  (no key needed)
   GET  /metrics              Prometheus text format
 
-`windowed` ({"count", "indices"}; on /embed the headers x-windowed-count and x-windowed-indices) names the texts
-longer than the model's window: ctxrep windows them where other servers cut them.
+`windowed` ({"count", "indices"}) names the texts longer than the model's window: ctxrep windows them where other
+servers cut them; `cut` the texts the Featurizer did cut (a word longer than a whole window keeps its first pieces,
+`Featurizer.cut_texts`). TEI's routes answer bare lists, so they carry these in headers (x-windowed-count,
+x-windowed-indices, x-cut-count, x-cut-indices; /embed_sparse: windowed only).
 Errors come in each route's own schema (`ctxrep.serve.errors`): a full queue 503 with Retry-After, a request over
 the limits 413 naming the limit, malformed JSON or wrong types 422 with a one-line reason, a body that is not JSON
 415, a wrong method 405, an unknown path 404, with an API key a request without it 401.
@@ -210,16 +212,23 @@ class Handlers:
         ranked, counts = await self.embed(self.service.rerank_key(query, top_n, prompt, prompt_name), documents)
         return ranked, int(sum(counts))
 
-    def windowed(self, counts: list[int], featurizer=None) -> dict:
-        indices = self.service.windowed(counts, featurizer)
-        return {"count": len(indices), "indices": indices}
+    def long_texts(self, counts: list[int], cut: list[bool] | None = None, featurizer=None) -> dict:
+        """{"windowed": texts longer than one window (windowed here, cut by servers that truncate), "cut": texts the
+        Featurizer cut (a word longer than a whole window keeps its first pieces)}, each {"count", "indices"}."""
+        report = {"windowed": self.service.windowed(counts, featurizer)}
+        if cut is not None:
+            report["cut"] = [i for i, flag in enumerate(cut) if flag]
+        return {name: {"count": len(indices), "indices": indices} for name, indices in report.items()}
 
 
-def windowed_headers(windowed: dict) -> dict[str, str]:
-    """TEI's answers are bare lists: the windowed texts go in headers."""
-    headers = {"x-windowed-count": str(windowed["count"])}
-    if windowed["indices"]:
-        headers["x-windowed-indices"] = ",".join(map(str, windowed["indices"]))
+def long_text_headers(report: dict) -> dict[str, str]:
+    """TEI's answers are bare lists: the long texts' report goes in headers (x-windowed-count, x-windowed-indices,
+    x-cut-count, x-cut-indices; the indices only when there are some)."""
+    headers = {}
+    for name, part in report.items():
+        headers[f"x-{name}-count"] = str(part["count"])
+        if part["indices"]:
+            headers[f"x-{name}-indices"] = ",".join(map(str, part["indices"]))
     return headers
 
 
@@ -240,7 +249,7 @@ def openai_routes(app, h: Handlers, started: int) -> None:
             except ValueError as e:
                 raise RequestError(422, f"dimensions: {e}") from None
         texts = h.texts_of(body.input, "input")
-        vectors, counts = await h.embed(SENTENCES, texts)
+        vectors, counts, cut = await h.embed(SENTENCES, texts)
         if body.dimensions is not None:  # OpenAI's: the first `dimensions` coordinates, unit length
             vectors = truncate(vectors, body.dimensions)
         elif service.normalize:
@@ -255,8 +264,7 @@ def openai_routes(app, h: Handlers, started: int) -> None:
             "data": data,
             "model": service.name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "windowed": h.windowed(counts),
-        }
+        } | h.long_texts(counts, cut)
 
     names = [service.name] + ([service.reranker_name] if service.reranker is not None else [])
     models = {name: {"id": name, "object": "model", "created": started, "owned_by": "ctxrep"} for name in names}
@@ -299,9 +307,9 @@ def tei_routes(app, h: Handlers) -> None:
     @app.post("/embed")
     async def tei_embed(body: TEIRequest):
         texts = h.texts_of(body.inputs, "inputs")
-        vectors, counts = await h.embed(SENTENCES, texts)
+        vectors, counts, cut = await h.embed(SENTENCES, texts)
         vectors = normalize_rows(vectors) if body.normalize else vectors
-        return JSONResponse([v.tolist() for v in vectors], headers=windowed_headers(h.windowed(counts)))
+        return JSONResponse([v.tolist() for v in vectors], headers=long_text_headers(h.long_texts(counts, cut)))
 
     @app.post("/embed_sparse")
     async def tei_embed_sparse(body: TEISparseRequest):
@@ -312,8 +320,8 @@ def tei_routes(app, h: Handlers) -> None:
             )
         texts = h.texts_of(body.inputs, "inputs")
         vectors, counts = await h.embed(SPARSE, texts)
-        windowed = h.windowed(counts, sparse.featurizer)
-        return JSONResponse([v.to_tei() for v in vectors], headers=windowed_headers(windowed))
+        report = h.long_texts(counts, featurizer=sparse.featurizer)
+        return JSONResponse([v.to_tei() for v in vectors], headers=long_text_headers(report))
 
     @app.post("/rerank")
     async def tei_rerank(body: TEIRerankRequest):
@@ -342,7 +350,7 @@ def ctxrep_routes(app, h: Handlers) -> None:
         except ValueError as e:
             raise RequestError(422, f"layers: {e}") from None
         texts = h.texts_of(body.input, "input")
-        arrays, counts = await h.embed(key, texts)
+        arrays, counts, cut = await h.embed(key, texts)
         tokens = int(sum(counts))
         data = [
             {"index": i, "words": _words(text), "shape": list(a.shape), "embeddings": encode(a, body.encoding_format)}
@@ -355,8 +363,7 @@ def ctxrep_routes(app, h: Handlers) -> None:
             "layers": body.layers,
             "pooling": pooling,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            "windowed": h.windowed(counts),
-        }
+        } | h.long_texts(counts, cut)
 
 
 def operations_routes(app, service: EmbeddingService) -> None:

@@ -21,9 +21,10 @@ from typing import Any
 
 from ctxrep.serve.metrics import Metrics
 
-# run(key, items, between_batches) -> (results, token counts), one of each per item: one model call on a worker
-# thread; between_batches is None when the call must run whole (it is the Featurizer's hook of that name otherwise).
-RunCall = Callable[[Hashable, list, Callable | None], tuple[Any, list[int]]]
+# run(key, items, between_batches) -> (results, token counts, ...): sequences with one entry per item (the token
+# counts second), sliced per request; one model call on a worker thread. between_batches is None when the call must
+# run whole (it is the Featurizer's hook of that name otherwise).
+RunCall = Callable[[Hashable, list, Callable | None], tuple]
 
 
 class QueueFull(Exception):
@@ -159,8 +160,8 @@ class Batcher:
     # ---- the queue --------------------------------------------------------------------------------------------
 
     async def submit(self, key: Hashable, texts: list, tokens: int) -> Any:
-        """Queue `texts` (about `tokens` tokens) and wait for (results, token counts); QueueFull when the queue is over
-        its limit."""
+        """Queue `texts` (about `tokens` tokens) and wait for their part of the call's answer (results, token counts,
+        ...); QueueFull when the queue is over its limit."""
         if self.queued_texts + len(texts) > self.max_queue_texts:
             raise QueueFull
         waiting = Waiting(key, texts, tokens, asyncio.get_running_loop().create_future())
@@ -224,7 +225,7 @@ class Batcher:
     async def _dispatch(self, call: Call) -> None:
         loop = asyncio.get_running_loop()
         try:
-            results, counts = await self._run(loop, call)
+            parts = await self._run(loop, call)
         except Exception as e:  # the Featurizer refused the call
             if len(call.requests) == 1:
                 _settle(call.requests[0].future, error=e)
@@ -239,7 +240,7 @@ class Batcher:
         at = 0
         for w in call.requests:
             n = len(w.texts)
-            _settle(w.future, result=(results[at : at + n], counts[at : at + n]))
+            _settle(w.future, result=tuple(part[at : at + n] for part in parts))
             at += n
 
     async def _run(self, loop, call: Call, queued: bool = True):
@@ -263,9 +264,9 @@ class Batcher:
             try:
                 hook = (lambda drain: self.turns.between_batches(number, drain)) if self.interleave else None
                 start = time.perf_counter()
-                results, counts = self.run(call.key, texts, hook)
-                self.metrics.call(len(texts), int(sum(counts)), time.perf_counter() - start)
-                return results, counts
+                parts = self.run(call.key, texts, hook)
+                self.metrics.call(len(texts), int(sum(parts[1])), time.perf_counter() - start)
+                return parts
             finally:
                 self.turns.release()
 

@@ -46,6 +46,12 @@ def pieces(tokenizer, texts: list[Text]) -> list[int]:
     return [len(p.tokens) for p in tokenizer.encode_words(words)]
 
 
+def cut_flags(featurizer, texts: list[Text]) -> list[bool]:
+    """Whether the Featurizer's call just made cut each text (`Featurizer.cut_texts`: a word longer than a window)."""
+    cut = set(featurizer.cut_texts)
+    return [i in cut for i in range(len(texts))]
+
+
 # ---- what one model call computes: the key that requests must share to be merged, and how it runs ---------------
 
 
@@ -54,7 +60,9 @@ class Sentences:
     """Featurizer.embed_sentences."""
 
     def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
-        return service.featurizer(self, between_batches).embed_sentences(texts), pieces(service.fz.tokenizer, texts)
+        fz = service.featurizer(self, between_batches)
+        vectors = fz.embed_sentences(texts)
+        return vectors, pieces(fz.tokenizer, texts), cut_flags(fz, texts)
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,9 @@ class Words:
     pooling: str
 
     def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
-        return service.featurizer(self, between_batches).embed_words(texts), pieces(service.fz.tokenizer, texts)
+        fz = service.featurizer(self, between_batches)
+        vectors = fz.embed_words(texts)
+        return vectors, pieces(fz.tokenizer, texts), cut_flags(fz, texts)
 
 
 @dataclass(frozen=True)
@@ -82,7 +92,7 @@ class Rerank:
     def run(self, service: EmbeddingService, documents: list[str], between_batches: Callable | None):
         reranker = service.reranker
         ranked = reranker.rerank(self.query, documents, self.top_n, self.prompt, self.prompt_name)
-        return ranked, pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])
+        return ranked, pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])  # cuts: not reported
 
 
 @dataclass(frozen=True)
@@ -95,7 +105,7 @@ class Sparse:
             encoder = copy.copy(encoder)
             encoder.featurizer = copy.copy(encoder.featurizer)
             encoder.featurizer.between_batches = between_batches
-        return encoder.embed_sparse(texts), pieces(encoder.featurizer.tokenizer, texts)
+        return encoder.embed_sparse(texts), pieces(encoder.featurizer.tokenizer, texts)  # cuts: not reported
 
 
 SENTENCES = Sentences()
@@ -164,9 +174,9 @@ class EmbeddingService:
     async def stop(self) -> None:
         await self.batcher.stop()
 
-    async def embed(self, key, texts: list[Text]) -> tuple[Any, list[int]]:
-        """(one result per text, token counts) for `key`'s kind of call; QueueFull, or the library's ValueError /
-        TypeError refusing a text."""
+    async def embed(self, key, texts: list[Text]) -> tuple:
+        """(one result per text, token counts[, cut flags]) for `key`'s kind of call; QueueFull, or the library's
+        ValueError / TypeError refusing a text."""
         tokens = sum(len(t.split()) if isinstance(t, str) else len(t) for t in texts) + 2 * len(texts)
         return await self.batcher.submit(key, texts, tokens)
 
