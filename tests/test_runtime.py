@@ -197,8 +197,9 @@ def test_device_and_precision_flow_through_to_the_runtime(tiny_models):
 
 
 def test_the_token_budget_is_sized_for_the_device(tiny_models, monkeypatch):
-    assert Featurizer(str(tiny_models["bert"])).batch_tokens == 2048  # a CPU, a narrow model
+    assert Featurizer(str(tiny_models["bert"])).batch_tokens == 16384  # a CPU, a 32-wide model: the most
     cpu = torch.device("cpu")
+    assert [hardware.default_batch_tokens(cpu, h, 6) for h in (64, 128, 256, 512)] == [16384, 8192, 4096, 2048]
     assert hardware.default_batch_tokens(cpu, 384, 6) == 2048 and hardware.default_batch_tokens(cpu, 768, 12) == 1024
     assert Featurizer(str(tiny_models["bert"]), batch_tokens=512).batch_tokens == 512  # given: kept
     memory = types.SimpleNamespace(total_memory=80 * 2**30)  # an 80 GiB GPU

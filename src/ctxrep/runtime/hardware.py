@@ -85,14 +85,27 @@ def auto_precision(device: torch.device, backends_precisions: tuple[str, ...]) -
     return "fp32"
 
 
+# The CPU budget of a narrow model (under 384 wide) grows to keep tokens x width near 2,048 x 512, up to this: the
+# per-batch work of the host (collation, module calls, pooling) is then spread over more tokens. Measured with
+# benchmarks/host_overhead.py's 32-wide encoder on the shared 2-core machine (load 7-11): 4,000 sentences under the
+# model's pooling in 8.2 s at 2,048 tokens, 3.0 s at 8,192, 2.8 s at 32,768.
+CPU_MAX_BATCH_TOKENS = 16384
+
+
 def default_batch_tokens(device: torch.device, hidden_size: int, num_layers: int) -> int:
-    """The token budget of one batch when none is given. On a CPU: 2,048 tokens for a model up to 512 wide (MiniLM),
+    """The token budget of one batch when none is given. On a CPU: 2,048 tokens for a model 384 to 512 wide (MiniLM),
+    more for a narrower one (tokens x width near 2,048 x 512, a power of two up to CPU_MAX_BATCH_TOKENS),
     1,024 for a wider one (base and large shapes: their 4x-wide feed-forward activations of a batch then stay in
     cache; DistilBERT- and DeBERTa-v3-base ran 9% faster at 1,024 than at 2,048, MiniLM the same, RESULTS.md). On a GPU as many tokens as keep every layer's activations (about 64 x 4 bytes x
     hidden per token per layer, attention and the feed-forward's 4x width included) within its memory, as a power
     of two between 4,096 and 131,072. Only the speed depends on it: batches never change a vector."""
     if device.type != "cuda":
-        return 2048 if hidden_size <= 512 else 1024
+        if hidden_size > 512:
+            return 1024
+        budget = 2048  # narrower than MiniLM: as many more tokens as keep the batch's activations the same size
+        while budget * 2 <= min(CPU_MAX_BATCH_TOKENS, 2048 * 512 // hidden_size):
+            budget *= 2
+        return budget
     total = torch.cuda.get_device_properties(device).total_memory
     fit = total // (64 * 4 * hidden_size * (num_layers + 1))
     budget = 4096
