@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 
 import numpy as np
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 
 import ctxrep
 from ctxrep.cli import main
+from ctxrep.embed import ray_engine
 from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards
 from ctxrep.embed.ray_engine import RayEmbedder, arrow_to_numpy, embed_with_ray
 
@@ -159,6 +161,7 @@ def test_a_cluster_that_cannot_be_joined_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
+    monkeypatch.setattr(ray_engine, "unreachable", lambda address: None)  # it answers, then refuses
     src = tmp_path / "in.txt"
     src.write_text("a b\n")
     args = [
@@ -176,6 +179,28 @@ def test_a_cluster_that_cannot_be_joined_is_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert "cannot join the Ray cluster at 10.0.0.1:6379: RPC error: InvalidAuthToken" in result.output
     assert "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN" in result.output
+
+
+def test_an_unreachable_cluster_is_one_line_at_once(tmp_path, monkeypatch):
+    """Ray itself retries an address where nothing listens for minutes, with a warning every few seconds."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now: connection refused
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("ray.init was called"))
+    src = tmp_path / "in.txt"
+    src.write_text("a b\n")
+    args = ["embed", "--engine", "ray", "--ray-address", f"127.0.0.1:{port}", "--input", str(src), "--out"]
+    result = CliRunner().invoke(main, [*args, str(tmp_path / "o")])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"cannot reach the Ray cluster at 127.0.0.1:{port}: connection refused;" in result.output
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert ray_engine.unreachable(f"ray://127.0.0.1:{listening.getsockname()[1]}") is None
+    assert ray_engine.unreachable("auto") is None  # no port to try: Ray finds the local cluster itself
 
 
 def test_engine_ray_resumes_an_interrupted_run(local_ray, corpus, tmp_path):

@@ -28,6 +28,9 @@ Columns `RayEmbedder` adds (float32):
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,6 +66,20 @@ def _require_ray():
             "--engine ray needs Ray Data: pip install 'ctxrep[ray]' (or pip install 'ray[data]')"
         ) from None
     return sys.modules["ray"]
+
+
+def unreachable(address: str, timeout: float = 5.0) -> str | None:
+    """Why no TCP connection opens to `address`'s host:port ("host:6379", "ray://host:10001") within `timeout`
+    seconds, or None (it opens, or the address names no port: "auto"). Ray itself retries an unreachable address
+    for minutes, printing a warning every few seconds."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        return "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
+    return None
 
 
 def _fixed_lists(values: np.ndarray):
@@ -218,11 +235,19 @@ def embed_with_ray(
     if isinstance(run, EmbedSummary):
         return run
     if not ray.is_initialized():
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ warnings (retries, auth) on stderr
+        quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
         if address is None:  # a local Ray for this run only
-            ray.init(log_to_driver=False, include_dashboard=False)
+            ray.init(include_dashboard=False, **quiet)
         else:
+            why = unreachable(address)
+            if why:
+                raise ValueError(
+                    f"cannot reach the Ray cluster at {address}: {why}; start one with `ray start --head` "
+                    "or check --ray-address"
+                )
             try:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, **quiet)
             except (ConnectionError, RuntimeError) as e:
                 cause = e.__cause__ or e
                 hint = ""
