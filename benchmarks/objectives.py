@@ -47,9 +47,9 @@ def worker(args) -> dict:
     from ctxrep.objectives.recipes import recipe
     from ctxrep.train.pretrain import (
         CORPUS_DIR,
-        _corpus_config,
-        _packer,
         build_run,
+        corpus_config_of,
+        make_packer,
         prepare_tokenizer,
     )
     from ctxrep.train.pretrain_config import load_config
@@ -70,7 +70,7 @@ def worker(args) -> dict:
     config = load_config(args.config, overrides)
     shutil.rmtree(out / "checkpoint", ignore_errors=True)  # a fresh run; the tokenizer and packed text are reused
     tok = prepare_tokenizer(objective, config, args.train, out)
-    packed = pack_corpus(args.train, out, out / CORPUS_DIR, _corpus_config(config.data), progress=False)
+    packed = pack_corpus(args.train, out, out / CORPUS_DIR, corpus_config_of(config.data), progress=False)
     torch.manual_seed(config.trainer.seed)
     run = build_run(objective, config, packed, tok)
     trainer = Trainer(run.objective, config.trainer, run.train_data, out, None, run.save_model)
@@ -84,9 +84,9 @@ def worker(args) -> dict:
         metrics = trainer.train(resume=False)
     train_s = time.perf_counter() - started
 
-    valid = pack_corpus(args.valid, out, out / "valid", _corpus_config(config.data), progress=False)
+    valid = pack_corpus(args.valid, out, out / "valid", corpus_config_of(config.data), progress=False)
     r = recipe(objective)
-    source = _packer(r, valid, config, tok, config.settings(r), None, warmup=False)
+    source = make_packer(r, valid, config, tok, config.settings(r), None, warmup=False)
     losses = []
     model = run.objective.eval()
     with torch.no_grad(), torch.random.fork_rng():
