@@ -204,3 +204,15 @@ def test_cut_texts_name_the_texts_a_window_cut(minilm_path):
     assert fz.cut_texts == []
     with pytest.raises(ValueError, match="pair 0 is .* tokens long, more than the model's 8; sentence pairs are not"):
         fz.embed_words(["a b c d"], ["e f g h"])
+
+
+def test_embed_ids_gives_the_sentence_vectors_of_the_texts_the_ids_come_from(minilm_path):
+    texts = ["The vase broke .", "Unbelievably, the newscaster broke into the broadcast!", LONG]
+    for pooling in ("model", "cls"):
+        fz = Featurizer(minilm_path, sentence_pooling=pooling, max_length=64)  # LONG takes several windows
+        ids = [fz.tokenizer.encode_texts([t])[0] for t in texts]
+        np.testing.assert_allclose(fz.embed_ids(ids), fz.embed_sentences(texts), atol=1e-5)
+    with pytest.raises(ValueError, match="ids 1: expected 1 or more token ids in 0..30521"):
+        fz.embed_ids([[5, 6], [40000]])
+    with pytest.raises(ValueError, match="embed_ids pools tokens without words: it needs sentence_pooling='model'"):
+        Featurizer(minilm_path, sentence_pooling="mean").embed_ids([[5, 6]])

@@ -40,6 +40,7 @@ from ctxrep.text.inputs import (
     token_budget_batches,
     words_of,
 )
+from ctxrep.text.tokenizer import WordPieces
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.util.progress import progress as show_progress
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, SENTENCE_POOLINGS
@@ -365,7 +366,11 @@ class Featurizer:
         return _Prepared(Rows.concat(parts) if len(parts) > 1 else parts[0], n, cut=cut)
 
     def _token_weights(self, words: list[list[str]], keep_specials: str, numbers: list[int]):
-        """The windows of the checked word lists (as `_word_windows` cuts them) and one weight per position of
+        """`_piece_weights` of the checked word lists' pieces."""
+        return self._piece_weights(self.tokenizer.encode_words(words), keep_specials, numbers)
+
+    def _piece_weights(self, texts_pieces: list[WordPieces], keep_specials: str, numbers: list[int]):
+        """The windows of tokenized texts (as `_word_windows` cuts them) and one weight per position of
         each window: 1 for a piece of a word the window owns, 0 for the other pieces (another window answers for
         them); a special token weighs 1 / (the text's number of windows) with keep_specials="share", and with
         "ends" 1 in the first window's leading and the last window's trailing specials, else 0 (the text's tokens
@@ -373,7 +378,7 @@ class Featurizer:
         windows' .text); also the text numbers a window cuts (`WindowPlan.cuts`)."""
         offset = self.tokenizer.build_inputs([])[2]  # special tokens before the text's first piece
         windows, weights, cut = [], [], []
-        for i, pieces in zip(numbers, self.tokenizer.encode_words(words)):
+        for i, pieces in zip(numbers, texts_pieces):
             rows = self.plan.single(i, pieces)
             if len(rows) > 1 and self.plan.cuts(pieces):
                 cut.append(i)
@@ -542,6 +547,43 @@ class Featurizer:
             vectors = np.stack([pieces[a:b].mean(axis=0) for a, b in ranges])  # (chunks, ...)
             out.append(normalize_rows(vectors) if normalize else vectors)
         return out
+
+    def embed_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """Sentence vectors of texts given as token ids (this tokenizer's, without special tokens; e.g. a corpus
+        tokenized once ahead): what embed_sentences gives for the texts these ids come from, under the model's own
+        pooling or the classification token (the mean of words needs words). The template's special tokens are added
+        here; a sequence longer than one window is windowed with every token as its own word (a window may then start
+        inside a word where embed_sentences starts it on the word's first piece: a slightly different vector)."""
+        if self.sentence_pooling not in ("model", "cls") or self.tokenizer.word_level:
+            raise ValueError(
+                "embed_ids pools tokens without words: it needs sentence_pooling='model' or 'cls' and a subword "
+                f"tokenizer (this featurizer: {self.sentence_pooling!r}, {self.model.family}); use embed_sentences"
+            )
+        seqs = [np.asarray(x, dtype=np.int64).reshape(-1) for x in as_list(ids)]
+        vocab = self.tokenizer.vocab_size
+        for i, seq in enumerate(seqs):
+            if not len(seq) or seq.min() < 0 or seq.max() >= vocab:
+                raise ValueError(f"ids {i}: expected 1 or more token ids in 0..{vocab - 1}, got {seq[:8].tolist()}...")
+        lengths = np.fromiter(map(len, seqs), np.int64, count=len(seqs))
+        fits = lengths <= self.plan.window_size
+        parts = []
+        if fits.any():
+            flat = np.concatenate([s for s, f in zip(seqs, fits) if f])
+            rows = Rows.single_texts(self.tokenizer.template, flat, lengths[fits], np.flatnonzero(fits))
+            rows.weights = np.ones(len(rows.ids), np.float32)
+            parts.append(rows)
+        if not fits.all():
+            long = np.flatnonzero(~fits).tolist()
+            pieces = [
+                WordPieces(seqs[i].tolist(), list(range(len(seqs[i]))), [""] * len(seqs[i]), len(seqs[i])) for i in long
+            ]
+            windows, weights, _ = self._piece_weights(pieces, "share", long)
+            parts.append(Rows.from_records(windows, weights))
+        rows = Rows.concat(parts) if len(parts) > 1 else parts[0]
+        self.cut_texts = []  # every token is its own word: nothing to cut
+        out = self._finish(_Prepared(rows, len(seqs)), self.sentence_pooling)
+        out = out[:, 0] if self.single_layer else out
+        return normalize_rows(out) if self.normalize else out
 
     def embed_tokens(self, texts: Sequence[Text]) -> list[TokenStates]:
         """Every token's hidden state, per text: `TokenStates(ids, states)` with ids (n_tokens,) int64 and states
