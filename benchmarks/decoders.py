@@ -151,11 +151,13 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     job = json.loads(Path(args.job).read_text())
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if args.child == "ctxrep":
         from ctxrep.featurize import Featurizer
         from ctxrep.models.loading import load_encoder
-
+    else:
+        import transformers
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # libraries imported, nothing loaded
+    if args.child == "ctxrep":
         t0 = time.perf_counter()
         loaded = load_encoder(args.folder, dtype=args.dtype)
         load_s = time.perf_counter() - t0
@@ -170,8 +172,6 @@ def child(args: argparse.Namespace) -> None:
         weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
         extra = {"words": int(sum(len(w) for w in words))}
     else:
-        import transformers
-
         t0 = time.perf_counter()
         model = transformers.AutoModel.from_pretrained(args.folder, dtype=dtype).eval()
         load_s = time.perf_counter() - t0
