@@ -150,3 +150,68 @@ def test_prompt_before_texts_and_its_positions(minilm_path):
     ids = hf("query : ")["input_ids"]  # [CLS] query : [SEP]: sentence-transformers drops the trailing [SEP]
     assert prompt_positions(tok, "query : ") == len(ids) - 1 == 3
     assert prompt_positions(tok, "") == 0
+
+
+# ---- prompts and dimensions on the Featurizer's sentence path --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prompted(bert, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("prompted") / "st"
+    modules = [Transformer(str(bert)), Pooling(32, pooling_mode="mean"), Normalize()]
+    return _save(modules, folder, prompts=PROMPTS, default_prompt_name="query")
+
+
+@pytest.mark.parametrize(
+    "encode", [{}, {"prompt_name": "classification"}, {"prompt_name": "document"}, {"prompt": "passage : "}]
+)
+def test_prompts_match_sentence_transformers_encode(prompted, encode):
+    _parity(prompted, **encode)  # {}: the folder's default prompt ("query : "), as sentence-transformers applies it
+
+
+@pytest.mark.parametrize("include_prompt", [False, True])
+def test_include_prompt_as_sentence_transformers(bert, tmp_path, include_prompt):
+    modules = [Transformer(str(bert)), Pooling(32, pooling_mode=("mean", "max"), include_prompt=include_prompt)]
+    folder = _save(modules, tmp_path / "st", prompts=PROMPTS)
+    assert read_sentence_pooling(folder).include_prompt == include_prompt
+    ours = _parity(folder, prompt_name="classification")
+    plain = Featurizer(folder, sentence_pooling="model").embed_sentences(TEXTS, prompt="")
+    assert not np.allclose(ours, plain, atol=1e-3)  # the prompt changes every token's state either way
+
+
+def test_unknown_prompt_name_is_one_line(prompted):
+    fz = Featurizer(prompted, sentence_pooling="model")
+    with pytest.raises(ValueError, match=r"unknown prompt name 'passage': .* declares the prompts") as e:
+        fz.embed_sentences(TEXTS, prompt_name="passage")
+    assert "\n" not in str(e.value)
+
+
+def test_dimensions_truncate_then_renormalise_as_sentence_transformers(prompted):
+    theirs = st.SentenceTransformer(str(prompted), truncate_dim=16).encode(TEXTS, normalize_embeddings=True)
+    ours = Featurizer(prompted, sentence_pooling="model").embed_sentences(TEXTS, dimensions=16)
+    assert ours.shape == (len(TEXTS), 16)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    with pytest.raises(ValueError, match="dimensions=33 is more than this model's 32-wide sentence vectors"):
+        Featurizer(prompted, sentence_pooling="model").embed_sentences(TEXTS, dimensions=33)
+
+
+def test_last_token_of_a_long_text_is_its_last_windows(bert, tmp_path):
+    """A text longer than one window: the last token is the [SEP] of its last window (cut as the featurizer cuts
+    it), whatever order the length-sorted batches run the windows in."""
+    from ctxrep.text.inputs import split_windows
+
+    folder = _save([Transformer(str(bert)), Pooling(32, pooling_mode="lasttoken")], tmp_path / "st")
+    words = ("the quick brown fox jumps over the lazy dog while a crane lifts the beam " * 8).split()
+    fz = Featurizer(folder, sentence_pooling="model", batch_tokens=128)
+    ours = fz.embed_sentences([" ".join(words), "Dawn broke ."])
+    tok = transformers.AutoTokenizer.from_pretrained(bert)
+    enc = tok(words, is_split_into_words=True, add_special_tokens=False)
+    word_ids = enc.word_ids()
+    spans = [(word_ids.index(w), len(word_ids) - word_ids[::-1].index(w)) for w in range(len(words))]
+    cuts = split_windows(spans, fz.plan.window_size, fz.plan.stride)
+    assert len(cuts) > 2
+    p0, p1, _ = cuts[-1]
+    row = torch.tensor([[tok.cls_token_id, *enc["input_ids"][p0:p1], tok.sep_token_id]])
+    with torch.no_grad():
+        last = transformers.AutoModel.from_pretrained(bert).eval()(input_ids=row).last_hidden_state[0, -1]
+    np.testing.assert_allclose(ours[0], last.numpy(), atol=1e-5)

@@ -28,7 +28,14 @@ from ctxrep import runtime
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import LoadedEncoder, load_encoder
-from ctxrep.models.sentence_transformers import TokenPooler, is_sentence_transformers_folder, read_sentence_pooling
+from ctxrep.models.sentence_transformers import (
+    TokenPooler,
+    is_sentence_transformers_folder,
+    prompt_positions,
+    read_prompts,
+    read_sentence_pooling,
+    with_prompt,
+)
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.text.inputs import (
     Rows,
@@ -185,6 +192,7 @@ class Featurizer:
         self.sentence_pooling = sentence_pooling
         # sentence_pooling="model": the folder's modules.json + Pooling config, read (or refused) once, here
         self.model_pooling = read_sentence_pooling(self.source.folder) if sentence_pooling == "model" else None
+        self.prompts = read_prompts(self.source.folder)  # config_sentence_transformers.json's, or none
         self.progress = progress
         self.max_length = min(max_length or self.model.max_tokens, self.model.max_tokens)
         self.batch_tokens = batch_tokens or runtime.hardware.default_batch_tokens(
@@ -482,7 +490,14 @@ class Featurizer:
         return [w[:, 0] if self.single_layer else w for w in words]
 
     def embed_sentences(
-        self, texts: Sequence[Text], text_pairs: Sequence[Text] | None = None, *, chunks: Chunks | None = None
+        self,
+        texts: Sequence[Text],
+        text_pairs: Sequence[Text] | None = None,
+        *,
+        chunks: Chunks | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+        dimensions: int | None = None,
     ) -> np.ndarray | list[np.ndarray]:
         """(n_texts, dim) for one layer or a mix, (n_texts, n_layers, dim) otherwise.
 
@@ -496,17 +511,36 @@ class Featurizer:
         chunks is "sentences" (a string cut after ".", "!" or "?" followed by white space), an int N (consecutive
         chunks of N tokens), or per text a list of (start, end) character spans (a token belongs to the span its
         first character falls in). Spans and sentences need strings; word lists take N tokens.
+
+        prompt / prompt_name: text put before each text (before a word list's words): given, or the folder's
+        prompt of that name (config_sentence_transformers.json), else the folder's default prompt, as
+        sentence-transformers' encode; a Pooling with include_prompt false leaves the prompt's positions out.
+        dimensions: the first N coordinates of each vector, then L2-normalised (Matryoshka; OpenAI's dimensions).
         """
         if chunks is not None:
             if text_pairs is not None:
                 raise ValueError("chunks= embeds single texts: leave text_pairs out")
+            if (prompt, prompt_name, dimensions) != (None, None, None):
+                raise ValueError("chunks= takes no prompt, prompt_name or dimensions (the chunks index the texts)")
             return self._embed_chunks(texts, chunks)
+        prefix = self.prompts.resolve(prompt, prompt_name)
+        texts = with_prompt(prefix, as_list(texts))
         if self.sentence_pooling in ("model", "cls"):
-            out = self._encode(texts, text_pairs, self.sentence_pooling)
+            left_out = prefix if self.model_pooling is not None and not self.model_pooling.include_prompt else ""
+            out = self._encode(texts, text_pairs, self.sentence_pooling, left_out)
         else:
             words = self._encode(texts, text_pairs, "words")
             out = np.stack([w.mean(axis=0) for w in words]) if words else np.zeros((0, 1, self.dim), np.float32)
         out = out[:, 0] if self.single_layer else out
+        if dimensions is not None:
+            if isinstance(dimensions, bool) or not isinstance(dimensions, (int, np.integer)) or dimensions < 1:
+                raise ValueError(f"dimensions must be a positive integer, got {dimensions!r}")
+            if dimensions > out.shape[-1]:
+                raise ValueError(
+                    f"dimensions={dimensions} is more than this model's {out.shape[-1]}-wide sentence vectors; "
+                    f"give at most {out.shape[-1]}"
+                )
+            return normalize_rows(out[..., :dimensions])  # truncate, then unit length again
         return normalize_rows(out) if self.normalize else out  # each layer's vector unit length
 
     def _embed_chunks(self, texts: Sequence[Text], chunks: Chunks) -> list[np.ndarray]:
@@ -599,7 +633,7 @@ class Featurizer:
         """
         return self._encode(texts, None, "tokens")
 
-    def _encode(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None, want: str):
+    def _encode(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None, want: str, left_out: str = ""):
         """Every text's result for `want`: "words" (a list of (words, layers, dim) arrays), "cls" or "model" (one
         (texts, layers, width) array), "tokens" (a list of TokenStates). Every text is checked first, so errors
         name its index in the call.
@@ -630,7 +664,7 @@ class Featurizer:
         cut: list[int] = []
         if len(chunks) == 1:
             prepared = prepare(chunks[0])
-            results, cut = [self._finish(prepared, want)], prepared.cut
+            results, cut = [self._finish(prepared, want, left_out)], prepared.cut
         else:
             results = []
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxrep-tokenize") as tokenizer_thread:
@@ -639,7 +673,7 @@ class Featurizer:
                     prepared = ahead.result()
                     if k + 1 < len(chunks):
                         ahead = tokenizer_thread.submit(prepare, chunks[k + 1])
-                    results.append(self._finish(prepared, want))
+                    results.append(self._finish(prepared, want, left_out))
                     cut += [chunks[k].start + i for i in prepared.cut]
         self.cut_texts = sorted(cut)
         if want in ("words", "tokens"):
@@ -651,8 +685,10 @@ class Featurizer:
         more than OVERLAP_CHUNK_TEXTS texts, and not for ELMo (its word numbering is reset per call)."""
         return self.runtime.device.type == "cuda" and not self.model.word_level and num_texts > OVERLAP_CHUNK_TEXTS
 
-    def _finish(self, prepared: _Prepared, want: str):
-        """Run the rows of one prepared chunk and pool them as `want` asks: the encoding half of `_encode`."""
+    def _finish(self, prepared: _Prepared, want: str, left_out: str = ""):
+        """Run the rows of one prepared chunk and pool them as `want` asks: the encoding half of `_encode`.
+        `left_out`: a prompt whose positions (with the leading special tokens) weigh 0 in each text's first row
+        (want "model", include_prompt false)."""
         rows, n = prepared.rows, prepared.num_texts
         n_layers = 1 if self.single_layer else len(self.layer_indices)
         if want == "words":
@@ -677,10 +713,18 @@ class Featurizer:
             return sums / counts[:, None, None]
         if want == "model":
             pooler = TokenPooler(self.model_pooling, n, n_layers, self.model.hidden_size)
+            if left_out:  # rows are made in each text's window order: its first row holds the prompt
+                skip, starts = prompt_positions(self.tokenizer, left_out), rows.starts
+                for first in np.unique(rows.text, return_index=True)[1]:
+                    rows.weights[starts[first] : starts[first] + min(skip, rows.lengths[first])] = 0.0
 
             def consume(selected, batch_rows, weights):
                 pooler.add(
-                    selected, rows.text[batch_rows].tolist(), list(weights), rows.cls_position[batch_rows].tolist()
+                    selected,
+                    rows.text[batch_rows].tolist(),
+                    list(weights),
+                    rows.cls_position[batch_rows].tolist(),
+                    np.asarray(batch_rows).tolist(),  # row numbers: last-token pooling reads a text's last window
                 )
 
             self._run(rows, consume)
