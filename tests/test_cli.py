@@ -169,8 +169,8 @@ def test_embed_streams_with_bounded_memory(tmp_path, monkeypatch):
         (b"fine\n\nmore\n", [], "in.txt:2: empty or whitespace-only text"),
         (b"fine\n  \t \n", [], "in.txt:2: empty or whitespace-only text"),
         (b"ok\nbad \xff byte\n", [], "in.txt:2: invalid UTF-8 byte b'\\xff' at column 5"),
-        (b'{"text": "a"}\n{oops\n', ["--format", "jsonl"], "in.txt:2: not valid JSON"),
-        (b'{"body": "a"}\n', ["--format", "jsonl"], "in.txt:1: no 'text' field"),
+        (b'{"text": "a"}\n{oops\n', ["--format", "jsonl"], "in.txt:2: invalid JSON at column 2"),
+        (b'{"body": "a"}\n', ["--format", "jsonl"], "in.txt:1: no field 'text' in the JSON object"),
         (b"EU NNP I-ORG\nrejects VBZ\n", ["--format", "conll"], "in.txt:2:"),
     ],
 )

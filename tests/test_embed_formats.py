@@ -55,7 +55,7 @@ def test_csv_by_column_name_with_quoted_commas_and_newlines(tmp_path, model, ref
 def test_tsv_by_column_number_and_the_text_field_alias(tmp_path, model, reference):
     src = tmp_path / "in.tsv"
     src.write_text("label\tsentence\n" + "".join(f"pos\t{t}\n" for t in TEXTS))
-    result = run(model, src, tmp_path / "a", "--format", "tsv", "--text-column", "2")
+    result = run(model, src, tmp_path / "a", "--format", "tsv", "--text-column", "2", "--header")
     assert result.exit_code == 0, result.output
     _same_vectors(tmp_path / "a", reference, [2, 3, 4])
     result = run(model, src, tmp_path / "b", "--format", "tsv", "--text-field", "sentence")
@@ -131,14 +131,18 @@ def test_an_empty_input_is_a_warning_not_a_silent_success(tmp_path, model, conte
         (
             b"id,body\n1,a b\n",
             ["--format", "csv"],
-            "in.csv:1: no column 'text' in the header ('id', 'body'); choose the column with --text-column",
+            "in.csv:1: no column 'text' in the header (columns: id, body); name the column with --text-column",
         ),
-        (b"id\ttext\n1\ta b\n", ["--format", "csv"], "(is the file tab-separated? pass --format tsv)"),
-        (b"id,text\n1,a b\n2\n", ["--format", "csv"], "in.csv:3: 1 field(s), but the text column 'text' is field 2"),
+        (b"id\ttext\n1\ta b\n", ["--format", "csv"], "(is the file tab-separated? give --format tsv)"),
+        (b"id,text\n1,a b\n2\n", ["--format", "csv"], "in.csv:3: 1 field(s) but the header has 2"),
         (b"id,text\n1,a b\n2,  \n", ["--format", "csv"], "in.csv:3: empty text in column 'text'"),
         (b"id,text\n1,a b\n\n", ["--format", "csv"], "in.csv:3: empty line"),
         (b"a b\n", ["--text-column", "body"], "--text-column applies to --format jsonl, csv, tsv or parquet, not text"),
-        (b'{"body": "a"}\n', ["--format", "jsonl"], "in.csv:1: no 'text' field; choose the field with --text-column"),
+        (
+            b'{"body": "a"}\n',
+            ["--format", "jsonl"],
+            "in.csv:1: no field 'text' in the JSON object (fields: body); name the field with --text-column",
+        ),
     ],
 )
 def test_bad_table_input_gives_one_line_error(tmp_path, model, content, args, message):

@@ -140,7 +140,7 @@ def test_column_numbers_count_from_one_as_embed_counts_them(tmp_path):
     path.write_text("id,sentence,label\n7,the second column,x\n")
     assert table.read_labelled_texts(path, 2, 3, header=True).X == ["the second column"]
     assert table.read_labelled_texts(path, -2, -1, header=True).X == ["the second column"]
-    (record,) = read_records(io.BytesIO(path.read_bytes()), "t.csv", "csv", "2", False)
+    (record,) = read_records(io.BytesIO(path.read_bytes()), "t.csv", "csv", "2", False, header=True)
     assert record.words == ["the", "second", "column"]
     with pytest.raises(ValueError, match=r"--text-column 0: columns are numbered from 1"):
         table.read_labelled_texts(path, 0, 3, header=True)

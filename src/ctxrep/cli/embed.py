@@ -9,6 +9,7 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import LazyChoice, user_errors
+from ctxrep.cli.finetune import COLUMN_RULE, HEADER_HELP
 from ctxrep.cli.runtime_options import runtime_options
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, SENTENCE_POOLINGS, parse_layers
 
@@ -38,16 +39,18 @@ def __getattr__(name: str):
     type=LazyChoice(_formats),
     default="text",
     show_default=True,
-    help="text: one text per line; jsonl: one JSON object per line; csv/tsv: a header line, then one row "
-    "per text; conll: token columns, blank-line separated; parquet: a column of texts. A .gz input is decompressed.",
+    help="text: one text per line; jsonl: one JSON object per line; csv/tsv: one row per text (after a header "
+    "row unless --no-header); conll: token columns, blank-line separated; parquet: a column of texts. A .gz input "
+    "is decompressed.",
 )
 @click.option(
     "--text-column",
     "--text-field",
     "text_column",
     default=None,
-    help="The JSONL field, the Parquet column, or the CSV/TSV column (header name or 1-based number), holding the text [default: text].",
+    help=f"The column holding the text: CSV/TSV: {COLUMN_RULE}; Parquet: a column name [default: text].",
 )
+@click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option("--level", type=click.Choice(["word", "sentence"]), default="word", show_default=True)
 @click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list, 'all' or 'mix'.")
 @click.option(
@@ -134,6 +137,7 @@ def embed(
     out_dir,
     fmt,
     text_column,
+    header,
     level,
     layers,
     pooling,
@@ -179,6 +183,7 @@ def embed(
         model=model,
         fmt=fmt,
         text_field=text_column or DEFAULT_TEXT_COLUMN,
+        header=header,
         level=level,
         layers=parse_layers(layers),
         pooling=pooling,

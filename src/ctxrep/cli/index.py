@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from ctxrep.cli.common import user_errors
+from ctxrep.cli.finetune import COLUMN_RULE, HEADER_HELP
 
 
 @click.group("index")
@@ -38,13 +39,14 @@ def index() -> None:
     default=None,
     help="Input format [default: from the file name; text otherwise].",
 )
-@click.option("--text-column", default="text", show_default=True, help="CSV/TSV/JSONL column holding the text.")
+@click.option("--text-column", default="text", show_default=True, help=f"The column holding the text: {COLUMN_RULE}.")
 @click.option(
     "--id-column",
     default=None,
-    help="CSV/TSV/JSONL column holding each text's id [default: the text's 0-based position, as SentenceIndex.build "
-    "numbers them].",
+    help="The column holding each text's id, counted as --text-column [default: the text's 0-based position, as "
+    "SentenceIndex.build numbers them].",
 )
+@click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list or 'mix'.")
 @click.option(
     "--sentence-pooling",
@@ -74,6 +76,7 @@ def build(
     fmt,
     text_column,
     id_column,
+    header,
     layers,
     sentence_pooling,
     metric,
@@ -94,7 +97,7 @@ def build(
             raise ValueError(f"{kind} embeds the texts of --input; --vectors holds one vector per text")
         if layers != "-1" or metric != "cosine":
             raise ValueError(f"{kind} reads the last layer and scores by dot product; leave --layers and --metric out")
-    items = read_texts(input_path, fmt, text_column, id_column) if input_path is not None else None
+    items = read_texts(input_path, fmt, text_column, id_column, header) if input_path is not None else None
     if sparse or late_interaction:
         from ctxrep.vectors.late_interaction import LateInteractionIndex, MultiVectorEncoder
         from ctxrep.vectors.sparse import SparseEncoder, SparseIndex

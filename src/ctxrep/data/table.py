@@ -116,9 +116,11 @@ class Columns:
                 f"its number (1 to {self.width})"
             )
         if spec not in self.header:
+            tabs = self.format == "csv" and len(self.header) == 1 and "\t" in self.header[0]
             raise ValueError(
-                f"{self.source}:{self.line}: no column {spec!r} in the header (columns: {', '.join(self.header)}); "
-                f"name the column with {option}"
+                f"{self.source}:{self.line}: no column {spec!r} in the header (columns: {', '.join(self.header)})"
+                + (" (is the file tab-separated? give --format tsv)" if tabs else "")
+                + f"; name the column with {option}"
             )
         return self.header.index(spec)
 
@@ -162,11 +164,18 @@ def decide_header(path: Path, format: str, header: bool | None, specs: dict[str,
     )
 
 
-def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
-    """(first line, row) per record: a list of fields (csv / tsv, header first) or a dict (jsonl)."""
+def _rows(
+    path: Path, format: str, lines: Iterable[tuple[int, str]] | None = None, blank: bool = False
+) -> Iterator[tuple[int, Any]]:
+    """(first line, row) per record: a list of fields (csv / tsv, header first) or a dict (jsonl). `lines`: the
+    numbered lines with their endings (default: the file's); `blank`: yield a blank line as an empty row ([] or
+    None) instead of passing over it."""
+    numbered = numbered_lines(path) if lines is None else lines
     if format == "jsonl":
-        for number, text in numbered_lines(path):
+        for number, text in numbered:
             if not text.strip():
+                if blank:
+                    yield number, None
                 continue
             try:
                 record = json.loads(text)
@@ -184,15 +193,16 @@ def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
                 raise ValueError(f"{path}:{number}: expected a JSON object {{...}}, found {type(record).__name__}")
             yield number, record
         return
-    lines = (text for _, text in numbered_lines(path))
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # long documents in one field
+    texts = (text for _, text in numbered)
     if format == "tsv":
-        reader = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
+        reader = csv.reader(texts, delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
-        reader = csv.reader(lines)
+        reader = csv.reader(texts)
     start = 1
     try:
         for row in reader:
-            if row:  # a blank line
+            if row or blank:  # [] is a blank line
                 yield start, row
             start = reader.line_num + 1
     except csv.Error as e:
@@ -200,22 +210,33 @@ def _rows(path: Path, format: str) -> Iterator[tuple[int, Any]]:
 
 
 def table_rows(
-    path: Path, format: str, header: bool | None = True, specs: dict[str, Any] | None = None
+    path: Path,
+    format: str,
+    header: bool | None = True,
+    specs: dict[str, Any] | None = None,
+    lines: Iterable[tuple[int, str]] | None = None,
+    blank: bool = False,
 ) -> tuple[Columns | None, Iterator[tuple[int, Any]]]:
     """The columns (None for JSONL) and the (line, row) pairs of a CSV, TSV or JSONL file, read lazily. `header`
-    and `specs` (option -> column spec) decide whether the first row names the columns (decide_header)."""
+    and `specs` (option -> column spec) decide whether the first row names the columns (decide_header). `lines`
+    reads a stream instead of the file (numbered lines with their endings: utf8_lines(stream, name,
+    keep_ends=True)), `path` then only names it; `blank` yields blank lines as empty rows (see _rows)."""
     header = decide_header(path, format, header, specs or {})
-    rows = _rows(path, format)
+    rows = _rows(path, format, lines, blank)
     if format == "jsonl":
         return None, rows
+    leading = []  # blank lines before the first row
     first = next(rows, None)
+    while first is not None and not first[1]:
+        leading.append(first)
+        first = next(rows, None)
     if first is None:
         what = "a header row naming the columns, then examples" if header else "one example per row"
         raise ValueError(f"{path}: the file is empty; expected {what}")
     if header:
         names = [h.strip() for h in first[1]]
         return Columns(names, len(names), str(path), first[0], format), rows
-    return Columns(None, len(first[1]), str(path), first[0], format), itertools.chain([first], rows)
+    return Columns(None, len(first[1]), str(path), first[0], format), itertools.chain(leading, [first], rows)
 
 
 def field_of(path: Path, line: int, row: Any, columns: Columns | None, spec: str | int, option: str) -> Any:

@@ -8,9 +8,11 @@ Output folder (read it back with `ctxrep.load_vectors`):
   shard-00000.safetensors  (or .npy)  `vectors`: (rows, dim) or (rows, n_layers, dim), float32
   index-00000.tsv          one line per row: row, text (0-based record number), line (1-based input line), word, token
 
-Input: one text per line (text), JSON Lines (jsonl), CSV / TSV with a header line (csv, tsv: the text is in the
-column named by `text_field`), CoNLL token columns (conll), or Parquet (parquet: `text_field` names the column; a
-record's "line" is its 1-based row); a gzip-compressed text input is read as is.
+Input: one text per line (text), JSON Lines (jsonl: `text_field` names the field), CSV / TSV (csv, tsv: read by
+ctxrep.data.table; `text_field` is a header name or a column number counted from 1, -1 the last; `header` says
+whether the first row names the columns, needed when the column is a number), CoNLL token columns (conll), or
+Parquet (parquet: `text_field` names the column; a record's "line" is its 1-based row); a gzip-compressed text input
+is read as is.
 
 Shards: shard k holds the texts k x shard_size .. (k + 1) x shard_size - 1, whatever runs it, so the folder is the
 same for one process, `workers=N` CPU processes or one process per GPU (`devices=["cuda:0", "cuda:1"]`). Records
@@ -23,10 +25,8 @@ manifest lists are kept, the others are embedded (again) and renamed over whatev
 from __future__ import annotations
 
 import contextlib
-import csv
 import gzip
 import io
-import json
 import os
 import queue
 import re
@@ -79,11 +79,19 @@ def _words_of_value(value: Any, source: str, n: int, field_name: str) -> list[st
 
 
 def read_records(
-    stream, source: str, fmt: str, text_field: str, skip_empty: bool, warn: Callable[[str], None] = to_stderr
+    stream,
+    source: str,
+    fmt: str,
+    text_field: str,
+    skip_empty: bool,
+    warn: Callable[[str], None] = to_stderr,
+    header: bool | None = None,
 ) -> Iterator[Record]:
     """Parse a binary stream into records; bad lines raise ValueError naming source:line and the fix.
 
-    `text_field` is the JSONL field or the CSV/TSV header column (a name, or a 1-based column number) of the text.
+    `text_field` is the JSONL field, or the CSV/TSV column: a header name, or a number counted from 1 (-1: the
+    last). CSV, TSV and JSONL are read by ctxrep.data.table, with its column rule and header rule (`header`: whether
+    the first row names the columns; None: yes when the column is a name, refused when it is a number).
     `warn` receives advice that does not stop the run (plain text that looks like JSON Lines or CSV).
     """
     if fmt == "conll":
@@ -92,31 +100,20 @@ def read_records(
         for sentence in iter_conll((text for _, text in _lines(stream, source)), source=source):
             yield Record(sentence.words, sentence.line)
         return
-    if fmt in ("csv", "tsv"):
-        yield from _table_records(stream, source, fmt, text_field, skip_empty)
+    if fmt in ("csv", "tsv", "jsonl"):
+        yield from _table_records(stream, source, fmt, text_field, skip_empty, header)
         return
     if fmt == "parquet":  # a seekable file, not a stream of lines
         yield from _parquet_records(getattr(stream, "name", stream), source, text_field, skip_empty)
         return
-    sniffed = fmt != "text"
+    sniffed = False
     for n, text in _lines(stream, source):
         if not sniffed and text.strip():
             sniffed = True
             advice = _looks_structured(text)
             if advice:
                 warn(f"warning: {source}:{n}: {advice}; reading it as plain text, one text per line")
-        if fmt == "jsonl":
-            if not text.strip() and skip_empty:
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{source}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-            if not isinstance(obj, dict) or text_field not in obj:
-                raise ValueError(f"{source}:{n}: no {text_field!r} field; choose the field with --text-column")
-            words = _words_of_value(obj[text_field], source, n, text_field)
-        else:
-            words = text.split()
+        words = text.split()
         if not words:
             if skip_empty:
                 continue
@@ -145,53 +142,31 @@ def _looks_structured(first_line: str) -> str | None:
     return None
 
 
-def _decoded_lines(stream, source: str) -> Iterator[str]:
-    """Decoded lines with their line endings (the csv module needs them inside quoted fields)."""
-    return (text for _, text in utf8_lines(stream, source, keep_ends=True))
+def _table_records(
+    stream, source: str, fmt: str, column: str, skip_empty: bool, header: bool | None
+) -> Iterator[Record]:
+    """CSV / TSV / JSONL rows through ctxrep.data.table (streamed: one row at a time); a CSV record may span lines
+    inside quotes and is numbered by its first line. A blank line, or a row whose text is empty, stops the run
+    unless `skip_empty`."""
+    from ctxrep.data.table import field_of, table_rows
 
-
-def _table_records(stream, source: str, fmt: str, column: str, skip_empty: bool) -> Iterator[Record]:
-    """CSV / TSV with a header line; a record may span lines inside quotes and is numbered by its first line."""
-    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))  # long documents in one field
-    reader = csv.reader(_decoded_lines(stream, source), delimiter="\t" if fmt == "tsv" else ",")
-    try:
-        header = next(reader, None)
-        if header is None:
-            return
-        if column in header:
-            k = header.index(column)
-        elif column.isdigit() and 1 <= int(column) <= len(header):
-            k = int(column) - 1
-        else:
-            shown = ", ".join(repr(h) for h in header[:10]) + (", ..." if len(header) > 10 else "")
-            hint = " (is the file tab-separated? pass --format tsv)" if fmt == "csv" and len(header) == 1 else ""
+    path = Path(source)
+    lines = utf8_lines(stream, source, keep_ends=True)
+    columns, rows = table_rows(path, fmt, header, {"--text-column": column}, lines=lines, blank=True)
+    for n, row in rows:
+        if not row:
+            if skip_empty:
+                continue
+            raise ValueError(f"{source}:{n}: empty line; remove it, or pass --skip-empty to skip such lines")
+        words = _words_of_value(field_of(path, n, row, columns, column, "--text-column"), source, n, column)
+        if not words:
+            if skip_empty:
+                continue
             raise ValueError(
-                f"{source}:1: no column {column!r} in the header ({shown}){hint}; choose the column with "
-                "--text-column NAME (or a 1-based number)"
+                f"{source}:{n}: empty text in column {column!r}; remove the row, or pass --skip-empty to skip such "
+                "rows (the index keeps the true line numbers)"
             )
-        end = reader.line_num
-        for row in reader:
-            n, end = end + 1, reader.line_num
-            if not row:  # a blank line
-                if skip_empty:
-                    continue
-                raise ValueError(f"{source}:{n}: empty line; remove it, or pass --skip-empty to skip such lines")
-            if k >= len(row):
-                raise ValueError(
-                    f"{source}:{n}: {len(row)} field(s), but the text column {header[k]!r} is field {k + 1}; "
-                    f"check the separator ({'tab' if fmt == 'tsv' else 'comma'}) and the quoting of this line"
-                )
-            words = row[k].split()
-            if not words:
-                if skip_empty:
-                    continue
-                raise ValueError(
-                    f"{source}:{n}: empty text in column {header[k]!r}; remove the row, or pass --skip-empty to skip "
-                    "such rows (the index keeps the true line numbers)"
-                )
-            yield Record(words, n)
-    except csv.Error as e:
-        raise ValueError(f"{source}:{reader.line_num}: malformed {fmt.upper()} ({e}); check the quoting") from None
+        yield Record(words, n)
 
 
 def _parquet_records(file, source: str, column: str, skip_empty: bool) -> Iterator[Record]:
@@ -247,6 +222,7 @@ class EmbedJob:
     model: str = "minilm"
     fmt: str = "text"
     text_field: str = DEFAULT_TEXT_COLUMN
+    header: bool | None = None  # csv / tsv: whether the first row names the columns (ctxrep.data.table's rule)
     level: str = "word"  # "word" or "sentence"
     layers: int | list[int] | str = -1
     pooling: str = "mean"
@@ -282,6 +258,12 @@ class EmbedJob:
                 "--output sparse writes one sparse vector per text from the last layer: use --level sentence, "
                 "safetensors storage and the default --layers"
             )
+        if self.header is not None and self.fmt not in ("csv", "tsv"):
+            raise ValueError(f"--header / --no-header apply to --format csv or tsv, not {self.fmt}")
+        if self.fmt in ("csv", "tsv"):  # a numbered column without --header / --no-header: refused before any work
+            from ctxrep.data.table import decide_header
+
+            decide_header(Path(self.source), self.fmt, self.header, {"--text-column": self.text_field})
         if self.fmt == "parquet" and self.input_path == "-":
             raise ValueError("--format parquet reads a file, not standard input; give --input FILE")
 
@@ -304,6 +286,8 @@ class EmbedJob:
             "skip_empty": self.skip_empty,
             **_fingerprint(self.input_path),
         }
+        if self.header is not None:  # decides which rows are texts
+            settings["header"] = self.header
         if self.quantize is not None:  # changes the vectors: a resumed run must use the same setting
             settings["quantize"] = self.quantize
         if self.precision not in ("fp32", None):
@@ -502,7 +486,7 @@ def open_records(job: EmbedJob, show_progress: bool = True, log: Callable[[str],
     if job.input_path != "-" and not isinstance(stream, gzip.GzipFile):
         total = os.path.getsize(job.input_path)
     bar = progress(total=total, unit="B", unit_scale=True, desc="embed", enabled=show_progress)
-    records = read_records(_counting(stream, bar), job.source, job.fmt, job.text_field, job.skip_empty, log)
+    records = read_records(_counting(stream, bar), job.source, job.fmt, job.text_field, job.skip_empty, log, job.header)
     return bar, (stream if job.input_path != "-" else None), records
 
 

@@ -451,11 +451,19 @@ class Texts:
     lines: list[int]
 
 
-def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "text", id_column: str | None = None):
+def read_texts(
+    path: str | os.PathLike,
+    format: str | None,
+    text_column: str | int = "text",
+    id_column: str | int | None = None,
+    header: bool | None = None,
+) -> Texts:
     """Texts to index or queries: a plain text file (one text per line) or a CSV / TSV / JSONL file with a text
     column and optionally an id column; without one, ids are the texts' 0-based positions, as `SentenceIndex.build`
-    numbers them (ctxrep.data.table's formats). A missing column, an empty
-    text or a repeated id stops with `FILE:LINE: what is wrong`."""
+    numbers them. CSV / TSV / JSONL are read by ctxrep.data.table: a column is a header name or a number counted
+    from 1 (-1: the last), and `header` says whether the first row names the columns (None: yes when a column is
+    given by name; with every column a number, refused). A missing column, an empty text or a repeated id stops
+    with `FILE:LINE: what is wrong`."""
     from ctxrep.data.table import detect_format, field_of, numbered_lines, table_rows, text_of
 
     path = Path(path)
@@ -464,6 +472,8 @@ def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "
         known = (".csv", ".tsv", ".tab", ".jsonl", ".ndjson")
         format = detect_format(path, None) if Path(name).suffix in known else "text"
     out = Texts([], [], [])
+    if format == "text" and header is not None:
+        raise ValueError(f"{path}: --header / --no-header apply to CSV and TSV files; a text file has no header")
     if format == "text":
         for line, raw in numbered_lines(path):
             text = raw.rstrip("\r\n")
@@ -473,7 +483,7 @@ def read_texts(path: str | os.PathLike, format: str | None, text_column: str = "
             out.texts.append(text)
             out.lines.append(line)
     else:
-        columns, rows = table_rows(path, format)
+        columns, rows = table_rows(path, format, header, {"--text-column": text_column, "--id-column": id_column})
         first_line: dict = {}
         for line, row in rows:
             value = field_of(path, line, row, columns, text_column, "--text-column")
