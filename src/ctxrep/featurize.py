@@ -469,13 +469,13 @@ class Featurizer:
             vectors = flat[lasts]
         elif self.pooling == "first_last":
             vectors = torch.cat([flat[firsts], flat[lasts]], dim=-1)
-        else:  # mean: sum each word's pieces with index_add, then divide by the piece count
+        else:  # mean: a word's pieces are consecutive rows once gathered: one reduceat sums each word's run
             counts = lasts - firsts + 1  # (K,)
-            starts = np.repeat(np.cumsum(counts) - counts, counts)  # each piece's word's first slot in `pieces`
-            pieces = np.arange(counts.sum()) - starts + np.repeat(firsts, counts)  # (pieces,) rows in `flat`
-            words = torch.from_numpy(np.repeat(np.arange(len(slot)), counts))  # (pieces,) the word of each piece
-            sums = torch.zeros(len(slot), n_layers, h).index_add_(0, words, flat[torch.from_numpy(pieces)])
-            vectors = sums / torch.from_numpy(counts).to(sums.dtype)[:, None, None]
+            runs = np.cumsum(counts) - counts  # each word's first row in the gathered pieces
+            pieces = np.arange(counts.sum()) - np.repeat(runs, counts) + np.repeat(firsts, counts)  # rows in `flat`
+            sums = np.add.reduceat(flat.numpy()[pieces], runs, axis=0)  # (K, layers, hidden)
+            out[slot] = sums / counts[:, None, None].astype(np.float32)
+            return
         out[slot] = vectors.numpy()
 
     # ---- public API -----------------------------------------------------------------------------
