@@ -78,7 +78,8 @@ def similarity(
     """Cosine (or dot-product) similarity of `a` and `b`, each a vector (d,), rows (n, d), a text or a list of texts.
 
     Texts become sentence vectors through `featurizer` (a ctxrep.Featurizer: its layers, pooling and normalisation)
-    or, without one, `Featurizer(model)` (loaded once per process and model). Two single items give a float; otherwise
+    or, without one, `Featurizer(model)` (loaded once per process and model; its sentence pooling is the one default,
+    "auto": the folder's own pooling where it declares one). Two single items give a float; otherwise
     an (n, m) matrix of every row of a against every row of b, or with pairwise=True an (n,) array of a[i] against
     b[i]. A single item against rows gives (m,).
     """
