@@ -37,9 +37,16 @@ ROUTES = {
         "encoding_format": st.sampled_from(["float", "base64", "int8"]) | json_values,
         "dimensions": st.integers(-2, 100) | json_values,
         "user": json_values,
+        "prompt": texts | json_values,
+        "prompt_name": st.sampled_from(["query", "doc"]) | json_values,
     },
-    "/embed": {"inputs": inputs, "normalize": st.booleans() | json_values, "truncate": json_values},
-    "/embed_sparse": {"inputs": inputs, "truncate": json_values},
+    "/embed": {
+        "inputs": inputs,
+        "normalize": st.booleans() | json_values,
+        "truncate": json_values,
+        "prompt_name": st.sampled_from(["query", "doc"]) | json_values,
+    },
+    "/embed_sparse": {"inputs": inputs, "truncate": json_values, "prompt_name": st.sampled_from(["query"])},
     "/v1/word-embeddings": {
         "input": inputs,
         "model": st.sampled_from(["tiny", "other"]),

@@ -5,10 +5,13 @@ sentence-transformers), prompts by name and by text, and their bad requests in e
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
+import numpy as np
 import pytest
 from _serve_helpers import ServerThread, tiny_cross_encoder, tiny_splade
+from openai import OpenAI, UnprocessableEntityError
 
 from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
@@ -157,3 +160,49 @@ def test_texts_a_window_cut_are_reported(tiny_models):
         assert answer["windowed"] == {"count": 2, "indices": [1, 2]}
     assert tei.headers["x-cut-count"] == "1" and tei.headers["x-cut-indices"] == "1"
     assert tei.headers["x-windowed-indices"] == "1,2"
+
+
+@pytest.fixture(scope="module")
+def prompted(tiny_models, tmp_path_factory):
+    """The tiny BERT with two declared prompts."""
+    folder = tmp_path_factory.mktemp("prompted") / "bert"
+    shutil.copytree(tiny_models["bert"], folder)
+    prompts = {"prompts": {"query": "query : ", "doc": "passage : "}}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    return Featurizer(folder, sentence_pooling="mean")
+
+
+def test_prompts_per_request_through_the_openai_client_and_tei(prompted):
+    texts = ["where is the fox ?", "the fox is in the woods"]
+    with ServerThread(build_app(EmbeddingService(prompted, "tiny"))) as s:
+        client = OpenAI(base_url=f"{s.url}/v1", api_key="not-checked")
+        named = client.embeddings.create(model="tiny", input=texts, extra_body={"prompt_name": "query"})
+        given = client.embeddings.create(model="tiny", input=texts, extra_body={"prompt": "find : "})
+        plain = client.embeddings.create(model="tiny", input=texts)
+        with pytest.raises(UnprocessableEntityError, match="unknown prompt name 'passage'.*'query', 'doc'"):
+            client.embeddings.create(model="tiny", input=texts, extra_body={"prompt_name": "passage"})
+        with pytest.raises(UnprocessableEntityError, match="give prompt or prompt_name, not both"):
+            client.embeddings.create(model="tiny", input=texts, extra_body={"prompt": "a", "prompt_name": "doc"})
+        tei = httpx.post(f"{s.url}/embed", json={"inputs": texts, "prompt_name": "doc", "normalize": False}).json()
+        bad = httpx.post(f"{s.url}/embed", json={"inputs": texts, "prompt_name": "passage"})
+    for answer, expected in (
+        (named, prompted.embed_sentences(texts, prompt_name="query")),
+        (given, prompted.embed_sentences(texts, prompt="find : ")),
+        (plain, prompted.embed_sentences(texts)),
+    ):
+        np.testing.assert_allclose([d.embedding for d in answer.data], expected, atol=1e-5)
+    np.testing.assert_allclose(tei, prompted.embed_sentences(texts, prompt_name="doc"), atol=1e-5)
+    assert not np.allclose(tei, prompted.embed_sentences(texts), atol=1e-3)  # the prompt changed the vectors
+    assert named.usage.prompt_tokens > plain.usage.prompt_tokens  # the prompt's tokens are read and counted
+    assert bad.status_code == 422 and bad.json()["error_type"] == "Validation"
+    assert "unknown prompt name 'passage'" in bad.json()["error"]
+
+
+def test_embed_sparse_refuses_a_prompt(splade_folder, tiny_models):
+    service = EmbeddingService(Featurizer(tiny_models["bert"]), "tiny", sparse=SparseEncoder(splade_folder))
+    with ServerThread(build_app(service)) as s:
+        r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": "a b", "prompt_name": "query"})
+    assert r.status_code == 422 and r.json() == {
+        "error": "prompt_name: the sparse encoder takes no prompt; send the texts as they are",
+        "error_type": "Validation",
+    }

@@ -7,7 +7,10 @@ Routes:
                              "usage": {"prompt_tokens", "total_tokens"}, "windowed", "cut"}; the official `openai` client works
                              with base_url="http://127.0.0.1:8080/v1".
   GET  /v1/models            OpenAI's model list (the one served model); GET /v1/models/{id} that model
-  POST /embed                text-embeddings-inference's schema: {"inputs": str | [str], "normalize": true} -> [[...]]
+  POST /embed                text-embeddings-inference's schema: {"inputs": str | [str], "normalize": true,
+                             "prompt_name"} -> [[...]]
+  /v1/embeddings and /embed take "prompt" (text before each input) or "prompt_name" (the folder's prompts); none: the
+  folder's default prompt, as sentence-transformers' encode (Featurizer.embed_sentences(prompt=, prompt_name=)).
   POST /embed_sparse         text-embeddings-inference's: {"inputs"} -> [[{"index", "value"}]] per text (with
                              --sparse-model MODEL: SPLADE or BGE-M3, `ctxrep.vectors.sparse.SparseEncoder`)
   POST /rerank               text-embeddings-inference's: {"query", "texts", "return_text"} -> [{"index", "score"}]
@@ -45,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 from ctxrep.rerank.ranking import check_rerank_args
 from ctxrep.serve.batcher import QueueFull
 from ctxrep.serve.errors import BodyLimit, RequestError, error_body, validation_message
-from ctxrep.serve.service import SENTENCES, SPARSE, EmbeddingService, Text, Words
+from ctxrep.serve.service import SPARSE, EmbeddingService, Text, Words
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.quantize import truncate
 
@@ -61,6 +64,8 @@ class OpenAIRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    prompt: str | None = None  # ctxrep's: text before each input (the openai client sends it in extra_body)
+    prompt_name: str | None = None  # ctxrep's: one of the folder's prompts (config_sentence_transformers.json)
 
 
 class TEIRequest(BaseModel):
@@ -68,6 +73,8 @@ class TEIRequest(BaseModel):
     inputs: str | list[str]
     normalize: bool = True
     truncate: bool = False
+    prompt_name: str | None = None
+    prompt: str | None = None
 
 
 class WordRequest(BaseModel):
@@ -83,6 +90,7 @@ class TEISparseRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     inputs: str | list[str]
     truncate: bool = False
+    prompt_name: str | None = None  # refused when given: the sparse encoder takes no prompt
 
 
 class TEIRerankRequest(BaseModel):
@@ -193,6 +201,12 @@ class Handlers:
         except (ValueError, TypeError) as e:  # the Featurizer refused a text
             raise RequestError(422, str(e).splitlines()[0]) from None
 
+    def sentences_key(self, prompt: str | None, prompt_name: str | None):
+        try:
+            return self.service.sentences_key(prompt, prompt_name)
+        except (ValueError, TypeError) as e:
+            raise RequestError(422, str(e).splitlines()[0]) from None
+
     async def rerank(
         self, query: str, documents: list[str], field_name: str, top_n=None, prompt=None, prompt_name=None
     ):
@@ -248,8 +262,9 @@ def openai_routes(app, h: Handlers, started: int) -> None:
                 truncate(np.zeros((1, service.dim), np.float32), body.dimensions)
             except ValueError as e:
                 raise RequestError(422, f"dimensions: {e}") from None
+        key = h.sentences_key(body.prompt, body.prompt_name)
         texts = h.texts_of(body.input, "input")
-        vectors, counts, cut = await h.embed(SENTENCES, texts)
+        vectors, counts, cut = await h.embed(key, texts)
         if body.dimensions is not None:  # OpenAI's: the first `dimensions` coordinates, unit length
             vectors = truncate(vectors, body.dimensions)
         elif service.normalize:
@@ -306,8 +321,9 @@ def tei_routes(app, h: Handlers) -> None:
 
     @app.post("/embed")
     async def tei_embed(body: TEIRequest):
+        key = h.sentences_key(body.prompt, body.prompt_name)
         texts = h.texts_of(body.inputs, "inputs")
-        vectors, counts, cut = await h.embed(SENTENCES, texts)
+        vectors, counts, cut = await h.embed(key, texts)
         vectors = normalize_rows(vectors) if body.normalize else vectors
         return JSONResponse([v.tolist() for v in vectors], headers=long_text_headers(h.long_texts(counts, cut)))
 
@@ -318,6 +334,8 @@ def tei_routes(app, h: Handlers) -> None:
             raise RequestError(
                 404, "no sparse model is loaded: start ctxrep serve with --sparse-model MODEL", "model_not_found"
             )
+        if body.prompt_name is not None:
+            raise RequestError(422, "prompt_name: the sparse encoder takes no prompt; send the texts as they are")
         texts = h.texts_of(body.inputs, "inputs")
         vectors, counts = await h.embed(SPARSE, texts)
         report = h.long_texts(counts, featurizer=sparse.featurizer)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ctxrep.models.sentence_transformers import with_prompt
 from ctxrep.serve.batcher import Batcher
 from ctxrep.serve.metrics import Metrics
 
@@ -57,12 +58,16 @@ def cut_flags(featurizer, texts: list[Text]) -> list[bool]:
 
 @dataclass(frozen=True)
 class Sentences:
-    """Featurizer.embed_sentences."""
+    """Featurizer.embed_sentences with a prompt: given, or the folder's by name, or its default (none given)."""
+
+    prompt: str | None = None
+    prompt_name: str | None = None
 
     def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
-        fz = service.featurizer(self, between_batches)
-        vectors = fz.embed_sentences(texts)
-        return vectors, pieces(fz.tokenizer, texts), cut_flags(fz, texts)
+        fz = service.featurizer(SENTENCES, between_batches)
+        vectors = fz.embed_sentences(texts, prompt=self.prompt, prompt_name=self.prompt_name)
+        read = with_prompt(fz.prompts.resolve(self.prompt, self.prompt_name), texts)  # what the model read
+        return vectors, pieces(fz.tokenizer, read), cut_flags(fz, texts)
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,12 @@ class EmbeddingService:
         ValueError / TypeError refusing a text."""
         tokens = sum(len(t.split()) if isinstance(t, str) else len(t) for t in texts) + 2 * len(texts)
         return await self.batcher.submit(key, texts, tokens)
+
+    def sentences_key(self, prompt: str | None = None, prompt_name: str | None = None) -> Sentences:
+        """The key of sentence requests with this prompt; the folder's prompts' ValueError / TypeError for a bad one
+        (an unknown name, both given), before anything queues."""
+        self.fz.prompts.resolve(prompt, prompt_name)
+        return Sentences(prompt, prompt_name)
 
     def rerank_key(self, query: str, top_n: int | None, prompt: str | None, prompt_name: str | None) -> Rerank:
         return Rerank(next(self._requests), query, top_n, prompt, prompt_name)
