@@ -183,3 +183,19 @@ def test_help_states_the_column_and_header_rules():
         text = " ".join(_run([*command, "--help"]).output.split())
         assert "counted from 1 (-1: the last)" in text, command
         assert "--header / --no-header" in text and "a column given by name means --header" in text, command
+
+
+def test_embed_reads_a_table_one_row_at_a_time():
+    """A corpus of millions of rows is never loaded whole: the first record comes after the first rows are read."""
+    read = []
+
+    def stream():
+        yield b"id,sentence\n"
+        for i in range(100_000):
+            read.append(i)
+            yield f"{i},text number {i}\n".encode()
+
+    records = read_records(stream(), "big.csv", "csv", "sentence", False)
+    first = next(records)
+    assert first.words == ["text", "number", "0"] and first.line == 2
+    assert len(read) < 10
