@@ -342,3 +342,16 @@ def test_search_rerank_keeps_the_rerankers_k_best(bert_ce, tmp_path, tiny_models
     expected = CrossEncoderReranker(bert_ce).rerank(QUERY, DOCS, top_n=3)  # depth 5 = every document
     assert [(int(r[3]), r[4]) for r in rows] == [(i, DOCS[i]) for i, _ in expected]
     np.testing.assert_allclose([float(r[2]) for r in rows], [s for _, s in expected], atol=1e-4)
+
+
+def test_a_pytorch_model_bin_folder_scores_the_same(bert_ce, tmp_path):
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "bin"
+    shutil.copytree(bert_ce, folder)
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    pairs = [(QUERY, d) for d in DOCS]
+    np.testing.assert_allclose(
+        CrossEncoderReranker(folder).predict(pairs), CrossEncoderReranker(bert_ce).predict(pairs), atol=1e-6
+    )

@@ -34,6 +34,7 @@ from torch import nn
 from ctxrep.models.folders import CheckpointError, read_config, read_state_dict
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import SETTINGS_FILE, TORCH_ACTIVATIONS, Prompts, read_prompts
+from ctxrep.models.shards import WeightIndex, read_tensor
 from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.rerank.ranking import check_rerank_args, top_scores
 from ctxrep.runtime.hardware import default_batch_tokens
@@ -137,6 +138,20 @@ def _layer_norm(state: dict[str, torch.Tensor], name: str, eps: float, source: s
     return norm.eval()
 
 
+def head_tensors(folder: Path, layout: HeadLayout) -> dict[str, torch.Tensor]:
+    """The head's tensors alone: read at their offsets from safetensors (one file or shards), else from the whole
+    pytorch_model.bin (the encoder's weights are the family loader's)."""
+    prefixes = tuple(f"{name}." for name in (layout.dense, layout.norm, layout.out) if name)
+    if not (folder / "model.safetensors").is_file() and not (folder / "model.safetensors.index.json").is_file():
+        return {k: v for k, v in read_state_dict(folder).items() if k.startswith(prefixes)}
+    out = {}
+    for name, entry in WeightIndex.of(folder).entries.items():
+        if name.startswith(prefixes):
+            with entry.file.open("rb") as f:
+                out[name] = read_tensor(f, entry)
+    return out
+
+
 def architecture_of(folder: Path) -> str:
     """config.json's architectures[0], or a one-line CheckpointError."""
     architectures = read_config(folder).get("architectures") or []
@@ -202,7 +217,8 @@ class CrossEncoderReranker:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.folder = folder
-        self.head = ClassificationHead(HEADS[architecture], read_state_dict(folder), read_config(folder), source)
+        layout = HEADS[architecture]
+        self.head = ClassificationHead(layout, head_tensors(folder, layout), read_config(folder), source)
         if device is not None:
             self.model.to(device)
             self.head.to(device)
