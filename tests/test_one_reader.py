@@ -90,6 +90,9 @@ def test_no_header_keeps_every_row_in_embed_and_index_build(tiny_models, tmp_pat
     assert result.exit_code == 0, result.output
     texts, lines = _embedded_texts(tmp_path / "e")
     assert texts == TEXTS and lines == [1, 2, 3]  # rows in = rows out
+    assert json.loads((tmp_path / "e" / "manifest.json").read_text())["settings"]["header"] is False
+    result = _embed(model, src, tmp_path / "e", "--text-column", "2", "--header")  # other rows: not resumed
+    assert result.exit_code == 1 and "holds the output of a different run (differs in: header)" in result.output
     result = _index(model, src, tmp_path / "i", "--text-column", "-2", "--id-column", "1", "--no-header")
     assert result.exit_code == 0, result.output
     ix = SentenceIndex.load(tmp_path / "i")
