@@ -172,7 +172,7 @@ async def load(
 
 def in_process(model: str, threads: int, plan: list[list[str]]) -> tuple[float, int]:
     """The Featurizer on the same sentences: (sentences/s, sentences)."""
-    from ctxrep.serve.app import make_service
+    from ctxrep.serve.service import make_service
 
     fz = make_service(model, threads=threads).fz  # the server's own construction (its sentence pooling)
     texts = [t for request in plan for t in request]
