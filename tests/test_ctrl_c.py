@@ -1,12 +1,16 @@
 """A real Ctrl-C (SIGINT) ends cleanly: in this pytest process with ONNX Runtime and OpenVINO loaded and running
 beside torch (the Trainer finishes its step, saves and returns; a resumed run equals an uninterrupted one), and for
 `ctxrep embed` at seeded random moments (exit status 130, one line, no traceback; the complete shards are kept, no
-half-written file is taken for complete, and the same command resumes to the folder of an uninterrupted run)."""
+half-written file is taken for complete, and the same command resumes to the folder of an uninterrupted run).
+`ctxrep pretrain` and `ctxrep mt train` stopped during training save a checkpoint, exit 130 with one line naming it,
+and --resume continues from the step after it."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -79,3 +83,88 @@ def test_embed_ctrl_c_exits_130_keeps_complete_shards_and_resumes(seed, corpus, 
     (a, rows_a), (b, rows_b) = load_shards(out), load_shards(whole)
     assert rows_a == rows_b
     np.testing.assert_array_equal(a, b)
+
+
+def _interrupt(command: list[str], started, seed: int) -> subprocess.CompletedProcess:
+    """Run `command`, wait until `started()` (bounded), send one real SIGINT at a seeded moment after it, and
+    return the finished process (stdout, stderr, returncode); every wait is bounded."""
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a test runner may ignore SIGINT
+    )
+    deadline = time.monotonic() + 180
+    while not started():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(proc.communicate())
+        time.sleep(0.05)
+    time.sleep(random.Random(seed).uniform(0.0, 0.3))
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def _logged_steps(out: Path) -> list[int]:
+    log = out / "log.jsonl"
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return [json.loads(line)["step"] for line in lines if line.strip() and "loss" in json.loads(line)]
+
+
+def _check_interrupted_run(done: subprocess.CompletedProcess, out: Path, command: str) -> int:
+    """Exit 130, no traceback, the last line names the checkpoint and --resume; returns the step it stopped at."""
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.rstrip().splitlines()[-1]
+    match = re.fullmatch(
+        rf"interrupted \(Ctrl-C\) at step (\d+); checkpoint saved in (.+); continue with the "
+        rf"same `{command}` command plus --resume",
+        last,
+    )
+    assert match, done.stderr[-3000:]
+    assert Path(match.group(2)) == out / "checkpoint" and (out / "checkpoint").is_dir()
+    step = int(match.group(1))
+    assert step >= 1 and _logged_steps(out)[-1] == step  # the log ends at the saved step
+    return step
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_pretrain_ctrl_c_exits_130_saves_and_resumes(seed, tmp_path):
+    from test_pretrain import write_corpus
+
+    corpus, out = write_corpus(tmp_path / "text"), tmp_path / "run"
+    args = [CTXREP, "pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out)]
+    done = _interrupt(
+        [*args, "--max-steps", "100000", "--no-progress", "--precision", "fp32"], lambda: bool(_logged_steps(out)), seed
+    )
+    step = _check_interrupted_run(done, out, "ctxrep pretrain")
+
+    rerun = subprocess.run(
+        [*args, "--max-steps", str(step + 2), "--no-progress", "--precision", "fp32", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"step {step + 2}: loss" in rerun.stdout
+    assert _logged_steps(out)[-1] == step + 2 and (out / "model.safetensors").is_file()
+
+
+def test_mt_train_ctrl_c_exits_130_saves_and_resumes(tmp_path):
+    from _mt_text import write_parallel
+
+    src, tgt = write_parallel(tmp_path, "train", 200)
+    out = tmp_path / "run"
+    args = [CTXREP, "mt", "train", "--config", "tiny", "--src", str(src), "--tgt", str(tgt), "--out", str(out)]
+    done = _interrupt([*args, "--max-steps", "100000"], lambda: bool(_logged_steps(out)), 3)
+    step = _check_interrupted_run(done, out, "ctxrep mt train")
+
+    rerun = subprocess.run(
+        [*args, "--max-steps", str(step + 2), "--resume"], capture_output=True, text=True, timeout=300
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"step {step + 2}: loss" in rerun.stdout
+    assert _logged_steps(out)[-1] == step + 2 and (out / "model.safetensors").is_file()

@@ -60,3 +60,19 @@ def user_errors(func):
             sys.exit(1)
 
     return wrapper
+
+
+def exit_if_interrupted(metrics: dict, command: str, echo: bool = True) -> None:
+    """A training run stopped by Ctrl-C (the Trainer saved its checkpoint and returned `interrupted`) ends with exit
+    status 130, as an interrupted command does, and one line saying where the checkpoint is and how to continue
+    (`echo` false: status 130 only, as torchrun's other ranks end)."""
+    if metrics.get("interrupted"):
+        if not echo:
+            sys.exit(130)
+        where = metrics.get("checkpoint", "the --out folder")
+        click.echo(
+            f"interrupted (Ctrl-C) at step {metrics['step']}; checkpoint saved in {where}; "
+            f"continue with the same `{command}` command plus --resume",
+            err=True,
+        )
+        sys.exit(130)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import click
 
-from ctxrep.cli.common import user_errors
+from ctxrep.cli.common import exit_if_interrupted, user_errors
 from ctxrep.tasks.experiment import TASKS
 
 
@@ -157,6 +157,9 @@ def distill(
 
     Any config field the task-agnostic distillation reads can be overridden as --section.field VALUE (e.g.
     --distill.temperature 4, --trainer.lr 5e-4).
+
+    Ctrl-C finishes the current step, saves a checkpoint in --out and exits with status 130; the same command with
+    --resume continues from it (a second Ctrl-C stops at once, without saving).
     """
     from ctxrep.train import distributed
     from ctxrep.train.config import parse_overrides
@@ -212,6 +215,7 @@ def distill(
         metrics = run_pretraining("distill", config, corpus, out_dir, max_steps, resume, None, progress)
     finally:
         distributed.shutdown()
+    exit_if_interrupted(metrics, "ctxrep distill", echo=dist.is_main)
     if dist.is_main:
         loss = f"loss {metrics['loss']:.4f}" if "loss" in metrics else "no new steps"
         held_out = f", eval loss {metrics['eval_loss']:.4f}" if "eval_loss" in metrics else ""

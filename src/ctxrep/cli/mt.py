@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from ctxrep.cli.common import user_errors
+from ctxrep.cli.common import exit_if_interrupted, user_errors
 from ctxrep.cli.runtime_options import runtime_options
 
 
@@ -51,6 +51,9 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
 
     Any config field can be overridden as --section.field VALUE (e.g. --trainer.lr 2.0), or --field VALUE
     when only one section has it.
+
+    Ctrl-C finishes the current step, saves a checkpoint in --out and exits with status 130; the same command with
+    --resume continues from it (a second Ctrl-C stops at once, without saving).
     """
     from ctxrep.train import distributed
     from ctxrep.train.config import parse_overrides
@@ -64,6 +67,7 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
         metrics = train_mt(config, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume)
     finally:
         distributed.shutdown()
+    exit_if_interrupted(metrics, "ctxrep mt train", echo=dist.is_main)
     if dist.is_main:
         loss = f"loss {metrics['loss']:.4f}" if "loss" in metrics else "no new steps"
         held_out = "".join(

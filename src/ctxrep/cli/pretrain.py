@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ctxrep.cli.common import LazyChoice, user_errors
+from ctxrep.cli.common import LazyChoice, exit_if_interrupted, user_errors
 from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS
 
 
@@ -53,6 +53,9 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
     5e-4), or --field VALUE when only one section has it. [tokenizer], [data] and [trainer] mean the same for
     every objective; [encoder] (Transformers), [elmo] (bilm), [distill] (distill: --distill.teacher DIR, or use
     `ctxrep distill`) and [objective] hold settings of particular ones.
+
+    Ctrl-C finishes the current step, saves a checkpoint in --out and exits with status 130; the same command with
+    --resume continues from it (a second Ctrl-C stops at once, without saving).
     """
     from ctxrep.train import distributed
     from ctxrep.train.config import parse_overrides
@@ -76,6 +79,7 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
         metrics = run_pretraining(objective, config, corpus, out_dir, max_steps, resume, tokenizer, progress)
     finally:
         distributed.shutdown()
+    exit_if_interrupted(metrics, "ctxrep pretrain", echo=dist.is_main)
     if dist.is_main:
         loss = f"loss {metrics['loss']:.4f}" if "loss" in metrics else "no new steps"
         held_out = f", eval loss {metrics['eval_loss']:.4f}" if "eval_loss" in metrics else ""

@@ -242,7 +242,7 @@ class Trainer:
                     saved_at = self.step
                 window.start += time.perf_counter() - paused
                 if stop:
-                    result["interrupted"] = True
+                    result.update(interrupted=True, checkpoint=str(checkpoint_dir))
                     if ctx.is_main:
                         tqdm.write(f"stopped at step {self.step}; checkpoint saved in {checkpoint_dir}")
                     return result
