@@ -202,3 +202,16 @@ def test_embed_reads_a_table_one_row_at_a_time():
     first = next(records)
     assert first.words == ["text", "number", "0"] and first.line == 2
     assert len(read) < 10
+
+
+def test_parquet_columns_count_from_one_too(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": [0, 1, 2], "sentence": TEXTS}), src)
+    for column in ("sentence", "2", "-1"):
+        with open(src, "rb") as f:
+            assert [" ".join(r.words) for r in read_records(f, "t.parquet", "parquet", column, False)] == TEXTS
+    with open(src, "rb") as f, pytest.raises(ValueError, match=r"t.parquet: --text-column 3 is out of range: the file"):
+        list(read_records(f, "t.parquet", "parquet", "3", False))

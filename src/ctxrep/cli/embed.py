@@ -48,7 +48,7 @@ def __getattr__(name: str):
     "--text-field",
     "text_column",
     default=None,
-    help=f"The column holding the text: CSV/TSV: {COLUMN_RULE}; Parquet: a column name [default: text].",
+    help=f"The column holding the text: {COLUMN_RULE} (Parquet: a name or a number) [default: text].",
 )
 @click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option("--level", type=click.Choice(["word", "sentence"]), default="word", show_default=True)

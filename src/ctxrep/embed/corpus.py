@@ -170,7 +170,10 @@ def _table_records(
 
 
 def _parquet_records(file, source: str, column: str, skip_empty: bool) -> Iterator[Record]:
-    """A Parquet file's `column` (strings or lists of strings), read a row group at a time; line = 1-based row."""
+    """A Parquet file's `column` (a name, or a number counted from 1: strings or lists of strings), read a row group
+    at a time; line = 1-based row."""
+    from ctxrep.data.table import column_number, is_number
+
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -180,6 +183,8 @@ def _parquet_records(file, source: str, column: str, skip_empty: bool) -> Iterat
     except Exception as e:  # pyarrow raises its own ArrowInvalid
         raise ValueError(f"{source}: not a readable Parquet file ({e})") from None
     names = parquet.schema_arrow.names
+    if column not in names and is_number(column):  # the table rule: counted from 1, -1 the last
+        column = names[column_number(column, len(names), "--text-column", source, "the file")]
     if column not in names:
         raise ValueError(
             f"{source}: no column {column!r} (columns: {', '.join(names[:10])}); choose it with --text-column"
