@@ -215,3 +215,25 @@ def test_last_token_of_a_long_text_is_its_last_windows(bert, tmp_path):
     with torch.no_grad():
         last = transformers.AutoModel.from_pretrained(bert).eval()(input_ids=row).last_hidden_state[0, -1]
     np.testing.assert_allclose(ours[0], last.numpy(), atol=1e-5)
+
+
+def test_embeddinggemma_layout_matches_sentence_transformers(tmp_path):
+    """EmbeddingGemma: a bidirectional Gemma 3 decoder, mean pooling, two bias-free Dense projections (up, then
+    down, identity activations), Normalize; with its query prompt."""
+    from tests._decoders import tiny_folder
+
+    decoder = tiny_folder(tmp_path / "gemma", "gemma3_text", use_bidirectional_attention=True)
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<|endoftext|>"}  # not Gemma's SentencePiece
+    (decoder / "tokenizer_config.json").write_text(json.dumps(settings))
+    transformer = Transformer(str(decoder))
+    modules = [
+        transformer,
+        Pooling(32, pooling_mode="mean"),
+        Dense(32, 64, bias=False, activation_function=torch.nn.Identity()),
+        Dense(64, 24, bias=False, activation_function=torch.nn.Identity()),
+        Normalize(),
+    ]
+    folder = _save(modules, tmp_path / "st", prompts={"query": "task: search result | query: ", "document": ""})
+    assert Featurizer(folder, sentence_pooling="model").sentence_dim == 24
+    _parity(folder)
+    _parity(folder, prompt_name="query")
