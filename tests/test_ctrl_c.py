@@ -3,7 +3,8 @@ beside torch (the Trainer finishes its step, saves and returns; a resumed run eq
 `ctxrep embed` at seeded random moments (exit status 130, one line, no traceback; the complete shards are kept, no
 half-written file is taken for complete, and the same command resumes to the folder of an uninterrupted run).
 `ctxrep pretrain` and `ctxrep mt train` stopped during training save a checkpoint, exit 130 with one line naming it,
-and --resume continues from the step after it."""
+and --resume continues from the step after it. `ctxrep serve` stopped by Ctrl-C answers the request in flight and
+exits 130."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,8 +107,11 @@ def _interrupt(command: list[str], started, seed: int) -> subprocess.CompletedPr
         time.sleep(0.05)
     time.sleep(random.Random(seed).uniform(0.0, 0.3))
     proc.send_signal(signal.SIGINT)
+    signalled_at = time.monotonic()
     stdout, stderr = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    done = subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    done.signalled_at = signalled_at
+    return done
 
 
 def _logged_steps(out: Path) -> list[int]:
@@ -168,3 +174,45 @@ def test_mt_train_ctrl_c_exits_130_saves_and_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"step {step + 2}: loss" in rerun.stdout
     assert _logged_steps(out)[-1] == step + 2 and (out / "model.safetensors").is_file()
+
+
+def test_serve_ctrl_c_answers_the_request_in_flight_and_exits_130(tiny_models):
+    import httpx
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    command = [CTXREP, "serve", "--model", str(tiny_models["bert"]), "--port", str(port), "--threads", "1"]
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    answer = {}
+
+    def request_in_flight() -> bool:  # started: the server answers, and a large request is being embedded
+        if not healthy():
+            return False
+        texts = [f"line {i} : " + "the bank raised its rates again . " * 40 for i in range(2000)]
+
+        def call() -> None:
+            answer["r"] = httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120)
+            answer["at"] = time.monotonic()
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        answer["thread"] = thread
+        time.sleep(0.2)  # the request is read and being embedded
+        return True
+
+    done = _interrupt(command, request_in_flight, seed=4)
+    answer["thread"].join(timeout=120)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("interrupted (Ctrl-C)"), done.stderr
+    assert answer["r"].status_code == 200 and len(answer["r"].json()["data"]) == 2000
+    assert answer["at"] > done.signalled_at  # it was in flight when Ctrl-C came
+    assert not healthy()  # the port is closed

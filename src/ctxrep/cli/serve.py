@@ -79,7 +79,10 @@ def serve(
     """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings and /v1/models, text-embeddings-inference's
     /embed, ctxrep's /v1/word-embeddings, /health and /metrics; with --reranker, /rerank and /v1/rerank; with
     --sparse-model, /embed_sparse. Long requests run in token-budget steps between other requests' steps, so a short
-    request never waits for a whole long one."""
+    request never waits for a whole long one.
+
+    Ctrl-C (or SIGTERM) stops accepting connections, answers the requests in flight (30 s at most) and ends; after
+    Ctrl-C the exit status is 130, as for every ctxrep command."""
     try:
         from ctxrep.serve.server import access_log_to, bind, serve
         from ctxrep.serve.service import ServeConfig, api_key_from, make_service
