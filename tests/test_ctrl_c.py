@@ -4,7 +4,7 @@ beside torch (the Trainer finishes its step, saves and returns; a resumed run eq
 half-written file is taken for complete, and the same command resumes to the folder of an uninterrupted run).
 `ctxrep pretrain` and `ctxrep mt train` stopped during training save a checkpoint, exit 130 with one line naming it,
 and --resume continues from the step after it. `ctxrep serve` stopped by Ctrl-C answers the request in flight and
-exits 130."""
+exits 130. `ctxrep finetune` stopped during training exits 130 and leaves no model/ or metrics.json behind."""
 
 from __future__ import annotations
 
@@ -216,3 +216,29 @@ def test_serve_ctrl_c_answers_the_request_in_flight_and_exits_130(tiny_models):
     assert answer["r"].status_code == 200 and len(answer["r"].json()["data"]) == 2000
     assert answer["at"] > done.signalled_at  # it was in flight when Ctrl-C came
     assert not healthy()  # the port is closed
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_finetune_ctrl_c_exits_130_and_leaves_no_model(seed, tiny_models, tmp_path):
+    rows = [("a good fine day", "pos"), ("a bad sad day", "neg")]
+    data = tmp_path / "train.csv"
+    data.write_text("text,label\n" + "".join(f"{rows[i % 2][0]} number {i},{rows[i % 2][1]}\n" for i in range(400)))
+    out = tmp_path / "out"
+    args = [CTXREP, "finetune", "--task", "classify", "--train", str(data), "--dev", str(data)]
+    args += ["--model", str(tiny_models["bert"]), "--out", str(out), "--no-progress"]
+
+    def training() -> bool:  # experiment makes --out right before fit
+        if out.is_dir():
+            time.sleep(1.0)
+            return True
+        return False
+
+    done = _interrupt([*args, "--max-epochs", "1000"], training, seed)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("interrupted (Ctrl-C)"), done.stderr
+    assert "training SequenceClassifier" in done.stdout and "dev accuracy" not in done.stdout  # stopped in fit
+    assert not (out / "model").exists() and not (out / "metrics.json").exists()
+
+    rerun = subprocess.run([*args, "--max-epochs", "1"], capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert (out / "model" / "config.json").is_file() and (out / "metrics.json").is_file()

@@ -159,7 +159,10 @@ def _task_help() -> str:
 def finetune(
     task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, progress, precision, **options
 ) -> None:
-    """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots)."""
+    """Train on --train, report on --dev, save to --out (model/, metrics.json, report.txt, PNG plots).
+
+    Ctrl-C stops at once with exit status 130; a run stopped before its end writes no model/ or metrics.json
+    (fine-tuning keeps no checkpoint: run the command again)."""
     from ctxrep.tasks.experiment import experiment
 
     row = kind(task)
