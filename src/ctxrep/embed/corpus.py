@@ -153,12 +153,18 @@ def _table_records(
     path = Path(source)
     lines = utf8_lines(stream, source, keep_ends=True)
     columns, rows = table_rows(path, fmt, header, {"--text-column": column}, lines=lines, blank=True)
+    k = columns.index(column, "--text-column") if columns is not None else None  # the CSV / TSV column, once
+    width = columns.width if columns is not None else None
     for n, row in rows:
         if not row:
             if skip_empty:
                 continue
             raise ValueError(f"{source}:{n}: empty line; remove it, or pass --skip-empty to skip such lines")
-        words = _words_of_value(field_of(path, n, row, columns, column, "--text-column"), source, n, column)
+        if len(row) == width:
+            value = row[k]
+        else:  # a JSONL field by name, or field_of's error for a row of another width
+            value = field_of(path, n, row, columns, column, "--text-column")
+        words = value.split() if isinstance(value, str) else _words_of_value(value, source, n, column)
         if not words:
             if skip_empty:
                 continue
