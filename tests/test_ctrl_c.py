@@ -4,7 +4,7 @@ beside torch (the Trainer finishes its step, saves and returns; a resumed run eq
 half-written file is taken for complete, and the same command resumes to the folder of an uninterrupted run).
 `ctxrep pretrain` and `ctxrep mt train` stopped during training save a checkpoint, exit 130 with one line naming it,
 and --resume continues from the step after it. `ctxrep serve` stopped by Ctrl-C answers the request in flight and
-exits 130. `ctxrep finetune` stopped during training exits 130 and leaves no model/ or metrics.json behind."""
+exits 130; `ctxrep pretrain` is also stopped in this process, with the runtimes loaded. `ctxrep finetune` stopped during training exits 130 and leaves no model/ or metrics.json behind."""
 
 from __future__ import annotations
 
@@ -242,3 +242,34 @@ def test_finetune_ctrl_c_exits_130_and_leaves_no_model(seed, tiny_models, tmp_pa
     rerun = subprocess.run([*args, "--max-epochs", "1"], capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (out / "model" / "config.json").is_file() and (out / "metrics.json").is_file()
+
+
+def test_pretrain_cli_ctrl_c_in_this_process_with_every_runtime_loaded(runtimes_loaded, tmp_path, capsys):
+    """The same SIGINT as above, sent to this pytest process (ONNX Runtime and OpenVINO loaded beside torch) while
+    `ctxrep pretrain` runs here: exit status 130 through SystemExit, one line, and --resume continues."""
+    from test_pretrain import write_corpus
+
+    from ctxrep.cli import main
+
+    corpus, out = write_corpus(tmp_path / "text"), tmp_path / "run"
+    args = ["pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out)]
+    args += ["--no-progress", "--precision", "fp32", "--trainer.warmup_steps", "1"]
+
+    def interrupt_when_training() -> None:
+        deadline = time.monotonic() + 120
+        while not _logged_steps(out) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # handled in the main thread, by the Trainer's handler
+
+    thread = threading.Thread(target=interrupt_when_training, daemon=True)
+    thread.start()
+    with pytest.raises(SystemExit) as stopped:
+        main([*args, "--max-steps", "100000"])
+    thread.join(timeout=5)
+    assert stopped.value.code == 130
+    step = _check_interrupted_run(
+        subprocess.CompletedProcess(args, 130, "", capsys.readouterr().err), out, "ctxrep pretrain"
+    )
+    with pytest.raises(SystemExit) as finished:
+        main([*args, "--max-steps", str(step + 1), "--resume"])
+    assert finished.value.code == 0 and _logged_steps(out)[-1] == step + 1

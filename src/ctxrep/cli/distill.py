@@ -158,8 +158,9 @@ def distill(
     Any config field the task-agnostic distillation reads can be overridden as --section.field VALUE (e.g.
     --distill.temperature 4, --trainer.lr 5e-4).
 
-    Ctrl-C finishes the current step, saves a checkpoint in --out and exits with status 130; the same command with
-    --resume continues from it (a second Ctrl-C stops at once, without saving).
+    Ctrl-C with --corpus finishes the current step, saves a checkpoint in --out and exits with status 130; the same
+    command with --resume continues from it (a second Ctrl-C stops at once, without saving). With --task, Ctrl-C
+    stops at once with status 130 and saves no student.
     """
     from ctxrep.train import distributed
     from ctxrep.train.config import parse_overrides
