@@ -9,6 +9,8 @@ ctxrep search --index ix/ --queries questions.txt -k 5 --out hits.tsv
 ctxrep index build --input faq.txt --sparse --model naver/splade-v3 --out sx/      # SPLADE, inverted index
 ctxrep index build --input faq.txt --late-interaction --model FOLDER --out lx/    # ColBERT token vectors, MaxSim
 ctxrep search --index lx/ --query "how do I reset my password"                    # the kind is read from the folder
+ctxrep index build --input faq.txt --model FOLDER --dimensions 128 --binary --document-prompt-name document --out bx/
+ctxrep search --index bx/ --query "reset password" --query-prompt-name query     # same dimensions, binary + rescore
 """
 
 from __future__ import annotations
@@ -66,6 +68,33 @@ def index() -> None:
     help="One vector per token (ColBERT: a sentence-transformers MultiVectorEncoder folder, or any model's token "
     "states), searched by MaxSim.",
 )
+@click.option(
+    "--dimensions",
+    type=int,
+    default=None,
+    help="Keep the first N coordinates of each vector, L2-normalised again (Matryoshka); queries alike.",
+)
+@click.option(
+    "--binary",
+    is_flag=True,
+    help="Store binary codes (1 bit a dimension), searched by Hamming distance, candidates rescored (--rescore).",
+)
+@click.option(
+    "--rescore",
+    type=click.Choice(["int8", "float32"]),
+    default="int8",
+    show_default=True,
+    help="--binary: the vectors kept to rescore the candidates (int8: 1 byte a dimension).",
+)
+@click.option(
+    "--rescore-multiplier",
+    type=int,
+    default=4,
+    show_default=True,
+    help="--binary: candidates rescored per hit (k x this many).",
+)
+@click.option("--document-prompt-name", default=None, help="The model folder's prompt of this name before each text.")
+@click.option("--document-prompt", default=None, help="This text before each text (not with --document-prompt-name).")
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
 @user_errors
 def build(
@@ -82,6 +111,12 @@ def build(
     metric,
     sparse,
     late_interaction,
+    dimensions,
+    binary,
+    rescore,
+    rescore_multiplier,
+    document_prompt_name,
+    document_prompt,
     device,
 ) -> None:
     """Embed the texts of INPUT (or take the vectors of an embed run) and write a searchable index to OUT."""
@@ -89,6 +124,24 @@ def build(
 
     if input_path is None and vectors_dir is None:
         raise ValueError("give --input (texts to embed) or --vectors (a `ctxrep embed --level sentence` folder)")
+    dense = {
+        "--dimensions": dimensions is not None,
+        "--binary": binary,
+        "--document-prompt-name": document_prompt_name is not None,
+        "--document-prompt": document_prompt is not None,
+    }
+    if (sparse or late_interaction) and any(dense.values()):
+        given = ", ".join(flag for flag, on in dense.items() if on)
+        raise ValueError(f"{given}: dense sentence indexes only; leave out --sparse / --late-interaction")
+    if vectors_dir is not None and (document_prompt_name is not None or document_prompt is not None):
+        raise ValueError("--document-prompt(-name) applies when embedding --input; --vectors are embedded already")
+    compact = {
+        "dimensions": dimensions,
+        "binary": rescore if binary else None,
+        "rescore_multiplier": rescore_multiplier,
+        "document_prompt": document_prompt,
+        "document_prompt_name": document_prompt_name,
+    }
     if sparse or late_interaction:
         kind = "--sparse" if sparse else "--late-interaction"
         if sparse and late_interaction:
@@ -115,16 +168,17 @@ def build(
         return
     if vectors_dir is not None:
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
-        ix = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric)
+        ix = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric, **compact)
     else:
         from ctxrep.featurize import Featurizer
         from ctxrep.vectors.spec import parse_layers
 
         kwargs = {"device": device} if device else {}
         fz = Featurizer(model, layers=parse_layers(layers), sentence_pooling=sentence_pooling, progress=True, **kwargs)
-        ix = SentenceIndex.build(items.texts, ids=items.ids, featurizer=fz, metric=metric)
+        ix = SentenceIndex.build(items.texts, ids=items.ids, featurizer=fz, metric=metric, **compact)
     ix.save(out_dir)
-    click.echo(f"indexed {len(ix)} texts ({ix.dim} wide, {metric}) in {out_dir}")
+    stored = f", binary codes rescored by {rescore}" if binary else ""
+    click.echo(f"indexed {len(ix)} texts ({ix.dim} wide, {metric}{stored}) in {out_dir}")
 
 
 @click.command("search")
@@ -145,6 +199,8 @@ def build(
 @click.option(
     "--late-interaction", is_flag=True, help="Expect a late-interaction index (`index build --late-interaction`)."
 )
+@click.option("--query-prompt-name", default=None, help="Dense indexes: the model folder's prompt of this name.")
+@click.option("--query-prompt", default=None, help="Dense indexes: this text before each query.")
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
 @user_errors
 def search(
@@ -158,11 +214,13 @@ def search(
     rerank_depth,
     sparse,
     late_interaction,
+    query_prompt_name,
+    query_prompt,
     device,
 ) -> None:
     """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV). Dense, sparse
     and late-interaction indexes alike (the kind is read from the folder)."""
-    from ctxrep.vectors.index import read_texts
+    from ctxrep.vectors.index import SentenceIndex, read_texts
 
     queries = list(queries)
     if queries_file is not None:
@@ -186,12 +244,17 @@ def search(
                 f"{index_dir} holds a {type(ix).__name__}, not the index {flag} asks for; build one with "
                 f"`ctxrep index build {flag}`"
             )
+    prompt = {}
+    if query_prompt_name is not None or query_prompt is not None:
+        if not isinstance(ix, SentenceIndex):
+            raise ValueError(f"--query-prompt(-name): dense indexes only; {index_dir} holds a {type(ix).__name__}")
+        prompt = {"prompt": query_prompt, "prompt_name": query_prompt_name}
     if rerank_model is None:
-        hits = ix.search(queries, k=k)
+        hits = ix.search(queries, k=k, **prompt)
     else:  # retrieve rerank_depth, then keep the reranker's k best (ctxrep.rerank.rerank_hits)
         from ctxrep.rerank import load_reranker, rerank_hits
 
-        found = ix.search(queries, k=max(k, rerank_depth))
+        found = ix.search(queries, k=max(k, rerank_depth), **prompt)
         reranker = load_reranker(rerank_model, device=device)
         hits = [rerank_hits(reranker, q, h, k) for q, h in zip(queries, found)]
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout

@@ -6,6 +6,21 @@
     hits = index.search("How do I reset my password?", k=5)          # one Hits: ids, texts, scores, best first
     index.save("ix/");  index = ctxrep.SentenceIndex.load("ix/")
     index = ctxrep.SentenceIndex.from_vectors("vecs/")                # `ctxrep embed --level sentence` output
+    index = ctxrep.SentenceIndex.build(texts, model=folder, dimensions=128, binary="int8",
+                                       document_prompt_name="document")
+    hits = index.search("reset password", prompt_name="query")
+
+Compact vectors: `dimensions` keeps the first N coordinates of every vector, L2-normalised again (Matryoshka; the
+Featurizer's `embed_sentences(dimensions=)`), for the stored vectors and every text query alike. `binary` ("int8" or
+"float32") stores ubinary codes (dim / 8 bytes a row) searched by Hamming distance, the best
+`rescore_multiplier` x k candidates rescored by the float query's dot product with their int8 or float32 vectors
+(ctxrep.vectors.quantize.BinaryIndex). The int8 ranges are those of the vectors present when the codes are first
+made (at the first search or save); rows added later are coded on the same grid.
+
+Prompts: `document_prompt` / `document_prompt_name` (text, or a prompt the model folder declares by name) go before
+every text `build` and `add` embed, and are recorded in index.json, so rows added after `load` are embedded the
+same way; `search(..., prompt=, prompt_name=)` puts a query prompt before text queries (none given: the folder's
+default prompt, as sentence-transformers' encode).
 
 Ids default to 0-based row numbers everywhere: `build`, `add`, `from_vectors` (the embed run's text numbers, as
 `load_vectors` counts them) and `ctxrep index build` (the text's position in the input file).
@@ -18,8 +33,11 @@ approximately; `exact=True` on `search` asks for the exact answer at any size.
 On disk (no pickle: every file is plain numpy, JSON or hnswlib's own format):
     index.json     metric, dim, count, the FeaturizerSpec of the vectors (`ctxrep.vectors.spec`: model, revision,
                    layers, pooling, sentence_pooling, precision, ...; text queries are embedded with it and a
-                   featurizer handed to `load` is checked against it), hnswlib's parameters
-    vectors.npy    (count, dim) float32, as searched (normalised for cosine)
+                   featurizer handed to `load` is checked against it), hnswlib's parameters, and the index's
+                   embedding settings: dimensions, document_prompt {prompt, prompt_name}, binary {rescore,
+                   rescore_multiplier}
+    vectors.npy    (count, dim) float32, as searched (normalised for cosine); not in a binary index
+    binary/, rescore/  a binary index's codes and rescoring vectors (BinaryIndex.save)
     items.jsonl    one {"id": ..., "text": ...} per line, in row order (text null when unknown)
     hnsw.bin       hnswlib's graph (only above exact_below)
 """
@@ -35,12 +53,14 @@ from pathlib import Path
 import numpy as np
 
 from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.quantize import BinaryIndex, QuantizedVectors, dequantize, quantize, truncate
 from ctxrep.vectors.similarity import METRICS
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["SentenceIndex", "Hits", "SentenceIndexError"]
 
 FORMAT_VERSION = 1
+RESCORE = ("int8", "float32")  # what a binary index rescores its candidates with
 EXACT_BELOW = 20_000  # items up to which search is one exact matrix product (about 30 MB of float32 at 384 wide)
 
 
@@ -72,6 +92,9 @@ class SentenceIndex:
     queries. runtime: further Featurizer keyword arguments for text queries that do not change the vectors
     (device, batch_tokens, num_threads). exact_below: the size up to which search is exact.
     hnsw_m / hnsw_ef_construction / hnsw_ef: hnswlib's M, ef_construction and the search-time ef (at least k).
+    dimensions: text is embedded with `embed_sentences(dimensions=)` (dim must equal it). binary: None, or "int8" /
+    "float32": binary codes rescored with those vectors, `rescore_multiplier` x k candidates per query.
+    document_prompt / document_prompt_name: the prompt before every text `add` embeds (see the module docstring).
     """
 
     def __init__(
@@ -84,11 +107,28 @@ class SentenceIndex:
         hnsw_ef_construction: int = 200,
         hnsw_ef: int = 100,
         runtime: dict | None = None,
+        dimensions: int | None = None,
+        binary: str | None = None,
+        rescore_multiplier: int = 4,
+        document_prompt: str | None = None,
+        document_prompt_name: str | None = None,
     ) -> None:
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
         if not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if dimensions is not None and dimensions != dim:
+            raise ValueError(f"dimensions={dimensions!r} but dim={dim}: an index of truncated vectors is that wide")
+        if binary not in (None, *RESCORE):
+            raise ValueError(f"binary must be None or one of {RESCORE} (the rescoring vectors), got {binary!r}")
+        if isinstance(rescore_multiplier, bool) or not isinstance(rescore_multiplier, int) or rescore_multiplier < 1:
+            raise ValueError(f"rescore_multiplier must be a positive integer, got {rescore_multiplier!r}")
+        if document_prompt is not None and document_prompt_name is not None:
+            raise ValueError("give document_prompt or document_prompt_name, not both")
+        self.dimensions = None if dimensions is None else int(dimensions)
+        self.binary, self.rescore_multiplier = binary, rescore_multiplier
+        self.document_prompt, self.document_prompt_name = document_prompt, document_prompt_name
+        self._binary: BinaryIndex | None = None  # the codes of every row not in _chunks (binary indexes only)
         self.dim = int(dim)
         self.metric = metric
         self.spec = FeaturizerSpec.from_dict(spec, "spec") if isinstance(spec, dict) else spec
@@ -121,7 +161,8 @@ class SentenceIndex:
         from ctxrep.featurize import Featurizer
 
         fz = featurizer if featurizer is not None else Featurizer(model)
-        index = cls(fz.sentence_dim, metric, spec=FeaturizerSpec.of(fz), **kwargs)
+        dim = kwargs.get("dimensions") or fz.sentence_dim
+        index = cls(dim, metric, spec=FeaturizerSpec.of(fz), **kwargs)
         index._featurizer = fz
         index.add(texts, ids=ids)
         return index
@@ -138,7 +179,7 @@ class SentenceIndex:
     ) -> SentenceIndex:
         """An index over given vectors: an (n, dim) array (`spec`: what made them, for text queries), or the folder
         of a `ctxrep embed --level sentence` run (read memory-mapped; ids default to its 0-based text numbers, and
-        queries are embedded with its recorded spec)."""
+        queries are embedded with its recorded spec). dimensions: keep the first N coordinates, L2-normalised."""
         if isinstance(vectors, (str, os.PathLike)):
             from ctxrep.vectors.store import load_vectors
 
@@ -163,16 +204,20 @@ class SentenceIndex:
             raise SentenceIndexError(
                 f"vectors must be (n, dim), got shape {array.shape}; give one layer's sentence vectors"
             )
+        if kwargs.get("dimensions") is not None:
+            array = truncate(array, kwargs["dimensions"])  # as embed_sentences(dimensions=) makes text queries
         index = cls(array.shape[1], metric, spec=spec, **kwargs)
         index.add_vectors(array, ids=ids, texts=texts)
         return index
 
     def add(self, texts: Sequence[str], ids: Sequence | None = None) -> SentenceIndex:
-        """Embed `texts` with the index's featurizer and add them (ids: default the next row numbers)."""
+        """Embed `texts` with the index's featurizer and document prompt and add them (ids: default the next row
+        numbers)."""
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)
-        vectors = self._embed(texts) if texts else np.zeros((0, self.dim), np.float32)
+        empty = np.zeros((0, self.dim), np.float32)
+        vectors = self._embed(texts, self.document_prompt, self.document_prompt_name) if texts else empty
         return self.add_vectors(vectors, ids=ids, texts=texts)
 
     def add_vectors(self, vectors, ids: Sequence | None = None, texts: Sequence[str | None] | None = None):
@@ -219,20 +264,51 @@ class SentenceIndex:
 
     @property
     def vectors(self) -> np.ndarray:
-        """(count, dim) float32: the stored vectors (unit length for cosine)."""
+        """(count, dim) float32: the stored vectors (unit length for cosine); a binary index's rescoring vectors
+        (the int8 ones on their grid)."""
+        if self.binary is not None:
+            coded = self._codes()
+            return np.zeros((0, self.dim), np.float32) if coded is None else dequantize(coded.rescore)
         if self._chunks:  # rows added since the last search: one concatenation, not one per add
             self._vectors = np.concatenate([self._vectors, *self._chunks])
             self._chunks = []
         return self._vectors
 
-    def search(self, queries, k: int = 10, exact: bool | None = None) -> Hits | list[Hits]:
+    def _codes(self) -> BinaryIndex | None:
+        """A binary index's codes of every row (rows added since the last call coded now, on the same grid)."""
+        if self._chunks:
+            new = np.concatenate(self._chunks)
+            if self._binary is None:
+                coded = BinaryIndex.build(new, rescore=self.binary)
+            else:
+                old = self._binary.rescore
+                rescore = quantize(new, old.precision, ranges=old.ranges)
+                coded = BinaryIndex(
+                    np.concatenate([self._binary.codes, quantize(new, "ubinary").codes]),
+                    QuantizedVectors(np.concatenate([old.codes, rescore.codes]), old.precision, old.dim, old.ranges),
+                )
+            self._binary, self._chunks = coded, []
+        return self._binary
+
+    def search(
+        self,
+        queries,
+        k: int = 10,
+        exact: bool | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+    ) -> Hits | list[Hits]:
         """The k nearest items of each query (a text, a list of texts, a vector (dim,) or rows (n, dim)), best first:
-        one Hits for a single query, a list of Hits for several. exact: None = exact up to exact_below items."""
+        one Hits for a single query, a list of Hits for several. exact: None = exact up to exact_below items (a
+        binary index: True scores every row's rescoring vector). prompt / prompt_name: the query prompt before text
+        queries (a prompt the model folder declares, by name; none given: the folder's default prompt)."""
         if not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 1)
         if isinstance(queries, str) or (isinstance(queries, Sequence) and queries and isinstance(queries[0], str)):
-            q = self._embed([queries] if single else list(queries))
+            q = self._embed([queries] if single else list(queries), prompt, prompt_name)
+        elif prompt is not None or prompt_name is not None:
+            raise SentenceIndexError("prompt / prompt_name apply to text queries; these queries are vectors")
         else:
             q = np.asarray(queries, dtype=np.float32)
             q = q[None, :] if q.ndim == 1 else q
@@ -247,7 +323,10 @@ class SentenceIndex:
             empty = Hits([], [], np.zeros(0, np.float32), np.zeros(0, np.int64))
             return empty if single else [empty for _ in range(len(q))]
         use_exact = exact if exact is not None else len(self) <= self.exact_below
-        rows, scores = self._exact(q, k) if use_exact else self._approximate(q, k)
+        if self.binary is not None and exact is not True:
+            scores, rows = self._codes().search(q, int(k), self.rescore_multiplier)
+        else:
+            rows, scores = self._exact(q, k) if use_exact else self._approximate(q, k)
         hits = [
             Hits([self.ids[r] for r in rr], [self.texts[r] for r in rr], ss.astype(np.float32), rr.astype(np.int64))
             for rr, ss in zip(rows, scores)
@@ -325,15 +404,17 @@ class SentenceIndex:
         asked = FeaturizerSpec.of(featurizer)
         if self.spec is not None:
             self.spec.check(asked, "this index", "load it without a featurizer to embed queries as it was built")
-        if featurizer.sentence_dim != self.dim:
+        if featurizer.sentence_dim != self.dim and (self.dimensions is None or featurizer.sentence_dim < self.dim):
             raise SentenceIndexError(
                 f"the featurizer gives {featurizer.sentence_dim}-wide vectors but the index holds {self.dim}-wide ones"
             )
         self._featurizer = featurizer
         return self
 
-    def _embed(self, texts: list[str]) -> np.ndarray:
-        out = self.featurizer().embed_sentences(texts)
+    def _embed(self, texts: list[str], prompt: str | None = None, prompt_name: str | None = None) -> np.ndarray:
+        out = self.featurizer().embed_sentences(
+            texts, prompt=prompt, prompt_name=prompt_name, dimensions=self.dimensions
+        )
         if out.ndim != 2:
             raise SentenceIndexError(f"the featurizer gives {out.shape[1:]} per text; a sentence index needs one layer")
         if out.shape[1] != self.dim:
@@ -345,16 +426,24 @@ class SentenceIndex:
     # ---- save / load --------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write index.json, vectors.npy, items.jsonl (and hnsw.bin above exact_below) into the folder `path`."""
+        """Write index.json, vectors.npy (binary/ and rescore/ for a binary index), items.jsonl (and hnsw.bin above
+        exact_below) into the folder `path`."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        vectors = self.vectors
-        np.save(path / "vectors.npy", vectors)
+        if self.binary is not None:
+            if len(self) < 2 and self.binary == "int8":
+                raise SentenceIndexError(
+                    f"a binary index rescored by int8 needs at least 2 rows for its int8 ranges, it has {len(self)}"
+                )
+            self._codes().save(path)
+            (path / "vectors.npy").unlink(missing_ok=True)  # from an earlier save as a float index
+        else:
+            np.save(path / "vectors.npy", self.vectors)
         with open(path / "items.jsonl", "w", encoding="utf-8") as f:
             for i, t in zip(self.ids, self.texts):
                 f.write(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n")
         graph = None
-        if len(self) > self.exact_below:
+        if len(self) > self.exact_below and self.binary is None:
             self._graph().save_index(str(path / "hnsw.bin"))
             graph = "hnsw.bin"
         elif (path / "hnsw.bin").exists():
@@ -368,6 +457,11 @@ class SentenceIndex:
             "spec": None if self.spec is None else self.spec.to_dict(),
             "exact_below": self.exact_below,
             "hnsw": {"M": self.hnsw_m, "ef_construction": self.hnsw_ef_construction, "ef": self.hnsw_ef, "file": graph},
+            "dimensions": self.dimensions,
+            "document_prompt": {"prompt": self.document_prompt, "prompt_name": self.document_prompt_name},
+            "binary": None
+            if self.binary is None
+            else {"rescore": self.binary, "rescore_multiplier": self.rescore_multiplier},
         }
         (path / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
         return path
@@ -388,6 +482,8 @@ class SentenceIndex:
             if meta.get("format") != "ctxrep-sentence-index":
                 raise KeyError("format")
             hnsw = meta["hnsw"]
+            binary = meta.get("binary") or {}  # absent in indexes written before compact vectors and prompts
+            document = meta.get("document_prompt") or {}
             spec = meta.get("spec", meta.get("featurizer"))  # "featurizer": the Featurizer kwargs older ctxrep saved
             index = cls(
                 meta["dim"],
@@ -398,17 +494,26 @@ class SentenceIndex:
                 hnsw_m=hnsw["M"],
                 hnsw_ef_construction=hnsw["ef_construction"],
                 hnsw_ef=hnsw["ef"],
+                dimensions=meta.get("dimensions"),
+                binary=binary.get("rescore"),
+                rescore_multiplier=binary.get("rescore_multiplier", 4),
+                document_prompt=document.get("prompt"),
+                document_prompt_name=document.get("prompt_name"),
             )
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise SentenceIndexError(
                 f"{meta_file}: not written by SentenceIndex.save ({type(e).__name__}: {e})"
             ) from None
         try:
-            vectors = np.load(path / "vectors.npy", allow_pickle=False)
+            if index.binary is not None:
+                index._binary = BinaryIndex.load(path)
+                shape = (len(index._binary), index._binary.dim)
+            else:
+                vectors = np.load(path / "vectors.npy", allow_pickle=False)
+                shape = vectors.shape
         except (OSError, ValueError) as e:
-            raise SentenceIndexError(
-                f"{path / 'vectors.npy'}: missing or unreadable ({e}); build the index again"
-            ) from None
+            what = "binary/ or rescore/" if index.binary is not None else "vectors.npy"
+            raise SentenceIndexError(f"{path}: {what} missing or unreadable ({e}); build the index again") from None
         ids, texts = [], []
         items = path / "items.jsonl"
         if not items.is_file():
@@ -423,12 +528,13 @@ class SentenceIndex:
                     raise SentenceIndexError(
                         f'{items}:{n}: not an {{"id", "text"}} line; build the index again'
                     ) from None
-        if vectors.shape != (meta["count"], meta["dim"]) or len(ids) != meta["count"]:
+        if shape != (meta["count"], meta["dim"]) or len(ids) != meta["count"]:
             raise SentenceIndexError(
-                f"{path}: index.json says {meta['count']} x {meta['dim']} but vectors.npy is {vectors.shape} and "
+                f"{path}: index.json says {meta['count']} x {meta['dim']} but the vectors are {shape} and "
                 f"items.jsonl has {len(ids)} lines; the folder was changed: build the index again"
             )
-        index._vectors = vectors.astype(np.float32, copy=False)
+        if index.binary is None:
+            index._vectors = vectors.astype(np.float32, copy=False)
         index.ids, index.texts, index._id_set = ids, texts, set(ids)
         graph_file = hnsw.get("file")
         if graph_file and (path / graph_file).is_file():
