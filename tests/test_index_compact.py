@@ -157,7 +157,7 @@ def test_binary_top_hits_equal_exact_when_rescoring_covers_every_row(rescore, tm
     exact = SentenceIndex.from_vectors(v).search(q, k=5)
     binary = SentenceIndex.from_vectors(v, binary=rescore, rescore_multiplier=8)  # 5 x 8 = 40 candidates: every row
     hits = binary.search(q, k=5)
-    assert binary._codes().codes.nbytes == 40 * 64 // 8
+    assert binary.binary_index.codes.nbytes == 40 * 64 // 8
     if rescore == "float32":
         assert [h.ids for h in hits] == [h.ids for h in exact]
         for a, b in zip(hits, exact):
@@ -184,9 +184,9 @@ def test_rows_added_to_a_loaded_binary_index_are_coded_on_the_same_grid(tmp_path
     v = rng.normal(size=(30, 32)).astype(np.float32)
     SentenceIndex.from_vectors(v[:20], binary="int8", rescore_multiplier=30).save(tmp_path / "bx")
     back = SentenceIndex.load(tmp_path / "bx")
-    ranges = back._codes().rescore.ranges.copy()
+    ranges = back.binary_index.rescore.ranges.copy()
     back.add_vectors(v[20:], ids=[f"n{i}" for i in range(10)])
-    coded = back._codes()
+    coded = back.binary_index
     assert len(back) == len(coded) == 30
     unit = v[20:] / np.linalg.norm(v[20:], axis=1, keepdims=True)
     np.testing.assert_array_equal(coded.rescore.codes[20:], quantize(unit, "int8", ranges=ranges).codes)

@@ -274,6 +274,11 @@ class SentenceIndex:
             self._chunks = []
         return self._vectors
 
+    @property
+    def binary_index(self) -> BinaryIndex | None:
+        """A binary index's codes and rescoring vectors (ctxrep.vectors.quantize.BinaryIndex); None otherwise."""
+        return self._codes() if self.binary is not None else None
+
     def _codes(self) -> BinaryIndex | None:
         """A binary index's codes of every row (rows added since the last call coded now, on the same grid)."""
         if self._chunks:
