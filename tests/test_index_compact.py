@@ -250,3 +250,30 @@ def test_cli_dimensions_binary_and_prompts(prompted, tmp_path):
         ],
     )
     assert out.exit_code != 0 and "--binary: dense sentence indexes only" in out.output
+
+
+def test_an_index_saved_before_these_settings_loads_as_a_float_index(tmp_path):
+    v = np.random.default_rng(3).normal(size=(8, 16)).astype(np.float32)
+    SentenceIndex.from_vectors(v).save(tmp_path / "ix")
+    meta_file = tmp_path / "ix" / "index.json"
+    meta = json.loads(meta_file.read_text())
+    for key in ("dimensions", "document_prompt", "binary"):
+        del meta[key]
+    meta_file.write_text(json.dumps(meta))
+    back = SentenceIndex.load(tmp_path / "ix")
+    assert (back.dimensions, back.binary, back.document_prompt, back.document_prompt_name) == (None, None, None, None)
+    assert back.search(v[3], k=1).ids == [3]
+
+
+def test_cli_refuses_options_that_do_not_apply(tmp_path):
+    (tmp_path / "docs.txt").write_text("\n".join(DOCS) + "\n")
+    runner = CliRunner()
+    build = ["index", "build", "--input", str(tmp_path / "docs.txt"), "--out", str(tmp_path / "ix")]
+    out = runner.invoke(main, build + ["--rescore", "float32"])
+    assert out.exit_code == 1 and "--rescore and --rescore-multiplier apply to a binary index" in out.output
+    out = runner.invoke(main, build + ["--binary", "--rescore-multiplier", "0"])
+    assert out.exit_code == 1 and "rescore_multiplier must be a positive integer, got 0" in out.output
+    out = runner.invoke(main, build + ["--late-interaction", "--dimensions", "8", "--document-prompt", "a: "])
+    assert out.exit_code == 1
+    assert "--dimensions, --document-prompt: dense sentence indexes only" in out.output
+    assert not (tmp_path / "ix").exists()

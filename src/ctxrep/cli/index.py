@@ -82,16 +82,14 @@ def index() -> None:
 @click.option(
     "--rescore",
     type=click.Choice(["int8", "float32"]),
-    default="int8",
-    show_default=True,
-    help="--binary: the vectors kept to rescore the candidates (int8: 1 byte a dimension).",
+    default=None,
+    help="--binary: the vectors kept to rescore the candidates (int8: 1 byte a dimension) [default: int8].",
 )
 @click.option(
     "--rescore-multiplier",
     type=int,
-    default=4,
-    show_default=True,
-    help="--binary: candidates rescored per hit (k x this many).",
+    default=None,
+    help="--binary: candidates rescored per hit (k x this many) [default: 4].",
 )
 @click.option("--document-prompt-name", default=None, help="The model folder's prompt of this name before each text.")
 @click.option("--document-prompt", default=None, help="This text before each text (not with --document-prompt-name).")
@@ -133,6 +131,9 @@ def build(
     if (sparse or late_interaction) and any(dense.values()):
         given = ", ".join(flag for flag, on in dense.items() if on)
         raise ValueError(f"{given}: dense sentence indexes only; leave out --sparse / --late-interaction")
+    if not binary and (rescore is not None or rescore_multiplier is not None):
+        raise ValueError("--rescore and --rescore-multiplier apply to a binary index: add --binary, or leave them out")
+    rescore, rescore_multiplier = rescore or "int8", 4 if rescore_multiplier is None else rescore_multiplier
     if vectors_dir is not None and (document_prompt_name is not None or document_prompt is not None):
         raise ValueError("--document-prompt(-name) applies when embedding --input; --vectors are embedded already")
     compact = {
