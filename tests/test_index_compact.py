@@ -277,3 +277,9 @@ def test_cli_refuses_options_that_do_not_apply(tmp_path):
     assert out.exit_code == 1
     assert "--dimensions, --document-prompt: dense sentence indexes only" in out.output
     assert not (tmp_path / "ix").exists()
+
+
+@pytest.mark.parametrize("dimensions", [0, -3, 2.5, True])
+def test_dimensions_must_be_a_positive_integer(dimensions):
+    with pytest.raises(ValueError, match="dimensions must be a positive integer"):
+        SentenceIndex.from_vectors(np.ones((3, 8), np.float32), dimensions=dimensions)

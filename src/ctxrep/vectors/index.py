@@ -117,6 +117,10 @@ class SentenceIndex:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
         if not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        if dimensions is not None and (
+            isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
+        ):
+            raise ValueError(f"dimensions must be a positive integer, got {dimensions!r}")
         if dimensions is not None and dimensions != dim:
             raise ValueError(f"dimensions={dimensions!r} but dim={dim}: an index of truncated vectors is that wide")
         if binary not in (None, *RESCORE):
