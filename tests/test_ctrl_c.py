@@ -246,6 +246,8 @@ def test_finetune_ctrl_c_exits_130_and_leaves_no_model(seed, tiny_models, tmp_pa
     rerun = subprocess.run([*args, "--max-epochs", "1"], capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert (out / "model" / "config.json").is_file() and (out / "metrics.json").is_file()
+    assert json.loads((out / "model" / "task.json").read_text())["task"] == "classify"
+    assert not (out / "model.partial").exists()  # saved beside, then renamed whole
 
 
 def test_pretrain_cli_ctrl_c_in_this_process_with_every_runtime_loaded(runtimes_loaded, tmp_path, capsys):

@@ -25,6 +25,7 @@ out_dir/
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -136,10 +137,15 @@ def experiment(
     }
     echo(report.text)
     (out / "report.txt").write_text(report.text + "\n")
-    estimator.save(out / "model")
+    # written beside, then renamed: a run stopped while saving (Ctrl-C) leaves no model/ without its task.json
+    partial = out / "model.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    estimator.save(partial)
     # the header rule is decided per file, so prediction input does not inherit it
     saved = {k: v for k, v in (columns or {}).items() if v is not None and k != "header"}
-    (out / "model" / "task.json").write_text(json.dumps({"task": task, "columns": saved}, indent=2) + "\n")
+    (partial / "task.json").write_text(json.dumps({"task": task, "columns": saved}, indent=2) + "\n")
+    shutil.rmtree(out / "model", ignore_errors=True)
+    partial.rename(out / "model")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     plot_curve(estimator.history_, report.curve_metric, out / "learning_curve.png")
     return metrics
