@@ -105,7 +105,7 @@ def test_every_parameter_has_a_depth(tmp_path):
 
 def test_sentence_t5_layout_loads_and_info_names_its_pooling(tmp_path, monkeypatch):
     """sentence-t5's folder: T5EncoderModel at the top, then Pooling (mean), Dense and Normalize modules. The
-    encoder loads; `ctxrep info` says which pooling the folder declares and that ctxrep does not apply its Dense."""
+    encoder loads; `ctxrep info` says which pooling the folder declares, with its Dense (refused when its files are missing)."""
     from click.testing import CliRunner
 
     from ctxrep.cli import main
@@ -125,8 +125,15 @@ def test_sentence_t5_layout_loads_and_info_names_its_pooling(tmp_path, monkeypat
     from ctxrep.models.sentence_transformers import describe_sentence_pooling
 
     assert ctxrep.load_model(tmp_path).family == "t5"
+    line = describe_sentence_pooling(tmp_path)  # modules.json names a Dense whose folder is missing
+    assert line.startswith("declared in modules.json but not applicable by ctxrep") and "2_Dense" in line
+    assert "missing" in line
+    from sentence_transformers.models import Dense
+
+    (tmp_path / "2_Dense").mkdir()
+    Dense(32, 16, bias=True).save(str(tmp_path / "2_Dense"))  # sentence-t5's projection: ctxrep applies it
     line = describe_sentence_pooling(tmp_path)
-    assert line.startswith("declared in modules.json but not applicable by ctxrep") and "Dense (2_Dense)" in line
+    assert "Dense" in line and not line.startswith("declared in modules.json but not applicable"), line
     (tmp_path / "modules.json").write_text(json.dumps([modules[0], modules[1], modules[3]]))
     assert describe_sentence_pooling(tmp_path).startswith("mean, then L2-normalised, from modules.json")
     # the CLI needs a tokenizer: T5's, trained here as the Hub ships it (spiece.model only; converted into the cache)
