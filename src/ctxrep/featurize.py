@@ -36,6 +36,7 @@ from ctxrep.models.sentence_transformers import (
     read_sentence_pooling,
     with_prompt,
 )
+from ctxrep.models.shards import DTYPES
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.text.inputs import (
     Rows,
@@ -80,6 +81,25 @@ def auto_sentence_pooling(folder) -> str:
     return "model"
 
 
+def load_dtype(backend: str, precision: str | None) -> str:
+    """The dtype (load_encoder's `dtype`) in which the Featurizer loads a model given by name, for a concrete
+    precision: on backend="torch" the precision's own, so that the runtime runs the loaded weights (no cast copy);
+    float32 for int8 (quantized from float32) and for ONNX Runtime and OpenVINO (graphs exported from float32);
+    None: "auto", the model's own default (models/shards.resolve_dtype)."""
+    if backend != "torch" or precision == "int8":
+        return "fp32"
+    return "auto" if precision is None else precision
+
+
+def precision_of(model: torch.nn.Module) -> str:
+    """The precision name of the dtype `model`'s parameters are in ("fp32", "bf16", "fp16")."""
+    dtype = next(model.parameters()).dtype
+    names = {v: k for k, v in DTYPES.items()}
+    if dtype not in names:
+        raise ValueError(f"the model's parameters are {dtype}: ctxrep runs float32, bfloat16 or float16 models")
+    return names[dtype]
+
+
 class Featurizer:
     """Turn texts into contextual vectors.
 
@@ -109,10 +129,14 @@ class Featurizer:
         call is never slower than eager; stay eager before.
     device: where the model runs ("cpu", "cuda", "cuda:1"); None: where it is (the CPU after loading). On CUDA,
         batches go through pinned memory with non-blocking copies, and pooling of one batch overlaps the next's run.
-    precision: "fp32" (default: the model as it is, exact), "bf16" / "fp16" (a copy cast to that type), "int8" (the
-        backend's int8 path, CPU only), or "auto": the fastest precision on this hardware whose vectors keep a mean
-        cosine >= 0.999 to float32, read from its description (bf16 on GPUs and on CPUs with avx512_bf16 or AMX,
-        else fp32; `runtime.hardware.auto_precision`); the choice is in `featurizer.precision` after construction.
+    precision: None (default: the model as it loads: float32, except a decoder LLM's bfloat16 checkpoint, kept in
+        bfloat16 where the CPU has it natively), "fp32", "bf16" / "fp16", "int8" (the backend's int8 path, CPU only),
+        or "auto": the fastest precision on this hardware whose vectors keep a mean cosine >= 0.999 to float32, read
+        from its description (bf16 on GPUs and on CPUs with avx512_bf16 or AMX, else fp32;
+        `runtime.hardware.auto_precision`). A model given by name loads its weights in that precision's dtype (no
+        cast copy; int8, ONNX Runtime and OpenVINO: float32, which they quantize or export); a LoadedEncoder runs as
+        it is at "fp32" or None, in a cast copy at "bf16" / "fp16". `featurizer.precision` says what runs after
+        construction (a bfloat16 model at "fp32" or None: "bf16"), and the FeaturizerSpec records it.
     backend: what runs the encoder (`ctxrep.runtime`): "torch" (every family, every precision), "onnxruntime"
         (fp32, int8) or "openvino" (fp32, bf16, fp16, int8; `pip install 'ctxrep[openvino]'`). The ONNX/OpenVINO
         graphs are exported once per model, depth and precision into $CTXREP_CACHE/graphs and checked against the
@@ -147,7 +171,7 @@ class Featurizer:
         quantize: str | None = None,
         normalize: bool = False,
         device: str | torch.device | None = None,
-        precision: str = "fp32",
+        precision: str | None = None,
         backend: str = "torch",
     ) -> None:
         if pooling not in POOLINGS:
@@ -161,12 +185,19 @@ class Featurizer:
         if quantize is not None:
             warnings.warn("quantize='int8' is now precision='int8'", DeprecationWarning, stacklevel=2)
             precision = "int8"
-        runtime.check_precision(precision)
+        if precision is not None:
+            runtime.check_precision(precision)
         runtime.runtime_class(backend).require()  # an unknown backend, or a missing package, is said here
         device = runtime.parse_device(device)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        loaded = model if isinstance(model, LoadedEncoder) else load_encoder(model)
+        if isinstance(model, LoadedEncoder):
+            loaded = model
+        else:
+            if precision == "auto":  # decided before loading, so that the weights load in the dtype that runs
+                where = device or torch.device("cpu")
+                precision = runtime.hardware.auto_precision(where, runtime.runtime_class(backend).precisions)
+            loaded = load_encoder(model, dtype=load_dtype(backend, precision))
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
@@ -180,7 +211,9 @@ class Featurizer:
         self.compile = compile
         self.backend = backend
         # the runtime class and the concrete precision ("auto" decided), chosen once, here
-        self._runtime_class, self.precision = runtime.resolve(self.model, backend, precision)
+        self._runtime_class, self.precision = runtime.resolve(self.model, backend, precision or "fp32")
+        if backend == "torch" and self.precision == "fp32":  # torch runs the model as it is: say its dtype
+            self.precision = precision_of(self.model)
         # [(model, its runtime)]: one slot that the views from with_layers share, so the runtime is built once
         self._runtimes: list[tuple[torch.nn.Module, tuple, object]] = []
         self.normalize = bool(normalize)  # embed_sentences: unit-length vectors (cosine = dot product)

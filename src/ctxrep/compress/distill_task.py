@@ -279,7 +279,7 @@ def distill_estimator(
                 "student= gives a ready student encoder, so student_layers / teacher_layers / student_hidden_size "
                 "(which build one from the teacher) do not apply; give one or the other"
             )
-        loaded = load_encoder(student)
+        loaded = load_encoder(student, dtype="fp32")  # float32 master weights to train
         if not same_tokenizer(loaded.tokenizer, tokenizer):
             raise ValueError(
                 f"the student {student} has a different tokenizer from the teacher's ({teacher.model}): the "

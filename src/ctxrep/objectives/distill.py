@@ -164,7 +164,7 @@ def load_teacher(name_or_path: str | Path) -> tuple[BertModel, MaskedLMHead | No
     from ctxrep.models.loading import load_model, resolve_model_path
 
     folder = resolve_model_path(name_or_path)
-    teacher = load_model(folder)
+    teacher = load_model(folder, dtype="fp32")  # float32, as the student it teaches
     if getattr(teacher, "family", None) not in MODEL_TYPES:  # the losses read BERT's MLM head and attention
         family = getattr(teacher, "family", type(teacher).__name__)
         others = sorted(set(distillable_families()) - set(MODEL_TYPES))

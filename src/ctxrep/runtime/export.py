@@ -172,7 +172,7 @@ def export_onnx(
     else:
         from ctxrep.models.loading import load_model
 
-        encoder = load_model(model_dir_or_encoder)
+        encoder = load_model(model_dir_or_encoder, dtype="fp32")  # exported from float32
     if encoder.word_level:
         raise ExportError(
             f"{encoder.family} cannot be exported to ONNX: it reads words as characters and its LSTMs step through "

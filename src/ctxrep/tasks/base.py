@@ -270,7 +270,7 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             self._check_same_targets(y)
         else:
             self._learn_targets(y)
-            self.backbone_ = load_encoder(self.model)
+            self.backbone_ = load_encoder(self.model, dtype="fp32")  # float32 master weights to train
             self.backbone_.model.to(self.device)  # frozen mode featurizes with it on the estimator's device
             if self.quantize and self.backbone_.model.word_level:  # said before training, not at predict time
                 raise ValueError(
@@ -488,7 +488,7 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             params["model"] = str((path / config["model_beside"]).resolve())
         est = cls(**params)
         est._state_from_json(config["state"])
-        est.backbone_ = load_encoder(est.model)
+        est.backbone_ = load_encoder(est.model, dtype="fp32")  # the float32 weights it was trained in
         est.model_ = est._make_network()
         est.model_.load_state_dict(load_file(path / "model.safetensors"))
         est.model_.to(est.device).eval()
