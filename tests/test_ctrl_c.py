@@ -304,3 +304,27 @@ def test_pretrain_second_ctrl_c_stops_at_once_and_the_run_folder_stays_usable(ag
         assert resumed.returncode == 1 and "nothing to resume" in resumed.stderr, resumed.stderr
         fresh = subprocess.run([*args, "--max-steps", "3"], capture_output=True, text=True, timeout=300)
         assert fresh.returncode == 0 and "step 3: loss" in fresh.stdout, fresh.stderr[-3000:]
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_pretrain_ctrl_c_while_preparing_exits_130_and_the_same_command_runs_again(seed, tmp_path):
+    """Ctrl-C at a seeded moment of the first second (tokenizer training, corpus packing, first steps): exit 130,
+    no traceback; the same command then finishes (with --resume where a checkpoint was saved), so no half-written
+    tokenizer or packed corpus is taken for complete."""
+    from test_pretrain import write_corpus
+
+    corpus, out = write_corpus(tmp_path / "text"), tmp_path / "run"
+    args = [CTXREP, "pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out)]
+    args += ["--no-progress", "--precision", "fp32"]
+    delay = random.Random(seed).uniform(0.0, 1.0)
+    done = _interrupt([*args, "--max-steps", "100000"], lambda: out.is_dir() and time.sleep(delay) is None, seed)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.rstrip().splitlines()[-1].startswith("interrupted (Ctrl-C)"), done.stderr
+
+    if (out / "checkpoint").is_dir():  # stopped in training: the checkpoint's line, and --resume continues
+        last, resume = _check_interrupted_run(done, out, "ctxrep pretrain") + 2, ["--resume"]
+    else:
+        last, resume = 5, []
+    again = subprocess.run([*args, "--max-steps", str(last), *resume], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and f"step {last}: loss" in again.stdout, again.stderr[-3000:]
+    assert _logged_steps(out)[-1] == last
