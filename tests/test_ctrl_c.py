@@ -1,10 +1,15 @@
-"""A real Ctrl-C (SIGINT) ends cleanly: in this pytest process with ONNX Runtime and OpenVINO loaded and running
-beside torch (the Trainer finishes its step, saves and returns; a resumed run equals an uninterrupted one), and for
-`ctxrep embed` at seeded random moments (exit status 130, one line, no traceback; the complete shards are kept, no
-half-written file is taken for complete, and the same command resumes to the folder of an uninterrupted run).
-`ctxrep pretrain` and `ctxrep mt train` stopped during training save a checkpoint, exit 130 with one line naming it,
-and --resume continues from the step after it. `ctxrep serve` stopped by Ctrl-C answers the request in flight and
-exits 130; `ctxrep pretrain` is also stopped in this process, with the runtimes loaded. `ctxrep finetune` stopped during training exits 130 and leaves no model/ or metrics.json behind."""
+"""A real Ctrl-C (SIGINT) ends cleanly: exit status 130, one line, no traceback, nothing half-written taken for complete.
+
+- In this pytest process, with ONNX Runtime and OpenVINO loaded and run beside torch: the Trainer finishes its step,
+  saves and returns (a resumed run equals an uninterrupted one), and `ctxrep pretrain` exits 130 through SystemExit.
+- `ctxrep embed` at seeded moments: the complete shards are kept and the same command resumes to the folder of an
+  uninterrupted run.
+- `ctxrep pretrain` / `mt train` stopped in training: a checkpoint and one line naming it; --resume continues from
+  the next step. A second Ctrl-C quits without saving; Ctrl-C while preparing (tokenizer, packing): the same
+  command runs again.
+- `ctxrep finetune`: stops at once and leaves no model/ or metrics.json behind.
+- `ctxrep serve`: answers the request in flight, closes the port.
+"""
 
 from __future__ import annotations
 
