@@ -76,6 +76,24 @@ def __getattr__(name: str):
     help="sparse: one SPLADE vector over the vocabulary per text (--level sentence; a model with an MLM head, e.g. "
     "naver/splade-v3, or BGE-M3's sparse head); read back with ctxrep.load_vectors as scipy.sparse rows.",
 )
+@click.option(
+    "--dimensions",
+    type=int,
+    default=None,
+    help="--level sentence: keep the first N coordinates of each vector, then unit length again (Matryoshka; "
+    "OpenAI's dimensions). At most the model's width.",
+)
+@click.option(
+    "--prompt",
+    default=None,
+    help="--level sentence: text put before every text (e.g. 'query: '), as sentence-transformers' encode(prompt=).",
+)
+@click.option(
+    "--prompt-name",
+    default=None,
+    help="--level sentence: the prompt of that name the model folder declares (config_sentence_transformers.json). "
+    "Neither given: the folder's default prompt, if it has one.",
+)
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
@@ -143,6 +161,9 @@ def embed(
     pooling,
     sentence_pooling,
     output,
+    dimensions,
+    prompt,
+    prompt_name,
     shard_size,
     storage,
     skip_empty,
@@ -199,6 +220,9 @@ def embed(
         precision=precision,
         backend=backend,
         output=output,
+        dimensions=dimensions,
+        prompt=prompt,
+        prompt_name=prompt_name,
     )
 
     def log(message: str) -> None:

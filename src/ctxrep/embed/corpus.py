@@ -249,6 +249,9 @@ class EmbedJob:
     precision: str = "fp32"
     backend: str = "torch"
     output: str = "dense"  # "sparse": SPLADE vectors over the vocabulary (ctxrep.vectors.sparse), sentence level
+    dimensions: int | None = None  # sentence vectors: the first N coordinates, renormalised (Matryoshka)
+    prompt: str | None = None  # sentence vectors: text put before every text
+    prompt_name: str | None = None  # sentence vectors: the model folder's prompt of that name
     extra_settings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -269,6 +272,7 @@ class EmbedJob:
                 "--output sparse writes one sparse vector per text from the last layer: use --level sentence, "
                 "safetensors storage and the default --layers"
             )
+        self._check_sentence_options()
         if self.header is not None and self.fmt not in ("csv", "tsv"):
             raise ValueError(f"--header / --no-header apply to --format csv or tsv, not {self.fmt}")
         if self.fmt in ("csv", "tsv"):  # a numbered column without --header / --no-header: refused before any work
@@ -278,9 +282,60 @@ class EmbedJob:
         if self.fmt == "parquet" and self.input_path == "-":
             raise ValueError("--format parquet reads a file, not standard input; give --input FILE")
 
+    def _check_sentence_options(self) -> None:
+        given = [
+            flag
+            for flag, value in (
+                ("--dimensions", self.dimensions),
+                ("--prompt", self.prompt),
+                ("--prompt-name", self.prompt_name),
+            )
+            if value is not None
+        ]
+        if not given:
+            return
+        if self.level != "sentence" or self.output != "dense":
+            raise ValueError(
+                f"{' / '.join(given)} apply to dense sentence vectors: add --level sentence"
+                + (" and leave out --output sparse" if self.output != "dense" else "")
+            )
+        if self.prompt is not None and self.prompt_name is not None:
+            raise ValueError("give --prompt (a text) or --prompt-name (a prompt the model folder declares), not both")
+        if self.dimensions is not None and (
+            isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int) or self.dimensions < 1
+        ):
+            raise ValueError(f"--dimensions must be a positive integer, got {self.dimensions!r}")
+
     @property
     def source(self) -> str:
         return "<stdin>" if self.input_path == "-" else self.input_path
+
+    def sentence_options(self) -> dict:
+        """The keyword arguments of `embed_sentences` this job adds (dimensions, prompt, prompt_name), those given."""
+        options = {"dimensions": self.dimensions, "prompt": self.prompt, "prompt_name": self.prompt_name}
+        return {k: v for k, v in options.items() if v is not None}
+
+    def check_prompt(self) -> None:
+        """An unknown --prompt-name is a one-line ValueError naming the prompts the model folder declares, read
+        from the folder without loading its weights."""
+        if self.prompt_name is None:
+            return
+        from ctxrep.models.loading import resolve
+        from ctxrep.models.sentence_transformers import read_prompts
+
+        try:
+            read_prompts(resolve(self.model).folder).resolve(None, self.prompt_name)
+        except ValueError as e:
+            raise ValueError(f"--prompt-name: {e}") from None
+
+    def spec_of(self, fz) -> FeaturizerSpec:
+        """The FeaturizerSpec of what this job writes with `fz`: the Featurizer's, with the dimensions and the
+        prompt text (resolved from its name, or the folder's default prompt; None without one) of sentence vectors."""
+        spec = FeaturizerSpec.of(fz)
+        if self.level != "sentence" or self.output != "dense":
+            return spec
+        prompt = fz.prompts.resolve(self.prompt, self.prompt_name) or None  # None: no prompt, as a plain run
+        return replace(spec, dimensions=self.dimensions, prompt=prompt)
 
     def settings(self) -> dict:
         """The manifest's `settings`: what decides the vectors and the shard layout."""
@@ -307,6 +362,8 @@ class EmbedJob:
             settings["backend"] = self.backend
         if self.output != "dense":
             settings["output"] = self.output
+        for name, value in self.sentence_options().items():  # each decides the vectors
+            settings[name] = value
         settings.update(self.extra_settings)
         return settings
 
@@ -340,7 +397,16 @@ class EmbedJob:
             from ctxrep.vectors.sparse import SparseEncoder
 
             return SparseEncoder(fz)
+        self.check_width(fz)
         return fz
+
+    def check_width(self, fz) -> None:
+        """--dimensions wider than the model's sentence vectors: a one-line ValueError before any text runs."""
+        if self.dimensions is not None and self.dimensions > fz.sentence_dim:
+            raise ValueError(
+                f"--dimensions {self.dimensions} is more than {self.model}'s {fz.sentence_dim}-wide sentence vectors "
+                f"(--sentence-pooling {fz.sentence_pooling}); give at most {fz.sentence_dim}"
+            )
 
 
 @dataclass
@@ -384,8 +450,11 @@ def _fingerprint(path: str) -> dict:
 # ---- one shard --------------------------------------------------------------------------------------------------
 
 
-def embed_shard(fz, records: list[Record], first_text: int, level: str) -> tuple[np.ndarray, list[tuple]]:
-    """The vectors of `records` and one index entry (text, line, word position, word) per vector row."""
+def embed_shard(
+    fz, records: list[Record], first_text: int, level: str, options: dict | None = None
+) -> tuple[np.ndarray, list[tuple]]:
+    """The vectors of `records` and one index entry (text, line, word position, word) per vector row. `options`:
+    keyword arguments of embed_sentences (dimensions, prompt, prompt_name; `EmbedJob.sentence_options`)."""
     words = [r.words for r in records]
     if level == "word":
         per_text = fz.embed_words(words)
@@ -396,16 +465,43 @@ def embed_shard(fz, records: list[Record], first_text: int, level: str) -> tuple
             vectors = np.zeros((0, width) if fz.single_layer else (0, len(fz.layer_indices), width), np.float32)
         index = [(first_text + t, r.line, w, word) for t, r in enumerate(records) for w, word in enumerate(r.words)]
     else:
-        vectors = fz.embed_sentences(words)
+        vectors = fz.embed_sentences(words, **(options or {}))
         index = [(first_text + t, r.line, -1, "") for t, r in enumerate(records)]
     assert len(index) == vectors.shape[0], "one index line per vector row"
     return vectors, index
 
 
-def write_shard(fz, records: list[Record], k: int, first_text: int, level: str, storage: str, out: Path) -> dict:
-    """Embed shard `k` and write it (`write_arrays`); returns its manifest entry."""
-    vectors, index = embed_shard(fz, records, first_text, level)
-    return write_arrays(vectors, index, k, len(records), storage, out)
+def write_shard(
+    fz,
+    records: list[Record],
+    k: int,
+    first_text: int,
+    level: str,
+    storage: str,
+    out: Path,
+    options: dict | None = None,
+) -> dict:
+    """Embed shard `k` and write it (`write_arrays`); returns its manifest entry, with the texts the Featurizer cut
+    (`with_cut`)."""
+    vectors, index = embed_shard(fz, records, first_text, level, options)
+    cut = [first_text + i for i in getattr(fz, "cut_texts", [])]  # a SparseEncoder keeps no record: none
+    return with_cut(write_arrays(vectors, index, k, len(records), storage, out), cut, records, first_text)
+
+
+def with_cut(entry: dict, cut: list[int], records: list[Record], first_text: int) -> dict:
+    """A shard's manifest entry with the texts a window cut (a word longer than a whole window keeps its first
+    pieces): `cut_texts` (text numbers, as the index files number them) and `cut_lines` (their input lines), when
+    there are any."""
+    if cut:
+        entry = {**entry, "cut_texts": list(cut), "cut_lines": [records[t - first_text].line for t in cut]}
+    return entry
+
+
+def cut_summary(shards: list[dict]) -> dict:
+    """The manifest's `cut`: how many texts the Featurizer cut in all shards, their text numbers and lines."""
+    texts = [t for s in shards for t in s.get("cut_texts", [])]
+    lines = [n for s in shards for n in s.get("cut_lines", [])]
+    return {"count": len(texts), "texts": texts, "lines": lines}
 
 
 def _shard_number(entry: dict) -> int:
@@ -435,6 +531,7 @@ def embed_corpus(
     in this process. Every worker embeds whole shards; the folder is the same as one process's.
     """
     placements = _placements(job, workers, devices)  # bad options fail before the folder is touched
+    job.check_prompt()  # an unknown --prompt-name: before any model loads
     job = choose_precision(job, placements[0][0], log)
     run = open_run(job, log)
     if isinstance(run, EmbedSummary):
@@ -637,19 +734,21 @@ class _Run:
 
     def _write(self, complete: bool) -> None:
         shards = [self.done[k] for k in sorted(self.done)]
-        write_manifest(self.out, self.settings, shards, self.row_shape, complete, self.spec)
+        extra = {"cut": cut_summary(shards)}
+        write_manifest(self.out, self.settings, shards, self.row_shape, complete, self.spec, extra)
 
     def in_process(self, shards, device: str | None, threads: int | None) -> None:
-        fz = self.job.featurizer(device, threads)
-        self.row_shape = vector_row_shape(fz, self.job.level)
-        spec = FeaturizerSpec.of(fz)
+        job = self.job
+        fz = job.featurizer(device, threads)
+        self.row_shape = vector_row_shape(fz, job.level, job.dimensions)
+        spec = job.spec_of(fz)
+        options = job.sentence_options()
         for k, first, records in shards:
             self.seen = k + 1
             if k in self.done:
                 continue
-            self.record(
-                k, write_shard(fz, records, k, first, self.job.level, self.job.storage, self.out), self.row_shape, spec
-            )
+            entry = write_shard(fz, records, k, first, job.level, job.storage, self.out, options)
+            self.record(k, entry, self.row_shape, spec)
 
     def in_workers(self, shards, placements: list[tuple[str | None, int | None]]) -> None:
         import torch.multiprocessing as mp
@@ -743,6 +842,12 @@ class _Run:
         if missing:  # cannot happen unless a worker lost a shard silently: never mark such a run complete
             raise WorkerDied(f"shards {missing} were not written; run the same command again to finish")
         self._write(complete=True)
+        cut = cut_summary(list(self.done.values()))["count"]
+        if cut:
+            self.log(
+                f"note: {cut} text{'s' if cut != 1 else ''} cut: a word longer than a whole window of {self.job.model} "
+                f'keeps its first pieces; their text numbers and lines are in {self.manifest_file}\'s "cut"'
+            )
         rows = sum(s["rows"] for s in self.done.values())
         return EmbedSummary(
             self.out, self.job.model, self.job.level, texts, rows, self.row_shape, len(self.done), self.resumed
@@ -753,12 +858,14 @@ class _Run:
         if old is not None:
             if old.get("row_shape"):
                 return tuple(old["row_shape"])
-        return vector_row_shape(self.job.featurizer(), self.job.level)
+        return vector_row_shape(self.job.featurizer(), self.job.level, self.job.dimensions)
 
 
-def vector_row_shape(fz, level: str) -> tuple[int, ...]:
-    """The shape of one vector row: (dim,) for one layer or a mix, (layers, dim) for several layers."""
+def vector_row_shape(fz, level: str, dimensions: int | None = None) -> tuple[int, ...]:
+    """The shape of one vector row: (dim,) for one layer or a mix, (layers, dim) for several layers; dim is
+    `dimensions` where sentence vectors are truncated."""
     dim = fz.sentence_dim if level == "sentence" else fz.dim
+    dim = dimensions if dimensions is not None and level == "sentence" else dim
     return (dim,) if fz.single_layer else (len(fz.layer_indices), dim)
 
 
@@ -798,8 +905,8 @@ def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None
     _die_with_parent()
     try:
         fz = job.featurizer(device, threads)
-        row_shape = vector_row_shape(fz, job.level)
-        spec = FeaturizerSpec.of(fz).to_dict()
+        row_shape = vector_row_shape(fz, job.level, job.dimensions)
+        spec = job.spec_of(fz).to_dict()
     except Exception as e:
         results.put(("error", -1, worker, f"{type(e).__name__}: {e}"))
         return
@@ -811,7 +918,7 @@ def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None
         k, first, records = task
         results.put(("started", k, worker, None))
         try:
-            entry = write_shard(fz, records, k, first, job.level, job.storage, out)
+            entry = write_shard(fz, records, k, first, job.level, job.storage, out, job.sentence_options())
         except Exception as e:
             results.put(("error", k, worker, f"{type(e).__name__}: {e}"))
             return
@@ -841,6 +948,7 @@ __all__ = [
     "Record",
     "WorkerDied",
     "embed_corpus",
+    "cut_summary",
     "embed_shard",
     "expand_devices",
     "load_shards",

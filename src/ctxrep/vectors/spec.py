@@ -32,7 +32,7 @@ DEFAULT_SENTENCE_POOLING = "auto"
 
 
 # fields that decide sentence vectors only (word vectors are the same whatever they say)
-SENTENCE_ONLY = ("sentence_pooling", "normalize")
+SENTENCE_ONLY = ("sentence_pooling", "normalize", "dimensions", "prompt")
 
 
 class SpecMismatch(ValueError):
@@ -47,7 +47,9 @@ class FeaturizerSpec:
 
     model: a packaged or Hub name, or a local folder as an absolute path. revision: the Hub commit the weights came
     from (a snapshot in the Hugging Face cache), None for folders and packaged models. layers: an index, a list,
-    "all", "mix", or {"mix": weights, "gamma": g} for a ScalarMix.
+    "all", "mix", or {"mix": weights, "gamma": g} for a ScalarMix. dimensions and prompt: what
+    `embed_sentences(dimensions=, prompt=, prompt_name=)` was given (`ctxrep embed` records them; a Featurizer's own
+    spec leaves them None, so a reader's featurizer is not compared on them).
     """
 
     model: str
@@ -61,6 +63,8 @@ class FeaturizerSpec:
     max_length: int | None = None
     stride: int | None = None
     head: str = "dense"  # what turns the token states into the vectors: "dense", "sparse" (SPLADE), "multi-vector"
+    dimensions: int | None = None  # sentence vectors cut to their first N coordinates, then renormalised
+    prompt: str | None = None  # the text put before every text ("" none), a folder's prompt resolved from its name
 
     @classmethod
     def of(cls, featurizer) -> FeaturizerSpec:

@@ -1,0 +1,161 @@
+"""`ctxrep embed` options of sentence vectors: --dimensions, --prompt / --prompt-name (equal to sentence-transformers'
+encode on a tiny folder it saved; recorded in the manifest's settings and spec), and the texts a window cut (count,
+text numbers and lines in the manifest, one line on stderr). Bad options are one line before the model runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+
+import ctxrep
+from ctxrep.cli import main
+from ctxrep.embed import corpus
+from ctxrep.embed.corpus import EmbedJob, embed_corpus
+
+st = pytest.importorskip("sentence_transformers")
+from sentence_transformers.base.modules import Normalize, Transformer  # noqa: E402
+from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
+
+TEXTS = [
+    "A crane caught a fish .",
+    "Unbelievably , the newscaster broke into the broadcast !",
+    "Dawn broke .",
+    "the quick brown fox jumps over the lazy dog while the crane lifted the steel beam",
+    "an " + "x," * 45 + " word",  # one word of 90 pieces: more than the 64-position window, so it is cut
+    " ".join(["fox"] * 100),  # windowed, not cut
+]
+PROMPTS = {"query": "query : ", "document": "", "classification": "classify the text :"}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, minilm_path) -> Path:
+    """A sentence-transformers folder over a 32-wide, 64-position BERT: mean pooling, Normalize, three prompts."""
+    bert = tmp_path_factory.mktemp("bert")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64,
+    )  # fmt: skip
+    transformers.BertModel(config).save_pretrained(bert)
+    transformers.AutoTokenizer.from_pretrained(minilm_path).save_pretrained(bert)
+    path = tmp_path_factory.mktemp("prompted") / "st"
+    modules = [Transformer(str(bert)), Pooling(32, pooling_mode="mean"), Normalize()]
+    st.SentenceTransformer(modules=modules, prompts=PROMPTS, default_prompt_name="query").save(str(path))
+    return path
+
+
+@pytest.fixture()
+def src(tmp_path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_text("\n".join(TEXTS) + "\n")
+    return path
+
+
+def _embed(folder, src, out, *options):
+    args = ["embed", "--model", str(folder), "--input", str(src), "--out", str(out), "--level", "sentence"]
+    return CliRunner().invoke(main, [*args, "--shard-size", "4", *options])
+
+
+def _manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("options", "encode", "prompt"),
+    [
+        (["--dimensions", "16", "--prompt-name", "classification"], {"prompt_name": "classification"}, PROMPTS["classification"]),
+        (["--prompt", "passage : "], {"prompt": "passage : "}, "passage : "),
+        ([], {}, "query : "),  # the folder's default prompt, as sentence-transformers applies it
+    ],
+)  # fmt: skip
+def test_dimensions_and_prompts_equal_sentence_transformers(folder, src, tmp_path, options, encode, prompt):
+    out = tmp_path / "out"
+    result = _embed(folder, src, out, *options)
+    assert result.exit_code == 0, result.output
+    dimensions = int(options[1]) if "--dimensions" in options else None
+    model = st.SentenceTransformer(str(folder), truncate_dim=dimensions)
+    theirs = model.encode(TEXTS[:4], normalize_embeddings=True, **encode)  # the texts it does not cut or window
+    vectors = ctxrep.load_vectors(out)
+    assert vectors.row_shape == (dimensions or 32,)
+    np.testing.assert_allclose(vectors.array[:4], theirs, atol=1e-5)
+    manifest = _manifest(out)
+    assert manifest["row_shape"] == [dimensions or 32]
+    assert manifest["spec"]["dimensions"] == dimensions and manifest["spec"]["prompt"] == prompt
+    for flag, value in zip(options[::2], options[1::2]):
+        name = flag.removeprefix("--").replace("-", "_")
+        assert str(manifest["settings"][name]) == value
+    assert vectors.spec.dimensions == dimensions  # the manifest's spec loads back
+
+
+def test_a_run_with_other_dimensions_or_prompt_is_refused_in_that_folder(folder, src, tmp_path):
+    out = tmp_path / "out"
+    assert _embed(folder, src, out, "--dimensions", "16").exit_code == 0
+    for other, field in ((["--dimensions", "8"], "dimensions"), (["--dimensions", "16", "--prompt", "q: "], "prompt")):
+        result = _embed(folder, src, out, *other)
+        assert result.exit_code != 0
+        assert f"holds the output of a different run (differs in: {field})" in result.output
+
+
+def test_texts_a_window_cut_are_in_the_manifest_and_said_once(folder, src, tmp_path):
+    out = tmp_path / "out"
+    result = _embed(folder, src, out)
+    assert result.exit_code == 0, result.output
+    assert _manifest(out)["cut"] == {"count": 1, "texts": [4], "lines": [5]}  # windowed text 5 is not cut
+    second = _manifest(out)["shards"][1]
+    assert (second["cut_texts"], second["cut_lines"]) == ([4], [5])
+    notes = [line for line in result.output.splitlines() if "cut:" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: 1 text cut: a word longer than a whole window")
+    plain = tmp_path / "plain"
+    plain_src = tmp_path / "plain.txt"
+    plain_src.write_text("\n".join(TEXTS[:4]) + "\n")
+    result = _embed(folder, plain_src, plain)
+    assert _manifest(plain)["cut"] == {"count": 0, "texts": [], "lines": []}
+    assert "cut:" not in result.output
+
+
+def test_word_vectors_record_the_cut_too(folder, src, tmp_path):
+    job = EmbedJob(str(src), str(tmp_path / "w"), model=str(folder), shard_size=4, level="word")
+    embed_corpus(job, show_progress=False, log=lambda m: None)
+    assert _manifest(tmp_path / "w")["cut"]["texts"] == [4]
+
+
+def test_bad_options_are_one_line_before_the_model_loads(folder, src, tmp_path, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(corpus.EmbedJob, "featurizer", no_model)
+    cases = [
+        (["--prompt-name", "passage"], "--prompt-name: unknown prompt name 'passage': "),
+        (["--prompt", "q: ", "--prompt-name", "query"], "give --prompt (a text) or --prompt-name"),
+        (["--dimensions", "0"], "--dimensions must be a positive integer, got 0"),
+        (
+            ["--dimensions", "8", "--level", "word"],
+            "--dimensions apply to dense sentence vectors: add --level sentence",
+        ),
+        (["--prompt", "q: ", "--output", "sparse"], "--prompt apply to dense sentence vectors"),
+    ]
+    for options, message in cases:
+        out = tmp_path / "out"
+        result = _embed(folder, src, out, *options)
+        assert result.exit_code != 0, options
+        assert message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert not (out / "manifest.json").exists()
+    assert (
+        "declares the prompts 'classification', 'document', 'query'"
+        in _embed(folder, src, tmp_path / "o", "--prompt-name", "passage").output
+    )
+
+
+def test_dimensions_wider_than_the_model_is_one_line_before_any_text_runs(folder, src, tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "write_shard", lambda *a, **k: pytest.fail("a shard was embedded"))
+    result = _embed(folder, src, tmp_path / "out", "--dimensions", "33")
+    assert result.exit_code != 0
+    assert "--dimensions 33 is more than" in result.output and "32-wide sentence vectors" in result.output
+    assert "give at most 32" in result.output and len(result.output.strip().splitlines()) == 1
