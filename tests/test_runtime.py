@@ -168,15 +168,15 @@ def test_elmo_stays_on_torch_and_says_so_in_one_line(elmo_dir):
 
 
 def test_device_and_precision_flow_through_to_the_runtime(tiny_models):
-    """The model goes to `device`, the cast copy keeps it and its dtype, and batches follow ("meta" stands in for a
-    GPU: nothing may hard-code the CPU or float32)."""
+    """The model goes to `device`, loaded in the precision's dtype (the runtime runs it, no cast copy), and batches
+    follow ("meta" stands in for a GPU: nothing may hard-code the CPU or float32)."""
     fz = Featurizer(str(tiny_models["bert"]), device="meta", precision="bf16", compile=False)
     assert next(fz.model.parameters()).device.type == "meta"
     run = fz.runtime
     assert run.device.type == "meta"
     params = list(run.encoder.parameters())
     assert {p.device.type for p in params} == {"meta"} and {p.dtype for p in params} == {torch.bfloat16}
-    assert {p.dtype for p in fz.model.parameters()} == {torch.float32}  # the model itself is not cast
+    assert run.encoder is fz.model  # a named model loads in bf16 (tests/test_dtype.py): no second copy
     seen = []
 
     class Stop(Exception):
