@@ -23,10 +23,10 @@ Both outputs are read back with this checkout's `ctxrep.load_vectors`: same row 
 
 Cost: d6c1d1b's process spends about 2 ms of CPU per sentence, this checkout's (at 0aee769) about 0.6 ms, plus
 ~3-5 s of start-up each (measured on the loaded shared 2-core machine): the full million takes roughly half an hour
-on 2 quiet cores; 150,000 sentences take about 5 min.
+on 2 quiet cores (25-45 min); 150,000 sentences take 4-7 min.
 
-Run:  .venv/bin/python benchmarks/embed_memory.py                       # 1,000,000 sentences, ~25-35 min
-      .venv/bin/python benchmarks/embed_memory.py --sentences 150000    # ~5 min
+Run:  .venv/bin/python benchmarks/embed_memory.py                       # 1,000,000 sentences, ~25-45 min
+      .venv/bin/python benchmarks/embed_memory.py --sentences 150000    # ~4-7 min
       .venv/bin/python benchmarks/embed_memory.py --sentences 20000     # quick trial (not a benchmark result)
 """
 
