@@ -1,8 +1,8 @@
 """What several benchmarks share (a benchmark imports the library and this module, never another benchmark).
 
 The shared data folder and its two corpora (SST train leaves, UD EWT `# text` lines), the results table, the CPU's
-name and logical CPUs, FLOPs per token of an encoder's forward pass, and the MLM pretraining benchmark's model shape
-with its useful FLOPs per step.
+name and logical CPUs, FLOPs per token of an encoder's forward pass, the MLM pretraining benchmark's model shape
+with its useful FLOPs per step, and the tiny encoder folder of the host-side benchmarks.
 """
 
 from __future__ import annotations
@@ -133,3 +133,32 @@ def model_flops_per_step(batch: int, seq: int, masked: float) -> float:
     attention = 12 * LAYERS * seq * HIDDEN * tokens  # QK^T and AV, forward + backward
     head = 6 * (HIDDEN * HIDDEN + HIDDEN * VOCAB) * masked
     return float(encoder + attention + head)
+
+
+# ---- models ---------------------------------------------------------------------------------------
+
+
+def tiny_folder(out: Path, seed: int = 0) -> Path:
+    """A 1-layer, 32-wide BERT (2 heads, 64 intermediate, random weights from `seed`) with MiniLM's vocabulary and
+    tokenizer, saved as a sentence-transformers folder (mean Pooling, Normalize): an encoder whose compute is ~0, so
+    that what is timed or measured is the host's work."""
+    import json
+    import shutil
+
+    import torch
+    import transformers
+
+    from ctxrep.models.loading import resolve
+
+    minilm = resolve("minilm").folder
+    config = transformers.BertConfig.from_pretrained(minilm)
+    config.update({"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64})
+    torch.manual_seed(seed)
+    transformers.BertModel(config, add_pooling_layer=False).eval().save_pretrained(out)  # no progress bar: 1 shard
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "modules.json"):
+        shutil.copy(minilm / name, out / name)
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
+    (out / "1_Pooling").mkdir()
+    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
+    return out

@@ -33,11 +33,9 @@ Run:  .venv/bin/python benchmarks/embed_memory.py                       # 1,000,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,7 +43,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import DEFAULT_DATA, read_sst
+from _common import DEFAULT_DATA, read_sst, tiny_folder
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "d6c1d1b"
@@ -81,28 +79,6 @@ def write_corpus(data: Path, n: int, path: Path) -> tuple[int, int]:
             chars += len(chunk)
             f.write(chunk)
     return len(trees), chars
-
-
-def tiny_folder(out: Path) -> Path:
-    """A 1-layer, 32-wide BERT with MiniLM's tokenizer, as a sentence-transformers folder (mean pooling, Normalize)."""
-    import torch
-    import transformers
-
-    from ctxrep.models.loading import resolve
-
-    transformers.utils.logging.disable_progress_bar()
-    minilm = resolve("minilm").folder
-    config = transformers.BertConfig.from_pretrained(minilm)
-    config.update({"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64})
-    torch.manual_seed(SEED)
-    transformers.BertModel(config, add_pooling_layer=False).eval().save_pretrained(out)
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "modules.json"):
-        shutil.copy(minilm / name, out / name)
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
-    (out / "1_Pooling").mkdir()
-    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
-    return out
 
 
 def run_embed(src: Path, folder: Path, corpus: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -173,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = Path(tmp_name)
         corpus = tmp / "corpus.txt"
         trees, chars = write_corpus(args.data, args.sentences, corpus)
-        folder = tiny_folder(tmp / "tiny")
+        folder = tiny_folder(tmp / "tiny", SEED)
         old_tree = tmp / "old"
         subprocess.run(
             ["git", "-C", str(REPO), "worktree", "add", "--quiet", "--detach", str(old_tree), args.old_commit],
