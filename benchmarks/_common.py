@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import re
 import sys
 from pathlib import Path
@@ -20,17 +21,18 @@ _SST_LEAF = re.compile(r"\(\d+ ([^()]+)\)")  # a leaf node "(label word)"; words
 # ---- corpora ---------------------------------------------------------------------------------------
 
 
-def read_sst(path: Path, n: int) -> list[list[str]]:
-    """The leaves, in order, of the first n PTB trees (one tree per line), kept as written (-LRB-, \\/).
-    A few leaves hold a no-break space (U+00A0, as in "8 1/2"); such a leaf stays one word."""
-    out = []
+def read_sst(path: Path, n: int | None = None, seed: int = 0) -> list[list[str]]:
+    """The leaves of n PTB trees (one tree per line), kept as written (-LRB-, \\/). sst/train.txt is ordered by
+    label, so fewer trees than the file holds are a seeded sample (in file order), never the first n; more than it
+    holds repeat the whole file; None: every tree once. A few leaves hold a no-break space (U+00A0, as in "8 1/2"); such a leaf stays one
+    word."""
     with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                out.append(_SST_LEAF.findall(line))
-            if len(out) == n:
-                break
-    return out
+        trees = [_SST_LEAF.findall(line) for line in f if line.strip()]
+    if n is None:
+        return trees
+    if n >= len(trees):
+        return [trees[i % len(trees)] for i in range(n)] if trees else []
+    return [trees[i] for i in sorted(random.Random(seed).sample(range(len(trees)), n))]
 
 
 def read_ud(path: Path, n: int) -> list[list[str]]:

@@ -70,7 +70,7 @@ def write_corpus(data: Path, n: int, path: Path) -> tuple[int, int]:
             f"error: {sst} is missing. The benchmark samples sentences from the shared data folder beside the "
             "checkout (../shared/data); pass its location with --data DIR."
         )
-    trees = [" ".join(words) for words in read_sst(sst, sys.maxsize) if words]  # every tree
+    trees = [" ".join(words) for words in read_sst(sst) if words]  # every tree
     rng = random.Random(SEED)
     chars = 0
     with path.open("w", encoding="utf-8") as f:

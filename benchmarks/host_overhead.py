@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
-import re
-import shutil
 import sys
 import tempfile
 import time
@@ -44,43 +41,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import DEFAULT_DATA, read_sst, tiny_folder
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TOLERANCE = 1e-4
 TARGET_VS_ST = 1.5
 TARGET_VS_TOKENIZER = 0.6
 TARGET_WORDS_VS_HF = 1.5
 REF_BATCH = 256
 TOKENIZER_BATCH = 1024
-_SST_LEAF = re.compile(r"\(\d+ ([^()]+)\)")  # a leaf "(label word)"
-
-
-def read_sst(path: Path, n: int) -> list[list[str]]:
-    """The leaves of the PTB trees in `path`, one word list per tree, the file repeated until there are n."""
-    trees = [_SST_LEAF.findall(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not trees:
-        sys.exit(f"error: {path} holds no trees")
-    return [trees[i % len(trees)] for i in range(n)]
-
-
-def tiny_folder(out: Path) -> Path:
-    """A 1-layer, 32-wide BERT with MiniLM's tokenizer, as a sentence-transformers folder (mean pooling, Normalize)."""
-    import transformers
-
-    from ctxrep.models.loading import resolve
-
-    minilm = resolve("minilm").folder
-    config = transformers.BertConfig.from_pretrained(minilm)
-    config.update({"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64})
-    torch.manual_seed(0)
-    transformers.BertModel(config, add_pooling_layer=False).eval().save_pretrained(out)  # no progress bar: 1 shard
-    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "modules.json"):
-        shutil.copy(minilm / name, out / name)
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 512, "do_lower_case": False}))
-    (out / "1_Pooling").mkdir()
-    pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
-    return out
 
 
 # ---- the references ----------------------------------------------------------------------------------------------
