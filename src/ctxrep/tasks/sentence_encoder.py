@@ -187,15 +187,15 @@ class SentenceEncoder(ParamsProtocol):
         examples, y = self._check_X_y(X, y)
         seed = int(self.random_state) if self.random_state is not None else secrets.randbelow(2**31)
         rng = np.random.default_rng(seed)
-        self.backbone_ = load_encoder(self.model, dtype="fp32")  # float32 master weights to train
+        self.backbone_ = load_encoder(self.model)
         encoder = self.backbone_.model
         if encoder.word_level:
             raise ValueError(
                 f"{encoder.family} reads whole words through a biLSTM; a sentence encoder here is a Transformer "
                 "saved as a sentence-transformers folder: use a Transformer model"
             )
-        self.pooling_, self.normalize_ = self._resolve_pooling()
-        encoder.to(self.device)
+        self._prepare()
+        trained = self._trained_module().to(self.device)
         if y is not None and self.loss == "cosine":
             self.score_range_ = [float(y.min()), float(y.max())]
             y = (y - y.min()) / (y.max() - y.min())  # to [0, 1], the range of useful cosines
@@ -209,7 +209,7 @@ class SentenceEncoder(ParamsProtocol):
         from ctxrep.train.optim import adamw
         from ctxrep.train.schedules import warmup_decay
 
-        optimizer = adamw(encoder, self.lr, self.weight_decay, fused=True)  # torch's fused kernel where it applies
+        optimizer = adamw(trained, self.lr, self.weight_decay, fused=True)  # torch's fused kernel where it applies
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_decay(step, warmup, total))
         self.history_ = []
         step, epoch = 0, 0
@@ -219,7 +219,7 @@ class SentenceEncoder(ParamsProtocol):
         try:
             with loop.seeded_torch(seed):  # dropout
                 while step < total:
-                    encoder.train()
+                    trained.train()
                     order = rng.permutation(len(examples))
                     losses = []
                     for start in range(0, len(order), self.batch_size):
@@ -232,7 +232,7 @@ class SentenceEncoder(ParamsProtocol):
                         optimizer.zero_grad()
                         loss.backward()
                         if self.max_grad_norm:
-                            torch.nn.utils.clip_grad_norm_(encoder.parameters(), self.max_grad_norm)
+                            torch.nn.utils.clip_grad_norm_(trained.parameters(), self.max_grad_norm)
                         optimizer.step()
                         scheduler.step()
                         step += 1
@@ -247,9 +247,17 @@ class SentenceEncoder(ParamsProtocol):
                         break
         finally:
             bar.close()
-            encoder.eval()
+            trained.eval()
         self.n_epochs_ = epoch
         return self
+
+    def _prepare(self) -> None:
+        """What fit and load set up over the loaded backbone: the pooling (a sparse subclass reads its MLM head)."""
+        self.pooling_, self.normalize_ = self._resolve_pooling()
+
+    def _trained_module(self) -> torch.nn.Module:
+        """Every module fit trains (and moves, clips, switches to train / eval)."""
+        return self.backbone_.model
 
     def _resolve_pooling(self) -> tuple[str, bool]:
         """("mean" or "cls", normalise?) from `pooling`, `normalize` and the model folder's modules.json."""
@@ -341,31 +349,43 @@ class SentenceEncoder(ParamsProtocol):
         dim = self.backbone_.model.hidden_size
         if not texts:
             return np.zeros((0, dim), np.float32)
+        out = np.zeros((len(texts), dim), np.float32)
+        for rows, vectors in self._encoded_batches(texts):
+            out[rows] = vectors.cpu().numpy()
+        return out
+
+    def _encoded_batches(self, texts: list[str]):
+        """(row numbers, their vectors) of length-sorted batches under a token budget, in inference mode."""
         records = self._inputs(texts)
         order = sorted(range(len(records)), key=lambda i: len(records[i]))
-        out = np.zeros((len(records), dim), np.float32)
-        self.backbone_.model.eval()
+        self._trained_module().eval()
         with torch.inference_mode():
             start = 0
             for size in token_budget_batches([len(records[i]) for i in order], ENCODE_TOKENS):
                 rows = order[start : start + size]
                 start += size
-                out[rows] = self._vectors([records[i] for i in rows]).cpu().numpy()
-        return out
+                yield rows, self._vectors([records[i] for i in rows])
 
     def predict(self, X) -> np.ndarray:
         """The cosine similarity of each (text, text) pair."""
         a, b = _pairs(X)
-        u, v = self.encode(a), self.encode(b)
+        return self._pair_scores(self.encode(a), self.encode(b))
+
+    def _pair_scores(self, u, v) -> np.ndarray:
+        """Row i's score of two batches of vectors: the cosine (a sparse subclass: the dot product)."""
         from ctxrep.vectors.similarity import similarity
 
         return similarity(u, v, pairwise=True)
+
+    def _dense_vectors(self, texts: list[str]) -> np.ndarray:
+        """(n, dim) array of vectors for STS evaluation (a sparse subclass densifies its rows)."""
+        return self.encode(texts)
 
     def evaluate(self, X, y) -> dict[str, float]:
         """STS evaluation (SentEval / MTEB): Spearman and Pearson x 100 of the pairs' cosines against the scores."""
         self._check_fitted()
         a, b = _pairs(X)
-        return sts_evaluate(self.encode, a, b, y)
+        return sts_evaluate(self._dense_vectors, a, b, y)
 
     def score(self, X, y) -> float:
         """Spearman correlation of the pairs' cosines with y (in [-1, 1], as scikit-learn's scores)."""
@@ -381,13 +401,33 @@ class SentenceEncoder(ParamsProtocol):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         encoder = self.backbone_.model
-        if not hasattr(encoder, "save_pretrained"):
-            raise ValueError(f"a {encoder.family} model cannot be saved as a Hugging Face folder")
-        encoder.save_pretrained(path)
+        self._save_weights(path)
         source = self.backbone_.source.folder
         for file in source.iterdir():  # the tokenizer's files, whatever the family calls them (vocab.txt, spm.model)
             if file.is_file() and _is_tokenizer_file(file.name) and file.resolve() != (path / file.name).resolve():
                 shutil.copyfile(file, path / file.name)
+        self._save_modules(path)
+        limit = min(int(self.max_length), encoder.max_tokens)
+        _write_json(path / "sentence_bert_config.json", self._sentence_bert_config(limit))
+        params = self.get_params()
+        params["model"] = str(params["model"])
+        state = {"pooling": self.pooling_, "normalize": self.normalize_, "history": getattr(self, "history_", [])}
+        _write_json(path / CONFIG_FILE, {"estimator": type(self).__name__, "params": params, "state": state})
+        return path
+
+    def _save_weights(self, path: Path) -> None:
+        """config.json + the encoder's weights (a sparse subclass adds its MLM head)."""
+        encoder = self.backbone_.model
+        if not hasattr(encoder, "save_pretrained"):
+            raise ValueError(f"a {encoder.family} model cannot be saved as a Hugging Face folder")
+        encoder.save_pretrained(path)
+
+    def _sentence_bert_config(self, max_seq_length: int) -> dict:
+        return {"max_seq_length": max_seq_length, "do_lower_case": False}
+
+    def _save_modules(self, path: Path) -> None:
+        """modules.json, each module's folder and config_sentence_transformers.json."""
+        encoder = self.backbone_.model
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -414,14 +454,7 @@ class SentenceEncoder(ParamsProtocol):
                 "include_prompt": True,
             },
         )
-        limit = min(int(self.max_length), encoder.max_tokens)
-        _write_json(path / "sentence_bert_config.json", {"max_seq_length": limit, "do_lower_case": False})
         _write_json(path / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", "prompts": {}})
-        params = self.get_params()
-        params["model"] = str(params["model"])
-        state = {"pooling": self.pooling_, "normalize": self.normalize_, "history": getattr(self, "history_", [])}
-        _write_json(path / CONFIG_FILE, {"estimator": "SentenceEncoder", "params": params, "state": state})
-        return path
 
     @classmethod
     def load(cls, path: str | os.PathLike, **params) -> SentenceEncoder:
@@ -435,9 +468,9 @@ class SentenceEncoder(ParamsProtocol):
         saved.update(model=str(path), pooling="model", normalize=None)  # the folder is the model now
         est = cls(**{k: v for k, v in saved.items() if k in cls._get_param_names()})
         est._check_params()
-        est.backbone_ = load_encoder(path, dtype="fp32")  # the float32 weights it was trained in
-        est.backbone_.model.to(est.device).eval()
-        est.pooling_, est.normalize_ = est._resolve_pooling()
+        est.backbone_ = load_encoder(path)
+        est._prepare()
+        est._trained_module().to(est.device).eval()
         est.history_ = []
         return est
 
