@@ -3,6 +3,7 @@
     from ctxrep.tasks import SequenceClassifier, SequenceRegressor, TokenTagger, SpanExtractor
     from ctxrep.tasks import WordInContextClassifier, load   # load: any saved estimator (OUT/model)
     from ctxrep.tasks import SentenceEncoder                  # a bi-encoder, saved as a sentence-transformers folder
+    from ctxrep.tasks import SparseSentenceEncoder            # SPLADE training, saved as a SparseEncoder folder
 
 scikit-learn-style estimators (fit / predict / score, get_params / set_params) on one base class
 (`ctxrep.tasks.base.TaskEstimator`) built from parts: the network (tasks/network.py), the training loop
@@ -21,6 +22,7 @@ _EXPORTS = {
     "SequenceClassifier": "classifier",
     "SequenceRegressor": "regressor",
     "SentenceEncoder": "sentence_encoder",
+    "SparseSentenceEncoder": "sparse_encoder",
     "SpanExtractor": "span",
     "TokenTagger": "tagger",
     "WordInContextClassifier": "wic",
@@ -57,6 +59,7 @@ __all__ = [
     "SequenceClassifier",
     "SequenceRegressor",
     "SentenceEncoder",
+    "SparseSentenceEncoder",
     "WordInContextClassifier",
     "TokenTagger",
     "SpanExtractor",
