@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
 import sys
+import threading
 
 import click
 
@@ -36,6 +38,7 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
+            ignore_further_ctrl_c()
             click.echo("\ninterrupted (Ctrl-C)", err=True)
             ctx.exit(130)
 
@@ -67,6 +70,7 @@ def exit_if_interrupted(metrics: dict, command: str, echo: bool = True) -> None:
     status 130, as an interrupted command does, and one line saying where the checkpoint is and how to continue
     (`echo` false: status 130 only, as torchrun's other ranks end)."""
     if metrics.get("interrupted"):
+        ignore_further_ctrl_c()
         if not echo:
             sys.exit(130)
         where = metrics.get("checkpoint", "the --out folder")
@@ -76,3 +80,10 @@ def exit_if_interrupted(metrics: dict, command: str, echo: bool = True) -> None:
             err=True,
         )
         sys.exit(130)
+
+
+def ignore_further_ctrl_c() -> None:
+    """A command exiting after Ctrl-C ignores another one: landing in the interpreter's exit (atexit callbacks such
+    as torch's) it printed a traceback."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
