@@ -154,3 +154,27 @@ def test_bad_input_is_refused_in_one_line(mlm_folder, tiny_models):
         SparseSentenceEncoder(str(tiny_models["electra"]), max_steps=1).fit(_pairs())
     with pytest.raises(ValueError, match="takes \\(anchor, positive\\)"):
         SparseSentenceEncoder(str(mlm_folder)).fit(["a lone text", "another"])
+
+
+def test_cli_train_sentence_encoder_sparse(mlm_folder, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    train = tmp_path / "pairs.tsv"
+    train.write_text("".join(f"{q}\t{d}\n" for q, d in _pairs()))
+    args = ["train-sentence-encoder", "--sparse", "--model", str(mlm_folder), "--train", str(train), "--no-header"]
+    args += ["--text-column", "1", "--text-pair-column", "2", "--max-steps", "2", "--batch-size", "8"]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out"), "--lr", "1e-3"])
+    assert result.exit_code == 0, result.output
+    assert "(mnrl, 2 steps)" in result.output and "sentence_transformers.SparseEncoder(" in result.output
+    saved = SparseSentenceEncoder.load(tmp_path / "out")
+    assert saved.scale == 1.0 and saved.query_regularizer_weight == 5e-5 and saved.lr == 1e-3
+    texts = [p[1] for p in _pairs()[:3]]
+    np.testing.assert_allclose(
+        SparseEncoder(tmp_path / "out").embed_sentences(texts).toarray(), saved.encode(texts).toarray(), atol=1e-5
+    )
+    refused = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "x"), "--pooling", "cls"])
+    assert refused.exit_code == 2 and "--sparse pools SPLADE's max over tokens" in refused.output
+    refused = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "x"), "--loss", "simcse"])
+    assert refused.exit_code != 0 and "simcse" in refused.output

@@ -4,6 +4,7 @@ sentence-transformers folder; `ctxrep evaluate-sentence-encoder`: STS Spearman /
     ctxrep train-sentence-encoder --train sts-train.csv --format sts --dev sts-dev.csv --loss cosent --out runs/sts
     ctxrep train-sentence-encoder --train pairs.tsv --text-column question --text-pair-column answer --out runs/qa
     ctxrep train-sentence-encoder --train sentences.txt --loss simcse --out runs/simcse
+    ctxrep train-sentence-encoder --sparse --model naver/splade-v3 --train pairs.tsv --out runs/splade
     ctxrep evaluate-sentence-encoder runs/sts --data sts-test.csv
 """
 
@@ -46,7 +47,27 @@ def _poolings() -> tuple[str, ...]:
     help=f"Scored pairs to report STS Spearman on after every epoch: {SCORED_LAYOUTS}.",
 )
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to save the model in.")
-@click.option("--model", default="minilm", show_default=True, help="Model name or folder to start from.")
+@click.option(
+    "--model",
+    default=None,
+    help="Model name or folder to start from. [default: minilm; with --sparse google-bert/bert-base-uncased]",
+)
+@click.option(
+    "--sparse",
+    is_flag=True,
+    help="Train SPLADE sparse vectors (ctxrep.tasks.SparseSentenceEncoder: the MLM head of a *ForMaskedLM folder, "
+    "mnrl with dot products plus FLOPS regularisation) and save a sentence-transformers SparseEncoder folder.",
+)
+@click.option(
+    "--query-regularizer-weight", type=float, default=5e-5, show_default=True, help="--sparse: FLOPS weight, queries."
+)
+@click.option(
+    "--document-regularizer-weight",
+    type=float,
+    default=3e-5,
+    show_default=True,
+    help="--sparse: FLOPS weight, documents (positives and hard negatives).",
+)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help="[default: from the file name]")
 @click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option(
@@ -71,7 +92,9 @@ def _poolings() -> tuple[str, ...]:
 @click.option("--max-steps", type=int, default=None)
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--lr", default=2e-5, show_default=True)
-@click.option("--scale", default=20.0, show_default=True, help="s of the mnrl / simcse / cosent losses.")
+@click.option(
+    "--scale", type=float, default=None, help="s of the mnrl / simcse / cosent losses. [default: 20; 1 with --sparse]"
+)
 @click.option("--max-length", default=128, show_default=True, help="Pieces per text (longer ones are truncated).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
@@ -81,6 +104,9 @@ def train_sentence_encoder(
     dev_path,
     out_dir,
     model,
+    sparse,
+    query_regularizer_weight,
+    document_regularizer_weight,
     fmt,
     header,
     loss,
@@ -103,7 +129,10 @@ def train_sentence_encoder(
     """Fine-tune a sentence encoder on TRAIN and save it to OUT (a sentence-transformers folder)."""
     from ctxrep.data.sentence_pairs import read_scored_pairs, read_sentence_examples
     from ctxrep.tasks.sentence_encoder import SentenceEncoder, choose_loss
+    from ctxrep.tasks.sparse_encoder import SparseSentenceEncoder
 
+    if sparse and (pooling != "model" or normalize is not None):
+        raise click.UsageError("--pooling and --normalize set dense vectors; --sparse pools SPLADE's max over tokens")
     if negative_column is not None and text_pair_column is None:
         raise click.UsageError("--negative-column needs --text-pair-column (mnrl triplets: anchor, positive, negative)")
     named = (text_column, text_pair_column, negative_column)
@@ -118,12 +147,8 @@ def train_sentence_encoder(
         dev = read_scored_pairs(dev_path, pair, score_column, None, header, limit)
         eval_set = (dev.X, dev.y)
     X = [x[0] for x in train.X] if loss == "simcse" else train.X
-    enc = SentenceEncoder(
-        model,
+    settings = dict(
         loss=loss,
-        pooling=pooling,
-        normalize=normalize,
-        scale=scale,
         max_length=max_length,
         max_epochs=epochs,
         max_steps=max_steps,
@@ -133,12 +158,27 @@ def train_sentence_encoder(
         device=device,
         progress=True,
     )
+    settings |= {"model": model} if model is not None else {}
+    settings |= {"scale": scale} if scale is not None else {}
+    if sparse:
+        settings |= dict(
+            query_regularizer_weight=query_regularizer_weight, document_regularizer_weight=document_regularizer_weight
+        )
+        enc = SparseSentenceEncoder(**settings)
+    else:
+        enc = SentenceEncoder(pooling=pooling, normalize=normalize, **settings)
     enc.fit(X, train.y, eval_set=eval_set)
     out = enc.save(out_dir)
     (Path(out) / "history.json").write_text(json.dumps(enc.history_, indent=2) + "\n")
     last = enc.history_[-1]
     dev_note = f", dev Spearman {last['dev_spearman']:.2f}" if "dev_spearman" in last else ""
     click.echo(f"trained on {len(X)} examples ({loss}, {last['steps']} steps{dev_note}); saved to {out}")
+    if sparse:
+        click.echo(
+            f"use it: ctxrep.vectors.sparse.SparseEncoder({str(out)!r}), SparseSentenceEncoder.load({str(out)!r}), "
+            f"or sentence_transformers.SparseEncoder({str(out)!r})"
+        )
+        return
     click.echo(
         f"use it: ctxrep evaluate-sentence-encoder {out} --data FILE, ctxrep.Featurizer({str(out)!r}, "
         f"sentence_pooling='model'), SentenceEncoder.load({str(out)!r}), or "
