@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import signal
 import sys
-import threading
 
 import click
 
@@ -83,7 +83,7 @@ def exit_if_interrupted(metrics: dict, command: str, echo: bool = True) -> None:
 
 
 def ignore_further_ctrl_c() -> None:
-    """A command exiting after Ctrl-C ignores another one: landing in the interpreter's exit (atexit callbacks such
-    as torch's) it printed a traceback."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A command exiting after Ctrl-C ignores another one during the interpreter's exit: landing in an atexit
+    callback (torch's) it printed a traceback. Registered last, this runs first; a process that goes on (a test
+    calling main) keeps its handler."""
+    atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
