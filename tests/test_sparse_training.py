@@ -178,3 +178,11 @@ def test_cli_train_sentence_encoder_sparse(mlm_folder, tmp_path):
     assert refused.exit_code == 2 and "--sparse pools SPLADE's max over tokens" in refused.output
     refused = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "x"), "--loss", "simcse"])
     assert refused.exit_code != 0 and "simcse" in refused.output
+
+
+def test_a_sparse_folder_is_not_loaded_as_a_dense_sentence_encoder(mlm_folder, tmp_path):
+    from ctxrep.tasks import SentenceEncoder
+
+    folder = SparseSentenceEncoder(str(mlm_folder), batch_size=8, max_steps=1).fit(_pairs()).save(tmp_path / "s")
+    with pytest.raises(ValueError, match="saved by ctxrep's SparseSentenceEncoder; load it with SparseSentenceEncoder"):
+        SentenceEncoder.load(folder)

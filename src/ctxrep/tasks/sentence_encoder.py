@@ -463,7 +463,12 @@ class SentenceEncoder(ParamsProtocol):
         path = Path(path)
         saved: dict = {}
         if (path / CONFIG_FILE).is_file():
-            saved = json.loads((path / CONFIG_FILE).read_text()).get("params", {})
+            config = json.loads((path / CONFIG_FILE).read_text())
+            if config.get("estimator", cls.__name__) != cls.__name__:  # e.g. a SparseSentenceEncoder's folder
+                raise ValueError(
+                    f"{path}: saved by ctxrep's {config['estimator']}; load it with {config['estimator']}.load"
+                )
+            saved = config.get("params", {})
         saved.update(params)
         saved.update(model=str(path), pooling="model", normalize=None)  # the folder is the model now
         est = cls(**{k: v for k, v in saved.items() if k in cls._get_param_names()})
