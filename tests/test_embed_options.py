@@ -159,3 +159,37 @@ def test_dimensions_wider_than_the_model_is_one_line_before_any_text_runs(folder
     assert result.exit_code != 0
     assert "--dimensions 33 is more than" in result.output and "32-wide sentence vectors" in result.output
     assert "give at most 32" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_engine_ray_same_bytes_options_cut_and_quiet_terminal(folder, src, tmp_path):
+    """The one Ray test (a local Ray starts in the subprocess, ~20 s): `ctxrep embed --engine ray` with --dimensions
+    and a text that is cut writes the same bytes as one process with the same torch threads (each actor call is
+    one whole shard, as one process embeds it), records the cut, and keeps Ray's output in OUT/ray.log: the
+    terminal holds ctxrep's lines only."""
+    pytest.importorskip("ray")
+    import os
+    import subprocess
+    import sys
+
+    one = tmp_path / "one"
+    options = ["--dimensions", "16", "--prompt-name", "classification", "--threads", "1"]
+    assert _embed(folder, src, one, *options).exit_code == 0
+    out = tmp_path / "ray"
+    args = ["embed", "--model", str(folder), "--input", str(src), "--out", str(out), "--level", "sentence"]
+    args += ["--shard-size", "4", *options, "--engine", "ray", "--workers", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", "from ctxrep.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_array_equal(ctxrep.load_vectors(out).array, ctxrep.load_vectors(one).array)
+    assert _manifest(out)["cut"] == _manifest(one)["cut"] == {"count": 1, "texts": [4], "lines": [5]}
+    assert _manifest(out)["row_shape"] == [16]
+    terminal = result.stderr.splitlines()
+    ours = ("Ray's own output: ", "embedding ", "embed (ray)", "note: 1 text cut", "warning: ")
+    assert terminal and all(line.startswith(ours) for line in terminal), terminal
+    assert "streaming_executor" in (out / "ray.log").read_text()

@@ -148,6 +148,14 @@ def __getattr__(name: str):
     show_default=True,
     help="--engine ray: GPUs per actor (1 puts each actor on its own GPU).",
 )
+@click.option(
+    "--ray-log",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="--engine ray: the file Ray's own output (its log lines, Ray Data's progress) is appended to "
+    "[default: OUT/ray.log].",
+)
+@click.option("--ray-verbose", is_flag=True, help="--engine ray: leave Ray's own output on the terminal.")
 @user_errors
 def embed(
     model,
@@ -176,6 +184,8 @@ def embed(
     engine,
     ray_address,
     ray_gpus,
+    ray_log,
+    ray_verbose,
     device,
     precision,
     backend,
@@ -196,6 +206,10 @@ def embed(
         raise ValueError("give --devices (one process per device) or --workers (CPU processes), not both")
     if engine != "ray" and (ray_address is not None or ray_gpus):
         raise ValueError("--ray-address and --ray-gpus apply to --engine ray; add --engine ray")
+    if engine != "ray" and (ray_log is not None or ray_verbose):
+        raise ValueError("--ray-log and --ray-verbose apply to --engine ray; add --engine ray")
+    if ray_log is not None and ray_verbose:
+        raise ValueError("give --ray-log (Ray's output to a file) or --ray-verbose (on the terminal), not both")
     if engine == "ray" and devices is not None:
         raise ValueError("--engine ray places actors on GPUs by itself: give --ray-gpus 1 instead of --devices")
     job = EmbedJob(
@@ -232,7 +246,15 @@ def embed(
         from ctxrep.embed.ray_engine import embed_with_ray
 
         actors = workers if workers != 1 else None  # --workers 1 is the default: one actor per CPU then
-        summary = embed_with_ray(job, address=ray_address, actors=actors, gpus_per_actor=ray_gpus, log=log)
+        summary = embed_with_ray(
+            job,
+            address=ray_address,
+            actors=actors,
+            gpus_per_actor=ray_gpus,
+            log=log,
+            ray_log=ray_log,
+            ray_verbose=ray_verbose,
+        )
     else:
         devices_list = expand_devices(devices) if devices is not None else None
         summary = embed_corpus(job, workers=workers, devices=devices_list, log=log)

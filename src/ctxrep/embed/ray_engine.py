@@ -24,15 +24,21 @@ Columns `RayEmbedder` adds (float32):
   level="sentence": `vector`   fixed_size_list<float, dim>           (or <<float, dim>, layers> for several layers)
   level="word":     `words`    list<string>, and
                     `vectors`  list<fixed_size_list<float, dim>>     one entry per word (a layer axis likewise)
+  both:             `cut`      bool: a window cut the text (a word longer than a whole window kept its first pieces)
+
+Ray's own output (its core's log lines, Ray Data's progress logs) goes to a file, OUT/ray.log by default
+(`ray_log`), unless `ray_verbose`; ctxrep's own lines stay on the terminal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,6 +53,7 @@ from ctxrep.embed.corpus import (
     shards_of,
     to_stderr,
     vector_row_shape,
+    with_cut,
     write_arrays,
 )
 from ctxrep.util.progress import progress
@@ -112,7 +119,8 @@ class RayEmbedder:
     on whitespace, or lists of words) and returns the batch with the vector columns added (module docstring).
     Options are the Featurizer's (model, layers, pooling, sentence_pooling, normalize, stride, max_length,
     batch_tokens, precision, backend, compile) plus `level` ("sentence" or "word"), `threads` (torch threads) and
-    `device` (default: "cuda" when Ray gave the actor a GPU, `num_gpus=1`, else the CPU).
+    `device` (default: "cuda" when Ray gave the actor a GPU, `num_gpus=1`, else the CPU); sentence vectors also
+    take embed_sentences' `dimensions`, `prompt` and `prompt_name`.
     """
 
     def __init__(
@@ -133,6 +141,9 @@ class RayEmbedder:
         precision: str = "fp32",
         backend: str = "torch",
         compile: bool | str = "auto",
+        dimensions: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
     ) -> None:
         from ctxrep.featurize import Featurizer
 
@@ -160,7 +171,16 @@ class RayEmbedder:
         )
         self.level = level
         self.text_column = text_column
-        self.row_shape = vector_row_shape(self.featurizer, level)
+        options = {"dimensions": dimensions, "prompt": prompt, "prompt_name": prompt_name}
+        self.sentence_options = {k: v for k, v in options.items() if v is not None}
+        if self.sentence_options and level != "sentence":
+            raise ValueError(f"{', '.join(self.sentence_options)} apply to level='sentence'")
+        self.featurizer.prompts.resolve(prompt, prompt_name)  # an unknown prompt name: refused here, once
+        if dimensions is not None and dimensions > self.featurizer.sentence_dim:
+            raise ValueError(
+                f"dimensions={dimensions} is more than {model}'s {self.featurizer.sentence_dim}-wide sentence vectors"
+            )
+        self.row_shape = vector_row_shape(self.featurizer, level, dimensions)
 
     def words_of(self, table) -> list[list[str]]:
         if self.text_column not in table.column_names:
@@ -178,16 +198,25 @@ class RayEmbedder:
         if not isinstance(table, pa.Table):
             table = pa.Table.from_pandas(table) if hasattr(table, "to_numpy") else pa.table(table)
         words = self.words_of(table)
-        added = ("vector",) if self.level == "sentence" else ("words", "vectors")
+        added = ("vector", "cut") if self.level == "sentence" else ("words", "vectors", "cut")
         table = table.drop_columns([c for c in added if c in table.column_names])  # replaced, not doubled
+        fz = self.featurizer
+        fz.cut_texts = []
         if self.level == "sentence":
-            vectors = self.featurizer.embed_sentences(words) if words else np.zeros((0, *self.row_shape), np.float32)
-            return table.append_column("vector", _fixed_lists(vectors))
-        per_text = self.featurizer.embed_words(words)
-        flat = np.concatenate(per_text) if per_text else np.zeros((0, *self.row_shape), np.float32)
-        offsets = pa.array(np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int32))
-        table = table.append_column("words", pa.array(words, type=pa.list_(pa.string())))
-        return table.append_column("vectors", pa.ListArray.from_arrays(offsets, _fixed_lists(flat)))
+            if words:
+                vectors = fz.embed_sentences(words, **self.sentence_options)
+            else:
+                vectors = np.zeros((0, *self.row_shape), np.float32)
+            table = table.append_column("vector", _fixed_lists(vectors))
+        else:
+            per_text = fz.embed_words(words)
+            flat = np.concatenate(per_text) if per_text else np.zeros((0, *self.row_shape), np.float32)
+            offsets = pa.array(np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int32))
+            table = table.append_column("words", pa.array(words, type=pa.list_(pa.string())))
+            table = table.append_column("vectors", pa.ListArray.from_arrays(offsets, _fixed_lists(flat)))
+        cut = np.zeros(len(words), bool)
+        cut[list(fz.cut_texts)] = True
+        return table.append_column("cut", pa.array(cut))
 
 
 def _actor_has_gpu() -> bool:
@@ -218,27 +247,85 @@ def embed_with_ray(
     actors: int | None = None,
     cpus_per_actor: float = 1,
     gpus_per_actor: float = 0,
-    batch_size: int = 256,
+    batch_size: int | None = None,
     embedder: type = RayEmbedder,
     show_progress: bool = True,
     log: Callable[[str], None] = to_stderr,
+    ray_log: str | os.PathLike | None = None,
+    ray_verbose: bool = False,
 ) -> EmbedSummary:
     """`ctxrep embed --engine ray`: the folder `embed_corpus` writes, embedded by a pool of Ray actors.
 
     address: a running cluster ("auto", "ray://host:10001", "host:6379"); None starts a local Ray (or uses the one
     this process already started). actors: the pool size (default: as many as the cluster's CPUs, or GPUs when
     gpus_per_actor > 0, allow). `embedder`: the map_batches class (RayEmbedder; a subclass to change what it does).
+    ray_log: the file Ray's own output is appended to (default OUT/ray.log); ray_verbose: leave it on the terminal.
+    batch_size: texts per actor call; None (the default): one whole shard per call, the texts one process gives the
+    Featurizer in one call, so the batches, and with the same torch threads the vectors, are the same bytes
+    (docs/scale.md).
     """
     ray = _require_ray()
+    job.check_prompt()  # an unknown --prompt-name: before Ray starts
+    if job.dimensions is not None:  # wider than the model: one line here, not an actor's traceback
+        job.featurizer("cpu", job.threads)
     job = choose_precision(job, "cuda" if gpus_per_actor > 0 else None, log)  # the actors' device
     run = open_run(job, log)
     if isinstance(run, EmbedSummary):
         return run
+    log_file = None if ray_verbose else Path(ray_log) if ray_log is not None else run.out / "ray.log"
+    with _ray_output_to(log_file):
+        return _embed_with_ray(ray, job, run, address, actors, cpus_per_actor, gpus_per_actor, batch_size, embedder,
+                               show_progress, log, log_file)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _ray_output_to(path: Path | None):
+    """Ray's own output into `path` (appended): what is written to this process's file descriptors 1 and 2 (Ray's
+    core, the processes it starts, its loggers bound to the streams it found) goes to the file, while sys.stdout and
+    sys.stderr (ctxrep's lines and progress) are pointed at the terminal they were. None: everything stays."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    streams = {1: "stdout", 2: "stderr"}
+    for name in streams.values():
+        getattr(sys, name).flush()
+    saved = {fd: os.dup(fd) for fd in streams}
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    swapped = {}
+    for fd, name in streams.items():
+        stream = getattr(sys, name)
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # a captured stream (no fileno) stays
+            if stream.fileno() == fd:
+                swapped[name] = stream
+                encoding, errors = stream.encoding, stream.errors
+                setattr(sys, name, open(os.dup(saved[fd]), "w", buffering=1, encoding=encoding, errors=errors))
+        os.dup2(target, fd)
+    os.close(target)
+    try:
+        yield
+    finally:
+        for fd, name in streams.items():
+            getattr(sys, name).flush()
+            if name in swapped:
+                getattr(sys, name).close()
+                setattr(sys, name, swapped[name])
+            os.dup2(saved[fd], fd)
+            os.close(saved[fd])
+
+
+def _embed_with_ray(
+    ray, job, run, address, actors, cpus_per_actor, gpus_per_actor, batch_size, embedder, show_progress, log, log_file
+) -> EmbedSummary:
+    """embed_with_ray once its checks are done (Ray's output in `log_file`, or None: on the terminal)."""
+    quiet = log_file is not None
     if not ray.is_initialized():
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ warnings (retries, auth) on stderr
-        quiet = {"log_to_driver": False, "logging_level": logging.ERROR}
+        settings = {}  # --ray-verbose: Ray's own defaults (its workers' output and INFO lines on the terminal)
+        if quiet:
+            os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ warnings (retries, auth)
+            settings = {"log_to_driver": False, "logging_level": logging.ERROR}
         if address is None:  # a local Ray for this run only
-            ray.init(include_dashboard=False, **quiet)
+            ray.init(include_dashboard=False, **settings)
         else:
             why = unreachable(address)
             if why:
@@ -247,7 +334,7 @@ def embed_with_ray(
                     "or check --ray-address"
                 )
             try:
-                ray.init(address=address, **quiet)
+                ray.init(address=address, **settings)
             except (ConnectionError, RuntimeError) as e:
                 cause = e.__cause__ or e
                 hint = ""
@@ -261,6 +348,8 @@ def embed_with_ray(
                     f"cannot join the Ray cluster at {address}: {first}{hint}; start one with `ray start --head` "
                     "or check --ray-address"
                 ) from None
+    if log_file is not None:  # said once Ray is up: a cluster that cannot be joined is the one line
+        log(f"Ray's own output: {log_file}")
     if actors is None:
         resources = ray.cluster_resources()
         if gpus_per_actor > 0:
@@ -280,6 +369,7 @@ def embed_with_ray(
         "precision": "int8" if job.quantize == "int8" else job.precision,
         "backend": job.backend,
         "compile": job.compile,
+        **job.sentence_options(),
     }
     if job.device is not None:
         options["device"] = job.device
@@ -288,13 +378,17 @@ def embed_with_ray(
     # skipped); SHARDS_PER_RUN of them at a time go through the actor pool, so the driver never holds the corpus.
     from ray.data import DataContext
 
-    DataContext.get_current().execution_options.preserve_order = True  # rows come back in input order
+    context = DataContext.get_current()
+    context.execution_options.preserve_order = True  # rows come back in input order
+    if quiet:  # Ray Data's progress bars (or their log lines) would be drawn beside ctxrep's own
+        context.enable_progress_bars = False
     run.say_resuming()
     bar = progress(unit="texts", desc="embed (ray)", enabled=show_progress)
     run.bar = bar
 
     def embed_group(group: list[tuple[int, int, list[Record]]]) -> None:
         expected = {k: (first, len(records)) for k, first, records in group}  # shard -> (first text, texts)
+        by_shard = {k: records for k, _, records in group}
         texts = sum(n for _, n in expected.values())
         log(
             f"embedding {texts:,} texts in {len(group)} shards with {actors} Ray actors "
@@ -310,8 +404,9 @@ def embed_with_ray(
             num_gpus=gpus_per_actor or None,
         )
         for k, rows in _shards_back(ds.iter_batches(batch_format="pyarrow", batch_size=None), expected):
-            vectors, index, row_shape = _shard_arrays(rows, job.level)
-            run.record(k, write_arrays(vectors, index, k, expected[k][1], job.storage, run.out), row_shape)
+            vectors, index, row_shape, cut = _shard_arrays(rows, job.level)
+            entry = write_arrays(vectors, index, k, expected[k][1], job.storage, run.out)
+            run.record(k, with_cut(entry, cut, by_shard[k], expected[k][0]), row_shape)
             bar.update(expected[k][1])
 
     reading, stream, records = open_records(job, show_progress=False, log=log)
@@ -373,25 +468,29 @@ def _shards_back(batches: Iterator, expected: dict[int, tuple[int, int]]) -> Ite
         raise RuntimeError(f"Ray returned {position} of {len(order)} shards: texts were lost; run the command again")
 
 
-def _shard_arrays(batches: list, level: str) -> tuple[np.ndarray, list[tuple], tuple[int, ...]]:
-    """A shard's vectors and index entries from the Arrow rows RayEmbedder returned."""
+def _shard_arrays(batches: list, level: str) -> tuple[np.ndarray, list[tuple], tuple[int, ...], list[int]]:
+    """A shard's vectors, index entries, row shape and cut texts (numbers) from the Arrow rows RayEmbedder
+    returned."""
     import pyarrow as pa
 
     table = pa.Table.from_batches(batches)
     text_ids = table.column("text_id").to_pylist()
     lines = table.column("line").to_pylist()
+    cut = []
+    if "cut" in table.column_names:  # an embedder subclass may leave it out
+        cut = [t for t, c in zip(text_ids, table.column("cut").to_pylist()) if c]
     if level == "sentence":
         column = table.column("vector").combine_chunks()
         row_shape = _nested_shape(column.type)
         vectors = arrow_to_numpy(column, row_shape)
         index = [(t, line, -1, "") for t, line in zip(text_ids, lines)]
-        return vectors, index, row_shape
+        return vectors, index, row_shape, cut
     column = table.column("vectors").combine_chunks()
     row_shape = _nested_shape(column.type.value_type)
     vectors = arrow_to_numpy(column.flatten(), row_shape)
     words = table.column("words").to_pylist()
     index = [(t, line, w, word) for t, line, ws in zip(text_ids, lines, words) for w, word in enumerate(ws)]
-    return vectors, index, row_shape
+    return vectors, index, row_shape, cut
 
 
 def _nested_shape(arrow_type) -> tuple[int, ...]:
