@@ -187,7 +187,7 @@ class SentenceEncoder(ParamsProtocol):
         examples, y = self._check_X_y(X, y)
         seed = int(self.random_state) if self.random_state is not None else secrets.randbelow(2**31)
         rng = np.random.default_rng(seed)
-        self.backbone_ = load_encoder(self.model)
+        self.backbone_ = load_encoder(self.model, dtype="fp32")  # float32 master weights to train
         encoder = self.backbone_.model
         if encoder.word_level:
             raise ValueError(
@@ -473,7 +473,7 @@ class SentenceEncoder(ParamsProtocol):
         saved.update(model=str(path), pooling="model", normalize=None)  # the folder is the model now
         est = cls(**{k: v for k, v in saved.items() if k in cls._get_param_names()})
         est._check_params()
-        est.backbone_ = load_encoder(path)
+        est.backbone_ = load_encoder(path, dtype="fp32")  # the float32 weights it was trained in
         est._prepare()
         est._trained_module().to(est.device).eval()
         est.history_ = []
