@@ -193,3 +193,17 @@ def test_engine_ray_same_bytes_options_cut_and_quiet_terminal(folder, src, tmp_p
     ours = ("Ray's own output: ", "embedding ", "embed (ray)", "note: 1 text cut", "warning: ")
     assert terminal and all(line.startswith(ours) for line in terminal), terminal
     assert "streaming_executor" in (out / "ray.log").read_text()
+
+
+def test_worker_processes_write_what_one_process_writes(folder, src, tmp_path):
+    """--workers 2: the options, the spec and the cut reach the spawned workers (each shard as one process's)."""
+    kwargs = {"model": str(folder), "level": "sentence", "shard_size": 2, "dimensions": 8, "prompt_name": "document"}
+    kwargs["threads"] = 1
+    one, two = tmp_path / "one", tmp_path / "two"
+    embed_corpus(EmbedJob(str(src), str(one), **kwargs), show_progress=False, log=lambda m: None)
+    embed_corpus(EmbedJob(str(src), str(two), **kwargs), workers=2, show_progress=False, log=lambda m: None)
+    np.testing.assert_array_equal(ctxrep.load_vectors(two).array, ctxrep.load_vectors(one).array)
+    for key in ("cut", "spec", "row_shape", "settings"):
+        assert _manifest(two)[key] == _manifest(one)[key], key
+    assert _manifest(two)["spec"]["dimensions"] == 8 and _manifest(two)["spec"]["prompt"] is None  # "" : no prompt
+    assert _manifest(two)["cut"]["texts"] == [4]
