@@ -256,7 +256,7 @@ def attention(model_dir, source, target, out_file, layer, head) -> None:
     )
 
 
-def _placed(model, device: str | None, precision: str):
+def _placed(model, device: str | None, precision: str | None):
     """The translator on `device` (default: the CPU) at `precision`: fp32 as loaded, bf16 / fp16 with its weights
     cast, int8: `quantize_translator`'s int8 linear layers (CPU only), auto: bf16 where the hardware multiplies it
     natively (`ctxrep.runtime.hardware.auto_precision`)."""
@@ -274,6 +274,6 @@ def _placed(model, device: str | None, precision: str):
             raise ValueError(f"--precision int8 decodes on the CPU only, not {target}; use bf16 or fp16 on a GPU")
         return quantize_translator(model)
     model = model.to(target)
-    if precision != "fp32":
+    if precision not in (None, "fp32"):
         model = model.to({"bf16": torch.bfloat16, "fp16": torch.float16}[precision])
     return model

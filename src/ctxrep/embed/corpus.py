@@ -246,7 +246,7 @@ class EmbedJob:
     quantize: str | None = None
     compile: bool | str = "auto"
     device: str | None = None
-    precision: str = "fp32"
+    precision: str | None = None  # None: the model's own dtype (a given "fp32" loads a bf16 checkpoint as float32)
     backend: str = "torch"
     output: str = "dense"  # "sparse": SPLADE vectors over the vocabulary (ctxrep.vectors.sparse), sentence level
     dimensions: int | None = None  # sentence vectors: the first N coordinates, renormalised (Matryoshka)
@@ -379,7 +379,7 @@ class EmbedJob:
         if device not in (None, "cpu"):
             kwargs["device"] = device
         precision = "int8" if self.quantize == "int8" else self.precision  # the old quantize="int8" spelling
-        if precision != "fp32":
+        if precision is not None:
             kwargs["precision"] = precision
         if self.backend != "torch":
             kwargs["backend"] = self.backend

@@ -138,7 +138,7 @@ class RayEmbedder:
         batch_tokens: int | None = None,
         threads: int | None = None,
         device: str | None = None,
-        precision: str = "fp32",
+        precision: str | None = None,
         backend: str = "torch",
         compile: bool | str = "auto",
         dimensions: int | None = None,

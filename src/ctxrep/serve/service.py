@@ -233,7 +233,7 @@ def make_service(
     sentence_pooling: str = "auto",
     normalize: bool = False,
     device: str | None = None,
-    precision: str = "fp32",
+    precision: str | None = None,
     backend: str = "torch",
     threads: int | None = None,
     batch_tokens: int | None = None,
@@ -246,10 +246,9 @@ def make_service(
     reranker folder or name (`ctxrep.rerank.load_reranker`) for /rerank and /v1/rerank. sparse_model: a SPLADE or
     BGE-M3 folder or name (`ctxrep.vectors.sparse.SparseEncoder`) for /embed_sparse."""
     from ctxrep.featurize import Featurizer
-    from ctxrep.models.loading import load_encoder
 
-    fz = Featurizer(
-        load_encoder(model),
+    fz = Featurizer(  # by name: the precision decides the dtype the weights load in (precision=None: as saved)
+        model,
         layers=layers,
         pooling=pooling,
         sentence_pooling=sentence_pooling,

@@ -201,6 +201,9 @@ class SentenceIndex:
                 ids = stored.index().text.tolist()
             if spec is None:
                 spec = stored.spec
+            recorded = spec.get("dimensions") if isinstance(spec, dict) else getattr(spec, "dimensions", None)
+            if kwargs.get("dimensions") is None and recorded is not None:
+                kwargs["dimensions"] = recorded  # queries truncated as the run truncated its vectors
             vectors = stored.array  # every row, in one array (a method in older ctxrep versions)
             vectors = vectors() if callable(vectors) else vectors
         array = np.asarray(vectors, dtype=np.float32)
