@@ -162,8 +162,8 @@ def test_corrupt_or_missing_weights_give_a_clear_error(tiny_models, tmp_path):
 
 def test_unsupported_model_type_and_position_type(tiny_models, tmp_path):
     cfg = json.loads((tiny_models["bert"] / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(cfg | {"model_type": "llama"}))
-    with pytest.raises(CheckpointError, match="model_type 'llama', which ctxrep cannot load; it loads bert, ") as e:
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"model_type": "mamba"}))
+    with pytest.raises(CheckpointError, match="model_type 'mamba', which ctxrep cannot load; it loads bert, ") as e:
         ctxrep.load_model(tmp_path)
     assert "ctxrep-albert" not in str(e.value) and "ctxrep_mt" not in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(CheckpointError, match="relative_key"):

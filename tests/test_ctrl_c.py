@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from ctxrep import Featurizer
-from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards
+from ctxrep.embed.corpus import load_shards
 
 CTXREP = str(Path(sys.executable).with_name("ctxrep"))
 
@@ -61,9 +61,9 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_embed_ctrl_c_exits_130_keeps_complete_shards_and_resumes(seed, corpus, tiny_models, tmp_path):
     model, out = str(tiny_models["bert"]), tmp_path / "out"
-    args = [CTXREP, "embed", "--model", model, "--input", str(corpus), "--out", str(out), "--shard-size", "50"]
+    args = [CTXREP, "embed", "--model", model, "--input", str(corpus), "--shard-size", "50", "--threads", "1"]
     proc = subprocess.Popen(
-        [*args, "--threads", "1"],
+        [*args, "--out", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -82,12 +82,13 @@ def test_embed_ctrl_c_exits_130_keeps_complete_shards_and_resumes(seed, corpus, 
     manifest = json.loads((out / "manifest.json").read_text())
     assert not manifest["complete"] and manifest["shards"]  # stopped part-way, after some shards
     assert all((out / s["file"]).is_file() and (out / s["index"]).is_file() for s in manifest["shards"])
-    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*args, "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "resuming after" in done.stderr, done.stderr
     assert not list(out.glob("*.tmp"))
 
     whole = tmp_path / "whole"
-    embed_corpus(EmbedJob(str(corpus), str(whole), model=model, shard_size=50, threads=1), show_progress=False)
+    whole_run = subprocess.run([*args, "--out", str(whole)], capture_output=True, text=True, timeout=300)
+    assert whole_run.returncode == 0, whole_run.stderr  # the same command uninterrupted, in a fresh process too
     (a, rows_a), (b, rows_b) = load_shards(out), load_shards(whole)
     assert rows_a == rows_b
     np.testing.assert_array_equal(a, b)

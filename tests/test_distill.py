@@ -339,7 +339,8 @@ def test_resumed_distillation_ends_where_an_uninterrupted_one_does(
     out = tmp_path / "resumed"
     with monkeypatch.context() as m:  # as if Ctrl-C were pressed during step 10 of 20
         m.setattr(Trainer, "_should_stop", lambda self: self.step == 10)
-        assert run(distill, distill_args(mlm_teacher, corpus, out)).exit_code == 0
+        interrupted = run(distill, distill_args(mlm_teacher, corpus, out))
+        assert interrupted.exit_code == 130 and "plus --resume" in interrupted.output, interrupted.output
     assert json.loads((out / "checkpoint" / "trainer_state.json").read_text())["step"] == 10
     assert not any("teacher" in k for k in load_file(out / "checkpoint" / "model.safetensors"))
     result = run(distill, distill_args(mlm_teacher, corpus, out, "--resume"))
