@@ -12,7 +12,10 @@ import platform
 import random
 import re
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 _SST_LEAF = re.compile(r"\(\d+ ([^()]+)\)")  # a leaf node "(label word)"; words never hold parentheses (-LRB-)
@@ -164,3 +167,14 @@ def tiny_folder(out: Path, seed: int = 0) -> Path:
     pooling = json.loads((minilm / "1_Pooling" / "config.json").read_text())
     (out / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 32}))
     return out
+
+
+def per_query(fn, queries) -> float:
+    """Median seconds of fn(q) over the queries (after one warm-up call)."""
+    fn(queries[0])
+    times = []
+    for q in queries:
+        start = time.perf_counter()
+        fn(q)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

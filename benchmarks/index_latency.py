@@ -33,21 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import per_query
 
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
-
-
-def per_query(fn, queries) -> float:
-    """Median seconds of fn(q) over the queries (after one warm-up call)."""
-    fn(queries[0])
-    times = []
-    for q in queries:
-        start = time.perf_counter()
-        fn(q)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+from ctxrep.util.arrays import normalize_rows as unit
 
 
 def row(name: str, ours: float, peer: float | None, memory: float, note: str = "") -> None:

@@ -26,6 +26,7 @@ the whole process unless --no-tune-malloc, so it helps both systems alike here.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +38,12 @@ SYSTEMS = ("ctxrep", "ctxrep-reference", "transformers")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=DATA)
-    p.add_argument("--work", type=Path, default=Path("/tmp/ctxrep-mt-speed"), help="Holds the trained tokenizer.")
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "ctxrep-mt-speed",
+        help="Holds the trained tokenizer (default: ctxrep-mt-speed in the system's temporary folder).",
+    )
     p.add_argument("--config", default="multi30k")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seconds", type=float, default=20.0, help="Seconds per system per round.")
