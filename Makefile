@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-isa venv bench clean lint
+.PHONY: demo test test-isa fuzz venv bench clean lint
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format src tests benchmarks
@@ -35,6 +35,10 @@ test: $(VENV)/.installed
 # instruction-set level, held with ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY (.ci/isa); e.g. make test-isa
 # ISA_LEVELS='avx2 native'. About 4 CPU-minutes per level.
 ISA_LEVELS ?=
+# the fuzz tests with fresh random cases (`make test` draws the same ones every run)
+fuzz: $(VENV)/.installed
+	CTXREP_FUZZ=explore $(PY) -m pytest -q tests/test_fuzz_readers.py tests/test_serve_fuzz.py tests/test_search.py tests/test_mt_data.py
+
 test-isa: $(VENV)/.installed
 	PY=$(PY) .ci/isa $(ISA_LEVELS)
 

@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ctxrep.data import table
@@ -86,7 +86,7 @@ def test_any_bytes_are_read_or_refused_naming_the_file(folder, name, data, compr
 def _csv_text(rows: list[list[str]]) -> tuple[str, list[int]]:
     """CSV text (header first) and each data row's first line, as the csv module writes them."""
     out, starts, line = io.StringIO(), [], 2
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # Python 3.11 quotes a lone "\r" only when it is in the terminator
     writer.writerow(["text", "label"])
     for row in rows:
         before = out.tell()
@@ -196,9 +196,10 @@ def test_sts_pairs_in_equal_pairs_out_in_every_layout(folder, rows, layout):
 
 @FUZZ
 @given(rows=st.lists(st.tuples(TRICKY, TRICKY).map(list), min_size=1, max_size=6))
+@example(rows=[[":", ":\r"]])  # a field ending in "\r" at a line's end: quoted, so not a CRLF
 def test_sentence_pairs_in_equal_pairs_out_or_the_line_is_named(folder, rows):
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # with "\n", ':\r' at a line's end would be written as CRLF
     writer.writerows([["text", "text_pair"], *rows])
     path = folder / "pairs.csv"
     path.write_text(out.getvalue(), encoding="utf-8", newline="")
