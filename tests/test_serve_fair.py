@@ -1,5 +1,6 @@
-"""The server's fairness: a long request runs in token-budget steps and a short request that arrives meanwhile is
-answered between two of them (`serve.batcher.Turns`), with the same vectors as the Featurizer alone."""
+"""The server's fairness: a long request (many texts to embed, or many documents to rerank) runs in token-budget
+steps and a short request that arrives meanwhile is answered between two of them (`serve.batcher.Turns`), with the
+same vectors and scores as the Featurizer and the reranker alone."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import time
 import httpx
 import numpy as np
 import pytest
-from _serve_helpers import ServerThread
+from _serve_helpers import ServerThread, tiny_cross_encoder
 
 from ctxrep import Featurizer
+from ctxrep.rerank import CrossEncoderReranker
 from ctxrep.serve.app import build_app
 from ctxrep.serve.batcher import Turns
-from ctxrep.serve.service import EmbeddingService
+from ctxrep.serve.service import EmbeddingService, Rerank, Sentences
 
 LONG = " ".join(f"word{i % 97} and more" for i in range(400))  # about 1,600 pieces: 6 windows of MiniLM
 SHORTS = ["two words", "a third one", "and the fourth sentence"]
@@ -79,6 +81,55 @@ def test_short_requests_are_answered_between_the_steps_of_a_long_one(fz, monkeyp
     np.testing.assert_allclose(long.json()["data"][0]["embedding"], fz.embed_sentences([LONG])[0], atol=1e-5)
     got = [r.json()["data"][0]["embedding"] for r in shorts]
     np.testing.assert_allclose(got, fz.embed_sentences(SHORTS), atol=1e-5)
+
+
+@pytest.mark.parametrize("documents", [12, 40])
+def test_a_short_request_waits_one_step_of_a_long_rerank_request(fz, tmp_path, minilm_path, monkeypatch, documents):
+    """A rerank request of many documents (one pair per batch: `documents` steps) holds the model when a short
+    embedding request arrives: the short one runs after its first step, whatever the number of documents, and the
+    scores are the reranker's own."""
+    reranker = CrossEncoderReranker(tiny_cross_encoder(tmp_path / "ce", minilm_path), batch_tokens=64)
+    service = EmbeddingService(fz, "minilm", reranker=reranker, reranker_name="ce")
+    turns = service.batcher.turns
+    query = "which crane lifted the beam"
+    texts = [f"document {i} about a crane that lifted {i} beams " * 8 for i in range(documents)]  # cut to 64 tokens
+    first_batch = threading.Event()
+    encode = reranker.model.encode
+
+    def gated(*args, **kwargs):  # the rerank call's first batch waits until the short request is in line
+        if not first_batch.is_set():
+            first_batch.set()
+            wait_for(lambda: turns.waiting > 0, "the short request")
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(reranker.model, "encode", gated)
+    run, done = service.batcher.run, []
+
+    def recorded(key, items, between_batches):  # which call's model work ended first (on the worker threads)
+        parts = run(key, items, between_batches)
+        done.append(type(key).__name__)
+        return parts
+
+    monkeypatch.setattr(service.batcher, "run", recorded)
+    with ServerThread(build_app(service)) as s:
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+                long = asyncio.create_task(client.post("/v1/rerank", json={"query": query, "documents": texts}))
+                await asyncio.to_thread(first_batch.wait, 60)  # the rerank call holds the model
+                short = await client.post("/v1/embeddings", json={"input": SHORTS[:1]})
+                return await long, short
+
+        long, short = asyncio.run(go())
+    assert done == [Sentences.__name__, Rerank.__name__], done
+    steps = list(turns.steps)
+    rerank_call, short_call = steps[0], steps[1]
+    assert short_call != rerank_call and steps.count(short_call) == 1, steps
+    assert steps.count(rerank_call) == documents and steps[2:] == [rerank_call] * (documents - 1), steps
+    assert long.status_code == 200 and short.status_code == 200
+    ranked = [(r["index"], r["relevance_score"]) for r in long.json()["results"]]
+    assert ranked == reranker.rerank(query, texts)  # the same batches as the reranker alone: the same scores
+    np.testing.assert_allclose(short.json()["data"][0]["embedding"], fz.embed_sentences(SHORTS[:1])[0], atol=1e-5)
 
 
 def test_turns_hand_the_model_round_robin_between_batches():

@@ -36,9 +36,9 @@ from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import SETTINGS_FILE, TORCH_ACTIVATIONS, Prompts, read_prompts
 from ctxrep.models.shards import WeightIndex, read_tensor
 from ctxrep.modules.activations import ACTIVATIONS
-from ctxrep.rerank.ranking import check_rerank_args, top_scores
+from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, top_scores
 from ctxrep.runtime.hardware import default_batch_tokens
-from ctxrep.text.inputs import WindowPlan, collate, token_budget_batches
+from ctxrep.text.inputs import WindowPlan, collate
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,11 @@ class CrossEncoderReranker:
     model: a folder or a name `ctxrep.load_encoder` resolves (its config.json's architectures[0] in HEADS).
     activation: None (the folder's, see the module docstring), "sigmoid" or "identity" (raw logits).
     batch_tokens: rows x longest per batch (default: the Featurizer's rule for the device).
+    between_batches: None, or a function called after each batch (ranking.BetweenBatches; ctxrep serve's turns).
+    Set it on a copy.
     """
+
+    between_batches: BetweenBatches | None = None
 
     def __init__(
         self,
@@ -251,12 +255,9 @@ class CrossEncoderReranker:
         sides = [self._pieces([prefix + a for a, _ in pairs]), self._pieces([b for _, b in pairs])]
         records = [self.plan.truncated(i, a, b) for i, (a, b) in enumerate(zip(*sides))]
         scores = torch.zeros(len(records), self.num_labels)
-        order = sorted(range(len(records)), key=lambda r: len(records[r]))
-        start = 0
+        lengths = [len(r) for r in records]
         with torch.inference_mode():
-            for size in token_budget_batches([len(records[r]) for r in order], self.batch_tokens):
-                rows = order[start : start + size]
-                start += size
+            for rows in length_batches(lengths, self.batch_tokens, self.between_batches):
                 batch = collate([records[r] for r in rows], self.tokenizer)
                 batch["cls_position"] = torch.tensor([records[r].cls_position for r in rows])
                 batch = {k: v.to(self.device) for k, v in batch.items()}

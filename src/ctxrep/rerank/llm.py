@@ -23,9 +23,9 @@ import torch
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import Prompts, read_prompts
-from ctxrep.rerank.ranking import check_rerank_args, top_scores
+from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, top_scores
 from ctxrep.runtime.hardware import default_batch_tokens
-from ctxrep.text.inputs import EncoderInput, collate, token_budget_batches
+from ctxrep.text.inputs import EncoderInput, collate
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,11 @@ class LLMReranker:
     model: a folder or name `ctxrep.load_encoder` resolves, whose encoder answers `lm_logits` (a ...ForCausalLM
     folder, or tied embeddings). instruction: the task line (default: the template's); the call's prompt /
     prompt_name, when given, replaces it (the folder's prompts are read from config_sentence_transformers.json).
+    between_batches: None, or a function called after each batch (ranking.BetweenBatches; ctxrep serve's turns).
+    Set it on a copy.
     """
+
+    between_batches: BetweenBatches | None = None
 
     def __init__(
         self,
@@ -138,12 +142,9 @@ class LLMReranker:
             row = self.prefix_ids + ids[s : s + min(n, self.room)].tolist() + self.suffix_ids
             records.append(EncoderInput(i, row, [0] * len(row), len(row) - 1))
         scores = torch.zeros(len(records))
-        order = sorted(range(len(records)), key=lambda r: len(records[r]))
-        start = 0
+        lengths = [len(r) for r in records]
         with torch.inference_mode():
-            for size in token_budget_batches([len(records[r]) for r in order], self.batch_tokens):
-                rows = order[start : start + size]
-                start += size
+            for rows in length_batches(lengths, self.batch_tokens, self.between_batches):
                 batch = {k: v.to(self.device) for k, v in collate([records[r] for r in rows], self.tokenizer).items()}
                 hidden = self.model.encode(batch, num_layers=None).last_hidden_state  # (batch, seq, hidden)
                 last = torch.tensor([len(records[r]) - 1 for r in rows], device=hidden.device)

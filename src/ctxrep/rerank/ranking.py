@@ -1,10 +1,17 @@
-"""What every reranker shares: the checks of a rerank call and the ordering of its scores."""
+"""What every reranker shares: the checks of a rerank call, its batches and the ordering of its scores."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
+
+from ctxrep.text.inputs import token_budget_batches
+
+# A reranker's `between_batches`: None, or a function called after each batch with one argument, `drain` (as the
+# Featurizer's hook; a reranker's batch is scored on the CPU before the hook runs, so drain has nothing to do). ctxrep
+# serve sets it on a copy of the reranker to let other requests use the model between two batches of a long one.
+BetweenBatches = Callable[[Callable[[], None]], None]
 
 
 def check_rerank_args(query: str, documents: Sequence[str], top_n: int | None) -> list[str]:
@@ -25,6 +32,24 @@ def check_rerank_args(query: str, documents: Sequence[str], top_n: int | None) -
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise ValueError(f"top_n must be a positive integer or None, got {top_n!r}")
     return documents
+
+
+def length_batches(
+    lengths: Sequence[int], budget: int, between_batches: BetweenBatches | None = None
+) -> Iterator[list[int]]:
+    """Row indices of each batch: the rows sorted by length (stable), in batches of rows x longest <= `budget`
+    (`token_budget_batches`); `between_batches(drain)`, when given, runs after each batch is scored."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    start = 0
+    for size in token_budget_batches([lengths[r] for r in order], budget):
+        yield order[start : start + size]
+        start += size
+        if between_batches is not None:
+            between_batches(_nothing_in_flight)
+
+
+def _nothing_in_flight() -> None:
+    """A reranker's `drain`: every batch it ran is already scored."""
 
 
 def top_scores(scores: np.ndarray, top_n: int | None) -> list[tuple[int, float]]:

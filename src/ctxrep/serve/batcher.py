@@ -23,7 +23,7 @@ from ctxrep.serve.metrics import Metrics
 
 # run(key, items, between_batches) -> (results, token counts, ...): sequences with one entry per item (the token
 # counts second), sliced per request; one model call on a worker thread. between_batches is None when the call must
-# run whole (it is the Featurizer's hook of that name otherwise).
+# run whole (it is the hook of that name of the Featurizer or reranker that runs the call otherwise).
 RunCall = Callable[[Hashable, list, Callable | None], tuple]
 
 

@@ -1,7 +1,9 @@
 """The server's backend: one Featurizer (and its views for other layers and poolings) behind the batcher.
 
 Every vector comes from `Featurizer.embed_sentences` / `embed_words`; texts longer than the model's window are
-windowed as the Featurizer does, never truncated (`windowed` says which were).
+windowed as the Featurizer does, never truncated (`windowed` says which were). Every call, rerank calls included,
+runs in the batcher's token-budget steps (`stepping`): the Featurizer and the rerankers pass the model on between
+two of their batches.
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ def cut_flags(featurizer, texts: list[Text]) -> list[bool]:
     return [i in cut for i in range(len(texts))]
 
 
+def stepping(runner, between_batches: Callable | None):
+    """`runner` (a Featurizer or a reranker: both call `between_batches(drain)` after each batch), or, when
+    `between_batches` is given, a copy of it that calls it: the batcher's turns pass the model on there."""
+    if between_batches is None:
+        return runner
+    runner = copy.copy(runner)
+    runner.between_batches = between_batches
+    return runner
+
+
 # ---- what one model call computes: the key that requests must share to be merged, and how it runs ---------------
 
 
@@ -95,7 +107,7 @@ class Rerank:
     prompt_name: str | None = None
 
     def run(self, service: EmbeddingService, documents: list[str], between_batches: Callable | None):
-        reranker = service.reranker
+        reranker = stepping(service.reranker, between_batches)  # its batches take turns with other calls' batches
         ranked = reranker.rerank(self.query, documents, self.top_n, self.prompt, self.prompt_name)
         return ranked, pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])  # cuts: not reported
 
@@ -108,8 +120,7 @@ class Sparse:
         encoder = service.sparse
         if between_batches is not None:  # a copy whose Featurizer passes the model on between batches
             encoder = copy.copy(encoder)
-            encoder.featurizer = copy.copy(encoder.featurizer)
-            encoder.featurizer.between_batches = between_batches
+            encoder.featurizer = stepping(encoder.featurizer, between_batches)
         return encoder.embed_sparse(texts), pieces(encoder.featurizer.tokenizer, texts)  # cuts: not reported
 
 
@@ -215,11 +226,7 @@ class EmbeddingService:
 
     def featurizer(self, key, between_batches: Callable | None):
         """The Featurizer for `key`, on a copy that calls `between_batches` when given."""
-        fz = self.view(key)
-        if between_batches is not None:
-            fz = copy.copy(fz)
-            fz.between_batches = between_batches
-        return fz
+        return stepping(self.view(key), between_batches)
 
     def _run(self, key, texts: list[Text], between_batches: Callable | None):
         return key.run(self, texts, between_batches)
