@@ -1,5 +1,5 @@
 """What the server's tests share: uvicorn serving an app on 127.0.0.1 in a background thread; a tiny random
-cross-encoder folder; a tiny random SPLADE folder."""
+cross-encoder folder; a tiny random SPLADE folder; waiting for a condition."""
 
 from __future__ import annotations
 
@@ -48,15 +48,25 @@ def tiny_cross_encoder(folder: Path, tokenizer_from: Path) -> Path:
     return folder
 
 
-class ServerThread:
-    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread."""
+def wait_for(condition, what: str, limit: float = 60.0) -> None:
+    """Poll `condition` (a bound on a hang, not a timed assertion)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still waiting for {what} after {limit:.0f} s")
+        time.sleep(0.005)
 
-    def __init__(self, app) -> None:
+
+class ServerThread:
+    """uvicorn serving `app` on 127.0.0.1 (a free port) in a background thread; or `server`, a uvicorn.Server made
+    elsewhere (ctxrep.serve.server.make_server)."""
+
+    def __init__(self, app=None, server: uvicorn.Server | None = None) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = server or uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> ServerThread:

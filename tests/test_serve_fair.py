@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
-from _serve_helpers import ServerThread, tiny_cross_encoder
+from _serve_helpers import ServerThread, tiny_cross_encoder, wait_for
 
 from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
@@ -26,15 +25,6 @@ SHORTS = ["two words", "a third one", "and the fourth sentence"]
 @pytest.fixture(scope="module")
 def fz():
     return Featurizer("minilm", batch_tokens=512)  # one window per batch: the long text takes many steps
-
-
-def wait_for(condition, what: str, limit: float = 60.0) -> None:
-    """Poll `condition` (a bound on a hang, not a timed assertion)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still waiting for {what} after {limit:.0f} s")
-        time.sleep(0.005)
 
 
 def test_short_requests_are_answered_between_the_steps_of_a_long_one(fz, monkeypatch):

@@ -6,6 +6,8 @@ share): a short request waits for one batch of a long one, not for all of it.
 
 A call takes its requests when it gets the model, not when it is formed: requests that arrive while the last call
 waits for its first turn join it (up to the token budget), and the next call is formed only once it has started.
+A call whose requests were all cancelled (cut when the server shuts down past its graceful wait) stops at its next
+step (`Abandoned`): nobody waits for its answer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ RunCall = Callable[[Hashable, list, Callable | None], tuple]
 
 class QueueFull(Exception):
     pass
+
+
+class Abandoned(Exception):
+    """Every request of a call was cancelled (cut at shutdown): nobody waits for its answer, so it stops at its next
+    step instead of running to its end."""
 
 
 @dataclass
@@ -226,6 +233,8 @@ class Batcher:
         loop = asyncio.get_running_loop()
         try:
             parts = await self._run(loop, call)
+        except Abandoned:
+            return
         except Exception as e:  # the Featurizer refused the call
             if len(call.requests) == 1:
                 _settle(call.requests[0].future, error=e)
@@ -255,6 +264,11 @@ class Batcher:
                 self._open = None
                 self._wakeup.set()
 
+        def step(requests: list[Waiting], drain: Callable[[], None]) -> None:  # between two batches of the call
+            if abandoned(requests):
+                raise Abandoned
+            self.turns.between_batches(number, drain)
+
         def on_worker():
             self.turns.take(number)
             requests = call.close()
@@ -262,7 +276,9 @@ class Batcher:
             texts = [t for w in requests for t in w.texts]
             loop.call_soon_threadsafe(started, len(texts))
             try:
-                hook = (lambda drain: self.turns.between_batches(number, drain)) if self.interleave else None
+                if abandoned(requests):
+                    raise Abandoned
+                hook = (lambda drain: step(requests, drain)) if self.interleave else None
                 start = time.perf_counter()
                 parts = self.run(call.key, texts, hook)
                 self.metrics.call(len(texts), int(sum(parts[1])), time.perf_counter() - start)
@@ -271,6 +287,11 @@ class Batcher:
                 self.turns.release()
 
         return await loop.run_in_executor(self.executor, on_worker)
+
+
+def abandoned(requests: list[Waiting]) -> bool:
+    """Whether every request's handler was cancelled (read from a worker thread: a cancelled future stays so)."""
+    return all(w.future.cancelled() for w in requests)
 
 
 def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:

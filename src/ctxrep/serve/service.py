@@ -36,6 +36,7 @@ class ServeConfig:
     max_active_calls: int = 32  # model calls in progress at once (they take turns batch by batch)
     api_key: str | None = None
     retry_after_s: int = 1
+    graceful_shutdown_s: float = 30.0  # on SIGINT / SIGTERM, how long requests in flight may run on; then: 503
 
 
 Text = str | list[str]  # a text as a request sends it: a string, or its words

@@ -1,0 +1,86 @@
+"""`ctxrep serve`'s shutdown past its graceful wait: the requests still running are cut with one log line naming
+them (no traceback), each client gets a 503 in its route's schema, and their model calls stop at their next step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import httpx
+import pytest
+from _serve_helpers import ServerThread, tiny_cross_encoder, wait_for
+
+from ctxrep import Featurizer
+from ctxrep.rerank import CrossEncoderReranker
+from ctxrep.serve.errors import error_message
+from ctxrep.serve.server import SERVER_LOG, make_server
+from ctxrep.serve.service import EmbeddingService, ServeConfig
+
+WAIT_S = 0.5
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def served(tmp_path, minilm_path):
+    """A server whose graceful-shutdown wait is WAIT_S, with a reranker of one pair per batch; its log's records."""
+    reranker = CrossEncoderReranker(tiny_cross_encoder(tmp_path / "ce", minilm_path), batch_tokens=64)
+    config = ServeConfig(graceful_shutdown_s=WAIT_S)
+    service = EmbeddingService(Featurizer("minilm"), "minilm", config, reranker=reranker, reranker_name="ce")
+    server = make_server(service)
+    log = Records()
+    SERVER_LOG.addHandler(log)  # after make_server: uvicorn's Config sets its loggers up anew
+    yield service, server, log.records
+    SERVER_LOG.removeHandler(log)
+
+
+def test_requests_past_the_graceful_wait_are_cut_with_one_line(served, monkeypatch):
+    """A rerank request holds the model and an embedding request waits in line when the server is told to stop; the
+    rerank's first step lasts until both are cut. Both clients get a 503, one line names both, and neither model
+    call runs another batch."""
+    service, server, records = served
+    turns = service.batcher.turns
+    between, first_step = turns.between_batches, threading.Event()
+
+    def held(call, drain):  # the rerank call's first step outlasts the graceful wait: it ends once both are cut
+        if not first_step.is_set():
+            first_step.set()
+            wait_for(lambda: server.cutoff.stopping and not server.cutoff.in_flight, "the requests to be cut")
+        between(call, drain)
+
+    monkeypatch.setattr(turns, "between_batches", held)
+    documents = [f"document {i} about a crane that lifted {i} beams " * 8 for i in range(12)]  # 12 steps
+    with ServerThread(server=server) as s:
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+                rerank = asyncio.create_task(
+                    client.post("/v1/rerank", json={"query": "a crane", "documents": documents})
+                )
+                await asyncio.to_thread(first_step.wait, 60)  # the rerank call holds the model
+                embed = asyncio.create_task(client.post("/v1/embeddings", json={"input": ["two words"]}))
+                await asyncio.to_thread(wait_for, lambda: turns.waiting == 1, "the embedding call in line")
+                server.should_exit = True
+                return await rerank, await embed
+
+        rerank, embed = asyncio.run(go())
+    for r, body_keys in ((rerank, {"message"}), (embed, {"error"})):  # Cohere's error schema, OpenAI's
+        assert r.status_code == 503 and set(r.json()) == body_keys, r.text
+        message = error_message(r.json())
+        assert message.startswith("the server is shutting down and this request was still running after its "), message
+        assert f"{WAIT_S:g} s graceful-shutdown wait, so it was cut; send it again" in message
+    assert all(r.exc_info is None for r in records), [r.getMessage() for r in records]  # no traceback
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors  # uvicorn's own "Cancel 2 running task(s)" line is replaced by this one
+    assert errors[0].startswith(f"shutting down: the {WAIT_S:g} s graceful-shutdown wait ran out; cut 2 requests")
+    assert "POST /v1/rerank from 127.0.0.1:" in errors[0] and "POST /v1/embeddings from 127.0.0.1:" in errors[0]
+    assert errors[0].count("answered 503") == 2, errors[0]
+    assert len(turns.steps) == 1, list(turns.steps)  # one rerank batch of 12; the embedding call ran none
