@@ -4,9 +4,12 @@ several batches at once through asynchronous infer requests, while the host coll
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ from ctxrep.runtime.hardware import cpu_has_bf16
 
 HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 THROUGHPUT_MIN_TOKENS = 4096  # a call of two default CPU batches (hardware.default_batch_tokens) or more runs streams
+_SS_DISABLE = 2  # sigaltstack: the thread has no alternate signal stack
 
 
 def ir_file(model: Encoder, layers: tuple[int, ...]) -> Path:
@@ -70,12 +74,13 @@ def int8_ir_file(model: Encoder, tokenizer, layers: tuple[int, ...], max_length:
         {k: v.numpy() for k, v in b.items() if k in names}
         for b in fast.calibration_batches(tokenizer, max_length, batch_size=1)
     ]
-    quantized = nncf.quantize(
-        core.read_model(str(fp32)),
-        nncf.Dataset(samples),
-        model_type=nncf.ModelType.TRANSFORMER,
-        subset_size=len(samples),
-    )
+    with keeping_signal_stack():  # NNCF compiles models of its own (engines, cached functions)
+        quantized = nncf.quantize(
+            core.read_model(str(fp32)),
+            nncf.Dataset(samples),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(samples),
+        )
     with tempfile.TemporaryDirectory(dir=fp32.parent) as tmp:
         candidate = Path(tmp) / path.name
         ov.save_model(quantized, str(candidate), compress_to_fp16=False)
@@ -104,7 +109,39 @@ def compile_ir(core, path: Path, hint: str, threads: int, streams: int = 1):
         config["PERFORMANCE_HINT"] = "LATENCY"
     else:
         config.update(PERFORMANCE_HINT="THROUGHPUT", NUM_STREAMS=streams)
-    return core.compile_model(str(path), "CPU", config)
+    with keeping_signal_stack():
+        return core.compile_model(str(path), "CPU", config)
+
+
+class _SignalStack(ctypes.Structure):  # Linux's stack_t
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+@contextlib.contextmanager
+def keeping_signal_stack() -> Iterator[None]:
+    """The calling thread keeps the alternate signal stack it had, whatever OpenVINO does inside (Linux).
+
+    OpenVINO's CPU plugin (one per ov.Core, made on its first use of the CPU) installs a signal stack of its own on the
+    thread that makes it (sigaltstack; room for AMX's larger signal frames) and, when it ends, unmaps it after
+    putting back the one it found, if its own is still the thread's. Two plugins that end in the order they were
+    made (two Featurizers dropped first-made first) leave the thread on the first one's unmapped stack; the next
+    signal with a Python handler (those run on the signal stack: Ctrl-C's SIGINT) then kills the process with
+    SIGSEGV and no Python frame. Put back here, no plugin finds its stack current when it ends: it only unmaps it."""
+    if sys.platform != "linux":
+        yield
+        return
+    sigaltstack = ctypes.CDLL(None, use_errno=True).sigaltstack
+    before, now = _SignalStack(), _SignalStack()
+    sigaltstack(None, ctypes.byref(before))
+    try:
+        yield
+    finally:
+        sigaltstack(None, ctypes.byref(now))
+        if (now.ss_sp, now.ss_size, now.ss_flags) != (before.ss_sp, before.ss_size, before.ss_flags):
+            before.ss_flags &= _SS_DISABLE  # SS_ONSTACK is a state the kernel reports, not one to set
+            # refused only where the old stack is too small for the signal frames the CPU now needs (AMX in use):
+            # signals could not be delivered on it either, and OpenVINO's stays
+            sigaltstack(ctypes.byref(before), None)
 
 
 def input_names(model) -> list[str]:
