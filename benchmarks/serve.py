@@ -21,8 +21,14 @@ sentences joined) for another --duration / 2; reported: the short requests' p50 
 (target: p99 with the long client within 2x of p99 without it), the long requests answered, and errors (every answer
 checked: nothing lost). The long client stops sending at the end; its request in flight is answered and checked.
 
+--mixed-rerank: the same row with one client sending big rerank requests instead (POST /v1/rerank, --rerank-documents
+documents of --rerank-words words each, SST sentences joined), to a server started with --reranker: a cross-encoder
+folder of the model's own encoder weights under a random one-label head, written to a temporary folder (the cost of a
+real reranker of that size; its scores mean nothing here, and every answer is checked for one score per document).
+
 Run:  .venv/bin/python benchmarks/serve.py                       # 64 clients, 60 s, 2 server threads
       .venv/bin/python benchmarks/serve.py --mixed               # 32 short clients + 1 long, 2 x 30 s
+      .venv/bin/python benchmarks/serve.py --mixed-rerank        # 32 short clients + 1 sending 100-document reranks
       .venv/bin/python benchmarks/serve.py --duration 5 --clients 8 # smoke test (not a result)
 The machine's cores are shared between the server and the clients (that is part of what is measured).
 """
@@ -34,11 +40,15 @@ import asyncio
 import base64
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +59,7 @@ from _common import DEFAULT_DATA, cpu_model, load_corpus  # noqa: E402  (the ben
 TARGET = 0.8
 MIXED_TARGET = 2.0  # p99 of the short requests with the long client / without it
 LONG_WORDS = 20_000
+RERANK_DOCUMENTS, RERANK_WORDS = 100, 200  # --mixed-rerank: a request as long as the 20,000-word text
 
 
 def free_port() -> int:
@@ -100,6 +111,34 @@ def long_text(sentences: list[list[str]], words: int) -> str:
     return " ".join(out[:words])
 
 
+@dataclass
+class LongRequest:
+    """What the long client sends, request after request, and how its answer is checked (an error, or None)."""
+
+    url: str
+    body: dict
+    check: Callable[[object], str | None]
+
+
+def long_embedding(url: str, model: str, text: str, dim: int) -> LongRequest:
+    def check(r) -> str | None:
+        ok = r.status_code == 200 and len(r.json()["data"]) == 1
+        if not ok or len(base64.b64decode(r.json()["data"][0]["embedding"])) != 4 * dim:
+            return f"long request: {r.status_code}: {r.text[:200]}"
+        return None
+
+    return LongRequest(url, {"model": model, "input": [text], "encoding_format": "base64"}, check)
+
+
+def long_rerank(url: str, query: str, documents: list[str]) -> LongRequest:
+    def check(r) -> str | None:
+        if r.status_code != 200 or sorted(x["index"] for x in r.json()["results"]) != list(range(len(documents))):
+            return f"rerank request: {r.status_code}: {r.text[:200]}"
+        return None
+
+    return LongRequest(url, {"query": query, "documents": documents}, check)
+
+
 async def load(
     url: str,
     model: str,
@@ -107,11 +146,11 @@ async def load(
     clients: int,
     duration: float,
     dim: int,
-    long: str | None = None,
+    long: LongRequest | None = None,
     start_request: int = 0,
 ) -> dict:
     """`clients` clients sending the plan's requests (from `start_request`) for `duration` seconds; with `long`, one
-    more client sending that text alone, request after request."""
+    more client sending that request, one after another."""
     import httpx
 
     latencies: list[float] = []
@@ -125,11 +164,11 @@ async def load(
         async with httpx.AsyncClient(timeout=600) as http:
             while time.monotonic() < stop_at:
                 start = time.perf_counter()
-                r = await http.post(url, json={"model": model, "input": [long], "encoding_format": "base64"})
+                r = await http.post(long.url, json=long.body)
                 long_latencies.append(time.perf_counter() - start)
-                ok = r.status_code == 200 and len(r.json()["data"]) == 1
-                if not ok or len(base64.b64decode(r.json()["data"][0]["embedding"])) != 4 * dim:
-                    errors.append(f"long request: {r.status_code}: {r.text[:200]}")
+                error = long.check(r)
+                if error is not None:
+                    errors.append(error)
 
     async def client() -> None:
         nonlocal next_request, sent_sentences
@@ -191,21 +230,45 @@ def report(name: str, result: dict) -> str:
     )
 
 
+def cross_encoder_folder(model: str, out: Path) -> Path:
+    """A cross-encoder folder (BertForSequenceClassification-style) of `model`'s encoder weights under a random
+    one-label head: a reranker of that model's cost, whose scores mean nothing."""
+    import transformers
+
+    from ctxrep.models.loading import resolve_model_path
+
+    source = resolve_model_path(model)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    transformers.AutoModelForSequenceClassification.from_pretrained(source, num_labels=1).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
+    return out
+
+
 def mixed(args, sentences: list[list[str]], plan: list[list[str]], base: str, dim: int) -> None:
-    """The fairness row: short requests alone, then beside one client sending 20,000-word texts."""
+    """The fairness row: short requests alone, then beside one client sending 20,000-word texts (or, with
+    --mixed-rerank, rerank requests of --rerank-documents documents)."""
     url = f"{base}/v1/embeddings"
     half = args.duration / 2
     alone = asyncio.run(load(url, args.model, plan, args.clients, half, dim))
-    text = long_text(sentences, args.long_words)
-    beside = asyncio.run(load(url, args.model, plan, args.clients, half, dim, text, alone["plan_used"]))
+    if args.mixed_rerank:
+        documents = [long_text(sentences[i * 7 :], args.rerank_words) for i in range(args.rerank_documents)]
+        long = long_rerank(f"{base}/v1/rerank", " ".join(sentences[0]), documents)
+        what = f"{args.rerank_documents} x {args.rerank_words}-word-document rerank"
+    else:
+        long = long_embedding(url, args.model, long_text(sentences, args.long_words), dim)
+        what = f"{args.long_words:,}-word"
+    beside = asyncio.run(load(url, args.model, plan, args.clients, half, dim, long, alone["plan_used"]))
     print()
     print(
         f"{args.clients} clients sending 1-32 SST sentences per request, {half:.0f} s alone, then {half:.0f} s beside "
-        f"one client sending {args.long_words:,}-word texts; model {args.model}, {args.threads} threads"
+        f"one client sending {what} requests; model {args.model}, {args.threads} threads"
     )
     print("| load | short p50 ms | short p99 ms | short requests | long requests | long mean s | errors |")
     print("|---|---|---|---|---|---|---|")
-    for name, r in (("short only", alone), (f"short + one {args.long_words:,}-word client", beside)):
+    for name, r in (("short only", alone), (f"short + one {what} client", beside)):
         print(
             f"| {name} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['requests']:,} | {r['long_requests']} | "
             f"{r['long_mean_s']:.1f} | {len(r['errors'])} |"
@@ -225,6 +288,9 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (default 60; --mixed: in two halves)")
     p.add_argument("--mixed", action="store_true", help="the fairness row: short requests beside 20,000-word ones")
     p.add_argument("--long-words", type=int, default=LONG_WORDS, help="--mixed: words of each long text")
+    p.add_argument("--mixed-rerank", action="store_true", help="the fairness row beside big rerank requests")
+    p.add_argument("--rerank-documents", type=int, default=RERANK_DOCUMENTS, help="--mixed-rerank: per request")
+    p.add_argument("--rerank-words", type=int, default=RERANK_WORDS, help="--mixed-rerank: words per document")
     p.add_argument("--max-requests", type=int, default=20000, help="stop after this many requests")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the server and of the in-process run")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -233,6 +299,7 @@ def main() -> None:
         "--infinity", default=None, help="the infinity_emb executable (its own venv): the same load against it"
     )
     args = p.parse_args()
+    args.mixed = args.mixed or args.mixed_rerank
     args.clients = args.clients or (32 if args.mixed else 64)
 
     sentences = load_corpus(args.data, "sst", 4000)
@@ -241,6 +308,9 @@ def main() -> None:
     base = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-c", "from ctxrep.cli import main; main()", "serve", "--model", args.model]
     command += ["--host", "127.0.0.1", "--port", str(port), "--threads", str(args.threads)]
+    work = Path(tempfile.mkdtemp(prefix="ctxrep-serve-bench-"))
+    if args.mixed_rerank:
+        command += ["--reranker", str(cross_encoder_folder(args.model, work / "cross-encoder"))]
     env_key = os.environ.pop("CTXREP_API_KEY", None)  # the benchmark's own server runs without a key
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
     server = start_server(command, f"{base}/health")
@@ -251,6 +321,7 @@ def main() -> None:
         result = asyncio.run(load(f"{base}/v1/embeddings", args.model, plan, args.clients, args.duration, dim))
     finally:
         stop_server(server)
+        shutil.rmtree(work, ignore_errors=True)
         if env_key is not None:
             os.environ["CTXREP_API_KEY"] = env_key
     used = plan[: result["plan_used"]]
