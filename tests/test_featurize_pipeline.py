@@ -216,3 +216,28 @@ def test_embed_ids_gives_the_sentence_vectors_of_the_texts_the_ids_come_from(min
         fz.embed_ids([[5, 6], [40000]])
     with pytest.raises(ValueError, match="embed_ids pools tokens without words: it needs sentence_pooling='model'"):
         Featurizer(minilm_path, sentence_pooling="mean").embed_ids([[5, 6]])
+
+
+def test_token_pooler_pools_a_batch_as_its_rows_one_at_a_time():
+    """TokenPooler.add works on whole batch arrays: a batch with two windows of one text, padding, and rows out of
+    number order pools as the rows added one by one in number order (every mode; last-token reads the text's
+    last-numbered window)."""
+    from ctxrep.models.sentence_transformers import SentencePooling, TokenPooler
+
+    rng = np.random.default_rng(0)
+    pooling = SentencePooling(("mean", "max", "cls", "mean_sqrt_len", "lasttoken"), normalize=False, dim=4)
+    selected = torch.from_numpy(rng.standard_normal((2, 5, 6, 4)).astype(np.float32))  # (layers, batch, seq, hidden)
+    texts, numbers, cls = np.array([0, 1, 0, 2, 1]), np.array([3, 1, 4, 0, 2]), np.array([0, 0, 0, 5, 0])
+    lengths = np.array([6, 3, 4, 6, 5])
+    weights = (rng.random((5, 6)) + 0.5).astype(np.float32) * (np.arange(6) < lengths[:, None])  # 0 at padding
+    weights[2, 1] = 0.0  # a position another window answers for
+    whole = TokenPooler(pooling, 3, 2, 4)
+    whole.add(selected, texts, weights, cls, numbers)
+    one_by_one = TokenPooler(pooling, 3, 2, 4)
+    for r in np.argsort(numbers):
+        n = lengths[r]
+        one_by_one.add(
+            selected[:, r : r + 1, :n], texts[r : r + 1], weights[r : r + 1, :n], cls[r : r + 1], [numbers[r]]
+        )
+    np.testing.assert_allclose(whole.result(), one_by_one.result(), rtol=1e-6, atol=1e-7)
+    assert whole.last_row.tolist() == [4, 2, 0]

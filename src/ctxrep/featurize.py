@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import os
 import re
 import warnings
@@ -43,7 +44,7 @@ from ctxrep.text.inputs import (
     Text,
     WindowPlan,
     as_list,
-    check_text,
+    check_texts,
     split_windows,
     token_budget_batches,
     words_of,
@@ -390,19 +391,24 @@ class Featurizer:
         texts (windows on word boundaries, `_token_weights`) and ELMo go through the words. `keep_specials`:
         "share" or "ends" (see `_token_weights`)."""
         n = len(texts)
-        fast = [] if self.tokenizer.word_level else [i for i, t in enumerate(texts) if isinstance(t, str)]
-        parts, slow, cut = [], sorted(set(range(n)) - set(fast)), []
-        if fast:
-            ids, lengths = self.tokenizer.encode_texts([texts[i] for i in fast])
+        if self.tokenizer.word_level:
+            strings = np.zeros(n, bool)
+        else:
+            strings = np.fromiter(map(isinstance, texts, itertools.repeat(str)), bool, count=n)
+        fast, slow = np.flatnonzero(strings), np.flatnonzero(~strings)
+        parts, cut = [], []
+        if len(fast):
+            ids, lengths = self.tokenizer.encode_texts(texts if len(fast) == n else [texts[i] for i in fast.tolist()])
             fits = (lengths > 0) & (lengths <= self.plan.window_size)
             keep = np.repeat(fits, lengths)
-            rows = Rows.single_texts(self.tokenizer.template, ids[keep], lengths[fits], np.asarray(fast)[fits])
+            rows = Rows.single_texts(self.tokenizer.template, ids[keep], lengths[fits], fast[fits])
             rows.weights = np.ones(len(rows.ids), np.float32)  # one window: every position counts once
             parts.append(rows)
-            slow = sorted(slow + [fast[k] for k in np.flatnonzero(~fits)])
-        if slow:
-            words = [words_of(texts[i], i) for i in slow]
-            windows, weights, cut = self._token_weights(words, keep_specials, slow)
+            slow = np.union1d(slow, fast[~fits])  # long texts and those that give no ids whole, in order
+        if len(slow):
+            numbers = slow.tolist()
+            words = [words_of(texts[i], i) for i in numbers]
+            windows, weights, cut = self._token_weights(words, keep_specials, numbers)
             parts.append(Rows.from_records(windows, weights))
         return _Prepared(Rows.concat(parts) if len(parts) > 1 else parts[0], n, cut=cut)
 
@@ -679,8 +685,7 @@ class Featurizer:
         if by_words:
             texts = [words_of(t, i) for i, t in enumerate(texts)]
         else:
-            for i, t in enumerate(texts):
-                check_text(t, i)
+            check_texts(texts)
         pairs = None
         if text_pairs is not None:
             pairs = [words_of(t, i) for i, t in enumerate(as_list(text_pairs))]
@@ -752,13 +757,8 @@ class Featurizer:
                     rows.weights[starts[first] : starts[first] + min(skip, rows.lengths[first])] = 0.0
 
             def consume(selected, batch_rows, weights):
-                pooler.add(
-                    selected,
-                    rows.text[batch_rows].tolist(),
-                    list(weights),
-                    rows.cls_position[batch_rows].tolist(),
-                    np.asarray(batch_rows).tolist(),  # row numbers: last-token pooling reads a text's last window
-                )
+                # row numbers: last-token pooling reads a text's last window
+                pooler.add(selected, rows.text[batch_rows], weights, rows.cls_position[batch_rows], batch_rows)
 
             self._run(rows, consume)
             return pooler.result()  # (texts, layers, width)

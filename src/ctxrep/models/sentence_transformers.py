@@ -364,41 +364,44 @@ class TokenPooler:
     def add(
         self,
         selected: torch.Tensor,
-        texts: list[int],
-        row_weights: list[np.ndarray],
-        cls_positions: list[int],
-        rows: list[int] | None = None,
+        texts: np.ndarray,
+        weights: np.ndarray,
+        cls_positions: np.ndarray,
+        rows: np.ndarray | None = None,
     ) -> None:
-        """selected: (layers, batch, seq, hidden); for each row: its text, its weights (one per position, no
-        padding), where its classification token sits and (optional) its number in the call."""
-        weights = torch.zeros(selected.shape[1], selected.shape[2])  # (batch, seq): padding weighs 0
-        for r, w in enumerate(row_weights):
-            weights[r, : len(w)] = torch.from_numpy(np.asarray(w, dtype=np.float32))
-        text_index = torch.tensor(texts)
+        """selected: (layers, batch, seq, hidden); per row of the batch, as whole arrays (no loop per row): its text,
+        its weights (batch, seq; one per position, 0 at padding), where its classification token sits and (optional)
+        its number in the call."""
+        b = selected.shape[1]
+        w = torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))  # (batch, seq)
+        text_index = torch.from_numpy(np.asarray(texts, dtype=np.int64))
         h = selected.double()
-        self.sums.index_add_(
-            0, text_index, torch.einsum("lbsh,bs->blh", h, weights.double())
-        )  # (batch, layers, hidden)
-        self.counts.index_add_(0, text_index, weights.double().sum(1))
+        # index_add_ into the flat (texts, layers * hidden) view: into the 3-D tensor torch's CPU kernel took 250x as
+        # long with 2 threads (3.8 ms against 0.015 ms a batch of 600 rows; the same sums)
+        weighted = torch.einsum("lbsh,bs->blh", h, w.double())  # (batch, layers, hidden)
+        self.sums.view(len(self.sums), -1).index_add_(0, text_index, weighted.reshape(b, -1))
+        self.counts.index_add_(0, text_index, w.double().sum(1))
         if "max" in self.pooling.modes:
-            masked = selected.masked_fill((weights <= 0)[None, :, :, None], -torch.inf)  # (layers, batch, seq, hidden)
-            row_max = masked.amax(dim=2).transpose(0, 1)  # (batch, layers, hidden)
-            for r, t in enumerate(texts):
-                self.maxes[t] = torch.maximum(self.maxes[t], row_max[r])
+            masked = selected.masked_fill((w <= 0)[None, :, :, None], -torch.inf)  # (layers, batch, seq, hidden)
+            row_max = masked.amax(dim=2).transpose(0, 1).reshape(b, -1)  # (batch, layers * hidden)
+            into = text_index[:, None].expand_as(row_max)
+            self.maxes.view(len(self.maxes), -1).scatter_reduce_(0, into, row_max, "amax")
         if "cls" in self.pooling.modes:
-            at_cls = h[:, torch.arange(len(texts)), torch.tensor(cls_positions)].transpose(
-                0, 1
-            )  # (batch, layers, hidden)
-            self.cls_sums.index_add_(0, text_index, at_cls)
-            self.cls_counts.index_add_(0, text_index, torch.ones(len(texts), dtype=torch.float64))
+            at_cls = h[:, torch.arange(b), torch.from_numpy(np.asarray(cls_positions, dtype=np.int64))]
+            self.cls_sums.view(len(self.cls_sums), -1).index_add_(0, text_index, at_cls.transpose(0, 1).reshape(b, -1))
+            self.cls_counts.index_add_(0, text_index, torch.ones(b, dtype=torch.float64))
         if "lasttoken" in self.pooling.modes:
-            numbers = rows if rows is not None else range(self.added, self.added + len(texts))
-            for r, (t, number) in enumerate(zip(texts, numbers)):
-                if number > self.last_row[t]:
-                    self.last_row[t] = number
-                    last = int(np.flatnonzero(np.asarray(row_weights[r]) > 0)[-1])  # padding weighs 0
-                    self.last[t] = h[:, r, last]  # (layers, hidden)
-        self.added += len(texts)
+            numbers = np.arange(self.added, self.added + b) if rows is None else np.asarray(rows, dtype=np.int64)
+            texts = np.asarray(texts, dtype=np.int64)
+            by_number = np.lexsort((numbers, texts))  # by text, then row number
+            latest = by_number[np.append(texts[by_number][1:] != texts[by_number][:-1], True)]  # each text's last row
+            latest = latest[numbers[latest] > self.last_row[texts[latest]]]  # later than any row seen before
+            seq = w.shape[1]
+            last = seq - 1 - np.argmax((weights[latest] > 0)[:, ::-1], axis=1)  # last weighted position (padding: 0)
+            self.last_row[texts[latest]] = numbers[latest]
+            at_last = h[:, torch.from_numpy(latest), torch.from_numpy(last)]  # (layers, rows, hidden)
+            self.last[torch.from_numpy(texts[latest])] = at_last.transpose(0, 1)
+        self.added += b
 
     def result(self) -> np.ndarray:
         """(texts, layers, width) float32: the modes concatenated, the Dense modules, then L2-normalised if the

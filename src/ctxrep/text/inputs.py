@@ -79,6 +79,13 @@ def check_text(text: Text, index: int) -> None:
         words_of(text, index)
 
 
+def check_texts(texts: Sequence[Text]) -> None:
+    """`check_text` of every text, in one pass over the strings (a call per text only for word lists and
+    empty or blank strings, which it then refuses by index)."""
+    for i in [i for i, t in enumerate(texts) if not isinstance(t, str) or not t or t.isspace()]:
+        check_text(texts[i], i)
+
+
 def as_list(texts) -> list:
     if isinstance(texts, str):
         raise TypeError("expected a list of texts, got a single string; wrap it in a list: [text]")

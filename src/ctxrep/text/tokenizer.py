@@ -190,8 +190,9 @@ class Tokenizer:
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Raw strings tokenized whole, as sentence-transformers tokenizes them (no special tokens, no word
-        alignment): (every text's ids end to end (int64), each text's number of ids). A text may give no ids."""
-        encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        alignment): (every text's ids end to end (int64), each text's number of ids). A text may give no ids.
+        `encode_batch_fast`: the same ids without the character offsets that nothing here reads (~10% less work)."""
+        encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)
         lengths = np.fromiter(map(len, encodings), np.int64, count=len(encodings))
         ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), np.int64, count=int(lengths.sum()))
         return ids, lengths
