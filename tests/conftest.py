@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import settings
 import transformers
+from hypothesis import settings
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors, trainers
 

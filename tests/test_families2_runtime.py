@@ -8,6 +8,7 @@ from _families2 import deberta_dir, modernbert_dir
 from test_runtime import COMBINATIONS, WORDS, check
 
 from ctxrep import Featurizer
+from ctxrep.runtime.fast import cpu_vector_isa
 
 BUILD = {"deberta-v2": lambda p: deberta_dir(p, spm_model=True), "modernbert": modernbert_dir}
 LONG = [("the dog runs today and the cat sleeps often while a bird sings " * 3).split()]  # past ModernBERT's window
@@ -30,5 +31,9 @@ def test_every_backend_and_precision_against_the_float32_forward(folder, backend
 
 def test_compiled_encoder_matches_the_forward(folder):
     reference = Featurizer(folder, layers="all", compile=False).embed_words(WORDS + LONG)
+    if not cpu_vector_isa():  # a CPU below AVX2 (`make test-isa`'s sse41 level): refused in one line
+        with pytest.raises(ValueError, match="neither AVX2 nor AVX-512"):
+            Featurizer(folder, layers="all", compile=True).embed_words(WORDS)
+        return
     compiled = Featurizer(folder, layers="all", compile=True).embed_words(WORDS + LONG)
     check(compiled, reference, ("max_abs", 1e-4))

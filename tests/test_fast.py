@@ -114,10 +114,11 @@ def test_a_failed_compile_falls_back_under_auto_and_is_one_line_under_true(tiny_
     assert "\n" not in str(e.value)
 
 
-def test_worth_compiling_is_a_rule_from_the_work_and_never_compiles_elmo(tiny_models, elmo_dir):
+def test_worth_compiling_is_a_rule_from_the_work_and_never_compiles_elmo(tiny_models, elmo_dir, monkeypatch):
     """compile="auto" compiles where tokens x FLOPs per token repay the compile cost on the fastest eager machine of
     the device's kind: never a user's one-off call of 17,088 SST sentences (427,882 tokens; issue 32 measured 1.17x
     slower with MiniLM, 4.3x with a 1-layer 32-wide encoder), a corpus-sized one; a bigger model sooner."""
+    monkeypatch.setattr(fast, "cpu_vector_isa", lambda: "avx512")  # the rule from the work, on any CPU
     minilm, tiny = load_encoder("minilm").model, load_encoder(str(tiny_models["bert"])).model
     assert not fast.worth_compiling(427_882, minilm) and not fast.worth_compiling(427_882, tiny)
     assert not fast.worth_compiling(0, minilm)
@@ -128,6 +129,20 @@ def test_worth_compiling_is_a_rule_from_the_work_and_never_compiles_elmo(tiny_mo
     assert fast.compile_min_flops("cuda") > fast.compile_min_flops("cpu")  # a faster eager device: later
     elmo = load_encoder(f"elmo:{elmo_dir}").model
     assert not fast.worth_compiling(10**12, elmo)
+
+
+def test_compile_follows_the_cpus_vector_code(tiny_models, monkeypatch):
+    """AVX-512: frozen weights; AVX2: not frozen (torch 2.13 computes NaN there with dynamic shapes + freezing);
+    no vector code: compile="auto" stays eager and compile=True is refused in one line."""
+    tiny = load_encoder(str(tiny_models["bert"])).model
+    for isa, frozen in [("avx512", True), ("avx2", False)]:
+        monkeypatch.setattr(fast, "cpu_vector_isa", lambda isa=isa: isa)
+        assert fast.inductor_options("cpu") == {"freezing": frozen} and fast.inductor_options("cuda")["freezing"]
+    monkeypatch.setattr(fast, "cpu_vector_isa", lambda: "")
+    assert not fast.worth_compiling(10**12, tiny)
+    with pytest.raises(ValueError, match="neither AVX2 nor AVX-512.*pass compile=False") as e:
+        fast.compile_encoder(tiny)
+    assert "\n" not in str(e.value)
 
 
 # ---- int8 ---------------------------------------------------------------------------------------------------

@@ -62,10 +62,12 @@ def compile_min_flops(device_type: str) -> float:
 def worth_compiling(num_tokens: int, encoder: Encoder) -> bool:
     """Whether compiling `encoder` repays itself within a call of `num_tokens` tokens: tokens x `flops_per_token`
     >= `compile_min_flops` of its device (MiniLM on a CPU: about 34M tokens; a BERT-base size model about 4.5M);
-    ELMo's biLSTM never compiles."""
+    ELMo's biLSTM never compiles, nor does any encoder on a CPU that `compile_encoder` refuses."""
     if encoder.word_level or num_tokens <= 0:
         return False
     device = next(encoder.parameters()).device.type
+    if device == "cpu" and not cpu_vector_isa():
+        return False
     return num_tokens * flops_per_token(encoder) >= compile_min_flops(device)
 
 
@@ -86,7 +88,8 @@ class CompiledEncoder(nn.Module):
         self.word_level = encoder.word_level
         self.fallback = fallback
         self.failed: str | None = None  # why compiling failed, once it has
-        self._compiled = torch.compile(self._hidden_states, dynamic=True, options={"freezing": True})
+        device = next(encoder.parameters()).device.type
+        self._compiled = torch.compile(self._hidden_states, dynamic=True, options=inductor_options(device))
 
     def _hidden_states(self, batch: Mapping[str, torch.Tensor], num_layers: int | None) -> tuple[torch.Tensor, ...]:
         return self.encoder.encode(batch, num_layers=num_layers).hidden_states
@@ -129,10 +132,32 @@ def _quiet_graph_break():
         logger.setLevel(level)
 
 
+def cpu_vector_isa() -> str:
+    """The vector instruction set Inductor writes CPU code for ("avx512", "avx2", ... or "" for none): this CPU's,
+    capped by ATEN_CPU_CAPABILITY."""
+    from torch._inductor import cpu_vec_isa
+
+    return str(cpu_vec_isa.pick_vec_isa()).split()[0] if cpu_vec_isa.pick_vec_isa() else ""
+
+
+def inductor_options(device_type: str) -> dict[str, bool]:
+    """Inductor's options for inference: frozen weights (constants folded, linear weights prepacked), except in AVX2
+    CPU code, where torch 2.13 computes NaN from dynamic shapes + freezing (DeBERTa-v3 and ModernBERT; AVX-512 code
+    and AVX2 code without freezing agree with eager within 1e-6; tests/test_families2_runtime.py under
+    `make test-isa`)."""
+    return {"freezing": device_type != "cpu" or cpu_vector_isa() != "avx2"}
+
+
 def compile_encoder(encoder: Encoder, fallback: bool = False) -> CompiledEncoder:
-    """`encoder` under torch.compile for inference (see CompiledEncoder); ELMo is refused in one line."""
+    """`encoder` under torch.compile for inference (see CompiledEncoder); ELMo, and a CPU without AVX2 or AVX-512
+    (Inductor's scalar C++ code does not build in torch 2.13), are refused in one line."""
     if encoder.word_level:
         raise ValueError(f"{encoder.family} is a biLSTM over characters: compile is for Transformer encoders")
+    if next(encoder.parameters()).device.type == "cpu" and not cpu_vector_isa():
+        raise ValueError(
+            "this CPU has neither AVX2 nor AVX-512 (or ATEN_CPU_CAPABILITY=default holds it below them), and torch "
+            "2.13's compiled CPU code needs one: pass compile=False (the eager encoder gives the same vectors)"
+        )
     return CompiledEncoder(encoder.eval(), fallback=fallback)
 
 
