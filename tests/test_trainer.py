@@ -6,10 +6,7 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,7 +312,7 @@ def test_progress_to_a_log_file_is_a_few_plain_lines_of_steps(tmp_path, monkeypa
 # ------------------------------------------------------------------------------------------- Ctrl-C and resume
 
 
-def _ctrl_c_finishes_the_step_saves_and_returns(tmp_path):
+def test_ctrl_c_finishes_the_step_saves_and_returns(tmp_path):
     data = Rows(interrupt_at_call=3)  # Ctrl-C during step 3
     before = signal.getsignal(signal.SIGINT)  # default_int_handler; SIG_IGN under `nohup ... &`
     result = Trainer(CausalLM(), config(max_steps=10), data, tmp_path).train()
@@ -326,7 +323,7 @@ def _ctrl_c_finishes_the_step_saves_and_returns(tmp_path):
     assert signal.getsignal(signal.SIGINT) is before  # the handler is put back
 
 
-def _interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     # dropout on, data-source position, AdamW moments, schedule: all must be restored for equality
     cfg = config(max_steps=6, warmup_steps=2, schedule="cosine", log_every=1, checkpoint_every=2, accumulation_steps=2)
     straight = CausalLM(dropout=0.2)
@@ -360,7 +357,7 @@ class PaddedCausalLM(nn.Module):
         return ObjectiveOutput(loss, int(mask.sum()))
 
 
-def _exact_resume_with_a_real_packer(tmp_path):
+def test_exact_resume_with_a_real_packer(tmp_path):
     from ctxrep.data.corpus import CorpusConfig, pack_corpus
     from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker
     from ctxrep.text.tokenizer_training import train_tokenizer
@@ -520,33 +517,3 @@ def test_plot_run_fails_clearly_on_missing_or_empty_or_bad_log(tmp_path):
     result = runner.invoke(plot_run_command, [str(tmp_path)])
     assert result.exit_code == 1 and "line 2: not JSON" in result.output
     assert not (tmp_path / "curves.png").exists()
-
-
-# ---- a real Ctrl-C, in a process of its own -----------------------------------------------------------------------
-# These runs send SIGINT to their own process (os.kill(getpid)), as a terminal's Ctrl-C does. In the pytest process,
-# after the whole suite has loaded every native runtime (ONNX Runtime, OpenVINO, Ray, gloo, oneDNN), that signal
-# crashed the interpreter (SIGSEGV, no Python frame; the same tests pass when run alone), so each runs in a fresh
-# interpreter that holds only what the Trainer needs.
-
-
-def _in_fresh_process(body: str, tmp_path) -> None:
-    code = (
-        "import sys, pathlib; "
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-        "import test_trainer; "
-        f"test_trainer.{body}(pathlib.Path({str(tmp_path)!r}))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{body} failed in its own process:\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
-
-
-def test_ctrl_c_finishes_the_step_saves_and_returns(tmp_path):
-    _in_fresh_process("_ctrl_c_finishes_the_step_saves_and_returns", tmp_path)
-
-
-def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
-    _in_fresh_process("_interrupted_and_resumed_run_equals_an_uninterrupted_one", tmp_path)
-
-
-def test_exact_resume_with_a_real_packer(tmp_path):
-    _in_fresh_process("_exact_resume_with_a_real_packer", tmp_path)
