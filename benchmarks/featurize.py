@@ -53,6 +53,7 @@ from transformers import AutoTokenizer, BertModel
 
 from ctxrep.featurize import Featurizer
 from ctxrep.runtime.hardware import cpu_description, cpu_has_bf16
+from ctxrep.runtime.openvino_backend import keeping_signal_stack
 
 MODEL = "minilm"
 MIN_SENTENCES = 2000
@@ -176,7 +177,8 @@ def openvino_peer(model, threads: int, top: int, hint: str | None) -> PeerRuntim
     config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     if hint is not None:
         config["INFERENCE_PRECISION_HINT"] = hint
-    compiled = ov.Core().compile_model(model, "CPU", config)
+    with keeping_signal_stack():  # OpenVINO's plugin can leave the thread on a freed signal stack (Ctrl-C: SIGSEGV)
+        compiled = ov.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
     names = [
         next(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in i.get_names())
