@@ -9,6 +9,11 @@
   command runs again.
 - `ctxrep finetune`: stops at once and leaves no model/ or metrics.json behind.
 - `ctxrep serve`: answers the request in flight, closes the port.
+- `ctxrep embed --engine ray`: as embed, the driver stopped while Ray's actors embed (one moment: Ray starts twice).
+- `ctxrep train-sentence-encoder` / `distill --task`: stop at once and leave no model (the distilled student trains
+  in a temporary folder); a Ctrl-C during the final save waits for it, so the folder written is whole.
+
+benchmarks/ctrl_c.py sends the same signal at 10 random moments of each of these commands.
 """
 
 from __future__ import annotations
@@ -336,3 +341,165 @@ def test_pretrain_ctrl_c_while_preparing_exits_130_and_the_same_command_runs_aga
     again = subprocess.run([*args, "--max-steps", str(last), *resume], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and f"step {last}: loss" in again.stdout, again.stderr[-3000:]
     assert _logged_steps(out)[-1] == last
+
+
+def _embed_args(model: Path, corpus: Path, *options: str) -> list[str]:
+    return [CTXREP, "embed", "--model", str(model), "--input", str(corpus), "--shard-size", "50", *options]
+
+
+def test_embed_engine_ray_ctrl_c_exits_130_keeps_complete_shards_and_resumes(corpus, tiny_models, tmp_path):
+    """One moment (a local Ray starts twice, ~20 s each): Ctrl-C once shards are written ends the driver with 130,
+    the manifest lists only complete shards, and the same command resumes to what one process writes."""
+    pytest.importorskip("ray")
+    out, text = tmp_path / "ray", tmp_path / "text.txt"
+    text.write_text("".join(corpus.read_text().splitlines(keepends=True)[:2000]))  # 40 shards: Ray's start dominates
+    args = _embed_args(tiny_models["bert"], text, "--threads", "1", "--engine", "ray", "--workers", "1")
+    done = _interrupt([*args, "--out", str(out)], lambda: (out / "shard-00000.safetensors").exists(), 8)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("interrupted (Ctrl-C)"), done.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert not manifest["complete"] and manifest["shards"]
+    assert all((out / s["file"]).is_file() and (out / s["index"]).is_file() for s in manifest["shards"])
+
+    resumed = subprocess.run([*args, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "resuming after" in resumed.stderr, resumed.stderr[-3000:]
+    one = tmp_path / "one"
+    whole = subprocess.run(
+        [*_embed_args(tiny_models["bert"], text, "--threads", "1"), "--out", str(one)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (a, rows_a), (b, rows_b) = load_shards(out), load_shards(one)
+    assert rows_a == rows_b
+    np.testing.assert_array_equal(a, b)
+
+
+def _seconds_after_start(delay: float):
+    """A `started` for _interrupt: true `delay` seconds after its first call (the command's start)."""
+    start = []
+
+    def started() -> bool:
+        start.append(time.monotonic())
+        return time.monotonic() - start[0] >= delay
+
+    return started
+
+
+def _check_stopped_at_once(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and done.stderr.rstrip().endswith("interrupted (Ctrl-C)"), done.stderr
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("pairs") / "pairs.csv"
+    path.write_text(
+        "text,text_pair\n" + "".join(f"the bank {i} raised rates,bank {i} rates went up\n" for i in range(64))
+    )
+    return path
+
+
+@pytest.mark.parametrize("seed", [13, 14])
+def test_train_sentence_encoder_ctrl_c_exits_130_and_leaves_no_model(seed, pairs, tiny_models, tmp_path):
+    """Ctrl-C at a seeded moment of the first seconds (imports, reading, training that would go on for minutes):
+    exit 130, no traceback, no model folder; the same command then trains and saves."""
+    out = tmp_path / "encoder"
+    args = [CTXREP, "train-sentence-encoder", "--train", str(pairs), "--model", str(tiny_models["bert"])]
+    args += ["--out", str(out), "--batch-size", "8"]
+    delay = random.Random(seed).uniform(1.0, 6.0)
+    _check_stopped_at_once(_interrupt([*args, "--epochs", "100000"], _seconds_after_start(delay), seed))
+    assert not out.exists()
+
+    again = subprocess.run([*args, "--max-steps", "2"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "history.json").is_file() and (out / "ctxrep_sentence_encoder.json").is_file()
+
+
+def _send_ctrl_c_after(func):
+    """`func`, then a real SIGINT to this process: a Ctrl-C that lands in the middle of a save."""
+
+    def wrapped(*args, **kwargs):
+        result = func(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    return wrapped
+
+
+def test_train_sentence_encoder_ctrl_c_while_saving_finishes_the_save(
+    pairs, tiny_models, tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C after the weights are written and before the rest of the folder: the save finishes, then exit 130,
+    and the folder loads (without the wait it lacked its sentence-transformers files and history.json)."""
+    from ctxrep.cli import main
+    from ctxrep.tasks.sentence_encoder import SentenceEncoder
+
+    monkeypatch.setattr(SentenceEncoder, "_save_weights", _send_ctrl_c_after(SentenceEncoder._save_weights))
+    out = tmp_path / "encoder"
+    with pytest.raises(SystemExit) as stopped:
+        main(["train-sentence-encoder", "--train", str(pairs), "--model", str(tiny_models["bert"]), "--out", str(out)])
+    assert stopped.value.code == 130
+    assert (out / "history.json").is_file() and (out / "modules.json").is_file()
+    assert SentenceEncoder.load(out).encode(["a bank"]).shape == (1, 32)
+    err = capsys.readouterr().err
+    assert "Ctrl-C: finishing saving the model, then stopping" in err and err.rstrip().endswith("interrupted (Ctrl-C)")
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_models, tmp_path_factory) -> Path:
+    """A SequenceClassifier fine-tuned from the tiny BERT, saved as `ctxrep finetune` saves its model/."""
+    from ctxrep.tasks import SequenceClassifier
+
+    clf = SequenceClassifier(model=str(tiny_models["bert"]), max_epochs=1, batch_size=4, random_state=0, progress=False)
+    folder = tmp_path_factory.mktemp("teacher")
+    clf.fit(["good great", "bad awful", "nice fine", "poor sad"], [1, 0, 1, 0]).save(folder / "model")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sst(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sst") / "sst.txt"
+    path.write_text("(4 (3 good) (4 great))\n(0 (0 bad) (1 awful))\n(3 (3 nice) (2 fine))\n(1 (1 poor) (0 sad))\n" * 10)
+    return path
+
+
+def _distill_args(teacher: Path, sst: Path) -> list[str]:
+    return ["distill", "--teacher", str(teacher), "--task", "sst2", "--train", str(sst), "--dev", str(sst)]
+
+
+@pytest.mark.parametrize("seed", [15, 16])
+def test_distill_task_ctrl_c_exits_130_and_leaves_no_student(seed, teacher, sst, tmp_path):
+    """Ctrl-C at a seeded moment of the first seconds: exit 130, no traceback, and --out holds no student (the
+    untrained one it started from trains in a temporary folder); the same command then writes the whole student."""
+    out = tmp_path / "student"
+    args = [CTXREP, *_distill_args(teacher, sst), "--student-layers", "1", "--out", str(out), "--no-progress"]
+    delay = random.Random(seed).uniform(1.0, 6.0)
+    _check_stopped_at_once(_interrupt([*args, "--max-epochs", "100000"], _seconds_after_start(delay), seed))
+    assert not out.exists() or not any(out.iterdir()), list(out.iterdir())
+
+    again = subprocess.run([*args, "--max-epochs", "1"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {p.name for p in out.iterdir()} == {"encoder", "model", "distill.json"}
+
+
+def test_distill_task_ctrl_c_while_saving_finishes_the_save(teacher, sst, tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the student's encoder is written and before its task model and distill.json: the save
+    finishes, then exit 130, and the student loads with the dev score distill.json gives."""
+    import ctxrep.compress.distill_task as distill_task
+    from ctxrep.cli import main
+    from ctxrep.tasks import SequenceClassifier
+    from ctxrep.tasks.experiment import read_task
+
+    monkeypatch.setattr(distill_task, "export_encoder", _send_ctrl_c_after(distill_task.export_encoder))
+    out = tmp_path / "student"
+    with pytest.raises(SystemExit) as stopped:
+        main([*_distill_args(teacher, sst), "--student-layers", "1", "--max-epochs", "1", "--out", str(out)])
+    assert stopped.value.code == 130
+    report = json.loads((out / "distill.json").read_text())
+    dev = read_task("sst2", sst)
+    assert SequenceClassifier.load(out / "model").score(dev.X, dev.y) == report["student_dev_score"]
+    err = capsys.readouterr().err
+    assert "Ctrl-C: finishing saving the student, then stopping" in err
+    assert err.rstrip().endswith("interrupted (Ctrl-C)")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import signal
 import sys
+import threading
 
 import click
 
@@ -87,3 +89,28 @@ def ignore_further_ctrl_c() -> None:
     callback (torch's) it printed a traceback. Registered last, this runs first; a process that goes on (a test
     calling main) keeps its handler."""
     atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def ctrl_c_waits(what: str):
+    """Ctrl-C inside the block is held until the block ends, then stops the command as any Ctrl-C does (status 130):
+    `what` (a save) is never left half-written. Where SIGINT is ignored or cannot be handled (not the main thread),
+    the block just runs."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+    caught = []
+
+    def hold(signum, frame) -> None:
+        if not caught:
+            click.echo(f"Ctrl-C: finishing {what}, then stopping", err=True)
+        caught.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import click
 
-from ctxrep.cli.common import exit_if_interrupted, user_errors
+from ctxrep.cli.common import ctrl_c_waits, exit_if_interrupted, user_errors
 from ctxrep.tasks.experiment import TASKS
 
 
@@ -160,7 +160,7 @@ def distill(
 
     Ctrl-C with --corpus finishes the current step, saves a checkpoint in --out and exits with status 130; the same
     command with --resume continues from it (a second Ctrl-C stops at once, without saving). With --task, Ctrl-C
-    stops at once with status 130 and saves no student.
+    stops at once with status 130 and saves no student (while the student is being saved, it waits for the save).
     """
     from ctxrep.train import distributed
     from ctxrep.train.config import parse_overrides
@@ -247,12 +247,12 @@ def _distill_task(
 ) -> None:
     """Task-specific distillation from the command line (see the module docstring for --out)."""
     import json
+    import tempfile
     import time
     from pathlib import Path
 
     from ctxrep.cli.prune import load_estimator
     from ctxrep.compress.distill_task import distill_estimator, save_distilled
-    from ctxrep.compress.prune import parameter_count
     from ctxrep.tasks.experiment import read_task
 
     out = Path(out_dir)
@@ -264,29 +264,42 @@ def _distill_task(
     params = {"max_epochs": max_epochs, "random_state": seed, "progress": progress}
     params |= {k: v for k, v in (("batch_size", batch_size), ("lr", lr), ("max_steps", max_steps)) if v is not None}
     started = time.perf_counter()
-    student_est = distill_estimator(
-        teacher,
-        data.X,
-        data.y,
-        student_layers=student_layers or None,
-        temperature=temperature,
-        alpha=alpha,
-        hidden_loss=None if hidden_loss == "none" else hidden_loss,
-        hidden_weight=hidden_weight,
-        teacher_layers=teacher_layers or None,
-        student_hidden_size=student_hidden_size or None,
-        student=student,
-        encoder_dir=out / "encoder",
-        **params,
-    )
-    seconds = time.perf_counter() - started
-    save_distilled(student_est, out)
+    # the student's encoder lives in a temporary folder while it trains: a stopped run leaves no untrained student
+    # in --out; the whole student and distill.json are written at the end, a Ctrl-C there waiting for them
+    with tempfile.TemporaryDirectory(prefix="ctxrep-student-") as training_dir:
+        student_est = distill_estimator(
+            teacher,
+            data.X,
+            data.y,
+            student_layers=student_layers or None,
+            temperature=temperature,
+            alpha=alpha,
+            hidden_loss=None if hidden_loss == "none" else hidden_loss,
+            hidden_weight=hidden_weight,
+            teacher_layers=teacher_layers or None,
+            student_hidden_size=student_hidden_size or None,
+            student=student,
+            encoder_dir=training_dir,
+            **params,
+        )
+        seconds = time.perf_counter() - started
+        report, summary = _report(teacher, student_est, source, task, train, len(data.X), seconds, dev, dev_data)
+        with ctrl_c_waits("saving the student"):  # distill.json, written last, marks a complete --out
+            save_distilled(student_est, out)
+            (out / "distill.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    click.echo(f"{summary}; wrote {out}")
+
+
+def _report(teacher, student_est, source, task, train, train_examples, seconds, dev, dev_data) -> tuple[dict, str]:
+    """distill.json's content and the line printed at the end: sizes, timings and the dev scores with --dev."""
+    from ctxrep.compress.prune import parameter_count
+
     t_encoder, s_encoder = teacher.model_.representation.encoder, student_est.model_.representation.encoder
     report = {
         "teacher": str(source),
         "task": task,
         "train": str(train),
-        "train_examples": len(data.X),
+        "train_examples": train_examples,
         "seconds": seconds,
         "teacher_parameters": parameter_count(t_encoder),
         "student_parameters": parameter_count(s_encoder),
@@ -303,5 +316,4 @@ def _distill_task(
         report["student_dev_score"] = float(student_est.score(dev_data.X, dev_data.y))
         summary += f"; dev score {report['student_dev_score']:.4f} (teacher {report['teacher_dev_score']:.4f})"
     report["history"] = student_est.history_
-    (out / "distill.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    click.echo(f"{summary}; wrote {out}")
+    return report, summary

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ctxrep.cli.common import LazyChoice, user_errors
+from ctxrep.cli.common import LazyChoice, ctrl_c_waits, user_errors
 from ctxrep.cli.finetune import HEADER_HELP
 from ctxrep.data.sentence_pairs import FORMATS
 
@@ -168,8 +168,9 @@ def train_sentence_encoder(
     else:
         enc = SentenceEncoder(pooling=pooling, normalize=normalize, **settings)
     enc.fit(X, train.y, eval_set=eval_set)
-    out = enc.save(out_dir)
-    (Path(out) / "history.json").write_text(json.dumps(enc.history_, indent=2) + "\n")
+    with ctrl_c_waits("saving the model"):  # history.json, written last, marks a complete folder
+        out = enc.save(out_dir)
+        (Path(out) / "history.json").write_text(json.dumps(enc.history_, indent=2) + "\n")
     last = enc.history_[-1]
     dev_note = f", dev Spearman {last['dev_spearman']:.2f}" if "dev_spearman" in last else ""
     click.echo(f"trained on {len(X)} examples ({loss}, {last['steps']} steps{dev_note}); saved to {out}")
