@@ -146,12 +146,14 @@ def test_a_chunked_body_over_the_limit_is_413(server):
 
 
 def test_full_queue_answers_503_with_retry_after(fz):
-    service = EmbeddingService(fz, "minilm", ServeConfig(max_queue_texts=2, retry_after_s=3))
+    service = EmbeddingService(fz, "minilm", ServeConfig(max_queue_texts=3, max_texts=3, retry_after_s=3))
     with ServerThread(build_app(service)) as s:
-        r = httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:3]})
+        service.batcher.queued_texts = 2  # two texts of other requests waiting
+        r = httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:2]})
         assert r.status_code == 503 and r.headers["retry-after"] == "3"
-        assert "the server is busy" in r.json()["error"]["message"]
-        assert httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:2]}).status_code == 200
+        assert "the server is busy (2 texts queued, limit 3)" in r.json()["error"]["message"]
+        service.batcher.queued_texts = 0
+        assert httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:3]}).status_code == 200
 
 
 def test_a_normalizing_server_still_answers_embed_normalize_false(fz):

@@ -84,3 +84,63 @@ def test_requests_past_the_graceful_wait_are_cut_with_one_line(served, monkeypat
     assert "POST /v1/rerank from 127.0.0.1:" in errors[0] and "POST /v1/embeddings from 127.0.0.1:" in errors[0]
     assert errors[0].count("answered 503") == 2, errors[0]
     assert len(turns.steps) == 1, list(turns.steps)  # one rerank batch of 12; the embedding call ran none
+
+
+def test_the_cli_cuts_a_request_past_graceful_shutdown_s_with_one_line_and_exits_130(tiny_models):
+    """`ctxrep serve --graceful-shutdown-s 0.5` under a real Ctrl-C while a long request runs: the client gets a
+    503 in OpenAI's schema, stderr names the cut request in one line (no traceback), the exit status is 130."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    url = f"http://127.0.0.1:{port}"
+    ctxrep = str(Path(sys.executable).with_name("ctxrep"))
+    command = [ctxrep, "serve", "--model", str(tiny_models["bert"]), "--port", str(port), "--threads", "1"]
+    command += ["--graceful-shutdown-s", "0.5", "--max-batch-tokens", "64", "--max-texts", "4000"]
+    proc = subprocess.Popen(
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a test runner may ignore SIGINT
+    )
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return proc.poll() is not None  # stop waiting if the server died (the assertions below say why)
+
+    try:
+        wait_for(healthy, "the server to start", limit=180)
+        answer = {}
+        texts = [f"line {i} : " + "the bank raised its rates again . " * 20 for i in range(4000)]  # many steps
+        thread = threading.Thread(
+            target=lambda: answer.update(r=httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120))
+        )
+        thread.start()
+        time.sleep(1.0)  # read and running
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        thread.join(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr
+    cut = [line for line in stderr.splitlines() if "graceful-shutdown wait ran out" in line]
+    assert len(cut) == 1 and "POST /v1/embeddings" in cut[0], (stderr, answer["r"].text)
+    assert answer["r"].status_code == 503 and "graceful-shutdown wait" in answer["r"].json()["error"]["message"]
+
+
+def test_a_request_limit_above_the_queue_limit_is_refused_at_start():
+    with pytest.raises(ValueError, match=r"max_texts \(20,000 .* could never be queued: raise --max-queue"):
+        ServeConfig(max_texts=20_000, max_queue_texts=4096)

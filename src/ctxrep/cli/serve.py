@@ -54,6 +54,13 @@ from ctxrep.cli.runtime_options import runtime_options
     metavar="FILE",
     help="One line per request (client, method, path, status, milliseconds) appended to FILE; '-': stderr.",
 )
+@click.option(
+    "--graceful-shutdown-s",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="On Ctrl-C or SIGTERM, how long requests in flight may run on; those still running then are cut with a 503.",
+)
 @user_errors
 def serve(
     model,
@@ -75,14 +82,16 @@ def serve(
     reranker,
     sparse_model,
     access_log,
+    graceful_shutdown_s,
 ) -> None:
     """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings and /v1/models, text-embeddings-inference's
     /embed, ctxrep's /v1/word-embeddings, /health and /metrics; with --reranker, /rerank and /v1/rerank; with
     --sparse-model, /embed_sparse. Long requests run in token-budget steps between other requests' steps, so a short
     request never waits for a whole long one.
 
-    Ctrl-C (or SIGTERM) stops accepting connections, answers the requests in flight (30 s at most) and ends; after
-    Ctrl-C the exit status is 130, as for every ctxrep command."""
+    Ctrl-C (or SIGTERM) stops accepting connections, answers the requests in flight (--graceful-shutdown-s at most;
+    those still running then get a 503, named in one log line) and ends; after Ctrl-C the exit status is 130, as for
+    every ctxrep command."""
     try:
         from ctxrep.serve.server import access_log_to, bind, serve
         from ctxrep.serve.service import ServeConfig, api_key_from, make_service
@@ -97,6 +106,7 @@ def serve(
         max_texts=max_texts,
         max_text_chars=max_text_chars,
         api_key=api_key_from(api_key),
+        graceful_shutdown_s=graceful_shutdown_s,
     )
     sock = bind(host, port)  # before the model loads: a taken port is said at once
     service = make_service(

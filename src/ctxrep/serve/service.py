@@ -38,6 +38,14 @@ class ServeConfig:
     retry_after_s: int = 1
     graceful_shutdown_s: float = 30.0  # on SIGINT / SIGTERM, how long requests in flight may run on; then: 503
 
+    def __post_init__(self) -> None:
+        if self.max_texts > self.max_queue_texts:
+            raise ValueError(
+                f"max_texts ({self.max_texts:,} texts a request) is more than max_queue_texts "
+                f"({self.max_queue_texts:,} texts waiting), so a request that large could never be queued: raise "
+                "--max-queue (ServeConfig.max_queue_texts) or lower --max-texts"
+            )
+
 
 Text = str | list[str]  # a text as a request sends it: a string, or its words
 
