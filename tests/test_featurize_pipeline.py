@@ -241,3 +241,28 @@ def test_token_pooler_pools_a_batch_as_its_rows_one_at_a_time():
         )
     np.testing.assert_allclose(whole.result(), one_by_one.result(), rtol=1e-6, atol=1e-7)
     assert whole.last_row.tolist() == [4, 2, 0]
+
+
+def _budget_batches_one_at_a_time(lengths, budget):
+    """The reference greedy cut: one sequence at a time, a new batch when the next would pass the budget."""
+    sizes, size, longest = [], 0, 0
+    for n in lengths:
+        if size and max(longest, n) * (size + 1) > budget:
+            sizes.append(size)
+            size, longest = 0, 0
+        size += 1
+        longest = max(longest, n)
+    return sizes + [size] if size else sizes
+
+
+def test_token_budget_batches_cut_as_one_sequence_at_a_time():
+    """The array search per batch (ascending lengths) cuts where the greedy loop does: zero lengths, sequences
+    longer than the budget, and unsorted lengths (the loop itself) included."""
+    from ctxrep.text.inputs import token_budget_batches
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        lengths = rng.integers(0, rng.choice([2, 6, 60, 700]), size=rng.integers(0, 200)).tolist()
+        budget = int(rng.choice([1, 7, 64, 2048]))
+        for order in (sorted(lengths), lengths):
+            assert token_budget_batches(order, budget) == _budget_batches_one_at_a_time(order, budget)

@@ -19,6 +19,7 @@ The featurizer, the estimators and the attention tool all build their encoder in
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -192,8 +193,9 @@ class Rows:
     def __len__(self) -> int:
         return len(self.lengths)
 
-    @property
+    @functools.cached_property
     def starts(self) -> np.ndarray:
+        """(rows,) each row's first position in ids; computed once (collate reads it for every batch)."""
         return np.cumsum(self.lengths) - self.lengths
 
     @classmethod
@@ -329,10 +331,15 @@ def split_windows(spans: list[tuple[int, int]], size: int, stride: int) -> list[
     return [(p0, p1, [w for w in range(w0, w1) if owner[w] == k]) for k, (w0, w1, p0, p1) in enumerate(bounds)]
 
 
-def token_budget_batches(lengths: list[int], budget: int) -> list[int]:
-    """Sizes of consecutive batches over length-sorted sequences so that size x longest <= budget."""
+def token_budget_batches(lengths: Sequence[int], budget: int) -> list[int]:
+    """Sizes of consecutive batches over length-sorted sequences so that size x longest <= budget (a sequence longer
+    than the budget is a batch alone). Ascending lengths (every caller's) take one array search per batch, no Python
+    step per sequence; other orders the same greedy cut one sequence at a time."""
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if np.all(lengths[1:] >= lengths[:-1]):
+        return _ascending_batches(lengths, budget)
     sizes, size, longest = [], 0, 0
-    for n in lengths:
+    for n in lengths.tolist():
         if size and max(longest, n) * (size + 1) > budget:
             sizes.append(size)
             size, longest = 0, 0
@@ -340,4 +347,20 @@ def token_budget_batches(lengths: list[int], budget: int) -> list[int]:
         longest = max(longest, n)
     if size:
         sizes.append(size)
+    return sizes
+
+
+def _ascending_batches(lengths: np.ndarray, budget: int) -> list[int]:
+    """token_budget_batches over ascending lengths: a batch from row i holds the rows k of i, i+1, ... while
+    (k - i + 1) x lengths[k] <= budget (the last row is the longest): a prefix of the rows from i, at most
+    budget // lengths[i] of them."""
+    sizes, start = [], 0
+    while start < len(lengths):
+        shortest = int(lengths[start])
+        room = max(1, budget // shortest) if shortest else len(lengths)  # no batch from here holds more rows
+        window = lengths[start : start + room]
+        fits = np.arange(1, len(window) + 1) * window <= budget  # True, then False
+        size = max(1, int(fits.sum()))
+        sizes.append(size)
+        start += size
     return sizes

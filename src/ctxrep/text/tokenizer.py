@@ -10,6 +10,7 @@ the template ([CLS] A [SEP] B [SEP] for BERT, <s> A </s></s> B </s> for RoBERTa,
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import warnings
@@ -153,8 +154,9 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    @property
+    @functools.cached_property
     def pad_token_id(self) -> int:
+        """[PAD] or <pad>, else 0; looked up once (every batch's collate reads it)."""
         for name in ("[PAD]", "<pad>"):
             i = self.backend.token_to_id(name)
             if i is not None:
