@@ -2,7 +2,8 @@
 
 For each command, one uninterrupted run is timed first (its outputs are the reference); then a real SIGINT is sent
 at N moments drawn uniformly over that run's length (seeded by --seed; each moment is printed), from the process's
-start (imports, model loading, reading the input) through its work to its last write. Each time it checks:
+start (imports, model loading, reading the input) through its work to its last write (a run that ends before its
+moment shortens that length for the next draws: the first run is timed on a busy machine too). Each time it checks:
 
   exit 130       the process ended with status 130, or was ended by the signal itself (-2: one that lands while
                  the interpreter shuts down, after the command's last write), which a shell reports as 130 too;
@@ -267,8 +268,8 @@ def default_sigint() -> None:
 
 
 def interrupt_at(command: list[str], at: float) -> tuple[subprocess.CompletedProcess, bool]:
-    """Start `command`, send SIGINT `at` seconds after the start; (the finished process, whether it had already
-    ended before the signal)."""
+    """Start `command`, send SIGINT `at` seconds after the start; (the finished process, and how long it ran when
+    it ended before the signal, else None)."""
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -284,12 +285,13 @@ def interrupt_at(command: list[str], at: float) -> tuple[subprocess.CompletedPro
     ]  # read while it runs, so a full pipe never blocks it
     for reader in readers:
         reader.start()
+    started = time.monotonic()
     try:
         proc.wait(timeout=at)
-        ended_first = True
+        ended_after = time.monotonic() - started
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGINT)
-        ended_first = False
+        ended_after = None
     try:
         proc.wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:  # still running: it ignored the signal (exit -9 is counted against it)
@@ -297,14 +299,24 @@ def interrupt_at(command: list[str], at: float) -> tuple[subprocess.CompletedPro
         proc.wait()
     for reader in readers:
         reader.join(timeout=TIMEOUT)
-    return subprocess.CompletedProcess(command, proc.returncode, drain.get("stdout", ""), drain.get("stderr", "")), (
-        ended_first
-    )
+    done = subprocess.CompletedProcess(command, proc.returncode, drain.get("stdout", ""), drain.get("stderr", ""))
+    return done, ended_after
+
+
+def killed_note(done: subprocess.CompletedProcess) -> str:
+    """Status -2: the signal's default action ended it (the interpreter was shutting down); what it had printed."""
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    return f"killed by the signal (-2); its last line on stdout: {last[:120]!r}"
 
 
 def measure(case: Case, at: float) -> Moment:
+    """Interrupt `case` `at` seconds after its start, check what it left, rerun it. A run that ended before the
+    signal shortens case.duration, so that the next moments fall within a run's true length."""
     shutil.rmtree(case.out, ignore_errors=True)
-    done, ended_first = interrupt_at(case.command, at)
+    done, ended_after = interrupt_at(case.command, at)
+    ended_first = ended_after is not None
+    if ended_first:
+        case.duration = min(case.duration, ended_after)
     try:
         corrupt = case.check(case.out)
     except Exception as e:  # a check that cannot even read the outputs found them corrupt
@@ -320,6 +332,7 @@ def measure(case: Case, at: float) -> Moment:
             "traceback: " + done.stderr[-1500:] if "Traceback" in done.stderr else "",
             corrupt and f"corrupt: {corrupt}",
             rerun_error and f"rerun: {rerun_error}",
+            killed_note(done) if done.returncode == -signal.SIGINT else "",
         )
         if x
     )
@@ -512,11 +525,13 @@ def report(table: dict[str, Case], chosen: list[str], args: argparse.Namespace) 
     for name in chosen:
         moments = table[name].moments
         signalled = [m for m in moments if m.returncode != 0]
+        killed = sum(m.returncode == -signal.SIGINT for m in signalled)
         rows.append(
             [
                 f"`ctxrep {name}`",
                 f"{len(moments)} ({len(moments) - len(signalled)} after the end)",
-                f"{sum(m.returncode in STATUS_130 for m in signalled)}/{len(signalled)}",
+                f"{sum(m.returncode in STATUS_130 for m in signalled)}/{len(signalled)}"
+                + (f" ({killed} as -2)" if killed else ""),
                 str(sum(m.traceback for m in moments)),
                 str(sum(bool(m.corrupt) for m in moments)),
                 f"{sum(m.rerun_ok for m in moments)}/{len(moments)}",
