@@ -87,16 +87,19 @@ def test_int8_logits_stay_within_a_bound_that_no_clear_decision_crosses(model):
 
 
 def test_int8_outputs_mostly_equal_float32(model):
-    """Whole decodes: int8 writes the float32 output for most sentences, greedy and at beam 4. Measured under every
-    level of `make test-isa`: greedy 35-41 of 48, beam 36-41 (the sentences that differ hold near-ties, see above)."""
+    """Whole decodes: int8 writes the float32 output for at least half the sentences, greedy and at beam 4 (a broken
+    int8 path writes almost none). Measured under every level of `make test-isa` with 1 and 2 threads (the
+    fixture's model, trained here, differs with the thread count): greedy 35-41 of 48, beam 29-41. The sentences that
+    differ hold near-ties (only 4 of 48 decodes have every choice by a margin above 0.5); the exact guarantee is the
+    logit bound above."""
     q = quantize_translator(model)
     ids, mask = sources(48, seed=3)
     greedy32 = greedy_search(model, ids, mask, max_len_a=0, max_len_b=16)
     greedy8 = greedy_search(q, ids, mask, max_len_a=0, max_len_b=16)
     beam32 = [h[0].tokens for h in beam_search(model, ids, mask, beam=4, max_len_a=0, max_len_b=16)]
     beam8 = [h[0].tokens for h in beam_search(q, ids, mask, beam=4, max_len_a=0, max_len_b=16)]
-    assert sum(a == b for a, b in zip(greedy32, greedy8)) >= 0.65 * len(greedy32)
-    assert sum(a == b for a, b in zip(beam32, beam8)) >= 0.65 * len(beam32)
+    assert sum(a == b for a, b in zip(greedy32, greedy8)) >= 0.5 * len(greedy32)
+    assert sum(a == b for a, b in zip(beam32, beam8)) >= 0.5 * len(beam32)
     assert len({len(r) for r in greedy32}) > 3  # the outputs end at several lengths: a real comparison
 
 
