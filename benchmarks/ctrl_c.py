@@ -314,7 +314,7 @@ def measure(case: Case, at: float) -> Moment:
     signal shortens case.duration, so that the next moments fall within a run's true length."""
     shutil.rmtree(case.out, ignore_errors=True)
     done, ended_after = interrupt_at(case.command, at)
-    ended_first = ended_after is not None
+    ended_first = ended_after is not None or done.returncode == 0  # 0: it ended as the signal was sent
     if ended_first:
         case.duration = min(case.duration, ended_after)
     try:

@@ -503,3 +503,20 @@ def test_distill_task_ctrl_c_while_saving_finishes_the_save(teacher, sst, tmp_pa
     err = capsys.readouterr().err
     assert "Ctrl-C: finishing saving the student, then stopping" in err
     assert err.rstrip().endswith("interrupted (Ctrl-C)")
+
+
+def test_ctrl_c_while_the_cli_loads_exits_130_without_a_traceback():
+    """A real SIGINT while `ctxrep` imports its commands' modules (sent by an import hook, so the moment is exact):
+    status 130 and one line, as at any later moment (it printed an import traceback)."""
+    code = (
+        "import os, signal, sys\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ctxrep.cli.distill':\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "from ctxrep.cli import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, "embed", "--help"], capture_output=True, text=True, timeout=60)
+    _check_stopped_at_once(done)

@@ -5,9 +5,25 @@ Errors the user can fix (bad input, unknown model, ...) exit with status 1 and a
 
 from __future__ import annotations
 
-import click
+import signal
+import sys
+from typing import NoReturn
 
-from ctxrep.cli.common import main
+
+def _interrupted_while_loading() -> NoReturn:
+    """Ctrl-C while the CLI loads (click, every command's module: the first ~0.2 s) ends it as any Ctrl-C does:
+    status 130 and one line, no traceback; a second one during the interpreter's exit is ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stderr.write("\ninterrupted (Ctrl-C)\n")
+    raise SystemExit(130) from None
+
+
+try:
+    import click
+
+    from ctxrep.cli.common import main
+except KeyboardInterrupt:
+    _interrupted_while_loading()
 
 
 def _register() -> None:
@@ -38,6 +54,9 @@ def _register() -> None:
     main.add_command(rerank)
 
 
-_register()
+try:
+    _register()
+except KeyboardInterrupt:
+    _interrupted_while_loading()
 
 __all__ = ["main", "click"]
