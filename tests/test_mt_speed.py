@@ -86,6 +86,26 @@ def test_int8_logits_stay_within_a_bound_that_no_clear_decision_crosses(model):
     assert clear > 100  # a real comparison: many clear choices
 
 
+@pytest.mark.parametrize("where", ["fc1", "projection"])
+def test_int8_rows_keep_their_own_activation_scale(model, where):
+    """A decoding call's rows are all the sentences (or beams) of a batch: one row 1000x larger leaves every other
+    row's int8 output bit for bit as without it (per-row activation scales, `Int8Linear(per_row=True)`), while one
+    scale per call (per_row=False) changes them. fc1 has a bias (added after the rescaling); the projection's is 0."""
+    q = quantize_translator(model)
+    layer = q.decoder.layers[0].fc1 if where == "fc1" else q.int8_projection
+    assert layer.per_row
+    rows = torch.randn(6, 1, model.config.d_model)  # (rows, 1 step, d_model)
+    with_outlier = torch.cat([rows, 1000 * rows[:1]])  # a copy of row 0, 1000x: its normalised row is row 0's
+    per_call = copy.copy(layer)
+    per_call.per_row = False
+    with torch.inference_mode():
+        alone = layer(rows)
+        assert torch.equal(layer(with_outlier)[:6], alone)
+        assert not torch.equal(per_call(with_outlier)[:6], per_call(rows))  # the test can fail
+        reference = model.decoder.layers[0].fc1(rows) if where == "fc1" else model.project(rows)
+    assert ((alone - reference).abs().max() / reference.abs().max()) < 0.05
+
+
 def test_int8_outputs_mostly_equal_float32(model):
     """Whole decodes: int8 writes the float32 output for at least half the sentences, greedy and at beam 4 (a broken
     int8 path writes almost none). Measured under every level of `make test-isa` with 1 and 2 threads (the

@@ -412,15 +412,16 @@ def translate(
 
 def quantize_translator(model: MarianMTModel) -> MarianMTModel:
     """A copy of `model` (eval mode) that decodes in int8: every nn.Linear of the encoder and decoder becomes
-    ctxrep.runtime.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call), and so does
+    ctxrep.runtime.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call with one
+    scale per row: per_row=True, as a call's rows are the batch's sentences or beams), and so does
     the output projection (`int8_projection`, from the tied embeddings; the embeddings themselves stay float32).
     No SmoothQuant calibration (fast.quantize_int8 with no batches: every smoothing scale is 1), as CTranslate2's
     compute_type="int8" quantizes weights per row and activations on the fly. CPU only."""
     keep = ("lm_head",) if model.lm_head is not None else ()  # projected by int8_projection below instead
-    quantized = quantize_int8(model, [], keep_float=keep)  # uncalibrated: no smoothing pass per call
+    quantized = quantize_int8(model, [], keep_float=keep, per_row=True)  # uncalibrated: no smoothing pass per call
     weight = model.output_weight().detach().float()  # (target vocab, d_model)
     projection = nn.Linear(weight.shape[1], weight.shape[0], device="meta")  # no RNG draw, no allocation
     projection.weight = nn.Parameter(weight)
     projection.bias = nn.Parameter(model.final_logits_bias[0].detach().float().clone())
-    quantized.int8_projection = Int8Linear(projection)
+    quantized.int8_projection = Int8Linear(projection, per_row=True)
     return quantized
