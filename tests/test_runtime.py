@@ -3,6 +3,7 @@ the choices that follow the hardware's description (never a timing). Devices: th
 
 from __future__ import annotations
 
+import os
 import types
 
 import numpy as np
@@ -285,3 +286,21 @@ def test_estimator_predict_on_each_device(device, tiny_models):
     np.testing.assert_allclose(clf.predict_proba(X, device=device), expected, atol=1e-4)
     np.testing.assert_allclose(clf.predict_proba(X, device=device, precision="bf16"), expected, atol=0.05)
     assert {p.device.type for p in clf.model_.parameters()} == {"cpu"}  # back where the estimator keeps it
+
+
+@pytest.mark.parametrize("user_value", [None, "64"])
+def test_prepacking_bounds_onednns_kernel_cache_unless_the_user_did(tiny_models, monkeypatch, user_value):
+    """A pre-packed model asks oneDNN to keep 16 shapes' kernels, not 1,024 (a million-sentence `ctxrep embed` held
+    1,120 MiB with the default, 667 MiB with 16: benchmarks/embed_memory.py); a capacity the user set stays."""
+    from ctxrep.models.loading import load_encoder
+    from ctxrep.runtime.torch_backend import ONEDNN_CACHE_CAPACITY, prepack_for_inference
+
+    name, default = ONEDNN_CACHE_CAPACITY
+    if user_value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, user_value)
+    model = load_encoder(str(tiny_models["bert"])).model.eval()
+    packed = prepack_for_inference(model)
+    assert packed is not model  # the BERT family is pre-packed in float32 on a CPU (torch built with oneDNN)
+    assert os.environ[name] == (user_value or default)

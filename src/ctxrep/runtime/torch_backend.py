@@ -11,6 +11,7 @@ Every family runs here, ELMo included (its biLSTM runs in float32 or a cast copy
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
@@ -23,6 +24,13 @@ from ctxrep.runtime.hardware import prepack_pays
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Pinned input buffers on CUDA, used in turn: one more than the batches in flight (in_flight) keeps a slot free.
 PINNED_SLOTS = 3
+
+# oneDNN keeps a compiled kernel per input shape of a pre-packed linear layer, 1,024 by default, each with buffers
+# that grow with the shape; length-sorted batches give nearly every batch new shapes, so a corpus job's memory grew
+# with it (a million sentences: 1,120 MiB against 616 MiB with 8). A batch uses ~4 shapes (Q/K/V/O, the two
+# feed-forward layers, the pooler), so 16 still reuses the last few batches' kernels. Read by oneDNN once, when its
+# first kernel is made: a value the user set first wins.
+ONEDNN_CACHE_CAPACITY = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
 
 
 class TorchRuntime:
@@ -144,6 +152,7 @@ def prepack_for_inference(model: torch.nn.Module) -> torch.nn.Module:
         return model
     if not getattr(model, "prepack_for_inference", False):  # measured faster for the BERT family only
         return model
+    os.environ.setdefault(*ONEDNN_CACHE_CAPACITY)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.utils.mkldnn builds TorchScript modules
         try:
