@@ -89,55 +89,39 @@ def test_requests_past_the_graceful_wait_are_cut_with_one_line(served, monkeypat
 def test_the_cli_cuts_a_request_past_graceful_shutdown_s_with_one_line_and_exits_130(tiny_models):
     """`ctxrep serve --graceful-shutdown-s 0.5` under a real Ctrl-C while a long request runs: the client gets a
     503 in OpenAI's schema, stderr names the cut request in one line (no traceback), the exit status is 130."""
-    import os
-    import signal
     import socket
-    import subprocess
-    import sys
     import time
-    from pathlib import Path
+
+    from test_ctrl_c import CTXREP, _interrupt
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
     url = f"http://127.0.0.1:{port}"
-    ctxrep = str(Path(sys.executable).with_name("ctxrep"))
-    command = [ctxrep, "serve", "--model", str(tiny_models["bert"]), "--port", str(port), "--threads", "1"]
+    command = [CTXREP, "serve", "--model", str(tiny_models["bert"]), "--port", str(port), "--threads", "1"]
     command += ["--graceful-shutdown-s", "0.5", "--max-batch-tokens", "64", "--max-texts", "4000"]
-    proc = subprocess.Popen(
-        command,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a test runner may ignore SIGINT
-    )
+    texts = [f"line {i} : " + "the bank raised its rates again . " * 20 for i in range(4000)]  # many steps
+    answer = {}
 
-    def healthy() -> bool:
+    def long_request_running() -> bool:
         try:
-            return httpx.get(f"{url}/health", timeout=5).status_code == 200
+            if httpx.get(f"{url}/health", timeout=5).status_code != 200:
+                return False
         except httpx.TransportError:
-            return proc.poll() is not None  # stop waiting if the server died (the assertions below say why)
-
-    try:
-        wait_for(healthy, "the server to start", limit=180)
-        answer = {}
-        texts = [f"line {i} : " + "the bank raised its rates again . " * 20 for i in range(4000)]  # many steps
-        thread = threading.Thread(
-            target=lambda: answer.update(r=httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120))
-        )
-        thread.start()
+            return False
+        call = lambda: answer.update(r=httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120))  # noqa: E731
+        answer["thread"] = threading.Thread(target=call)
+        answer["thread"].start()
         time.sleep(1.0)  # read and running
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-        thread.join(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr, stderr
-    cut = [line for line in stderr.splitlines() if "graceful-shutdown wait ran out" in line]
-    assert len(cut) == 1 and "POST /v1/embeddings" in cut[0], (stderr, answer["r"].text)
+        return True
+
+    done = _interrupt(command, long_request_running, seed=7)
+    answer["thread"].join(timeout=60)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr
+    cut = [line for line in done.stderr.splitlines() if "graceful-shutdown wait ran out" in line]
+    assert len(cut) == 1 and "POST /v1/embeddings" in cut[0], (done.stderr, answer["r"].text)
     assert answer["r"].status_code == 503 and "graceful-shutdown wait" in answer["r"].json()["error"]["message"]
 
 
