@@ -48,6 +48,13 @@ def tiny_cross_encoder(folder: Path, tokenizer_from: Path) -> Path:
     return folder
 
 
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (for a server process the test starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def wait_for(condition, what: str, limit: float = 60.0) -> None:
     """Poll `condition` (a bound on a hang, not a timed assertion)."""
     deadline = time.monotonic() + limit

@@ -23,7 +23,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _serve_helpers import free_port
 
 from ctxrep import Featurizer
 from ctxrep.embed.corpus import load_shards
@@ -194,10 +194,7 @@ def test_mt_train_ctrl_c_exits_130_saves_and_resumes(tmp_path):
 def test_serve_ctrl_c_answers_the_request_in_flight_and_exits_130(tiny_models):
     import httpx
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [CTXREP, "serve", "--model", str(tiny_models["bert"]), "--port", str(port), "--threads", "1"]
 

@@ -9,7 +9,7 @@ import threading
 
 import httpx
 import pytest
-from _serve_helpers import ServerThread, tiny_cross_encoder, wait_for
+from _serve_helpers import ServerThread, free_port, tiny_cross_encoder, wait_for
 
 from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
@@ -89,15 +89,11 @@ def test_requests_past_the_graceful_wait_are_cut_with_one_line(served, monkeypat
 def test_the_cli_cuts_a_request_past_graceful_shutdown_s_with_one_line_and_exits_130(tiny_models):
     """`ctxrep serve --graceful-shutdown-s 0.5` under a real Ctrl-C while a long request runs: the client gets a
     503 in OpenAI's schema, stderr names the cut request in one line (no traceback), the exit status is 130."""
-    import socket
     import time
 
     from test_ctrl_c import CTXREP, _interrupt
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [CTXREP, "serve", "--model", str(tiny_models["bert"]), "--port", str(port), "--threads", "1"]
     command += ["--graceful-shutdown-s", "0.5", "--max-batch-tokens", "64", "--max-texts", "4000"]
