@@ -52,8 +52,8 @@ def runtimes_loaded(tiny_models):
 def test_trainer_ctrl_c_with_every_runtime_loaded(runtimes_loaded, tmp_path):
     import test_trainer
 
-    test_trainer._ctrl_c_finishes_the_step_saves_and_returns(tmp_path / "a")
-    test_trainer._interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path / "b")
+    test_trainer.test_ctrl_c_finishes_the_step_saves_and_returns(tmp_path / "a")
+    test_trainer.test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path / "b")
 
 
 @pytest.fixture(scope="module")
