@@ -1,10 +1,10 @@
-"""Dataset readers: known answers on small synthetic files, bad input, and the official counts on the real data."""
+"""Dataset readers: known answers on small synthetic files and bad input (the official counts of the real files are
+checked by benchmarks/data_counts.py, which reads ../shared/data)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,9 +16,6 @@ from ctxrep.data.squad import read_squad
 from ctxrep.data.sst import parse_sst_tree, read_sst, sst_label
 from ctxrep.data.tags import Entity, bio_to_iobes, entities, entity_scores, iob1_to_bio
 from ctxrep.data.wic import iter_wic, read_wic
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-real_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data not present")
 
 
 def esc(path: Path) -> str:
@@ -105,19 +102,6 @@ def test_conll_invalid_utf8_names_line(tmp_path):
     with pytest.raises(ValueError, match=rf"^{esc(path)}:3: invalid UTF-8 byte b'\\xe9' at column 4.*iconv"):
         read_conll(path)
     assert list(iter_utf8_lines(write(tmp_path / "ok.txt", "\ufeffa\nb", "\r\n"))) == [(1, "a"), (2, "b")]
-
-
-@real_data
-def test_conll2003_official_counts():
-    for name, n_sentences, n_tokens, by_type in [
-        ("eng.train", 14041, 203621, {"LOC": 7140, "PER": 6600, "ORG": 6321, "MISC": 3438}),
-        ("eng.testa", 3250, 51362, {"PER": 1842, "LOC": 1837, "ORG": 1341, "MISC": 922}),
-    ]:
-        sentences = read_conll(DATA / "conll2003" / name)
-        assert len(sentences) == n_sentences
-        assert sum(len(s.words) for s in sentences) == n_tokens
-        assert all(len(cols) == 3 for s in sentences for cols in s.columns)
-        assert Counter(e.type for s in sentences for e in entities(s.tags)) == by_type
 
 
 # --- NER tag schemes and conlleval scoring --------------------------------------------------------------
@@ -251,16 +235,6 @@ def test_conllu_streams():
         next(stream)
 
 
-@real_data
-def test_ud_english_ewt_official_counts():
-    for name, n_sentences, n_words in [("train", 12544, 204577), ("dev", 2001, 25147)]:
-        sentences = read_conllu(DATA / "ud_english_ewt" / f"en_ewt-ud-{name}.conllu")
-        assert len(sentences) == n_sentences
-        assert sum(len(s.words) for s in sentences) == n_words
-        assert all(s.sent_id and s.text for s in sentences)
-    assert len({u for s in sentences for u in s.upos}) == 17
-
-
 # --- SST ------------------------------------------------------------------------------------------------
 
 SST = """(3 (2 It) (4 (4 (2 's) (4 good)) (2 .)))
@@ -327,17 +301,6 @@ def test_sst_bad_tree_names_file_line_and_column(tmp_path, tree, message):
     path = write(tmp_path / "bad.txt", f"(2 (2 ok))\n{tree}\n")
     with pytest.raises(ValueError, match=f"^{esc(path)}:2: {message}.*; each line must hold one tree"):
         read_sst(path)
-
-
-@real_data
-def test_sst_official_counts():
-    train, dev = DATA / "sst" / "train.txt", DATA / "sst" / "dev.txt"
-    assert Counter(read_sst(train).labels) == {0: 1092, 1: 2218, 2: 1624, 3: 2322, 4: 1288}
-    assert Counter(read_sst(dev).labels) == {0: 139, 1: 289, 2: 229, 3: 279, 4: 165}
-    assert len(read_sst(train, classes=2).texts) == 6920
-    binary_dev = read_sst(dev, classes=2)
-    assert len(binary_dev.texts) == 872 and Counter(binary_dev.labels) == {0: 428, 1: 444}
-    assert len(read_sst(dev, phrases=True).texts) == 41447  # labelled nodes
 
 
 # --- GLUE TSV -------------------------------------------------------------------------------------------
@@ -484,12 +447,3 @@ def test_wic_gold_file_mismatch(tmp_path):
     bad = write(tmp_path / "bad.gold.txt", "T\nTrue\n")
     with pytest.raises(ValueError, match=rf"^{esc(bad)}:2: label is 'True'; each line must be T or F"):
         read_wic(data, bad)
-
-
-@real_data
-def test_wic_official_counts():
-    for split, n, by_pos in [("train", 5428, {"N": 2794, "V": 2634}), ("dev", 638, {"N": 395, "V": 243})]:
-        pairs = read_wic(DATA / "wic" / split / f"{split}.data.txt", DATA / "wic" / split / f"{split}.gold.txt")
-        assert len(pairs) == n
-        assert Counter(p.label for p in pairs) == {True: n // 2, False: n // 2}
-        assert Counter(p.pos for p in pairs) == by_pos
