@@ -487,7 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     skipped = f" Left out: {', '.join(sorted(skip))}." if skip else ""
     notes = [
         (
-            f"corpus: {args.corpus} ({CORPORA[args.corpus][0]}), first {n:,} sentences, "
+            f"corpus: {args.corpus} ({CORPORA[args.corpus][0]}), {n:,} sentences "
+            f"({'a seeded sample in file order' if args.corpus == 'sst' else 'the first'}), "
             f"{sum(len(s) for s in sentences):,} words, {tokens:,} tokens (non-pad, with [CLS]/[SEP]).{trial}{skipped}"
         ),
         (
