@@ -178,3 +178,14 @@ def per_query(fn, queries) -> float:
         fn(q)
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def report(text: str, markdown_out: Path | None, failed: list[str]) -> int:
+    """Print a benchmark's result, write it to --markdown-out if given, print each failed check: the exit status."""
+    print(text)
+    if markdown_out:
+        markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        markdown_out.write_text(text + "\n")
+    for f in failed:
+        print(f"error: {f}", file=sys.stderr)
+    return 1 if failed else 0

@@ -43,7 +43,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import DEFAULT_DATA, read_sst, tiny_folder
+from _common import DEFAULT_DATA, read_sst, report, tiny_folder
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "d6c1d1b"
@@ -206,12 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"after {load_after}",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.markdown_out:
-        args.markdown_out.write_text(text + "\n")
-    for f in failed:
-        print(f"error: {f}", file=sys.stderr)
-    return 1 if failed else 0
+    return report(text, args.markdown_out, failed)
 
 
 if __name__ == "__main__":

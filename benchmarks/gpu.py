@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from _common import DEFAULT_DATA, flops_per_token, read_sst
+from _common import DEFAULT_DATA, flops_per_token, read_sst, report
 
 from ctxrep import Featurizer
 from ctxrep.models.loading import resolve
@@ -361,12 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + f"; peers' batches: {args.ref_batch} sentences; ceiling batches: {args.ceiling_batch}; best of {args.repeats}.",
     ]
     text = fmt_table(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
-    print(text)
-    if args.markdown_out:
-        args.markdown_out.write_text(text + "\n")
-    for f in failed:
-        print(f"error: {f}", file=sys.stderr)
-    return 1 if failed else 0
+    return report(text, args.markdown_out, failed)
 
 
 if __name__ == "__main__":

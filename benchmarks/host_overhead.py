@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import DEFAULT_DATA, read_sst, tiny_folder
+from _common import DEFAULT_DATA, read_sst, report, tiny_folder
 
 TOLERANCE = 1e-4
 TARGET_VS_ST = 1.5
@@ -249,12 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"- load average before {load_before}, after {load_after}; best of {args.repeats}",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.markdown_out:
-        args.markdown_out.write_text(text + "\n")
-    for f in failed:
-        print(f"error: {f}", file=sys.stderr)
-    return 1 if failed else 0
+    return report(text, args.markdown_out, failed)
 
 
 if __name__ == "__main__":
