@@ -358,11 +358,12 @@ def test_report_is_self_contained_and_escaped(report_page):
 
 
 def _no_browser(reason: str) -> None:
-    """A user's machine may have no browser and no apt: skip there. CI can install one: a missing browser there
-    is a failure, so the render test never silently stops running."""
+    """Rendering the report needs a headless Chromium, which a user's machine may lack, with no apt to get one:
+    the one test that renders skips there, saying what to install. CI can install one, so a missing browser there
+    is a failure and the render test never silently stops running."""
     if os.environ.get("CI"):
         pytest.fail(f"CI must be able to render the report: {reason}")
-    pytest.skip(reason)
+    pytest.skip(f"rendering the report needs a headless Chromium: {reason}; install chromium to run this test")
 
 
 def _chromium() -> str:

@@ -132,12 +132,14 @@ def _quiet_graph_break():
         logger.setLevel(level)
 
 
+@functools.cache
 def cpu_vector_isa() -> str:
     """The vector instruction set Inductor writes CPU code for ("avx512", "avx2", ... or "" for none): this CPU's,
-    capped by ATEN_CPU_CAPABILITY."""
+    capped by ATEN_CPU_CAPABILITY (read once per process; compile="auto" asks on every call)."""
     from torch._inductor import cpu_vec_isa
 
-    return str(cpu_vec_isa.pick_vec_isa()).split()[0] if cpu_vec_isa.pick_vec_isa() else ""
+    isa = cpu_vec_isa.pick_vec_isa()
+    return str(isa).split()[0] if isa else ""
 
 
 def inductor_options(device_type: str) -> dict[str, bool]:
