@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-import transformers
+from _st_helpers import prompted_st_folder
 from click.testing import CliRunner
 
 import ctxrep
@@ -19,8 +18,6 @@ from ctxrep.embed import corpus
 from ctxrep.embed.corpus import EmbedJob, embed_corpus
 
 st = pytest.importorskip("sentence_transformers")
-from sentence_transformers.base.modules import Normalize, Transformer  # noqa: E402
-from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
 
 TEXTS = [
     "A crane caught a fish .",
@@ -36,18 +33,7 @@ PROMPTS = {"query": "query : ", "document": "", "classification": "classify the 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory, minilm_path) -> Path:
     """A sentence-transformers folder over a 32-wide, 64-position BERT: mean pooling, Normalize, three prompts."""
-    bert = tmp_path_factory.mktemp("bert")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=64,
-    )  # fmt: skip
-    transformers.BertModel(config).save_pretrained(bert)
-    transformers.AutoTokenizer.from_pretrained(minilm_path).save_pretrained(bert)
-    path = tmp_path_factory.mktemp("prompted") / "st"
-    modules = [Transformer(str(bert)), Pooling(32, pooling_mode="mean"), Normalize()]
-    st.SentenceTransformer(modules=modules, prompts=PROMPTS, default_prompt_name="query").save(str(path))
-    return path
+    return prompted_st_folder(tmp_path_factory.mktemp("prompted"), minilm_path, PROMPTS, default_prompt_name="query")
 
 
 @pytest.fixture()

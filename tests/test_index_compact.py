@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-import transformers
+from _st_helpers import prompted_st_folder
 from click.testing import CliRunner
 
 from ctxrep import Featurizer
@@ -19,8 +18,6 @@ from ctxrep.vectors.index import SentenceIndex, SentenceIndexError
 from ctxrep.vectors.quantize import quantize
 
 st = pytest.importorskip("sentence_transformers")
-from sentence_transformers.base.modules import Normalize, Transformer  # noqa: E402
-from sentence_transformers.sentence_transformer.modules import Pooling  # noqa: E402
 
 DOCS = [
     "A crane caught a fish .",
@@ -37,18 +34,7 @@ PROMPTS = {"query": "query : ", "document": "passage : "}
 @pytest.fixture(scope="module")
 def prompted(tmp_path_factory, minilm_path) -> Path:
     """A tiny random BERT saved by sentence-transformers with mean pooling, Normalize and two prompts."""
-    bert = tmp_path_factory.mktemp("bert")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=64,
-    )  # fmt: skip
-    transformers.BertModel(config).save_pretrained(bert)
-    transformers.AutoTokenizer.from_pretrained(minilm_path).save_pretrained(bert)
-    folder = tmp_path_factory.mktemp("prompted") / "st"
-    modules = [Transformer(str(bert)), Pooling(32, pooling_mode="mean"), Normalize()]
-    st.SentenceTransformer(modules=modules, prompts=PROMPTS).save(str(folder))
-    return folder
+    return prompted_st_folder(tmp_path_factory.mktemp("prompted"), minilm_path, PROMPTS)
 
 
 @pytest.fixture(scope="module")
