@@ -1,7 +1,8 @@
 """What importing costs and who may import what, beyond the layer order of test_layers.py.
 
-- `ctxrep --help` and `ctxrep embed --help` import no torch, scipy or other heavy library: each cli/ module imports
-  them inside its command functions (a fresh interpreter builds the help, then lists sys.modules; not a timing).
+- `ctxrep --help` and every command's `--help` import no torch, scipy or other heavy library: each cli/ module
+  imports them inside its command functions (a fresh interpreter builds the help, then lists sys.modules; not a
+  timing). Choice lists the CLI writes out for that reason equal the library tables they copy.
 - No module imports another module's private name (`from ctxrep.x import _name`): a helper two modules share is
   public, with a docstring, or lives where both can reach it. Benchmarks import the library, never each other.
 """
@@ -48,6 +49,47 @@ def test_help_imports_no_heavy_library(args, shown):
     text, loaded = _help(*args)
     assert shown in text, text
     assert sorted(loaded & set(HEAVY)) == []
+
+
+EVERY_HELP = """
+import json, sys
+import click
+from ctxrep.cli import main
+
+heavy, seen = {heavy!r}, {{}}
+ctx = click.Context(main)
+for name, command in main.commands.items():
+    commands = [(name, command)]
+    if isinstance(command, click.Group):
+        commands += [(name + " " + sub, c) for sub, c in command.commands.items()]
+    for words, _ in commands:
+        try:
+            main(words.split() + ["--help"], standalone_mode=False)
+        except SystemExit:
+            pass
+        for module in heavy:
+            if module in sys.modules and module not in seen:
+                seen[module] = words
+print(json.dumps(seen))
+"""
+
+
+def test_every_commands_help_imports_no_heavy_library():
+    done = subprocess.run(
+        [sys.executable, "-c", EVERY_HELP.format(heavy=HEAVY)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    first_loaded_by = json.loads(done.stdout.splitlines()[-1])
+    assert first_loaded_by == {}, f"--help of these commands imported a heavy library: {first_loaded_by}"
+
+
+def test_choice_lists_written_out_for_help_equal_the_library_tables():
+    from ctxrep.cli import pretrain, sentence_encoder
+    from ctxrep.objectives.recipes import OBJECTIVES
+    from ctxrep.tasks import sentence_encoder as estimator
+
+    assert pretrain.OBJECTIVES == OBJECTIVES
+    assert (sentence_encoder.LOSSES, sentence_encoder.POOLINGS) == (estimator.LOSSES, estimator.POOLINGS)
 
 
 def test_top_level_help_does_not_even_import_numpy():

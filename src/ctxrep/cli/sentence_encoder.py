@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from ctxrep.cli.common import LazyChoice, ctrl_c_waits, user_errors
+from ctxrep.cli.common import ctrl_c_waits, user_errors
 from ctxrep.cli.finetune import HEADER_HELP
 from ctxrep.data.sentence_pairs import FORMATS
 
@@ -26,16 +26,10 @@ SCORED_LAYOUTS = (
 )
 
 
-def _losses() -> tuple[str, ...]:
-    from ctxrep.tasks.sentence_encoder import LOSSES  # imported when this command runs, not to print --help
-
-    return LOSSES
-
-
-def _poolings() -> tuple[str, ...]:
-    from ctxrep.tasks.sentence_encoder import POOLINGS
-
-    return POOLINGS
+# tasks/sentence_encoder.py's LOSSES and POOLINGS, written out so that `--help` imports no torch
+# (tests/test_imports.py keeps them equal).
+LOSSES = ("mnrl", "simcse", "cosine", "cosent")
+POOLINGS = ("model", "mean", "cls")
 
 
 @click.command("train-sentence-encoder")
@@ -72,7 +66,7 @@ def _poolings() -> tuple[str, ...]:
 @click.option("--header/--no-header", default=None, help=HEADER_HELP)
 @click.option(
     "--loss",
-    type=LazyChoice(_losses),
+    type=click.Choice(LOSSES),
     default=None,
     help="[default: cosent with scores, mnrl for pairs or triplets, simcse for a file of single texts; a file with "
     "columns that are not read needs --loss simcse to train on one column]",
@@ -86,7 +80,7 @@ def _poolings() -> tuple[str, ...]:
 @click.option("--negative-column", default=None, help="A hard negative per example (mnrl).")
 @click.option("--score-column", default=None, help="The similarity score of each pair (cosine, cosent).")
 @click.option("--limit", type=int, default=None, help="Use only the first N training (and dev) examples.")
-@click.option("--pooling", type=LazyChoice(_poolings), default="model", show_default=True)
+@click.option("--pooling", type=click.Choice(POOLINGS), default="model", show_default=True)
 @click.option("--normalize/--no-normalize", default=None, help="[default: as the model folder says]")
 @click.option("--epochs", default=1, show_default=True)
 @click.option("--max-steps", type=int, default=None)
