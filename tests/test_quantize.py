@@ -97,6 +97,16 @@ def test_hamming_counts_differing_bits():
     np.testing.assert_array_equal(hamming(a, b), [[3, 0]])
 
 
+@pytest.mark.parametrize("row_bytes", [3, 8, 48])
+def test_hamming_equals_counting_unpacked_bits_at_every_row_width(row_bytes):
+    rng = np.random.default_rng(row_bytes)
+    queries = rng.integers(0, 256, (4, row_bytes), dtype=np.uint8)
+    codes = rng.integers(0, 256, (50, row_bytes), dtype=np.uint8)
+    bits = np.unpackbits(queries[:, None, :] ^ codes[None, :, :], axis=2).sum(axis=2)
+    np.testing.assert_array_equal(hamming(queries, codes), bits)
+    np.testing.assert_array_equal(hamming(queries, codes[::2]), bits[:, ::2])  # a strided view
+
+
 @pytest.mark.parametrize("rescore", ["int8", "float32"])
 def test_binary_index_with_rescoring_finds_the_exact_neighbours(rescore):
     rng = np.random.default_rng(5)
