@@ -420,3 +420,95 @@ class TokenPooler:
         if self.pooling.normalize:
             out = out / out.norm(dim=-1, keepdim=True).clamp(min=NORMALIZE_EPS)
         return out.float().numpy()
+
+
+# ---- the folder's module list: the one reader and writer of modules.json, each module's config file and
+# config_sentence_transformers.json (SentenceEncoder / SparseSentenceEncoder save through write_modules; the
+# Featurizer's pooling, SparseEncoder's SpladePooling and MultiVectorEncoder's modules read through read_modules) ----
+
+TRANSFORMER_CONFIG_FILE = "sentence_bert_config.json"  # the Transformer module's config (max_seq_length, ...)
+# Each module's config file (sentence-transformers' `config_file_name`): config.json unless its class names another.
+CONFIG_FILE_NAMES = {
+    "Transformer": TRANSFORMER_CONFIG_FILE,
+    "MLMTransformer": TRANSFORMER_CONFIG_FILE,
+    "Router": "router_config.json",
+    "LSTM": "lstm_config.json",
+    "CNN": "cnn_config.json",
+    "WordEmbeddings": "wordembedding_config.json",
+}
+
+
+@dataclass(frozen=True)
+class Module:
+    """One entry of a folder's modules.json with its config: `type` the module's class
+    ("sentence_transformers.models.Pooling"), `path` its folder inside the model's ("" for the folder itself) and
+    `config` the content of its config file (None: it has none, as Normalize)."""
+
+    type: str
+    path: str = ""
+    config: dict | None = None
+
+    @property
+    def kind(self) -> str:
+        """The class's own name: "Transformer", "Pooling", "Dense", "SpladePooling", ..."""
+        return self.type.rsplit(".", 1)[-1]
+
+    @property
+    def config_file_name(self) -> str:
+        return CONFIG_FILE_NAMES.get(self.kind, "config.json")
+
+
+def read_modules(folder: str | Path) -> tuple[Module, ...]:
+    """The modules `folder`'s modules.json lists, in order, each with its config file read (None where it has
+    none); () when the folder has no modules.json. A malformed list or config file is a one-line CheckpointError."""
+    folder = Path(folder)
+    modules_file = folder / MODULES_FILE
+    if not modules_file.is_file():
+        return ()
+    modules = []
+    for i, entry in enumerate(_read_json(modules_file, list)):
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise CheckpointError(f'{modules_file}: entry {i} has no "type"; expected sentence-transformers\' layout')
+        path = str(entry.get("path", ""))
+        module = Module(entry["type"], path)
+        config_file = folder / path / module.config_file_name
+        config = _read_json(config_file, dict) if config_file.is_file() else None
+        modules.append(Module(entry["type"], path, config))
+    return tuple(modules)
+
+
+def read_settings(folder: str | Path) -> dict:
+    """`folder`'s config_sentence_transformers.json (prompts, default_prompt_name, similarity_fn_name, model_type,
+    ...); {} when it has none."""
+    file = Path(folder) / SETTINGS_FILE
+    return _read_json(file, dict) if file.is_file() else {}
+
+
+def write_modules(folder: str | Path, modules: list[Module] | tuple[Module, ...], settings: dict) -> None:
+    """Write `folder`'s module list as sentence-transformers' save does: modules.json (idx, name, path, type of each
+    module, in order), each module's folder with its config file (none where config is None), and `settings` as
+    config_sentence_transformers.json. A module folder that an earlier modules.json there listed and `modules` does
+    not (2_Normalize after a save without normalising) is removed. The weights are the caller's to write."""
+    import shutil
+
+    folder = Path(folder)
+    try:
+        before = read_modules(folder)
+    except CheckpointError:
+        before = ()  # an unreadable earlier list: nothing known to clean up
+    kept = {m.path for m in modules}
+    for old in before:
+        stale = (folder / old.path).resolve()
+        if old.path and old.path not in kept and stale.is_dir() and stale.parent == folder.resolve():
+            shutil.rmtree(stale)
+    entries = [{"idx": i, "name": str(i), "path": m.path, "type": m.type} for i, m in enumerate(modules)]
+    _write_json(folder / MODULES_FILE, entries)
+    for m in modules:
+        (folder / m.path).mkdir(parents=True, exist_ok=True)
+        if m.config is not None:
+            _write_json(folder / m.path / m.config_file_name, m.config)
+    _write_json(folder / SETTINGS_FILE, settings)
+
+
+def _write_json(file: Path, data: object) -> None:
+    file.write_text(json.dumps(data, indent=2) + "\n")
