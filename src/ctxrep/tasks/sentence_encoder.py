@@ -42,7 +42,15 @@ import torch
 import torch.nn.functional as F
 
 from ctxrep.models.loading import LoadedEncoder, load_encoder
-from ctxrep.models.sentence_transformers import is_sentence_transformers_folder, read_sentence_pooling
+from ctxrep.models.sentence_transformers import (
+    MODULES_FILE,
+    SETTINGS_FILE,
+    TRANSFORMER_CONFIG_FILE,
+    Module,
+    is_sentence_transformers_folder,
+    read_sentence_pooling,
+    write_modules,
+)
 from ctxrep.tasks import loop
 from ctxrep.tasks.base import ParamsProtocol
 from ctxrep.text.inputs import collate, token_budget_batches, words_of
@@ -406,9 +414,8 @@ class SentenceEncoder(ParamsProtocol):
         for file in source.iterdir():  # the tokenizer's files, whatever the family calls them (vocab.txt, spm.model)
             if file.is_file() and _is_tokenizer_file(file.name) and file.resolve() != (path / file.name).resolve():
                 shutil.copyfile(file, path / file.name)
-        self._save_modules(path)
         limit = min(int(self.max_length), encoder.max_tokens)
-        _write_json(path / "sentence_bert_config.json", self._sentence_bert_config(limit))
+        write_modules(path, self._modules(limit), self._settings())
         params = self.get_params()
         params["model"] = str(params["model"])
         state = {"pooling": self.pooling_, "normalize": self.normalize_, "history": getattr(self, "history_", [])}
@@ -422,39 +429,28 @@ class SentenceEncoder(ParamsProtocol):
             raise ValueError(f"a {encoder.family} model cannot be saved as a Hugging Face folder")
         encoder.save_pretrained(path)
 
-    def _sentence_bert_config(self, max_seq_length: int) -> dict:
-        return {"max_seq_length": max_seq_length, "do_lower_case": False}
-
-    def _save_modules(self, path: Path) -> None:
-        """modules.json, each module's folder and config_sentence_transformers.json."""
-        encoder = self.backbone_.model
+    def _modules(self, max_seq_length: int) -> list[Module]:
+        """The folder's modules: Transformer (this folder), Pooling (mean or cls) and Normalize when normalising."""
+        st = "sentence_transformers.models."
+        pooling = {
+            "word_embedding_dimension": self.backbone_.model.hidden_size,
+            "pooling_mode_cls_token": self.pooling_ == "cls",
+            "pooling_mode_mean_tokens": self.pooling_ == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_weightedmean_tokens": False,
+            "pooling_mode_lasttoken": False,
+            "include_prompt": True,
+        }
         modules = [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            Module(st + "Transformer", "", {"max_seq_length": max_seq_length, "do_lower_case": False}),
+            Module(st + "Pooling", "1_Pooling", pooling),
         ]
-        if self.normalize_:
-            modules.append(
-                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
-            )
-            (path / "2_Normalize").mkdir(exist_ok=True)
-        elif (path / "2_Normalize").is_dir():
-            shutil.rmtree(path / "2_Normalize")  # left by an earlier save into the same folder
-        _write_json(path / "modules.json", modules)
-        (path / "1_Pooling").mkdir(exist_ok=True)
-        _write_json(
-            path / "1_Pooling" / "config.json",
-            {
-                "word_embedding_dimension": encoder.hidden_size,
-                "pooling_mode_cls_token": self.pooling_ == "cls",
-                "pooling_mode_mean_tokens": self.pooling_ == "mean",
-                "pooling_mode_max_tokens": False,
-                "pooling_mode_mean_sqrt_len_tokens": False,
-                "pooling_mode_weightedmean_tokens": False,
-                "pooling_mode_lasttoken": False,
-                "include_prompt": True,
-            },
-        )
-        _write_json(path / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", "prompts": {}})
+        return modules + ([Module(st + "Normalize", "2_Normalize")] if self.normalize_ else [])
+
+    def _settings(self) -> dict:
+        """config_sentence_transformers.json: how sentence-transformers compares the vectors; no prompts."""
+        return {"similarity_fn_name": "cosine", "prompts": {}}
 
     @classmethod
     def load(cls, path: str | os.PathLike, **params) -> SentenceEncoder:
@@ -540,9 +536,9 @@ def evaluate_file(
 
 NOT_TOKENIZER = {
     "config.json",
-    "modules.json",
-    "sentence_bert_config.json",
-    "config_sentence_transformers.json",
+    MODULES_FILE,
+    TRANSFORMER_CONFIG_FILE,
+    SETTINGS_FILE,
     "generation_config.json",
     "README.md",
     CONFIG_FILE,

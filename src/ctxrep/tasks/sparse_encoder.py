@@ -17,7 +17,6 @@ encoder. BERT and RoBERTa networks with their MLM head (a *ForMaskedLM folder) a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 
 from ctxrep.models.folders import write_folder
 from ctxrep.models.mlm_head import head_prefix, head_tensors, read_mlm_head
+from ctxrep.models.sentence_transformers import Module
 from ctxrep.tasks import loop
 from ctxrep.tasks.sentence_encoder import SentenceEncoder
 from ctxrep.text.inputs import collate
@@ -195,29 +195,16 @@ class SparseSentenceEncoder(SentenceEncoder):
         config = encoder.config.to_hf_dict() | {"architectures": [MASKED_LM_ARCHITECTURES[model_type]]}
         write_folder(path, config, tensors)
 
-    def _sentence_bert_config(self, max_seq_length: int) -> dict:
-        return {"max_seq_length": max_seq_length, "do_lower_case": False, "transformer_task": "fill-mask"}
-
-    def _save_modules(self, path: Path) -> None:
-        """modules.json (MLMTransformer + SpladePooling), 1_SpladePooling/config.json, a SparseEncoder's settings."""
+    def _modules(self, max_seq_length: int) -> list[Module]:
+        """A SparseEncoder's modules: MLMTransformer (this folder, a fill-mask model) and SpladePooling (max, relu)."""
         st = "sentence_transformers.sparse_encoder.modules."
-        modules = [
-            {"idx": 0, "name": "0", "path": "", "type": st + "mlm_transformer.MLMTransformer"},
-            {"idx": 1, "name": "1", "path": "1_SpladePooling", "type": st + "splade_pooling.SpladePooling"},
+        transformer = {"max_seq_length": max_seq_length, "do_lower_case": False, "transformer_task": "fill-mask"}
+        pooling = {"pooling_strategy": "max", "activation_function": "relu", "embedding_dimension": None}
+        return [
+            Module(st + "mlm_transformer.MLMTransformer", "", transformer),
+            Module(st + "splade_pooling.SpladePooling", "1_SpladePooling", pooling),
         ]
-        (path / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-        (path / "1_SpladePooling").mkdir(exist_ok=True)
-        files = {
-            "1_SpladePooling/config.json": {
-                "pooling_strategy": "max",
-                "activation_function": "relu",
-                "embedding_dimension": None,
-            },
-            "config_sentence_transformers.json": {
-                "model_type": "SparseEncoder",
-                "similarity_fn_name": "dot",
-                "prompts": {},
-            },
-        }
-        for name, content in files.items():
-            (path / name).write_text(json.dumps(content, indent=2) + "\n")
+
+    def _settings(self) -> dict:
+        """config_sentence_transformers.json: sentence-transformers loads the folder as a SparseEncoder (dot product)."""
+        return {"model_type": "SparseEncoder", "similarity_fn_name": "dot", "prompts": {}}
