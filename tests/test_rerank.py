@@ -75,9 +75,16 @@ def test_rerank_orders_by_score_and_keeps_top_n(bert_ce):
 
 def test_truncated_pairs_match_sentence_transformers(bert_ce):
     long_doc = " ".join(["the fox jumped over the lazy dog again"] * 20)  # far past the 64 positions
-    pairs = [(QUERY, long_doc), (long_doc, "dog")]
-    ours = CrossEncoderReranker(bert_ce).predict(pairs)
+    pairs = [(QUERY, long_doc), (QUERY, "dog"), (long_doc, "dog")]
+    reranker = CrossEncoderReranker(bert_ce)
+    ours = reranker.predict(pairs)
     np.testing.assert_allclose(ours, _st_scores(bert_ce, pairs), atol=1e-5, rtol=0)
+    # the cut pairs are named, with the pieces each lost: 160 document pieces + the query's 6 + 3 specials - 64
+    query, doc = (len(reranker.tokenizer.encode_texts([t])[0]) for t in (QUERY, long_doc))
+    assert reranker.cut_texts == [0, 2]
+    assert reranker.cut_pieces == [query + doc + 3 - 64, doc + 1 + 3 - 64]
+    reranker.rerank(QUERY, ["dog", long_doc])
+    assert reranker.cut_texts == [1]  # each call says its own
 
 
 @pytest.mark.parametrize("family", ["roberta", "electra", "distilbert"])
@@ -235,10 +242,27 @@ def test_cli_prints_the_documents_best_first(bert_ce, tmp_path):
     for row, (i, score) in zip(lines[1:], expected):
         rank, shown, line, doc = row.split("\t")
         assert (int(line), doc) == (line_of[i], DOCS[i]) and abs(float(shown) - score) < 1e-6
+    assert "cut" not in result.stderr  # nothing was cut
     bad = CliRunner().invoke(
         main, ["rerank", "--model", str(bert_ce), "--query", QUERY, "--documents", str(docs), "--top-n", "0"]
     )
     assert bad.exit_code == 1 and "error: top_n must be a positive integer" in bad.output
+
+
+def test_cli_says_which_documents_it_cut(bert_ce, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    long_doc = " ".join(["the fox jumped over the lazy dog again"] * 20)  # past the 64 positions: cut
+    docs = tmp_path / "docs.txt"
+    docs.write_text(f"{DOCS[0]}\n\n{long_doc}\n{DOCS[1]}\n{long_doc}\n")
+    result = CliRunner().invoke(main, ["rerank", "--model", str(bert_ce), "--query", QUERY, "--documents", str(docs)])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.strip().splitlines()) == 5  # the table alone on stdout
+    assert result.stderr.strip().splitlines() == [
+        "ctxrep rerank: 2 of 4 documents were cut to fit the reranker's 64 tokens (lines 3, 5)"
+    ]
 
 
 # ---- LLM rerankers (Qwen3-Reranker style) ------------------------------------------------------------------------
@@ -312,6 +336,10 @@ def test_llm_reranker_cuts_a_long_document_to_the_positions(qwen3_reranker):
     assert reranker.tokenizer.encode_texts([body])[1][0] > reranker.room  # the body is cut
     ours = reranker.predict(pairs)
     np.testing.assert_allclose(ours, _model_card_scores(qwen3_reranker, pairs, QWEN3.instruction), atol=1e-5)
+    n = reranker.tokenizer.encode_texts([body])[1][0]
+    assert reranker.cut_texts == [0] and reranker.cut_pieces == [n - reranker.room]  # the cut is said
+    reranker.predict(pairs[1:])
+    assert reranker.cut_texts == [] and reranker.cut_pieces == []
 
 
 def test_llm_reranker_needs_an_lm_head_and_answer_tokens(qwen3_reranker, tmp_path, tiny_models):

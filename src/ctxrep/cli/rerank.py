@@ -23,7 +23,9 @@ from ctxrep.cli.common import user_errors
 @click.option("--device", default=None, help="Where the model runs (cpu, cuda, cuda:1).")
 @user_errors
 def rerank(model, query, documents_file, top_n, prompt, prompt_name, device) -> None:
-    """Print the documents best first: rank, score, line number (1-based), document (TSV)."""
+    """Print the documents best first: rank, score, line number (1-based), document (TSV). A (query, document)
+    pair longer than the reranker's max length is cut to fit, as sentence-transformers' CrossEncoder cuts it; one line
+    on standard error says how many documents were cut, and their line numbers."""
     from ctxrep.rerank import load_reranker
     from ctxrep.util.files import utf8_lines
 
@@ -36,3 +38,9 @@ def rerank(model, query, documents_file, top_n, prompt, prompt_name, device) -> 
     click.echo("rank\tscore\tline\tdocument")
     for rank, (i, score) in enumerate(ranked, start=1):
         click.echo(f"{rank}\t{score:.6f}\t{lines[i][0]}\t{lines[i][1].replace(chr(9), ' ')}")
+    if reranker.cut_texts:
+        click.echo(
+            f"ctxrep rerank: {len(reranker.cut_texts)} of {len(lines)} documents were cut to fit the reranker's "
+            f"{reranker.max_length} tokens (lines {', '.join(str(lines[i][0]) for i in reranker.cut_texts)})",
+            err=True,
+        )

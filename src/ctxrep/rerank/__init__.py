@@ -5,6 +5,8 @@ load_reranker(name)                    a CrossEncoderReranker (sequence-classifi
                                        folder's config.json architectures[0]
 reranker.rerank(query, documents, top_n=None, prompt=None, prompt_name=None) -> [(index, score)], best first
 reranker.predict(pairs)                the scores of (query, document) pairs, in their order
+reranker.cut_texts, .cut_pieces        after each call: the pairs cut to fit max_length (indices in that call)
+                                       and how many pieces each lost (a reranker cuts, it does not window)
 """
 
 from __future__ import annotations

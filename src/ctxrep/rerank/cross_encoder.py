@@ -16,7 +16,8 @@ as the table HEADS says transformers lays it out for each architecture:
 score = activation(logits): the folder's `activation_fn` (sigmoid or identity), else sigmoid for one label and the
 logits themselves for several, as sentence-transformers' CrossEncoder.predict. A pair is one window, cut to fit
 longest-first as transformers' tokenizers truncate (`WindowPlan.truncated`); each side is tokenized whole, as
-transformers encodes a pair.
+transformers encodes a pair. After each call, `cut_texts` names the pairs so cut (indices in that call) and
+`cut_pieces` how many pieces each lost.
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ class CrossEncoderReranker:
     batch_tokens: rows x longest per batch (default: the Featurizer's rule for the device).
     between_batches: None, or a function called after each batch (ranking.BetweenBatches; ctxrep serve's turns).
     Set it on a copy.
+    After each call, `cut_texts` lists the pairs (indices in that call; a document's index in `rerank`) cut to fit
+    max_length, longest side first, and `cut_pieces` the pieces each of them lost, in the same order.
     """
 
     between_batches: BetweenBatches | None = None
@@ -236,6 +239,8 @@ class CrossEncoderReranker:
         self.batch_tokens = batch_tokens or default_batch_tokens(
             self.device, self.model.hidden_size, self.model.num_layers
         )
+        self.cut_texts: list[int] = []  # the pairs of the last call cut to fit max_length, by index in that call
+        self.cut_pieces: list[int] = []  # the pieces each of them lost
 
     @property
     def device(self) -> torch.device:
@@ -254,6 +259,10 @@ class CrossEncoderReranker:
         # each side tokenized whole and alone, as transformers' tokenizers encode a pair, then cut to fit
         sides = [self._pieces([prefix + a for a, _ in pairs]), self._pieces([b for _, b in pairs])]
         records = [self.plan.truncated(i, a, b) for i, (a, b) in enumerate(zip(*sides))]
+        special = self.tokenizer.template.num_special(pair=True)
+        lost = [len(a.ids) + len(b.ids) + special - len(r) for a, b, r in zip(*sides, records)]
+        self.cut_texts = [i for i, n in enumerate(lost) if n > 0]
+        self.cut_pieces = [lost[i] for i in self.cut_texts]
         scores = torch.zeros(len(records), self.num_labels)
         lengths = [len(r) for r in records]
         with torch.inference_mode():

@@ -8,7 +8,8 @@ at the last token's final hidden state h: logit_t = lm_head_t . h, computed for 
 encoder's `lm_logits(h, token_ids)` (any family with an LM head answers it). sentence-transformers' LogitScore
 computes the same log-odds (logit_yes - logit_no) and its CrossEncoder applies the sigmoid. The prompt is
 Qwen3-Reranker's chat template as its model card writes it (QWEN3_RERANKER); the body is cut from its end to fit
-the model's positions. Padding side does not matter: each row is read at its own last token.
+the model's positions (after each call, `cut_texts` names the pairs so cut and `cut_pieces` how many pieces each
+lost). Padding side does not matter: each row is read at its own last token.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class LLMReranker:
     prompt_name, when given, replaces it (the folder's prompts are read from config_sentence_transformers.json).
     between_batches: None, or a function called after each batch (ranking.BetweenBatches; ctxrep serve's turns).
     Set it on a copy.
+    After each call, `cut_texts` lists the pairs (indices in that call; a document's index in `rerank`) whose body
+    was cut from its end to fit max_length, and `cut_pieces` the pieces each of them lost, in the same order.
     """
 
     between_batches: BetweenBatches | None = None
@@ -108,6 +111,8 @@ class LLMReranker:
         self.batch_tokens = batch_tokens or default_batch_tokens(
             self.device, self.model.hidden_size, self.model.num_layers
         )
+        self.cut_texts: list[int] = []  # the pairs of the last call whose body was cut, by index in that call
+        self.cut_pieces: list[int] = []  # the pieces each of them lost
 
     @property
     def device(self) -> torch.device:
@@ -133,10 +138,13 @@ class LLMReranker:
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
                 raise TypeError(f"pair {i}: expected a (query, document) pair of strings")
             bodies.append(self.template.body.format(instruction=instruction, query=pair[0], document=pair[1]))
+        self.cut_texts, self.cut_pieces = [], []
         if not bodies:
             return np.zeros(0, np.float32)
         ids, lengths = self.tokenizer.encode_texts(bodies)
         starts = np.cumsum(lengths) - lengths
+        self.cut_texts = [i for i, n in enumerate(lengths.tolist()) if n > self.room]
+        self.cut_pieces = [int(lengths[i]) - self.room for i in self.cut_texts]
         records = []
         for i, (s, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
             row = self.prefix_ids + ids[s : s + min(n, self.room)].tolist() + self.suffix_ids
