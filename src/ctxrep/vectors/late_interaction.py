@@ -31,13 +31,20 @@ from pathlib import Path
 import numpy as np
 
 from ctxrep.models.folders import CheckpointError
-from ctxrep.models.sentence_transformers import DenseLayer, read_dense, read_prompts
+from ctxrep.models.sentence_transformers import (
+    MODULES_FILE,
+    SETTINGS_FILE,
+    DenseLayer,
+    read_dense,
+    read_modules,
+    read_prompts,
+    read_settings,
+)
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["LateInteractionIndex", "MultiVectorEncoder", "MultiVectorSettings", "maxsim", "maxsim_scores"]
 
-MODULES_FILE = "modules.json"
 COLBERT_SKIPLIST = tuple(string.punctuation)  # ColBERT's mask_punctuation
 EXPANSION_KEYS = ("query_expansion", "query_length", "document_length")  # Transformer knobs ctxrep does not apply
 
@@ -62,45 +69,41 @@ class MultiVectorSettings:
                 f"{folder}: a Stanford-NLP ColBERT checkpoint (HF_ColBERT); ctxrep reads sentence-transformers "
                 "MultiVectorEncoder folders: load it with sentence_transformers.MultiVectorEncoder and save() it"
             )
-        settings = folder / "config_sentence_transformers.json"
-        legacy = json.loads(settings.read_text()) if settings.is_file() else {}
-        prefixes = [k for k in ("query_prefix", "document_prefix") if legacy.get(k)]
+        prefixes = [k for k in ("query_prefix", "document_prefix") if read_settings(folder).get(k)]
         if prefixes:  # PyLate <= 3: prefix tokens sentence-transformers registers on the tokenizer when it loads
             raise CheckpointError(
-                f"{settings}: a PyLate folder ({', '.join(prefixes)}); load it with sentence_transformers."
-                "MultiVectorEncoder and save() it, then give ctxrep the saved folder"
+                f"{folder / SETTINGS_FILE}: a PyLate folder ({', '.join(prefixes)}); load it with "
+                "sentence_transformers.MultiVectorEncoder and save() it, then give ctxrep the saved folder"
             )
-        modules_file = folder / MODULES_FILE
-        if not modules_file.is_file():
-            return cls()
-        modules = json.loads(modules_file.read_text())
-        kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
-        if "MultiVectorMask" not in kinds:
-            return cls()  # a single-vector folder: its token states, as for a plain model
-        transformer = folder / "sentence_bert_config.json"
-        knobs = json.loads(transformer.read_text()) if transformer.is_file() else {}
-        used = [k for k in EXPANSION_KEYS if knobs.get(k) not in (None, False)]
-        if used:
-            raise CheckpointError(
-                f"{transformer}: sets {', '.join(used)} (query expansion / fixed lengths), which ctxrep does not "
-                "apply; use sentence_transformers.MultiVectorEncoder for this folder"
-            )
+        modules = read_modules(folder)
+        if "MultiVectorMask" not in [m.kind for m in modules]:
+            return cls()  # no modules.json, or a single-vector folder: its token states, as for a plain model
+        for m in (m for m in modules if m.kind in ("Transformer", "MLMTransformer")):
+            knobs = m.config or {}
+            used = [k for k in EXPANSION_KEYS if knobs.get(k) not in (None, False)]
+            if used:
+                raise CheckpointError(
+                    f"{folder / m.path / m.config_file_name}: sets {', '.join(used)} (query expansion / fixed "
+                    "lengths), which ctxrep does not apply; use sentence_transformers.MultiVectorEncoder for this folder"
+                )
         dense, skiplist, tasks, normalize = [], (), ("document",), False
-        for m, kind in zip(modules, kinds):
-            path = folder / m.get("path", "")
-            if kind == "Dense":
+        for m in modules:
+            path = folder / m.path
+            if m.kind == "Dense":
                 dense.append(read_dense(path))
-            elif kind == "MultiVectorMask":
-                mask = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+            elif m.kind == "MultiVectorMask":
+                mask = m.config or {}
                 skiplist = tuple(mask.get("skiplist_words") or ())
                 tasks = mask.get("skiplist_tasks") or ["document"]
                 tasks = (tasks,) if isinstance(tasks, str) else tuple(tasks)
                 if mask.get("keep_only_token_ids") is not None:
                     raise CheckpointError(f"{path}: keep_only_token_ids (image patches) is not applied by ctxrep")
-            elif kind == "Normalize":
+            elif m.kind == "Normalize":
                 normalize = True
-            elif kind not in ("Transformer", "MLMTransformer"):
-                raise CheckpointError(f"{modules_file}: module {kind} is not one ctxrep applies to token vectors")
+            elif m.kind not in ("Transformer", "MLMTransformer"):
+                raise CheckpointError(
+                    f"{folder / MODULES_FILE}: module {m.kind} is not one ctxrep applies to token vectors"
+                )
         return cls(tuple(dense), skiplist, tasks, normalize)
 
 

@@ -28,11 +28,11 @@ import torch
 
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.mlm_head import read_mlm_head
+from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["SparseEncoder", "SparseIndex", "SparseVector", "SpladeSettings"]
 
-MODULES_FILE = "modules.json"
 SPARSE_LINEAR_FILE = "sparse_linear.pt"  # BGE-M3's sparse head: Linear(hidden, 1)
 APPLIED_MODULES = ("Transformer", "MLMTransformer", "SpladePooling")  # a SparseEncoder folder's modules ctxrep applies
 
@@ -68,25 +68,19 @@ class SpladeSettings:
     @classmethod
     def of_folder(cls, folder: Path) -> SpladeSettings:
         """The SpladePooling module a sentence-transformers folder's modules.json lists (defaults without one)."""
-        modules_file = Path(folder) / MODULES_FILE
-        if not modules_file.is_file():
-            return cls()
-        try:
-            modules = json.loads(modules_file.read_text())
-            pooling = [m for m in modules if str(m.get("type", "")).endswith("SpladePooling")]
-        except (json.JSONDecodeError, AttributeError, TypeError) as e:
-            raise CheckpointError(f"{modules_file}: not a sentence-transformers modules list ({e})") from None
+        modules = read_modules(folder)
+        pooling = [m for m in modules if m.kind == "SpladePooling"]
         if not pooling:
             return cls()
-        others = [k for k in (str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules) if k not in APPLIED_MODULES]
+        others = [m.kind for m in modules if m.kind not in APPLIED_MODULES]
         if others:  # e.g. an inference-free query side (Router, SparseStaticEmbedding), CSR's SparseAutoEncoder
             raise CheckpointError(
-                f"{modules_file}: lists {', '.join(others)}, which ctxrep's SparseEncoder does not apply (it applies "
-                f"{', '.join(APPLIED_MODULES)}); use sentence_transformers.SparseEncoder for this folder"
+                f"{Path(folder) / MODULES_FILE}: lists {', '.join(others)}, which ctxrep's SparseEncoder does not "
+                f"apply (it applies {', '.join(APPLIED_MODULES)}); use sentence_transformers.SparseEncoder for this "
+                "folder"
             )
-        config = Path(folder) / pooling[0].get("path", "") / "config.json"
-        data = json.loads(config.read_text()) if config.is_file() else {}
-        return cls(data.get("pooling_strategy", "max"), data.get("activation_function", "relu"))
+        config = pooling[0].config or {}
+        return cls(config.get("pooling_strategy", "max"), config.get("activation_function", "relu"))
 
 
 class SparseEncoder:
