@@ -125,12 +125,7 @@ def read_sentence_pooling(folder: str | Path) -> SentencePooling:
             f"{folder}: sentence_pooling='model' needs a sentence-transformers folder ({MODULES_FILE} with a Pooling "
             "module) and this one has no modules.json; use sentence_pooling='mean' or 'cls'"
         )
-    modules = _read_json(modules_file, list)
-    kinds: list[tuple[str, str]] = []  # (last part of the module type, its path)
-    for i, m in enumerate(modules):
-        if not isinstance(m, dict) or not isinstance(m.get("type"), str):
-            raise CheckpointError(f'{modules_file}: entry {i} has no "type"; expected sentence-transformers\' layout')
-        kinds.append((m["type"].rsplit(".", 1)[-1], str(m.get("path", ""))))
+    kinds = [(m.kind, m.path) for m in read_modules(folder)]  # (the module's class name, its path)
     names = [k for k, _ in kinds]
     others = [f"{k} ({p or '.'})" for k, p in kinds if k not in ("Transformer", "Pooling", "Dense", "Normalize")]
     if others:
@@ -292,9 +287,7 @@ def read_prompts(folder: str | Path) -> Prompts:
     """The prompts of `folder`'s config_sentence_transformers.json; none (Prompts({})) when it has no such file."""
     folder = Path(folder)
     file = folder / SETTINGS_FILE
-    if not file.is_file():
-        return Prompts({}, None, str(folder))
-    settings = _read_json(file, dict)
+    settings = read_settings(folder)
     prompts = settings.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise CheckpointError(f'{file}: "prompts" must map prompt names to prompt texts')
