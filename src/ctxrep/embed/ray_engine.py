@@ -43,21 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from ctxrep.embed.corpus import (
-    EmbedJob,
-    EmbedSummary,
-    Record,
-    choose_precision,
-    open_records,
-    open_run,
-    shards_of,
-    to_stderr,
-    vector_row_shape,
-    with_cut,
-    write_arrays,
-)
+from ctxrep.embed.corpus import open_records
+from ctxrep.embed.job import EmbedJob, EmbedSummary, choose_precision
+from ctxrep.embed.records import Record, shards_of, to_stderr
+from ctxrep.embed.run import open_run
+from ctxrep.embed.shards import vector_row_shape, with_cut
 from ctxrep.util.progress import progress
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING
+from ctxrep.vectors.store import write_arrays
 
 # Shards the driver holds and sends through the actor pool at a time (64 x 2,000 texts by default): a corpus of any
 # size streams through in runs of this many, each its own Ray Data execution.
