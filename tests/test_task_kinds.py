@@ -443,10 +443,37 @@ def test_symmetric_word_in_context_answers_both_orders_alike(tiny_models, tmp_pa
     assert wic.score(X_WIC, Y_WIC) == pytest.approx(np.mean(wic.predict(X_WIC) == np.array(Y_WIC)))
 
 
-@pytest.mark.parametrize("family", ["roberta", "elmo", "xlnet", "gpt2"])
-def test_regressor_and_word_in_context_on_every_family(family, tiny_models, elmo_dir, xlnet_dir, gpt2_dir, tmp_path):
-    model = {"roberta": tiny_models["roberta"], "elmo": f"elmo:{elmo_dir}", "xlnet": xlnet_dir, "gpt2": gpt2_dir}
-    params = common(tiny_models, tmp_path, max_epochs=10, lr=1e-2, model=str(model[family]))
+@pytest.fixture(scope="module")
+def decoder_dir(tmp_path_factory):
+    """A tiny random decoder LLM folder of a family (issue 35; tests/_decoders.py), built once per family."""
+    from _decoders import tiny_folder
+
+    built: dict = {}
+
+    def folder(model_type: str, **extra):
+        key = (model_type, *sorted(extra.items()))
+        if key not in built:
+            built[key] = tiny_folder(tmp_path_factory.mktemp(model_type), model_type, **extra)
+        return built[key]
+
+    return folder
+
+
+DECODER_FAMILIES = ["qwen3", "qwen2", "llama", "mistral", "gemma3_text", "embeddinggemma"]
+
+
+@pytest.mark.parametrize("family", ["roberta", "elmo", "xlnet", "gpt2", *DECODER_FAMILIES])
+def test_regressor_and_word_in_context_on_every_family(family, tiny_models, request, tmp_path):
+    if family in DECODER_FAMILIES:  # EmbeddingGemma: Gemma 3 with bidirectional attention
+        bidirectional = family == "embeddinggemma"
+        extra = {"use_bidirectional_attention": True} if bidirectional else {}
+        model = request.getfixturevalue("decoder_dir")("gemma3_text" if bidirectional else family, **extra)
+    elif family == "roberta":
+        model = tiny_models["roberta"]
+    else:
+        built = request.getfixturevalue(f"{family}_dir")
+        model = f"elmo:{built}" if family == "elmo" else built
+    params = common(tiny_models, tmp_path, max_epochs=10, lr=1e-2, model=str(model))
     untrained = params | {"max_steps": 1, "lr": 1e-12}  # the same network, its head left as initialised
     reg = SequenceRegressor(**params).fit(X_PAIRS, Y_SCORES)
     before = SequenceRegressor(**untrained).fit(X_PAIRS, Y_SCORES).score(X_PAIRS, Y_SCORES)
