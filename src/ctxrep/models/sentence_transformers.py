@@ -495,6 +495,7 @@ def write_modules(folder: str | Path, modules: list[Module] | tuple[Module, ...]
         if old.path and old.path not in kept and stale.is_dir() and stale.parent == folder.resolve():
             shutil.rmtree(stale)
     entries = [{"idx": i, "name": str(i), "path": m.path, "type": m.type} for i, m in enumerate(modules)]
+    folder.mkdir(parents=True, exist_ok=True)
     _write_json(folder / MODULES_FILE, entries)
     for m in modules:
         (folder / m.path).mkdir(parents=True, exist_ok=True)
