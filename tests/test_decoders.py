@@ -359,6 +359,14 @@ def test_a_text_runs_whole_up_to_the_positions_and_in_windows_beyond(tmp_path):
     windowed = fz.embed_words([long, "  café 東京 🙂"])
     assert windowed[0].shape == (300, 32) and torch.isfinite(torch.from_numpy(windowed[0])).all()
     assert windowed[1].shape == (3, 32)  # leading spaces: three words
+    pieces = fz.tokenizer.encode_words([["café", "東京", "🙂"]])[0]
+    ids, _, offset = fz.tokenizer.build_inputs(pieces.ids)
+    with torch.no_grad():
+        states = fz.model(torch.tensor([ids])).last_hidden_state[0]
+    for w, word in enumerate(["café", "東京", "🙂"]):  # each word's pieces spell it, and its vector is theirs
+        mine = [k for k, owner in enumerate(pieces.word_ids) if owner == w]
+        assert fz.tokenizer.backend.decode([pieces.ids[k] for k in mine]) == (word if w == 0 else " " + word)
+        assert abs(windowed[1][w] - states[[offset + k for k in mine]].mean(0).numpy()).max() < 1e-5
 
 
 def test_a_bf16_loaded_decoder_featurizes_close_to_fp32(tmp_path):
