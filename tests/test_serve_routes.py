@@ -1,6 +1,7 @@
 """The issue-34 routes of `ctxrep serve` through httpx: TEI's /rerank and Cohere's / Jina's /v1/rerank over a tiny
 random cross-encoder folder (the answers equal `ctxrep.rerank`'s, which tests/test_rerank.py holds to
-sentence-transformers), prompts by name and by text, and their bad requests in each route's schema."""
+sentence-transformers), prompts by name and by text, the texts each route cut, `dimensions` on TEI's /embed, and
+their bad requests in each route's schema."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from openai import OpenAI, UnprocessableEntityError
 
 from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
+from ctxrep.serve import service as service_module
 from ctxrep.serve.app import build_app
 from ctxrep.serve.service import EmbeddingService, ServeConfig
 from ctxrep.vectors.sparse import SparseEncoder
@@ -51,6 +53,7 @@ def test_tei_rerank(server):
     assert [item["index"] for item in r.json()] == [i for i, _ in expected]
     assert [item["score"] for item in r.json()] == pytest.approx([score for _, score in expected], abs=1e-6)
     assert [item["text"] for item in r.json()] == [DOCS[i] for i, _ in expected]
+    assert r.headers["x-cut-count"] == "0" and "x-cut-indices" not in r.headers  # nothing cut
     plain = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS, "prompt_name": "query"}).json()
     assert "text" not in plain[0]
     expected = reranker.rerank(QUERY, DOCS, prompt_name="query")
@@ -68,6 +71,7 @@ def test_cohere_and_jina_rerank(server):
     assert [(x["index"], pytest.approx(x["relevance_score"], abs=1e-6)) for x in answer["results"]] == expected
     assert [x["document"]["text"] for x in answer["results"]] == [DOCS[i] for i, _ in expected]
     assert answer["model"] == "ce" and answer["usage"]["total_tokens"] > 0 and len(answer["id"]) == 32
+    assert answer["cut"] == {"count": 0, "indices": []}
     bare = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}).json()["results"]
     assert len(bare) == len(DOCS) and "document" not in bare[0]
     models = httpx.get(f"{s.url}/v1/models").json()["data"]
@@ -102,6 +106,22 @@ def test_bad_rerank_requests_in_the_routes_schema(server, path, body, status, me
     assert "\n" not in json.dumps(r.json())
 
 
+def test_rerank_routes_name_the_documents_they_cut(server):
+    """A (query, document) pair past the cross-encoder's 64 positions is cut longest-first (as sentence-transformers
+    cuts it): /v1/rerank's `cut` names those documents, TEI's /rerank says it in headers, as the embedding routes."""
+    s, reranker = server
+    long_doc = " ".join(["the fox jumped over the lazy dog again"] * 20)
+    documents = [DOCS[0], long_doc, DOCS[1], long_doc]
+    reranker.rerank(QUERY, documents)
+    assert reranker.cut_texts == [1, 3]  # what the library says of this call
+    cohere = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": documents, "top_n": 1})
+    tei = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": documents})
+    assert cohere.status_code == tei.status_code == 200, (cohere.text, tei.text)
+    assert cohere.json()["cut"] == {"count": 2, "indices": [1, 3]}  # every cut document, top_n or not
+    assert tei.headers["x-cut-count"] == "2" and tei.headers["x-cut-indices"] == "1,3"
+    assert [x["index"] for x in tei.json()] == [i for i, _ in reranker.rerank(QUERY, documents)]
+
+
 def test_rerank_without_a_reranker_is_404_in_the_routes_schema(tiny_models):
     with ServerThread(build_app(EmbeddingService(Featurizer(tiny_models["bert"]), "tiny"))) as s:
         cohere = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS})
@@ -122,7 +142,7 @@ def test_tei_embed_sparse(splade_folder, tiny_models):
     texts = ["A man is playing a guitar .", "guitar guitar guitar", long]
     service = EmbeddingService(Featurizer(tiny_models["bert"]), "tiny", sparse=SparseEncoder(splade_folder))
     with ServerThread(build_app(service)) as s:
-        r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts})
+        r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts}, timeout=120)
         one = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts[0]})
         bad = httpx.post(f"{s.url}/embed_sparse", json={"inputs": []})
     assert r.status_code == 200, r.text
@@ -132,6 +152,7 @@ def test_tei_embed_sparse(splade_folder, tiny_models):
         assert [x["index"] for x in got] == want.indices and len(want.indices) > 10
         assert [x["value"] for x in got] == pytest.approx(want.values, abs=1e-6)
     assert r.headers["x-windowed-count"] == "1" and r.headers["x-windowed-indices"] == "2"
+    assert r.headers["x-cut-count"] == "0" and "x-cut-indices" not in r.headers
     assert [x["index"] for x in one.json()[0]] == expected[0].indices
     assert bad.status_code == 422 and bad.json() == {"error": bad.json()["error"], "error_type": "Validation"}
     assert "inputs: an empty list" in bad.json()["error"]
@@ -160,6 +181,43 @@ def test_texts_a_window_cut_are_reported(tiny_models):
         assert answer["windowed"] == {"count": 2, "indices": [1, 2]}
     assert tei.headers["x-cut-count"] == "1" and tei.headers["x-cut-indices"] == "1"
     assert tei.headers["x-windowed-indices"] == "1,2"
+
+
+def test_embed_sparse_names_the_texts_a_window_cut(splade_folder, monkeypatch):
+    """A word longer than the tiny SPLADE model's whole window keeps its first pieces: /embed_sparse says which text
+    in headers, as TEI's /embed does; in a request of several SparseEncoder calls (2 texts each here), by their index
+    in the request."""
+    monkeypatch.setattr(service_module, "SPARSE_CALL_TEXTS", 2)
+    encoder = SparseEncoder(splade_folder)
+    cut_word = "an " + "x," * 45 + " word"  # 90 pieces in one word
+    texts = ["a short one", cut_word, "fox", "fox", "a dog", cut_word]
+    with pytest.warns(UserWarning, match="more than a window"):
+        encoder.embed_sparse(texts[:2])
+    assert encoder.featurizer.cut_texts == [1]  # what the library says of these texts
+    with ServerThread(build_app(EmbeddingService(Featurizer(splade_folder), "tiny", sparse=encoder))) as s:
+        r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts}, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-cut-count"] == "2" and r.headers["x-cut-indices"] == "1,5"
+    assert r.headers["x-windowed-indices"] == "1,5"
+    assert [x["index"] for x in r.json()[5]] == encoder.embed_sparse(texts[5:])[0].indices
+
+
+def test_tei_embed_takes_dimensions(tiny_models):
+    """TEI's /embed `dimensions`: the first N coordinates, unit length when `normalize` (as /v1/embeddings); more than
+    the model's width is a 422 in TEI's schema."""
+    fz = Featurizer(tiny_models["bert"], sentence_pooling="mean")
+    texts = ["a short one", "the fox jumped over the dog"]
+    full = fz.embed_sentences(texts)
+    with ServerThread(build_app(EmbeddingService(fz, "tiny"))) as s:
+        unit = httpx.post(f"{s.url}/embed", json={"inputs": texts, "dimensions": 8})
+        raw = httpx.post(f"{s.url}/embed", json={"inputs": texts, "dimensions": 8, "normalize": False})
+        wide = httpx.post(f"{s.url}/embed", json={"inputs": texts, "dimensions": full.shape[1] + 1})
+    assert unit.status_code == raw.status_code == 200, (unit.text, raw.text)
+    head = full[:, :8]
+    np.testing.assert_allclose(unit.json(), head / np.linalg.norm(head, axis=1, keepdims=True), atol=1e-5)
+    np.testing.assert_allclose(raw.json(), head, atol=1e-5)
+    assert wide.status_code == 422 and wide.json()["error_type"] == "Validation"
+    assert wide.json()["error"].startswith(f"dimensions: dimensions={full.shape[1] + 1} is more than")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ Routes:
                              with base_url="http://127.0.0.1:8080/v1".
   GET  /v1/models            OpenAI's model list (the one served model); GET /v1/models/{id} that model
   POST /embed                text-embeddings-inference's schema: {"inputs": str | [str], "normalize": true,
-                             "prompt_name"} -> [[...]]
+                             "prompt_name", "dimensions": the first N coordinates (unit length when normalize)}
+                             -> [[...]]
   /v1/embeddings and /embed take "prompt" (text before each input) or "prompt_name" (the folder's prompts); none: the
   folder's default prompt, as sentence-transformers' encode (Featurizer.embed_sentences(prompt=, prompt_name=)).
   POST /embed_sparse         text-embeddings-inference's: {"inputs"} -> [[{"index", "value"}]] per text (with
@@ -17,7 +18,8 @@ Routes:
                              best first (with --reranker MODEL)
   POST /v1/rerank            Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n",
                              "return_documents"} -> {"id", "model", "results": [{"index", "relevance_score",
-                             "document"}], "usage"} (with --reranker MODEL); both take "prompt" / "prompt_name"
+                             "document"}], "usage", "cut"} (with --reranker MODEL); both take "prompt" /
+                             "prompt_name"
   POST /v1/word-embeddings   ctxrep's own: {"input", "layers": -1 | [..] | "all" | "mix", "pooling", "encoding_format"}
                              -> {"data": [{"index", "words", "embeddings", "shape"}], "model", "usage", "windowed", "cut"}
   GET  /health               {"status": "ok", "model", "dim"}  (no key needed)
@@ -25,8 +27,10 @@ Routes:
 
 `windowed` ({"count", "indices"}) names the texts longer than the model's window: ctxrep windows them where other
 servers cut them; `cut` the texts the Featurizer did cut (a word longer than a whole window keeps its first pieces,
-`Featurizer.cut_texts`). TEI's routes answer bare lists, so they carry these in headers (x-windowed-count,
-x-windowed-indices, x-cut-count, x-cut-indices; /embed_sparse: windowed only).
+`Featurizer.cut_texts`). A reranker reads a (query, document) pair in one window and cuts a longer one as
+sentence-transformers does: /v1/rerank's `cut` names those documents (by their index in the request; the reranker's
+`cut_texts`). TEI's routes answer bare lists, so they carry these in headers (x-windowed-count, x-windowed-indices,
+x-cut-count, x-cut-indices; /rerank: the cut ones only).
 Errors come in each route's own schema (`ctxrep.serve.errors`): a full queue 503 with Retry-After, a request over
 the limits 413 naming the limit, malformed JSON or wrong types 422 with a one-line reason, a body that is not JSON
 415, a wrong method 405, an unknown path 404, with an API key a request without it 401.
@@ -73,6 +77,7 @@ class TEIRequest(BaseModel):
     inputs: str | list[str]
     normalize: bool = True
     truncate: bool = False
+    dimensions: int | None = None
     prompt_name: str | None = None
     prompt: str | None = None
 
@@ -201,6 +206,17 @@ class Handlers:
         except (ValueError, TypeError) as e:  # the Featurizer refused a text
             raise RequestError(422, str(e).splitlines()[0]) from None
 
+    def check_dimensions(self, dimensions: int | None) -> None:
+        """A request's `dimensions` checked before the model runs: one layer served, at most the vectors' width."""
+        if dimensions is None:
+            return
+        if not self.service.fz.single_layer:
+            raise RequestError(422, "dimensions: this server returns several layers per text; ask without it")
+        try:  # the library's own check, on a row of zeros
+            truncate(np.zeros((1, self.service.dim), np.float32), dimensions)
+        except ValueError as e:
+            raise RequestError(422, f"dimensions: {e}") from None
+
     def sentences_key(self, prompt: str | None, prompt_name: str | None):
         try:
             return self.service.sentences_key(prompt, prompt_name)
@@ -210,7 +226,8 @@ class Handlers:
     async def rerank(
         self, query: str, documents: list[str], field_name: str, top_n=None, prompt=None, prompt_name=None
     ):
-        """([(index, score)] best first, total tokens) from the service's reranker; refusals as RequestErrors."""
+        """([(index, score)] best first, total tokens, {"cut": the documents cut to fit}) from the service's
+        reranker; refusals as RequestErrors."""
         reranker = self.service.reranker
         if reranker is None:
             raise RequestError(
@@ -223,16 +240,21 @@ class Handlers:
             reranker.prompts.resolve(prompt, prompt_name)
         except (ValueError, TypeError) as e:
             raise RequestError(422, str(e).splitlines()[0]) from None
-        ranked, counts = await self.embed(self.service.rerank_key(query, top_n, prompt, prompt_name), documents)
-        return ranked, int(sum(counts))
+        key = self.service.rerank_key(query, top_n, prompt, prompt_name)
+        ranked, counts, cut = await self.embed(key, documents)
+        return ranked, int(sum(counts)), {"cut": flagged(cut)}
 
-    def long_texts(self, counts: list[int], cut: list[bool] | None = None, featurizer=None) -> dict:
+    def long_texts(self, counts: list[int], cut: list[bool], featurizer=None) -> dict:
         """{"windowed": texts longer than one window (windowed here, cut by servers that truncate), "cut": texts the
         Featurizer cut (a word longer than a whole window keeps its first pieces)}, each {"count", "indices"}."""
-        report = {"windowed": self.service.windowed(counts, featurizer)}
-        if cut is not None:
-            report["cut"] = [i for i, flag in enumerate(cut) if flag]
-        return {name: {"count": len(indices), "indices": indices} for name, indices in report.items()}
+        windowed = self.service.windowed(counts, featurizer)
+        return {"windowed": {"count": len(windowed), "indices": windowed}, "cut": flagged(cut)}
+
+
+def flagged(flags: list[bool]) -> dict:
+    """{"count", "indices"} of the texts whose flag is set."""
+    indices = [i for i, flag in enumerate(flags) if flag]
+    return {"count": len(indices), "indices": indices}
 
 
 def long_text_headers(report: dict) -> dict[str, str]:
@@ -255,13 +277,7 @@ def openai_routes(app, h: Handlers, started: int) -> None:
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIRequest):
         h.check_model(body.model)
-        if body.dimensions is not None:
-            if not service.fz.single_layer:
-                raise RequestError(422, "dimensions: this server returns several layers per text; ask without it")
-            try:  # checked before the model runs: the library's own check, on a row of zeros
-                truncate(np.zeros((1, service.dim), np.float32), body.dimensions)
-            except ValueError as e:
-                raise RequestError(422, f"dimensions: {e}") from None
+        h.check_dimensions(body.dimensions)
         key = h.sentences_key(body.prompt, body.prompt_name)
         texts = h.texts_of(body.input, "input")
         vectors, counts, cut = await h.embed(key, texts)
@@ -302,7 +318,9 @@ def openai_routes(app, h: Handlers, started: int) -> None:
                 "model_not_found",
             )  # fmt: skip
         documents = [d if isinstance(d, str) else d.text for d in body.documents]
-        ranked, tokens = await h.rerank(body.query, documents, "documents", body.top_n, body.prompt, body.prompt_name)
+        ranked, tokens, cut = await h.rerank(
+            body.query, documents, "documents", body.top_n, body.prompt, body.prompt_name
+        )
         results = [
             {"index": i, "relevance_score": score}
             | ({"document": {"text": documents[i]}} if body.return_documents else {})
@@ -313,7 +331,7 @@ def openai_routes(app, h: Handlers, started: int) -> None:
             "model": service.reranker_name,
             "results": results,
             "usage": {"total_tokens": tokens},
-        }
+        } | cut
 
 
 def tei_routes(app, h: Handlers) -> None:
@@ -321,10 +339,14 @@ def tei_routes(app, h: Handlers) -> None:
 
     @app.post("/embed")
     async def tei_embed(body: TEIRequest):
+        h.check_dimensions(body.dimensions)
         key = h.sentences_key(body.prompt, body.prompt_name)
         texts = h.texts_of(body.inputs, "inputs")
         vectors, counts, cut = await h.embed(key, texts)
-        vectors = normalize_rows(vectors) if body.normalize else vectors
+        if body.dimensions is not None:  # TEI's: the first `dimensions` coordinates, then normalised when asked
+            vectors = truncate(vectors, body.dimensions, normalize=body.normalize)
+        elif body.normalize:
+            vectors = normalize_rows(vectors)
         return JSONResponse([v.tolist() for v in vectors], headers=long_text_headers(h.long_texts(counts, cut)))
 
     @app.post("/embed_sparse")
@@ -337,8 +359,8 @@ def tei_routes(app, h: Handlers) -> None:
         if body.prompt_name is not None:
             raise RequestError(422, "prompt_name: the sparse encoder takes no prompt; send the texts as they are")
         texts = h.texts_of(body.inputs, "inputs")
-        vectors, counts = await h.embed(SPARSE, texts)
-        report = h.long_texts(counts, featurizer=sparse.featurizer)
+        vectors, counts, cut = await h.embed(SPARSE, texts)
+        report = h.long_texts(counts, cut, featurizer=sparse.featurizer)
         return JSONResponse([v.to_tei() for v in vectors], headers=long_text_headers(report))
 
     @app.post("/rerank")
@@ -348,10 +370,11 @@ def tei_routes(app, h: Handlers) -> None:
                 422,
                 "raw_scores: this server answers the reranker's scores after its activation; raw ones are not served",
             )
-        ranked, _ = await h.rerank(body.query, body.texts, "texts", None, body.prompt, body.prompt_name)
-        return [
+        ranked, _, cut = await h.rerank(body.query, body.texts, "texts", None, body.prompt, body.prompt_name)
+        answer = [
             {"index": i, "score": score} | ({"text": body.texts[i]} if body.return_text else {}) for i, score in ranked
         ]
+        return JSONResponse(answer, headers=long_text_headers(cut))
 
 
 def ctxrep_routes(app, h: Handlers) -> None:

@@ -1,7 +1,9 @@
 """The server's backend: one Featurizer (and its views for other layers and poolings) behind the batcher.
 
 Every vector comes from `Featurizer.embed_sentences` / `embed_words`; texts longer than the model's window are
-windowed as the Featurizer does, never truncated (`windowed` says which were). Every call, rerank calls included,
+windowed as the Featurizer does, never truncated (`windowed` says which were). Every call also returns which texts
+were cut (`cut_flags`: a word longer than a window; a rerank pair longer than the reranker's max length, cut as
+sentence-transformers cuts it), so that every route can say so. Every call, rerank calls included,
 runs in the batcher's token-budget steps (`stepping`): the Featurizer and the rerankers pass the model on between
 two of their batches.
 """
@@ -58,9 +60,10 @@ def pieces(tokenizer, texts: list[Text]) -> list[int]:
     return [len(p.tokens) for p in tokenizer.encode_words(words)]
 
 
-def cut_flags(featurizer, texts: list[Text]) -> list[bool]:
-    """Whether the Featurizer's call just made cut each text (`Featurizer.cut_texts`: a word longer than a window)."""
-    cut = set(featurizer.cut_texts)
+def cut_flags(runner, texts: list[Text]) -> list[bool]:
+    """Whether the call `runner` just made cut each text: its `cut_texts` (a Featurizer's: a word longer than a
+    window; a reranker's: a pair longer than its max length)."""
+    cut = set(runner.cut_texts)
     return [i in cut for i in range(len(texts))]
 
 
@@ -118,19 +121,31 @@ class Rerank:
     def run(self, service: EmbeddingService, documents: list[str], between_batches: Callable | None):
         reranker = stepping(service.reranker, between_batches)  # its batches take turns with other calls' batches
         ranked = reranker.rerank(self.query, documents, self.top_n, self.prompt, self.prompt_name)
-        return ranked, pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])  # cuts: not reported
+        counts = pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])
+        return ranked, counts, cut_flags(reranker, documents)  # a cut pair is its document's index
+
+
+# SparseEncoder.embed_sentences' batch_texts: a call of at most this many texts is one Featurizer call, so the
+# Featurizer's `cut_texts` after it are that call's (the SparseEncoder keeps no record of its own).
+SPARSE_CALL_TEXTS = 256
 
 
 @dataclass(frozen=True)
 class Sparse:
-    """SparseEncoder.embed_sparse: one SparseVector per text (TEI's /embed_sparse)."""
+    """SparseEncoder.embed_sparse: one SparseVector per text (TEI's /embed_sparse), and the texts its Featurizer
+    cut, read after each call of at most SPARSE_CALL_TEXTS texts."""
 
     def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
         encoder = service.sparse
         if between_batches is not None:  # a copy whose Featurizer passes the model on between batches
             encoder = copy.copy(encoder)
             encoder.featurizer = stepping(encoder.featurizer, between_batches)
-        return encoder.embed_sparse(texts), pieces(encoder.featurizer.tokenizer, texts)  # cuts: not reported
+        vectors, cut = [], []
+        for start in range(0, len(texts), SPARSE_CALL_TEXTS):
+            part = texts[start : start + SPARSE_CALL_TEXTS]
+            vectors += encoder.embed_sparse(part)
+            cut += cut_flags(encoder.featurizer, part)
+        return vectors, pieces(encoder.featurizer.tokenizer, texts), cut
 
 
 SENTENCES = Sentences()
