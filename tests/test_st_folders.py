@@ -139,6 +139,37 @@ def test_last_token_pooling_on_a_qwen3_decoder_padded_on_either_side(tmp_path, s
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
 
 
+QWEN3_EMBEDDING_PROMPTS = {
+    "query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:",
+    "document": "",
+}  # Qwen3-Embedding's config_sentence_transformers.json: a newline, no space after "Query:"
+
+
+def test_qwen3_embedding_prompts_with_last_token_pooling_and_left_padding(tmp_path):
+    """Qwen3-Embedding as published: the decoder padded on the left, last-token pooling, Normalize, and its query
+    prompt put before each text with nothing between; documents take none."""
+    from tests._decoders import tiny_folder
+
+    decoder = tiny_folder(tmp_path / "qwen3", "qwen3")
+    transformer = Transformer(str(decoder), processor_kwargs={"padding_side": "left"})
+    transformer.tokenizer.padding_side = "left"
+    transformer.tokenizer.pad_token = "<|endoftext|>"
+    modules = [transformer, Pooling(32, pooling_mode="lasttoken"), Normalize()]
+    folder = _save(modules, tmp_path / "st", prompts=QWEN3_EMBEDDING_PROMPTS)
+    assert json.loads((folder / "config_sentence_transformers.json").read_text())["prompts"] == QWEN3_EMBEDDING_PROMPTS
+    model = st.SentenceTransformer(str(folder))
+    assert model.tokenizer.padding_side == "left"
+    fz = Featurizer(folder, sentence_pooling="model")
+    queries = fz.embed_sentences(TEXTS, prompt_name="query")
+    np.testing.assert_allclose(queries, model.encode(TEXTS, batch_size=3, prompt_name="query"), atol=1e-5)
+    documents = fz.embed_sentences(TEXTS, prompt_name="document")
+    np.testing.assert_allclose(documents, model.encode(TEXTS, batch_size=3, prompt_name="document"), atol=1e-5)
+    np.testing.assert_allclose(documents, fz.embed_sentences(TEXTS), atol=1e-6)  # no default prompt: none
+    by_hand = fz.embed_sentences([QWEN3_EMBEDDING_PROMPTS["query"] + t for t in TEXTS])
+    np.testing.assert_allclose(queries, by_hand, atol=1e-5)  # the prompt, then the text: no space put between
+    assert not np.allclose(queries, documents, atol=1e-3)
+
+
 def test_prompt_before_texts_and_its_positions(minilm_path):
     from ctxrep.models.sentence_transformers import prompt_positions, with_prompt
     from ctxrep.text.tokenizer import Tokenizer
