@@ -4,8 +4,8 @@ Vaswani et al. 2017 (attention, eq. 1: softmax(QK^T / sqrt(d_k)) V), Devlin et a
 Liu et al. 2019 (RoBERTa: same network, positions offset by padding_idx + 1), Clark et al. 2020
 (ELECTRA: same network, token embeddings optionally narrower than the hidden size and projected up).
 
-Reads top to bottom: config, embeddings, attention, feed-forward, layer, encoder, then the loader
-and saver for the Hugging Face folder format (config.json + model.safetensors / pytorch_model.bin).
+Reads top to bottom: config, embeddings, attention, feed-forward, layer, encoder, then the declarations
+the Encoder base loads and saves the Hugging Face folder format by (config.json + model.safetensors / .bin).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import copy
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -26,14 +25,7 @@ from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import (
-    check_head_mask,
-    check_pruned_heads,
-    kept_heads,
-    linear_subset,
-    pruned_heads_json,
-    remaining,
-)
+from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
@@ -54,8 +46,9 @@ _BOS_EOS = {"roberta": (0, 2), "xlm-roberta": (0, 2), "camembert": (5, 6)}
 
 
 @dataclass
-class BertConfig:
-    """Everything needed to rebuild the network; field names are those of transformers' config.json."""
+class BertConfig(PrunedHeadsConfig):
+    """Everything needed to rebuild the network; field names are those of transformers' config.json.
+    pruned_heads (PrunedHeadsConfig): heads removed from each layer, whose layers are built without them."""
 
     model_type: str = "bert"  # one of MODEL_TYPES
     vocab_size: int = 30522
@@ -73,9 +66,6 @@ class BertConfig:
     pad_token_id: int = 0
     embedding_size: int | None = None  # ELECTRA; None means hidden_size
     add_pooling_layer: bool = True  # BERT/RoBERTa's tanh pooler over [CLS]; ELECTRA has none
-    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (transformers 4.x's field;
-    # string keys in config.json). Such a layer is built with the remaining heads only (BertModel.prune_heads).
-    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -87,11 +77,7 @@ class BertConfig:
         check_activation("hidden_act", self.hidden_act)
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
-        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
-
-    def kept_heads(self, layer: int) -> list[int]:
-        """The heads of `layer` that remain after pruning, in the original numbering."""
-        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
+        super().__post_init__()
 
     @property
     def position_offset(self) -> int:
@@ -124,10 +110,7 @@ class BertConfig:
             bos, eos = _BOS_EOS[self.model_type]
             d.update(bos_token_id=bos, eos_token_id=eos)
         del d["add_pooling_layer"]
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        if not d["pruned_heads"]:
-            del d["pruned_heads"]
-        return d
+        return self.write_pruned_heads(d)
 
     def student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
@@ -147,9 +130,7 @@ class BertConfig:
             config.embedding_size = h  # fresh embeddings of the student's own width
             config.pruned_heads = {}
         else:
-            config.pruned_heads = {
-                j: list(self.pruned_heads[i]) for j, i in enumerate(layers) if i in self.pruned_heads
-            }
+            config.pruned_heads = self.pruned_heads_of(layers)
         config.__post_init__()  # check the new shape as a fresh config would be
         return config
 
@@ -317,10 +298,6 @@ class BertModel(Encoder):
         have fewer: see `heads_per_layer()`."""
         return self.config.num_attention_heads
 
-    def attention_modules(self) -> list[nn.Module]:
-        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
-        return [layer.attention for layer in self.layers]
-
     @property
     def hidden_size(self) -> int:
         return self.config.hidden_size
@@ -421,64 +398,40 @@ class BertModel(Encoder):
             pooler_output=pooled,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
+
+    config_class = BertConfig
+    checkpoint = folders.CheckpointLayout(
+        MODEL_TYPES,
+        # BertForMaskedLM etc. store the encoder under 'bert.' / 'roberta.' / 'electra.' (model_state); pre-training
+        # and task heads (MLM, NSP, ELECTRA's discriminator head, ...) are not part of the encoder.
+        head_prefixes=(
+            "cls.",
+            "lm_head.",
+            "discriminator_predictions.",
+            "generator_predictions.",
+            "generator_lm_head.",
+            "classifier.",
+            "qa_outputs.",
+        ),
+        buffers=("embeddings.position_ids", "embeddings.token_type_ids"),  # transformers' precomputed ids
+    )
+
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> BertModel:
-        path = Path(path)
-        hf_config = folders.read_config(path, MODEL_TYPES)
-        state = folders.read_state_dict(path)
-        prefix = _checkpoint_prefix(state, hf_config["model_type"])
-        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)} | {
-            k: v for k, v in state.items() if not k.startswith(prefix)
-        }
-        with folders.config_errors(path):  # e.g. pruned_heads naming a missing layer
-            config = BertConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
-        model = cls(config)
-        model.load_hf_state_dict(state, source=str(path))
-        model.eval()
-        return model
+    def model_state(cls, state: dict[str, torch.Tensor], hf_config: dict) -> dict[str, torch.Tensor]:
+        """BertForMaskedLM etc. store the encoder under 'bert.' / 'roberta.' / 'electra.' (XLM-R and CamemBERT
+        under 'roberta.' too); BertModel under ''."""
+        model_type = hf_config["model_type"]
+        prefix = ("roberta" if model_type in ROBERTA_LIKE else model_type) + "."
+        return folders.without_prefix(state, prefix, marker=prefix + "encoder.")
 
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        # Pre-training / task heads (MLM, NSP, ELECTRA's discriminator head, ...) are not part of the encoder;
-        # the buffers are transformers' precomputed position ids, not weights.
-        folders.load_named_weights(
-            self,
-            state,
-            hf_parameter_names(self.config),
-            source,
-            f"a {self.config.model_type} encoder",
-            outside=_HEAD_PREFIXES,
-            not_weights=_BUFFERS,
-        )
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' AutoModel loads."""
-        folders.write_folder(
-            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
-        )
-
-
-# Buffers some checkpoints carry that are not weights (transformers' precomputed position_ids).
-_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
-# Weights of heads that sit on top of the encoder in pre-training / task checkpoints.
-_HEAD_PREFIXES = (
-    "cls.",
-    "lm_head.",
-    "discriminator_predictions.",
-    "generator_predictions.",
-    "generator_lm_head.",
-    "classifier.",
-    "qa_outputs.",
-)
-
-
-def _checkpoint_prefix(state: dict[str, torch.Tensor], model_type: str) -> str:
-    """BertForMaskedLM etc. store the encoder under 'bert.' / 'roberta.' / 'electra.' (XLM-R and CamemBERT under
-    'roberta.' too); BertModel under ''."""
-    prefix = ("roberta" if model_type in ROBERTA_LIKE else model_type) + "."
-    return prefix if any(k.startswith(prefix + "encoder.") for k in state) else ""
+    @classmethod
+    def config_from_hf(cls, hf_config: dict, state: dict[str, torch.Tensor]) -> BertConfig:
+        """A checkpoint without a pooler (ELECTRA's, some converted ones) builds none: the config follows the weights."""
+        return BertConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
 
 
 def hf_parameter_names(config: BertConfig) -> dict[str, str]:

@@ -34,11 +34,11 @@ for the Hugging Face folder format (config.json + model.safetensors / pytorch_mo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -49,14 +49,7 @@ from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import (
-    check_head_mask,
-    check_pruned_heads,
-    kept_heads,
-    linear_subset,
-    pruned_heads_json,
-    remaining,
-)
+from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
@@ -65,9 +58,10 @@ MODEL_TYPE = "deberta-v2"
 
 
 @dataclass
-class DebertaV2Config:
+class DebertaV2Config(PrunedHeadsConfig):
     """Everything needed to rebuild the network; field names and defaults are those of transformers' config.json
-    (DebertaV2Config, whose defaults are DeBERTa-v2-xlarge's; the extra keys default as transformers reads them)."""
+    (DebertaV2Config, whose defaults are DeBERTa-v2-xlarge's; the extra keys default as transformers reads them).
+    pruned_heads (PrunedHeadsConfig): heads removed from each layer, whose layers are built without them."""
 
     vocab_size: int = 128100
     hidden_size: int = 1536
@@ -93,9 +87,6 @@ class DebertaV2Config:
     conv_kernel_size: int = 0  # > 0: the convolution beside the first layer
     conv_groups: int = 1
     conv_act: str = "tanh"
-    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (transformers 4.x's field;
-    # string keys in config.json). Such a layer is built with the remaining heads only (DebertaV2Model.prune_heads).
-    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.pos_att_type, str):  # the published configs write "p2c|c2p"
@@ -115,11 +106,7 @@ class DebertaV2Config:
             raise ValueError(f"norm_rel_ebd {self.norm_rel_ebd!r} is not supported; use 'none' or 'layer_norm'")
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
-        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
-
-    def kept_heads(self, layer: int) -> list[int]:
-        """The heads of `layer` that remain after pruning, in the original numbering."""
-        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
+        super().__post_init__()
 
     @property
     def head_dim(self) -> int:
@@ -161,10 +148,7 @@ class DebertaV2Config:
         d["architectures"] = ["DebertaV2Model"]
         if d["embedding_size"] == self.hidden_size:
             del d["embedding_size"]
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        if not d["pruned_heads"]:
-            del d["pruned_heads"]
-        return d
+        return self.write_pruned_heads(d)
 
     def student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None
@@ -181,9 +165,7 @@ class DebertaV2Config:
             config.hidden_size, config.intermediate_size, config.embedding_size = h, inner, h
             config.pruned_heads = {}
         else:
-            config.pruned_heads = {
-                j: list(self.pruned_heads[i]) for j, i in enumerate(layers) if i in self.pruned_heads
-            }
+            config.pruned_heads = self.pruned_heads_of(layers)
         config.__post_init__()
         return config
 
@@ -444,10 +426,6 @@ class DebertaV2Model(Encoder):
         everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
         return self.config.num_attention_heads
 
-    def attention_modules(self) -> list[nn.Module]:
-        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
-        return [layer.attention for layer in self.layers]
-
     def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
         """Encoder.prune_heads, after refusing a quantized model. Query / key / value and the position projections
         lose the heads' rows, the output projection their columns; the shared relative table P is kept whole.
@@ -569,48 +547,29 @@ class DebertaV2Model(Encoder):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
+    # save_pretrained writes a folder transformers' AutoModel loads (as DebertaV2Model), unless heads were pruned:
+    # transformers cannot load that one back (it has no DeBERTa head pruning); ctxrep does.
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> DebertaV2Model:
-        path = Path(path)
-        hf_config = folders.read_config(path, (MODEL_TYPE,))
-        state = folders.read_state_dict(path)
-        state = folders.without_prefix(state, "deberta.")  # DebertaV2ForMaskedLM etc.: the encoder under "deberta."
-        with folders.config_errors(path):
-            config = DebertaV2Config.from_hf_dict(hf_config)
-        model = cls(config)
-        model.load_hf_state_dict(state, source=str(path))
-        model.eval()
-        return model
+    config_class = DebertaV2Config
+    checkpoint = folders.CheckpointLayout(
+        (MODEL_TYPE,),
+        prefix="deberta.",  # DebertaV2ForMaskedLM etc.: the encoder under "deberta."
+        head_prefixes=("lm_predictions.", "mask_predictions.", "cls.", "pooler.", "classifier.", "qa_outputs."),
+        head_noun="weights outside the encoder",
+        buffers=("embeddings.position_ids",),  # transformers' precomputed position ids, not weights
+    )
 
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        # Task and pre-training heads are not part of the encoder. The v3 checkpoints also carry an absolute
-        # position table their config switches off (position_biased_input=False); transformers ignores it too.
-        outside = _HEAD_PREFIXES + (() if self.config.position_biased_input else (_UNUSED_POSITIONS,))
-        folders.load_named_weights(
-            self,
-            state,
-            hf_parameter_names(self.config),
-            source,
-            "a deberta-v2 encoder",
-            outside=outside,
-            outside_noun="weights outside the encoder",
-            not_weights=_BUFFERS,
-        )
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' AutoModel loads (as DebertaV2Model), unless heads
-        were pruned: transformers cannot load that folder back (it has no DeBERTa head pruning); ctxrep does."""
-        folders.write_folder(
-            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
-        )
-
-
-_BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not weights
-_UNUSED_POSITIONS = "embeddings.position_embeddings.weight"
-_HEAD_PREFIXES = ("lm_predictions.", "mask_predictions.", "cls.", "pooler.", "classifier.", "qa_outputs.")
+    def checkpoint_layout(self) -> folders.CheckpointLayout:
+        """The v3 checkpoints also carry an absolute position table their config switches off
+        (position_biased_input=False); transformers ignores it too, and so does this loader."""
+        if self.config.position_biased_input:
+            return self.checkpoint
+        heads = self.checkpoint.head_prefixes + ("embeddings.position_embeddings.weight",)
+        return dataclasses.replace(self.checkpoint, head_prefixes=heads)
 
 
 def hf_parameter_names(config: DebertaV2Config) -> dict[str, str]:

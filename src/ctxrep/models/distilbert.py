@@ -20,8 +20,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
@@ -31,7 +30,7 @@ from ctxrep.models.bert import EncoderLayer
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
-from ctxrep.modules.heads import check_head_mask, check_pruned_heads, kept_heads, pruned_heads_json
+from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +39,9 @@ LAYER_NORM_EPS = 1e-12  # fixed in DistilBERT (not in its config)
 
 
 @dataclass
-class DistilBertConfig:
-    """Everything needed to rebuild the network; field names are those of transformers' DistilBertConfig."""
+class DistilBertConfig(PrunedHeadsConfig):
+    """Everything needed to rebuild the network; field names are those of transformers' DistilBertConfig.
+    pruned_heads (PrunedHeadsConfig): heads removed from each layer, whose layers are built without them."""
 
     vocab_size: int = 30522
     max_position_embeddings: int = 512
@@ -55,14 +55,12 @@ class DistilBertConfig:
     activation: str = "gelu"
     initializer_range: float = 0.02
     pad_token_id: int = 0
-    # Heads removed from each layer, in the original numbering (as bert.py's BertConfig.pruned_heads).
-    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
         check_activation("activation", self.activation)
-        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.n_layers, self.n_heads)
+        super().__post_init__()
 
     # BERT's names for the same numbers: what bert.py's EncoderLayer and SelfAttention read.
     model_type = MODEL_TYPE
@@ -96,10 +94,6 @@ class DistilBertConfig:
     def attention_probs_dropout_prob(self) -> float:
         return self.attention_dropout
 
-    def kept_heads(self, layer: int) -> list[int]:
-        """The heads of `layer` that remain after pruning, in the original numbering."""
-        return kept_heads(self.pruned_heads, layer, self.n_heads)
-
     @classmethod
     def from_hf_dict(cls, d: dict) -> DistilBertConfig:
         names = {f.name for f in fields(cls)}
@@ -112,10 +106,7 @@ class DistilBertConfig:
         d = asdict(self)
         d["model_type"] = MODEL_TYPE
         d["architectures"] = ["DistilBertModel"]
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        if not d["pruned_heads"]:
-            del d["pruned_heads"]
-        return d
+        return self.write_pruned_heads(d)
 
 
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
@@ -197,10 +188,6 @@ class DistilBertModel(Encoder):
     def max_tokens(self) -> int:
         return self.config.max_position_embeddings
 
-    def attention_modules(self) -> list[nn.Module]:
-        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
-        return [layer.attention for layer in self.layers]
-
     def input_embeddings(self) -> torch.Tensor:
         return self.embeddings.word_embeddings.weight
 
@@ -232,9 +219,7 @@ class DistilBertModel(Encoder):
         config = copy.deepcopy(c)
         config.n_layers, config.dim, config.hidden_dim = len(layers), h, inner
         same_width = h == c.dim
-        config.pruned_heads = (
-            {j: list(c.pruned_heads[i]) for j, i in enumerate(layers) if i in c.pruned_heads} if same_width else {}
-        )
+        config.pruned_heads = c.pruned_heads_of(layers) if same_width else {}
         config.__post_init__()
         student = DistilBertModel(config)
         if same_width:
@@ -282,28 +267,30 @@ class DistilBertModel(Encoder):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> DistilBertModel:
-        """A DistilBertModel folder, or a task / pre-training one (encoder under 'distilbert.'; heads not loaded)."""
-        path = Path(path)
-        hf_config = folders.read_config(path, (MODEL_TYPE,))
-        state = folders.read_state_dict(path)
-        state = folders.without_prefix(state, "distilbert.")
-        with folders.config_errors(path):
-            config = DistilBertConfig.from_hf_dict(hf_config)
-        model = cls(config)
-        model.load_hf_state_dict(state, source=str(path))
-        model.eval()
-        return model
+    config_class = DistilBertConfig
+    checkpoint = folders.CheckpointLayout(
+        (MODEL_TYPE,),
+        what="a DistilBERT encoder",
+        prefix="distilbert.",  # DistilBertForMaskedLM / task checkpoints: the encoder under 'distilbert.'
+        head_prefixes=(
+            "vocab_transform.",
+            "vocab_layer_norm.",
+            "vocab_projector.",
+            "pre_classifier.",
+            "classifier.",
+            "qa_outputs.",
+        ),
+        buffers=("embeddings.position_ids",),  # transformers' precomputed position ids, not a weight
+    )
+
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)
-        folders.load_named_weights(
-            self, state, names, source, "a DistilBERT encoder", outside=_HEAD_PREFIXES, not_weights=_BUFFERS
-        )
+        """The Encoder base's loading, then a warning if a sinusoidal table is not the formula's."""
+        super().load_hf_state_dict(state, source)
         if self.config.sinusoidal_pos_embds:  # the checkpoint's table should be the formula's: say so if not
             table = sinusoidal_table(self.config.max_position_embeddings, self.config.dim)
             if not torch.allclose(self.embeddings.position_embeddings.weight.float(), table, atol=1e-4):
@@ -312,25 +299,6 @@ class DistilBertModel(Encoder):
                     "using the stored table",
                     source,
                 )
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' DistilBertModel / AutoModel loads."""
-        folders.write_folder(
-            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
-        )
-
-
-# transformers' precomputed position ids: a buffer, not a weight.
-_BUFFERS = ("embeddings.position_ids",)
-# Heads on top of the encoder in DistilBertForMaskedLM / task checkpoints.
-_HEAD_PREFIXES = (
-    "vocab_transform.",
-    "vocab_layer_norm.",
-    "vocab_projector.",
-    "pre_classifier.",
-    "classifier.",
-    "qa_outputs.",
-)
 
 
 def hf_parameter_names(config: DistilBertConfig) -> dict[str, str]:

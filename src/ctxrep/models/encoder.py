@@ -18,14 +18,20 @@ whether it reads whole words, and how to run it to hidden states. A new family i
     heads_per_layer()   heads left in each layer (a pruned model's layers differ; num_heads is the original count)
     kept_heads()        the original indices of each layer's remaining heads (all of them unless pruned)
     attention_modules() each layer's attention module, for families that prune heads (each holds `kept_heads`, the
-                        original indices of its heads, and `prune(heads)`); heads_per_layer, kept_heads and
-                        prune_heads are read off them here, once for every family
+                        original indices of its heads, and `prune(heads)`): `layers[i].<attention_name>`;
+                        heads_per_layer, kept_heads and prune_heads are read off them here, once for every family
     layer_of(name)      depth of the parameter `name` (from named_parameters()): 0 = embeddings (ELMo: the char
                         CNN), l = layer l (1..num_layers), num_layers = what sits above the top layer (pooler,
                         final LayerNorm, scalar mixes; Marian: the decoder, which encode never runs). A block
                         shared by several layers (ALBERT) gets the depth of the highest layer that uses it: it
                         trains as soon as any layer using it does (gradual unfreezing) and at that layer's rate
                         (discriminative learning rates).
+
+The Hugging Face folder, written once here: a family declares `config_class` (from_hf_dict / to_hf_dict),
+`checkpoint` (a models/folders.py CheckpointLayout: model types, the prefix of task checkpoints, heads and buffers
+left out) and `checkpoint_names()` (transformers' weight name -> its own); from_pretrained, load_hf_state_dict and
+save_pretrained below read them. Hooks for what differs: `model_state` (a prefix that depends on config.json),
+`config_from_hf` (a config that depends on the weights), `checkpoint_layout()` (a layout that depends on the config).
 
 Capabilities: what a tool may do with the family. The base class says no; a family that can says so here.
 
@@ -44,10 +50,12 @@ Capabilities: what a tool may do with the family. The base class says no; a fami
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from ctxrep.models import folders
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.heads import merge_pruned_heads
 
@@ -80,10 +88,14 @@ class Encoder(nn.Module):
     def has_attention(self) -> bool:
         return self.num_heads is not None
 
+    attention_name: str = "attention"  # the attribute of each of `layers` that holds its attention (can_prune_heads)
+
     def attention_modules(self) -> list[nn.Module]:
         """Each layer's attention module, bottom first, in families that can prune heads: each has `kept_heads`
         (the original indices of its remaining heads) and `prune(heads)`. [] for the others."""
-        return []
+        if not self.can_prune_heads:
+            return []
+        return [getattr(layer, self.attention_name) for layer in self.layers]
 
     def heads_per_layer(self) -> list[int]:
         """Attention heads left in each layer (differs from num_heads after head pruning); [] without attention."""
@@ -132,6 +144,70 @@ class Encoder(nn.Module):
         return ValueError(
             f"{name!r} is not a parameter of this {self.family} encoder; give a name from named_parameters()"
         )
+
+    # ---- the Hugging Face folder (families that declare config_class, checkpoint and checkpoint_names) ----------
+
+    config_class: type | None = None  # the family's config dataclass: from_hf_dict(dict) and to_hf_dict()
+    checkpoint: folders.CheckpointLayout | None = None
+
+    def checkpoint_names(self) -> dict[str, str]:
+        """transformers' name -> this model's name, for every weight the folder holds."""
+        raise NotImplementedError(f"{type(self).__name__} declares no checkpoint_names (models/encoder.py)")
+
+    def checkpoint_layout(self) -> folders.CheckpointLayout:
+        """The class's `checkpoint`; a family whose layout depends on its config answers here."""
+        return self.checkpoint
+
+    @classmethod
+    def config_from_hf(cls, hf_config: dict, state: Mapping[str, torch.Tensor]) -> object:
+        """The config of a folder's config.json (`state`: its weights, prefix removed, for a family that reads
+        a switch off them)."""
+        return cls.config_class.from_hf_dict(hf_config)
+
+    @classmethod
+    def model_state(cls, state: dict[str, torch.Tensor], hf_config: dict) -> dict[str, torch.Tensor]:
+        """A folder's weights under the model's own names: the layout's prefix removed where a task / pre-training
+        checkpoint has it."""
+        layout = cls.checkpoint
+        return folders.without_prefix(state, layout.prefix, layout.prefix_marker) if layout.prefix else state
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> Encoder:
+        """A transformers folder of this family: the bare model, or a task / pre-training one whose model sits
+        under the layout's prefix (the heads on top are named in a log line and not loaded). Eval mode."""
+        path = Path(path)
+        hf_config = folders.read_config(path, cls.checkpoint.model_types)
+        state = cls.model_state(folders.read_state_dict(path), hf_config)
+        with folders.config_errors(path):  # e.g. pruned_heads naming a missing layer
+            config = cls.config_from_hf(hf_config, state)
+        model = cls(config)
+        model.load_hf_state_dict(state, source=str(path))
+        return model.eval()
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
+        layout = self.checkpoint_layout()
+        folders.load_named_weights(
+            self,
+            state,
+            self.checkpoint_names(),
+            source,
+            layout.what or f"a {self.family} encoder",
+            outside=layout.head_prefixes,
+            outside_noun=layout.head_noun,
+            not_weights=layout.buffers,
+            transposed=layout.transposed,
+            hint=layout.hint,
+        )
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """This model's weights under transformers' names and layouts."""
+        return folders.named_tensors(self, self.checkpoint_names(), self.checkpoint_layout().transposed)
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        """Write config.json + model.safetensors that transformers' AutoModel loads (unless the family's config
+        says otherwise, as a pruned DeBERTa or ModernBERT does)."""
+        return folders.write_folder(path, self.config.to_hf_dict(), self.hf_state_dict())
 
     # ---- capabilities (the base class: none) --------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,6 +22,23 @@ from ctxrep.util.files import apply_umask
 
 class CheckpointError(ValueError):
     """A model folder or weight file that cannot be used, with what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """How a family's model sits in a transformers folder: the declarations that Encoder's from_pretrained,
+    load_hf_state_dict and save_pretrained (models/encoder.py) read, so a family file states them instead of
+    writing the loading code again. The weight names themselves come from the family's `checkpoint_names()`."""
+
+    model_types: tuple[str, ...]  # config.json model_type values this family reads
+    what: str | None = None  # how errors name the model ("an MPNet encoder"); None: "a {family} encoder"
+    prefix: str = ""  # task / pre-training checkpoints store the model under it ("bert."); "" for none
+    prefix_marker: str | None = None  # the prefix is removed when a name starts with this (None: the prefix)
+    head_prefixes: tuple[str, ...] = ()  # heads on top of the model: named in one log line and not loaded
+    head_noun: str = "task-head weights"  # what that log line calls them
+    buffers: tuple[str, ...] | frozenset[str] = ()  # names some files carry that are not weights (position ids)
+    transposed: tuple[str, ...] = ()  # names ending so are stored (in, out), as transformers' Conv1D keeps them
+    hint: str = ""  # added to the error for weights that do not fit
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:

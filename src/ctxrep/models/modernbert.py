@@ -22,8 +22,8 @@ tokens, re-padded only around attention; the same hidden states at real tokens (
 fixed rule measured on a ModernBERT-base shape (benchmarks/modernbert_unpad.py); traced, exported and compiled
 graphs run padded.
 
-Reads top to bottom: config, rotary positions, packing, attention, feed-forward, layer, encoder, then the loader and
-saver for the Hugging Face folder format (config.json + model.safetensors).
+Reads top to bottom: config, rotary positions, packing, attention, feed-forward, layer, encoder, then the declarations
+the Encoder base loads and saves the Hugging Face folder format by (config.json + model.safetensors).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import copy
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,14 +42,7 @@ from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import (
-    check_head_mask,
-    check_pruned_heads,
-    kept_heads,
-    linear_subset,
-    pruned_heads_json,
-    remaining,
-)
+from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +54,11 @@ UNPAD_FROM = 0.1
 
 
 @dataclass
-class ModernBertConfig:
+class ModernBertConfig(PrunedHeadsConfig):
     """Everything needed to rebuild the network; field names and defaults are those of transformers' config.json
     (ModernBERT-base's). `layer_types` lists each layer's attention; when config.json has none it follows
-    global_attn_every_n_layers (layer i is global when i % n == 0)."""
+    global_attn_every_n_layers (layer i is global when i % n == 0). pruned_heads (PrunedHeadsConfig): heads removed
+    from each layer, whose layers are built without them."""
 
     vocab_size: int = 50368
     hidden_size: int = 768
@@ -92,9 +85,6 @@ class ModernBertConfig:
     cls_token_id: int = 50281
     sep_token_id: int = 50282
     layer_types: list[str] = field(default_factory=list)
-    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (transformers' field name;
-    # string keys in config.json). Such a layer is built with its remaining heads only (ModernBertModel.prune_heads).
-    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -115,11 +105,7 @@ class ModernBertConfig:
                 f"layer_types must name {GLOBAL!r} or {LOCAL!r} for each of the {self.num_hidden_layers} layers, "
                 f"got {self.layer_types}"
             )
-        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
-
-    def kept_heads(self, layer: int) -> list[int]:
-        """The heads of `layer` that remain after pruning, in the original numbering."""
-        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
+        super().__post_init__()
 
     @property
     def head_dim(self) -> int:
@@ -155,10 +141,7 @@ class ModernBertConfig:
         n = self.global_attn_every_n_layers
         if self.layer_types != [LOCAL if i % n else GLOBAL for i in range(self.num_hidden_layers)]:
             del d["global_attn_every_n_layers"]
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        if not d["pruned_heads"]:
-            del d["pruned_heads"]
-        return d
+        return self.write_pruned_heads(d)
 
 
 # ---- rotary positions -------------------------------------------------------------------------------------
@@ -375,11 +358,8 @@ class ModernBertModel(Encoder):
         everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
         return self.config.num_attention_heads
 
-    def attention_modules(self) -> list[nn.Module]:
-        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
-        return [layer.attn for layer in self.layers]
-
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
+    attention_name = "attn"  # each layer's attention: what attention_modules() lists
 
     @property
     def hidden_size(self) -> int:
@@ -425,8 +405,7 @@ class ModernBertModel(Encoder):
         config = copy.deepcopy(self.config)
         config.num_hidden_layers, config.hidden_size, config.intermediate_size = len(layers), h, inner
         config.layer_types = [self.config.layer_types[i] for i in layers]
-        pruned = self.config.pruned_heads if h == self.hidden_size else {}
-        config.pruned_heads = {j: list(pruned[i]) for j, i in enumerate(layers) if i in pruned}
+        config.pruned_heads = self.config.pruned_heads_of(layers) if h == self.hidden_size else {}
         config.__post_init__()
         student = ModernBertModel(config)
         if h == self.hidden_size:
@@ -526,36 +505,18 @@ class ModernBertModel(Encoder):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> ModernBertModel:
-        path = Path(path)
-        hf_config = folders.read_config(path, (MODEL_TYPE,))
-        state = folders.read_state_dict(path)
-        state = folders.without_prefix(state, "model.", marker="model.layers.")  # ModernBertForMaskedLM etc.
-        with folders.config_errors(path):
-            config = ModernBertConfig.from_hf_dict(hf_config)
-        model = cls(config)
-        model.load_hf_state_dict(state, source=str(path))
-        model.eval()
-        return model
+    config_class = ModernBertConfig
+    checkpoint = folders.CheckpointLayout(
+        (MODEL_TYPE,),
+        prefix="model.",  # ModernBertForMaskedLM etc.: the encoder under "model.", MLM / task heads not loaded
+        prefix_marker="model.layers.",
+        head_prefixes=("head.", "decoder.", "classifier.", "drop."),
+    )
 
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)
-        folders.load_named_weights(
-            self, state, names, source, "a modernbert encoder", outside=_HEAD_PREFIXES
-        )  # MLM / task heads
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' AutoModel loads (as ModernBertModel)."""
-        folders.write_folder(
-            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
-        )
-
-
-_HEAD_PREFIXES = ("head.", "decoder.", "classifier.", "drop.")
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
 
 
 def hf_parameter_names(config: ModernBertConfig) -> dict[str, str]:

@@ -23,8 +23,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -34,14 +33,7 @@ from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import (
-    check_head_mask,
-    check_pruned_heads,
-    kept_heads,
-    linear_subset,
-    pruned_heads_json,
-    remaining,
-)
+from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
 
 logger = logging.getLogger(__name__)
@@ -53,8 +45,9 @@ MAX_DISTANCE = 128
 
 
 @dataclass
-class MPNetConfig:
-    """Everything needed to rebuild the network; field names are those of transformers' MPNetConfig."""
+class MPNetConfig(PrunedHeadsConfig):
+    """Everything needed to rebuild the network; field names are those of transformers' MPNetConfig.
+    pruned_heads (PrunedHeadsConfig): heads removed from each layer, whose layers are built without them."""
 
     vocab_size: int = 30527
     hidden_size: int = 768
@@ -72,9 +65,6 @@ class MPNetConfig:
     bos_token_id: int = 0
     eos_token_id: int = 2
     add_pooling_layer: bool = True
-    # Heads removed from each layer, in the original numbering 0..num_attention_heads-1 (as bert.py's
-    # BertConfig.pruned_heads; string keys in config.json). Such a layer is built with the remaining heads only.
-    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -87,11 +77,7 @@ class MPNetConfig:
                 f"relative_attention_num_buckets is {self.relative_attention_num_buckets}, but MPNet's bias reads "
                 f"{BUCKETS} buckets"
             )
-        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_hidden_layers, self.num_attention_heads)
-
-    def kept_heads(self, layer: int) -> list[int]:
-        """The heads of `layer` that remain after pruning, in the original numbering."""
-        return kept_heads(self.pruned_heads, layer, self.num_attention_heads)
+        super().__post_init__()
 
     @property
     def max_tokens(self) -> int:
@@ -108,10 +94,7 @@ class MPNetConfig:
         del d["add_pooling_layer"]
         d["model_type"] = MODEL_TYPE
         d["architectures"] = ["MPNetModel"]
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        if not d["pruned_heads"]:
-            del d["pruned_heads"]
-        return d
+        return self.write_pruned_heads(d)
 
 
 def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int = BUCKETS) -> torch.Tensor:
@@ -272,10 +255,6 @@ class MPNetModel(Encoder):
         """Heads per layer before any pruning (the width of head_mask; see `heads_per_layer()` for what is left)."""
         return self.config.num_attention_heads
 
-    def attention_modules(self) -> list[nn.Module]:
-        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
-        return [layer.attention for layer in self.layers]
-
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
 
     @property
@@ -320,7 +299,7 @@ class MPNetModel(Encoder):
             c.hidden_size, c.num_attention_heads, c.intermediate_size, hidden_size, intermediate_size
         )
         same_width = h == c.hidden_size
-        pruned = {j: list(c.pruned_heads[i]) for j, i in enumerate(layers) if i in c.pruned_heads} if same_width else {}
+        pruned = c.pruned_heads_of(layers) if same_width else {}
         config = dataclasses.replace(
             c, num_hidden_layers=len(layers), hidden_size=h, intermediate_size=inner, pruned_heads=pruned
         )
@@ -392,38 +371,26 @@ class MPNetModel(Encoder):
             pooler_output=pooled,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
 
+    config_class = MPNetConfig
+    checkpoint = folders.CheckpointLayout(
+        (MODEL_TYPE,),
+        what="an MPNet encoder",
+        prefix="mpnet.",  # MPNetForMaskedLM / task models: the encoder under 'mpnet.', heads not loaded
+        prefix_marker="mpnet.encoder.",
+        head_prefixes=("lm_head.", "classifier.", "qa_outputs."),
+        buffers=("embeddings.position_ids",),  # transformers' precomputed position ids, not a weight
+    )
+
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
+
+    # Copied from ctxrep.models.bert.BertModel.config_from_hf with BertConfig->MPNetConfig
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> MPNetModel:
-        """An MPNetModel folder, or MPNetForMaskedLM / a task model (encoder under 'mpnet.'; heads not loaded)."""
-        path = Path(path)
-        hf_config = folders.read_config(path, (MODEL_TYPE,))
-        state = folders.read_state_dict(path)
-        state = folders.without_prefix(state, "mpnet.", marker="mpnet.encoder.")
-        with folders.config_errors(path):
-            config = MPNetConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
-        model = cls(config)
-        model.load_hf_state_dict(state, source=str(path))
-        model.eval()
-        return model
-
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers into this model; refuse anything missing, unknown or mis-shaped."""
-        names = hf_parameter_names(self.config)
-        folders.load_named_weights(
-            self, state, names, source, "an MPNet encoder", outside=_HEAD_PREFIXES, not_weights=_BUFFERS
-        )
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' MPNetModel / AutoModel loads."""
-        folders.write_folder(
-            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
-        )
-
-
-_BUFFERS = ("embeddings.position_ids",)  # transformers' precomputed position ids, not a weight
-_HEAD_PREFIXES = ("lm_head.", "classifier.", "qa_outputs.")
+    def config_from_hf(cls, hf_config: dict, state: dict[str, torch.Tensor]) -> MPNetConfig:
+        """A checkpoint without a pooler (ELECTRA's, some converted ones) builds none: the config follows the weights."""
+        return MPNetConfig.from_hf_dict(hf_config | {"add_pooling_layer": "pooler.dense.weight" in state})
 
 
 def hf_parameter_names(config: MPNetConfig) -> dict[str, str]:

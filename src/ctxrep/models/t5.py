@@ -29,8 +29,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -41,14 +40,7 @@ from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS
-from ctxrep.modules.heads import (
-    check_head_mask,
-    check_pruned_heads,
-    kept_heads,
-    linear_subset,
-    pruned_heads_json,
-    remaining,
-)
+from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +48,16 @@ MODEL_TYPE = "t5"
 # mT5 (Xue et al. 2021) is T5 v1.1's network (gated GELU, untied head) over a multilingual vocabulary: one file.
 ARCHITECTURES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel"}
 DEFAULT_MAX_TOKENS = 512  # T5's pre-training length; relative positions themselves have no limit
+# The decoder half of T5Model / T5ForConditionalGeneration checkpoints, not part of the encoder.
+DECODER_PREFIXES = ("decoder.", "lm_head.")
 
 
 @dataclass
-class T5Config:
-    """Everything the encoder needs; field names are those of transformers' T5Config."""
+class T5Config(PrunedHeadsConfig):
+    """Everything the encoder needs; field names are those of transformers' T5Config. pruned_heads
+    (PrunedHeadsConfig): heads removed from each encoder layer, whose layers are built without them."""
+
+    HEAD_COUNTS = ("num_layers", "num_heads")
 
     model_type: str = MODEL_TYPE  # "t5" or "mt5"
     vocab_size: int = 32128
@@ -78,9 +75,6 @@ class T5Config:
     pad_token_id: int = 0
     eos_token_id: int = 1
     n_positions: int = DEFAULT_MAX_TOKENS  # not read by the network: the window ctxrep cuts long texts into
-    # Heads removed from each encoder layer, in the original numbering 0..num_heads-1 (as bert.py's
-    # BertConfig.pruned_heads; string keys in config.json). Such a layer is built with the remaining heads only.
-    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.model_type not in ARCHITECTURES:
@@ -91,11 +85,7 @@ class T5Config:
                 f"feed_forward_proj {self.feed_forward_proj!r} is not supported; use ACT or gated-ACT with ACT one of "
                 f"{sorted(ACTIVATIONS)}"
             )
-        self.pruned_heads = check_pruned_heads(self.pruned_heads, self.num_layers, self.num_heads)
-
-    def kept_heads(self, layer: int) -> list[int]:
-        """The heads of `layer` that remain after pruning, in the original numbering."""
-        return kept_heads(self.pruned_heads, layer, self.num_heads)
+        super().__post_init__()
 
     @property
     def is_gated_act(self) -> bool:
@@ -120,10 +110,7 @@ class T5Config:
             dense_act_fn=self.dense_act_fn,
             is_gated_act=self.is_gated_act,
         )
-        d["pruned_heads"] = pruned_heads_json(self.pruned_heads)
-        if not d["pruned_heads"]:
-            del d["pruned_heads"]
-        return d
+        return self.write_pruned_heads(d)
 
 
 class RMSNorm(nn.Module):
@@ -328,10 +315,6 @@ class T5EncoderModel(Encoder):
         """Heads per layer before any pruning (the width of head_mask; see `heads_per_layer()` for what is left)."""
         return self.config.num_heads
 
-    def attention_modules(self) -> list[nn.Module]:
-        """Each layer's attention: heads_per_layer, kept_heads and prune_heads read them (models/encoder.py)."""
-        return [layer.attention for layer in self.layers]
-
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
 
     @property
@@ -375,7 +358,7 @@ class T5EncoderModel(Encoder):
         h, inner = student_widths(c.d_model, c.num_heads, c.d_ff, hidden_size, intermediate_size)
         same_width = h == c.d_model
         d_kv = c.d_kv if same_width else max(1, c.d_kv * h // c.d_model)
-        pruned = {j: list(c.pruned_heads[i]) for j, i in enumerate(layers) if i in c.pruned_heads} if same_width else {}
+        pruned = c.pruned_heads_of(layers) if same_width else {}
         student = T5EncoderModel(
             dataclasses.replace(c, num_layers=len(layers), d_model=h, d_ff=inner, d_kv=d_kv, pruned_heads=pruned)
         )
@@ -433,25 +416,24 @@ class T5EncoderModel(Encoder):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
+    # A T5EncoderModel folder, or a whole T5 whose decoder and LM head are left out by name (DECODER_PREFIXES).
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> T5EncoderModel:
-        """A T5EncoderModel folder, or a whole T5 whose decoder and LM head are left out by name."""
-        path = Path(path)
-        hf_config = folders.read_config(path, tuple(ARCHITECTURES))
-        with folders.config_errors(path):
-            config = T5Config.from_hf_dict(hf_config)
-        model = cls(config)
-        model.load_hf_state_dict(folders.read_state_dict(path), source=str(path))
-        model.eval()
-        return model
+    config_class = T5Config
+    checkpoint = folders.CheckpointLayout(
+        tuple(ARCHITECTURES),
+        what="a T5 encoder",
+        head_prefixes=DECODER_PREFIXES,
+        head_noun="decoder and LM-head weights (a whole T5 checkpoint: they are not part of the encoder)",
+    )
+
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers into this model; the decoder half of a whole T5 is left out by
-        name; anything else missing, unknown or mis-shaped is refused."""
+        """The Encoder base's loading, once the tied table is under one name: shared.weight and
+        encoder.embed_tokens.weight are one table; a checkpoint may store either or both."""
         state = dict(state)
-        # shared.weight and encoder.embed_tokens.weight are one tied table; a checkpoint may store either or both.
         if "shared.weight" not in state and "encoder.embed_tokens.weight" in state:
             state["shared.weight"] = state["encoder.embed_tokens.weight"]
         tied = state.pop("encoder.embed_tokens.weight", None)
@@ -459,25 +441,7 @@ class T5EncoderModel(Encoder):
             raise CheckpointError(
                 f"{source}: encoder.embed_tokens.weight differs from shared.weight; T5's encoder reads one tied table"
             )
-        folders.load_named_weights(
-            self,
-            state,
-            hf_parameter_names(self.config),
-            source,
-            "a T5 encoder",
-            outside=DECODER_PREFIXES,
-            outside_noun="decoder and LM-head weights (a whole T5 checkpoint: they are not part of the encoder)",
-        )
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' T5EncoderModel loads."""
-        folders.write_folder(
-            path, self.config.to_hf_dict(), folders.named_tensors(self, hf_parameter_names(self.config))
-        )
-
-
-# The decoder half of T5Model / T5ForConditionalGeneration checkpoints, not part of the encoder.
-DECODER_PREFIXES = ("decoder.", "lm_head.")
+        super().load_hf_state_dict(state, source)
 
 
 def hf_parameter_names(config: T5Config) -> dict[str, str]:

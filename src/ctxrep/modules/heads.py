@@ -9,6 +9,8 @@ always in the original numbering 0..num_heads - 1, before and after pruning (tra
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -74,6 +76,40 @@ def merge_pruned_heads(
                 f"prune_heads: that would remove all {num_heads} heads of layer {layer}; keep at least one head per layer"
             )
     return request, {layer: merged[layer] for layer in sorted(merged) if merged[layer]}
+
+
+@dataclass
+class PrunedHeadsConfig:
+    """The head-pruning part of a family config, written once: a family's config dataclass subclasses it and calls
+    `super().__post_init__()` at the end of its own, which checks `pruned_heads` against the layer and head counts
+    named by HEAD_COUNTS (fields or properties of the config).
+
+    pruned_heads: heads removed from each layer, {layer: [heads]} in the original numbering 0..heads - 1
+    (transformers 4.x's field; string keys in config.json). Such a layer is built with the remaining heads only."""
+
+    HEAD_COUNTS: ClassVar[tuple[str, str]] = ("num_hidden_layers", "num_attention_heads")
+
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict, kw_only=True)
+
+    def __post_init__(self) -> None:
+        layers, heads = (getattr(self, name) for name in self.HEAD_COUNTS)
+        self.pruned_heads = check_pruned_heads(self.pruned_heads, layers, heads)
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads of `layer` that remain after pruning, in the original numbering."""
+        return kept_heads(self.pruned_heads, layer, getattr(self, self.HEAD_COUNTS[1]))
+
+    def pruned_heads_of(self, layers: Sequence[int]) -> dict[int, list[int]]:
+        """pruned_heads of a student whose layer j is this config's layer layers[j]: the heads follow their layers."""
+        return {j: list(self.pruned_heads[i]) for j, i in enumerate(layers) if i in self.pruned_heads}
+
+    def write_pruned_heads(self, d: dict) -> dict:
+        """A config.json dict `d` (from asdict) with pruned_heads as config.json writes it, or without the key when
+        no head is gone (transformers' folders leave it out)."""
+        heads = pruned_heads_json(d.pop("pruned_heads", self.pruned_heads))
+        if heads:
+            d["pruned_heads"] = heads
+        return d
 
 
 def check_head_mask(head_mask: torch.Tensor, num_layers: int, num_heads: int) -> torch.Tensor:
