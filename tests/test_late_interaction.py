@@ -76,6 +76,42 @@ def test_token_vectors_and_maxsim_equal_sentence_transformers(mve_folder):
     assert maxsim(q[0], d[0]) == pytest.approx(float((q[0] @ d[0].T).max(axis=1).sum()), rel=1e-6)
 
 
+def test_prompts_equal_sentence_transformers(mve_folder, tmp_path):
+    from sentence_transformers import MultiVectorEncoder as STMultiVectorEncoder
+
+    folder = tmp_path / "prompts"
+    shutil.copytree(mve_folder, folder)
+    settings = json.loads((folder / "config_sentence_transformers.json").read_text())
+    prompts = {"query": "query: ", "document": "passage: ", "instruct": "Instruct: find the topic\nQuery:"}
+    settings |= {"prompts": prompts, "default_prompt_name": "instruct"}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    encoder = MultiVectorEncoder(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = STMultiVectorEncoder(str(folder), device="cpu")
+    q_kw, d_kw = {"convert_to_numpy": False}, {"convert_to_numpy": False}
+    cases = [  # (ours, theirs): the task's prompt, a name, a text, an empty text
+        (encoder.embed_queries(QUERIES), st.encode_query(QUERIES, **q_kw)),
+        (encoder.embed_documents(DOCS), st.encode_document(DOCS, **d_kw)),
+        (
+            encoder.embed_queries(QUERIES, prompt_name="instruct"),
+            st.encode_query(QUERIES, prompt_name="instruct", **q_kw),
+        ),
+        (
+            encoder.embed_documents(DOCS, prompt="title: none | "),
+            st.encode_document(DOCS, prompt="title: none | ", **d_kw),
+        ),
+        (encoder.embed_queries(QUERIES, prompt=""), st.encode_query(QUERIES, prompt="", **q_kw)),
+    ]
+    for ours, theirs in cases:
+        assert [len(x) for x in ours] == [len(x) for x in theirs]
+        for a, b in zip(ours, theirs):
+            np.testing.assert_allclose(a, b.numpy(), atol=1e-5)
+    assert len(cases[0][0][0]) == len(cases[4][0][0]) + 2  # "query: " is two more tokens, so the prompt was applied
+    with pytest.raises(ValueError, match=r"^unknown prompt name 'nope': .* declares the prompts 'query', 'document', "):
+        encoder.embed_documents(DOCS, prompt_name="nope")
+
+
 def test_a_plain_model_gives_normalised_states_with_colberts_skiplist(tiny_models):
     encoder = MultiVectorEncoder(tiny_models["bert"])
     assert encoder.dim == 32 and encoder.settings.dense == ()

@@ -103,6 +103,48 @@ def test_sum_pooling_log1p_relu_and_max_active_dims(splade_folder, tmp_path):
         np.testing.assert_allclose(np.sort(row[row > 0]), np.sort(ref)[-7:], atol=1e-5)
 
 
+PROMPTS = {"query": "query: ", "document": "passage: ", "instruct": "Instruct: find the topic\nQuery:"}
+
+
+def _with_prompts(folder: Path, dest: Path, default: str | None = "instruct") -> Path:
+    """A copy of `folder` whose config_sentence_transformers.json declares PROMPTS (default prompt: `default`)."""
+    shutil.copytree(folder, dest)
+    settings = json.loads((dest / "config_sentence_transformers.json").read_text())
+    settings |= {"prompts": PROMPTS, "default_prompt_name": default}
+    (dest / "config_sentence_transformers.json").write_text(json.dumps(settings))
+    return dest
+
+
+def test_prompts_equal_sentence_transformers_encode_query_and_document(splade_folder, tmp_path):
+    from sentence_transformers import SparseEncoder as STSparseEncoder
+
+    folder = _with_prompts(splade_folder, tmp_path / "prompts")
+    encoder = SparseEncoder(folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = STSparseEncoder(str(folder), device="cpu")
+    dense = lambda m: m.toarray()  # noqa: E731
+    st_dense = lambda t: t.to_dense().numpy()  # noqa: E731
+    cases = [  # (ours, theirs): no prompt given (the default / the task's), a name, a text, an empty text
+        (encoder.embed_sentences(TEXTS), st.encode(TEXTS)),
+        (encoder.embed_queries(TEXTS), st.encode_query(TEXTS)),
+        (encoder.embed_documents(TEXTS), st.encode_document(TEXTS)),
+        (encoder.embed_queries(TEXTS, prompt_name="instruct"), st.encode_query(TEXTS, prompt_name="instruct")),
+        (encoder.embed_documents(TEXTS, prompt="title: none | "), st.encode_document(TEXTS, prompt="title: none | ")),
+        (encoder.embed_sentences(TEXTS, prompt=""), st.encode(TEXTS, prompt="")),
+    ]
+    for ours, theirs in cases:
+        np.testing.assert_allclose(dense(ours), st_dense(theirs), atol=1e-5)
+    # the prompts change the vectors (the checks above are not vacuous), and the server's form takes them too
+    assert np.abs(dense(cases[1][0]) - dense(cases[2][0])).max() > 1e-3
+    v = encoder.embed_sparse(TEXTS[:1], prompt_name="query")[0]
+    np.testing.assert_allclose(v.values, dense(cases[1][0])[0, v.indices], atol=1e-6)
+    with pytest.raises(ValueError, match=r"^unknown prompt name 'nope': .* declares the prompts 'query', 'document', "):
+        encoder.embed_queries(TEXTS, prompt_name="nope")
+    with pytest.raises(ValueError, match="give prompt or prompt_name, not both"):
+        encoder.embed_sparse(TEXTS, prompt="x", prompt_name="query")
+
+
 def test_a_plain_roberta_mlm_folder_long_texts_and_errors(tmp_path, tiny_models):
     folder = _mlm_folder(tmp_path / "rob", "roberta")
     encoder = SparseEncoder(folder)

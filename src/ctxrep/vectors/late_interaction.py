@@ -13,7 +13,7 @@ sentence-transformers' MultiVectorEncoder lists them), L2-normalised. Tokens of 
 MultiVectorMask: ColBERT's punctuation) are dropped from the tasks it names (documents by default), special tokens
 kept, as sentence-transformers does. A model without MultiVectorEncoder modules gives its normalised hidden states
 with ColBERT's punctuation skiplist on documents (the raw material of late interaction, no trained projection).
-The folder's "query" / "document" prompts are put before the texts. Query expansion (PyLate's [MASK] padding to
+The folder's "query" / "document" prompts are put before the texts unless a call gives prompt= or prompt_name=. Query expansion (PyLate's [MASK] padding to
 query_length), Stanford-NLP ColBERT checkpoints (HF_ColBERT) and PyLate <= 3 folders (query_prefix /
 document_prefix) are refused with a one-line reason: sentence-transformers loads them and saves a folder ctxrep reads.
 """
@@ -37,10 +37,11 @@ from ctxrep.models.sentence_transformers import (
     DenseLayer,
     read_dense,
     read_modules,
-    read_prompts,
     read_settings,
+    with_prompt,
 )
 from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.prompts import task_prompt
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["LateInteractionIndex", "MultiVectorEncoder", "MultiVectorSettings", "maxsim", "maxsim_scores"]
@@ -127,7 +128,7 @@ class MultiVectorEncoder:
         self.featurizer = fz.with_layers(-1)
         folder = self.featurizer.source.folder
         self.settings = MultiVectorSettings.of_folder(folder)
-        self.prompts = read_prompts(folder)
+        self.prompts = self.featurizer.prompts  # config_sentence_transformers.json's, or none
         vocab = self.featurizer.tokenizer.backend
         ids = [vocab.token_to_id(w) for w in self.settings.skiplist_words]  # words that are no token: dropped
         self.skiplist_ids = np.array(sorted({i for i in ids if i is not None}), dtype=np.int64)
@@ -142,21 +143,25 @@ class MultiVectorEncoder:
         """The dense featurizer's spec underneath (what made the token states), head "multi-vector"."""
         return dataclasses.replace(FeaturizerSpec.of(self.featurizer), head="multi-vector")
 
-    def embed_queries(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """One (tokens, dim) float32 array per query (the folder's "query" prompt first)."""
-        return self._embed(texts, "query")
+    def embed_queries(
+        self, texts: Sequence[str], prompt: str | None = None, prompt_name: str | None = None
+    ) -> list[np.ndarray]:
+        """One (tokens, dim) float32 array per query. prompt / prompt_name: text put before each query, as
+        Featurizer.embed_sentences; the folder's "query" prompt when neither is given (encode_query)."""
+        return self._embed(texts, "query", prompt, prompt_name)
 
-    def embed_documents(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """One (tokens, dim) float32 array per document, skiplisted tokens dropped (the "document" prompt first)."""
-        return self._embed(texts, "document")
+    def embed_documents(
+        self, texts: Sequence[str], prompt: str | None = None, prompt_name: str | None = None
+    ) -> list[np.ndarray]:
+        """One (tokens, dim) float32 array per document, skiplisted tokens dropped; the folder's "document" prompt
+        unless prompt / prompt_name gives one (encode_document)."""
+        return self._embed(texts, "document", prompt, prompt_name)
 
-    def _embed(self, texts: Sequence[str], task: str) -> list[np.ndarray]:
+    def _embed(self, texts: Sequence[str], task: str, prompt: str | None, prompt_name: str | None) -> list[np.ndarray]:
         import torch
 
         texts = [texts] if isinstance(texts, str) else list(texts)
-        prompt = self.prompts.prompts.get(task, "")
-        if prompt:
-            texts = [prompt + t for t in texts]
+        texts = with_prompt(task_prompt(self.prompts, task, prompt, prompt_name), texts)
         skip = task in self.settings.skiplist_tasks and len(self.skiplist_ids) > 0
         out = []
         for states in self.featurizer.embed_tokens(texts):

@@ -2,6 +2,7 @@
 
     encoder = SparseEncoder("naver/splade-v3")            # or a sentence-transformers SparseEncoder folder
     m = encoder.embed_sentences(texts)                     # scipy.sparse.csr_matrix (texts, vocabulary), float32
+    encoder.embed_queries(["who plays guitar"], prompt_name="query")  # prompt / prompt_name as Featurizer's
     encoder.embed_sparse(texts)                            # [SparseVector(indices, values)], TEI's /embed_sparse
     encoder.decode(m[0], top_k=5)                          # [("guitar", 2.31), ...]
     index = SparseIndex.build(texts, encoder); index.search("who plays guitar", k=10)
@@ -28,7 +29,8 @@ import torch
 
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.mlm_head import read_mlm_head
-from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules
+from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules, with_prompt
+from ctxrep.vectors.prompts import task_prompt
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["SparseEncoder", "SparseIndex", "SparseVector", "SpladeSettings"]
@@ -102,6 +104,7 @@ class SparseEncoder:
         self.featurizer = model if isinstance(model, Featurizer) else Featurizer(model, **kwargs)
         self.featurizer = self.featurizer.with_layers(-1)
         self.max_active_dims = max_active_dims
+        self.prompts = self.featurizer.prompts  # config_sentence_transformers.json's, or none
         folder = self.featurizer.source.folder
         self.splade = SpladeSettings.of_folder(folder)
         self.sparse_linear = _read_sparse_linear(folder)
@@ -132,12 +135,33 @@ class SparseEncoder:
     sentence_dim = vocab_size
     single_layer = True
 
-    def embed_sentences(self, texts: Sequence[str | list[str]], batch_texts: int = 256):
-        """(texts, vocab_size) scipy.sparse.csr_matrix of float32 weights."""
+    def embed_sentences(
+        self,
+        texts: Sequence[str | list[str]],
+        batch_texts: int = 256,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+    ):
+        """(texts, vocab_size) scipy.sparse.csr_matrix of float32 weights.
+
+        prompt / prompt_name: text put before each text, as Featurizer.embed_sentences (given, or the folder's prompt
+        of that name, else its default prompt) and sentence-transformers' SparseEncoder.encode."""
+        return self._embed(texts, None, prompt, prompt_name, batch_texts)
+
+    def embed_queries(self, texts: Sequence[str], prompt: str | None = None, prompt_name: str | None = None):
+        """embed_sentences for queries: the folder's "query" prompt unless one is given (SparseEncoder.encode_query)."""
+        return self._embed(texts, "query", prompt, prompt_name)
+
+    def embed_documents(self, texts: Sequence[str], prompt: str | None = None, prompt_name: str | None = None):
+        """embed_sentences for documents: the folder's "document" prompt unless one is given (encode_document)."""
+        return self._embed(texts, "document", prompt, prompt_name)
+
+    def _embed(self, texts, task: str | None, prompt: str | None, prompt_name: str | None, batch_texts: int = 256):
         import scipy.sparse
 
-        if isinstance(texts, str):
-            texts = [texts]
+        texts = with_prompt(
+            task_prompt(self.prompts, task, prompt, prompt_name), [texts] if isinstance(texts, str) else list(texts)
+        )
         parts = [
             self._rows(self.featurizer.embed_tokens(texts[start : start + batch_texts]))
             for start in range(0, len(texts), batch_texts)
@@ -146,10 +170,12 @@ class SparseEncoder:
             return scipy.sparse.csr_matrix((0, self.vocab_size), dtype=np.float32)
         return scipy.sparse.vstack(parts, format="csr", dtype=np.float32)
 
-    def embed_sparse(self, texts: Sequence[str | list[str]]) -> list[SparseVector]:
+    def embed_sparse(
+        self, texts: Sequence[str | list[str]], prompt: str | None = None, prompt_name: str | None = None
+    ) -> list[SparseVector]:
         """One SparseVector (ids ascending, non-zero weights) per text: the function behind `ctxrep serve`'s
-        /embed_sparse (TEI's schema: `vector.to_tei()`)."""
-        m = self.embed_sentences(texts)
+        /embed_sparse (TEI's schema: `vector.to_tei()`); prompt / prompt_name as embed_sentences."""
+        m = self.embed_sentences(texts, prompt=prompt, prompt_name=prompt_name)
         return [
             SparseVector(
                 m.indices[m.indptr[i] : m.indptr[i + 1]].tolist(), m.data[m.indptr[i] : m.indptr[i + 1]].tolist()
