@@ -1,15 +1,19 @@
-"""What the server's tests share: uvicorn serving an app on 127.0.0.1 in a background thread; a tiny random
-cross-encoder folder; a tiny random SPLADE folder; waiting for a condition."""
+"""What the server's tests share: uvicorn serving an app on 127.0.0.1 in a background thread; `ctxrep serve` run as
+a process; a tiny random cross-encoder folder; a tiny random SPLADE folder; waiting for a condition."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import torch
 import transformers
 import uvicorn
@@ -87,3 +91,42 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+
+
+class ServeProcess:
+    """`ctxrep serve ARGS --port P` (a free port) as a process, ready once its /health answers; stopped with SIGTERM
+    on exit. After exit, `stderr` holds what it wrote there."""
+
+    def __init__(self, args: list[str], limit: float = 120.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, "-c", "from ctxrep.cli import main; main()", "serve", *args]
+        self.command += ["--port", str(self.port)]
+        self.limit = limit
+        self.stderr = ""
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"ctxrep serve ended with status {self.proc.returncode}: {self.proc.stderr.read()}")
+        try:
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def __enter__(self) -> ServeProcess:
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(self._ready, "ctxrep serve to answer /health", self.limit)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, self.stderr = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, self.stderr = self.proc.communicate()
