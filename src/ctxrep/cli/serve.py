@@ -40,7 +40,8 @@ from ctxrep.cli.runtime_options import runtime_options
     "--reranker",
     default=None,
     metavar="MODEL",
-    help="A cross-encoder or LLM reranker (folder or name) served at /rerank (TEI) and /v1/rerank (Cohere, Jina).",
+    help="A cross-encoder or LLM reranker (folder or name) served at /rerank (TEI) and /v1/rerank (Cohere, Jina); "
+    "a pair past its max length is cut to fit, and the answer names those documents (cut, x-cut-indices).",
 )
 @click.option(
     "--sparse-model",
