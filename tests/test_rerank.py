@@ -372,6 +372,21 @@ def test_search_rerank_keeps_the_rerankers_k_best(bert_ce, tmp_path, tiny_models
     np.testing.assert_allclose([float(r[2]) for r in rows], [s for _, s in expected], atol=1e-4)
 
 
+def test_rerank_hits_says_which_hits_it_cut(bert_ce):
+    from ctxrep.rerank import rerank_hits
+    from ctxrep.vectors.index import Hits
+
+    long_doc = " ".join(["the fox jumped over the lazy dog again"] * 20)  # past the 64 positions
+    texts = [DOCS[0], long_doc, DOCS[1]]
+    hits = Hits(["a", "b", "c"], texts, np.zeros(3, np.float32), np.arange(3))
+    reranker = CrossEncoderReranker(bert_ce)
+    rerank_hits(reranker, QUERY, hits, k=1)
+    assert [hits.ids[i] for i in reranker.cut_texts] == ["b"]  # positions in the hits as given, whatever k keeps
+    empty = Hits([], [], np.zeros(0, np.float32), np.zeros(0, np.int64))
+    rerank_hits(reranker, QUERY, empty)
+    assert reranker.cut_texts == []  # this call's, not the last one's
+
+
 def test_a_pytorch_model_bin_folder_scores_the_same(bert_ce, tmp_path):
     from safetensors.torch import load_file
 

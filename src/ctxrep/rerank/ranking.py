@@ -62,12 +62,14 @@ def rerank_hits(
     reranker, query: str, hits, k: int | None = None, prompt: str | None = None, prompt_name: str | None = None
 ):
     """Retrieve-then-rerank: the `k` best of an index's `hits` (ctxrep.vectors.index.Hits, texts stored) for
-    `query` by `reranker.rerank`, as Hits whose scores are the reranker's."""
+    `query` by `reranker.rerank`, as Hits whose scores are the reranker's. After it, `reranker.cut_texts` are the
+    positions in `hits` (as given) of the documents cut to fit: `[hits.ids[i] for i in reranker.cut_texts]`."""
     from ctxrep.vectors.index import Hits
 
     if any(t is None for t in hits.texts):
         raise ValueError("the index stores no texts to rerank; build it from the texts (ctxrep index build --input)")
     if len(hits) == 0:
+        reranker.cut_texts, reranker.cut_pieces = [], []  # this call cut nothing
         return hits
     ranked = reranker.rerank(query, list(hits.texts), top_n=k, prompt=prompt, prompt_name=prompt_name)
     order = [i for i, _ in ranked]
