@@ -25,6 +25,7 @@ and saver (config.json + model.safetensors; transformers' names, or ctxrep's own
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import asdict, dataclass, fields
@@ -113,7 +114,7 @@ class AlbertConfig:
         return self.share in ("all", "none")
 
     @classmethod
-    def from_dict(cls, d: dict) -> AlbertConfig:
+    def from_hf_dict(cls, d: dict) -> AlbertConfig:
         """From config.json: transformers' AlbertConfig fields, or ctxrep's format with `ctxrep_share`."""
         names = {f.name for f in fields(cls)} - {"share"}
         kwargs = {k: v for k, v in d.items() if k in names}
@@ -127,7 +128,7 @@ class AlbertConfig:
             )
         return cls(**kwargs, share=share)
 
-    def to_dict(self) -> dict:
+    def to_hf_dict(self) -> dict:
         """config.json: transformers' AlbertConfig for "all" / "none" sharing, else ctxrep's own model_type."""
         d = asdict(self)
         del d["share"]
@@ -330,20 +331,19 @@ class AlbertModel(Encoder):
             pooler_output=pooled,
         )
 
-    # ---- checkpoint folders -----------------------------------------------------------------------
+    # ---- checkpoint folders: the Encoder base's loader and saver over these declarations ----------------------
+    # An AlbertModel / AlbertForPreTraining / AlbertForMaskedLM folder saved by transformers, or a folder that ctxrep
+    # saved (either format); pretraining-head weights are named in a log message and not loaded.
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> AlbertModel:
-        """An AlbertModel / AlbertForPreTraining / AlbertForMaskedLM folder saved by transformers, or a folder that
-        ctxrep saved (either format). Pretraining-head weights are named in a log message and not loaded."""
-        path = Path(path)
-        config = AlbertConfig.from_dict(folders.read_config(path, MODEL_TYPES))
-        model = cls(config)
-        state = folders.without_prefix(
-            folders.read_state_dict(path), "albert."
-        )  # AlbertFor*: the encoder under 'albert.'
-        model.load_state(state, source=str(path))
-        return model.eval()
+    config_class = AlbertConfig
+    checkpoint = folders.CheckpointLayout(
+        MODEL_TYPES,
+        prefix="albert.",  # AlbertFor*: the encoder under 'albert.'
+        head_prefixes=("predictions.", "sop_classifier.", "classifier.", "qa_outputs."),
+        head_noun="pretraining-head weights",
+        buffers=("embeddings.position_ids", "embeddings.token_type_ids"),  # transformers' precomputed ids
+        hint="check that config.json (num_hidden_groups, inner_group_num, sizes) belongs to these weights",
+    )
 
     def checkpoint_names(self) -> dict[str, str]:
         """Checkpoint name -> our name: transformers' names where the sharing allows, else our own."""
@@ -351,20 +351,8 @@ class AlbertModel(Encoder):
             return hf_parameter_names(self.config)
         return {k: k for k in self.state_dict()}
 
-    def load_state(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy a checkpoint's weights into this model; refuse anything missing, unknown or mis-shaped."""
-        # Pretraining / task heads sit on top of the encoder; the buffers are transformers' precomputed ids.
-        folders.load_named_weights(
-            self,
-            state,
-            self.checkpoint_names(),
-            source,
-            f"an ALBERT encoder (share={self.config.share!r})",
-            outside=HEAD_PREFIXES,
-            outside_noun="pretraining-head weights",
-            not_weights=BUFFERS,
-            hint="check that config.json (num_hidden_groups, inner_group_num, sizes) belongs to these weights",
-        )
+    def checkpoint_layout(self) -> folders.CheckpointLayout:
+        return dataclasses.replace(self.checkpoint, what=f"an ALBERT encoder (share={self.config.share!r})")
 
     def save_pretrained(self, path: str | Path, transformers_compatible: bool = False) -> Path:
         """config.json + model.safetensors. share "all" / "none": transformers' AutoModel loads it;
@@ -376,13 +364,7 @@ class AlbertModel(Encoder):
                 "layers only; save without transformers_compatible=True to get ctxrep's format (ctxrep.load_model "
                 "reads it)"
             )
-        return folders.write_folder(path, self.config.to_dict(), folders.named_tensors(self, self.checkpoint_names()))
-
-
-# Buffers transformers' checkpoints may carry that are not weights.
-BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
-# Weights of the heads on top of the encoder in AlbertForPreTraining / AlbertForMaskedLM / task checkpoints.
-HEAD_PREFIXES = ("predictions.", "sop_classifier.", "classifier.", "qa_outputs.")
+        return super().save_pretrained(path)
 
 
 def hf_parameter_names(config: AlbertConfig) -> dict[str, str]:
@@ -507,13 +489,13 @@ class AlbertForPreTraining(nn.Module):
     def from_pretrained(cls, path: str | Path) -> AlbertForPreTraining:
         """An AlbertForPreTraining folder (transformers' or this class's save_pretrained), heads included."""
         path = Path(path)
-        model = cls(AlbertConfig.from_dict(folders.read_config(path, MODEL_TYPES)))
+        model = cls(AlbertConfig.from_hf_dict(folders.read_config(path, MODEL_TYPES)))
         state = folders.read_state_dict(path)
         state.pop("predictions.decoder.weight", None)  # tied to the word embeddings, when a file stores it
         decoder_bias = state.pop("predictions.decoder.bias", None)  # tied to predictions.bias
         if decoder_bias is not None and "predictions.bias" not in state:
             state["predictions.bias"] = decoder_bias
-        buffers = BUFFERS + tuple("albert." + b for b in BUFFERS)
+        buffers = tuple("albert." + b for b in AlbertModel.checkpoint.buffers)
         names = model.checkpoint_names()
         folders.load_named_weights(model, state, names, str(path), "an ALBERT pretraining model", not_weights=buffers)
         return model.eval()
@@ -524,7 +506,7 @@ class AlbertForPreTraining(nn.Module):
         ours = self.state_dict()
         tensors = {ckpt: ours[our] for ckpt, our in self.checkpoint_names().items()}
         tensors["predictions.decoder.bias"] = ours["predictions.bias"]
-        config = self.config.to_dict()
+        config = self.config.to_hf_dict()
         if self.config.transformers_compatible:
             config["architectures"] = ["AlbertForPreTraining"]
         return folders.write_folder(path, config, tensors)

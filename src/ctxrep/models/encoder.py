@@ -200,6 +200,10 @@ class Encoder(nn.Module):
             hint=layout.hint,
         )
 
+    def hf_config(self) -> dict:
+        """config.json of a saved folder: the config's to_hf_dict()."""
+        return self.config.to_hf_dict()
+
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """This model's weights under transformers' names and layouts."""
         return folders.named_tensors(self, self.checkpoint_names(), self.checkpoint_layout().transposed)
@@ -207,7 +211,7 @@ class Encoder(nn.Module):
     def save_pretrained(self, path: str | Path) -> Path:
         """Write config.json + model.safetensors that transformers' AutoModel loads (unless the family's config
         says otherwise, as a pruned DeBERTa or ModernBERT does)."""
-        return folders.write_folder(path, self.config.to_hf_dict(), self.hf_state_dict())
+        return folders.write_folder(path, self.hf_config(), self.hf_state_dict())
 
     # ---- capabilities (the base class: none) --------------------------------------------------------------
 

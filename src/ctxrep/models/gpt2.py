@@ -190,6 +190,13 @@ class CausalLMOutput:
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
+# transformers' Conv1D layers store their weight as (in, out): these are transposed on load and save.
+TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers of older checkpoints that are not weights: attn.bias is the precomputed causal (lower-triangular)
+# mask and attn.masked_bias the -1e4 fill value; ctxrep builds its mask on the fly, so both are skipped.
+_BUFFERS = ("bias", "masked_bias")
+
+
 class GPT2Model(Encoder):
     """The decoder stack. `forward` follows transformers' GPT2Model: same arguments, same hidden states."""
 
@@ -330,36 +337,30 @@ class GPT2Model(Encoder):
             past_key_values=presents if use_cache else None,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
+    # A GPT2Model folder, or a GPT2LMHeadModel one (the decoder under 'transformer.'; its tied LM head is not part of
+    # the decoder and is not loaded).
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> GPT2Model:
-        """Load a GPT2Model or GPT2LMHeadModel folder; an LM head, if present, is not part of the decoder."""
-        path = Path(path)
-        config, state = _read_checkpoint(path)
-        if state.pop("lm_head.weight", None) is not None:
-            logger.info("%s: not loading lm_head.weight: the decoder has no LM head", path)
-        model = cls(config)
-        model.load_hf_state_dict(state, source=str(path))
-        model.eval()
-        return model
+    config_class = GPT2Config
+    checkpoint = folders.CheckpointLayout(
+        ("gpt2",),
+        what="a GPT-2 model",
+        prefix="transformer.",
+        head_prefixes=("lm_head.",),
+        head_noun="LM-head weights (the decoder has no LM head)",
+        transposed=TRANSPOSED,  # transformers' Conv1D keeps its weight as (in, out); nn.Linear wants (out, in)
+    )
 
-    def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers' GPT2Model into this model; refuse missing, unknown, mis-shaped."""
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
+
+    def checkpoint_layout(self) -> folders.CheckpointLayout:
+        """Older checkpoints carry each block's causal-mask buffers (_BUFFERS), which are not weights."""
         buffers = frozenset(f"h.{i}.attn.{b}" for i in range(self.config.n_layer) for b in _BUFFERS)
-        # transformers' Conv1D keeps its weight as (in, out); nn.Linear wants (out, in): TRANSPOSED.
-        names = hf_parameter_names(self.config)
-        folders.load_named_weights(
-            self, state, names, source, "a GPT-2 model", not_weights=buffers, transposed=TRANSPOSED
-        )
+        return replace(self.checkpoint, buffers=buffers)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """This model's weights under transformers' names and layouts (Conv1D weights back to (in, out))."""
-        return folders.named_tensors(self, hf_parameter_names(self.config), transposed=TRANSPOSED)
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' GPT2Model / AutoModel loads."""
-        _write_checkpoint(Path(path), self.config, self.hf_state_dict(), "GPT2Model")
+    def hf_config(self) -> dict:
+        return self.config.to_hf_dict("GPT2Model")
 
 
 class GPT2LMHeadModel(nn.Module):
@@ -501,7 +502,7 @@ class GPT2LMHeadModel(nn.Module):
         """Write config.json + model.safetensors that transformers' GPT2LMHeadModel / AutoModelForCausalLM
         load; lm_head.weight is left out, as transformers does for a tied head."""
         tensors = {"transformer." + k: v for k, v in self.transformer.hf_state_dict().items()}
-        _write_checkpoint(Path(path), self.config, tensors, "GPT2LMHeadModel")
+        folders.write_folder(path, self.config.to_hf_dict("GPT2LMHeadModel"), tensors)
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
@@ -523,13 +524,6 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     return logits
 
 
-# transformers' Conv1D layers store their weight as (in, out): these are transposed on load and save.
-TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# Buffers of older checkpoints that are not weights: attn.bias is the precomputed causal (lower-triangular)
-# mask and attn.masked_bias the -1e4 fill value; ctxrep builds its mask on the fly, so both are skipped.
-_BUFFERS = ("bias", "masked_bias")
-
-
 def hf_parameter_names(config: GPT2Config) -> dict[str, str]:
     """transformers' GPT2Model name -> ctxrep's name, for every weight of the decoder (the same names)."""
     names = {n: n for n in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")}
@@ -549,7 +543,3 @@ def _read_checkpoint(path: Path) -> tuple[GPT2Config, dict[str, torch.Tensor]]:
     # GPT2LMHeadModel stores the decoder under 'transformer.'; GPT2Model stores it without a prefix.
     prefix = "transformer."
     return config, {k.removeprefix(prefix): v for k, v in state.items()}
-
-
-def _write_checkpoint(path: Path, config: GPT2Config, tensors: dict[str, torch.Tensor], architecture: str) -> None:
-    folders.write_folder(path, config.to_hf_dict(architecture), tensors)

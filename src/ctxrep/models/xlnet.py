@@ -506,29 +506,33 @@ class XLNetModel(Encoder):
             mems=new_mems,
         )
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
+    # An XLNetModel folder, or XLNetLMHeadModel etc. (the encoder under 'transformer.'; heads are not loaded).
 
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> XLNetModel:
-        """Load an XLNetModel or XLNetLMHeadModel (etc.) folder; head weights are not part of the encoder."""
-        path = Path(path)
-        config, state = _read_folder(path)
-        model = cls(config)
-        model.load_hf_state_dict(state, source=str(path))
-        model.eval()
-        return model
+    config_class = XLNetConfig
+    checkpoint = folders.CheckpointLayout(
+        ("xlnet",),
+        what="an XLNet encoder",
+        prefix="transformer.",
+        head_prefixes=(
+            "lm_loss.",
+            "sequence_summary.",
+            "logits_proj.",
+            "classifier.",
+            "qa_outputs.",
+            "start_logits.",
+            "end_logits.",
+            "answer_class.",
+        ),
+        hint="Check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights",
+    )
+
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy weights named as in transformers (with or without 'transformer.') into this model."""
-        names = hf_parameter_names(self.config)
-        state = _strip_prefix(state)
-        folders.load_named_weights(self, state, names, source, "an XLNet encoder", outside=_HEAD_PREFIXES, hint=_HINT)
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' XLNetModel loads."""
-        folders.write_folder(
-            path, self.config.to_hf_dict("XLNetModel"), folders.named_tensors(self, hf_parameter_names(self.config))
-        )
+        """The Encoder base's loading of weights named as in transformers, with or without 'transformer.'."""
+        super().load_hf_state_dict(_strip_prefix(state), source)
 
 
 @dataclass
@@ -636,8 +640,9 @@ class XLNetLMHeadModel(nn.Module):
                     "the word embedding; this checkpoint has an untied head that ctxrep cannot represent"
                 )
         names = _lm_parameter_names(self.config)
+        layout = XLNetModel.checkpoint
         folders.load_named_weights(
-            self, state, names, source, "an XLNet LM head model", outside=_HEAD_PREFIXES, hint=_HINT
+            self, state, names, source, "an XLNet LM head model", outside=layout.head_prefixes, hint=layout.hint
         )
 
     def save_pretrained(self, path: str | Path) -> None:
@@ -648,19 +653,6 @@ class XLNetLMHeadModel(nn.Module):
 
 
 # ---- name maps and file helpers -----------------------------------------------------------------
-
-_HINT = "Check that config.json (n_layer, d_model, n_head, vocab_size, d_inner) matches the weights"
-# Weights of heads that sit on top of the encoder in pre-training / task checkpoints.
-_HEAD_PREFIXES = (
-    "lm_loss.",
-    "sequence_summary.",
-    "logits_proj.",
-    "classifier.",
-    "qa_outputs.",
-    "start_logits.",
-    "end_logits.",
-    "answer_class.",
-)
 
 
 def hf_parameter_names(config: XLNetConfig) -> dict[str, str]:
@@ -694,14 +686,11 @@ def _lm_parameter_names(config: XLNetConfig) -> dict[str, str]:
 
 def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """XLNetLMHeadModel etc. store the encoder under 'transformer.'; XLNetModel under ''."""
-    p = "transformer."
-    return {(k[len(p) :] if k.startswith(p) else k): v for k, v in state.items()}
+    return folders.without_prefix(state, "transformer.")
 
 
 def _read_folder(path: Path) -> tuple[XLNetConfig, dict[str, torch.Tensor]]:
-    hf_config = folders.read_config(path, ("xlnet",))
-    try:
+    hf_config = folders.read_config(path, XLNetModel.checkpoint.model_types)
+    with folders.config_errors(path):
         config = XLNetConfig.from_hf_dict(hf_config)
-    except ValueError as e:
-        raise CheckpointError(f"{path / 'config.json'}: {e}") from e
     return config, folders.read_state_dict(path)
