@@ -157,15 +157,55 @@ def resolve_dtype(dtype: str | torch.dtype, stored: torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (MemAvailable of /proc/meminfo), None where unknown."""
+def available_memory(root: Path = Path("/")) -> int | None:
+    """Bytes of memory available to a new allocation, None where unknown: MemAvailable of /proc/meminfo, or less
+    where this process's cgroup (v2 memory.max, v1 memory.limit_in_bytes, at its level or any above) leaves less -
+    a container's limit is where an oversized load would be killed."""
+    have = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (root / "proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                have.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        pass
+    have += _cgroup_headroom(root)
+    return min(have) if have else None
+
+
+NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a number near 2**63
+
+
+def _cgroup_headroom(root: Path) -> list[int]:
+    """limit - usage of each memory cgroup level this process is under (cgroup v2 and v1 layouts)."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            mount, limit_file, usage_file = root / "sys/fs/cgroup", "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            mount, limit_file, usage_file = (
+                root / "sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        else:
+            continue
+        level = mount / path.lstrip("/")
+        while True:
+            try:
+                limit = (level / limit_file).read_text().strip()
+                if limit != "max" and int(limit) < NO_LIMIT:
+                    found.append(max(int(limit) - int((level / usage_file).read_text()), 0))
+            except (OSError, ValueError):
+                pass
+            if level == mount or mount not in level.parents:
+                break
+            level = level.parent
+    return found
 
 
 def check_fits(shapes: Mapping[str, tuple[int, ...]], dtype: torch.dtype, source: str) -> int:
