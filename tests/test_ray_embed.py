@@ -72,6 +72,65 @@ def test_ray_embedder_in_a_map_batches_pipeline(local_ray, fz):
         np.testing.assert_allclose(got, array, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """Tiny random decoder LLM folders (issue 35; tests/_decoders.py): Qwen3 (causal) and EmbeddingGemma (Gemma 3
+    with bidirectional attention)."""
+    from tests._decoders import tiny_folder
+
+    return {
+        "qwen3": tiny_folder(tmp_path_factory.mktemp("qwen3"), "qwen3"),
+        "embeddinggemma": tiny_folder(
+            tmp_path_factory.mktemp("embeddinggemma"), "gemma3_text", use_bidirectional_attention=True
+        ),
+    }
+
+
+def test_ray_embedder_on_a_decoder_llm_gives_the_featurizers_vectors(local_ray, decoders):
+    texts = [*TEXTS[:7], "  café 東京 🙂 naïve"]  # byte-level BPE words: accents, CJK, emoji, leading spaces
+    kwargs = {"model": str(decoders["qwen3"]), "layers": [0, -1], "pooling": "mean", "threads": 1}
+    fz = ctxrep.Featurizer(kwargs["model"], layers=[0, -1], pooling="mean")
+    ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)])
+    sentences = ds.map_batches(
+        RayEmbedder,
+        fn_constructor_kwargs={**kwargs, "level": "sentence"},
+        batch_format="pyarrow",
+        batch_size=3,
+        compute=ray.data.ActorPoolStrategy(size=1),
+    )
+    table = _table(sentences)
+    assert table.column("id").to_pylist() == list(range(len(texts)))
+    expected = fz.embed_sentences(texts)
+    assert expected.shape == (len(texts), 2, 32)
+    np.testing.assert_allclose(arrow_to_numpy(table.column("vector"), (2, 32)), expected, atol=1e-5)
+
+    words = ds.map_batches(
+        RayEmbedder,
+        fn_constructor_kwargs={**kwargs, "level": "word"},
+        batch_format="pyarrow",
+        batch_size=3,
+        compute=ray.data.ActorPoolStrategy(size=1),
+    )
+    table = _table(words)
+    assert table.column("words").to_pylist() == [t.split() for t in texts]
+    per_word = table.column("vectors").combine_chunks()
+    for i, array in enumerate(fz.embed_words(texts)):
+        np.testing.assert_allclose(arrow_to_numpy(per_word[i].values, (2, 32)), array, atol=1e-5)
+
+
+def test_engine_ray_on_a_bidirectional_decoder_writes_the_one_process_folder(local_ray, decoders, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join([*TEXTS[:8], "  café 東京 🙂 naïve"]) + "\n")
+    one, out = tmp_path / "one", tmp_path / "ray"
+    model = str(decoders["embeddinggemma"])
+    embed_corpus(EmbedJob(str(src), str(one), model=model, shard_size=4, layers="all"), show_progress=False)
+    args = ["embed", "--engine", "ray", "--model", model, "--input", str(src), "--out", str(out)]
+    result = CliRunner().invoke(main, [*args, "--shard-size", "4", "--layers", "all"])
+    assert result.exit_code == 0, result.output
+    assert f"(4 layers x 32 wide) of {model} for 9 texts to {out}" in result.stdout
+    _same(one, out)
+
+
 def _same(a, b):
     va, ia = load_shards(a)
     vb, ib = load_shards(b)
