@@ -101,6 +101,36 @@ def precision_of(model: torch.nn.Module) -> str:
     return names[dtype]
 
 
+def _checked_settings(pooling, sentence_pooling, compile, quantize, precision, backend) -> str | None:
+    """Featurizer's settings checked before anything loads; returns the precision asked for (quantize="int8": "int8")."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if sentence_pooling not in SENTENCE_POOLINGS:
+        raise ValueError(f"sentence_pooling must be one of {SENTENCE_POOLINGS}, got {sentence_pooling!r}")
+    if compile not in (True, False, "auto"):
+        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
+    if quantize not in (None, "int8"):
+        raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
+    if quantize is not None:  # stacklevel 3: the line that built the Featurizer
+        warnings.warn("quantize='int8' is now precision='int8'", DeprecationWarning, stacklevel=3)
+        precision = "int8"
+    if precision is not None:
+        runtime.check_precision(precision)
+    runtime.runtime_class(backend).require()  # an unknown backend, or a missing package, is said here
+    return precision
+
+
+def _load(model, device, backend: str, precision: str | None) -> tuple[LoadedEncoder, str | None]:
+    """The encoder (a LoadedEncoder as it is, else loaded by name or folder) and the precision, "auto" decided
+    before loading so that the weights load in the dtype that runs (a LoadedEncoder's "auto" is decided later)."""
+    if isinstance(model, LoadedEncoder):
+        return model, precision
+    if precision == "auto":
+        where = device or torch.device("cpu")
+        precision = runtime.hardware.auto_precision(where, runtime.runtime_class(backend).precisions)
+    return load_encoder(model, dtype=load_dtype(backend, precision)), precision
+
+
 class Featurizer:
     """Turn texts into contextual vectors.
 
@@ -175,30 +205,11 @@ class Featurizer:
         precision: str | None = None,
         backend: str = "torch",
     ) -> None:
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-        if sentence_pooling not in SENTENCE_POOLINGS:
-            raise ValueError(f"sentence_pooling must be one of {SENTENCE_POOLINGS}, got {sentence_pooling!r}")
-        if compile not in (True, False, "auto"):
-            raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
-        if quantize not in (None, "int8"):
-            raise ValueError(f"quantize must be None or 'int8', got {quantize!r}")
-        if quantize is not None:
-            warnings.warn("quantize='int8' is now precision='int8'", DeprecationWarning, stacklevel=2)
-            precision = "int8"
-        if precision is not None:
-            runtime.check_precision(precision)
-        runtime.runtime_class(backend).require()  # an unknown backend, or a missing package, is said here
+        precision = _checked_settings(pooling, sentence_pooling, compile, quantize, precision, backend)
         device = runtime.parse_device(device)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        if isinstance(model, LoadedEncoder):
-            loaded = model
-        else:
-            if precision == "auto":  # decided before loading, so that the weights load in the dtype that runs
-                where = device or torch.device("cpu")
-                precision = runtime.hardware.auto_precision(where, runtime.runtime_class(backend).precisions)
-            loaded = load_encoder(model, dtype=load_dtype(backend, precision))
+        loaded, precision = _load(model, device, backend, precision)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source

@@ -196,22 +196,9 @@ def embed(
     shards when run again with the same arguments. --workers N / --devices run several processes, each embedding
     whole shards; the folder is the same as one process's.
     """
-    from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedJob, embed_corpus, expand_devices
+    from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedJob
 
-    if text_column is not None and fmt not in ("jsonl", "csv", "tsv", "parquet"):
-        raise ValueError(f"--text-column applies to --format jsonl, csv, tsv or parquet, not {fmt}; add --format")
-    if devices is not None and device is not None:
-        raise ValueError("give --device (one process there) or --devices (one process per device), not both")
-    if devices is not None and workers != 1:
-        raise ValueError("give --devices (one process per device) or --workers (CPU processes), not both")
-    if engine != "ray" and (ray_address is not None or ray_gpus):
-        raise ValueError("--ray-address and --ray-gpus apply to --engine ray; add --engine ray")
-    if engine != "ray" and (ray_log is not None or ray_verbose):
-        raise ValueError("--ray-log and --ray-verbose apply to --engine ray; add --engine ray")
-    if ray_log is not None and ray_verbose:
-        raise ValueError("give --ray-log (Ray's output to a file) or --ray-verbose (on the terminal), not both")
-    if engine == "ray" and devices is not None:
-        raise ValueError("--engine ray places actors on GPUs by itself: give --ray-gpus 1 instead of --devices")
+    _check_options(fmt, text_column, device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose)
     job = EmbedJob(
         input_path,
         out_dir,
@@ -238,24 +225,51 @@ def embed(
         prompt=prompt,
         prompt_name=prompt_name,
     )
-
-    def log(message: str) -> None:
-        click.echo(message, err=True)
-
     if engine == "ray":
-        from ctxrep.embed.ray_engine import embed_with_ray
-
-        actors = workers if workers != 1 else None  # --workers 1 is the default: one actor per CPU then
-        summary = embed_with_ray(
-            job,
-            address=ray_address,
-            actors=actors,
-            gpus_per_actor=ray_gpus,
-            log=log,
-            ray_log=ray_log,
-            ray_verbose=ray_verbose,
-        )
+        summary = _run_on_ray(job, workers, ray_address, ray_gpus, ray_log, ray_verbose)
     else:
+        from ctxrep.embed.corpus import embed_corpus, expand_devices
+
         devices_list = expand_devices(devices) if devices is not None else None
-        summary = embed_corpus(job, workers=workers, devices=devices_list, log=log)
+        summary = embed_corpus(job, workers=workers, devices=devices_list, log=_log)
     click.echo(summary.describe())
+
+
+def _check_options(
+    fmt, text_column, device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose
+) -> None:
+    """Refuse option combinations that do not go together, naming the options and what to give instead."""
+    if text_column is not None and fmt not in ("jsonl", "csv", "tsv", "parquet"):
+        raise ValueError(f"--text-column applies to --format jsonl, csv, tsv or parquet, not {fmt}; add --format")
+    if devices is not None and device is not None:
+        raise ValueError("give --device (one process there) or --devices (one process per device), not both")
+    if devices is not None and workers != 1:
+        raise ValueError("give --devices (one process per device) or --workers (CPU processes), not both")
+    if engine != "ray" and (ray_address is not None or ray_gpus):
+        raise ValueError("--ray-address and --ray-gpus apply to --engine ray; add --engine ray")
+    if engine != "ray" and (ray_log is not None or ray_verbose):
+        raise ValueError("--ray-log and --ray-verbose apply to --engine ray; add --engine ray")
+    if ray_log is not None and ray_verbose:
+        raise ValueError("give --ray-log (Ray's output to a file) or --ray-verbose (on the terminal), not both")
+    if engine == "ray" and devices is not None:
+        raise ValueError("--engine ray places actors on GPUs by itself: give --ray-gpus 1 instead of --devices")
+
+
+def _log(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _run_on_ray(job, workers, ray_address, ray_gpus, ray_log, ray_verbose):
+    """--engine ray: the job on a pool of Ray Data actors; returns the run's summary."""
+    from ctxrep.embed.ray_engine import embed_with_ray
+
+    actors = workers if workers != 1 else None  # --workers 1 is the default: one actor per CPU then
+    return embed_with_ray(
+        job,
+        address=ray_address,
+        actors=actors,
+        gpus_per_actor=ray_gpus,
+        log=_log,
+        ray_log=ray_log,
+        ray_verbose=ray_verbose,
+    )

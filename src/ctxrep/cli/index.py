@@ -118,8 +118,59 @@ def build(
     device,
 ) -> None:
     """Embed the texts of INPUT (or take the vectors of an embed run) and write a searchable index to OUT."""
-    from ctxrep.vectors.index import SentenceIndex, read_texts
+    from ctxrep.vectors.index import read_texts
 
+    _check_build_options(
+        input_path,
+        vectors_dir,
+        sparse,
+        late_interaction,
+        dimensions,
+        binary,
+        rescore,
+        rescore_multiplier,
+        document_prompt_name,
+        document_prompt,
+        layers,
+        metric,
+    )
+    rescore, rescore_multiplier = rescore or "int8", 4 if rescore_multiplier is None else rescore_multiplier
+    items = read_texts(input_path, fmt, text_column, id_column, header) if input_path is not None else None
+    kwargs = {"device": device} if device else {}
+    if sparse or late_interaction:
+        ix = _build_per_token_or_sparse(items, vectors_dir, model, sparse, kwargs)
+        ix.save(out_dir)
+        what = "sparse vectors" if sparse else f"{len(ix.tokens)} token vectors"
+        click.echo(f"indexed {len(ix)} texts ({what}) in {out_dir}")
+        return
+    compact = {
+        "dimensions": dimensions,
+        "binary": rescore if binary else None,
+        "rescore_multiplier": rescore_multiplier,
+        "document_prompt": document_prompt,
+        "document_prompt_name": document_prompt_name,
+    }
+    ix = _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, compact, kwargs)
+    ix.save(out_dir)
+    stored = f", binary codes rescored by {rescore}" if binary else ""
+    click.echo(f"indexed {len(ix)} texts ({ix.dim} wide, {metric}{stored}) in {out_dir}")
+
+
+def _check_build_options(
+    input_path,
+    vectors_dir,
+    sparse,
+    late_interaction,
+    dimensions,
+    binary,
+    rescore,
+    rescore_multiplier,
+    document_prompt_name,
+    document_prompt,
+    layers,
+    metric,
+) -> None:
+    """Refuse option combinations that do not go together, before any text is read or model loaded."""
     if input_path is None and vectors_dir is None:
         raise ValueError("give --input (texts to embed) or --vectors (a `ctxrep embed --level sentence` folder)")
     dense = {
@@ -133,16 +184,8 @@ def build(
         raise ValueError(f"{given}: dense sentence indexes only; leave out --sparse / --late-interaction")
     if not binary and (rescore is not None or rescore_multiplier is not None):
         raise ValueError("--rescore and --rescore-multiplier apply to a binary index: add --binary, or leave them out")
-    rescore, rescore_multiplier = rescore or "int8", 4 if rescore_multiplier is None else rescore_multiplier
     if vectors_dir is not None and (document_prompt_name is not None or document_prompt is not None):
         raise ValueError("--document-prompt(-name) applies when embedding --input; --vectors are embedded already")
-    compact = {
-        "dimensions": dimensions,
-        "binary": rescore if binary else None,
-        "rescore_multiplier": rescore_multiplier,
-        "document_prompt": document_prompt,
-        "document_prompt_name": document_prompt_name,
-    }
     if sparse or late_interaction:
         kind = "--sparse" if sparse else "--late-interaction"
         if sparse and late_interaction:
@@ -151,35 +194,32 @@ def build(
             raise ValueError(f"{kind} embeds the texts of --input; --vectors holds one vector per text")
         if layers != "-1" or metric != "cosine":
             raise ValueError(f"{kind} reads the last layer and scores by dot product; leave --layers and --metric out")
-    items = read_texts(input_path, fmt, text_column, id_column, header) if input_path is not None else None
-    if sparse or late_interaction:
-        from ctxrep.vectors.late_interaction import LateInteractionIndex, MultiVectorEncoder
-        from ctxrep.vectors.sparse import SparseEncoder, SparseIndex
 
-        kwargs = {"device": device} if device else {}
-        if sparse and vectors_dir is not None:  # `ctxrep embed --output sparse` output, not embedded again
-            ix = SparseIndex.from_vectors(vectors_dir, *((items.ids, items.texts) if items is not None else ()))
-        elif sparse:
-            ix = SparseIndex.build(items.texts, SparseEncoder(model, progress=True, **kwargs), ids=items.ids)
-        else:
-            ix = LateInteractionIndex.build(items.texts, MultiVectorEncoder(model, progress=True, **kwargs), items.ids)
-        ix.save(out_dir)
-        what = "sparse vectors" if sparse else f"{len(ix.tokens)} token vectors"
-        click.echo(f"indexed {len(ix)} texts ({what}) in {out_dir}")
-        return
+
+def _build_per_token_or_sparse(items, vectors_dir, model, sparse, kwargs):
+    """--sparse (SPLADE; from an embed run's sparse vectors or by embedding) or --late-interaction (ColBERT)."""
+    from ctxrep.vectors.late_interaction import LateInteractionIndex, MultiVectorEncoder
+    from ctxrep.vectors.sparse import SparseEncoder, SparseIndex
+
+    if sparse and vectors_dir is not None:  # `ctxrep embed --output sparse` output, not embedded again
+        return SparseIndex.from_vectors(vectors_dir, *((items.ids, items.texts) if items is not None else ()))
+    if sparse:
+        return SparseIndex.build(items.texts, SparseEncoder(model, progress=True, **kwargs), ids=items.ids)
+    return LateInteractionIndex.build(items.texts, MultiVectorEncoder(model, progress=True, **kwargs), items.ids)
+
+
+def _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, compact, kwargs):
+    """A SentenceIndex from an embed run's vectors (no model loaded) or by embedding the texts of --input."""
+    from ctxrep.vectors.index import SentenceIndex
+
     if vectors_dir is not None:
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
-        ix = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric, **compact)
-    else:
-        from ctxrep.featurize import Featurizer
-        from ctxrep.vectors.spec import parse_layers
+        return SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric, **compact)
+    from ctxrep.featurize import Featurizer
+    from ctxrep.vectors.spec import parse_layers
 
-        kwargs = {"device": device} if device else {}
-        fz = Featurizer(model, layers=parse_layers(layers), sentence_pooling=sentence_pooling, progress=True, **kwargs)
-        ix = SentenceIndex.build(items.texts, ids=items.ids, featurizer=fz, metric=metric, **compact)
-    ix.save(out_dir)
-    stored = f", binary codes rescored by {rescore}" if binary else ""
-    click.echo(f"indexed {len(ix)} texts ({ix.dim} wide, {metric}{stored}) in {out_dir}")
+    fz = Featurizer(model, layers=parse_layers(layers), sentence_pooling=sentence_pooling, progress=True, **kwargs)
+    return SentenceIndex.build(items.texts, ids=items.ids, featurizer=fz, metric=metric, **compact)
 
 
 @click.command("search")

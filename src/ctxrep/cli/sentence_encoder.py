@@ -122,17 +122,11 @@ def train_sentence_encoder(
 ) -> None:
     """Fine-tune a sentence encoder on TRAIN and save it to OUT (a sentence-transformers folder)."""
     from ctxrep.data.sentence_pairs import read_scored_pairs, read_sentence_examples
-    from ctxrep.tasks.sentence_encoder import SentenceEncoder, choose_loss
-    from ctxrep.tasks.sparse_encoder import SparseSentenceEncoder
+    from ctxrep.tasks.sentence_encoder import choose_loss
 
     if sparse and (pooling != "model" or normalize is not None):
         raise click.UsageError("--pooling and --normalize set dense vectors; --sparse pools SPLADE's max over tokens")
-    if negative_column is not None and text_pair_column is None:
-        raise click.UsageError("--negative-column needs --text-pair-column (mnrl triplets: anchor, positive, negative)")
-    named = (text_column, text_pair_column, negative_column)
-    columns = None  # None: text, and text_pair where the file has it
-    if any(c is not None for c in named):
-        columns = [text_column or "text", *(c for c in named[1:] if c is not None)]
+    columns = _named_columns(text_column, text_pair_column, negative_column)
     train = read_sentence_examples(train_path, columns, score_column, fmt, header, limit)
     loss = choose_loss(loss, train)
     eval_set = None
@@ -155,19 +149,39 @@ def train_sentence_encoder(
     settings |= {"model": model} if model is not None else {}
     settings |= {"scale": scale} if scale is not None else {}
     if sparse:
+        from ctxrep.tasks.sparse_encoder import SparseSentenceEncoder
+
         settings |= dict(
             query_regularizer_weight=query_regularizer_weight, document_regularizer_weight=document_regularizer_weight
         )
         enc = SparseSentenceEncoder(**settings)
     else:
+        from ctxrep.tasks.sentence_encoder import SentenceEncoder
+
         enc = SentenceEncoder(pooling=pooling, normalize=normalize, **settings)
     enc.fit(X, train.y, eval_set=eval_set)
     with ctrl_c_waits("saving the model"):  # history.json, written last, marks a complete folder
         out = enc.save(out_dir)
         (Path(out) / "history.json").write_text(json.dumps(enc.history_, indent=2) + "\n")
+    _report_trained(enc, out, len(X), loss, sparse)
+
+
+def _named_columns(text_column, text_pair_column, negative_column) -> list[str] | None:
+    """The columns to read in order (text, pair, negative); None where no option names one: text, and text_pair
+    where the file has it."""
+    if negative_column is not None and text_pair_column is None:
+        raise click.UsageError("--negative-column needs --text-pair-column (mnrl triplets: anchor, positive, negative)")
+    named = (text_column, text_pair_column, negative_column)
+    if all(c is None for c in named):
+        return None
+    return [text_column or "text", *(c for c in named[1:] if c is not None)]
+
+
+def _report_trained(enc, out, n_examples: int, loss: str, sparse: bool) -> None:
+    """The closing lines: what was trained, where it is, and how to use it."""
     last = enc.history_[-1]
     dev_note = f", dev Spearman {last['dev_spearman']:.2f}" if "dev_spearman" in last else ""
-    click.echo(f"trained on {len(X)} examples ({loss}, {last['steps']} steps{dev_note}); saved to {out}")
+    click.echo(f"trained on {n_examples} examples ({loss}, {last['steps']} steps{dev_note}); saved to {out}")
     if sparse:
         click.echo(
             f"use it: ctxrep.vectors.sparse.SparseEncoder({str(out)!r}), SparseSentenceEncoder.load({str(out)!r}), "

@@ -386,32 +386,14 @@ def prune_estimator(
         curve.png         with `curve`: dev score against the fraction of heads pruned
         prune.json        the report: steps (importance, heads removed), parameter counts, scores
     """
-    import json
-    import shutil
-
-    import numpy as np
-
     from ctxrep.models.loading import resolve_model_path
-    from ctxrep.text.tokenizer_files import TOKENIZER_FILES
 
-    if curve and dev is None:
-        raise ValueError("curve scores every pruning step on held-out data: give dev (importance uses X, y only)")
-    if not 0 < importance_fraction < 1:
-        raise ValueError(f"importance_fraction must be in (0, 1), got {importance_fraction}")
-    if finetune_epochs < 0 or batch_size < 1:
-        raise ValueError("finetune_epochs must be >= 0 and batch_size >= 1")
+    _check_settings(curve, dev, importance_fraction, finetune_epochs, batch_size)
     out = Path(out)
     base_folder = resolve_model_path(estimator.model)
     if out.resolve() == base_folder.resolve():
         raise ValueError(f"out {out} is the folder of the encoder being pruned; give a new folder")
-    order = np.random.default_rng(seed).permutation(len(X))
-    n_held = max(1, round(importance_fraction * len(X)))
-    held, rest = np.sort(order[:n_held]), np.sort(order[n_held:])
-    if finetune_epochs and len(rest) == 0:
-        raise ValueError(
-            "no training examples left to fine-tune on after holding out the importance slice; "
-            "lower importance_fraction or add data"
-        )
+    held, rest = _importance_split(len(X), importance_fraction, seed, finetune_epochs)
     X_held, y_held = [X[i] for i in held], [y[i] for i in held]
 
     task_loss = estimator_loss(estimator, X_held, y_held, batch_size)  # refuses frozen and unprunable models
@@ -433,20 +415,81 @@ def prune_estimator(
         report["dev_score_before"] = score()
     out.mkdir(parents=True, exist_ok=True)
     points = [(pruned_fraction(encoder), report["dev_score_before"])] if curve else []
-
-    def step_done(record: PruneStep) -> None:
-        if curve:
-            points.append((record.fraction, score()))
-        if after_step is not None:
-            after_step(record, points[-1][1] if curve else None)
-
-    history = prune_iteratively(encoder, importance_fn, fraction, steps, after_step=step_done)
+    history = _prune_scored(encoder, importance_fn, fraction, steps, points, score if curve else None, after_step)
     first = history[0].importance if history else importance_fn(encoder)
     heatmap_png(first, out / "importance.png", title="head importance before pruning (held-out training slice)")
     if curve:
         curve_png(points, out / "curve.png", score_name)
         report["curve"] = [{"fraction": f, "dev_score": s} for f, s in points]
-    report["steps_log"] = [
+    report["steps_log"] = _steps_log(history)
+    if finetune_epochs:
+        _finetune_more(estimator, [X[i] for i in rest], [y[i] for i in rest], finetune_epochs)
+    report |= _pruned_summary(encoder) | {"finetune_epochs": finetune_epochs}
+    if dev is not None:
+        report["dev_score_after"] = score()
+    _save_pruned(estimator, encoder, base_folder, out, report)
+    return report
+
+
+def _check_settings(curve: bool, dev, importance_fraction: float, finetune_epochs: int, batch_size: int) -> None:
+    """prune_estimator's settings checked before anything is loaded or pruned."""
+    if curve and dev is None:
+        raise ValueError("curve scores every pruning step on held-out data: give dev (importance uses X, y only)")
+    if not 0 < importance_fraction < 1:
+        raise ValueError(f"importance_fraction must be in (0, 1), got {importance_fraction}")
+    if finetune_epochs < 0 or batch_size < 1:
+        raise ValueError("finetune_epochs must be >= 0 and batch_size >= 1")
+
+
+def _prune_scored(
+    encoder: nn.Module,
+    importance_fn: Callable[[nn.Module], torch.Tensor],
+    fraction: float,
+    steps: int,
+    points: list[tuple[float, float]],
+    score: Callable[[], float] | None,
+    after_step: Callable[[PruneStep, float | None], None] | None,
+) -> list[PruneStep]:
+    """prune_iteratively; with `score`, (fraction pruned, score) is appended to `points` after each step, and
+    `after_step(step, that score or None)` runs after it."""
+
+    def step_done(record: PruneStep) -> None:
+        if score is not None:
+            points.append((record.fraction, score()))
+        if after_step is not None:
+            after_step(record, points[-1][1] if score is not None else None)
+
+    return prune_iteratively(encoder, importance_fn, fraction, steps, after_step=step_done)
+
+
+def _pruned_summary(encoder: nn.Module) -> dict:
+    """prune.json's account of the pruned encoder: heads removed and left per layer, fraction, parameters."""
+    return {
+        "pruned_heads": {str(k): v for k, v in pruned_heads(encoder).items()},
+        "heads_per_layer": encoder.heads_per_layer(),
+        "fraction_pruned": pruned_fraction(encoder),
+        "parameters_after": parameter_count(encoder),
+    }
+
+
+def _importance_split(n: int, importance_fraction: float, seed: int, finetune_epochs: int):
+    """Indices (sorted) of the held-out slice head importance is computed on, and of the rest (fine-tuned on)."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(n)
+    n_held = max(1, round(importance_fraction * n))
+    held, rest = np.sort(order[:n_held]), np.sort(order[n_held:])
+    if finetune_epochs and len(rest) == 0:
+        raise ValueError(
+            "no training examples left to fine-tune on after holding out the importance slice; "
+            "lower importance_fraction or add data"
+        )
+    return held, rest
+
+
+def _steps_log(history: Sequence[PruneStep]) -> list[dict]:
+    """prune.json's record of each step: heads removed, fraction pruned after it, the importance it used."""
+    return [
         {
             "step": r.step,
             "removed": {str(k): v for k, v in r.heads.items()},
@@ -455,20 +498,23 @@ def prune_estimator(
         }
         for r in history
     ]
-    if finetune_epochs:
-        warm, epochs = estimator.warm_start, estimator.max_epochs
-        estimator.set_params(warm_start=True, max_epochs=finetune_epochs)
-        estimator.fit([X[i] for i in rest], [y[i] for i in rest])
-        estimator.set_params(warm_start=warm, max_epochs=epochs)
-    report |= {
-        "pruned_heads": {str(k): v for k, v in pruned_heads(encoder).items()},
-        "heads_per_layer": encoder.heads_per_layer(),
-        "fraction_pruned": pruned_fraction(encoder),
-        "parameters_after": parameter_count(encoder),
-        "finetune_epochs": finetune_epochs,
-    }
-    if dev is not None:
-        report["dev_score_after"] = score()
+
+
+def _finetune_more(estimator, X, y, epochs: int) -> None:
+    """`epochs` more epochs of the (pruned) estimator on X, y, its own warm_start and max_epochs restored after."""
+    warm, max_epochs = estimator.warm_start, estimator.max_epochs
+    estimator.set_params(warm_start=True, max_epochs=epochs)
+    estimator.fit(X, y)
+    estimator.set_params(warm_start=warm, max_epochs=max_epochs)
+
+
+def _save_pruned(estimator, encoder: nn.Module, base_folder: Path, out: Path, report: dict) -> None:
+    """The pruned encoder with the tokenizer files of `base_folder`, the task model under estimator/, then prune.json
+    (written last)."""
+    import json
+    import shutil
+
+    from ctxrep.text.tokenizer_files import TOKENIZER_FILES
 
     encoder.save_pretrained(out)
     for name in TOKENIZER_FILES:
@@ -477,7 +523,6 @@ def prune_estimator(
     estimator.set_params(model=str(out.resolve()))  # the saved task model rebuilds its (pruned) encoder from out
     estimator.save(out / "estimator")
     (out / "prune.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
 
 
 __all__ = [
