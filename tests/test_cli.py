@@ -242,3 +242,16 @@ def test_demo_prints_both_tables_and_the_conclusion():
     assert result.output.count("Sandy broke the law .") == 2
     assert '"crane", layer 6' in result.output
     assert "depends on the context" in result.output
+
+
+def test_predict_has_one_option_for_every_prediction_column_of_the_kinds_table():
+    """predict's column list is built from tasks/kinds.py's rows; each entry must have its --option (and no column
+    option may be left out of the list, or predict would pass it on as an unknown keyword)."""
+    from ctxrep.cli.predict import COLUMN_OPTIONS, predict
+    from ctxrep.tasks.kinds import KINDS
+
+    assert COLUMN_OPTIONS
+    others = {"model_dir", "input_path", "out", "task", "device"}
+    assert {p.name for p in predict.params} - others == set(COLUMN_OPTIONS)
+    every = {name for row in KINDS.values() for name in row.predict_columns()}
+    assert set(COLUMN_OPTIONS) <= every

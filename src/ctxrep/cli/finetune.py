@@ -16,18 +16,6 @@ from ctxrep.data.tags import TAG_SCHEMES
 from ctxrep.tasks.kinds import COLUMN_SETTINGS, KINDS, NAMES, kind
 from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS, describe, resolve_precision
 
-COLUMN_OPTIONS = (
-    "format",
-    "header",
-    "text_column",
-    "text_pair_column",
-    "label_column",
-    "word_column",
-    "tag_column",
-    "question_column",
-    "context_column",
-    "answers_column",
-)
 COLUMN_RULE = "a header name or a column number counted from 1 (-1: the last); JSONL: a field name"
 HEADER_HELP = (
     "CSV / TSV: whether the first row names the columns. Needed only when every column is given by number (the "

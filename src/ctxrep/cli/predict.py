@@ -6,16 +6,16 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.cli.finetune import COLUMN_RULE, HEADER_HELP
-from ctxrep.tasks.kinds import NAMES
+from ctxrep.tasks.kinds import COLUMN_SETTINGS, KINDS, NAMES
 
-COLUMN_OPTIONS = (
-    "format",
-    "header",
-    "text_column",
-    "text_pair_column",
-    "word_column",
-    "question_column",
-    "context_column",
+# the labels of training files, which prediction input never reads (a kind's reader drops them when unlabelled)
+LABEL_SETTINGS = ("label_column", "tag_column", "answers_column")
+# the column settings some kind reads its prediction input with (tasks/kinds.py's rows), labels left out: one
+# --option each below
+COLUMN_OPTIONS = tuple(
+    name
+    for name in COLUMN_SETTINGS
+    if name not in LABEL_SETTINGS and any(name in row.predict_columns() for row in KINDS.values())
 )
 
 
