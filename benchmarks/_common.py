@@ -2,7 +2,8 @@
 
 The shared data folder and its two corpora (SST train leaves, UD EWT `# text` lines), the results table, the CPU's
 name and logical CPUs, FLOPs per token of an encoder's forward pass, the MLM pretraining benchmark's model shape
-with its useful FLOPs per step, and the tiny encoder folder of the host-side benchmarks.
+with its useful FLOPs per step, the tiny encoder folder of the host-side benchmarks, and the Qwen tokenizer layout of
+the decoder benchmark.
 """
 
 from __future__ import annotations
@@ -141,6 +142,13 @@ def model_flops_per_step(batch: int, seq: int, masked: float) -> float:
 
 
 # ---- models ---------------------------------------------------------------------------------------
+
+# Qwen2 / Qwen3's tokenizer.json pre-tokenizer pattern (GPT-4's, with single digits) and end-of-text token: the
+# byte-level BPE layout of benchmarks/decoders.py's random folders (tests/_decoders.py builds the tests' alike).
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+EOS = "<|endoftext|>"
 
 
 def tiny_folder(out: Path, seed: int = 0) -> Path:

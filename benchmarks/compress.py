@@ -47,8 +47,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # the corpus reader, the table
     fmt_table,
     load_corpus,

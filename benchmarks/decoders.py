@@ -89,9 +89,7 @@ def make_folder(folder: Path, shape: dict, model_type: str, corpus: list[str]) -
     """A random model of `shape` saved by transformers in bfloat16, with a Qwen-layout tokenizer."""
     import torch
     import transformers
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from _decoders import EOS, QWEN_PATTERN  # the tokenizer layout the tests use
+    from _common import EOS, QWEN_PATTERN
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())

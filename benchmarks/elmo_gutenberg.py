@@ -34,9 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
+from _common import DEFAULT_DATA
 
 # A small biLM (about a twentieth of the published "original" model): a 512-filter char CNN, two layers of
 # 1024-cell LSTMs projected to 128 in each direction, a 30k-word softmax sampled with 4096 draws.

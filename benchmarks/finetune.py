@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
+from _common import DEFAULT_DATA
 
 FILES = {  # task: (train, dev) under the data folder
     "sst2": ("sst/train.txt", "sst/dev.txt"),

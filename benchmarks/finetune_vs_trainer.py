@@ -34,15 +34,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
+from _common import DEFAULT_DATA
 
 # ---- data ------------------------------------------------------------------------------------------------------
 

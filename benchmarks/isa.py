@@ -28,8 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA, cpu_model, fmt_table  # noqa: E402  (a sibling module of this script)
+from _common import DEFAULT_DATA, cpu_model, fmt_table
 
 LEVELS = {  # name: environment (the same table as .ci/isa)
     "sse41": {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default"},

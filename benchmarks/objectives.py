@@ -32,8 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA  # noqa: E402  (a sibling module of this script)
+from _common import DEFAULT_DATA
 
 OBJECTIVES = ("mlm", "electra", "clm", "plm")
 CONTROL = "random"  # the MLM model and tokenizer, saved untrained: what the features give with no pretraining

@@ -24,11 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import DEFAULT_DATA, cpu_model, load_corpus
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA, cpu_model, load_corpus  # noqa: E402
-
-from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards  # noqa: E402
+from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards
 
 
 def timed(fn) -> float:

@@ -52,9 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_DATA, cpu_model, load_corpus  # noqa: E402  (the benchmarks' shared SST reader)
+from _common import DEFAULT_DATA, cpu_model, load_corpus  # the benchmarks' shared SST reader
 
 TARGET = 0.8
 MIXED_TARGET = 2.0  # p99 of the short requests with the long client / without it

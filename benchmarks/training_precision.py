@@ -56,8 +56,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
     HEADS,
     HIDDEN,

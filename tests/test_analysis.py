@@ -720,9 +720,9 @@ def test_every_exported_analysis_name_resolves_to_its_module_object():
     from ctxrep.analysis import OccurrenceIndex, build_report, head_statistics, run_probe  # noqa: F401
 
     assert ctxrep.analysis.probe is probe and ctxrep.analysis.neighbors is neighbors  # the submodules still work
-    # every public function and class of the four tools is exported: a new one cannot be forgotten
+    # every public function and class of the four tools and corpus.py is exported: a new one cannot be forgotten
     public = set()
-    for module in ("probe", "attention", "neighbors", "report"):
+    for module in ("probe", "attention", "neighbors", "report", "corpus"):
         tree = ast.parse((Path(ctxrep.analysis.__file__).parent / f"{module}.py").read_text())
         public |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name[0] != "_"}
     assert {"run_probe", "head_statistics", "OccurrenceIndex", "build_report", "evaluate_wic"} <= public

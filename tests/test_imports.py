@@ -3,8 +3,9 @@
 - `ctxrep --help` and every command's `--help` import no torch, scipy or other heavy library: each cli/ module
   imports them inside its command functions (a fresh interpreter builds the help, then lists sys.modules; not a
   timing). Choice lists the CLI writes out for that reason equal the library tables they copy.
-- No module imports another module's private name (`from ctxrep.x import _name`): a helper two modules share is
-  public, with a docstring, or lives where both can reach it. Benchmarks import the library, never each other.
+- No module imports another module's private name (`from ctxrep.x import _name`), nor a private module of another
+  package (`ctxrep.analysis._common` outside ctxrep/analysis/): a helper two modules share is public, with a
+  docstring, or lives where both can reach it. Benchmarks import the library, never each other.
 """
 
 from __future__ import annotations
@@ -116,6 +117,39 @@ def test_no_module_imports_another_modules_private_names():
     assert private_imports(ROOT / "benchmarks") == []
 
 
+def private_modules(folder: Path, root: Path = ROOT) -> list[str]:
+    """`file:line: M` for every import of a ctxrep module whose path has a private part (`ctxrep.a._b`) from outside
+    the package that holds it (`folder` is the src/ folder: file paths name their package)."""
+    found = []
+    for file in sorted(folder.rglob("*.py")):
+        package = ".".join(file.relative_to(folder).with_suffix("").parts[:-1])
+        for node in ast.walk(ast.parse(file.read_text())):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            for module in modules:
+                parts = module.split(".")
+                private = [i for i, part in enumerate(parts) if part.startswith("_") and not part.startswith("__")]
+                if parts[0] != "ctxrep" or not private:
+                    continue
+                owner = ".".join(parts[: private[0]])
+                if package != owner and not package.startswith(owner + "."):
+                    found.append(f"{file.relative_to(root)}:{node.lineno}: {module}")
+    return found
+
+
+def test_no_module_imports_a_private_module_of_another_package():
+    assert private_modules(ROOT / "src") == []
+
+
+def test_the_private_module_check_sees_one(tmp_path):
+    for package in ("ctxrep/a", "ctxrep/b"):
+        (tmp_path / package).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "ctxrep/a/m.py").write_text("from ctxrep.a._x import f\n")  # its own package's: allowed
+    (tmp_path / "ctxrep/b/m.py").write_text("def g():\n    from ctxrep.a._x import f\n")
+    assert private_modules(tmp_path, root=tmp_path) == ["ctxrep/b/m.py:2: ctxrep.a._x"]
+
+
 def test_the_private_import_check_sees_one(tmp_path):
     (tmp_path / "m.py").write_text("def f():\n    from ctxrep.x import _hidden, shown\n")
     assert private_imports(tmp_path, root=tmp_path) == ["m.py:2: from ctxrep.x import _hidden"]
@@ -134,3 +168,21 @@ def test_benchmarks_do_not_import_each_other():
                 modules = [node.module]
             crossing += [f"{file.name}:{node.lineno}: {m}" for m in modules if m.split(".")[0] in names - {"_common"}]
     assert crossing == [], "a benchmark imports the library (or benchmarks/_common.py), not another benchmark"
+
+
+def test_benchmarks_reach_neither_the_tests_nor_sys_path():
+    """A script's own folder is on sys.path when it runs (`python benchmarks/x.py`), so _common needs no
+    sys.path.insert; the tests' helpers (tests/_decoders.py, ...) are not the benchmarks' to import."""
+    helpers = {p.stem for p in (ROOT / "tests").glob("*.py")}
+    found = []
+    for file in sorted((ROOT / "benchmarks").glob("*.py")):
+        tree = ast.parse(file.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [f"{file.name}:{node.lineno}: {a.name}" for a in node.names if a.name in helpers]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "") in helpers:
+                found.append(f"{file.name}:{node.lineno}: {node.module}")
+            elif isinstance(node, ast.Attribute) and node.attr in ("insert", "append"):
+                if ast.unparse(node.value) == "sys.path":
+                    found.append(f"{file.name}:{node.lineno}: sys.path.{node.attr}")
+    assert found == []

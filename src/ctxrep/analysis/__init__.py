@@ -3,7 +3,7 @@
     from ctxrep.analysis import run_probe, load_probe_data, head_statistics, OccurrenceIndex, build_report
 
 Each name is imported on first use (`import ctxrep.analysis` alone loads neither torch nor any tool); the
-submodules (`ctxrep.analysis.probe`, `.attention`, `.neighbors`, `.report`) stay importable as before.
+submodules (`ctxrep.analysis.probe`, `.attention`, `.neighbors`, `.report`, `.corpus`) stay importable as before.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ _EXPORTS = {
     "save_heatmap_png": "attention",
     "save_grid_png": "attention",
     "pruned_heads_mask": "attention",
+    "check_head": "attention",
     # neighbours in context, the static contrast, WiC by layer (neighbors.py)
     "OccurrenceIndex": "neighbors",
     "Occurrence": "neighbors",
@@ -51,12 +52,14 @@ _EXPORTS = {
     "evaluate_wic": "neighbors",
     "WicLayer": "neighbors",
     "WicResult": "neighbors",
+    # the word lists of a corpus file (corpus.py)
+    "read_sentences": "corpus",
     # the one-page report (report.py)
     "build_report": "report",
     "SenseDemo": "report",
     "sense_similarities": "report",
 }
-_SUBMODULES = ("probe", "attention", "neighbors", "report")
+_SUBMODULES = ("probe", "attention", "neighbors", "report", "corpus")
 
 __all__ = sorted(_EXPORTS)
 

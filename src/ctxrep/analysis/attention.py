@@ -305,7 +305,8 @@ def dependency_heads(fz: Featurizer, sentences: Sequence, batch_size: int = 16, 
 # ---- pictures -----------------------------------------------------------------------------------
 
 
-def _check_head(fz: Featurizer, layer: int, head: int) -> None:
+def check_head(fz: Featurizer, layer: int, head: int) -> None:
+    """Refuse a layer (1..L) or head (0..H-1) the model does not have, or a pruned head, saying which exist."""
     require_attention(fz)
     n_layers, n_heads = fz.model.num_layers, fz.model.num_heads
     if not isinstance(layer, int) or not 1 <= layer <= n_layers:
@@ -321,7 +322,7 @@ def head_attention(
     fz: Featurizer, sentence: str | Sequence[str], layer: int, head: int
 ) -> tuple[list[str], np.ndarray]:
     """The tokens of `sentence` and one head's (seq, seq) attention matrix over them (row = query)."""
-    _check_head(fz, layer, head)
+    check_head(fz, layer, head)
     x = _encode(fz, 0, words_of(sentence, 0))
     if x is None:
         raise ValueError(

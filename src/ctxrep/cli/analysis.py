@@ -77,7 +77,7 @@ def probe(
 def attention(model, corpus, max_sentences, sentence, layer, head, out_dir) -> None:
     """Per-head attention statistics (Clark et al. 2019), layer x head grids, a heatmap of one head."""
     from ctxrep.analysis import attention as att
-    from ctxrep.analysis._common import read_sentences
+    from ctxrep.analysis.corpus import read_sentences
 
     if corpus is None and sentence is None:
         raise ValueError("nothing to do: give --corpus FILE (statistics) and/or --sentence TEXT (heatmap)")
@@ -86,7 +86,7 @@ def attention(model, corpus, max_sentences, sentence, layer, head, out_dir) -> N
     fz = _featurizer(model)
     att.require_attention(fz)  # ELMo: one line, before any work
     if sentence is not None:
-        att._check_head(fz, layer, head)
+        att.check_head(fz, layer, head)
     out = _out_dir(out_dir)
     if corpus is not None:
         stats = att.head_statistics(fz, read_sentences(corpus, max_sentences))
@@ -120,7 +120,7 @@ def neighbors() -> None:
 @user_errors
 def neighbors_index(model, corpus, layer, max_sentences, out_dir, device, precision, backend) -> None:
     """Embed every word occurrence of a corpus at one layer and save an HNSW index."""
-    from ctxrep.analysis._common import read_sentences
+    from ctxrep.analysis.corpus import read_sentences
     from ctxrep.analysis.neighbors import OccurrenceIndex
 
     if max_sentences < 1:
