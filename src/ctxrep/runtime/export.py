@@ -14,6 +14,10 @@ Two exporters are tried in turn, and the first whose graph passes the parity che
 The parity check runs batches of other shapes than the example (padded and unpadded) through ONNX Runtime and
 through the encoder, and compares last_hidden_state at the real tokens: a graph that baked in the example's
 shape or branch fails it.
+
+A graph whose weights exceed EXTERNAL_DATA_LIMIT keeps them in one file beside it, NAME.onnx.data (ONNX's external
+data: a protobuf, so an .onnx file, cannot exceed 2 GiB; a 0.6B-parameter decoder is 2.4 GB at float32). ONNX
+Runtime and OpenVINO read it from beside the .onnx: move or copy the two files together.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from ctxrep.models.encoder import Encoder
 
 EXPORTERS = ("torchscript", "dynamo")
 OUTPUT_NAME = "last_hidden_state"
+# Bytes of weights above which a graph's tensors go to data_file(graph): protobuf's 2 GiB limit on one message less
+# room for the graph and the constants the exporters fold (the dynamo exporter's own threshold, 1.5 GiB).
+EXTERNAL_DATA_LIMIT = 1536 * 2**20
+SMALL_GRAPH_BYTES = 16 * 2**20  # an .onnx under this may keep its weights outside (graph_complete reads it to see)
 
 
 class ExportError(ValueError):
@@ -50,6 +58,7 @@ class ExportReport:
     input_names: list[str]
     max_abs_diff: float
     tried: list[str] = field(default_factory=list)  # "exporter: why it was not kept", for the ones that failed
+    data_file: Path | None = None  # the weights, beside `path`, when they exceed EXTERNAL_DATA_LIMIT
 
 
 class _LastHiddenState(nn.Module):
@@ -87,6 +96,18 @@ def check_batches(encoder: Encoder) -> list[dict[str, torch.Tensor]]:
     return [example_batch(encoder, [n, n - 4, 3], seed=1), example_batch(encoder, [min(5, n)], seed=2)]
 
 
+def data_file(graph: str | os.PathLike) -> Path:
+    """Where `graph`'s weights are when they are outside it: NAME.onnx.data beside it (one file)."""
+    graph = Path(graph)
+    return graph.with_name(graph.name + ".data")
+
+
+def weights_bytes(module: nn.Module) -> int:
+    """The bytes of `module`'s parameters and buffers (shared ones once)."""
+    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def run_exporter(
     wrapper: nn.Module,
     example: dict[str, torch.Tensor],
@@ -96,7 +117,38 @@ def run_exporter(
     output_names: tuple[str, ...] = (OUTPUT_NAME,),
 ) -> None:
     """Write `wrapper` (inputs named as `example`'s keys, outputs `output_names`, each (batch, sequence, ...)) to
-    `file` with dynamic batch and sequence axes."""
+    `file` with dynamic batch and sequence axes; its weights go to data_file(file) when they exceed
+    EXTERNAL_DATA_LIMIT, or when the exporter put them outside (the TorchScript one writes a file per tensor past
+    2 GiB)."""
+    external = weights_bytes(wrapper) > EXTERNAL_DATA_LIMIT
+    with tempfile.TemporaryDirectory(dir=file.parent) as tmp:
+        raw = Path(tmp) / file.name
+        export_graph(wrapper, example, raw, opset, exporter, output_names, external)
+        written = set(os.listdir(tmp)) - {raw.name}
+        if written == ({data_file(raw).name} if external else set()):
+            install(raw, file)
+        else:  # one data file, whatever the exporter wrote
+            import onnx
+
+            onnx.save_model(
+                onnx.load(str(raw)),
+                str(file),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data_file(file).name,
+            )
+
+
+def export_graph(
+    wrapper: nn.Module,
+    example: dict[str, torch.Tensor],
+    file: Path,
+    opset: int,
+    exporter: str,
+    output_names: tuple[str, ...],
+    external: bool,
+) -> None:
+    """One exporter's graph of `wrapper` at `file` (the dynamo exporter's weights at data_file(file) if `external`)."""
     names = list(example)
     args = tuple(example[k] for k in names)
     with warnings.catch_warnings():
@@ -128,7 +180,32 @@ def run_exporter(
                 dynamic_shapes=shapes,
                 verbose=False,
             )
-            program.save(str(file), external_data=False)
+            program.save(str(file), external_data=external)  # writes data_file(file) (past 1.5 GiB in any case)
+
+
+def install(candidate: Path, dest: Path) -> None:
+    """Move the graph at `candidate` and its data file, if any, to `dest`: the data first and the .onnx last, so that
+    whoever finds `dest` finds its weights; a data file of an earlier graph at `dest` goes."""
+    if data_file(candidate).exists():
+        os.replace(data_file(candidate), data_file(dest))
+        os.replace(candidate, dest)
+    else:
+        os.replace(candidate, dest)
+        data_file(dest).unlink(missing_ok=True)
+
+
+def graph_complete(graph: Path) -> bool:
+    """`graph` is there with the weights it names outside it (a cache entry whose data file was deleted is not)."""
+    if not graph.is_file():
+        return False
+    if data_file(graph).is_file() or graph.stat().st_size >= SMALL_GRAPH_BYTES:
+        return True  # the data file that ctxrep writes, or a graph with its weights inside
+    import onnx
+
+    proto = onnx.load(str(graph), load_external_data=False)
+    tensors = [*proto.graph.initializer, *(a.t for n in proto.graph.node for a in n.attribute if a.HasField("t"))]
+    places = {e.value for t in tensors for e in t.external_data if e.key == "location"}
+    return all((graph.parent / place).is_file() for place in places)
 
 
 def check_onnx(file: str | Path, encoder: Encoder, batches: list[dict[str, torch.Tensor]] | None = None) -> float:
@@ -210,9 +287,10 @@ def export_onnx(
                 if not diff <= atol:
                     tried.append(f"{exporter}: max abs difference {diff:.3g} > {atol:g}")
                     continue
-                os.replace(candidate, out)
+                install(candidate, out)
             names = ["input_ids", "attention_mask"] + (["token_type_ids"] if encoder.reads_segments else [])
-            return ExportReport(out, encoder.family, exporter, opset, names, diff, tried)
+            data = data_file(out) if data_file(out).is_file() else None
+            return ExportReport(out, encoder.family, exporter, opset, names, diff, tried, data)
     finally:
         encoder.train(was_training)
     raise ExportError(

@@ -10,8 +10,11 @@ of the layers asked for, holds:
   openvino.xml/.bin   fp32.onnx as OpenVINO IR (fp32, bf16 and fp16 are compile-time hints over it)
   openvino-int8.xml   NNCF post-training quantization of it, calibrated on `fast.CALIBRATION_TEXTS`
   check.json          what each file's check measured against the torch forward
-Files are written under a temporary name and renamed, so a killed export leaves nothing half-written; a second
-process finding them reuses them. Reused files are not re-checked: the key changes with any weight.
+A graph whose weights exceed export.EXTERNAL_DATA_LIMIT (2.4 GB for a 0.6B decoder at float32) keeps them beside it
+in NAME.onnx.data (fp32.onnx.data, ort-int8.onnx.data), which ONNX Runtime and OpenVINO read from there.
+Files are written in a temporary folder and renamed (a data file before its graph), so a killed export leaves
+nothing half-written; a second process finding them reuses them (a graph whose data file is gone is made again).
+Reused files are not re-checked: the key changes with any weight.
 """
 
 from __future__ import annotations
@@ -133,7 +136,9 @@ def fp32_onnx(model: Encoder, layers: tuple[int, ...]) -> Path:
     """KEY/fp32.onnx for `model`'s `layers`, exported and checked on first use."""
     folder = graphs_dir() / model_key(model, layers)
     path = folder / "fp32.onnx"
-    if not path.is_file():
+    from ctxrep.runtime.export import graph_complete
+
+    if not graph_complete(path):
         folder.mkdir(parents=True, exist_ok=True)
         record_check(folder, path.name, export_checked(model, layers, path))
     return path
@@ -147,7 +152,7 @@ def export_checked(model: Encoder, layers: tuple[int, ...], path: Path) -> dict:
             f"{model.family} runs on backend='torch' only: its LSTMs step through the sentence in a Python loop, "
             "which an exported graph would fix to one length"
         )
-    from ctxrep.runtime.export import EXPORTERS, example_batch, first_line, run_exporter
+    from ctxrep.runtime.export import EXPORTERS, example_batch, first_line, install, run_exporter
 
     encoder = float_copy(model)
     wrapper = HiddenStates(encoder, layers).eval()
@@ -166,7 +171,7 @@ def export_checked(model: Encoder, layers: tuple[int, ...], path: Path) -> dict:
             if not diff <= FP32_TOLERANCE:
                 tried.append(f"{exporter}: relative difference {diff:.3g} > {FP32_TOLERANCE:g}")
                 continue
-            os.replace(candidate, path)
+            install(candidate, path)
         return {"exporter": exporter, "max_relative_diff": diff, "cosine": cosine}
     raise GraphError(f"{model.family}: no ONNX export matched the torch forward ({'; '.join(tried)})")
 
@@ -195,8 +200,10 @@ def ort_int8_onnx(model: Encoder, layers: tuple[int, ...], calibration: Sequence
     from ctxrep.runtime import fast
 
     folder = graphs_dir() / model_key(model, layers)
+    from ctxrep.runtime.export import data_file, graph_complete, install
+
     path = folder / "ort-int8.onnx"
-    if path.is_file():
+    if graph_complete(path):
         return path
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -214,6 +221,7 @@ def ort_int8_onnx(model: Encoder, layers: tuple[int, ...], calibration: Sequence
                 weight_type=QuantType.QInt8,
                 per_channel=True,
                 op_types_to_quantize=["MatMul"],
+                use_external_data_format=data_file(smoothed).exists(),  # then writes data_file(candidate)
             )
         finally:
             logging.getLogger().setLevel(quiet)
@@ -223,7 +231,7 @@ def ort_int8_onnx(model: Encoder, layers: tuple[int, ...], calibration: Sequence
             lambda feed: ort_run(session, feed), HiddenStates(encoder, layers), check_batches(encoder)
         )
         check_quantized(model, "ONNX Runtime int8", cosine)
-        os.replace(candidate, path)
+        install(candidate, path)
     record_check(path.parent, path.name, {"max_relative_diff": diff, "cosine": cosine})
     return path
 
