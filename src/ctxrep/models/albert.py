@@ -252,26 +252,8 @@ class AlbertModel(Encoder):
         normal_init(module, self.config.initializer_range)
 
     # ---- the Encoder interface --------------------------------------------------------------------
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_layers
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.num_attention_heads
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def max_tokens(self) -> int:
-        return self.config.max_position_embeddings
-
-    def input_embeddings(self) -> torch.Tensor:
-        """The (vocab, embedding_size) token table: E wide, before the projection to H."""
-        return self.embeddings.word_embeddings.weight
+    config_fields = Encoder.config_fields | {"num_layers": "num_layers"}  # layer runs x inner_group_num
+    embedding_table = "embeddings.word_embeddings"  # (vocab, embedding_size): E wide, before the projection to H
 
     def layer_of(self, name: str) -> int:
         """embeddings.* and the E -> H projection 0; a block 1 + the last layer that runs it (a block shared by

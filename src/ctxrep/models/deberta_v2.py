@@ -409,22 +409,15 @@ class DebertaV2Model(Encoder):
                 nn.init.zeros_(module.bias)
 
     # ---- the encoder interface (models/encoder.py) ----
+    # max_tokens: max_position_embeddings (512 for the published models), the length the model was trained at. With
+    # relative positions only, longer inputs would run, but their far distances share the last buckets.
+    embedding_table = "embeddings.word_embeddings"
     family = MODEL_TYPE
     prepack_for_inference = True  # its linear layers are BERT's; the featurizer times whether pre-packing pays
 
     @property
     def reads_segments(self) -> bool:  # v3 has no segment embeddings
         return self.config.type_vocab_size > 0
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def num_heads(self) -> int:
-        """Heads per layer before any pruning: the width of `head_mask` and of head importance arrays (head indices
-        everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
-        return self.config.num_attention_heads
 
     def prune_heads(self, heads: Mapping[int, Iterable[int]]) -> None:
         """Encoder.prune_heads, after refusing a quantized model. Query / key / value and the position projections
@@ -436,19 +429,6 @@ class DebertaV2Model(Encoder):
                 "then quantize it"
             )
         super().prune_heads(heads)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def max_tokens(self) -> int:
-        """max_position_embeddings (512 for the published models): the length the model was trained at. With
-        relative positions only, longer inputs would run, but their far distances share the last buckets."""
-        return self.config.max_position_embeddings
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.embeddings.word_embeddings.weight
 
     def layer_of(self, name: str) -> int:
         """embeddings.* 0; layers.i.* i + 1; the convolution 1 (it joins layer 1's output); the relative-position

@@ -167,29 +167,10 @@ class DistilBertModel(Encoder):
                 nn.init.zeros_(module.bias)
 
     # ---- the encoder interface (models/encoder.py) ----
+    embedding_table = "embeddings.word_embeddings"  # the config answers BERT's names (DistilBertConfig)
     family = MODEL_TYPE
     reads_segments = False  # DistilBERT has no token-type embeddings
     prepack_for_inference = True  # BERT's layers: oneDNN pre-packed linear layers help as they do for BERT
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.n_layers
-
-    @property
-    def num_heads(self) -> int:
-        """Heads per layer before any pruning (the original numbering; see heads_per_layer())."""
-        return self.config.n_heads
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.dim
-
-    @property
-    def max_tokens(self) -> int:
-        return self.config.max_position_embeddings
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.embeddings.word_embeddings.weight
 
     def layer_of(self, name: str) -> int:
         """embeddings.* 0, layers.i.* i + 1 (DistilBERT has nothing above its last layer)."""

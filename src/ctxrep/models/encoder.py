@@ -68,21 +68,44 @@ class Encoder(nn.Module):
     reads_segments: bool = True
     prepack_for_inference: bool = False  # the featurizer may run its linear layers through oneDNN (pre-packed)
 
+    # The config field that holds each number (transformers' attribute_map): the four properties below read them,
+    # so a family declares its map (`Encoder.config_fields | {...}`) instead of writing the properties; a number that
+    # is no config field (a fixed window, a width of two directions) is a property of the family.
+    config_fields: Mapping[str, str] = {
+        "num_layers": "num_hidden_layers",
+        "num_heads": "num_attention_heads",
+        "hidden_size": "hidden_size",
+        "max_tokens": "max_position_embeddings",
+    }
+    embedding_table: str | None = None  # the module whose weight input_embeddings() returns; None: no such table
+
+    def _config_number(self, member: str) -> int:
+        field = self.config_fields.get(member)
+        if field is None:
+            raise NotImplementedError(
+                f"{type(self).__name__} neither answers {member} nor names the config field that holds it "
+                "(Encoder.config_fields, models/encoder.py)"
+            )
+        return getattr(self.config, field)
+
     @property
     def num_layers(self) -> int:
-        raise NotImplementedError
+        return self._config_number("num_layers")
 
     @property
     def num_heads(self) -> int | None:
-        raise NotImplementedError
+        """Heads per layer before any pruning: the most a layer has, and the width of `head_mask` and of head
+        importance arrays (head indices everywhere are in this original numbering). A pruned model's layers may
+        have fewer: see `heads_per_layer()`."""
+        return self._config_number("num_heads")
 
     @property
     def hidden_size(self) -> int:
-        raise NotImplementedError
+        return self._config_number("hidden_size")
 
     @property
     def max_tokens(self) -> int:
-        raise NotImplementedError
+        return self._config_number("max_tokens")
 
     @property
     def has_attention(self) -> bool:
@@ -110,7 +133,8 @@ class Encoder(nn.Module):
         return [list(range(n)) for n in self.heads_per_layer()]
 
     def input_embeddings(self) -> torch.Tensor | None:
-        return None
+        """The static token-embedding table (vocabulary, dim): `embedding_table`'s weight; None for character input."""
+        return None if self.embedding_table is None else self.get_submodule(self.embedding_table).weight
 
     def encode(
         self, batch: Mapping[str, torch.Tensor], output_attentions: bool = False, num_layers: int | None = None

@@ -218,27 +218,15 @@ class GPT2Model(Encoder):
             nn.init.normal_(module.c_proj.weight, std=std / math.sqrt(2 * self.config.n_layer))
 
     # ---- the encoder interface (models/encoder.py) ----
+    config_fields = {
+        "num_layers": "n_layer",
+        "num_heads": "n_head",
+        "hidden_size": "n_embd",
+        "max_tokens": "n_positions",
+    }
+    embedding_table = "wte"
     family = "gpt2"
     reads_segments = False  # GPT-2 would look token_type_ids up in its *token* embeddings
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.n_head
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.n_embd
-
-    @property
-    def max_tokens(self) -> int:
-        return self.config.n_positions
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.wte.weight
 
     def layer_of(self, name: str) -> int:
         """wte, wpe 0; h.i.* i + 1; ln_f.* (the LayerNorm after the last block) num_layers."""

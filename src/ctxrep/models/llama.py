@@ -178,6 +178,7 @@ class DecoderEncoder(Encoder):
 
     reads_segments = False
     causal = True  # each token reads only itself and the tokens before it (last-token pooling reads the whole text)
+    embedding_table = "embed_tokens"
 
     def init_weights(self) -> None:
         """transformers' init: normal(0, initializer_range) linear and embedding weights, zero biases; norms as
@@ -189,21 +190,6 @@ class DecoderEncoder(Encoder):
                 nn.init.normal_(module.weight, std=self.config.initializer_range)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.num_attention_heads
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.embed_tokens.weight
 
     def layer_of(self, name: str) -> int:
         """embed_tokens 0; layers.i i + 1; the final norm and the LM head num_layers."""

@@ -555,25 +555,13 @@ class MarianMTModel(Encoder):
             nn.init.zeros_(module.bias)
 
     # ---- the encoder interface (models/encoder.py) ----
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.encoder_layers
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.encoder_attention_heads
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.d_model
-
-    @property
-    def max_tokens(self) -> int:
-        return self.config.max_position_embeddings
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.shared.weight
+    config_fields = {
+        "num_layers": "encoder_layers",
+        "num_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "max_tokens": "max_position_embeddings",
+    }
+    embedding_table = "shared"
 
     def layer_of(self, name: str) -> int:
         """The encoder side's depths: the (shared) embeddings 0; encoder.layers.i.* i + 1; the encoder's final

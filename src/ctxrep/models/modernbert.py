@@ -344,34 +344,14 @@ class ModernBertModel(Encoder):
                 nn.init.zeros_(module.bias)
 
     # ---- the encoder interface (models/encoder.py) ----
+    # max_tokens: max_position_embeddings, 8,192 for the published models (rotary positions need no table).
+    embedding_table = "embeddings.tok_embeddings"
     family = MODEL_TYPE
     reads_segments = False  # no segment embeddings
     prepack_for_inference = True  # the featurizer times whether pre-packed linear layers pay on this CPU
 
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def num_heads(self) -> int:
-        """Heads per layer before any pruning: the width of `head_mask` and of head importance arrays (head indices
-        everywhere are in this original numbering). A pruned model's layers may have fewer: `heads_per_layer()`."""
-        return self.config.num_attention_heads
-
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     attention_name = "attn"  # each layer's attention: what attention_modules() lists
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def max_tokens(self) -> int:
-        """max_position_embeddings: 8,192 for the published models (rotary positions need no table)."""
-        return self.config.max_position_embeddings
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.embeddings.tok_embeddings.weight
 
     def layer_of(self, name: str) -> int:
         """embeddings.* 0; layers.i.* i + 1; final_norm.* num_layers."""

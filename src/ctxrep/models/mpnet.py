@@ -242,31 +242,13 @@ class MPNetModel(Encoder):
         normal_init(module, self.config.initializer_range)
 
     # ---- the encoder interface (models/encoder.py) ----
+    config_fields = Encoder.config_fields | {"max_tokens": "max_tokens"}  # positions from padding_idx + 1
+    embedding_table = "embeddings.word_embeddings"
     family = MODEL_TYPE
     reads_segments = False  # no token-type embeddings
     prepack_for_inference = True
 
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def num_heads(self) -> int:
-        """Heads per layer before any pruning (the width of head_mask; see `heads_per_layer()` for what is left)."""
-        return self.config.num_attention_heads
-
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def max_tokens(self) -> int:
-        return self.config.max_tokens
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.embeddings.word_embeddings.weight
 
     def layer_of(self, name: str) -> int:
         """embeddings.* 0; layers.i.* i + 1; the shared relative_attention_bias (read by every layer: the highest

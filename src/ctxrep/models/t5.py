@@ -298,6 +298,16 @@ class T5EncoderModel(Encoder):
             nn.init.normal_(layer.ffn.wo.weight, std=f * self.config.d_ff**-0.5)
 
     # ---- the encoder interface (models/encoder.py) ----
+    # max_tokens: T5's positions are relative, so no table limits the length; windows are cut at the pre-training
+    # length (config n_positions, 512 for the published models), the length the bias buckets were trained on.
+    config_fields = {
+        "num_layers": "num_layers",
+        "num_heads": "num_heads",
+        "hidden_size": "d_model",
+        "max_tokens": "n_positions",
+    }
+    embedding_table = "embed_tokens"
+
     @property
     def family(self) -> str:
         """The model_type: "t5", or "mt5" for the multilingual checkpoints."""
@@ -306,29 +316,7 @@ class T5EncoderModel(Encoder):
     reads_segments = False  # no token-type embeddings
     prepack_for_inference = True
 
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_layers
-
-    @property
-    def num_heads(self) -> int:
-        """Heads per layer before any pruning (the width of head_mask; see `heads_per_layer()` for what is left)."""
-        return self.config.num_heads
-
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.d_model
-
-    @property
-    def max_tokens(self) -> int:
-        """T5's positions are relative, so no table limits the length; windows are cut at the pre-training length
-        (config n_positions, 512 for the published models), the length the bias buckets were trained on."""
-        return self.config.n_positions
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.embed_tokens.weight
 
     def layer_of(self, name: str) -> int:
         """embed_tokens 0; layers.i.* i + 1, except the relative position table in layer 0's attention, which every

@@ -279,29 +279,16 @@ class XLNetModel(Encoder):
             nn.init.normal_(module.mask_emb, std=std)
 
     # ---- the encoder interface (models/encoder.py) ----
+    config_fields = {"num_layers": "n_layer", "num_heads": "n_head", "hidden_size": "d_model"}
+    embedding_table = "word_embedding"
     family = "xlnet"
     # Relative positions have no table to run out of; windows of 512 pieces (XLNet's pretraining length) keep
     # memory bounded and inputs in the length range the model was trained on.
     WINDOW = 512
 
     @property
-    def num_layers(self) -> int:
-        return self.config.n_layer
-
-    @property
-    def num_heads(self) -> int:
-        return self.config.n_head
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.d_model
-
-    @property
     def max_tokens(self) -> int:
         return self.WINDOW
-
-    def input_embeddings(self) -> torch.Tensor:
-        return self.word_embedding.weight
 
     def layer_of(self, name: str) -> int:
         """word_embedding and mask_emb (the query stream's input) 0; layers.i.* i + 1."""
