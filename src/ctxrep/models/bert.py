@@ -303,9 +303,7 @@ class BertModel(Encoder):
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
 
-    def fusable_qkv_modules(self) -> list[str]:
-        """Every layer's SelfAttention: query, key and value read the same x; `query_key_value` runs them as one."""
-        return [f"layers.{i}.attention" for i in range(self.num_layers)]
+    fuses_qkv = True  # every layer's SelfAttention: query, key and value read the same x
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None

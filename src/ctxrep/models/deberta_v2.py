@@ -448,12 +448,13 @@ class DebertaV2Model(Encoder):
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
 
+    fuses_qkv = True  # every layer's attention: query, key and value read the same x ...
+
     def fusable_qkv_modules(self) -> list[str]:
-        """Every layer's attention: query, key and value read the same x; `query_key_value` runs them as one.
-        None with shared attention keys (v3): there query and key also project the relative table P."""
+        """... but none with shared attention keys (v3): there query and key also project the relative table P."""
         if self.config.share_att_key and self.config.relative_attention and self.config.pos_att_type:
             return []
-        return [f"layers.{i}.attention" for i in range(self.num_layers)]
+        return super().fusable_qkv_modules()
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None

@@ -184,9 +184,7 @@ class DistilBertModel(Encoder):
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
 
-    def fusable_qkv_modules(self) -> list[str]:
-        """Every layer's attention (bert.py's SelfAttention): one product for query, key and value when set."""
-        return [f"layers.{i}.attention" for i in range(self.num_layers)]
+    fuses_qkv = True  # every layer's attention is bert.py's SelfAttention
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None

@@ -40,6 +40,7 @@ Capabilities: what a tool may do with the family. The base class says no; a fami
                              family lists attention_modules() and keeps config.pruned_heads
     fusable_qkv_modules()    names of attention modules whose query, key and value nn.Linear read the same input
                              and that run one product instead when their `query_key_value` is set (fast.py's int8)
+    fuses_qkv                the family's declaration that fusable_qkv_modules() is every layer's attention
     can_distill              init_student(layers, hidden_size, intermediate_size) builds a smaller encoder of the
                              same family whose layer j starts as this one's layer layers[j] (DistilBERT's init)
     lm_logits(hidden, ids)   a causal LM head over final hidden states (..., hidden) -> (..., vocab), or only the
@@ -256,10 +257,15 @@ class Encoder(nn.Module):
             modules[layer].prune(removed)
         self.config.pruned_heads = merged
 
+    fuses_qkv: bool = False  # each layer's attention (attention_name) qualifies for fusable_qkv_modules()
+
     def fusable_qkv_modules(self) -> list[str]:
         """Names (as in named_modules()) of attention modules with `query`, `key`, `value` nn.Linear over the same
-        input and a `query_key_value` slot that replaces the three by one product when set; [] for none."""
-        return []
+        input and a `query_key_value` slot that replaces the three by one product when set: every layer's attention
+        in a family that declares fuses_qkv; [] for none."""
+        if not self.fuses_qkv:
+            return []
+        return [f"layers.{i}.{self.attention_name}" for i in range(self.num_layers)]
 
     def lm_logits(self, hidden: torch.Tensor, token_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Causal LM logits of final hidden states (..., hidden): (..., vocab), or (..., len(token_ids))."""

@@ -262,9 +262,7 @@ class MPNetModel(Encoder):
             return self.num_layers
         raise self.unknown_parameter(name)
 
-    def fusable_qkv_modules(self) -> list[str]:
-        """Every layer's attention: query, key and value read the same x; `query_key_value` runs them as one."""
-        return [f"layers.{i}.attention" for i in range(self.num_layers)]
+    fuses_qkv = True  # every layer's attention: query, key and value read the same x
 
     can_distill = True
 
