@@ -18,6 +18,7 @@ Smoke test:  python benchmarks/token_heads.py --texts 40 --repeats 1
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import string
 import tempfile
@@ -94,6 +95,7 @@ def main() -> None:
     from ctxrep.vectors.sparse import SparseEncoder
 
     texts = read_sst(args.data / "sst" / "train.txt").texts[: args.texts]
+    load_start = tuple(round(x, 1) for x in os.getloadavg())  # the machine may be shared: timings move with it
     with tempfile.TemporaryDirectory() as tmp:
         minilm, splade, colbert = make_folders(Path(tmp))
         dense = Featurizer(minilm, sentence_pooling="model")
@@ -129,6 +131,7 @@ def main() -> None:
     colbert_head = h * 128
     n = len(texts)
     print(f"token heads on {n} SST sentences (MiniLM; torch threads {torch.get_num_threads()}; best of {args.repeats})")
+    print(f"load average (1, 5, 15 min) at start {load_start}, at end {tuple(round(x, 1) for x in os.getloadavg())}")
     print(f"{'output':<28}{'texts/s':>10}{'vs dense':>10}{'vs ST':>8}{'head FLOPs share':>18}{'max diff':>10}")
     print(f"{'dense (model pooling)':<28}{n / t_dense:>10.1f}{1.0:>10.2f}{'':>8}{'':>18}{'':>10}")
     share = splade_head / (encoder_params + splade_head)

@@ -198,40 +198,65 @@ class SparseEncoder:
 
     def _rows(self, token_states, block_tokens: int = 1024):
         """The (texts, vocab) csr rows of texts' TokenStates. The head runs on blocks of whole texts of about
-        `block_tokens` tokens together (no padding), so its (tokens, vocabulary) logits stay bounded in memory."""
+        `block_tokens` tokens together (real tokens only, no padding), so its (tokens, vocabulary) logits stay
+        bounded in memory."""
         import scipy.sparse
 
-        out = np.zeros((len(token_states), self.vocab_size), np.float32)
-        lengths = np.array([len(t.ids) for t in token_states])
-        first = 0
+        lengths = np.array([len(t.ids) for t in token_states], dtype=np.int64)
+        ends = np.cumsum(lengths)
+        parts, first = [], 0
         with torch.inference_mode():
             while first < len(token_states):
-                last = first + max(1, int(np.searchsorted(np.cumsum(lengths[first:]), block_tokens, side="right")))
-                block = token_states[first:last]
+                done = ends[first - 1] if first else 0
+                last = first + max(1, int(np.searchsorted(ends[first:] - done, block_tokens, side="right")))
+                block, sizes = token_states[first:last], lengths[first:last].tolist()
                 h = torch.from_numpy(np.concatenate([t.states for t in block]).astype(np.float32, copy=False))
-                if self.head is not None:
-                    h = h.to(self.head.bias.device)
                 if self.sparse_linear is not None:
                     ids = torch.from_numpy(np.concatenate([t.ids for t in block]))
-                    rows = [
-                        self._bge_m3(i, x)
-                        for i, x in zip(ids.split(lengths[first:last].tolist()), h.split(lengths[first:last].tolist()))
-                    ]
+                    dense = torch.stack([self._bge_m3(i, x) for i, x in zip(ids.split(sizes), h.split(sizes))])
                 else:
-                    w = self.head(h).relu_().log1p_()  # (tokens, vocab): log(1 + ReLU(logits))
-                    if self.splade.activation_function == "log1p_relu":
-                        w = w.log1p_()
-                    pool = (
-                        (lambda x: x.amax(dim=0)) if self.splade.pooling_strategy == "max" else (lambda x: x.sum(dim=0))
-                    )
-                    rows = [pool(x) for x in w.split(lengths[first:last].tolist())]
-                dense = torch.stack(rows)  # (texts, vocab)
-                if self.max_active_dims is not None and self.max_active_dims < self.vocab_size:
-                    top = torch.topk(dense, self.max_active_dims, dim=1)
-                    dense = torch.zeros_like(dense).scatter_(1, top.indices, top.values)
-                out[first:last] = dense.float().cpu().numpy()
+                    dense = self._splade(h.to(self.head.bias.device), sizes)
+                parts.append(self._csr(dense))
                 first = last
-        return scipy.sparse.csr_matrix(out)
+        if not parts:
+            return scipy.sparse.csr_matrix((0, self.vocab_size), dtype=np.float32)
+        return parts[0] if len(parts) == 1 else scipy.sparse.vstack(parts, format="csr", dtype=np.float32)
+
+    def _splade(self, h: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """SPLADE over a block of texts' token states h (tokens, hidden): (texts, vocab) pooled weights.
+
+        Max pooling takes the maximum of each text's raw logits and adds the bias and the activation after it,
+        on (texts, vocab) rather than (tokens, vocab): the same floats, since adding a per-id constant, ReLU and
+        log1p are all non-decreasing (so is their rounding), and it spares three passes over the logits."""
+        head = self.head
+        z = head.norm(head.activation(head.dense(h)))  # (tokens, embedding)
+        if self.splade.pooling_strategy == "max":
+            logits = z @ head.decoder.weight.T  # (tokens, vocab), the bias comes after the maximum
+            w = torch.stack([x.amax(dim=0) for x in logits.split(sizes)]).add_(head.bias)  # (texts, vocab)
+            w = w.relu_().log1p_()
+            if self.splade.activation_function == "log1p_relu":
+                w = w.log1p_()
+        else:  # sum: each token's weight, then the sum
+            w = (z @ head.decoder.weight.T).add_(head.bias).relu_().log1p_()  # (tokens, vocab)
+            if self.splade.activation_function == "log1p_relu":
+                w = w.log1p_()
+            w = torch.stack([x.sum(dim=0) for x in w.split(sizes)])
+        return w
+
+    def _csr(self, dense: torch.Tensor):
+        """A (texts, vocab) tensor of weights as a float32 csr matrix of its non-zeros (of each row's
+        max_active_dims largest, when set), built from the non-zeros directly."""
+        import scipy.sparse
+
+        n, vocab = dense.shape
+        if self.max_active_dims is not None and self.max_active_dims < vocab:
+            top = torch.topk(dense, self.max_active_dims, dim=1)
+            dense = torch.zeros_like(dense).scatter_(1, top.indices, top.values)  # (texts, k) kept, ids in order
+        dense = dense.float().cpu()
+        rows, cols = dense.nonzero(as_tuple=True)  # row-major: each row's ids ascending
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(rows.numpy(), minlength=n), out=indptr[1:])
+        return scipy.sparse.csr_matrix((dense[rows, cols].numpy(), cols.numpy(), indptr), shape=(n, vocab))
 
     def _bge_m3(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """BGE-M3: relu(sparse_linear(h)) per token on its own id, the maximum over repeats; specials left out."""
@@ -308,7 +333,7 @@ class SparseIndex:
 
     def add(self, texts: Sequence[str], ids: Sequence | None = None) -> SparseIndex:
         texts = [texts] if isinstance(texts, str) else list(texts)
-        return self.add_vectors(self._encoder().embed_sentences(texts), ids, texts)
+        return self.add_vectors(self._encoder().embed_documents(texts), ids, texts)  # the document prompt
 
     def _encoder(self) -> SparseEncoder:
         """The encoder of text queries: the one given, else rebuilt from the saved spec on first use."""
@@ -352,7 +377,7 @@ class SparseIndex:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         single = isinstance(queries, str) or (scipy.sparse.issparse(queries) and queries.shape[0] == 1)
         if isinstance(queries, str) or (isinstance(queries, Sequence) and not scipy.sparse.issparse(queries)):
-            q = self._encoder().embed_sentences([queries] if isinstance(queries, str) else list(queries))
+            q = self._encoder().embed_queries([queries] if isinstance(queries, str) else list(queries))
         else:
             q = scipy.sparse.csr_matrix(queries, dtype=np.float32)
         if q.shape[1] != self.vocab_size:
