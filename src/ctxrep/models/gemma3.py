@@ -22,27 +22,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from ctxrep.models.folders import CheckpointError, read_config
 from ctxrep.models.llama import (
     FULL,
     SLIDING,
     DecoderEncoder,
-    build_from_folder,
     check_length,
     context_length,
-    save_folder,
 )
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
 from ctxrep.modules.gated_mlp import GatedMLP
 from ctxrep.modules.grouped_attention import GroupedQueryAttention, decoder_mask, padding_of, positions_of
 from ctxrep.modules.rms_norm import RMSNorm
-from ctxrep.modules.rotary import RopeError, RopeSpec, rotary_cos_sin
+from ctxrep.modules.rotary import RopeSpec, rotary_cos_sin
 
 MODEL_TYPE = "gemma3_text"
 DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
@@ -237,22 +233,12 @@ class Gemma3Model(DecoderEncoder):
         cap = self.config.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
+    # ---- Hugging Face folder format: DecoderEncoder's loader and saver over these declarations ------------
+    # A gemma3_text folder (Gemma3TextModel, Gemma3ForCausalLM, EmbeddingGemma's), one file or shards.
+
+    MODEL_TYPES = (MODEL_TYPE,)
+    BARE_ARCHITECTURE = "Gemma3TextModel"
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "auto") -> Gemma3Model:
-        """A gemma3_text folder (Gemma3TextModel, Gemma3ForCausalLM, EmbeddingGemma's), one file or shards."""
-        path = Path(path)
-        where = str(path / "config.json")
-        d = read_config(path, (MODEL_TYPE,))
-        try:
-            config = Gemma3Config.from_hf_dict(d, where)
-        except RopeError as e:
-            raise CheckpointError(str(e)) from None
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{where}: {e}") from None
-        return build_from_folder(cls, config, path, dtype, "a gemma3_text model")
-
-    def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> None:
-        architecture = "Gemma3ForCausalLM" if self.lm_head is not None else "Gemma3TextModel"
-        save_folder(self, Path(path), self.config.to_hf_dict(architecture), max_shard_bytes)
+    def config_from_json(cls, d: dict, where: str) -> Gemma3Config:
+        return Gemma3Config.from_hf_dict(d, where)

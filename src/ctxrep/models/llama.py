@@ -124,13 +124,13 @@ def shared_config(d: dict, where: str) -> dict:
     return out
 
 
-def config_from_folder(path: Path, model_types: tuple[str, ...], layout) -> LlamaConfig:
-    """config.json -> LlamaConfig through a family's `layout(d) -> dict` (its biases, norms and windows); every
-    problem is one CheckpointError naming the file, raised before any weight is read."""
+def config_from_folder(path: Path, model_types: tuple[str, ...], build):
+    """config.json -> a decoder family's config through its `build(d, where)`; every problem is one CheckpointError
+    naming the file, raised before any weight is read."""
     where = str(path / "config.json")
     d = read_config(path, model_types)
     try:
-        return LlamaConfig(**(shared_config(d, where) | layout(d)))
+        return build(d, where)
     except RopeError as e:
         raise CheckpointError(str(e)) from None
     except (TypeError, ValueError) as e:
@@ -178,6 +178,8 @@ class DecoderEncoder(Encoder):
 
     reads_segments = False
     causal = True  # each token reads only itself and the tokens before it (last-token pooling reads the whole text)
+    MODEL_TYPES: tuple[str, ...]  # config.json model_type values the family reads
+    BARE_ARCHITECTURE: str | None = None  # transformers' class of the bare decoder, when not <Family>Model
     embedding_table = "embed_tokens"
 
     def init_weights(self) -> None:
@@ -201,6 +203,25 @@ class DecoderEncoder(Encoder):
         if parts[0] in ("norm", "lm_head"):
             return self.num_layers
         raise self.unknown_parameter(name)
+
+    # ---- Hugging Face folder format (lazy: tensor by tensor from the shards, models/shards.py) ----------------
+
+    @classmethod
+    def config_from_json(cls, d: dict, where: str) -> object:
+        """The family's config of config.json `d` (`where` names the file in errors)."""
+        raise NotImplementedError(f"{cls.__name__} declares no config_from_json (models/llama.py)")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "auto") -> DecoderEncoder:
+        """A transformers folder of this family (the bare model or ...ForCausalLM), one file or shards; `dtype`
+        "auto" (bfloat16 for a bfloat16 checkpoint on a CPU with native bfloat16, else float32), "fp32", "bf16"."""
+        path = Path(path)
+        return build_from_folder(cls, config_from_folder(path, cls.MODEL_TYPES, cls.config_from_json), path, dtype)
+
+    def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> None:
+        """config.json and the weights (sharded above `max_shard_bytes`) as transformers saves this family's bare
+        model, or its ...ForCausalLM with the LM head."""
+        save_folder(self, Path(path), self.config.to_hf_dict(architecture_of(self)), max_shard_bytes)
 
     def lm_head_weight(self, token_ids: Sequence[int] | None) -> torch.Tensor:
         """(vocab or len(token_ids), hidden): lm_head's weight, or the token embeddings when the folder ties them."""
@@ -285,20 +306,10 @@ class LlamaModel(DecoderEncoder):
         `token_ids` (a reranker's "yes" / "no"). The head is lm_head, or the token embeddings when tied."""
         return hidden @ self.lm_head_weight(token_ids).T
 
-    # ---- Hugging Face folder format -------------------------------------------------------------
-
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "auto") -> LlamaModel:
-        """A transformers folder of this family (the bare model or ...ForCausalLM), one file or shards; `dtype`
-        "auto" (bfloat16 for a bfloat16 checkpoint on a CPU with native bfloat16, else float32), "fp32", "bf16"."""
-        path = Path(path)
-        config = config_from_folder(path, cls.MODEL_TYPES, cls.layout)
-        return build_from_folder(cls, config, path, dtype, f"a {config.model_type} model")
-
-    def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> None:
-        """config.json and the weights (sharded above `max_shard_bytes`) as transformers saves this family's
-        ...Model, or ...ForCausalLM with its LM head."""
-        save_folder(self, Path(path), self.config.to_hf_dict(architecture_of(self)), max_shard_bytes)
+    def config_from_json(cls, d: dict, where: str) -> LlamaConfig:
+        """The keys every Llama-style folder shares, and the family's `layout(d)`: its biases, norms and windows."""
+        return LlamaConfig(**(shared_config(d, where) | cls.layout(d)))
 
 
 # ---- shared by the Llama-style families (llama, qwen2, qwen3, gemma3) ---------------------------------------
@@ -320,11 +331,14 @@ def check_length(t: int, max_tokens: int) -> None:
 
 
 def architecture_of(model: nn.Module) -> str:
-    """transformers' class name for a saved folder: ...ForCausalLM with an LM head, else ...Model."""
-    return type(model).__name__.removesuffix("Model") + ("ForCausalLM" if model.lm_head is not None else "Model")
+    """transformers' class name for a saved folder: ...ForCausalLM with an LM head, else ...Model (or the family's
+    BARE_ARCHITECTURE)."""
+    if model.lm_head is not None:
+        return type(model).__name__.removesuffix("Model") + "ForCausalLM"
+    return getattr(model, "BARE_ARCHITECTURE", None) or type(model).__name__
 
 
-def build_from_folder(cls, config, path: Path, dtype: str | torch.dtype, what: str):
+def build_from_folder(cls, config, path: Path, dtype: str | torch.dtype):
     """The model of `config` built on the meta device and filled tensor by tensor from the folder's weights
     (a causal-LM folder's decoder sits under "model."; an untied lm_head is kept for lm_logits)."""
     index = WeightIndex.of(path)  # headers only; a missing shard is refused here
@@ -336,6 +350,7 @@ def build_from_folder(cls, config, path: Path, dtype: str | torch.dtype, what: s
     skipped = [k for k in index.entries if k not in names and k.startswith(HEAD_PREFIXES)]
     if skipped:
         logger.info("%s: not loading %s (not part of the decoder)", path, ", ".join(skipped))
+    what = f"a {model.family} model"
     load_into(model, index, names, resolve_dtype(dtype, index.stored_dtype()), what, skip=HEAD_PREFIXES)
     return model.eval()
 
