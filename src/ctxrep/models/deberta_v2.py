@@ -578,10 +578,7 @@ def hf_parameter_names(config: DebertaV2Config) -> dict[str, str]:
             per_layer["attention.self.pos_key_proj"] = "attention.pos_key"
         if "p2c" in config.pos_att_type:
             per_layer["attention.self.pos_query_proj"] = "attention.pos_query"
-    for i in range(config.num_hidden_layers):
-        for hf, our in per_layer.items():
-            for p in ("weight", "bias"):
-                names[f"encoder.layer.{i}.{hf}.{p}"] = f"layers.{i}.{our}.{p}"
+    names |= folders.layer_names(config.num_hidden_layers, "encoder.layer", per_layer)
     if config.relative_attention:
         names["encoder.rel_embeddings.weight"] = "rel_embeddings.weight"
     if config.layer_norm_rel:

@@ -298,8 +298,5 @@ def hf_parameter_names(config: DistilBertConfig) -> dict[str, str]:
         "ffn.lin2": "output",
         "output_layer_norm": "output_norm",
     }
-    for i in range(config.n_layers):
-        for hf, our in per_layer.items():
-            for p in ("weight", "bias"):
-                names[f"transformer.layer.{i}.{hf}.{p}"] = f"layers.{i}.{our}.{p}"
+    names |= folders.layer_names(config.n_layers, "transformer.layer", per_layer)
     return names

@@ -145,6 +145,19 @@ def named_tensors(
     return {ckpt: ours[our].t() if ckpt.endswith(transposed) else ours[our] for ckpt, our in names.items()}
 
 
+def layer_names(
+    num_layers: int, hf_stack: str, per_layer: Mapping[str, str], params: tuple[str, ...] = ("weight", "bias")
+) -> dict[str, str]:
+    """The per-layer part of a family's weight-name map: "{hf_stack}.{i}.{hf}.{p}" -> "layers.{i}.{our}.{p}" for
+    every layer i, every (hf, our) module pair of `per_layer` and every parameter p."""
+    return {
+        f"{hf_stack}.{i}.{hf}.{p}": f"layers.{i}.{our}.{p}"
+        for i in range(num_layers)
+        for hf, our in per_layer.items()
+        for p in params
+    }
+
+
 def without_prefix(state: dict[str, torch.Tensor], prefix: str, marker: str | None = None) -> dict[str, torch.Tensor]:
     """A task or pre-training checkpoint stores the model under `prefix` (e.g. "bert."): its names without it when
     any name starts with `marker` (default: the prefix itself), else the state as it is."""

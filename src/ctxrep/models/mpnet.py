@@ -392,10 +392,7 @@ def hf_parameter_names(config: MPNetConfig) -> dict[str, str]:
         "output.dense": "output",
         "output.LayerNorm": "output_norm",
     }
-    for i in range(config.num_hidden_layers):
-        for hf, our in per_layer.items():
-            for p in ("weight", "bias"):
-                names[f"encoder.layer.{i}.{hf}.{p}"] = f"layers.{i}.{our}.{p}"
+    names |= folders.layer_names(config.num_hidden_layers, "encoder.layer", per_layer)
     if config.add_pooling_layer:
         names |= {f"pooler.dense.{p}": f"pooler.{p}" for p in ("weight", "bias")}
     return names
