@@ -130,18 +130,71 @@ def test_folders_ctxrep_does_not_apply_are_refused(mve_folder, tmp_path):
     (expand / "sentence_bert_config.json").write_text(json.dumps(config | {"query_length": 32}))
     with pytest.raises(CheckpointError, match="sets query_length .* which ctxrep does not apply"):
         MultiVectorEncoder(expand)
-    stanford = tmp_path / "stanford"
-    shutil.copytree(mve_folder, stanford)
-    config = json.loads((stanford / "config.json").read_text())
-    (stanford / "config.json").write_text(json.dumps(config | {"architectures": ["HF_ColBERT"]}))
-    with pytest.raises(CheckpointError, match="Stanford-NLP ColBERT checkpoint"):
-        MultiVectorEncoder(stanford)
     pylate = tmp_path / "pylate"
     shutil.copytree(mve_folder, pylate)
     settings = json.loads((pylate / "config_sentence_transformers.json").read_text())
     (pylate / "config_sentence_transformers.json").write_text(json.dumps(settings | {"query_prefix": "[unused0]"}))
-    with pytest.raises(CheckpointError, match=r"a PyLate folder \(query_prefix\)"):
+    with pytest.raises(CheckpointError, match=r"^.*a PyLate <= 3 folder \(query_prefix: .*sentence_transformers.Mu"):
         MultiVectorEncoder(pylate)
+
+
+def _hf_colbert_folder(path: Path) -> Path:
+    """A Stanford-NLP ColBERT checkpoint as colbert-ir/colbertv2.0 holds one, tiny and random: a BertModel's
+    weights (bert.*) and the projection linear.weight (16, 32) in one state dict, config.json architectures
+    HF_ColBERT, artifact.metadata with ColBERTv2's settings; the packaged MiniLM's BERT vocabulary."""
+    import transformers
+    from safetensors.torch import save_file
+
+    from ctxrep.models.loading import resolve_model_path
+
+    path.mkdir()
+    torch.manual_seed(0)
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    config = transformers.BertConfig(vocab_size=30522, max_position_embeddings=128, **common)
+    state = {f"bert.{k}": v.contiguous() for k, v in transformers.BertModel(config, False).state_dict().items()}
+    state["linear.weight"] = torch.randn(16, 32) / 32**0.5
+    save_file(state, path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(config.to_dict() | {"architectures": ["HF_ColBERT"]}))
+    meta = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 32, "doc_maxlen": 180}
+    (path / "artifact.metadata").write_text(json.dumps(meta | {"mask_punctuation": True, "dim": 16}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(resolve_model_path("minilm") / name, path / name)
+    return path
+
+
+def test_a_stanford_colbert_checkpoint_is_refused_with_what_to_use(tmp_path):
+    """HF_ColBERT: sentence-transformers 6.2 reads the projection as a bias-free Dense and puts [unused1] after
+    [CLS] of documents (checked here by hand), but expands every query to 32 [MASK]-padded rows, which ctxrep's
+    token states cannot give; its saved folder keeps the expansion. Both are one line naming what to use."""
+    import transformers
+    from sentence_transformers import MultiVectorEncoder as STMultiVectorEncoder
+
+    folder = _hf_colbert_folder(tmp_path / "colbertv2")
+    with pytest.raises(
+        CheckpointError, match=r"^[^\n]*HF_ColBERT\): ColBERT pads queries with \[MASK\] tokens to query_"
+    ):
+        MultiVectorEncoder(folder)  # not the encoder loader's "1 unknown weights: linear.weight"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = STMultiVectorEncoder(str(folder), device="cpu")
+        doc = st.encode_document([DOCS[0]], convert_to_numpy=False)[0].numpy()
+        assert [len(q) for q in st.encode_query(QUERIES, convert_to_numpy=False)] == [32, 32]  # the expansion
+        bert = transformers.BertModel.from_pretrained(folder).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = tok("A man, plays a guitar.")["input_ids"]
+    ids = ids[:1] + tok.convert_tokens_to_ids(["[unused1]"]) + ids[1:]  # ColBERT's document marker after [CLS]
+    from safetensors.torch import load_file
+
+    with torch.no_grad():
+        h = bert(torch.tensor([ids])).last_hidden_state[0] @ load_file(folder / "model.safetensors")["linear.weight"].T
+    keep = [i not in tok.convert_tokens_to_ids([",", "."]) for i in ids]  # ColBERT's punctuation mask
+    expected = torch.nn.functional.normalize(h[keep], dim=-1).numpy()
+    np.testing.assert_allclose(doc, expected, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st.save(str(tmp_path / "saved"))
+    with pytest.raises(CheckpointError, match="sets query_expansion, document_length .* which ctxrep does not apply"):
+        MultiVectorEncoder(tmp_path / "saved")
 
 
 def test_index_finds_candidates_by_tokens_and_rescores_exactly(mve_folder, tmp_path):

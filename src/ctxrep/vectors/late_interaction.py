@@ -13,9 +13,10 @@ sentence-transformers' MultiVectorEncoder lists them), L2-normalised. Tokens of 
 MultiVectorMask: ColBERT's punctuation) are dropped from the tasks it names (documents by default), special tokens
 kept, as sentence-transformers does. A model without MultiVectorEncoder modules gives its normalised hidden states
 with ColBERT's punctuation skiplist on documents (the raw material of late interaction, no trained projection).
-The folder's "query" / "document" prompts are put before the texts unless a call gives prompt= or prompt_name=. Query expansion (PyLate's [MASK] padding to
-query_length), Stanford-NLP ColBERT checkpoints (HF_ColBERT) and PyLate <= 3 folders (query_prefix /
-document_prefix) are refused with a one-line reason: sentence-transformers loads them and saves a folder ctxrep reads.
+The folder's "query" / "document" prompts are put before the texts unless a call gives prompt= or prompt_name=.
+Query expansion (ColBERT's [MASK] padding of queries to query_length, which attention skips), fixed document
+lengths, Stanford-NLP ColBERT checkpoints (HF_ColBERT, whose queries always expand) and PyLate <= 3 folders are
+refused with a one-line reason naming sentence_transformers.MultiVectorEncoder, which loads them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ctxrep.models.folders import CheckpointError
+from ctxrep.models.loading import resolve_model_path
 from ctxrep.models.sentence_transformers import (
     MODULES_FILE,
     SETTINGS_FILE,
@@ -64,17 +66,15 @@ class MultiVectorSettings:
     def of_folder(cls, folder: Path) -> MultiVectorSettings:
         """The modules.json of a sentence-transformers MultiVectorEncoder folder; the defaults above without one."""
         folder = Path(folder)
-        config = folder / "config.json"
-        if config.is_file() and "HF_ColBERT" in (json.loads(config.read_text()).get("architectures") or []):
-            raise CheckpointError(
-                f"{folder}: a Stanford-NLP ColBERT checkpoint (HF_ColBERT); ctxrep reads sentence-transformers "
-                "MultiVectorEncoder folders: load it with sentence_transformers.MultiVectorEncoder and save() it"
-            )
+        refuse_stanford_colbert(folder)
         prefixes = [k for k in ("query_prefix", "document_prefix") if read_settings(folder).get(k)]
         if prefixes:  # PyLate <= 3: prefix tokens sentence-transformers registers on the tokenizer when it loads
             raise CheckpointError(
-                f"{folder / SETTINGS_FILE}: a PyLate folder ({', '.join(prefixes)}); load it with "
-                "sentence_transformers.MultiVectorEncoder and save() it, then give ctxrep the saved folder"
+                f"{folder / SETTINGS_FILE}: a PyLate <= 3 folder ({', '.join(prefixes)}: marker tokens, and query "
+                "expansion unless do_query_expansion is false), which ctxrep does not read: use "
+                f"sentence_transformers.MultiVectorEncoder({str(folder)!r}) (>= 6.2 reads PyLate folders); ctxrep "
+                "reads the folder its save() writes only where that sets no query_expansion / query_length / "
+                "document_length"
             )
         modules = read_modules(folder)
         if "MultiVectorMask" not in [m.kind for m in modules]:
@@ -108,6 +108,34 @@ class MultiVectorSettings:
         return cls(tuple(dense), skiplist, tasks, normalize)
 
 
+def refuse_stanford_colbert(folder: Path) -> None:
+    """A one-line CheckpointError for a Stanford-NLP ColBERT checkpoint (config.json architectures HF_ColBERT: a
+    BertModel's weights beside the projection `linear.weight`, settings in artifact.metadata).
+
+    Its projection and markers would fit (a bias-free Dense; [unused0] / [unused1] after [CLS]), but ColBERT pads
+    every query with [MASK] tokens to query_maxlen that attention skips and whose vectors are scored (query
+    expansion), and cuts documents at doc_maxlen; ctxrep's token states apply neither, so the vectors would not be
+    the model's. sentence-transformers >= 6.2 loads such a folder directly, and its save() keeps the expansion
+    (query_expansion / document_length in sentence_bert_config.json), which ctxrep refuses in turn."""
+    config = Path(folder) / "config.json"
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return
+    if "HF_ColBERT" not in architectures:
+        return
+    try:
+        meta = json.loads((Path(folder) / "artifact.metadata").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    raise CheckpointError(
+        f"{folder}: a Stanford-NLP ColBERT checkpoint (HF_ColBERT): ColBERT pads queries with [MASK] tokens to "
+        f"query_maxlen ({meta.get('query_maxlen', 32)}) that attention skips and cuts documents at doc_maxlen "
+        f"({meta.get('doc_maxlen', 180)}), which ctxrep does not apply, so it cannot give this model's vectors: "
+        f"use sentence_transformers.MultiVectorEncoder({str(folder)!r}) (>= 6.2 loads HF_ColBERT folders directly)"
+    )
+
+
 class MultiVectorEncoder:
     """Texts -> one vector per token (see the module docs), a sibling of ctxrep.Featurizer.
 
@@ -119,6 +147,8 @@ class MultiVectorEncoder:
     def __init__(self, model="minilm", **featurizer_kwargs) -> None:
         from ctxrep.featurize import Featurizer
 
+        if not isinstance(model, Featurizer):  # before the encoder's loader, which stops at HF_ColBERT's linear.weight
+            refuse_stanford_colbert(resolve_model_path(model))
         # token states only: the sentence pooling is never read ("mean" spares the folder's modules a warning)
         fz = (
             model
