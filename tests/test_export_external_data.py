@@ -25,6 +25,17 @@ def folders(tiny_models, tmp_path_factory) -> dict[str, str]:
     return {"bert": str(tiny_models["bert"]), "qwen3": str(tiny_folder(tmp_path_factory.mktemp("qwen3"), "qwen3"))}
 
 
+def test_ctxrep_export_names_the_data_file(folders, small_limit, tmp_path):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    out = tmp_path / "model.onnx"
+    done = CliRunner().invoke(main, ["export", "--model", folders["bert"], "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert f"its weights are in {out}.data" in done.output and "keep the two files together" in done.output
+
+
 @pytest.fixture
 def small_limit(monkeypatch):
     monkeypatch.setattr(export, "EXTERNAL_DATA_LIMIT", 1024)  # every tiny model is "large"

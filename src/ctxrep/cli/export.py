@@ -32,3 +32,5 @@ def export(format_: str, model: str, out: str, opset: int, atol: float) -> None:
         f"wrote {report.path} ({report.family}, opset {report.opset}, {report.exporter} exporter; inputs "
         f"{', '.join(report.input_names)}); ONNX Runtime vs ctxrep: max abs difference {report.max_abs_diff:.2e}"
     )
+    if report.data_file is not None:
+        click.echo(f"its weights are in {report.data_file} (over 2 GiB for one file): keep the two files together")
