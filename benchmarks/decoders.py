@@ -11,7 +11,8 @@ tokenizer trained on the corpus in Qwen's layout (<|endoftext|> appended). UD En
                 makes (ctxrep's pieces and special tokens, sorted by length, the Featurizer's 1,024-token budget):
                 the decoder alone
 
-at bf16 and at fp32, each in a fresh process so that its peak memory (ru_maxrss) is its own; the ratio is
+at bf16 and at fp32, each in a fresh process whose peak memory is its own (VmHWM of /proc/self/status: it restarts
+at exec, where ru_maxrss keeps the parent's resident size at fork, 2.06 GiB here); the ratio is
 ctxrep's seconds / transformers' (target: <= 1.2 at bf16, issue 35), peak memory / the weights' size in that dtype
 (target: < 1.3), both as the whole process and above the process's memory before loading (torch's own libraries).
 ctxrep's last-layer states agree with transformers' (max |diff| at fp32, mean cosine at bf16, printed).
@@ -31,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -142,6 +142,14 @@ def batches_of(folder: Path, sentences: list[list[str]]) -> list[list[list[int]]
 # ---- one system in a fresh process ----------------------------------------------------------------------------
 
 
+def status_bytes(field: str) -> int:
+    """A memory field of /proc/self/status (VmHWM: this process image's peak resident size) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field} (Linux only)")
+
+
 def child(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
@@ -154,7 +162,7 @@ def child(args: argparse.Namespace) -> None:
         from ctxrep.models.loading import load_encoder
     else:
         import transformers
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # libraries imported, nothing loaded
+    before = status_bytes("VmHWM")  # libraries imported, nothing loaded
     if args.child == "ctxrep":
         t0 = time.perf_counter()
         loaded = load_encoder(args.folder, dtype=args.dtype)
@@ -189,7 +197,7 @@ def child(args: argparse.Namespace) -> None:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         extra = {}
     np.save(args.out + ".npy", probe)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = status_bytes("VmHWM")
     result = {"seconds": seconds, "load_s": load_s, "peak": peak, "before": before, "weights": weights, **extra}
     Path(args.out).write_text(json.dumps(result))
 
