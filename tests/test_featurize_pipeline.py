@@ -173,6 +173,38 @@ def test_late_chunks_of_a_long_document_take_every_window(minilm_path):
     np.testing.assert_allclose(chunks[0][0], states[1 : 1 + first].mean(0), atol=1e-6)
 
 
+def test_plain_chunks_are_each_chunk_embedded_alone(minilm_path):
+    """late_chunking=False: the same chunks, each chunk's text embedded alone with the model's sentence pooling
+    (Jina's naive chunking); late chunks (the default) differ from them where the document's context matters."""
+    fz = Featurizer(minilm_path, sentence_pooling="model")
+    spans = [(0, 26), (27, 40), (41, 68)]
+    alone = fz.embed_sentences([DOC[a:b] for a, b in spans])
+    (plain,) = fz.embed_sentences([DOC], chunks="sentences", late_chunking=False)
+    (plain_spans,) = fz.embed_sentences([DOC], chunks=[spans], late_chunking=False)
+    (late,) = fz.embed_sentences([DOC], chunks="sentences")
+    np.testing.assert_allclose(plain, alone, atol=1e-6)
+    np.testing.assert_allclose(plain_spans, alone, atol=1e-6)
+    assert late.shape == plain.shape == (3, 384)
+    assert np.all((late * plain).sum(1) < 0.999)  # "It was heavy!" alone is not the crane's beam
+    # N tokens: the characters from a chunk's first token to the next chunk's, the same chunks as the late ones
+    (by_tokens,) = fz.embed_sentences([DOC], chunks=4, late_chunking=False)
+    (late_tokens,) = fz.embed_sentences([DOC], chunks=4)
+    starts = [*fz.tokenizer.char_offsets([DOC])[0].tolist(), len(DOC)]
+    texts = [DOC[starts[k] : starts[min(k + 4, len(starts) - 1)]].strip() for k in range(0, len(starts) - 1, 4)]
+    np.testing.assert_allclose(by_tokens, fz.embed_sentences(texts), atol=1e-6)
+    assert by_tokens.shape == late_tokens.shape
+    # they take prompts and dimensions as embed_sentences does; word lists go by the words starting in a chunk
+    (prompted,) = fz.embed_sentences([DOC], chunks="sentences", late_chunking=False, prompt="query: ", dimensions=64)
+    np.testing.assert_allclose(
+        prompted, fz.embed_sentences([DOC[a:b] for a, b in spans], prompt="query: ", dimensions=64), atol=1e-6
+    )
+    words = ["the", "crane", "lifted", "unbelievably", "heavy", "beams"]
+    (by_words,) = fz.embed_sentences([words], chunks=3, late_chunking=False)
+    n = len(fz.tokenizer.encode_words([words])[0].ids)
+    assert len(by_words) == -(-n // 3)
+    assert fz.embed_sentences([], chunks=2, late_chunking=False) == []
+
+
 def test_late_chunks_bad_input():
     fz = Featurizer("minilm")
     with pytest.raises(ValueError, match="text 0: chunk 1 \\(30, 40\\) holds no token"):
@@ -187,6 +219,12 @@ def test_late_chunks_bad_input():
         fz.embed_sentences(["a"], chunks=0)
     with pytest.raises(ValueError, match="chunks must be 'sentences'"):
         fz.embed_sentences(["a"], chunks="paragraphs")
+    with pytest.raises(ValueError, match="chunks must be 'sentences'"):
+        fz.embed_sentences(["a"], chunks="paragraphs", late_chunking=False)
+    with pytest.raises(ValueError, match="late chunks take no prompt.*late_chunking=False"):
+        fz.embed_sentences(["a b"], chunks=1, prompt="query: ")
+    with pytest.raises(ValueError, match="text 0: chunk 1 \\(30, 40\\) holds no token"):
+        fz.embed_sentences(["short text"], chunks=[[(0, 5), (30, 40)]], late_chunking=False)
 
 
 def test_cut_texts_name_the_texts_a_window_cut(minilm_path):

@@ -545,6 +545,7 @@ class Featurizer:
         text_pairs: Sequence[Text] | None = None,
         *,
         chunks: Chunks | None = None,
+        late_chunking: bool = True,
         prompt: str | None = None,
         prompt_name: str | None = None,
         dimensions: int | None = None,
@@ -561,6 +562,10 @@ class Featurizer:
         chunks is "sentences" (a string cut after ".", "!" or "?" followed by white space), an int N (consecutive
         chunks of N tokens), or per text a list of (start, end) character spans (a token belongs to the span its
         first character falls in). Spans and sentences need strings; word lists take N tokens.
+        late_chunking=False (Jina's "naive chunking"): the plain per-chunk vectors instead, each chunk's text embedded
+        alone as embed_sentences embeds a text (the same chunks; N tokens: the characters from the chunk's first
+        token to the next chunk's, of a word list the words whose first piece falls in the chunk); these take
+        prompt, prompt_name and dimensions as embed_sentences does.
 
         prompt / prompt_name: text put before each text (before a word list's words): given, or the folder's
         prompt of that name (config_sentence_transformers.json), else the folder's default prompt, as
@@ -570,8 +575,13 @@ class Featurizer:
         if chunks is not None:
             if text_pairs is not None:
                 raise ValueError("chunks= embeds single texts: leave text_pairs out")
+            if not late_chunking:
+                return self._embed_plain_chunks(texts, chunks, prompt, prompt_name, dimensions)
             if (prompt, prompt_name, dimensions) != (None, None, None):
-                raise ValueError("chunks= takes no prompt, prompt_name or dimensions (the chunks index the texts)")
+                raise ValueError(
+                    "late chunks take no prompt, prompt_name or dimensions (the chunks index the document's tokens); "
+                    "leave them out, or give late_chunking=False for plain per-chunk vectors"
+                )
             return self._embed_chunks(texts, chunks)
         prefix = self.prompts.resolve(prompt, prompt_name)
         texts = with_prompt(prefix, as_list(texts))
@@ -593,9 +603,8 @@ class Featurizer:
             return normalize_rows(out[..., :dimensions])  # truncate, then unit length again
         return normalize_rows(out) if self.normalize else out  # each layer's vector unit length
 
-    def _embed_chunks(self, texts: Sequence[Text], chunks: Chunks) -> list[np.ndarray]:
-        """embed_sentences(texts, chunks=...): the chunks' token ranges, then the means of embed_tokens' states."""
-        texts = as_list(texts)
+    def _check_chunks(self, texts: list[Text], chunks: Chunks) -> dict[int, np.ndarray]:
+        """Refuse a bad chunks= argument; each text's tokens' first characters where chunks go by characters."""
         if isinstance(chunks, str) and chunks != "sentences":
             raise ValueError(f"chunks must be 'sentences', a number of tokens or per-text spans, got {chunks!r}")
         if isinstance(chunks, bool) or (isinstance(chunks, int) and chunks < 1):
@@ -605,32 +614,85 @@ class Featurizer:
             raise ValueError(
                 f"got {len(texts)} texts but chunk spans for {len(chunks)}; give one list of spans per text"
             )
-        tokens = self.embed_tokens(texts)
-        before = len(self.tokenizer.template.prefix)  # special tokens before the text's first piece
-        after = len(self.tokenizer.template.single_suffix)
         by_characters = [i for i, t in enumerate(texts) if not isinstance(chunks, int)]
         for i in by_characters:
             if not isinstance(texts[i], str):
                 raise ValueError(f"text {i}: chunks by characters (spans, sentences) need a string, not a word list")
-        offsets = dict(zip(by_characters, self.tokenizer.char_offsets([texts[i] for i in by_characters])))
+        return dict(zip(by_characters, self.tokenizer.char_offsets([texts[i] for i in by_characters])))
+
+    @staticmethod
+    def _chunk_ranges(text: Text, i: int, chunks: Chunks, n_pieces: int, starts: np.ndarray | None):
+        """Text i's chunks as (token ranges, character spans or None for N tokens) over its n_pieces tokens."""
+        if isinstance(chunks, int):
+            return [(k, min(k + chunks, n_pieces)) for k in range(0, n_pieces, chunks)], None
+        spans = sentence_spans(text) if chunks == "sentences" else chunks[i]
+        return [_token_range(starts, span, i, k) for k, span in enumerate(spans)], spans
+
+    def _embed_chunks(self, texts: Sequence[Text], chunks: Chunks) -> list[np.ndarray]:
+        """embed_sentences(texts, chunks=...): the chunks' token ranges, then the means of embed_tokens' states."""
+        texts = as_list(texts)
+        offsets = self._check_chunks(texts, chunks)
+        tokens = self.embed_tokens(texts)
+        before = len(self.tokenizer.template.prefix)  # special tokens before the text's first piece
+        after = len(self.tokenizer.template.single_suffix)
         normalize = self.normalize or (self.model_pooling is not None and self.model_pooling.normalize)
         out = []
         for i, (_, states) in enumerate(tokens):
             pieces = states[before : len(states) - after]  # (pieces, ...) the text's tokens, no special tokens
-            if isinstance(chunks, int):
-                ranges = [(k, min(k + chunks, len(pieces))) for k in range(0, len(pieces), chunks)]
-            else:
-                starts = offsets[i]
-                if len(starts) != len(pieces):
-                    raise ValueError(
-                        f"text {i}: its {len(pieces)} tokens in windows differ from its {len(starts)} tokens whole; "
-                        "chunk it by a number of tokens instead"
-                    )
-                spans = sentence_spans(texts[i]) if chunks == "sentences" else chunks[i]
-                ranges = [_token_range(starts, span, i, k) for k, span in enumerate(spans)]
+            if i in offsets and len(offsets[i]) != len(pieces):
+                raise ValueError(
+                    f"text {i}: its {len(pieces)} tokens in windows differ from its {len(offsets[i])} tokens whole; "
+                    "chunk it by a number of tokens instead"
+                )
+            ranges, _ = self._chunk_ranges(texts[i], i, chunks, len(pieces), offsets.get(i))
             vectors = np.stack([pieces[a:b].mean(axis=0) for a, b in ranges])  # (chunks, ...)
             out.append(normalize_rows(vectors) if normalize else vectors)
         return out
+
+    def _embed_plain_chunks(
+        self,
+        texts: Sequence[Text],
+        chunks: Chunks,
+        prompt: str | None,
+        prompt_name: str | None,
+        dimensions: int | None,
+    ) -> list[np.ndarray]:
+        """embed_sentences(texts, chunks=..., late_chunking=False): the same chunks cut out of each text, then all
+        of them embedded alone in one embed_sentences call."""
+        texts = as_list(texts)
+        offsets = self._check_chunks(texts, chunks)
+        if not texts:
+            return []
+        word_ids: dict[int, np.ndarray] = {}  # N tokens of a word list: each piece's word
+        if isinstance(chunks, int):  # N tokens: the tokens' characters (strings) or words (word lists)
+            strings = [i for i, t in enumerate(texts) if isinstance(t, str)]
+            offsets = dict(zip(strings, self.tokenizer.char_offsets([texts[i] for i in strings])))
+            lists = [i for i, t in enumerate(texts) if not isinstance(t, str)]
+            encoded = self.tokenizer.encode_words([words_of(texts[i], i) for i in lists])
+            word_ids = {i: np.asarray(p.word_ids, np.int64) for i, p in zip(lists, encoded)}
+        pieces: list[Text] = []
+        counts = []
+        for i, text in enumerate(texts):
+            n = len(offsets[i]) if i in offsets else len(word_ids[i])
+            ranges, spans = self._chunk_ranges(text, i, chunks, n, offsets.get(i))
+            if spans is not None:
+                cut = [text[int(a) : int(b)] for a, b in spans]
+            elif i in offsets:
+                bounds = [*offsets[i].tolist(), len(text)]
+                cut = [text[bounds[a] : bounds[b]].strip() for a, b in ranges]
+            else:  # a word goes with the chunk its first piece falls in
+                firsts = np.searchsorted(word_ids[i], np.arange(len(text)))
+                cut = [[text[w] for w in np.flatnonzero((firsts >= a) & (firsts < b))] for a, b in ranges]
+            for k, chunk in enumerate(cut):
+                if not (chunk.strip() if isinstance(chunk, str) else chunk):
+                    raise ValueError(
+                        f"text {i}: chunk {k} of {chunks} tokens starts inside one word and holds none of its own; "
+                        "give more tokens per chunk, or late_chunking=True"
+                    )
+            pieces.extend(cut)
+            counts.append(len(cut))
+        vectors = self.embed_sentences(pieces, prompt=prompt, prompt_name=prompt_name, dimensions=dimensions)
+        return np.split(vectors, np.cumsum(counts)[:-1])
 
     def embed_ids(self, ids: Sequence[Sequence[int]]) -> np.ndarray:
         """Sentence vectors of texts given as token ids (this tokenizer's, without special tokens; e.g. a corpus
