@@ -372,6 +372,36 @@ def test_search_rerank_keeps_the_rerankers_k_best(bert_ce, tmp_path, tiny_models
     np.testing.assert_allclose([float(r[2]) for r in rows], [s for _, s in expected], atol=1e-4)
 
 
+def test_search_rerank_says_which_hits_it_cut_and_takes_a_prompt(bert_ce, tmp_path, tiny_models):
+    """ctxrep search --rerank: one line on standard error names, per query, the ids of the hits whose (query,
+    document) pair the reranker cut to fit; --rerank-prompt-name reaches the reranker."""
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    long_doc = " ".join(["the fox jumped over the lazy dog again"] * 20)  # past the 64 positions: cut
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join([*DOCS, long_doc, long_doc + " twice"]) + "\n")  # ids 0..6; 5 and 6 are cut
+    built = CliRunner().invoke(
+        main,
+        ["index", "build", "--input", str(docs), "--out", str(tmp_path / "ix"), "--model", str(tiny_models["bert"])],
+    )
+    assert built.exit_code == 0, built.output
+    args = ["search", "--index", str(tmp_path / "ix"), "--query", QUERY, "--query", "dog", "-k", "2"]
+    result = CliRunner().invoke(main, [*args, "--rerank", str(bert_ce), "--rerank-depth", "7"])
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.strip().splitlines()) == 5  # the table alone on stdout
+    (line,) = result.stderr.strip().splitlines()
+    head = "ctxrep search: the reranker cut 4 (query, document) pairs to fit its 64 tokens: "
+    assert line.startswith(head)
+    per_query = [part.split(": ") for part in line[len(head) :].split("; ")]
+    assert [(q, sorted(ids.split(", "))) for q, ids in per_query] == [("query 1", ["5", "6"]), ("query 2", ["5", "6"])]
+    named = CliRunner().invoke(main, [*args, "--rerank", str(bert_ce), "--rerank-prompt-name", "passage"])
+    assert named.exit_code == 1 and "unknown prompt name 'passage'" in named.output  # it reached the reranker
+    bad = CliRunner().invoke(main, [*args, "--rerank-prompt", "query : "])
+    assert bad.exit_code == 1 and "--rerank-prompt(-name) applies with --rerank MODEL" in bad.output
+
+
 def test_rerank_hits_says_which_hits_it_cut(bert_ce):
     from ctxrep.rerank import rerank_hits
     from ctxrep.vectors.index import Hits

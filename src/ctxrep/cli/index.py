@@ -11,6 +11,7 @@ ctxrep index build --input faq.txt --late-interaction --model FOLDER --out lx/  
 ctxrep search --index lx/ --query "how do I reset my password"                    # the kind is read from the folder
 ctxrep index build --input faq.txt --model FOLDER --dimensions 128 --binary --document-prompt-name document --out bx/
 ctxrep search --index bx/ --query "reset password" --query-prompt-name query     # same dimensions, binary + rescore
+ctxrep search --index ix/ --query "reset password" --rerank RERANKER --rerank-depth 50   # retrieve 50, rerank to k
 """
 
 from __future__ import annotations
@@ -236,6 +237,8 @@ def _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, co
 )
 @click.option("--rerank", "rerank_model", default=None, help="Rerank the hits with this reranker (a model).")
 @click.option("--rerank-depth", default=50, show_default=True, help="--rerank: hits retrieved, reranked to k.")
+@click.option("--rerank-prompt", default=None, help="--rerank: text put before each query for the reranker.")
+@click.option("--rerank-prompt-name", default=None, help="--rerank: a prompt the reranker's folder declares, by name.")
 @click.option("--sparse", is_flag=True, help="Expect a sparse index (`index build --sparse`); else an error.")
 @click.option(
     "--late-interaction", is_flag=True, help="Expect a late-interaction index (`index build --late-interaction`)."
@@ -253,6 +256,8 @@ def search(
     candidates,
     rerank_model,
     rerank_depth,
+    rerank_prompt,
+    rerank_prompt_name,
     sparse,
     late_interaction,
     query_prompt_name,
@@ -290,6 +295,9 @@ def search(
         if not isinstance(ix, SentenceIndex):
             raise ValueError(f"--query-prompt(-name): dense indexes only; {index_dir} holds a {type(ix).__name__}")
         prompt = {"prompt": query_prompt, "prompt_name": query_prompt_name}
+    if rerank_model is None and (rerank_prompt is not None or rerank_prompt_name is not None):
+        raise ValueError("--rerank-prompt(-name) applies with --rerank MODEL; add --rerank or leave them out")
+    cut: dict[int, list] = {}  # query number -> ids of the hits the reranker cut to fit
     if rerank_model is None:
         hits = ix.search(queries, k=k, **prompt)
     else:  # retrieve rerank_depth, then keep the reranker's k best (ctxrep.rerank.rerank_hits)
@@ -297,7 +305,11 @@ def search(
 
         found = ix.search(queries, k=max(k, rerank_depth), **prompt)
         reranker = load_reranker(rerank_model, device=device)
-        hits = [rerank_hits(reranker, q, h, k) for q, h in zip(queries, found)]
+        hits = []
+        for number, (q, h) in enumerate(zip(queries, found), start=1):
+            hits.append(rerank_hits(reranker, q, h, k, prompt=rerank_prompt, prompt_name=rerank_prompt_name))
+            if reranker.cut_texts:
+                cut[number] = [h.ids[i] for i in reranker.cut_texts]
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout
     try:
         out.write("query\trank\tscore\tid\ttext\n")
@@ -310,6 +322,13 @@ def search(
             out.close()
     if out_path:
         click.echo(f"wrote {sum(len(h) for h in hits)} hits for {len(queries)} queries to {Path(out_path)}")
+    if cut:
+        named = "; ".join(f"query {q}: {', '.join(map(str, ids))}" for q, ids in cut.items())
+        click.echo(
+            f"ctxrep search: the reranker cut {sum(map(len, cut.values()))} (query, document) pairs to fit its "
+            f"{reranker.max_length} tokens: {named}",
+            err=True,
+        )
 
 
 def _open(folder: Path, device: str | None, candidates: int = 64):
