@@ -36,9 +36,9 @@ def test_progress_lines_when_stderr_is_not_a_terminal(corpus, tmp_path):
     )
     assert result.exit_code == 0, result.output
     lines = result.stderr.strip().splitlines()
-    # CliRunner's stderr is no terminal: plain progress lines, the last one at 100% with the texts and shards done
-    assert lines and lines[-1].startswith("embed: ") and "(100%)" in lines[-1], result.stderr
-    assert "11 texts in 3 shards" in lines[-1]
+    # CliRunner's stderr is no terminal: plain progress lines, the last one at 100%, counting texts (not bytes)
+    assert lines and lines[-1].startswith("embed: 11/11 texts (100%), "), result.stderr
+    assert lines[-1].endswith(", 3 shards") and " B" not in lines[-1]
     assert "\r" not in result.stderr
 
 

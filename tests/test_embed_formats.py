@@ -163,7 +163,7 @@ def test_csv_blank_lines_skipped_keep_true_line_numbers(tmp_path, model):
     assert sorted({(r["text"], r["line"]) for r in index}) == [(0, 2), (1, 5)]
 
 
-def test_quantize_int8_gives_close_vectors_and_is_part_of_the_run_settings(tmp_path, model, reference):
+def test_quantize_int8_gives_close_vectors_and_is_part_of_the_run_spec(tmp_path, model, reference):
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
     result = run(model, tmp_path / "in.txt", tmp_path / "out", "--quantize", "int8", "--no-compile")
     assert result.exit_code == 0, result.output
@@ -172,4 +172,4 @@ def test_quantize_int8_gives_close_vectors_and_is_part_of_the_run_settings(tmp_p
     cosine = (vectors * ref).sum(-1) / (np.linalg.norm(vectors, axis=-1) * np.linalg.norm(ref, axis=-1))
     assert vectors.shape == ref.shape and cosine.mean() > 0.95 and not np.array_equal(vectors, ref)
     again = run(model, tmp_path / "in.txt", tmp_path / "out")  # float32 into an int8 run's folder: refused
-    assert again.exit_code == 1 and "differs in: quantize" in again.output, again.output
+    assert again.exit_code == 1 and "differs in: precision" in again.output, again.output

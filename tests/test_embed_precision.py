@@ -23,21 +23,21 @@ def _embed(corpus, out, model, precision, **kwargs):
     lines = []
     job = EmbedJob(str(corpus), str(out), model=model, level="sentence", precision=precision, **kwargs)
     embed_corpus(job, show_progress=False, log=lines.append)
-    return json.loads((out / "manifest.json").read_text())["settings"], lines
+    return json.loads((out / "manifest.json").read_text())["spec"], lines
 
 
 def test_auto_records_the_precision_it_chose(corpus, tmp_path, tiny_models, monkeypatch):
     model = str(tiny_models["bert"])
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
-    settings, lines = _embed(corpus, tmp_path / "bf16", model, "auto")
-    assert settings["precision"] == "bf16"  # what ran, not "auto"
+    spec, lines = _embed(corpus, tmp_path / "bf16", model, "auto")
+    assert spec["precision"] == "bf16"  # what ran, not "auto"
     assert "precision: bf16 (auto: native bfloat16 on this device)" in lines
     _, again = _embed(corpus, tmp_path / "bf16", model, "bf16")  # the same run: already complete
     assert not any("differs" in line for line in again)
 
     monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2"}))
-    settings, lines = _embed(corpus, tmp_path / "fp32", model, "auto")
-    assert "precision" not in settings  # float32, as a run without --precision records it
+    spec, lines = _embed(corpus, tmp_path / "fp32", model, "auto")
+    assert spec["precision"] == "fp32"  # as a run without --precision records it
     assert "precision: fp32 (auto: no native bfloat16 on this device)" in lines
     with pytest.raises(ValueError, match=r"holds the output of a different run \(differs in: precision\)"):
         _embed(corpus, tmp_path / "bf16", model, "auto")  # bf16's folder; auto now chooses fp32

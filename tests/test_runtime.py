@@ -247,7 +247,7 @@ def test_embed_and_neighbors_pass_device_precision_and_backend_through(tiny_mode
         result = runner.invoke(main, args)
         assert result.exit_code == 0, result.output
     reference, ours = load_vectors(tmp_path / "fp32"), load_vectors(tmp_path / "ov")
-    assert ours.manifest["settings"]["precision"] == "bf16" and ours.manifest["settings"]["backend"] == "openvino"
+    assert ours.spec.precision == "bf16" and ours.spec.backend == "openvino"
     assert word_cosines([np.asarray(ours.array)], [np.asarray(reference.array)]).mean() >= 0.99
     seen = []
     real = ctxrep.featurize.Featurizer

@@ -79,8 +79,9 @@ def test_embed_records_the_spec_and_load_vectors_checks_it(tiny_models, fz, tmp_
         load_vectors(tmp_path / "out", expect=Featurizer(tiny_models["bert"], pooling="first"))
     with pytest.raises(SpecMismatch, match=r"model '.*bert\d*' != '.*roberta\d*'"):
         load_vectors(tmp_path / "out", expect=Featurizer(tiny_models["roberta"]))
-    # a folder written before manifests kept a spec is read from its settings
+    # a folder written before manifests kept a spec is read from the vector settings its `settings` then repeated
     del manifest["spec"]
+    manifest["settings"].update(model=str(tiny_models["bert"]), layers="-1", pooling="mean", sentence_pooling="auto")
     (tmp_path / "out" / "manifest.json").write_text(json.dumps(manifest))
     old = load_vectors(tmp_path / "out", expect=fz)
     assert old.spec.model == str(tiny_models["bert"]) and old.spec.layers == -1

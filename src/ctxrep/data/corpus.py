@@ -358,9 +358,10 @@ def pack_corpus(
     document_starts: list[int] = []
     num_sentences = 0
     num_tokens = 0
+    bytes_done = 0
     with (
         open(out / TOKENS_FILE, "wb") as sink,
-        show_progress(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", enabled=progress) as bar,
+        show_progress(unit="sentences", desc="tokenize", enabled=progress) as bar,
     ):
         for task, (tokens, piece_counts, lengths) in _run_tasks(_tasks(files, config), out, config.num_workers):
             for (new_document, _), count in zip(task.pieces, piece_counts):
@@ -370,7 +371,12 @@ def pack_corpus(
             sentence_lengths.append(lengths)
             sink.write(tokens.astype(dtype, copy=False).tobytes())
             num_tokens += len(tokens)
-            bar.update(task.progress_bytes)
+            # the progress counts sentences; the bytes read so far only estimate how many the corpus holds
+            bytes_done += task.progress_bytes
+            if bytes_done:
+                bar.total = max(num_sentences, round(num_sentences * total_bytes / bytes_done))
+            bar.update(sum(piece_counts))
+        bar.total = num_sentences
 
     if num_tokens == 0:
         raise CorpusError(

@@ -70,10 +70,10 @@ def embed_corpus(
     placements = worker_placements(job, workers, devices)  # bad options fail before the folder is touched
     job.check_prompt()  # an unknown --prompt-name: before any model loads
     job = choose_precision(job, placements[0][0], log)
-    run = open_run(job, log)
+    run = open_run(job, log, placements[0][0])
     if isinstance(run, EmbedSummary):
         return run
-    bar, stream, records = open_records(job, show_progress, log)
+    bar, stream, records = open_records(job, show_progress, log, done=run.texts_done)
     run.bar = bar
     try:
         run.say_resuming()
@@ -98,6 +98,7 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
     fz = job.featurizer(device, threads)
     run.row_shape = vector_row_shape(fz, job.level, job.dimensions)
     spec = job.spec_of(fz)
+    run.check(spec)  # a resumed folder's vectors must be these: refused before any shard is embedded
     options = job.sentence_options()
     for k, first, records in shards:
         run.seen = k + 1
@@ -107,41 +108,54 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
         run.record(k, entry, run.row_shape, spec)
 
 
-def open_records(job: EmbedJob, show_progress: bool = True, log: Callable[[str], None] = to_stderr):
-    """(progress display, the stream to close or None, the lazy records) of the job's input. The progress counts the
-    bytes read (rows for Parquet)."""
+def open_records(
+    job: EmbedJob,
+    show_progress: bool = True,
+    log: Callable[[str], None] = to_stderr,
+    done: int = 0,
+    desc: str = "embed",
+):
+    """(progress display, the stream to close or None, the lazy records) of the job's input.
+
+    The progress counts texts (`done`: those an earlier run embedded); whoever embeds them updates it
+    (`EmbedRun.record`). Its total is the input's texts: a Parquet file's rows, else estimated from the share of the
+    file's bytes read so far (none for standard input or a gzip-compressed file), and exact once the input is read."""
+    bar = progress(unit="texts", desc=desc, enabled=show_progress, initial=done)
     if job.fmt == "parquet":
-        rows = parquet_rows(job.input_path)
-        bar = progress(total=rows, unit="rows", desc="embed", enabled=show_progress)
+        bar.total = parquet_rows(job.input_path)
         with open(job.input_path, "rb") as f:
             if f.read(4) != b"PAR1":
                 raise ValueError(f"{job.source}: not a Parquet file (no PAR1 magic); check --format")
-        return (
-            bar,
-            None,
-            _counting_records(parquet_records(job.input_path, job.source, job.text_field, job.skip_empty), bar),
-        )
+        records = parquet_records(job.input_path, job.source, job.text_field, job.skip_empty)
+        return bar, None, _TextTotal(bar).counted(records)
     stream = open_input(job.input_path)
-    total = None
+    size = None
     if job.input_path != "-" and not isinstance(stream, gzip.GzipFile):
-        total = os.path.getsize(job.input_path)
-    bar = progress(total=total, unit="B", unit_scale=True, desc="embed", enabled=show_progress)
-    records = read_records(_counting(stream, bar), job.source, job.fmt, job.text_field, job.skip_empty, log, job.header)
-    return bar, (stream if job.input_path != "-" else None), records
+        size = os.path.getsize(job.input_path)
+    total = _TextTotal(bar, size)
+    records = read_records(total.bytes_of(stream), job.source, job.fmt, job.text_field, job.skip_empty, log, job.header)
+    return bar, (stream if job.input_path != "-" else None), total.counted(records)
 
 
-def _counting(stream, bar) -> Iterator[bytes]:
-    for raw in stream:
-        bar.update(len(raw))
-        yield raw
+class _TextTotal:
+    """Sets a progress display's total of texts as the input is read: estimated from the bytes read so far out of
+    the file's `size` (bytes are never the unit shown), exact when the input ends."""
 
+    def __init__(self, bar, size: int | None = None) -> None:
+        self.bar, self.size, self.bytes, self.texts = bar, size, 0, 0
 
-def _counting_records(records: Iterator[Record], bar) -> Iterator[Record]:
-    last = 0
-    for record in records:
-        bar.update(record.line - last)
-        last = record.line
-        yield record
+    def bytes_of(self, stream) -> Iterator[bytes]:
+        for raw in stream:
+            self.bytes += len(raw)
+            yield raw
+
+    def counted(self, records: Iterator[Record]) -> Iterator[Record]:
+        for record in records:
+            self.texts += 1
+            if self.size and self.bytes:
+                self.bar.total = max(self.texts, round(self.texts * self.size / self.bytes))
+            yield record
+        self.bar.total = self.texts
 
 
 # ---- reading back (tests and small scripts; ctxrep.load_vectors maps the shards instead) --------------------------

@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from ctxrep.embed.records import DEFAULT_TEXT_COLUMN, FORMATS, to_stderr
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, layers_text, parse_layers
+from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, parse_layers
 
 
 @dataclass
 class EmbedJob:
     """What to embed and how. Everything but the performance knobs (batch_tokens, threads, compile, device) is
-    recorded in the manifest: a resumed run must ask for the same vectors."""
+    recorded in the manifest (the input and the layout in `settings()`, the vectors in `spec_of(featurizer)`): a
+    resumed run must ask for the same."""
 
     input_path: str
     out_dir: str
@@ -132,15 +133,13 @@ class EmbedJob:
         return replace(spec, dimensions=self.dimensions, prompt=prompt)
 
     def settings(self) -> dict:
-        """The manifest's `settings`: what decides the vectors and the shard layout."""
+        """The manifest's `settings`: what decides which texts are read and how the shards are laid out (the input
+        and its fingerprint, format, column, header, level, shard size, storage). What decides the vectors themselves
+        (model, layers, pooling, precision, ...) is the manifest's `spec` (`spec_of`), recorded once, not here."""
         settings = {
-            "model": self.model,
             "format": self.fmt,
             "text_field": self.text_field,
             "level": self.level,
-            "layers": layers_text(self.layers),
-            "pooling": self.pooling,
-            "sentence_pooling": self.sentence_pooling,
             "shard_size": self.shard_size,
             "storage": self.storage,
             "skip_empty": self.skip_empty,
@@ -148,16 +147,6 @@ class EmbedJob:
         }
         if self.header is not None:  # decides which rows are texts
             settings["header"] = self.header
-        if self.quantize is not None:  # changes the vectors: a resumed run must use the same setting
-            settings["quantize"] = self.quantize
-        if self.precision not in ("fp32", None):
-            settings["precision"] = self.precision
-        if self.backend not in ("torch", None):
-            settings["backend"] = self.backend
-        if self.output != "dense":
-            settings["output"] = self.output
-        for name, value in self.sentence_options().items():  # each decides the vectors
-            settings[name] = value
         settings.update(self.extra_settings)
         return settings
 

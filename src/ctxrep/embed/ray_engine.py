@@ -48,7 +48,6 @@ from ctxrep.embed.job import EmbedJob, EmbedSummary, choose_precision
 from ctxrep.embed.records import Record, shards_of, to_stderr
 from ctxrep.embed.run import open_run
 from ctxrep.embed.shards import vector_row_shape, with_cut
-from ctxrep.util.progress import progress
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING
 from ctxrep.vectors.store import write_arrays
 
@@ -259,12 +258,14 @@ def embed_with_ray(
     """
     ray = _require_ray()
     job.check_prompt()  # an unknown --prompt-name: before Ray starts
-    if job.dimensions is not None:  # wider than the model: one line here, not an actor's traceback
-        job.featurizer("cpu", job.threads)
     job = choose_precision(job, "cuda" if gpus_per_actor > 0 else None, log)  # the actors' device
-    run = open_run(job, log)
+    # the spec the manifest records (and a resumed folder must match), from the model loaded once here; --dimensions
+    # wider than the model is refused here too, in one line, not as an actor's traceback
+    spec = job.spec_of(job.featurizer("cpu", job.threads))
+    run = open_run(job, log, asked=spec)
     if isinstance(run, EmbedSummary):
         return run
+    run.check(spec)
     log_file = None if ray_verbose else Path(ray_log) if ray_log is not None else run.out / "ray.log"
     with _ray_output_to(log_file):
         return _embed_with_ray(ray, job, run, address, actors, cpus_per_actor, gpus_per_actor, batch_size, embedder,
@@ -376,8 +377,8 @@ def _embed_with_ray(
     if quiet:  # Ray Data's progress bars (or their log lines) would be drawn beside ctxrep's own
         context.enable_progress_bars = False
     run.say_resuming()
-    bar = progress(unit="texts", desc="embed (ray)", enabled=show_progress)
-    run.bar = bar
+    bar, stream, records = open_records(job, show_progress, log, done=run.texts_done, desc="embed (ray)")
+    run.bar = bar  # counts the texts of each shard recorded
 
     def embed_group(group: list[tuple[int, int, list[Record]]]) -> None:
         expected = {k: (first, len(records)) for k, first, records in group}  # shard -> (first text, texts)
@@ -400,9 +401,7 @@ def _embed_with_ray(
             vectors, index, row_shape, cut = _shard_arrays(rows, job.level)
             entry = write_arrays(vectors, index, k, expected[k][1], job.storage, run.out)
             run.record(k, with_cut(entry, cut, by_shard[k], expected[k][0]), row_shape)
-            bar.update(expected[k][1])
 
-    reading, stream, records = open_records(job, show_progress=False, log=log)
     try:
         group = []
         for k, first, shard_records in shards_of(records, job.shard_size):
@@ -420,7 +419,6 @@ def _embed_with_ray(
         raise
     finally:
         bar.close()
-        reading.close()
         if stream is not None:
             stream.close()
     return run.finish()

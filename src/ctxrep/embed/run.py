@@ -3,17 +3,24 @@ settings completed (or refuses a different run's folder), `EmbedRun.record` list
 manifest, `EmbedRun.finish` marks the folder complete. Whatever embeds the shards drives it: `embed_corpus` in this
 process, its worker processes (`ctxrep.embed.workers`) or Ray (`ctxrep.embed.ray_engine`). Only the process that
 reads the input writes the manifest.
+
+What a resumed run must match: the manifest's `settings` (the input, its fingerprint, format, column, header, level,
+shard size, storage: `EmbedJob.settings`) exactly, before anything loads, and its `spec` (the FeaturizerSpec of the
+vectors: model, revision, layers, pooling, precision, ...) once the model is loaded (`EmbedRun.check`), so that
+settings which resolve to the same vectors (layers -1 and 6 of a 6-layer model) resume. A manifest of an older
+ctxrep repeated the vector settings inside `settings` (LEGACY_VECTOR_KEYS): those are compared as that version did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from ctxrep.embed.job import EmbedJob, EmbedSummary
 from ctxrep.embed.records import to_stderr
 from ctxrep.embed.shards import cut_summary, vector_row_shape
-from ctxrep.vectors.spec import FeaturizerSpec
+from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch, layers_text
 from ctxrep.vectors.store import MANIFEST, read_manifest, write_manifest
 
 
@@ -24,7 +31,7 @@ class WorkerDied(ValueError):
 
 class EmbedRun:
     """The manifest's bookkeeping for one run: the shards done (kept from an earlier run, or recorded now), the spec
-    of their vectors, and the progress display the caller attaches (`bar`)."""
+    of their vectors, and the progress display the caller attaches (`bar`: counts the texts of each shard recorded)."""
 
     def __init__(
         self, job: EmbedJob, out: Path, manifest_file: Path, settings: dict, done: dict, log, spec=None
@@ -34,28 +41,41 @@ class EmbedRun:
         self.done = dict(done)
         self.resumed = len(done)
         self.seen = 0  # shards in the input
-        self.texts = 0
         self.row_shape: tuple[int, ...] | None = None
         self.bar = None
 
+    @property
+    def texts_done(self) -> int:
+        """The texts in the shards done so far."""
+        return sum(s["texts"] for s in self.done.values())
+
     def say_resuming(self) -> None:
         if self.done:
-            kept = sum(s["texts"] for s in self.done.values())
-            self.log(f"resuming after {kept} texts in {len(self.done)} complete shards")
+            self.log(f"resuming after {self.texts_done} texts in {len(self.done)} complete shards")
+
+    def check(self, spec: FeaturizerSpec) -> None:
+        """SpecMismatch (one line: the fields that differ, what to do) unless `spec`, what this run's model makes,
+        gives the vectors the folder holds; the first spec of a new folder is kept."""
+        if self.spec is not None and spec != self.spec:
+            differences = self.spec.differences(spec)
+            if differences:  # e.g. other layers, or the Hub model changed between runs
+                raise SpecMismatch(
+                    f"{self.out} holds the output of a different run (differs in: "
+                    f"{', '.join(d.split()[0] for d in differences)}): written != asked: {'; '.join(differences)}; "
+                    "use another --out directory or delete this one"
+                )
+        self.spec = spec
 
     def record(self, k: int, entry: dict, row_shape: tuple[int, ...], spec: FeaturizerSpec | None = None) -> None:
-        """Shard `k` is written (`entry`: its manifest entry): list it in the manifest."""
+        """Shard `k` is written (`entry`: its manifest entry, `spec`: what made it): list it in the manifest."""
         if spec is not None:
-            if self.spec is not None and spec != self.spec:  # e.g. the Hub model changed between runs
-                self.spec.check(spec, str(self.out), "use another --out folder, or delete this one")
-            self.spec = spec
+            self.check(spec)
         self.done[k] = entry
         self.row_shape = tuple(row_shape)
         self._write(complete=False)
-        if self.bar is not None:
-            self.bar.set_postfix_str(
-                f"{sum(s['texts'] for s in self.done.values()):,} texts in {len(self.done)} shards"
-            )
+        if self.bar is not None:  # the progress counts texts embedded
+            self.bar.update(entry["texts"])
+            self.bar.set_postfix_str(f"{len(self.done)} shards")
 
     def _write(self, complete: bool) -> None:
         shards = [self.done[k] for k in sorted(self.done)]
@@ -64,11 +84,11 @@ class EmbedRun:
 
     def finish(self) -> EmbedSummary:
         """Mark the folder complete (every shard of the input is listed); the summary of what it holds."""
-        texts = sum(s["texts"] for s in self.done.values())
+        texts = self.texts_done
         if self.seen == 0:
             empty = "all its texts were empty and skipped" if self.job.skip_empty else "it holds no texts"
             self.log(f"warning: {self.job.source}: nothing to embed: {empty}; check the input file and --format")
-        if self.row_shape is None:  # nothing embedded in this run: every shard was already done, or no input
+        if self.row_shape is None or self.spec is None:  # nothing embedded now: every shard was done, or no input
             self.row_shape = tuple(self._row_shape_without_model())
         missing = [k for k in range(self.seen) if k not in self.done]
         if missing:  # cannot happen unless a worker lost a shard silently: never mark such a run complete
@@ -87,15 +107,24 @@ class EmbedRun:
 
     def _row_shape_without_model(self) -> tuple[int, ...]:
         old = read_manifest(self.out)
-        if old is not None:
-            if old.get("row_shape"):
-                return tuple(old["row_shape"])
-        return vector_row_shape(self.job.featurizer(), self.job.level, self.job.dimensions)
+        if old is not None and old.get("row_shape") and self.spec is not None:
+            return tuple(old["row_shape"])
+        fz = self.job.featurizer()  # nothing was embedded yet: the model says what it would write
+        if self.spec is None:
+            self.spec = self.job.spec_of(fz)
+        return vector_row_shape(fz, self.job.level, self.job.dimensions)
 
 
-def open_run(job: EmbedJob, log: Callable[[str], None] = to_stderr) -> EmbedRun | EmbedSummary:
+def open_run(
+    job: EmbedJob,
+    log: Callable[[str], None] = to_stderr,
+    device: str | None = None,
+    asked: FeaturizerSpec | None = None,
+) -> EmbedRun | EmbedSummary:
     """The bookkeeping of a run into `job.out_dir`: the shards an earlier run with the same settings completed (a
-    different run's folder is refused), or the summary of a complete folder."""
+    different run's folder is refused), or the summary of a complete folder. A complete folder's spec is checked
+    here against `asked` (else the spec of the job's model, loaded on `device`); an unfinished one's when the run
+    loads its model (`EmbedRun.check`)."""
     out = Path(job.out_dir)
     settings = job.settings()
     manifest_file = out / MANIFEST
@@ -103,14 +132,21 @@ def open_run(job: EmbedJob, log: Callable[[str], None] = to_stderr) -> EmbedRun 
     spec = None  # what the shards already written hold (a resumed run must add the same)
     manifest = read_manifest(out)
     if manifest is not None:
-        if manifest["settings"] != settings:
-            keys = set(settings) | set(manifest["settings"])
-            changed = sorted(k for k in keys if manifest["settings"].get(k) != settings.get(k))
+        written = dict(manifest["settings"])
+        legacy = {k: written.pop(k) for k in LEGACY_VECTOR_KEYS if k in written}
+        changed = _changed(written, settings)
+        if legacy:  # a manifest of an older ctxrep: its copy of the vector settings, compared as it did
+            changed += _changed(legacy, legacy_vector_settings(job))
+        if changed:
             raise ValueError(
-                f"{out} holds the output of a different run (differs in: {', '.join(changed)}); "
+                f"{out} holds the output of a different run (differs in: {', '.join(sorted(changed))}); "
                 "use another --out directory or delete this one"
             )
+        spec = written_spec(manifest, legacy, manifest_file)
+        done = {_shard_number(s): s for s in manifest["shards"]}
         if manifest.get("complete"):
+            run = EmbedRun(job, out, manifest_file, settings, done, log, spec)
+            run.check(asked or job.spec_of(job.featurizer(device)))
             return EmbedSummary(
                 out,
                 job.model,
@@ -121,12 +157,67 @@ def open_run(job: EmbedJob, log: Callable[[str], None] = to_stderr) -> EmbedRun 
                 len(manifest["shards"]),
                 already_complete=True,
             )
-        done = {_shard_number(s): s for s in manifest["shards"]}
-        spec = FeaturizerSpec.from_dict(manifest["spec"], str(manifest_file)) if "spec" in manifest else None
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # what a killed run left half-written (the manifest's own .tmp included)
         stale.unlink(missing_ok=True)
     return EmbedRun(job, out, manifest_file, settings, done, log, spec)
+
+
+def _changed(written: dict, asked: dict) -> list[str]:
+    return [k for k in set(written) | set(asked) if written.get(k) != asked.get(k)]
+
+
+def written_spec(manifest: dict, legacy: dict, manifest_file: Path) -> FeaturizerSpec | None:
+    """The spec of the vectors a manifest lists: its `spec`, else (an older ctxrep's manifest) the one its vector
+    settings give; None when it lists no shard yet. A manifest that lists shards but says nothing of what made them
+    is refused in one line."""
+    if "spec" in manifest:
+        return FeaturizerSpec.from_dict(manifest["spec"], str(manifest_file))
+    if "model" in legacy:
+        spec = FeaturizerSpec.from_embed_settings(legacy)
+        return replace(spec, head="sparse") if legacy.get("output") == "sparse" else spec
+    if not manifest["shards"]:
+        return None
+    raise SpecMismatch(
+        f"{manifest_file}: lists {len(manifest['shards'])} shards but neither the spec of their vectors nor the model "
+        f"that made them; delete {manifest_file.parent} or use another --out directory, and embed again"
+    )
+
+
+# The vector settings that manifests of ctxrep before the embed rooms (issue 31) repeated inside `settings`.
+LEGACY_VECTOR_KEYS = (
+    "model",
+    "layers",
+    "pooling",
+    "sentence_pooling",
+    "quantize",
+    "precision",
+    "backend",
+    "output",
+    "dimensions",
+    "prompt",
+    "prompt_name",
+)
+
+
+def legacy_vector_settings(job: EmbedJob) -> dict:
+    """The vector settings an older ctxrep wrote into `settings` for `job`: what its manifest is compared with."""
+    settings = {
+        "model": job.model,
+        "layers": layers_text(job.layers),
+        "pooling": job.pooling,
+        "sentence_pooling": job.sentence_pooling,
+    }
+    if job.quantize is not None:
+        settings["quantize"] = job.quantize
+    if job.precision not in ("fp32", None):
+        settings["precision"] = job.precision
+    if job.backend not in ("torch", None):
+        settings["backend"] = job.backend
+    if job.output != "dense":
+        settings["output"] = job.output
+    settings.update(job.sentence_options())
+    return settings
 
 
 def _shard_number(entry: dict) -> int:

@@ -93,7 +93,9 @@ class Vectors:
         self.manifest = manifest
         self.settings: dict = settings
         self.level: str = settings.get("level", "word")
-        self.sparse = settings.get("output") == "sparse"  # rows are scipy.sparse (1, vocabulary) rows
+        head = manifest.get("spec", {}).get("head") if isinstance(manifest.get("spec"), dict) else None
+        # rows are scipy.sparse (1, vocabulary) rows: the spec's head says so (an older manifest's settings "output")
+        self.sparse = head == "sparse" or settings.get("output") == "sparse"
         self.complete = bool(manifest.get("complete"))
         if not self.complete:
             warnings.warn(
@@ -121,7 +123,8 @@ class Vectors:
     @property
     def spec(self) -> FeaturizerSpec | None:
         """The settings that made these vectors (the manifest's `spec`; for a folder written before manifests kept
-        one, read from its requested settings); None when the folder does not say which model made them."""
+        one, read from the vector settings its `settings` then repeated); None when the folder does not say which
+        model made them."""
         if "spec" in self.manifest:
             return FeaturizerSpec.from_dict(self.manifest["spec"], f"{self.path / MANIFEST}")
         if "model" in self.settings:
@@ -147,7 +150,8 @@ class Vectors:
 
     def __repr__(self) -> str:
         shape = "x".join(map(str, self.row_shape))
-        model = self.settings.get("model")
+        spec = self.spec
+        model = spec.model if spec is not None else None
         return (
             f"Vectors({str(self.path)!r}, model={model!r}, texts={len(self)}, rows={self.num_rows}, "
             f"level={self.level!r}, row_shape={shape})"
@@ -316,7 +320,7 @@ def load_vectors(path: str | Path, expect=None) -> Vectors:
         vectors.line(i)      # the 1-based input line (or Parquet row) of text i
         vectors.index()      # every row's text, line, word position and word, as arrays
         vectors.array        # every row in one in-memory array (reads all shards)
-        vectors.settings     # what the run asked for (model as typed, layers, pooling, input)
+        vectors.settings     # what the run read and how it laid out the shards (input, format, level, shard size)
         vectors.spec         # what made the vectors (FeaturizerSpec: model, revision, layers, pooling, precision, ...)
 
     expect: a ctxrep.Featurizer (or FeaturizerSpec) the caller means to compare these vectors with; a folder
@@ -427,8 +431,10 @@ def write_manifest(
     spec: FeaturizerSpec | None = None,
     extra: dict | None = None,
 ) -> None:
-    """Write OUT/manifest.json atomically: the run's settings, the spec of its vectors, the finished shards (in
-    order) and, when complete, the totals. `extra`: further top-level entries a job records."""
+    """Write OUT/manifest.json atomically: the run's settings (what it read and how it lays out the shards: input,
+    format, level, shard size, storage), the spec of its vectors (model, layers, pooling, precision, ...: kept only
+    there), the finished shards (in order) and, when complete, the totals. `extra`: further top-level entries a job
+    records."""
     manifest: dict = {
         "settings": settings,
         "dim": row_shape[-1] if row_shape else None,
