@@ -256,11 +256,31 @@ def test_prompts_per_request_through_the_openai_client_and_tei(prompted):
     assert "unknown prompt name 'passage'" in bad.json()["error"]
 
 
-def test_embed_sparse_refuses_a_prompt(splade_folder, tiny_models):
-    service = EmbeddingService(Featurizer(tiny_models["bert"]), "tiny", sparse=SparseEncoder(splade_folder))
+def test_embed_sparse_takes_a_prompt(splade_folder, tiny_models, tmp_path):
+    """/embed_sparse takes "prompt" / "prompt_name" as TEI's /embed does (the sparse folder's prompts, else its
+    default): the vectors SparseEncoder.embed_sparse gives with them; an unknown name or both given: 422 in TEI's
+    error schema."""
+    folder = tmp_path / "splade"
+    shutil.copytree(splade_folder, folder)
+    (folder / "config_sentence_transformers.json").write_text(
+        json.dumps({"prompts": {"query": "query : ", "doc": "passage : "}})
+    )
+    encoder = SparseEncoder(folder)
+    texts = ["A man is playing a guitar .", "guitar guitar guitar"]
+    asked = {"named": {"prompt_name": "query"}, "given": {"prompt": "find : "}, "plain": {}}
+    service = EmbeddingService(Featurizer(tiny_models["bert"]), "tiny", sparse=SparseEncoder(folder))
     with ServerThread(build_app(service)) as s:
-        r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": "a b", "prompt_name": "query"})
-    assert r.status_code == 422 and r.json() == {
-        "error": "prompt_name: the sparse encoder takes no prompt; send the texts as they are",
-        "error_type": "Validation",
-    }
+        got = {
+            k: httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts, **v}, timeout=60) for k, v in asked.items()
+        }
+        bad = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts, "prompt_name": "passage"})
+        both = httpx.post(f"{s.url}/embed_sparse", json={"inputs": texts, "prompt": "a", "prompt_name": "doc"})
+    for kind, kwargs in asked.items():
+        assert got[kind].status_code == 200, got[kind].text
+        for answer, want in zip(got[kind].json(), encoder.embed_sparse(texts, **kwargs)):
+            assert [x["index"] for x in answer] == want.indices
+            assert [x["value"] for x in answer] == pytest.approx(want.values, abs=1e-6)
+    assert got["named"].json() != got["plain"].json()  # the prompt changed the vectors
+    assert bad.status_code == 422 and bad.json() == {"error": bad.json()["error"], "error_type": "Validation"}
+    assert "unknown prompt name 'passage'" in bad.json()["error"] and "'query', 'doc'" in bad.json()["error"]
+    assert both.status_code == 422 and "give prompt or prompt_name, not both" in both.json()["error"]

@@ -12,8 +12,9 @@ Routes:
                              -> [[...]]
   /v1/embeddings and /embed take "prompt" (text before each input) or "prompt_name" (the folder's prompts); none: the
   folder's default prompt, as sentence-transformers' encode (Featurizer.embed_sentences(prompt=, prompt_name=)).
-  POST /embed_sparse         text-embeddings-inference's: {"inputs"} -> [[{"index", "value"}]] per text (with
-                             --sparse-model MODEL: SPLADE or BGE-M3, `ctxrep.vectors.sparse.SparseEncoder`)
+  POST /embed_sparse         text-embeddings-inference's: {"inputs", "prompt_name", "prompt"} -> [[{"index", "value"}]]
+                             per text (with --sparse-model MODEL: SPLADE or BGE-M3, `ctxrep.vectors.sparse.SparseEncoder`;
+                             prompts as /embed's, from the sparse model's folder)
   POST /rerank               text-embeddings-inference's: {"query", "texts", "return_text"} -> [{"index", "score"}]
                              best first (with --reranker MODEL)
   POST /v1/rerank            Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n",
@@ -52,7 +53,7 @@ from pydantic import BaseModel, ConfigDict
 from ctxrep.rerank.ranking import check_rerank_args
 from ctxrep.serve.batcher import QueueFull
 from ctxrep.serve.errors import BodyLimit, RequestError, error_body, validation_message
-from ctxrep.serve.service import SPARSE, EmbeddingService, Text, Words
+from ctxrep.serve.service import EmbeddingService, Text, Words
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.quantize import truncate
 
@@ -95,7 +96,8 @@ class TEISparseRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     inputs: str | list[str]
     truncate: bool = False
-    prompt_name: str | None = None  # refused when given: the sparse encoder takes no prompt
+    prompt_name: str | None = None
+    prompt: str | None = None
 
 
 class TEIRerankRequest(BaseModel):
@@ -220,6 +222,12 @@ class Handlers:
     def sentences_key(self, prompt: str | None, prompt_name: str | None):
         try:
             return self.service.sentences_key(prompt, prompt_name)
+        except (ValueError, TypeError) as e:
+            raise RequestError(422, str(e).splitlines()[0]) from None
+
+    def sparse_key(self, prompt: str | None, prompt_name: str | None):
+        try:
+            return self.service.sparse_key(prompt, prompt_name)
         except (ValueError, TypeError) as e:
             raise RequestError(422, str(e).splitlines()[0]) from None
 
@@ -356,10 +364,9 @@ def tei_routes(app, h: Handlers) -> None:
             raise RequestError(
                 404, "no sparse model is loaded: start ctxrep serve with --sparse-model MODEL", "model_not_found"
             )
-        if body.prompt_name is not None:
-            raise RequestError(422, "prompt_name: the sparse encoder takes no prompt; send the texts as they are")
+        key = h.sparse_key(body.prompt, body.prompt_name)
         texts = h.texts_of(body.inputs, "inputs")
-        vectors, counts, cut = await h.embed(SPARSE, texts)
+        vectors, counts, cut = await h.embed(key, texts)
         report = h.long_texts(counts, cut, featurizer=sparse.featurizer)
         return JSONResponse([v.to_tei() for v in vectors], headers=long_text_headers(report))
 

@@ -132,8 +132,12 @@ SPARSE_CALL_TEXTS = 256
 
 @dataclass(frozen=True)
 class Sparse:
-    """SparseEncoder.embed_sparse: one SparseVector per text (TEI's /embed_sparse), and the texts its Featurizer
-    cut, read after each call of at most SPARSE_CALL_TEXTS texts."""
+    """SparseEncoder.embed_sparse with a prompt (given, or the folder's by name, or its default: none given): one
+    SparseVector per text (TEI's /embed_sparse), and the texts its Featurizer cut, read after each call of at most
+    SPARSE_CALL_TEXTS texts."""
+
+    prompt: str | None = None
+    prompt_name: str | None = None
 
     def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
         encoder = service.sparse
@@ -143,13 +147,13 @@ class Sparse:
         vectors, cut = [], []
         for start in range(0, len(texts), SPARSE_CALL_TEXTS):
             part = texts[start : start + SPARSE_CALL_TEXTS]
-            vectors += encoder.embed_sparse(part)
+            vectors += encoder.embed_sparse(part, prompt=self.prompt, prompt_name=self.prompt_name)
             cut += cut_flags(encoder.featurizer, part)
-        return vectors, pieces(encoder.featurizer.tokenizer, texts), cut
+        read = with_prompt(encoder.prompts.resolve(self.prompt, self.prompt_name), texts)  # what the model read
+        return vectors, pieces(encoder.featurizer.tokenizer, read), cut
 
 
 SENTENCES = Sentences()
-SPARSE = Sparse()
 
 
 class EmbeddingService:
@@ -225,6 +229,12 @@ class EmbeddingService:
         (an unknown name, both given), before anything queues."""
         self.fz.prompts.resolve(prompt, prompt_name)
         return Sentences(prompt, prompt_name)
+
+    def sparse_key(self, prompt: str | None = None, prompt_name: str | None = None) -> Sparse:
+        """The key of /embed_sparse requests with this prompt; the sparse folder's prompts' ValueError / TypeError for
+        a bad one, before anything queues (the sparse model must be loaded)."""
+        self.sparse.prompts.resolve(prompt, prompt_name)
+        return Sparse(prompt, prompt_name)
 
     def rerank_key(self, query: str, top_n: int | None, prompt: str | None, prompt_name: str | None) -> Rerank:
         return Rerank(next(self._requests), query, top_n, prompt, prompt_name)
