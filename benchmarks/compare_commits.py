@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""ctxrep against an earlier ctxrep, side by side in one run: featurization and MLM pretraining throughput.
+"""ctxrep against an earlier ctxrep, side by side in one run: featurization, fine-tuning and pretraining throughput.
 
 For a refactor that must not cost speed ("within 5% of the previous commit"). Each measurement runs in a fresh
 subprocess with PYTHONPATH pointing at one source tree; the trees alternate (old, new, old, new, ...) and the best
 of --repeats is kept for each, so drift on a shared machine hits both alike.
 
-  featurize  Featurizer("minilm", layers=-1, pooling="mean").embed_words on the first N SST training sentences
-             (benchmarks/featurize.py's work), model loading excluded, one warm-up call; tokens/s
+  featurize  Featurizer("minilm", layers=-1, pooling="mean").embed_words on N SST training sentences spread evenly
+             over the file (it is ordered by label), model loading excluded, one warm-up call; tokens/s
+  finetune   SequenceClassifier("minilm", pooling="mean") fitted on 640 of those sentences (their 5-class labels),
+             batch 32 for --finetune-steps optimizer steps after a 2-step fit that warms the process up; steps/s of
+             the timed fit (loading and tokenizing included, as a user's fit)
   pretrain   benchmarks/pretrain_throughput.py's ctxrep worker (MaskedLMObjective, `small` shape, batch 32 x 128,
              AdamW, clipping), each tree running its own copy of the script; tokens/s
   short      the short job of issue 14: a fresh process that imports ctxrep, loads minilm and embeds the first 100
@@ -36,13 +39,9 @@ import json, re, sys, time, torch
 torch.set_num_threads(int(sys.argv[3]))
 from ctxrep.featurize import Featurizer
 leaf = re.compile(r"\(\d+ ([^()]+)\)")
-sentences = []
-with open(sys.argv[1], encoding="utf-8") as f:
-    for line in f:
-        if line.strip():
-            sentences.append(leaf.findall(line))
-        if len(sentences) == int(sys.argv[2]):
-            break
+lines = [line for line in open(sys.argv[1], encoding="utf-8") if line.strip()]
+step = max(len(lines) // int(sys.argv[2]), 1)  # spread over the file: it is ordered by label
+sentences = [leaf.findall(line) for line in lines[::step][: int(sys.argv[2])]]
 fz = Featurizer("minilm", layers=-1, pooling="mean")
 fz.embed_words(sentences[:64])
 t = time.perf_counter()
@@ -51,6 +50,22 @@ seconds = time.perf_counter() - t
 tokens = sum(len(a.tokens) for a in fz.tokenize(sentences)) + 2 * len(sentences)
 import numpy as np
 print(json.dumps({"tokens_per_s": tokens / seconds, "checksum": float(np.sum([o.sum() for o in out]))}))
+"""
+
+FINETUNE = r"""
+import json, re, sys, time, torch
+torch.set_num_threads(int(sys.argv[3]))
+from ctxrep.tasks.classifier import SequenceClassifier
+leaf = re.compile(r"\(\d+ ([^()]+)\)")
+lines = [line for line in open(sys.argv[1], encoding="utf-8") if line.strip()]
+step = max(len(lines) // 640, 1)
+picked = lines[::step][:640]
+texts, labels = [" ".join(leaf.findall(line)) for line in picked], [int(line[1]) for line in picked]
+SequenceClassifier("minilm", pooling="mean", max_steps=2, random_state=0).fit(texts[:64], labels[:64])
+t = time.perf_counter()
+est = SequenceClassifier("minilm", pooling="mean", batch_size=32, max_steps=int(sys.argv[2]), random_state=0)
+est.fit(texts, labels)
+print(json.dumps({"steps_per_s": int(sys.argv[2]) / (time.perf_counter() - t)}))
 """
 
 
@@ -90,7 +105,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="timed MLM steps per pretraining run")
-    p.add_argument("--work", default="featurize,pretrain", help="which measurements, comma-separated")
+    p.add_argument("--finetune-steps", type=int, default=20, help="timed optimizer steps per fine-tuning run")
+    p.add_argument("--work", default="featurize,finetune,pretrain", help="which measurements, comma-separated")
     args = p.parse_args()
     works = args.work.split(",")
     sst = args.data / "sst" / "train.txt"
@@ -107,6 +123,9 @@ def main() -> None:
                 f = run(tree, ["-c", FEATURIZE, str(sst), str(args.sentences), str(args.threads)], args.threads)
                 checksums[name] = f["checksum"]
                 measured["featurize"] = f["tokens_per_s"]
+            if "finetune" in works:
+                m = run(tree, ["-c", FINETUNE, str(sst), str(args.finetune_steps), str(args.threads)], args.threads)
+                measured["finetune"] = m["steps_per_s"]
             if "pretrain" in works:
                 m = run(
                     tree,
