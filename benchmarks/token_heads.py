@@ -6,9 +6,9 @@ The folders are made here from the packaged MiniLM (all-MiniLM-L6-v2), offline: 
 encoder under a masked-LM head drawn at random with seed 0: the speed of a SPLADE head of BERT's vocabulary, not a
 trained SPLADE model) and a MultiVectorEncoder folder (MiniLM, a random 384 -> 128 Dense, ColBERT's punctuation
 skiplist, Normalize), both written by sentence-transformers itself. The texts: SST train sentences. Each row times
-one pass over every text (the best of --repeats), after a warm-up; the head's share of the FLOPs per token is read
-off the parameter counts (2 multiply-adds per weight; attention's seq x seq products left out, as they are small
-at these lengths). The outputs are compared too (max |ctxrep - sentence-transformers|).
+one pass over every text (the best of --repeats, the rows taken in turn each round), after a warm-up; the head's
+share of the FLOPs per token is read off the parameter counts (2 multiply-adds per weight; attention's seq x seq
+products left out, as they are small at these lengths). The outputs are compared too (max |ctxrep - sentence-transformers|).
 
 Full run (2,000 sentences, about 3 minutes on 2 cores):
     python benchmarks/token_heads.py --data ../shared/data
@@ -69,12 +69,15 @@ def make_folders(work: Path) -> tuple[Path, Path, Path]:
     return minilm, work / "splade", work / "colbert"
 
 
-def best_time(fn, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
+def interleaved_best(runs: dict, repeats: int) -> tuple[dict, dict]:
+    """Best time and last output of each named run, the runs taken in turn `repeats` times (dense, sparse, ST's
+    sparse, ..., then again), so that on a shared machine each meets the same load rather than one its own spell."""
+    best, out = {name: float("inf") for name in runs}, {}
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            out[name] = fn()
+            best[name] = min(best[name], time.perf_counter() - start)
     return best, out
 
 
@@ -113,15 +116,18 @@ def main() -> None:
             lambda: st_multi.encode_document(texts[:32], batch_size=args.batch_size),
         ):
             warm()
-        t_dense, _ = best_time(lambda: dense.embed_sentences(texts), args.repeats)
-        t_sparse, ours_sparse = best_time(lambda: sparse.embed_sentences(texts), args.repeats)
-        t_st_sparse, st_sparse_out = best_time(
-            lambda: st_sparse.encode(texts, batch_size=args.batch_size, convert_to_tensor=True), args.repeats
-        )
-        t_multi, ours_multi = best_time(lambda: multi.embed_documents(texts), args.repeats)
-        t_st_multi, st_multi_out = best_time(
-            lambda: st_multi.encode_document(texts, batch_size=args.batch_size, convert_to_numpy=False), args.repeats
-        )
+        runs = {
+            "dense": lambda: dense.embed_sentences(texts),
+            "sparse": lambda: sparse.embed_sentences(texts),
+            "st_sparse": lambda: st_sparse.encode(texts, batch_size=args.batch_size, convert_to_tensor=True),
+            "multi": lambda: multi.embed_documents(texts),
+            "st_multi": lambda: st_multi.encode_document(texts, batch_size=args.batch_size, convert_to_numpy=False),
+        }
+        times, outs = interleaved_best(runs, args.repeats)
+    t_dense, t_sparse, t_st_sparse, t_multi, t_st_multi = (times[k] for k in runs)
+    ours_sparse, st_sparse_out, ours_multi, st_multi_out = (
+        outs[k] for k in ("sparse", "st_sparse", "multi", "st_multi")
+    )
     sparse_diff = float(np.abs(ours_sparse.toarray() - st_sparse_out.to_dense().numpy()).max())
     multi_diff = max(float(np.abs(a - b.numpy()).max()) for a, b in zip(ours_multi, st_multi_out))
 
