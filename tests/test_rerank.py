@@ -428,3 +428,41 @@ def test_a_pytorch_model_bin_folder_scores_the_same(bert_ce, tmp_path):
     np.testing.assert_allclose(
         CrossEncoderReranker(folder).predict(pairs), CrossEncoderReranker(bert_ce).predict(pairs), atol=1e-6
     )
+
+
+def test_llm_reranker_through_the_cli_and_both_server_routes(qwen3_reranker, tiny_models, tmp_path):
+    """The front ends take an LLM reranker as they take a cross-encoder: same scores as its own rerank."""
+    import httpx
+    from _serve_helpers import ServerThread
+    from click.testing import CliRunner
+
+    from ctxrep import Featurizer
+    from ctxrep.cli import main
+    from ctxrep.serve.app import build_app
+    from ctxrep.serve.service import EmbeddingService, ServeConfig
+
+    reranker = load_reranker(qwen3_reranker)
+    expected = reranker.rerank(QUERY, DOCS, top_n=3)
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(DOCS) + "\n")
+    result = CliRunner().invoke(
+        main, ["rerank", "--model", str(qwen3_reranker), "--query", QUERY, "--documents", str(docs), "--top-n", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = [line.split("\t") for line in result.output.strip().splitlines()[1:]]
+    assert [(int(line) - 1, float(score)) for _, score, line, _ in rows] == [
+        (i, pytest.approx(score, abs=1e-4)) for i, score in expected
+    ]
+    service = EmbeddingService(
+        Featurizer(tiny_models["bert"]), "tiny", ServeConfig(max_texts=8), reranker=reranker, reranker_name="qwen3"
+    )
+    with ServerThread(build_app(service)) as s:
+        cohere = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 3})
+        tei = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS})
+    assert cohere.status_code == 200 and tei.status_code == 200, (cohere.text, tei.text)
+    got = [(x["index"], x["relevance_score"]) for x in cohere.json()["results"]]
+    assert got == [(i, pytest.approx(score, abs=1e-6)) for i, score in expected]
+    assert sorted((x["index"], x["score"]) for x in tei.json())[0] == (
+        0,
+        pytest.approx(reranker.predict([(QUERY, DOCS[0])])[0], abs=1e-6),
+    )
