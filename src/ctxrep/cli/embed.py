@@ -20,6 +20,12 @@ def _formats() -> tuple[str, ...]:
     return FORMATS
 
 
+def _output_precisions() -> tuple[str, ...]:
+    from ctxrep.vectors.quantize import PRECISIONS
+
+    return PRECISIONS
+
+
 def __getattr__(name: str):
     """read_records and load_shards, re-exported for scripts and tests, imported when first asked for."""
     if name in ("read_records", "load_shards"):
@@ -93,6 +99,24 @@ def __getattr__(name: str):
     default=None,
     help="--level sentence: the prompt of that name the model folder declares (config_sentence_transformers.json). "
     "Neither given: the folder's default prompt, if it has one.",
+)
+@click.option(
+    "--output-precision",
+    type=LazyChoice(_output_precisions),
+    default="float32",
+    show_default=True,
+    help="--level sentence: what the vectors are written as, sentence-transformers' encode(precision=) / "
+    "quantize_embeddings, bit for bit: int8 / uint8 one byte a dimension on per-dimension ranges (--calibration; "
+    "recorded in the manifest), binary / ubinary the signs packed 8 to a byte. Not --precision, the precision the "
+    "model computes in.",
+)
+@click.option(
+    "--calibration",
+    default=None,
+    type=click.Path(exists=True),
+    help="--output-precision int8 / uint8: where the ranges come from: a .npy of sample float vectors (or of (2, dim) "
+    "ranges), or an earlier int8 / uint8 --out folder. Default: the first shard's vectors (--shard-size texts, "
+    "embedded before anything is written); needed with several --workers / --devices.",
 )
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
@@ -172,6 +196,8 @@ def embed(
     dimensions,
     prompt,
     prompt_name,
+    output_precision,
+    calibration,
     shard_size,
     storage,
     skip_empty,
@@ -224,6 +250,8 @@ def embed(
         dimensions=dimensions,
         prompt=prompt,
         prompt_name=prompt_name,
+        output_precision=output_precision,
+        calibration=calibration,
     )
     if engine == "ray":
         summary = _run_on_ray(job, workers, ray_address, ray_gpus, ray_log, ray_verbose)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ctxrep.embed.codes import RANGED, OutputCodes, output_codes
 from ctxrep.embed.job import EmbedJob, EmbedSummary, choose_precision, describe_row_shape
 from ctxrep.embed.records import (
     DEFAULT_TEXT_COLUMN,
@@ -73,6 +74,11 @@ def embed_corpus(
     run = open_run(job, log, placements[0][0])
     if isinstance(run, EmbedSummary):
         return run
+    if len(placements) > 1 and run.codes.precision in RANGED and run.codes.ranges is None:
+        raise ValueError(
+            f"--output-precision {job.output_precision} with several worker processes needs its ranges before "
+            "the first shard: give --calibration FILE (a .npy of sample vectors), or run one process"
+        )
     bar, stream, records = open_records(job, show_progress, log, done=run.texts_done)
     run.bar = bar
     try:
@@ -96,7 +102,8 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
     """Embed `shards` in this process (loading the model once), recording each in `run`."""
     job = run.job
     fz = job.featurizer(device, threads)
-    run.row_shape = vector_row_shape(fz, job.level, job.dimensions)
+    row_shape = vector_row_shape(fz, job.level, job.dimensions)
+    run.set_row_shape(row_shape)
     spec = job.spec_of(fz)
     run.check(spec)  # a resumed folder's vectors must be these: refused before any shard is embedded
     options = job.sentence_options()
@@ -104,8 +111,9 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
         run.seen = k + 1
         if k in run.done:
             continue
-        entry = write_shard(fz, records, k, first, job.level, job.storage, run.out, options)
-        run.record(k, entry, run.row_shape, spec)
+        # int8 / uint8 without ranges: shard 0 (the first embedded: a folder with shards has its ranges) calibrates
+        entry = write_shard(fz, records, k, first, job.level, job.storage, run.out, options, run.codes)
+        run.record(k, entry, row_shape, spec)
 
 
 def open_records(
@@ -179,6 +187,7 @@ __all__ = [
     "DEFAULT_TEXT_COLUMN",
     "FORMATS",
     "EmbedJob",
+    "OutputCodes",
     "EmbedRun",
     "EmbedSummary",
     "Record",
@@ -193,6 +202,7 @@ __all__ = [
     "open_input",
     "open_records",
     "open_run",
+    "output_codes",
     "read_records",
     "shards_of",
     "to_stderr",

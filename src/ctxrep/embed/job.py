@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrep.embed.records import DEFAULT_TEXT_COLUMN, FORMATS, to_stderr
+from ctxrep.vectors.quantize import PRECISIONS
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, parse_layers
 
 
@@ -47,6 +48,8 @@ class EmbedJob:
     dimensions: int | None = None  # sentence vectors: the first N coordinates, renormalised (Matryoshka)
     prompt: str | None = None  # sentence vectors: text put before every text
     prompt_name: str | None = None  # sentence vectors: the model folder's prompt of that name
+    output_precision: str = "float32"  # sentence vectors written as float32 or int8/uint8/binary/ubinary codes
+    calibration: str | None = None  # int8 / uint8: the file the ranges come from (default: the first shard)
     extra_settings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -68,6 +71,7 @@ class EmbedJob:
                 "safetensors storage and the default --layers"
             )
         self._check_sentence_options()
+        self._check_output_precision()
         if self.header is not None and self.fmt not in ("csv", "tsv"):
             raise ValueError(f"--header / --no-header apply to --format csv or tsv, not {self.fmt}")
         if self.fmt in ("csv", "tsv"):  # a numbered column without --header / --no-header: refused before any work
@@ -100,6 +104,27 @@ class EmbedJob:
             isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int) or self.dimensions < 1
         ):
             raise ValueError(f"--dimensions must be a positive integer, got {self.dimensions!r}")
+
+    def _check_output_precision(self) -> None:
+        """--output-precision other than float32 (and --calibration) apply to dense sentence vectors of one layer."""
+        if self.output_precision == "float32" and self.calibration is None:
+            return
+        if self.output_precision not in PRECISIONS:
+            raise ValueError(
+                f"--output-precision must be one of {', '.join(PRECISIONS)}, got {self.output_precision!r}"
+            )
+        flag = "--calibration" if self.output_precision == "float32" else f"--output-precision {self.output_precision}"
+        if self.calibration is not None and self.output_precision not in ("int8", "uint8"):
+            raise ValueError("--calibration gives int8 / uint8 ranges: add --output-precision int8 or uint8")
+        wrong = []
+        if self.level != "sentence":
+            wrong.append("add --level sentence")
+        if self.output != "dense":
+            wrong.append("leave out --output sparse")
+        if self.layers == "all" or isinstance(self.layers, list):
+            wrong.append("give one --layers (or mix)")
+        if wrong:
+            raise ValueError(f"{flag} quantizes dense sentence vectors of one layer: {'; '.join(wrong)}")
 
     @property
     def source(self) -> str:
@@ -147,6 +172,8 @@ class EmbedJob:
         }
         if self.header is not None:  # decides which rows are texts
             settings["header"] = self.header
+        if self.output_precision != "float32":  # how the shards store the vectors (the ranges: `quantization`)
+            settings["output_precision"] = self.output_precision
         settings.update(self.extra_settings)
         return settings
 
@@ -205,15 +232,19 @@ class EmbedSummary:
     shards: int
     resumed_shards: int = 0
     already_complete: bool = False
+    precision: str = "float32"  # --output-precision: what the rows hold
+    dim: int | None = None  # the vectors' width where rows are stored narrower (binary codes)
 
     def describe(self) -> str:
         """One line for the user, e.g. "wrote 7 word vectors (7 layers x 384) of minilm for 2 texts to out"."""
         if self.already_complete:
             return f"{self.out}: already complete ({self.texts} texts, {self.rows} rows); nothing to do"
-        return (
-            f"wrote {self.rows} {self.level} vectors ({describe_row_shape(self.row_shape)}) of {self.model} "
-            f"for {self.texts} texts to {self.out}"
-        )
+        shape = describe_row_shape(self.row_shape)
+        if self.precision in ("binary", "ubinary"):
+            shape = f"{self.dim} wide as {self.precision} codes, {self.row_shape[-1]} bytes a row"
+        elif self.precision != "float32":
+            shape += f" {self.precision} codes"
+        return f"wrote {self.rows} {self.level} vectors ({shape}) of {self.model} for {self.texts} texts to {self.out}"
 
 
 def describe_row_shape(row_shape: tuple[int, ...] | list[int]) -> str:

@@ -256,6 +256,11 @@ def embed_with_ray(
     Featurizer in one call, so the batches, and with the same torch threads the vectors, are the same bytes
     (docs/scale.md).
     """
+    if job.output_precision != "float32":
+        raise ValueError(
+            f"--output-precision {job.output_precision} is written by --engine local (--workers / --devices); "
+            "--engine ray writes float32 (quantize its vectors with ctxrep.vectors.quantize)"
+        )
     ray = _require_ray()
     job.check_prompt()  # an unknown --prompt-name: before Ray starts
     job = choose_precision(job, "cuda" if gpus_per_actor > 0 else None, log)  # the actors' device

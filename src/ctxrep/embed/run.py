@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ctxrep.embed.codes import OutputCodes, output_codes
 from ctxrep.embed.job import EmbedJob, EmbedSummary
 from ctxrep.embed.records import to_stderr
 from ctxrep.embed.shards import cut_summary, vector_row_shape
@@ -34,14 +35,24 @@ class EmbedRun:
     of their vectors, and the progress display the caller attaches (`bar`: counts the texts of each shard recorded)."""
 
     def __init__(
-        self, job: EmbedJob, out: Path, manifest_file: Path, settings: dict, done: dict, log, spec=None
+        self,
+        job: EmbedJob,
+        out: Path,
+        manifest_file: Path,
+        settings: dict,
+        done: dict,
+        log,
+        spec=None,
+        codes: OutputCodes | None = None,
     ) -> None:
         self.job, self.out, self.manifest_file, self.settings, self.log = job, out, manifest_file, settings, log
         self.spec: FeaturizerSpec | None = spec
+        self.codes = codes if codes is not None else OutputCodes()  # --output-precision, its ranges once fixed
         self.done = dict(done)
         self.resumed = len(done)
         self.seen = 0  # shards in the input
-        self.row_shape: tuple[int, ...] | None = None
+        self.row_shape: tuple[int, ...] | None = None  # a stored row (binary codes: dim / 8 bytes)
+        self.dim: int | None = None  # the vectors' width (before any binary packing)
         self.bar = None
 
     @property
@@ -66,12 +77,17 @@ class EmbedRun:
                 )
         self.spec = spec
 
+    def set_row_shape(self, row_shape: tuple[int, ...]) -> None:
+        """The shape of one float vector row (`vector_row_shape`); what is stored follows from the codes."""
+        self.row_shape, self.dim = self.codes.row_shape(tuple(row_shape)), int(row_shape[-1])
+
     def record(self, k: int, entry: dict, row_shape: tuple[int, ...], spec: FeaturizerSpec | None = None) -> None:
-        """Shard `k` is written (`entry`: its manifest entry, `spec`: what made it): list it in the manifest."""
+        """Shard `k` is written (`entry`: its manifest entry, `row_shape`: one float vector row's shape, `spec`: what
+        made it): list it in the manifest."""
         if spec is not None:
             self.check(spec)
         self.done[k] = entry
-        self.row_shape = tuple(row_shape)
+        self.set_row_shape(row_shape)
         self._write(complete=False)
         if self.bar is not None:  # the progress counts texts embedded
             self.bar.update(entry["texts"])
@@ -79,8 +95,10 @@ class EmbedRun:
 
     def _write(self, complete: bool) -> None:
         shards = [self.done[k] for k in sorted(self.done)]
-        extra = {"cut": cut_summary(shards)}
-        write_manifest(self.out, self.settings, shards, self.row_shape, complete, self.spec, extra)
+        extra: dict = {"cut": cut_summary(shards)}
+        if self.codes.quantized:  # precision, width and the int8 / uint8 ranges every shard was written with
+            extra["quantization"] = self.codes.record(self.dim)
+        write_manifest(self.out, self.settings, shards, self.row_shape, complete, self.spec, extra, dim=self.dim)
 
     def finish(self) -> EmbedSummary:
         """Mark the folder complete (every shard of the input is listed); the summary of what it holds."""
@@ -89,7 +107,7 @@ class EmbedRun:
             empty = "all its texts were empty and skipped" if self.job.skip_empty else "it holds no texts"
             self.log(f"warning: {self.job.source}: nothing to embed: {empty}; check the input file and --format")
         if self.row_shape is None or self.spec is None:  # nothing embedded now: every shard was done, or no input
-            self.row_shape = tuple(self._row_shape_without_model())
+            self._row_shape_without_model()
         missing = [k for k in range(self.seen) if k not in self.done]
         if missing:  # cannot happen unless a worker lost a shard silently: never mark such a run complete
             raise WorkerDied(f"shards {missing} were not written; run the same command again to finish")
@@ -102,17 +120,27 @@ class EmbedRun:
             )
         rows = sum(s["rows"] for s in self.done.values())
         return EmbedSummary(
-            self.out, self.job.model, self.job.level, texts, rows, self.row_shape, len(self.done), self.resumed
+            self.out,
+            self.job.model,
+            self.job.level,
+            texts,
+            rows,
+            self.row_shape,
+            len(self.done),
+            self.resumed,
+            precision=self.codes.precision,
+            dim=self.dim,
         )
 
-    def _row_shape_without_model(self) -> tuple[int, ...]:
+    def _row_shape_without_model(self) -> None:
         old = read_manifest(self.out)
         if old is not None and old.get("row_shape") and self.spec is not None:
-            return tuple(old["row_shape"])
+            self.row_shape, self.dim = tuple(old["row_shape"]), old.get("dim")
+            return
         fz = self.job.featurizer()  # nothing was embedded yet: the model says what it would write
         if self.spec is None:
             self.spec = self.job.spec_of(fz)
-        return vector_row_shape(fz, self.job.level, self.job.dimensions)
+        self.set_row_shape(vector_row_shape(fz, self.job.level, self.job.dimensions))
 
 
 def open_run(
@@ -144,6 +172,7 @@ def open_run(
             )
         spec = written_spec(manifest, legacy, manifest_file)
         done = {_shard_number(s): s for s in manifest["shards"]}
+        codes = output_codes(job.output_precision, job.calibration, manifest.get("quantization"), str(out))
         if manifest.get("complete"):
             run = EmbedRun(job, out, manifest_file, settings, done, log, spec)
             run.check(asked or job.spec_of(job.featurizer(device)))
@@ -157,10 +186,12 @@ def open_run(
                 len(manifest["shards"]),
                 already_complete=True,
             )
+    else:
+        codes = output_codes(job.output_precision, job.calibration, None, str(out))
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # what a killed run left half-written (the manifest's own .tmp included)
         stale.unlink(missing_ok=True)
-    return EmbedRun(job, out, manifest_file, settings, done, log, spec)
+    return EmbedRun(job, out, manifest_file, settings, done, log, spec, codes)
 
 
 def _changed(written: dict, asked: dict) -> list[str]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctxrep.embed.codes import OutputCodes
 from ctxrep.embed.records import Record
 from ctxrep.vectors.store import write_arrays
 
@@ -41,10 +42,13 @@ def write_shard(
     storage: str,
     out: Path,
     options: dict | None = None,
+    codes: OutputCodes | None = None,
 ) -> dict:
-    """Embed shard `k` and write it (`write_arrays`); returns its manifest entry, with the texts the Featurizer cut
-    (`with_cut`)."""
+    """Embed shard `k` and write it (`write_arrays`), as `codes` says (--output-precision: float32 or the codes of
+    quantize_embeddings); returns its manifest entry, with the texts the Featurizer cut (`with_cut`)."""
     vectors, index = embed_shard(fz, records, first_text, level, options)
+    if codes is not None:
+        vectors = codes.encode(vectors, k)
     cut = [first_text + i for i in getattr(fz, "cut_texts", [])]  # a SparseEncoder keeps no record: none
     return with_cut(write_arrays(vectors, index, k, len(records), storage, out), cut, records, first_text)
 
@@ -67,7 +71,7 @@ def cut_summary(shards: list[dict]) -> dict:
 
 def vector_row_shape(fz, level: str, dimensions: int | None = None) -> tuple[int, ...]:
     """The shape of one vector row: (dim,) for one layer or a mix, (layers, dim) for several layers; dim is
-    `dimensions` where sentence vectors are truncated."""
+    `dimensions` where sentence vectors are truncated. (Binary codes are stored narrower: `OutputCodes.row_shape`.)"""
     dim = fz.sentence_dim if level == "sentence" else fz.dim
     dim = dimensions if dimensions is not None and level == "sentence" else dim
     return (dim,) if fz.single_layer else (len(fz.layer_indices), dim)

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from ctxrep.embed.codes import OutputCodes
 from ctxrep.embed.job import EmbedJob
 from ctxrep.embed.run import EmbedRun, WorkerDied
 from ctxrep.embed.shards import vector_row_shape, write_shard
@@ -60,7 +61,12 @@ def embed_in_workers(run: EmbedRun, shards, placements: list[tuple[str | None, i
     tasks = ctx.Queue(maxsize=len(placements))  # bounded: at most one shard waits per worker
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(run.job, device, threads, tasks, results, i), daemon=True, name=f"embed-{i}")
+        ctx.Process(
+            target=_worker,
+            args=(run.job, run.codes, device, threads, tasks, results, i),
+            daemon=True,
+            name=f"embed-{i}",
+        )
         for i, (device, threads) in enumerate(placements)
     ]
     with _main_not_reimported():
@@ -165,8 +171,9 @@ def _die_with_parent() -> None:
         pass
 
 
-def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None:
-    """A worker process: load the model once, then embed whole shards until told to stop (None)."""
+def _worker(job: EmbedJob, codes: OutputCodes, device, threads, tasks, results, worker: int) -> None:
+    """A worker process: load the model once, then embed whole shards until told to stop (None); `codes`: what
+    the shards are written as (--output-precision, with its ranges fixed)."""
     _die_with_parent()
     try:
         fz = job.featurizer(device, threads)
@@ -183,7 +190,7 @@ def _worker(job: EmbedJob, device, threads, tasks, results, worker: int) -> None
         k, first, records = task
         results.put(("started", k, worker, None))
         try:
-            entry = write_shard(fz, records, k, first, job.level, job.storage, out, job.sentence_options())
+            entry = write_shard(fz, records, k, first, job.level, job.storage, out, job.sentence_options(), codes)
         except Exception as e:
             results.put(("error", k, worker, f"{type(e).__name__}: {e}"))
             return

@@ -10,6 +10,9 @@ call them), `load_vectors(DIR)` reads it, memory-mapped, one array per input tex
     vectors.index()         # every row: text, line, word, token (numpy arrays)
     vectors.array           # every row in one in-memory array (reads all shards)
     vectors.spec            # the FeaturizerSpec that made them (ctxrep.vectors.spec)
+    vectors.precision       # "float32", or "int8" / "uint8" / "binary" / "ubinary" (`ctxrep embed --output-precision`):
+                            # then the rows are sentence-transformers' codes, `vectors.ranges` the int8 / uint8 grid
+    vectors.quantized()     # QuantizedVectors(codes, precision, dim, ranges); quantize.dequantize(it) -> float32
     (`ctxrep embed --output sparse`: each text's row is a scipy.sparse (1, vocabulary) row, `array` a csr_matrix)
     for array in vectors: ...
     load_vectors("out/", expect=featurizer)   # SpecMismatch unless `featurizer` makes the same vectors
@@ -96,6 +99,10 @@ class Vectors:
         head = manifest.get("spec", {}).get("head") if isinstance(manifest.get("spec"), dict) else None
         # rows are scipy.sparse (1, vocabulary) rows: the spec's head says so (an older manifest's settings "output")
         self.sparse = head == "sparse" or settings.get("output") == "sparse"
+        # `ctxrep embed --output-precision`: the rows are quantize_embeddings' codes; their precision and ranges
+        quantization = manifest.get("quantization")
+        self.quantization: dict | None = quantization if isinstance(quantization, dict) else None
+        self.precision: str = self.quantization["precision"] if self.quantization else "float32"
         self.complete = bool(manifest.get("complete"))
         if not self.complete:
             warnings.warn(
@@ -131,6 +138,23 @@ class Vectors:
             return FeaturizerSpec.from_embed_settings(self.settings)
         return None
 
+    @property
+    def ranges(self) -> np.ndarray | None:
+        """(2, dim) float32: the per-dimension minimum and maximum int8 / uint8 codes are on (None otherwise)."""
+        if self.quantization is None or self.quantization.get("ranges") is None:
+            return None
+        return np.asarray(self.quantization["ranges"], dtype=np.float32)
+
+    def quantized(self):
+        """Every row as a ctxrep.vectors.quantize.QuantizedVectors: the codes (float32 vectors for a float32 folder),
+        their precision, width and ranges; `ctxrep.vectors.quantize.dequantize(it)` maps int8 / uint8 codes back to
+        float32 vectors on their grid. Reads every shard."""
+        from ctxrep.vectors.quantize import QuantizedVectors
+
+        if self.sparse:
+            raise VectorsError(f"{self.path}: holds sparse vectors, which have no quantized form")
+        return QuantizedVectors(self.array, self.precision, self.dim, self.ranges)
+
     def check(self, expect) -> None:
         """SpecMismatch unless `expect` (a FeaturizerSpec or a ctxrep.Featurizer) gives the vectors stored here."""
         asked = expect if isinstance(expect, FeaturizerSpec) else FeaturizerSpec.of(expect)
@@ -154,7 +178,8 @@ class Vectors:
         model = spec.model if spec is not None else None
         return (
             f"Vectors({str(self.path)!r}, model={model!r}, texts={len(self)}, rows={self.num_rows}, "
-            f"level={self.level!r}, row_shape={shape})"
+            f"level={self.level!r}, row_shape={shape}"
+            + (f", precision={self.precision!r})" if self.precision != "float32" else ")")
         )
 
     # ---- access -----------------------------------------------------------------------------------------
@@ -260,7 +285,7 @@ def _map_npy(file: Path) -> np.ndarray:
         ) from None
 
 
-_SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
+_SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "i1", "U8": "u1"}
 
 
 def _map_safetensors(file: Path) -> np.ndarray:
@@ -275,7 +300,7 @@ def _map_safetensors(file: Path) -> np.ndarray:
         shape = tuple(entry["shape"])
     except (struct.error, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
         raise VectorsError(
-            f"{file}: not a safetensors shard with a float `vectors` tensor ({type(e).__name__}: {e}); "
+            f"{file}: not a safetensors shard with a float or int8 `vectors` tensor ({type(e).__name__}: {e}); "
             "run ctxrep embed again into an empty folder"
         ) from None
     if end - begin != int(np.prod(shape)) * np.dtype(dtype).itemsize:
@@ -322,6 +347,8 @@ def load_vectors(path: str | Path, expect=None) -> Vectors:
         vectors.array        # every row in one in-memory array (reads all shards)
         vectors.settings     # what the run read and how it laid out the shards (input, format, level, shard size)
         vectors.spec         # what made the vectors (FeaturizerSpec: model, revision, layers, pooling, precision, ...)
+        vectors.precision    # float32, or the codes of `ctxrep embed --output-precision` (int8, uint8, binary, ubinary)
+        vectors.quantized()  # QuantizedVectors: codes, precision, dim, ranges (dequantize() maps int8 back)
 
     expect: a ctxrep.Featurizer (or FeaturizerSpec) the caller means to compare these vectors with; a folder
     written with other settings raises SpecMismatch naming each field that differs.
@@ -360,11 +387,11 @@ def write_arrays(vectors: np.ndarray, index: list[tuple], k: int, texts: int, st
 
         from ctxrep.util.files import apply_umask
 
-        save_file({"vectors": np.ascontiguousarray(vectors, dtype=np.float32)}, str(tmp))
+        save_file({"vectors": np.ascontiguousarray(vectors, dtype=_stored_dtype(vectors))}, str(tmp))
         apply_umask(tmp)  # safetensors writes 0600 whatever the umask
     else:
         with open(tmp, "wb") as f:
-            np.save(f, np.asarray(vectors, dtype=np.float32))
+            np.save(f, np.asarray(vectors, dtype=_stored_dtype(vectors)))
     with open(index_tmp, "w", encoding="utf-8") as f:
         f.write(INDEX_HEADER)
         for row, (text, line, w, word) in enumerate(index):
@@ -381,6 +408,12 @@ def write_arrays(vectors: np.ndarray, index: list[tuple], k: int, texts: int, st
         "first_line": int(index[0][1]) if index else 0,
         "sha256_16": digest,
     }
+
+
+def _stored_dtype(vectors) -> np.dtype:
+    """int8 / uint8 codes (`ctxrep embed --output-precision`) as they are; any float as float32."""
+    dtype = np.asarray(vectors).dtype
+    return dtype if dtype in (np.int8, np.uint8) else np.dtype(np.float32)
 
 
 def _is_sparse(vectors) -> bool:
@@ -430,14 +463,16 @@ def write_manifest(
     complete: bool,
     spec: FeaturizerSpec | None = None,
     extra: dict | None = None,
+    dim: int | None = None,
 ) -> None:
     """Write OUT/manifest.json atomically: the run's settings (what it read and how it lays out the shards: input,
     format, level, shard size, storage), the spec of its vectors (model, layers, pooling, precision, ...: kept only
     there), the finished shards (in order) and, when complete, the totals. `extra`: further top-level entries a job
-    records."""
+    records (`quantization`: the --output-precision codes' precision and ranges). `dim`: the vectors' width where a
+    row is stored narrower (binary codes: dim / 8 bytes); default the row's last axis."""
     manifest: dict = {
         "settings": settings,
-        "dim": row_shape[-1] if row_shape else None,
+        "dim": dim if dim is not None else row_shape[-1] if row_shape else None,
         "row_shape": list(row_shape) if row_shape else None,
         "shards": shards,
         "complete": complete,
