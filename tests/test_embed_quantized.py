@@ -174,8 +174,15 @@ def test_bad_combinations_are_one_line_naming_the_flag_before_the_model_loads(fo
         assert not (out / "manifest.json").exists()
 
 
-def test_several_workers_need_fixed_ranges(folder, src, tmp_path):
+def test_several_workers_need_fixed_ranges_and_then_write_the_same_codes(folder, src, floats, tmp_path):
     result = _embed(folder, src, tmp_path / "out", "--output-precision", "int8", "--workers", "2")
     assert result.exit_code != 0
     assert "--output-precision int8 with several worker processes needs its ranges" in result.output
     assert "--calibration FILE" in result.output and len(result.output.strip().splitlines()) == 1
+    sample = tmp_path / "sample.npy"
+    np.save(sample, floats)
+    args = ("--output-precision", "int8", "--calibration", str(sample), "--threads", "1")
+    result = _embed(folder, src, tmp_path / "two", *args, "--workers", "2")
+    assert result.exit_code == 0, result.output
+    theirs = st_quant.quantize_embeddings(floats, precision="int8")  # calibrated on all of them
+    np.testing.assert_array_equal(ctxrep.load_vectors(tmp_path / "two").array, theirs)
