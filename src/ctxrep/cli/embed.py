@@ -118,6 +118,19 @@ def __getattr__(name: str):
     "ranges), or an earlier int8 / uint8 --out folder. Default: the first shard's vectors (--shard-size texts, "
     "embedded before anything is written); needed with several --workers / --devices.",
 )
+@click.option(
+    "--chunks",
+    default=None,
+    help="--level sentence: one vector per chunk of each text instead of one per text: 'sentences' (cut after . ! ? "
+    "and a space) or N (chunks of N tokens); the index's word column numbers a text's chunks.",
+)
+@click.option(
+    "--late-chunking/--no-late-chunking",
+    default=True,
+    show_default=True,
+    help="--chunks: pool each chunk from the token vectors of the whole text (late chunking), or embed each chunk's "
+    "text alone (takes --prompt / --dimensions).",
+)
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
@@ -198,6 +211,8 @@ def embed(
     prompt_name,
     output_precision,
     calibration,
+    chunks,
+    late_chunking,
     shard_size,
     storage,
     skip_empty,
@@ -252,6 +267,8 @@ def embed(
         prompt_name=prompt_name,
         output_precision=output_precision,
         calibration=calibration,
+        chunks=chunks,
+        late_chunking=late_chunking,
     )
     if engine == "ray":
         summary = _run_on_ray(job, workers, ray_address, ray_gpus, ray_log, ray_verbose)

@@ -50,6 +50,8 @@ class EmbedJob:
     prompt_name: str | None = None  # sentence vectors: the model folder's prompt of that name
     output_precision: str = "float32"  # sentence vectors written as float32 or int8/uint8/binary/ubinary codes
     calibration: str | None = None  # int8 / uint8: the file the ranges come from (default: the first shard)
+    chunks: str | int | None = None  # sentence vectors: one per chunk ("sentences" or N tokens) instead of per text
+    late_chunking: bool = True  # chunks pooled from the whole text's token vectors; False: each chunk embedded alone
     extra_settings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,6 +74,7 @@ class EmbedJob:
             )
         self._check_sentence_options()
         self._check_output_precision()
+        self._check_chunks()
         if self.header is not None and self.fmt not in ("csv", "tsv"):
             raise ValueError(f"--header / --no-header apply to --format csv or tsv, not {self.fmt}")
         if self.fmt in ("csv", "tsv"):  # a numbered column without --header / --no-header: refused before any work
@@ -126,13 +129,41 @@ class EmbedJob:
         if wrong:
             raise ValueError(f"{flag} quantizes dense sentence vectors of one layer: {'; '.join(wrong)}")
 
+    def _check_chunks(self) -> None:
+        """--chunks applies to dense sentence vectors; late chunks take no prompt or dimensions."""
+        if isinstance(self.chunks, str) and self.chunks.isdigit():
+            self.chunks = int(self.chunks)
+        if self.chunks is None:
+            if not self.late_chunking:
+                raise ValueError("--no-late-chunking applies to --chunks: add --chunks sentences or --chunks N")
+            return
+        if self.chunks != "sentences" and not (
+            isinstance(self.chunks, int) and not isinstance(self.chunks, bool) and self.chunks >= 1
+        ):
+            raise ValueError(f"--chunks must be 'sentences' or a positive number of tokens, got {self.chunks!r}")
+        if self.level != "sentence" or self.output != "dense":
+            raise ValueError(
+                f"--chunks {self.chunks} cuts dense sentence vectors: "
+                + ("add --level sentence" if self.level != "sentence" else "leave out --output sparse")
+            )
+        given = [f for f, v in (("--dimensions", self.dimensions), ("--prompt", self.prompt),
+                                ("--prompt-name", self.prompt_name)) if v is not None]  # fmt: skip
+        if self.late_chunking and given:
+            raise ValueError(
+                f"{' / '.join(given)}: late chunks index the whole text's tokens and take none; leave them out, or "
+                "add --no-late-chunking (each chunk embedded alone)"
+            )
+
     @property
     def source(self) -> str:
         return "<stdin>" if self.input_path == "-" else self.input_path
 
     def sentence_options(self) -> dict:
-        """The keyword arguments of `embed_sentences` this job adds (dimensions, prompt, prompt_name), those given."""
+        """The keyword arguments of `embed_sentences` this job adds (dimensions, prompt, prompt_name, chunks,
+        late_chunking), those given."""
         options = {"dimensions": self.dimensions, "prompt": self.prompt, "prompt_name": self.prompt_name}
+        if self.chunks is not None:
+            options.update(chunks=self.chunks, late_chunking=self.late_chunking)
         return {k: v for k, v in options.items() if v is not None}
 
     def check_prompt(self) -> None:
@@ -155,6 +186,8 @@ class EmbedJob:
         if self.level != "sentence" or self.output != "dense":
             return spec
         prompt = fz.prompts.resolve(self.prompt, self.prompt_name) or None  # None: no prompt, as a plain run
+        if self.chunks is not None and self.late_chunking:
+            prompt = None  # late chunks pool the text's own tokens: no prompt, not even the folder's default
         return replace(spec, dimensions=self.dimensions, prompt=prompt)
 
     def settings(self) -> dict:
@@ -172,6 +205,8 @@ class EmbedJob:
         }
         if self.header is not None:  # decides which rows are texts
             settings["header"] = self.header
+        if self.chunks is not None:  # rows are chunks: the index's `word` column is the chunk's number in its text
+            settings.update(chunks=self.chunks, late_chunking=self.late_chunking)
         if self.output_precision != "float32":  # how the shards store the vectors (the ranges: `quantization`)
             settings["output_precision"] = self.output_precision
         settings.update(self.extra_settings)

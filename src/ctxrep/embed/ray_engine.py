@@ -256,6 +256,10 @@ def embed_with_ray(
     Featurizer in one call, so the batches, and with the same torch threads the vectors, are the same bytes
     (docs/scale.md).
     """
+    if job.chunks is not None:
+        raise ValueError(
+            "--chunks is written by --engine local (--workers / --devices); leave it out with --engine ray"
+        )
     if job.output_precision != "float32":
         raise ValueError(
             f"--output-precision {job.output_precision} is written by --engine local (--workers / --devices); "

@@ -16,7 +16,8 @@ def embed_shard(
     fz, records: list[Record], first_text: int, level: str, options: dict | None = None
 ) -> tuple[np.ndarray, list[tuple]]:
     """The vectors of `records` and one index entry (text, line, word position, word) per vector row. `options`:
-    keyword arguments of embed_sentences (dimensions, prompt, prompt_name; `EmbedJob.sentence_options`)."""
+    keyword arguments of embed_sentences (dimensions, prompt, prompt_name, chunks, late_chunking;
+    `EmbedJob.sentence_options`); with chunks, a row per chunk, its number in the text in the word column."""
     words = [r.words for r in records]
     if level == "word":
         per_text = fz.embed_words(words)
@@ -26,6 +27,12 @@ def embed_shard(
         else:
             vectors = np.zeros((0, width) if fz.single_layer else (0, len(fz.layer_indices), width), np.float32)
         index = [(first_text + t, r.line, w, word) for t, r in enumerate(records) for w, word in enumerate(r.words)]
+    elif (options or {}).get("chunks") is not None:  # one row per chunk; the index's word column numbers them
+        chunks = options["chunks"]
+        texts = [" ".join(w) for w in words] if chunks == "sentences" else words  # sentences are cut in strings
+        per_text = fz.embed_sentences(texts, **options)
+        vectors = np.concatenate(per_text) if per_text else np.zeros((0, *vector_row_shape(fz, level)), np.float32)
+        index = [(first_text + t, r.line, c, "") for t, r in enumerate(records) for c in range(len(per_text[t]))]
     else:
         vectors = fz.embed_sentences(words, **(options or {}))
         index = [(first_text + t, r.line, -1, "") for t, r in enumerate(records)]

@@ -4,6 +4,7 @@ call them), `load_vectors(DIR)` reads it, memory-mapped, one array per input tex
     vectors = load_vectors("out/")
     len(vectors)            # texts
     vectors[0]              # (words, dim) or (words, layers, dim) for word level; (dim,) or (layers, dim) for sentences
+                            # (chunks, dim) for `ctxrep embed --chunks` (vectors.chunked; index().word: chunk number)
     vectors.row_shape       # the shape of one row: (dim,) or (layers, dim)
     vectors.words(0)        # the words of text 0, as embedded (word level)
     vectors.line(0)         # the 1-based input line where text 0 starts
@@ -103,6 +104,8 @@ class Vectors:
         quantization = manifest.get("quantization")
         self.quantization: dict | None = quantization if isinstance(quantization, dict) else None
         self.precision: str = self.quantization["precision"] if self.quantization else "float32"
+        # `ctxrep embed --chunks`: sentence vectors, one row per chunk of a text (index: the chunk's number as `word`)
+        self.chunked = settings.get("chunks") is not None
         self.complete = bool(manifest.get("complete"))
         if not self.complete:
             warnings.warn(
@@ -187,7 +190,7 @@ class Vectors:
     def __getitem__(self, i: int) -> np.ndarray:
         """Text i's vectors: a read-only view into the mapped shard."""
         shard, t = self._locate(i)
-        if self.level == "sentence":
+        if self.level == "sentence" and not self.chunked:
             return self._vectors(shard)[t]
         starts = self._starts(shard)
         return self._vectors(shard)[starts[t] : starts[t + 1]]
