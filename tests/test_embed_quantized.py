@@ -149,6 +149,10 @@ def test_index_build_reads_int8_codes_and_refuses_binary_in_one_line(folder, src
     assert result.exit_code != 0
     assert "holds ubinary codes (embed --output-precision ubinary)" in result.output
     assert len(result.output.strip().splitlines()) == 1, result.output
+    # the library reads the folders the same way (it read int8 codes as floats before)
+    np.testing.assert_allclose(ctxrep.SentenceIndex.from_vectors(out8).vectors, ix.vectors, atol=1e-6)
+    with pytest.raises(ValueError, match="holds ubinary codes"):
+        ctxrep.SentenceIndex.from_vectors(outb)
 
 
 def test_bad_combinations_are_one_line_naming_the_flag_before_the_model_loads(folder, src, tmp_path, monkeypatch):

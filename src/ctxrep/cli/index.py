@@ -215,11 +215,9 @@ def _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, co
 
     if vectors_dir is not None:
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
-        vectors = _dequantized(vectors_dir, ids, compact)
-        if vectors is not None:
-            vectors, ids, spec = vectors
-            return SentenceIndex.from_vectors(vectors, ids=ids, texts=texts, metric=metric, spec=spec, **compact)
-        return SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric, **compact)
+        index = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric, **compact)
+        _note_codes(vectors_dir)
+        return index
     from ctxrep.featurize import Featurizer
     from ctxrep.vectors.spec import parse_layers
 
@@ -227,32 +225,17 @@ def _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, co
     return SentenceIndex.build(items.texts, ids=items.ids, featurizer=fz, metric=metric, **compact)
 
 
-def _dequantized(vectors_dir, ids, compact):
-    """An `embed --output-precision` folder of int8 / uint8 codes: (their dequantized float32 vectors, ids, spec),
-    with `compact`'s dimensions set to the recorded ones; None for float32 vectors. Binary codes keep only signs
-    (nothing to score or rescore with): refused in one line."""
-    from ctxrep.vectors.quantize import dequantize
+def _note_codes(vectors_dir) -> None:
+    """One stderr line when an `embed --output-precision` folder of int8 / uint8 codes is indexed."""
     from ctxrep.vectors.store import load_vectors
 
-    stored = load_vectors(vectors_dir)
-    if stored.precision == "float32":
-        return None
-    if stored.precision in ("binary", "ubinary"):
-        raise ValueError(
-            f"--vectors {vectors_dir}: holds {stored.precision} codes (embed --output-precision {stored.precision}), "
-            "signs only, with nothing to score the candidates by; embed with --output-precision float32 or int8 "
-            "and index build --binary"
+    precision = load_vectors(vectors_dir).precision
+    if precision in ("int8", "uint8"):
+        click.echo(
+            f"note: {vectors_dir} holds {precision} codes: indexing their dequantized vectors (the grid of the ranges "
+            "its manifest records)",
+            err=True,
         )
-    spec = stored.spec
-    if compact.get("dimensions") is None and spec is not None and spec.dimensions is not None:
-        compact["dimensions"] = spec.dimensions  # queries truncated as the run truncated its vectors
-    click.echo(
-        f"note: {vectors_dir} holds {stored.precision} codes: indexing their dequantized vectors (the grid of the "
-        "ranges its manifest records)",
-        err=True,
-    )
-    ids = stored.index().text.tolist() if ids is None else ids
-    return dequantize(stored.quantized()), ids, spec
 
 
 @click.command("search")

@@ -197,6 +197,12 @@ class SentenceIndex:
                     f"{vectors}: holds sparse vectors (`ctxrep embed --output sparse`); index them with "
                     "ctxrep.vectors.sparse.SparseIndex.from_vectors (ctxrep index build --sparse --vectors)"
                 )
+            if stored.precision in ("binary", "ubinary"):
+                raise SentenceIndexError(
+                    f"{vectors}: holds {stored.precision} codes (embed --output-precision {stored.precision}), signs "
+                    "only, with nothing to score the candidates by; embed with --output-precision float32 or int8 and "
+                    "build a binary index from those (binary=True, ctxrep index build --binary)"
+                )
             if ids is None:
                 ids = stored.index().text.tolist()
             if spec is None:
@@ -204,8 +210,11 @@ class SentenceIndex:
             recorded = spec.get("dimensions") if isinstance(spec, dict) else getattr(spec, "dimensions", None)
             if kwargs.get("dimensions") is None and recorded is not None:
                 kwargs["dimensions"] = recorded  # queries truncated as the run truncated its vectors
-            vectors = stored.array  # every row, in one array (a method in older ctxrep versions)
-            vectors = vectors() if callable(vectors) else vectors
+            if stored.precision != "float32":  # int8 / uint8 codes: their float vectors on the recorded grid
+                vectors = dequantize(stored.quantized())
+            else:
+                vectors = stored.array  # every row, in one array (a method in older ctxrep versions)
+                vectors = vectors() if callable(vectors) else vectors
         array = np.asarray(vectors, dtype=np.float32)
         if array.ndim != 2:
             raise SentenceIndexError(
