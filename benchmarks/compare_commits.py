@@ -8,7 +8,7 @@ of --repeats is kept for each, so drift on a shared machine hits both alike.
   featurize  Featurizer("minilm", layers=-1, pooling="mean").embed_words on N SST training sentences spread evenly
              over the file (it is ordered by label), model loading excluded, one warm-up call; tokens/s
   finetune   SequenceClassifier("minilm", pooling="mean") fitted on 640 of those sentences (their 5-class labels),
-             batch 32 for --finetune-steps optimizer steps after a 2-step fit that warms the process up; steps/s of
+             batch 32 for --finetune-steps (40) optimizer steps after a 2-step fit that warms the process up; steps/s of
              the timed fit (loading and tokenizing included, as a user's fit)
   pretrain   benchmarks/pretrain_throughput.py's ctxrep worker (MaskedLMObjective, `small` shape, batch 32 x 128,
              AdamW, clipping), each tree running its own copy of the script; tokens/s
@@ -105,7 +105,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="timed MLM steps per pretraining run")
-    p.add_argument("--finetune-steps", type=int, default=20, help="timed optimizer steps per fine-tuning run")
+    p.add_argument("--finetune-steps", type=int, default=40, help="timed optimizer steps per fine-tuning run")
     p.add_argument("--work", default="featurize,finetune,pretrain", help="which measurements, comma-separated")
     args = p.parse_args()
     works = args.work.split(",")
@@ -150,7 +150,7 @@ def main() -> None:
             for work, value in measured.items():
                 best[(work, name)] = max(best.get((work, name), 0.0), value)
                 runs.setdefault((work, name), []).append(value)
-            print(f"repeat {r + 1} {name}: " + ", ".join(f"{w} {v:.1f}/s" for w, v in measured.items()), flush=True)
+            print(f"repeat {r + 1} {name}: " + ", ".join(f"{w} {v:.4g}/s" for w, v in measured.items()), flush=True)
     lines = [
         f"ctxrep {trees['new'].name} vs {trees['old']} ({args.threads} threads, best of {args.repeats}, alternating)",
         "",
@@ -160,7 +160,7 @@ def main() -> None:
     for work in works:
         old, new = best[(work, "old")], best[(work, "new")]
         median = statistics.median(runs[(work, "new")]) / statistics.median(runs[(work, "old")])
-        lines.append(f"| {work} | {old:.1f} | {new:.1f} | {new / old:.3f} | {median:.3f} |")
+        lines.append(f"| {work} | {old:.4g} | {new:.4g} | {new / old:.3f} | {median:.3f} |")
     if checksums:
         lines.append("")
         lines.append(f"featurize checksum (sum of all vectors): old {checksums['old']:.4f}, new {checksums['new']:.4f}")
