@@ -196,41 +196,16 @@ class _SilentTqdm(tqdm):
         super().__init__(*args, **kwargs)
 
 
-def hub_folder(
-    name: str, revision: str | None = None, progress: bool = True, check_model_type: ModelTypeCheck | None = None
-) -> Path:
-    """Download (or find in the cache) the files ctxrep needs of a Hugging Face Hub model; return their folder.
+def _model_info(hub, name: str, repo_id: str, revision: str | None, cache: Path, endpoint: str, at: str):
+    """Ask the Hub for the model's metadata; each Hub error becomes one CheckpointError line.
 
-    `check_model_type(model_type, where)` raises for a config.json model_type that no family loads; it runs on
-    config.json alone, before any weight is fetched (models/loading.py passes its check; hub knows no family).
-
-    `name` is a repository id, optionally pinned as "name@revision" (branch, tag or commit hash). Offline
-    (HF_HUB_OFFLINE=1), or when the Hub cannot be reached, the cached snapshot is used if there is one.
+    When the Hub is out of reach and a cached snapshot exists, that snapshot's folder (a Path) is returned instead.
     """
-    repo_id, pinned = parse_hub_name(name)
-    revision = _one_revision(name, pinned, revision)
-    hub = _hub()
-    if not _valid_repo_id(repo_id):
-        raise CheckpointError(
-            f"{name!r} is neither a local folder nor a valid Hugging Face Hub name (NAME or ORG/NAME, letters, digits, "
-            "'-', '_', '.'); check the path or the name"
-        )
     from huggingface_hub.utils import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
-    cache, endpoint = _cache_dir(), _endpoint()
-    at = f" at revision {revision!r}" if revision else ""
-    if _offline():
-        cached = cached_hub_folder(repo_id, revision)
-        if cached is not None:
-            return cached
-        raise CheckpointError(
-            f"hub model {name!r}{at} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set, so it "
-            "cannot be downloaded: unset HF_HUB_OFFLINE on a machine with internet to fetch it once, or pass a local "
-            "model folder"
-        )
     api = hub.HfApi(endpoint=endpoint, library_name="ctxrep")
     try:
-        info = api.model_info(repo_id, revision=revision)
+        return api.model_info(repo_id, revision=revision)
     except GatedRepoError:
         raise CheckpointError(
             f"hub model {name!r} is gated: accept its conditions on {endpoint}/{repo_id} and log in "
@@ -263,9 +238,20 @@ def hub_folder(
             f"hub model {name!r}{at}: cannot reach {endpoint} ({type(e).__name__}: {reason}) and it is not in the "
             f"Hugging Face cache ({cache}); check the network (or HF_ENDPOINT), or pass a local model folder"
         ) from None
-    files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
-    if check_model_type is not None:
-        _check_config_first(hub, name, repo_id, info.sha or revision, cache, endpoint, check_model_type)
+
+
+def _fetch_snapshot(
+    hub,
+    name: str,
+    repo_id: str,
+    revision: str | None,
+    files: list[str],
+    progress: bool,
+    cache: Path,
+    endpoint: str,
+    at: str,
+) -> Path:
+    """Download `files` of the model into the Hugging Face cache; return the snapshot folder, checked complete."""
     if progress and not sys.stderr.isatty():  # a log gets one plain line, not byte bars
         print(
             f"hub model {name!r}{at}: fetching {len(files)} files into {cache} (kept ones are not downloaded again)",
@@ -295,6 +281,45 @@ def hub_folder(
             f"hub model {name!r}: the download into {folder} lacks {', '.join(missing)}; run again to complete it"
         )
     return folder
+
+
+def hub_folder(
+    name: str, revision: str | None = None, progress: bool = True, check_model_type: ModelTypeCheck | None = None
+) -> Path:
+    """Download (or find in the cache) the files ctxrep needs of a Hugging Face Hub model; return their folder.
+
+    `check_model_type(model_type, where)` raises for a config.json model_type that no family loads; it runs on
+    config.json alone, before any weight is fetched (models/loading.py passes its check; hub knows no family).
+
+    `name` is a repository id, optionally pinned as "name@revision" (branch, tag or commit hash). Offline
+    (HF_HUB_OFFLINE=1), or when the Hub cannot be reached, the cached snapshot is used if there is one.
+    """
+    repo_id, pinned = parse_hub_name(name)
+    revision = _one_revision(name, pinned, revision)
+    hub = _hub()
+    if not _valid_repo_id(repo_id):
+        raise CheckpointError(
+            f"{name!r} is neither a local folder nor a valid Hugging Face Hub name (NAME or ORG/NAME, letters, digits, "
+            "'-', '_', '.'); check the path or the name"
+        )
+    cache, endpoint = _cache_dir(), _endpoint()
+    at = f" at revision {revision!r}" if revision else ""
+    if _offline():
+        cached = cached_hub_folder(repo_id, revision)
+        if cached is not None:
+            return cached
+        raise CheckpointError(
+            f"hub model {name!r}{at} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set, so it "
+            "cannot be downloaded: unset HF_HUB_OFFLINE on a machine with internet to fetch it once, or pass a local "
+            "model folder"
+        )
+    info = _model_info(hub, name, repo_id, revision, cache, endpoint, at)
+    if isinstance(info, Path):  # the Hub is out of reach and the cache has the model
+        return info
+    files = _files_to_fetch(name, [s.rfilename for s in info.siblings or []])
+    if check_model_type is not None:
+        _check_config_first(hub, name, repo_id, info.sha or revision, cache, endpoint, check_model_type)
+    return _fetch_snapshot(hub, name, repo_id, revision, files, progress, cache, endpoint, at)
 
 
 # ---- AllenNLP's published ELMo models ---------------------------------------------------------------------
