@@ -182,25 +182,7 @@ class Trainer:
         cfg, ctx = self.config, self.ctx
         tune_malloc()
         checkpoint_dir = self.out_dir / CHECKPOINT_DIR
-        if resume:
-            self._resume(checkpoint_dir)
-        else:
-            if (checkpoint_dir / "trainer_state.json").exists():
-                raise TrainerError(
-                    f"{checkpoint_dir} already holds a checkpoint; pass resume=True (--resume) to continue that "
-                    "run, or choose another out_dir"
-                )
-            torch.manual_seed(cfg.seed + ctx.rank)  # ranks draw different masks and dropout
-            np.random.seed(cfg.seed + ctx.rank)
-            random.seed(cfg.seed + ctx.rank)
-            if ctx.is_main:
-                self.out_dir.mkdir(parents=True, exist_ok=True)
-                (self.out_dir / LOG_FILE).write_text("")
-        if self.eval_data is not None and self._eval_start is None:
-            self._eval_start = self.eval_data.state_dict()
-        advice = self._warmup_advice()
-        if advice is not None and ctx.is_main:
-            warnings.warn(advice, stacklevel=2)
+        self._begin(resume, checkpoint_dir)
 
         result: dict = {"step": self.step, "interrupted": False}
         window = _Window()
@@ -216,11 +198,7 @@ class Trainer:
                 out = self._train_step()
                 self.step += 1
                 window.add(out)
-                if cfg.max_minutes:  # the bar counts seconds: n = seconds elapsed
-                    bar.update(min(_now() - started, bar.total) - bar.n)
-                    bar.set_postfix_str(f"step {self.step:,}" + (f", {bar.postfix_loss}" if bar.postfix_loss else ""))
-                else:
-                    bar.update(1)
+                self._advance_bar(bar, started)
                 stop = self._should_stop()
                 out_of_time = self._out_of_time(deadline)
                 last = stop or out_of_time or self.step == cfg.max_steps
@@ -260,6 +238,37 @@ class Trainer:
             self._checkpoint(checkpoint_dir)
         result["step"] = self.step
         return result
+
+    def _begin(self, resume: bool, checkpoint_dir: Path) -> None:
+        """Resume from `checkpoint_dir`, or seed a fresh run and start its log; note the held-out source's state."""
+        cfg, ctx = self.config, self.ctx
+        if resume:
+            self._resume(checkpoint_dir)
+        else:
+            if (checkpoint_dir / "trainer_state.json").exists():
+                raise TrainerError(
+                    f"{checkpoint_dir} already holds a checkpoint; pass resume=True (--resume) to continue that "
+                    "run, or choose another out_dir"
+                )
+            torch.manual_seed(cfg.seed + ctx.rank)  # ranks draw different masks and dropout
+            np.random.seed(cfg.seed + ctx.rank)
+            random.seed(cfg.seed + ctx.rank)
+            if ctx.is_main:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                (self.out_dir / LOG_FILE).write_text("")
+        if self.eval_data is not None and self._eval_start is None:
+            self._eval_start = self.eval_data.state_dict()
+        advice = self._warmup_advice()
+        if advice is not None and ctx.is_main:
+            warnings.warn(advice, stacklevel=3)  # points at the caller of train()
+
+    def _advance_bar(self, bar, started: float) -> None:
+        """Move the bar one step on, or to the seconds elapsed when the run is limited by max_minutes."""
+        if self.config.max_minutes:  # the bar counts seconds: n = seconds elapsed
+            bar.update(min(_now() - started, bar.total) - bar.n)
+            bar.set_postfix_str(f"step {self.step:,}" + (f", {bar.postfix_loss}" if bar.postfix_loss else ""))
+        else:
+            bar.update(1)
 
     def _train_step(self) -> _StepOutput:
         cfg, ctx = self.config, self.ctx
