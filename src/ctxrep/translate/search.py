@@ -221,12 +221,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     """Beam search (module docstring). src_ids, src_mask: (batch, src), padded on the right, each sentence ending
     with </s>. Returns, per sentence, its n_best hypotheses, best first."""
-    if beam < 1:
-        raise ValueError(f"beam must be at least 1, got {beam}")
-    if not 1 <= n_best <= beam:
-        raise ValueError(f"n_best must be between 1 and the beam size {beam}, got {n_best}")
-    if penalty not in PENALTIES:
-        raise ValueError(f"penalty must be one of {PENALTIES}, got {penalty!r}")
+    _check_beam_options(beam, n_best, penalty)
     c = model.config
     k = beam
     src_ids, src_mask = _source(model, src_ids, src_mask)
@@ -295,7 +290,23 @@ def beam_search(
             alive, scores, tokens, nxt = alive[keep], scores[keep], tokens[keep_rows], nxt[keep_rows]
             cache.keep(keep)
         last = nxt[:, None]
+    return _best_of_pool(pool_scores, pool_tokens, pool_lengths, n_best)
 
+
+def _check_beam_options(beam: int, n_best: int, penalty: str) -> None:
+    if beam < 1:
+        raise ValueError(f"beam must be at least 1, got {beam}")
+    if not 1 <= n_best <= beam:
+        raise ValueError(f"n_best must be between 1 and the beam size {beam}, got {n_best}")
+    if penalty not in PENALTIES:
+        raise ValueError(f"penalty must be one of {PENALTIES}, got {penalty!r}")
+
+
+def _best_of_pool(
+    pool_scores: torch.Tensor, pool_tokens: torch.Tensor, pool_lengths: torch.Tensor, n_best: int
+) -> list[list[Hypothesis]]:
+    """Each sentence's n_best finished hypotheses, best first. pool_*: (batch, 2K, ...) as beam_search fills them."""
+    batch, longest = pool_tokens.shape[0], pool_tokens.shape[2]
     order = pool_scores.argsort(dim=1, descending=True)[:, :n_best]  # (batch, n_best)
     best_scores = pool_scores.gather(1, order).tolist()
     best_lengths = pool_lengths.gather(1, order).tolist()
