@@ -317,11 +317,9 @@ def _ray_output_to(path: Path | None):
             os.close(saved[fd])
 
 
-def _embed_with_ray(
-    ray, job, run, address, actors, cpus_per_actor, gpus_per_actor, batch_size, embedder, show_progress, log, log_file
-) -> EmbedSummary:
-    """embed_with_ray once its checks are done (Ray's output in `log_file`, or None: on the terminal)."""
-    quiet = log_file is not None
+def _start_ray(ray, address: str | None, quiet: bool) -> None:
+    """Start a local Ray, or join the cluster at `address`, unless Ray is up already; a cluster that cannot be
+    joined is one ValueError line. `quiet`: Ray's own output goes to its log, not the terminal."""
     if not ray.is_initialized():
         settings = {}  # --ray-verbose: Ray's own defaults (its workers' output and INFO lines on the terminal)
         if quiet:
@@ -351,14 +349,21 @@ def _embed_with_ray(
                     f"cannot join the Ray cluster at {address}: {first}{hint}; start one with `ray start --head` "
                     "or check --ray-address"
                 ) from None
-    if log_file is not None:  # said once Ray is up: a cluster that cannot be joined is the one line
-        log(f"Ray's own output: {log_file}")
+
+
+def _actor_count(ray, actors: int | None, cpus_per_actor: float, gpus_per_actor: float) -> int:
+    """`actors`, or as many as the cluster's GPUs (or CPUs) hold."""
     if actors is None:
         resources = ray.cluster_resources()
         if gpus_per_actor > 0:
             actors = max(1, int(resources.get("GPU", 0) // gpus_per_actor))
         else:
             actors = max(1, int(resources.get("CPU", 1) // cpus_per_actor))
+    return actors
+
+
+def _actor_options(job, cpus_per_actor: float) -> dict:
+    """The keyword arguments each Ray actor's embedder is built with (map_batches' fn_constructor_kwargs)."""
     threads = job.threads or max(1, int(cpus_per_actor))
     options = {
         "model": job.model,
@@ -376,6 +381,19 @@ def _embed_with_ray(
     }
     if job.device is not None:
         options["device"] = job.device
+    return options
+
+
+def _embed_with_ray(
+    ray, job, run, address, actors, cpus_per_actor, gpus_per_actor, batch_size, embedder, show_progress, log, log_file
+) -> EmbedSummary:
+    """embed_with_ray once its checks are done (Ray's output in `log_file`, or None: on the terminal)."""
+    quiet = log_file is not None
+    _start_ray(ray, address, quiet)
+    if log_file is not None:  # said once Ray is up: a cluster that cannot be joined is the one line
+        log(f"Ray's own output: {log_file}")
+    actors = _actor_count(ray, actors, cpus_per_actor, gpus_per_actor)
+    options = _actor_options(job, cpus_per_actor)
 
     # The driver reads the input lazily and cuts the shards one process would write (the shards done already are
     # skipped); SHARDS_PER_RUN of them at a time go through the actor pool, so the driver never holds the corpus.
