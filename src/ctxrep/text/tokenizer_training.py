@@ -71,20 +71,8 @@ def train_tokenizer(
     `corpus` says how the text files are read (Gutenberg stripping); only its reading options are used.
     Returns the saved tokenizer loaded back through `ctxrep.text.tokenizer.Tokenizer`.
     """
-    if kind not in KINDS:
-        raise ValueError(
-            f"tokenizer kind {kind!r} is not known: use 'wordpiece' (BERT), 'bpe' (RoBERTa/GPT-2) or 'word' (ELMo)"
-        )
+    _check_options(kind, vocab_size, min_frequency)
     specials = SPECIALS[kind]
-    smallest = len(specials) + BYTE_ALPHABET_SIZE if kind == "bpe" else len(specials) + 1
-    if vocab_size < smallest:
-        raise ValueError(
-            f"vocab_size={vocab_size} is too small for a {kind} tokenizer: it needs at least {smallest} entries "
-            f"({len(specials)} special tokens"
-            + {"bpe": " + 256 byte symbols)", "word": " + 1 word)"}.get(kind, " + 1 piece)")
-        )
-    if min_frequency < 1:
-        raise ValueError(f"min_frequency={min_frequency} must be at least 1")
     paths = list_text_files(files)
     corpus = corpus or CorpusConfig()
 
@@ -100,29 +88,9 @@ def train_tokenizer(
         tok = _wordpiece(lowercase)
         trainer = _wordpiece_trainer(vocab_size, min_frequency, specials + continuations, show_progress)
     elif kind == "word":
-        tok = HFTokenizer(models.WordLevel(unk_token="<unk>"))
-        if lowercase:
-            tok.normalizer = normalizers.Lowercase()
-        # "said," -> "said" ","; "don't" -> "don" "'" "t": each punctuation character is its own word.
-        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
-        # WordLevelTrainer keeps the vocab_size - len(specials) most frequent words, most frequent first.
-        trainer = trainers.WordLevelTrainer(
-            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials, show_progress=show_progress
-        )
+        tok, trainer = _word_tokenizer(vocab_size, min_frequency, specials, lowercase, show_progress)
     else:
-        tok = HFTokenizer(models.BPE(unk_token="<unk>"))
-        if lowercase:
-            tok.normalizer = normalizers.Lowercase()
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            # <mask> eats the space before it, as in RoBERTa, so "a <mask> b" masks the word " b"'s slot.
-            special_tokens=specials[:-1] + [AddedToken("<mask>", lstrip=True, special=True)],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=show_progress,
-        )
+        tok, trainer = _bpe_tokenizer(vocab_size, min_frequency, specials, lowercase, show_progress)
 
     lines[0] = 0
     tok.train_from_iterator(_text_batches(paths, corpus, lines), trainer=trainer)
@@ -138,6 +106,70 @@ def train_tokenizer(
     if ids != list(range(len(specials))):  # the trainers put special tokens first, in order
         raise RuntimeError(f"special tokens {specials} got ids {ids}, expected 0..{len(specials) - 1}")
 
+    _set_post_processor(tok, kind)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(_transformers_config(kind, lowercase), indent=2) + "\n")
+    return Tokenizer.from_model_dir(out)
+
+
+def _check_options(kind: str, vocab_size: int, min_frequency: int) -> None:
+    if kind not in KINDS:
+        raise ValueError(
+            f"tokenizer kind {kind!r} is not known: use 'wordpiece' (BERT), 'bpe' (RoBERTa/GPT-2) or 'word' (ELMo)"
+        )
+    specials = SPECIALS[kind]
+    smallest = len(specials) + BYTE_ALPHABET_SIZE if kind == "bpe" else len(specials) + 1
+    if vocab_size < smallest:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for a {kind} tokenizer: it needs at least {smallest} entries "
+            f"({len(specials)} special tokens"
+            + {"bpe": " + 256 byte symbols)", "word": " + 1 word)"}.get(kind, " + 1 piece)")
+        )
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency={min_frequency} must be at least 1")
+
+
+def _word_tokenizer(
+    vocab_size: int, min_frequency: int, specials: list[str], lowercase: bool, show_progress: bool
+) -> tuple[HFTokenizer, trainers.WordLevelTrainer]:
+    """An untrained word-level tokenizer (ELMo's vocabulary) and its trainer."""
+    tok = HFTokenizer(models.WordLevel(unk_token="<unk>"))
+    if lowercase:
+        tok.normalizer = normalizers.Lowercase()
+    # "said," -> "said" ","; "don't" -> "don" "'" "t": each punctuation character is its own word.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])
+    # WordLevelTrainer keeps the vocab_size - len(specials) most frequent words, most frequent first.
+    trainer = trainers.WordLevelTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials, show_progress=show_progress
+    )
+    return tok, trainer
+
+
+def _bpe_tokenizer(
+    vocab_size: int, min_frequency: int, specials: list[str], lowercase: bool, show_progress: bool
+) -> tuple[HFTokenizer, trainers.BpeTrainer]:
+    """An untrained byte-level BPE tokenizer (RoBERTa / GPT-2) and its trainer."""
+    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+    if lowercase:
+        tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        # <mask> eats the space before it, as in RoBERTa, so "a <mask> b" masks the word " b"'s slot.
+        special_tokens=specials[:-1] + [AddedToken("<mask>", lstrip=True, special=True)],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
+    return tok, trainer
+
+
+def _set_post_processor(tok: HFTokenizer, kind: str) -> None:
+    """[CLS] A [SEP] (B [SEP]) for WordPiece, <s> A </s> (</s> B </s>) for BPE; none for words."""
     if kind == "wordpiece":
         cls, sep = ("[CLS]", 2), ("[SEP]", 3)
         tok.post_processor = processors.TemplateProcessing(
@@ -150,12 +182,6 @@ def train_tokenizer(
             trim_offsets=True,
             add_prefix_space=True,  # (sep, cls)
         )
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(_transformers_config(kind, lowercase), indent=2) + "\n")
-    return Tokenizer.from_model_dir(out)
 
 
 def _wordpiece(lowercase: bool) -> HFTokenizer:
