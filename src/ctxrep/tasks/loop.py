@@ -158,6 +158,37 @@ def bf16_autocast(device_type: str, enabled: bool):
     return torch.autocast(device_type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
 
 
+def _optimizer(network: TaskNetwork, extra: nn.Module | None, settings: LoopSettings) -> torch.optim.Optimizer:
+    """The network's optimizer, with `extra`'s parameters as further groups."""
+    optimizer = make_optimizer(network, settings)
+    if extra is not None:
+        for group in param_groups(extra, settings.weight_decay):
+            optimizer.add_param_group(group)  # lr: the optimizer's default, settings.lr
+    return optimizer
+
+
+def _scheduler(optimizer: torch.optim.Optimizer, settings: LoopSettings, total: int, warmup: int):
+    """The learning-rate schedule: slanted triangular, or warm-up then linear decay."""
+
+    def factor(step: int) -> float:
+        return slanted_triangular(step, total) if settings.slanted_triangular else warmup_decay(step, warmup, total)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _step(network, batch, loss_of, optimizer, scheduler, settings: LoopSettings, device_type: str) -> torch.Tensor:
+    """One optimizer step on `batch`; returns its loss."""
+    with bf16_autocast(device_type, settings.bf16):
+        loss = loss_of(network(batch), batch)
+    optimizer.zero_grad()
+    loss.backward()
+    if settings.max_grad_norm:
+        nn.utils.clip_grad_norm_(network.parameters(), settings.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    return loss
+
+
 def train(
     network: TaskNetwork,
     examples: list,
@@ -178,19 +209,12 @@ def train(
     `extra`: a module outside the network whose parameters train too, at lr (e.g. a distillation loss's
     projection); it is not part of the network's weights or of early stopping's best state."""
     tune_malloc()  # a no-op off glibc or when the user set malloc's thresholds
-    optimizer = make_optimizer(network, settings)
-    if extra is not None:
-        for group in param_groups(extra, settings.weight_decay):
-            optimizer.add_param_group(group)  # lr: the optimizer's default, settings.lr
+    optimizer = _optimizer(network, extra, settings)
     epochs, total, warmup = plan_steps(len(examples), settings)
     advice = warmup_warning(total, warmup, settings)
     if advice is not None:
         warnings.warn(advice, stacklevel=3)  # at the caller of fit
-
-    def factor(step: int) -> float:
-        return slanted_triangular(step, total) if settings.slanted_triangular else warmup_decay(step, warmup, total)
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    scheduler = _scheduler(optimizer, settings, total, warmup)
     device_type = next(network.parameters()).device.type
     best_score, best_state, since_best, steps = -math.inf, None, 0, 0
     bar = progress_display(settings.progress, total=total, desc=settings.desc, unit="batches")
@@ -204,14 +228,7 @@ def train(
                 if steps == total:  # max_steps reached inside this epoch
                     break
                 batch = batch_of([examples[i] for i in rows])
-                with bf16_autocast(device_type, settings.bf16):
-                    loss = loss_of(network(batch), batch)
-                optimizer.zero_grad()
-                loss.backward()
-                if settings.max_grad_norm:
-                    nn.utils.clip_grad_norm_(network.parameters(), settings.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
+                loss = _step(network, batch, loss_of, optimizer, scheduler, settings, device_type)
                 steps += 1
                 epoch_loss += float(loss.detach())
                 n += 1
