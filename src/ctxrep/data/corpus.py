@@ -325,14 +325,7 @@ def pack_corpus(
 
     config = config or CorpusConfig()
     files = list_text_files(source)
-    tokenizer_file = Path(tokenizer)
-    if tokenizer_file.is_dir():
-        tokenizer_file = tokenizer_file / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
-        raise CorpusError(
-            f"{tokenizer_file}: no such tokenizer file; train one with "
-            "ctxrep.text.tokenizer_training.train_tokenizer or pass a folder holding tokenizer.json"
-        )
+    tokenizer_file = _tokenizer_file(tokenizer)
     out = Path(out_dir)
     key = {
         "format_version": FORMAT_VERSION,
@@ -384,6 +377,29 @@ def pack_corpus(
             + (" after removing Project Gutenberg headers and footers" if config.strip_gutenberg else "")
             + "; check the path and the files' contents"
         )
+    documents = _write_offsets(out, sentence_lengths, document_starts, num_sentences)
+    counts = {"documents": documents, "sentences": num_sentences, "tokens": num_tokens}
+    _write_manifest(out, {**key, "dtype": dtype.name, "vocab_size": vocab_size, "counts": counts})
+    return PackedCorpus.open(out)
+
+
+def _tokenizer_file(tokenizer: str | Path) -> Path:
+    """The tokenizer.json named by `tokenizer` (the file, or a folder holding it); it must exist."""
+    tokenizer_file = Path(tokenizer)
+    if tokenizer_file.is_dir():
+        tokenizer_file = tokenizer_file / TOKENIZER_FILE
+    if not tokenizer_file.is_file():
+        raise CorpusError(
+            f"{tokenizer_file}: no such tokenizer file; train one with "
+            "ctxrep.text.tokenizer_training.train_tokenizer or pass a folder holding tokenizer.json"
+        )
+    return tokenizer_file
+
+
+def _write_offsets(
+    out: Path, sentence_lengths: list[np.ndarray], document_starts: list[int], num_sentences: int
+) -> int:
+    """Save the sentence and document offsets into `out`; returns the number of documents kept."""
     lengths_all = np.concatenate(sentence_lengths) if sentence_lengths else np.zeros(0, np.int64)
     sentence_offsets = np.zeros(num_sentences + 1, np.int64)
     np.cumsum(lengths_all, out=sentence_offsets[1:])
@@ -392,17 +408,14 @@ def pack_corpus(
     document_offsets = np.append(np.unique(starts[starts < num_sentences]), num_sentences).astype(np.int64)
     np.save(out / SENTENCES_FILE, sentence_offsets)
     np.save(out / DOCUMENTS_FILE, document_offsets)
+    return len(document_offsets) - 1
 
-    manifest = dict(key)
-    manifest.update(
-        dtype=dtype.name,
-        vocab_size=vocab_size,
-        counts={"documents": len(document_offsets) - 1, "sentences": num_sentences, "tokens": num_tokens},
-    )
+
+def _write_manifest(out: Path, manifest: dict) -> None:
+    """Write the manifest last, atomically: its presence marks the folder complete."""
     tmp = out / (MANIFEST_FILE + ".tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     tmp.replace(out / MANIFEST_FILE)
-    return PackedCorpus.open(out)
 
 
 def _source_entry(file: Path) -> dict:
