@@ -235,6 +235,32 @@ def _write_encoder(encoder: nn.Module, tokenizer_from: Path, path: Path) -> Path
     return path
 
 
+def _ready_student(student, teacher, t_encoder, student_layers, teacher_layers, student_hidden_size) -> tuple:
+    """The student encoder given as `student=` (a name or folder), checked against the teacher; with the teacher
+    layers its layers learn from."""
+    if student_layers or teacher_layers or student_hidden_size:
+        raise ValueError(
+            "student= gives a ready student encoder, so student_layers / teacher_layers / student_hidden_size "
+            "(which build one from the teacher) do not apply; give one or the other"
+        )
+    loaded = load_encoder(student, dtype="fp32")  # float32 master weights to train
+    if not same_tokenizer(loaded.tokenizer, teacher.backbone_.tokenizer):
+        raise ValueError(
+            f"the student {student} has a different tokenizer from the teacher's ({teacher.model}): the "
+            "student learns from the teacher's outputs on the same pieces, so they must share it; leave "
+            "student= out to build the student from the teacher (its tokenizer kept), or give a student "
+            "trained with the teacher's tokenizer"
+        )
+    s_encoder = loaded.model
+    layers = spread_layers(t_encoder.num_layers, s_encoder.num_layers)
+    if s_encoder.num_layers > t_encoder.num_layers:
+        raise ValueError(
+            f"the student {student} has {s_encoder.num_layers} layers, more than the teacher's "
+            f"{t_encoder.num_layers}; give a smaller student"
+        )
+    return s_encoder, layers
+
+
 def distill_estimator(
     teacher,
     X,
@@ -272,28 +298,10 @@ def distill_estimator(
     """
     _check_settings(temperature, alpha, hidden_loss, hidden_weight)
     t_encoder = teacher_encoder(teacher)
-    tokenizer = teacher.backbone_.tokenizer
     if student is not None:
-        if student_layers or teacher_layers or student_hidden_size:
-            raise ValueError(
-                "student= gives a ready student encoder, so student_layers / teacher_layers / student_hidden_size "
-                "(which build one from the teacher) do not apply; give one or the other"
-            )
-        loaded = load_encoder(student, dtype="fp32")  # float32 master weights to train
-        if not same_tokenizer(loaded.tokenizer, tokenizer):
-            raise ValueError(
-                f"the student {student} has a different tokenizer from the teacher's ({teacher.model}): the "
-                "student learns from the teacher's outputs on the same pieces, so they must share it; leave "
-                "student= out to build the student from the teacher (its tokenizer kept), or give a student "
-                "trained with the teacher's tokenizer"
-            )
-        s_encoder = loaded.model
-        layers = spread_layers(t_encoder.num_layers, s_encoder.num_layers)
-        if s_encoder.num_layers > t_encoder.num_layers:
-            raise ValueError(
-                f"the student {student} has {s_encoder.num_layers} layers, more than the teacher's "
-                f"{t_encoder.num_layers}; give a smaller student"
-            )
+        s_encoder, layers = _ready_student(
+            student, teacher, t_encoder, student_layers, teacher_layers, student_hidden_size
+        )
     else:
         layers = choose_layers(t_encoder, student_layers, teacher_layers)
 
