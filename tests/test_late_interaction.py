@@ -138,10 +138,11 @@ def test_folders_ctxrep_does_not_apply_are_refused(mve_folder, tmp_path):
         MultiVectorEncoder(pylate)
 
 
-def _hf_colbert_folder(path: Path) -> Path:
+def _hf_colbert_folder(path: Path, **meta) -> Path:
     """A Stanford-NLP ColBERT checkpoint as colbert-ir/colbertv2.0 holds one, tiny and random: a BertModel's
     weights (bert.*) and the projection linear.weight (16, 32) in one state dict, config.json architectures
-    HF_ColBERT, artifact.metadata with ColBERTv2's settings; the packaged MiniLM's BERT vocabulary."""
+    HF_ColBERT, artifact.metadata with ColBERTv2's settings updated by `meta` (None: no artifact.metadata); the
+    packaged MiniLM's BERT vocabulary."""
     import transformers
     from safetensors.torch import save_file
 
@@ -155,44 +156,86 @@ def _hf_colbert_folder(path: Path) -> Path:
     state["linear.weight"] = torch.randn(16, 32) / 32**0.5
     save_file(state, path / "model.safetensors")
     (path / "config.json").write_text(json.dumps(config.to_dict() | {"architectures": ["HF_ColBERT"]}))
-    meta = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 32, "doc_maxlen": 180}
-    (path / "artifact.metadata").write_text(json.dumps(meta | {"mask_punctuation": True, "dim": 16}))
+    if meta.get("none") is None:
+        settings = {"query_token_id": "[unused0]", "doc_token_id": "[unused1]", "query_maxlen": 32, "doc_maxlen": 180}
+        settings |= {"mask_punctuation": True, "dim": 16, "similarity": "cosine"}
+        (path / "artifact.metadata").write_text(json.dumps(settings | meta))
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
         shutil.copy(resolve_model_path("minilm") / name, path / name)
     return path
 
 
-def test_a_stanford_colbert_checkpoint_is_refused_with_what_to_use(tmp_path):
-    """HF_ColBERT: sentence-transformers 6.2 reads the projection as a bias-free Dense and puts [unused1] after
-    [CLS] of documents (checked here by hand), but expands every query to 32 [MASK]-padded rows, which ctxrep's
-    token states cannot give; its saved folder keeps the expansion. Both are one line naming what to use."""
-    import transformers
+LONG_QUERY = "who sang the song that played on every radio station in the summer of the year " * 3  # > 32 tokens
+LONG_DOC = "The market never recovered, and stocks fell again; investors sold everything they had. " * 3
+
+
+def _colbert_parity(folder: Path) -> MultiVectorEncoder:
+    """ctxrep's query and document vectors and MaxSim scores equal sentence-transformers' for the folder."""
     from sentence_transformers import MultiVectorEncoder as STMultiVectorEncoder
 
-    folder = _hf_colbert_folder(tmp_path / "colbertv2")
-    with pytest.raises(
-        CheckpointError, match=r"^[^\n]*HF_ColBERT\): ColBERT pads queries with \[MASK\] tokens to query_"
-    ):
-        MultiVectorEncoder(folder)  # not the encoder loader's "1 unknown weights: linear.weight"
+    queries, docs = QUERIES + [LONG_QUERY], DOCS + [LONG_DOC]
+    encoder = MultiVectorEncoder(folder)
+    q = encoder.embed_queries(queries)
+    q_cut = encoder.cut_texts
+    d = encoder.embed_documents(docs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         st = STMultiVectorEncoder(str(folder), device="cpu")
-        doc = st.encode_document([DOCS[0]], convert_to_numpy=False)[0].numpy()
-        assert [len(q) for q in st.encode_query(QUERIES, convert_to_numpy=False)] == [32, 32]  # the expansion
-        bert = transformers.BertModel.from_pretrained(folder).eval()
+        ref_q = [t.numpy() for t in st.encode_query(queries, convert_to_numpy=False)]
+        ref_d = [t.numpy() for t in st.encode_document(docs, convert_to_numpy=False)]
+        ref_scores = st.similarity(st.encode_query(queries), st.encode_document(docs)).numpy()
+    assert [len(x) for x in q] == [len(x) for x in ref_q] and [len(x) for x in d] == [len(x) for x in ref_d]
+    for ours, theirs in zip(q + d, ref_q + ref_d):
+        np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    np.testing.assert_allclose(maxsim_scores(q, d), ref_scores, rtol=1e-5, atol=1e-5)
+    assert q_cut == [2]  # the long query was cut at query_maxlen
+    return encoder
+
+
+def test_a_stanford_colbert_checkpoint_gives_sentence_transformers_vectors(tmp_path):
+    """HF_ColBERT (colbertv2.0's layout): the projection linear.weight without bias, [unused0] / [unused1] after
+    [CLS], queries cut at and padded with [MASK] to 32 tokens that attention skips but MaxSim scores, documents
+    cut at doc_maxlen with punctuation dropped: sentence-transformers 6.2's vectors within 1e-5, and the document
+    side checked by hand against transformers' BertModel as ColBERT's DocTokenizer builds its input."""
+    import transformers
+    from safetensors.torch import load_file
+
+    folder = _hf_colbert_folder(tmp_path / "colbertv2", doc_maxlen=24)
+    encoder = _colbert_parity(folder)
+    assert encoder.dim == 16 and encoder.settings.colbert.query_maxlen == 32
+    assert [len(q) for q in encoder.embed_queries(QUERIES)] == [32, 32]  # the expansion
+    encoder.embed_documents(DOCS + [LONG_DOC])
+    assert encoder.cut_texts == [4]  # the long document was cut at doc_maxlen 24, and said so
+    bert = transformers.BertModel.from_pretrained(folder).eval()
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     ids = tok("A man, plays a guitar.")["input_ids"]
     ids = ids[:1] + tok.convert_tokens_to_ids(["[unused1]"]) + ids[1:]  # ColBERT's document marker after [CLS]
-    from safetensors.torch import load_file
-
     with torch.no_grad():
         h = bert(torch.tensor([ids])).last_hidden_state[0] @ load_file(folder / "model.safetensors")["linear.weight"].T
     keep = [i not in tok.convert_tokens_to_ids([",", "."]) for i in ids]  # ColBERT's punctuation mask
     expected = torch.nn.functional.normalize(h[keep], dim=-1).numpy()
-    np.testing.assert_allclose(doc, expected, atol=1e-5)
-    with warnings.catch_warnings():
+    np.testing.assert_allclose(encoder.embed_documents([DOCS[0]])[0], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("meta", [{"none": True}, {"attend_to_mask_tokens": True, "mask_punctuation": False}])
+def test_stanford_colbert_defaults_and_settings_equal_sentence_transformers(tmp_path, meta):
+    """No artifact.metadata: ColBERTv2's defaults; attention over the [MASK] padding and no punctuation mask."""
+    encoder = _colbert_parity(_hf_colbert_folder(tmp_path / "colbert", **meta))
+    assert encoder.settings.colbert.attend_to_mask_tokens == bool(meta.get("attend_to_mask_tokens"))
+
+
+def test_stanford_colbert_settings_ctxrep_cannot_apply_are_refused(tmp_path):
+    from sentence_transformers import MultiVectorEncoder as STMultiVectorEncoder
+
+    folder = _hf_colbert_folder(tmp_path / "l2", similarity="l2")
+    with pytest.raises(CheckpointError, match=r"artifact.metadata: similarity 'l2': ctxrep scores MaxSim with the"):
+        MultiVectorEncoder(folder)
+    marker = _hf_colbert_folder(tmp_path / "q", query_token_id="[Q]")
+    with pytest.raises(CheckpointError, match=r"ColBERT's query_token_id '\[Q\]' is not a token of its tokenizer"):
+        MultiVectorEncoder(marker)
+    with warnings.catch_warnings():  # sentence-transformers' save keeps the expansion in sentence_bert_config.json
         warnings.simplefilter("ignore")
-        st.save(str(tmp_path / "saved"))
+        STMultiVectorEncoder(str(_hf_colbert_folder(tmp_path / "cb")), device="cpu").save(str(tmp_path / "saved"))
     with pytest.raises(CheckpointError, match="sets query_expansion, document_length .* which ctxrep does not apply"):
         MultiVectorEncoder(tmp_path / "saved")
 

@@ -391,6 +391,7 @@ class BertModel(Encoder):
             "generator_lm_head.",
             "classifier.",
             "qa_outputs.",
+            "linear.",  # Stanford-NLP ColBERT's token projection (HF_ColBERT; vectors/late_interaction.py reads it)
         ),
         buffers=("embeddings.position_ids", "embeddings.token_type_ids"),  # transformers' precomputed ids
     )

@@ -14,9 +14,16 @@ MultiVectorMask: ColBERT's punctuation) are dropped from the tasks it names (doc
 kept, as sentence-transformers does. A model without MultiVectorEncoder modules gives its normalised hidden states
 with ColBERT's punctuation skiplist on documents (the raw material of late interaction, no trained projection).
 The folder's "query" / "document" prompts are put before the texts unless a call gives prompt= or prompt_name=.
-Query expansion (ColBERT's [MASK] padding of queries to query_length, which attention skips), fixed document
-lengths, Stanford-NLP ColBERT checkpoints (HF_ColBERT, whose queries always expand) and PyLate <= 3 folders are
-refused with a one-line reason naming sentence_transformers.MultiVectorEncoder, which loads them.
+
+A Stanford-NLP ColBERT checkpoint (config.json architectures HF_ColBERT, as colbert-ir/colbertv2.0: BERT weights
+and the bias-free projection `linear.weight` in one state dict, settings in artifact.metadata, ColBERTv2's
+defaults where it is silent) is run as ColBERT runs it: its marker ([unused0] for queries, [unused1] for
+documents) after [CLS]; queries cut at query_maxlen and padded to it with [MASK] tokens that attention skips
+(unless attend_to_mask_tokens) and whose vectors are kept (query expansion); documents cut at doc_maxlen (the cut
+texts' indices in `cut_texts`, as the Featurizer reports its cuts) with the punctuation skiplist. These are the
+vectors sentence-transformers' MultiVectorEncoder gives for the folder. Query expansion / fixed lengths in a
+sentence-transformers folder (sentence_bert_config.json) and PyLate <= 3 folders are refused with a one-line
+reason naming sentence_transformers.MultiVectorEncoder, which loads them.
 """
 
 from __future__ import annotations
@@ -31,8 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctxrep.models.folders import CheckpointError
-from ctxrep.models.loading import resolve_model_path
+from ctxrep.models.folders import CheckpointError, read_state_dict
 from ctxrep.models.sentence_transformers import (
     MODULES_FILE,
     SETTINGS_FILE,
@@ -42,14 +48,81 @@ from ctxrep.models.sentence_transformers import (
     read_settings,
     with_prompt,
 )
+from ctxrep.text.inputs import Rows, check_texts
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.prompts import task_prompt
 from ctxrep.vectors.spec import FeaturizerSpec
 
-__all__ = ["LateInteractionIndex", "MultiVectorEncoder", "MultiVectorSettings", "maxsim", "maxsim_scores"]
+__all__ = [
+    "ColBERTSettings",
+    "LateInteractionIndex",
+    "MultiVectorEncoder",
+    "MultiVectorSettings",
+    "maxsim",
+    "maxsim_scores",
+]
 
 COLBERT_SKIPLIST = tuple(string.punctuation)  # ColBERT's mask_punctuation
 EXPANSION_KEYS = ("query_expansion", "query_length", "document_length")  # Transformer knobs ctxrep does not apply
+
+
+@dataclass(frozen=True)
+class ColBERTSettings:
+    """How a Stanford-NLP ColBERT checkpoint tokenizes (artifact.metadata; ColBERTv2's defaults where it is silent)."""
+
+    query_marker: str = "[unused0]"  # ColBERT's [Q], put after [CLS]
+    document_marker: str = "[unused1]"  # [D]
+    query_maxlen: int = 32  # queries are cut at, and padded with [MASK] to, this many tokens
+    doc_maxlen: int = 180  # documents are cut at this many tokens
+    attend_to_mask_tokens: bool = False  # whether attention reads the [MASK] padding of queries
+    mask_punctuation: bool = True  # punctuation dropped from documents
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> ColBERTSettings | None:
+        """The settings of an HF_ColBERT folder (config.json architectures); None for any other folder."""
+        folder = Path(folder)
+        try:
+            architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+        except (OSError, ValueError, AttributeError):
+            return None
+        if "HF_ColBERT" not in architectures:
+            return None
+        try:
+            meta = json.loads((folder / "artifact.metadata").read_text())
+        except FileNotFoundError:
+            meta = {}
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{folder / 'artifact.metadata'}: not readable JSON ({e})") from e
+        if meta.get("similarity", "cosine") != "cosine":
+            raise CheckpointError(
+                f"{folder / 'artifact.metadata'}: similarity {meta['similarity']!r}: ctxrep scores MaxSim with the "
+                "dot product of unit vectors (ColBERT's 'cosine') only"
+            )
+        d = cls()
+        return cls(
+            meta.get("query_token_id") or d.query_marker,
+            meta.get("doc_token_id") or d.document_marker,
+            int(meta.get("query_maxlen") or d.query_maxlen),
+            int(meta.get("doc_maxlen") or d.doc_maxlen),
+            bool(meta.get("attend_to_mask_tokens", d.attend_to_mask_tokens)),
+            bool(meta.get("mask_punctuation", d.mask_punctuation)),
+        )
+
+
+def colbert_projection(folder: Path) -> DenseLayer:
+    """An HF_ColBERT folder's `linear.weight` (dim, hidden) as a bias-free Dense layer."""
+    folder = Path(folder)
+    file = folder / "model.safetensors"
+    if file.is_file():
+        from safetensors import safe_open
+
+        with safe_open(file, framework="pt") as f:  # one tensor, not the whole encoder again
+            weight = f.get_tensor("linear.weight") if "linear.weight" in f.keys() else None
+    else:
+        weight = read_state_dict(folder).get("linear.weight")
+    if weight is None:
+        raise CheckpointError(f"{folder}: an HF_ColBERT checkpoint without its projection linear.weight")
+    return DenseLayer(weight.float(), None, lambda v: v)
 
 
 @dataclass(frozen=True)
@@ -61,12 +134,17 @@ class MultiVectorSettings:
     skiplist_words: tuple[str, ...] = COLBERT_SKIPLIST
     skiplist_tasks: tuple[str, ...] = ("document",)
     normalize: bool = True
+    colbert: ColBERTSettings | None = None  # a Stanford-NLP ColBERT checkpoint's markers, lengths and expansion
 
     @classmethod
     def of_folder(cls, folder: Path) -> MultiVectorSettings:
-        """The modules.json of a sentence-transformers MultiVectorEncoder folder; the defaults above without one."""
+        """The modules.json of a sentence-transformers MultiVectorEncoder folder, or an HF_ColBERT checkpoint's
+        projection and artifact.metadata; the defaults above without either."""
         folder = Path(folder)
-        refuse_stanford_colbert(folder)
+        colbert = ColBERTSettings.of_folder(folder)
+        if colbert is not None:
+            skiplist = COLBERT_SKIPLIST if colbert.mask_punctuation else ()
+            return cls((colbert_projection(folder),), skiplist, ("document",), True, colbert)
         prefixes = [k for k in ("query_prefix", "document_prefix") if read_settings(folder).get(k)]
         if prefixes:  # PyLate <= 3: prefix tokens sentence-transformers registers on the tokenizer when it loads
             raise CheckpointError(
@@ -108,34 +186,6 @@ class MultiVectorSettings:
         return cls(tuple(dense), skiplist, tasks, normalize)
 
 
-def refuse_stanford_colbert(folder: Path) -> None:
-    """A one-line CheckpointError for a Stanford-NLP ColBERT checkpoint (config.json architectures HF_ColBERT: a
-    BertModel's weights beside the projection `linear.weight`, settings in artifact.metadata).
-
-    Its projection and markers would fit (a bias-free Dense; [unused0] / [unused1] after [CLS]), but ColBERT pads
-    every query with [MASK] tokens to query_maxlen that attention skips and whose vectors are scored (query
-    expansion), and cuts documents at doc_maxlen; ctxrep's token states apply neither, so the vectors would not be
-    the model's. sentence-transformers >= 6.2 loads such a folder directly, and its save() keeps the expansion
-    (query_expansion / document_length in sentence_bert_config.json), which ctxrep refuses in turn."""
-    config = Path(folder) / "config.json"
-    try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return
-    if "HF_ColBERT" not in architectures:
-        return
-    try:
-        meta = json.loads((Path(folder) / "artifact.metadata").read_text())
-    except (OSError, ValueError):
-        meta = {}
-    raise CheckpointError(
-        f"{folder}: a Stanford-NLP ColBERT checkpoint (HF_ColBERT): ColBERT pads queries with [MASK] tokens to "
-        f"query_maxlen ({meta.get('query_maxlen', 32)}) that attention skips and cuts documents at doc_maxlen "
-        f"({meta.get('doc_maxlen', 180)}), which ctxrep does not apply, so it cannot give this model's vectors: "
-        f"use sentence_transformers.MultiVectorEncoder({str(folder)!r}) (>= 6.2 loads HF_ColBERT folders directly)"
-    )
-
-
 class MultiVectorEncoder:
     """Texts -> one vector per token (see the module docs), a sibling of ctxrep.Featurizer.
 
@@ -147,8 +197,6 @@ class MultiVectorEncoder:
     def __init__(self, model="minilm", **featurizer_kwargs) -> None:
         from ctxrep.featurize import Featurizer
 
-        if not isinstance(model, Featurizer):  # before the encoder's loader, which stops at HF_ColBERT's linear.weight
-            refuse_stanford_colbert(resolve_model_path(model))
         # token states only: the sentence pooling is never read ("mean" spares the folder's modules a warning)
         fz = (
             model
@@ -162,6 +210,10 @@ class MultiVectorEncoder:
         vocab = self.featurizer.tokenizer.backend
         ids = [vocab.token_to_id(w) for w in self.settings.skiplist_words]  # words that are no token: dropped
         self.skiplist_ids = np.array(sorted({i for i in ids if i is not None}), dtype=np.int64)
+        self.cut_texts: list[int] = []  # the texts (indices in the last call) cut at ColBERT's query / doc maxlen
+        self.markers = self.expansion_id = None
+        if self.settings.colbert is not None:
+            self.markers, self.expansion_id = colbert_token_ids(self.settings.colbert, vocab, folder)
 
     @property
     def dim(self) -> int:
@@ -193,16 +245,99 @@ class MultiVectorEncoder:
         texts = [texts] if isinstance(texts, str) else list(texts)
         texts = with_prompt(task_prompt(self.prompts, task, prompt, prompt_name), texts)
         skip = task in self.settings.skiplist_tasks and len(self.skiplist_ids) > 0
+        if self.settings.colbert is not None:
+            token_states = self._colbert_states(texts, task)
+        else:
+            token_states = self.featurizer.embed_tokens(texts)
+            self.cut_texts = self.featurizer.cut_texts
         out = []
-        for states in self.featurizer.embed_tokens(texts):
-            v = torch.from_numpy(np.ascontiguousarray(states.states, dtype=np.float32))
+        for ids, states in token_states:
+            v = torch.from_numpy(np.ascontiguousarray(states, dtype=np.float32))
             for layer in self.settings.dense:
                 v = layer(v)
             v = v.numpy()
             if skip:
-                v = v[~np.isin(states.ids, self.skiplist_ids)]
+                v = v[~np.isin(ids, self.skiplist_ids)]
             out.append(normalize_rows(v) if self.settings.normalize else np.ascontiguousarray(v, np.float32))
         return out
+
+    def _colbert_states(self, texts: list[str], task: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(ids, last hidden states) per text as Stanford-NLP ColBERT makes them: [CLS] marker pieces [SEP], cut at
+        the task's maxlen; queries padded with [MASK] to query_maxlen (see ExpandedRows). The Featurizer's batches
+        and runtime."""
+        check_texts(texts)
+        colbert, fz = self.settings.colbert, self.featurizer
+        query = task == "query"
+        maxlen = min(colbert.query_maxlen if query else colbert.doc_maxlen, fz.max_length)
+        room = maxlen - fz.tokenizer.template.num_special(pair=False) - 1  # the marker takes one more
+        ids, lengths = fz.tokenizer.encode_texts(texts)
+        starts = np.cumsum(lengths) - lengths
+        kept = np.minimum(lengths, room)
+        marker = self.markers[0 if query else 1]
+        pieces = [np.concatenate([[marker], ids[s : s + k]]) for s, k in zip(starts.tolist(), kept.tolist())]
+        rows = Rows.single_texts(
+            fz.tokenizer.template, np.concatenate(pieces).astype(np.int64), kept + 1, np.arange(len(texts))
+        )
+        if query:
+            rows = ExpandedRows(
+                rows.ids,
+                rows.types,
+                rows.lengths,
+                rows.text,
+                rows.cls_position,
+                width=maxlen,
+                fill=self.expansion_id,
+                attend=colbert.attend_to_mask_tokens,
+            )
+        out: list = [None] * len(texts)  # one row per text: row r is text r
+
+        def consume(selected, batch_rows, _weights):
+            for r, row in enumerate(batch_rows.tolist()):
+                n = maxlen if query else int(rows.lengths[row])  # queries keep their [MASK] positions
+                row_ids = rows.ids[rows.starts[row] : rows.starts[row] + rows.lengths[row]]
+                if query:
+                    row_ids = np.concatenate([row_ids, np.full(n - len(row_ids), self.expansion_id, np.int64)])
+                out[row] = (row_ids, selected[0, r, :n].numpy())
+
+        fz._run(rows, consume)
+        self.cut_texts = np.flatnonzero(lengths > room).tolist()
+        return out
+
+
+def colbert_token_ids(colbert: ColBERTSettings, vocab, folder) -> tuple[tuple[int, int], int]:
+    """The ids of the query and document markers and of the [MASK] token that expands queries."""
+    markers = []
+    for what, token in (("query_token_id", colbert.query_marker), ("doc_token_id", colbert.document_marker)):
+        i = vocab.token_to_id(token)
+        if i is None:
+            raise CheckpointError(f"{folder}: ColBERT's {what} {token!r} is not a token of its tokenizer")
+        markers.append(i)
+    mask = next((i for i in map(vocab.token_to_id, ("[MASK]", "<mask>")) if i is not None), None)
+    if mask is None:
+        raise CheckpointError(f"{folder}: its tokenizer has no [MASK] / <mask> token to expand ColBERT's queries with")
+    return (markers[0], markers[1]), mask
+
+
+@dataclass
+class ExpandedRows(Rows):
+    """Queries as ColBERT encodes them: each row right-padded to `width` with the `fill` ([MASK]) token, whose
+    positions attention skips (attention_mask 0) unless `attend`; their output vectors are scored all the same."""
+
+    width: int = 0
+    fill: int = 0
+    attend: bool = False
+
+    def collate(self, rows: np.ndarray, tokenizer):
+        import torch
+
+        batch, weights = super().collate(rows, tokenizer)
+        pad = self.width - batch["input_ids"].shape[1]
+        batch = {k: torch.nn.functional.pad(v, (0, pad)) for k, v in batch.items()}
+        expansion = batch["attention_mask"] == 0
+        batch["input_ids"] = batch["input_ids"].masked_fill(expansion, self.fill)
+        if self.attend:
+            batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+        return batch, None if weights is None else np.pad(weights, ((0, 0), (0, pad)))
 
 
 def maxsim(query: np.ndarray, document: np.ndarray) -> float:
