@@ -162,20 +162,8 @@ def distill(
     command with --resume continues from it (a second Ctrl-C stops at once, without saving). With --task, Ctrl-C
     stops at once with status 130 and saves no student (while the student is being saved, it waits for the save).
     """
-    from ctxrep.train import distributed
-    from ctxrep.train.config import parse_overrides
-    from ctxrep.train.pretrain import pretrain as run_pretraining
-    from ctxrep.train.pretrain_config import load_config
-
     if task is not None or train is not None:
-        if corpus is not None or task is None or train is None:
-            raise ValueError(
-                "task-specific distillation takes --task and --train (and no --corpus); task-agnostic takes --corpus "
-                "alone: give one kind"
-            )
-        if resume or ctx.args or config_name != "distill":
-            given = "--resume" if resume else "--config" if config_name != "distill" else " ".join(ctx.args)
-            raise ValueError(f"{given} is for --corpus runs; task-specific distillation does not read it")
+        _check_task_options(ctx, corpus, task, train, resume, config_name)
         _distill_task(
             teacher,
             task,
@@ -199,6 +187,52 @@ def distill(
             progress,
         )
         return
+    _distill_corpus(
+        ctx,
+        teacher,
+        corpus,
+        out_dir,
+        student_layers,
+        teacher_layers,
+        student_hidden_size,
+        config_name,
+        max_steps,
+        resume,
+        progress,
+    )
+
+
+def _check_task_options(ctx, corpus, task, train, resume, config_name) -> None:
+    """Task-specific distillation takes --task and --train, and none of the --corpus run's options."""
+    if corpus is not None or task is None or train is None:
+        raise ValueError(
+            "task-specific distillation takes --task and --train (and no --corpus); task-agnostic takes --corpus "
+            "alone: give one kind"
+        )
+    if resume or ctx.args or config_name != "distill":
+        given = "--resume" if resume else "--config" if config_name != "distill" else " ".join(ctx.args)
+        raise ValueError(f"{given} is for --corpus runs; task-specific distillation does not read it")
+
+
+def _distill_corpus(
+    ctx,
+    teacher,
+    corpus,
+    out_dir,
+    student_layers,
+    teacher_layers,
+    student_hidden_size,
+    config_name,
+    max_steps,
+    resume,
+    progress,
+) -> None:
+    """Task-agnostic distillation on --corpus (the config's distill section, with the command's overrides)."""
+    from ctxrep.train import distributed
+    from ctxrep.train.config import parse_overrides
+    from ctxrep.train.pretrain import pretrain as run_pretraining
+    from ctxrep.train.pretrain_config import load_config
+
     if corpus is None:
         raise ValueError(
             "give --corpus FILE_OR_DIR: the raw text the student learns from its teacher on (or --task T --train F "
