@@ -163,19 +163,7 @@ def translate(
     model, tokenizer = load_translator(model_dir)
     model = _placed(model, device, precision)
     limit = model.max_tokens
-    todo, skipped = [], []
-    for number, (line, ids) in enumerate(zip(lines, tokenizer.encode_source(lines)), start=1):
-        if not line.strip():
-            continue  # an empty line translates to an empty line
-        if len(ids) > limit:
-            if not skip_long:
-                raise ValueError(
-                    f"{where}:{number}: {len(ids)} tokens (with </s>), more than the model's {limit} positions; "
-                    "split the sentence, or pass --skip-long to write an empty line for it"
-                )
-            skipped.append(number)
-            continue
-        todo.append(number - 1)
+    todo, skipped = _lines_to_translate(lines, tokenizer.encode_source(lines), limit, where, skip_long)
     outputs: list[list[tuple[str, float]]] = [[] for _ in lines]
     # On a terminal only, unless --progress / --no-progress decide (a bar there, plain lines in a log). Never on
     # stdout, which carries the translations.
@@ -196,13 +184,7 @@ def translate(
         )
     for i, hyps in zip(todo, results):
         outputs[i] = hyps
-    text = []
-    for number, hyps in enumerate(outputs):
-        if n_best == 1:
-            text.append(hyps[0][0] if hyps else "")
-        else:
-            text.extend(f"{number} ||| {h} ||| {s:.4f}" for h, s in hyps)
-    body = "".join(t + "\n" for t in text)
+    body = _output_text(outputs, n_best)
     if out_file:
         Path(out_file).write_text(body, encoding="utf-8")
     else:
@@ -214,6 +196,36 @@ def translate(
             "their output lines are empty",
             err=True,
         )
+
+
+def _lines_to_translate(lines, ids_per_line, limit: int, where: str, skip_long: bool) -> tuple[list[int], list[int]]:
+    """The indexes of the lines to translate, and the (1-based) numbers of those skipped as too long; a line too
+    long without --skip-long is a one-line error. Empty lines are in neither: their output is an empty line."""
+    todo, skipped = [], []
+    for number, (line, ids) in enumerate(zip(lines, ids_per_line), start=1):
+        if not line.strip():
+            continue  # an empty line translates to an empty line
+        if len(ids) > limit:
+            if not skip_long:
+                raise ValueError(
+                    f"{where}:{number}: {len(ids)} tokens (with </s>), more than the model's {limit} positions; "
+                    "split the sentence, or pass --skip-long to write an empty line for it"
+                )
+            skipped.append(number)
+            continue
+        todo.append(number - 1)
+    return todo, skipped
+
+
+def _output_text(outputs: list[list[tuple[str, float]]], n_best: int) -> str:
+    """One translation a line, or with n_best > 1 Moses' 'LINE ||| TEXT ||| SCORE' lines."""
+    text = []
+    for number, hyps in enumerate(outputs):
+        if n_best == 1:
+            text.append(hyps[0][0] if hyps else "")
+        else:
+            text.extend(f"{number} ||| {h} ||| {s:.4f}" for h, s in hyps)
+    return "".join(t + "\n" for t in text)
 
 
 @mt.command("score")
