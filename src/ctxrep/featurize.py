@@ -466,9 +466,11 @@ class Featurizer:
 
     # ---- running the encoder --------------------------------------------------------------------
 
-    def _run(self, rows: Rows, consume: Callable[[torch.Tensor, np.ndarray, np.ndarray | None], None]) -> None:
-        """Encode every row in length-sorted token-budget batches; `consume(selected, batch_rows, weights)` pools
-        each batch once its hidden states (layers, batch, seq, hidden) are on the CPU as float32 (after the mix)."""
+    def run_rows(self, rows: Rows, consume: Callable[[torch.Tensor, np.ndarray, np.ndarray | None], None]) -> None:
+        """Encode every row (text.inputs.Rows: windows of pieces) in length-sorted token-budget batches;
+        `consume(selected, batch_rows, weights)` pools each batch once its hidden states (layers, batch, seq, hidden)
+        are on the CPU as float32 (after the mix). The seam for tools that pool rows their own way (late_interaction's
+        expanded ColBERT queries)."""
         order = np.argsort(rows.lengths, kind="stable")  # the same order for the same input: same batches
         sizes = token_budget_batches(rows.lengths[order].tolist(), self.batch_tokens)
         num_tokens = int(rows.lengths.sum())
@@ -816,7 +818,7 @@ class Featurizer:
             def consume(selected, batch_rows, _weights):
                 self._pool_words(selected, rows, batch_rows, out)
 
-            self._run(rows, consume)
+            self.run_rows(rows, consume)
             return np.split(out, np.cumsum(counts)[:-1])  # one view per text
         if want == "cls":
             sums = np.zeros((n, n_layers, self.model.hidden_size), dtype=np.float32)
@@ -827,7 +829,7 @@ class Featurizer:
                 np.add.at(sums, rows.text[batch_rows], at_cls.transpose(0, 1).numpy())  # (batch, layers, hidden)
                 np.add.at(counts, rows.text[batch_rows], 1)
 
-            self._run(rows, consume)
+            self.run_rows(rows, consume)
             return sums / counts[:, None, None]
         if want == "model":
             pooler = TokenPooler(self.model_pooling, n, n_layers, self.model.hidden_size)
@@ -840,7 +842,7 @@ class Featurizer:
                 # row numbers: last-token pooling reads a text's last window
                 pooler.add(selected, rows.text[batch_rows], weights, rows.cls_position[batch_rows], batch_rows)
 
-            self._run(rows, consume)
+            self.run_rows(rows, consume)
             return pooler.result()  # (texts, layers, width)
         parts: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(rows)  # "tokens": (ids, states) per row
         starts = rows.starts
@@ -853,7 +855,7 @@ class Featurizer:
                 kept = states[r, keep]
                 parts[row] = (ids, kept[:, 0] if self.single_layer else kept)
 
-        self._run(rows, consume)
+        self.run_rows(rows, consume)
         per_text: list[list[int]] = [[] for _ in range(n)]
         for row, t in enumerate(rows.text.tolist()):  # rows are made in each text's window order
             per_text[t].append(row)

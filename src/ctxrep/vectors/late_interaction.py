@@ -299,7 +299,7 @@ class MultiVectorEncoder:
                     row_ids = np.concatenate([row_ids, np.full(n - len(row_ids), self.expansion_id, np.int64)])
                 out[row] = (row_ids, selected[0, r, :n].numpy())
 
-        fz._run(rows, consume)
+        fz.run_rows(rows, consume)
         self.cut_texts = np.flatnonzero(lengths > room).tolist()
         return out
 
