@@ -325,6 +325,18 @@ def search(
             hits.append(rerank_hits(reranker, q, h, k, prompt=rerank_prompt, prompt_name=rerank_prompt_name))
             if reranker.cut_texts:
                 cut[number] = [h.ids[i] for i in reranker.cut_texts]
+    _write_hits(hits, out_path)
+    if cut:
+        named = "; ".join(f"query {q}: {', '.join(map(str, ids))}" for q, ids in cut.items())
+        click.echo(
+            f"ctxrep search: the reranker cut {sum(map(len, cut.values()))} (query, document) pairs to fit its "
+            f"{reranker.max_length} tokens: {named}",
+            err=True,
+        )
+
+
+def _write_hits(hits, out_path) -> None:
+    """The hits as TSV (query number, rank, score, id, text) to `out_path`, or stdout."""
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout
     try:
         out.write("query\trank\tscore\tid\ttext\n")
@@ -336,14 +348,7 @@ def search(
         if out_path:
             out.close()
     if out_path:
-        click.echo(f"wrote {sum(len(h) for h in hits)} hits for {len(queries)} queries to {Path(out_path)}")
-    if cut:
-        named = "; ".join(f"query {q}: {', '.join(map(str, ids))}" for q, ids in cut.items())
-        click.echo(
-            f"ctxrep search: the reranker cut {sum(map(len, cut.values()))} (query, document) pairs to fit its "
-            f"{reranker.max_length} tokens: {named}",
-            err=True,
-        )
+        click.echo(f"wrote {sum(len(h) for h in hits)} hits for {len(hits)} queries to {Path(out_path)}")
 
 
 def _open(folder: Path, device: str | None, candidates: int = 64):
