@@ -5,11 +5,8 @@ from __future__ import annotations
 import click
 
 from ctxrep.cli.common import exit_if_interrupted, user_errors
+from ctxrep.objectives.names import OBJECTIVES  # torch-free: --help lists them
 from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS
-
-# objectives/recipes.py's OBJECTIVES, written out so that `--help` imports no torch (tests/test_imports.py keeps
-# the two equal).
-OBJECTIVES = ("mlm", "mlm+nsp", "mlm+sop", "electra", "clm", "plm", "bilm", "distill")
 
 
 @click.command("pretrain", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

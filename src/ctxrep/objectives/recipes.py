@@ -12,6 +12,7 @@ from ctxrep.objectives.causal_lm import CLM
 from ctxrep.objectives.distill import DISTILL
 from ctxrep.objectives.electra import ELECTRA
 from ctxrep.objectives.masked_lm import MLM, MLM_NSP
+from ctxrep.objectives.names import OBJECTIVES
 from ctxrep.objectives.permutation_lm_objective import PLM
 from ctxrep.objectives.recipe import PretrainError, Recipe
 from ctxrep.objectives.sentence_order import SOP
@@ -29,7 +30,8 @@ RECIPES: dict[str, Recipe] = {
         DISTILL,  # DistilBERT / MiniLM: a student of a teacher (distill.py)
     )
 }
-OBJECTIVES: tuple[str, ...] = tuple(RECIPES)
+if tuple(RECIPES) != OBJECTIVES:  # names.py lists them for the CLI without torch
+    raise ImportError(f"objectives/names.py lists {OBJECTIVES}, the recipes table {tuple(RECIPES)}: make them equal")
 
 
 def recipe(name: str) -> Recipe:
