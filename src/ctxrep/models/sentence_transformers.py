@@ -244,9 +244,13 @@ class Prompts:
     default_name: str | None = None
     where: str = "this model"  # the folder, for error messages
 
-    def resolve(self, prompt: str | None = None, prompt_name: str | None = None) -> str:
+    def resolve(self, prompt: str | None = None, prompt_name: str | None = None, task: str | None = None) -> str:
         """The text to put before each input: `prompt` as given; else the folder's prompt called `prompt_name`
-        (a name it lacks is a one-line ValueError naming those it has); else the default prompt; else ""."""
+        (a name it lacks is a one-line ValueError naming those it has); else, for `task` "query" / "document", the
+        folder's prompt of that name or "" (encode_query / encode_document never fall back to the default prompt);
+        else the default prompt; else ""."""
+        if task not in (None, "query", "document"):
+            raise ValueError(f"task must be 'query', 'document' or None, got {task!r}")
         if prompt is not None and prompt_name is not None:
             raise ValueError(
                 f"give prompt or prompt_name, not both (got prompt={prompt!r}, prompt_name={prompt_name!r})"
@@ -260,6 +264,8 @@ class Prompts:
                 known = ", ".join(repr(k) for k in self.prompts) or "none"
                 raise ValueError(f"unknown prompt name {prompt_name!r}: {self.where} declares the prompts {known}")
             return self.prompts[prompt_name]
+        if task is not None:
+            return self.prompts.get(task, "")
         if self.default_name is not None:
             return self.prompts.get(self.default_name, "")
         return ""

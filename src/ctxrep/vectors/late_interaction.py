@@ -50,7 +50,6 @@ from ctxrep.models.sentence_transformers import (
 )
 from ctxrep.text.inputs import Rows, check_texts
 from ctxrep.util.arrays import normalize_rows
-from ctxrep.vectors.prompts import task_prompt
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = [
@@ -243,7 +242,7 @@ class MultiVectorEncoder:
         import torch
 
         texts = [texts] if isinstance(texts, str) else list(texts)
-        texts = with_prompt(task_prompt(self.prompts, task, prompt, prompt_name), texts)
+        texts = with_prompt(self.prompts.resolve(prompt, prompt_name, task), texts)
         skip = task in self.settings.skiplist_tasks and len(self.skiplist_ids) > 0
         if self.settings.colbert is not None:
             token_states = self._colbert_states(texts, task)

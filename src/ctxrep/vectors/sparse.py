@@ -30,7 +30,6 @@ import torch
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.mlm_head import read_mlm_head
 from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules, with_prompt
-from ctxrep.vectors.prompts import task_prompt
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["SparseEncoder", "SparseIndex", "SparseVector", "SpladeSettings"]
@@ -160,7 +159,7 @@ class SparseEncoder:
         import scipy.sparse
 
         texts = with_prompt(
-            task_prompt(self.prompts, task, prompt, prompt_name), [texts] if isinstance(texts, str) else list(texts)
+            self.prompts.resolve(prompt, prompt_name, task), [texts] if isinstance(texts, str) else list(texts)
         )
         parts = [
             self._rows(self.featurizer.embed_tokens(texts[start : start + batch_texts]))
