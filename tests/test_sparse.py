@@ -79,7 +79,9 @@ def test_splade_folder_equals_sentence_transformers(splade_folder):
     np.testing.assert_allclose(m.toarray(), expected, atol=1e-5)
     assert (m.toarray() > 0).sum() == (expected > 0).sum()  # the same support
     states = encoder.featurizer.embed_tokens(TEXTS)  # blocks of one text each (and empty input) change nothing
-    assert (encoder._rows(states, block_tokens=1) != m).nnz == 0 and encoder._rows([]).shape == (0, 30522)
+    # beyond the float rounding of a product of another shape (bit-equal on AVX-512 VNNI, not under AVX2's kernels)
+    np.testing.assert_allclose(encoder._rows(states, block_tokens=1).toarray(), m.toarray(), atol=1e-6)
+    assert encoder._rows([]).shape == (0, 30522)
     # the server's form: ids ascending, the same weights
     v = encoder.embed_sparse(TEXTS[:1])[0]
     assert isinstance(v, SparseVector) and v.indices == sorted(v.indices)
