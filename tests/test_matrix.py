@@ -591,6 +591,59 @@ def test_serve(model):
         np.testing.assert_allclose(np.array(r.json()["data"][0]["embeddings"]), fz.embed_words(texts[:1])[0], atol=1e-5)
 
 
+# ---- unpadded batches (modules/unpadding.py) ---------------------------------------------------------------------
+
+# Families that always run padded, and why (one line each); every other family runs a batch with much padding
+# unpadded, with the padded run's hidden states and gradients.
+PADDED_ONLY = {"elmo": "a biLSTM over whole words reads each sentence to its end; there is no padding grid to skip"}
+
+
+def mixed_lengths_batch(loaded) -> dict[str, torch.Tensor]:
+    """Texts of 14, 1, 6 and 2 words in one right-padded batch: more than half of its grid is padding."""
+    from types import SimpleNamespace
+
+    from ctxrep.text.inputs import collate
+
+    records = []
+    for i, n in enumerate((14, 1, 6, 2)):
+        pieces = loaded.tokenizer.encode_words([(SENTENCES[0] + SENTENCES[1] + SENTENCES[2])[:n]])[0]
+        ids, types, cls_position = loaded.tokenizer.build_inputs(pieces.ids)
+        records.append(SimpleNamespace(input_ids=ids, token_type_ids=types, text=i, cls_position=cls_position))
+    return collate(records, loaded.tokenizer)
+
+
+def test_unpadded_batches(family, model):
+    loaded = load_encoder(model)
+    m = loaded.model.eval()
+    if family.name in PADDED_ONLY:
+        assert m.unpad_from is None, f"{family.name} unpads: take it out of PADDED_ONLY"
+        return
+    assert m.unpad_from is not None and 0 < m.unpad_from < 1, f"{family.name} never runs unpadded"
+    batch = mixed_lengths_batch(loaded)
+    real = batch["attention_mask"].bool()
+    assert m.unpadding(batch["attention_mask"]) is not None and 1 - real.float().mean() > 0.5
+    out, grads = {}, {}
+    for path, share in (("padded", None), ("unpadded", 0.0)):  # None: never unpads; 0: always
+        m.unpad_from = share
+        m.zero_grad()
+        out[path] = m.encode(batch, output_attentions=family.attention)
+        out[path].hidden_states[-1][real].square().sum().backward()
+        grads[path] = {name: p.grad for name, p in m.named_parameters() if p.grad is not None}
+    padded, unpadded = out["padded"], out["unpadded"]
+    assert len(padded.hidden_states) == len(unpadded.hidden_states) == m.num_layers + 1
+    for layer, (a, b) in enumerate(zip(padded.hidden_states, unpadded.hidden_states)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-4, msg=f"hidden state {layer} differs")
+        assert (b[~real] == 0).all(), f"hidden state {layer}: padding is not 0"
+    assert torch.equal(unpadded.last_hidden_state, unpadded.hidden_states[-1])
+    for layer, (a, b) in enumerate(zip(padded.attentions or (), unpadded.attentions or ())):
+        rows = real[:, None, :, None].expand_as(a)  # rows of real query tokens
+        torch.testing.assert_close(b[rows], a[rows], atol=1e-5, rtol=1e-4, msg=f"attention {layer} differs")
+    assert grads["padded"].keys() == grads["unpadded"].keys()
+    for name, g in grads["padded"].items():
+        torch.testing.assert_close(grads["unpadded"][name], g, atol=1e-4, rtol=1e-4, msg=f"gradient of {name}")
+
+
 def test_int8(family, model, data, tmp_path):
     """quantize="int8" through `ctxrep embed` and the estimators' predict, for every Transformer family (the
     Featurizer's int8 vectors per family: tests/test_fast.py); ELMo refuses in one line, before any training."""

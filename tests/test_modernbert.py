@@ -381,15 +381,15 @@ def test_the_padding_share_chooses_the_path(tmp_path):
     share = model.unpad_from
     assert 0 < share < 1
     ids, mask = padded_batch(lengths=(10, 10, 10, 10))
-    assert model.packing(mask) is None and model.packing(None) is None  # no padding
+    assert model.unpadding(mask) is None and model.unpadding(None) is None  # no padding
     _, few = padded_batch(lengths=(10, 10, 10, 9))
-    assert model.packing(few) is None  # 2.5% padding
+    assert model.unpadding(few) is None  # 2.5% padding
     _, much = padded_batch(lengths=(10, 2, 3, 10))
-    packing = model.packing(much)  # 37.5%
-    assert packing is not None and packing.index.tolist() == list(range(12)) + [20, 21, 22] + list(range(30, 40))
-    assert model.packing(torch.zeros_like(much)) is None  # nothing to pack
+    unpadding = model.unpadding(much)  # 37.5%
+    assert unpadding is not None and unpadding.index.tolist() == list(range(12)) + [20, 21, 22] + list(range(30, 40))
+    assert model.unpadding(torch.zeros_like(much)) is None  # nothing to pack
     model.unpad_from = 0.4
-    assert model.packing(much) is None
+    assert model.unpadding(much) is None
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace:DeprecationWarning")  # export.py's exporter still traces
@@ -423,9 +423,9 @@ def test_traced_graphs_run_padded(tmp_path):
 def test_compiled_and_exported_graphs_run_padded(mode, monkeypatch):
     model = ModernBertModel(ModernBertConfig(**COMMON))
     _, mask = padded_batch()
-    assert model.packing(mask) is not None
+    assert model.unpadding(mask) is not None
     monkeypatch.setattr(torch.compiler, mode, lambda: True)
-    assert model.packing(mask) is None
+    assert model.unpadding(mask) is None
 
 
 def test_packed_training_gives_the_padded_gradients(tmp_path):

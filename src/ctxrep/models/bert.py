@@ -4,6 +4,10 @@ Vaswani et al. 2017 (attention, eq. 1: softmax(QK^T / sqrt(d_k)) V), Devlin et a
 Liu et al. 2019 (RoBERTa: same network, positions offset by padding_idx + 1), Clark et al. 2020
 (ELECTRA: same network, token embeddings optionally narrower than the hidden size and projected up).
 
+Padding: a batch whose padding is at least `unpad_from` of its (batch, seq) grid runs unpadded (modules/unpadding.py):
+embeddings, query / key / value, the output projections, norms and feed-forwards on the (tokens, hidden) rows of
+real tokens, re-padded only around the attention product; the same hidden states at real tokens (0 at padding).
+
 Reads top to bottom: config, embeddings, attention, feed-forward, layer, encoder, then the declarations
 the Encoder base loads and saves the Hugging Face folder format by (config.json + model.safetensors / .bin).
 """
@@ -27,9 +31,12 @@ from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
+from ctxrep.modules.unpadding import Unpadding
 
 logger = logging.getLogger(__name__)
 
+# BertModel.unpad_from: benchmarks/unpad.py (RESULTS.md, "Unpadded batches for every family").
+UNPAD_FROM = 0.1
 MODEL_TYPES = ("bert", "roberta", "electra", "xlm-roberta", "camembert")
 # RoBERTa's network under other model types (XLM-R: Conneau et al. 2020; CamemBERT: Martin et al. 2020): positions
 # from padding_idx + 1, the encoder stored under "roberta." in task checkpoints.
@@ -158,7 +165,7 @@ class Embeddings(nn.Module):
         x = self.dropout(self.norm(x))
         if self.project is not None:
             x = self.project(x)
-        return x  # (batch, seq, hidden)
+        return x  # (batch, seq, hidden), or (tokens, hidden) unpadded
 
 
 class SelfAttention(nn.Module):
@@ -198,14 +205,19 @@ class SelfAttention(nn.Module):
         key_mask: torch.Tensor | None,
         output_attentions: bool,
         head_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`: then the projections read real tokens only
+        # and q, k, v are re-padded (zeros, which key_mask hides) for the attention product.
         # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
         # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
-        b, t, _ = x.shape
         if self.query_key_value is None:
-            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+            q, k, v = self.query(x), self.key(x), self.value(x)
         else:
-            q, k, v = map(self._heads, self.query_key_value(x).chunk(3, dim=-1))
+            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
+        if unpadding is not None:
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, kept dims)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
@@ -219,7 +231,10 @@ class SelfAttention(nn.Module):
         if head_mask is not None:
             xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
             context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
+        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
+        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
         return self.output(context), probs
 
     def prune(self, heads: Iterable[int]) -> None:
@@ -258,8 +273,10 @@ class EncoderLayer(nn.Module):
         key_mask: torch.Tensor | None,
         output_attentions: bool = False,
         head_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.attention(x, key_mask, output_attentions, head_mask)
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`
+        a, probs = self.attention(x, key_mask, output_attentions, head_mask, unpadding)
         x = self.attention_norm(x + self.dropout(a))
         f = self.output(self.activation(self.intermediate(x)))
         x = self.output_norm(x + self.dropout(f))
@@ -284,6 +301,7 @@ class BertModel(Encoder):
     config_fields = Encoder.config_fields | {"max_tokens": "max_tokens"}  # RoBERTa's offset positions
     embedding_table = "embeddings.word_embeddings"
     prepack_for_inference = True  # oneDNN pre-packed linear layers: measured 1.4-2x faster here
+    unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded
 
     @property
     def family(self) -> str:
@@ -344,7 +362,10 @@ class BertModel(Encoder):
         head_mask: Michel et al.'s mask variables xi, (num_layers, num_heads) or (num_heads,) for every layer, in
         the original head numbering; head h of layer l contributes xi[l, h] times its output (1 keeps it, 0
         silences it; entries of pruned heads are not read). It may require grad (head importance).
-        `attentions` hold each layer's remaining heads, unmasked: (batch, heads_per_layer()[l], seq, seq)."""
+        `attentions` hold each layer's remaining heads, unmasked: (batch, heads_per_layer()[l], seq, seq).
+
+        A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
+        at real tokens and 0 at padding."""
         if input_ids.shape[1] > self.config.max_tokens:
             raise ValueError(
                 f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
@@ -359,13 +380,20 @@ class BertModel(Encoder):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
-        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        unpadding = self.unpadding(attention_mask)
+        if unpadding is not None:  # each (tokens,)
+            input_ids, token_type_ids, position_ids = map(unpadding.select, (input_ids, token_type_ids, position_ids))
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (batch, seq, hidden) or (tokens, hidden)
         hidden_states = [x]
         attentions = []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
-            x, probs = layer(x, key_mask, output_attentions, head_mask[i] if head_mask is not None else None)
+            xi = head_mask[i] if head_mask is not None else None
+            x, probs = layer(x, key_mask, output_attentions, xi, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, seq, hidden)
         pooled = None
         if self.pooler is not None and num_layers is None:
             pooled = torch.tanh(self.pooler(x[:, 0]))

@@ -59,6 +59,7 @@ from torch import nn
 from ctxrep.models import folders
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.heads import merge_pruned_heads
+from ctxrep.modules.unpadding import Unpadding, unpadding_for
 
 
 class Encoder(nn.Module):
@@ -68,6 +69,10 @@ class Encoder(nn.Module):
     word_level: bool = False
     reads_segments: bool = True
     prepack_for_inference: bool = False  # the featurizer may run its linear layers through oneDNN (pre-packed)
+    # A batch whose padding is at least this share of its (batch, seq) grid runs unpadded: the per-token layers on
+    # the real tokens only (modules/unpadding.py), each family's share measured (benchmarks/unpad.py). None: the
+    # family always runs padded.
+    unpad_from: float | None = None
 
     # The config field that holds each number (transformers' attribute_map): the four properties below read them,
     # so a family declares its map (`Encoder.config_fields | {...}`) instead of writing the properties; a number that
@@ -150,6 +155,10 @@ class Encoder(nn.Module):
             output_attentions=output_attentions,
             num_layers=num_layers,
         )
+
+    def unpadding(self, attention_mask: torch.Tensor | None) -> Unpadding | None:
+        """How forward lays out a batch with this mask: unpadded by the family's `unpad_from` rule, else None."""
+        return unpadding_for(attention_mask, self.unpad_from)
 
     def no_attention_reason(self) -> str:
         """One line for tools that need attention heads and get a model without them."""

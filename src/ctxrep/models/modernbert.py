@@ -19,10 +19,10 @@ the final norm there).
 Padding: like transformers' unpadded ModernBERT (with flash-attn), a batch whose padding is at least `unpad_from`
 of its (batch, seq) grid runs packed: embeddings, norms, Wqkv, Wo and GeGLU on the (tokens, hidden) rows of real
 tokens, re-padded only around attention; the same hidden states at real tokens (0 at padding). The share is a
-fixed rule measured on a ModernBERT-base shape (benchmarks/modernbert_unpad.py); traced, exported and compiled
+fixed rule measured on a ModernBERT-base shape (benchmarks/unpad.py); traced, exported and compiled
 graphs run padded.
 
-Reads top to bottom: config, rotary positions, packing, attention, feed-forward, layer, encoder, then the declarations
+Reads top to bottom: config, rotary positions, attention, feed-forward, layer, encoder, then the declarations
 the Encoder base loads and saves the Hugging Face folder format by (config.json + model.safetensors).
 """
 
@@ -43,12 +43,13 @@ from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
+from ctxrep.modules.unpadding import Unpadding
 
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
-# ModernBertModel.unpad_from: benchmarks/modernbert_unpad.py (ModernBERT-base shape, 16 x 128 tokens, 2 threads) on a
+# ModernBertModel.unpad_from: benchmarks/unpad.py (ModernBERT-base shape, 16 x 128 tokens, 2 threads) on a
 # quiet 2-core Xeon: the packed path 1.08x faster at 10% padding, 1.15x at 20%, 1.61x at 50% (RESULTS.md).
 UNPAD_FROM = 0.1
 
@@ -164,38 +165,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-# ---- packed (unpadded) batches -----------------------------------------------------------------------------
-
-
-@dataclass
-class Packing:
-    """Where the real tokens of a padded (batch, seq) batch sit once packed into (tokens, ...) rows, as
-    transformers' unpadded ModernBERT runs them: every per-token operation (embeddings, norms, Wqkv, Wo, GeGLU)
-    reads only real tokens, and only attention, which mixes positions, sees the padded grid. Each move between
-    the two layouts is one operation whatever the mask (on a CPU shared with other work, small operations cost
-    most in waiting for threads: one copy per sequence measured 2.4x slower in all; rotating q and k packed, then
-    padding them and v apart, measured no faster than one pad of Wqkv's output a layer)."""
-
-    index: torch.Tensor  # (tokens,) each real token's place in the flattened (batch * seq) grid, row-major
-    batch: int
-    seq: int
-
-    @classmethod
-    def of(cls, real: torch.Tensor) -> Packing:
-        """real: (batch, seq) bool, True at real tokens."""
-        return cls(real.flatten().nonzero().squeeze(1), *real.shape)
-
-    def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(tokens, ...) -> (batch, seq, ...), zeros at padding."""
-        grid = x.new_zeros((self.batch * self.seq, *x.shape[1:]))  # (batch * seq, ...)
-        return grid.index_copy_(0, self.index, x).view(self.batch, self.seq, *x.shape[1:])
-
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """(batch, seq, ...) -> (tokens, ...), in one gather whatever x's strides (a transposed view is not copied
-        whole first)."""
-        return x[self.index // self.seq, self.index % self.seq]
-
-
 # ---- the network ------------------------------------------------------------------------------------------
 
 
@@ -227,15 +196,15 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
         output_attentions: bool,
         head_mask: torch.Tensor | None = None,
-        packing: Packing | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # x: (batch, seq, hidden), or (tokens, hidden) with `packing`: then Wqkv and Wo read real tokens only, and
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`: then Wqkv and Wo read real tokens only, and
         # q, k, v are re-padded (zeros, which the mask hides) for the rotation and the attention; rotary: (seq, hd / 2).
         # mask: bool, True where query i may read key j: (batch, 1, 1, seq) or (batch, 1, seq, seq)
         # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
         qkv = self.Wqkv(x)  # (batch, seq, 3 * kept dims) or (tokens, 3 * kept dims)
-        if packing is not None:
-            qkv = packing.pad(qkv)  # (batch, seq, 3 * kept dims)
+        if unpadding is not None:
+            qkv = unpadding.pad(qkv)  # (batch, seq, 3 * kept dims)
         b, t, _ = qkv.shape
         qkv = qkv.view(b, t, 3, self.num_heads, self.head_dim)  # (batch, seq, 3, heads, head_dim)
         # q and k rotated in one pass, in the (seq, heads) layout the product wrote (faster than per tensor after
@@ -256,8 +225,8 @@ class Attention(nn.Module):
             xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
             context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
         context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if packing is not None:
-            context = packing.unpad(context)  # (tokens, heads, head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
         context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
         return self.out_drop(self.Wo(context)), probs
 
@@ -306,11 +275,16 @@ class EncoderLayer(nn.Module):
         mask: torch.Tensor | None,
         output_attentions: bool = False,
         head_mask: torch.Tensor | None = None,
-        packing: Packing | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # x: (batch, seq, hidden), or (tokens, hidden) when the batch runs packed
         a, probs = self.attn(
-            self.attn_norm(x) if self.attn_norm is not None else x, rotary, mask, output_attentions, head_mask, packing
+            self.attn_norm(x) if self.attn_norm is not None else x,
+            rotary,
+            mask,
+            output_attentions,
+            head_mask,
+            unpadding,
         )
         x = x + a
         return x + self.mlp(self.mlp_norm(x)), probs
@@ -409,22 +383,7 @@ class ModernBertModel(Encoder):
         local = band[None, None] if keys is None else (band & keys) | (pos[:, None] == pos[None, :])
         return {GLOBAL: keys, LOCAL: local}
 
-    # Padding share of a batch (padding tokens / batch * seq) from which forward runs it packed (see `packing`).
-    unpad_from: float = UNPAD_FROM
-
-    def packing(self, attention_mask: torch.Tensor | None) -> Packing | None:
-        """How forward lays out this batch: packed when padding is at least `unpad_from` of the (batch, seq) grid,
-        else None (padded). A fixed rule on the mask, never a timing. Traced, exported or compiled graphs run
-        padded: whether a batch has padding is data, and such a graph must serve every batch."""
-        if attention_mask is None or torch.jit.is_tracing() or torch.compiler.is_compiling():
-            return None
-        if torch.compiler.is_exporting():  # torch.export (the dynamo ONNX exporter)
-            return None
-        real = attention_mask.bool()  # (batch, seq)
-        tokens = int(real.sum())
-        if real.numel() - tokens < self.unpad_from * real.numel() or tokens == 0:
-            return None
-        return Packing.of(real)
+    unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded
 
     def forward(
         self,
@@ -441,7 +400,7 @@ class ModernBertModel(Encoder):
         (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it), in the
         original head numbering even after pruning.
 
-        A batch with much padding (`packing`) runs packed, as transformers' unpadded ModernBERT does: the
+        A batch with much padding (`unpadding`) runs packed, as transformers' unpadded ModernBERT does: the
         per-token layers read real tokens only and attention re-pads around itself; its hidden states are those
         of the padded run at real tokens and 0 at padding.
         """
@@ -459,10 +418,10 @@ class ModernBertModel(Encoder):
             GLOBAL: rotary_tables(t, d, self.config.global_rope_theta, input_ids.device),
             LOCAL: rotary_tables(t, d, self.config.local_rope_theta, input_ids.device),
         }
-        packing = self.packing(attention_mask)
+        unpadding = self.unpadding(attention_mask)
         ids = input_ids
-        if packing is not None:
-            ids = input_ids.flatten().index_select(0, packing.index)  # (tokens,)
+        if unpadding is not None:
+            ids = unpadding.select(input_ids)  # (tokens,)
         # (batch, seq, hidden), or (tokens, hidden) packed
         x = self.embedding_dropout(self.embeddings.norm(self.embeddings.tok_embeddings(ids)))
         hidden_states = [x]
@@ -471,14 +430,14 @@ class ModernBertModel(Encoder):
         for i, layer in enumerate(self.layers[:stop]):
             kind = LOCAL if layer.local else GLOBAL
             xi = head_mask[i] if head_mask is not None else None
-            x, probs = layer(x, rotary[kind], masks[kind], output_attentions, xi, packing)
+            x, probs = layer(x, rotary[kind], masks[kind], output_attentions, xi, unpadding)
             if i == self.num_layers - 1:
                 x = self.final_norm(x)
             hidden_states.append(x)
             attentions.append(probs)
-        if packing is not None:
-            x = packing.pad(x)  # (batch, seq, hidden)
-            hidden_states = [packing.pad(h) for h in hidden_states] if output_hidden_states else [x]
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, seq, hidden)
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
