@@ -15,6 +15,11 @@ one vector per word = the mean of the word's subword pieces in the last layer of
                    f32 (INFERENCE_PRECISION_HINT f32), OpenVINO default (bf16 on CPUs with it), OpenVINO int8 (NNCF
                    post-training quantization, --calibration sentences that follow the benchmark's in the corpus)
 
+The ceiling, measured after them in the same run (--no-ceiling leaves it out): OpenVINO's compiled encoder alone over
+the same sentences tokenized in advance and cut into the same length-sorted batches (no tokenization, batching or
+pooling timed: the most any pipeline over that engine could reach), and torch's matrix product in fp32 and bf16 at
+MiniLM's feed-forward shape (a batch of tokens x 384 x 1,536) and at 2,048 cubed: what the CPU's kernels do.
+
 Each system is compared within its precision class (fp32, bf16, int8): "vs fastest peer" divides its tokens/s by the
 fastest peer's of the same class; the target is >= 1.0x for ctxrep's fastest configuration at each precision.
 GFLOP/s = tokens/s x the encoder's FLOPs per real token (2 x every linear layer's weights, plus attention's
@@ -259,6 +264,57 @@ class Entry:
     run: System
 
 
+# ---- the ceiling: the encoder alone, and the CPU's matrix products --------------------------------------------
+
+
+def sorted_batches(tokenizer, word_lists: Sequence[list[str]], budget: int) -> list[dict[str, np.ndarray]]:
+    """The sentences tokenized once (untimed), sorted by length and cut into padded batches of at most `budget`
+    tokens (batch x longest), as the pipelines' batches are: what an encoder alone is fed."""
+    ids = tokenizer(list(word_lists), is_split_into_words=True)["input_ids"]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end + 1 - start) * len(ids[order[end]]) <= budget:
+            end += 1
+        rows = [ids[i] for i in order[start:end]]
+        longest = len(rows[-1])
+        input_ids = np.zeros((len(rows), longest), np.int64)
+        mask = np.zeros((len(rows), longest), np.int64)
+        for r, row in enumerate(rows):
+            input_ids[r, : len(row)] = row
+            mask[r, : len(row)] = 1
+        batches.append({"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)})
+        start = end
+    return batches
+
+
+def encoder_alone_seconds(compiled_model, batches: list[dict[str, np.ndarray]], repeats: int) -> float:
+    """Best seconds of one OpenVINO compiled model over every batch (inputs ready; no tokenization, no pooling)."""
+    request = compiled_model.create_infer_request()
+    names = [next(n for n in batches[0] if n in i.get_names()) for i in compiled_model.inputs]
+    request.infer({n: batches[0][n] for n in names})  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for batch in batches:
+            request.infer({n: batch[n] for n in names})
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def matmul_gflops(m: int, k: int, n: int, dtype: torch.dtype, seconds: float = 2.0) -> float:
+    """GFLOP/s of torch's (m x k) @ (k x n) product in `dtype` at torch's threads: the best call of ~`seconds`."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    torch.mm(a, b)
+    best, stop = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best / 1e9
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"the shared data folder (default: {DEFAULT_DATA})")
@@ -270,6 +326,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=64, help="sentences in each system's untimed warm-up (default: 64)")
     p.add_argument("--calibration", type=int, default=300, help="NNCF peer: calibration sentences (default: 300)")
     p.add_argument("--compiled", action="store_true", help="also ctxrep with compile=True (compiles in the warm-up)")
+    p.add_argument(
+        "--no-ceiling", action="store_true", help="leave out the ceiling rows (the encoder alone; matrix products)"
+    )
     p.add_argument("--markdown-out", type=Path, metavar="FILE", help="also write the Markdown table to FILE")
     p.add_argument(
         "--skip",
@@ -363,6 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_b = lambda s: reference.embed_words(s, sort=True)  # noqa: E731
         systems["B"] = Entry(f"B: transformers, length-sorted, {REF_BATCH} sentences", "fp32", False, run_b)
     tmp = tempfile.TemporaryDirectory()
+    ov_model = None
     if not {"ort", "ov"} <= skip:
         onnx_f32, onnx_int8 = peer_files(featurizer, Path(tmp.name))
         peer = lambda runtime: ctxrep_system(PeerFeaturizer(runtime, layers=-1, pooling="mean"))  # noqa: E731
@@ -423,6 +483,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             padded[name] = pad
             del vectors
     tmp.cleanup()
+
+    # The ceiling, after the timed runs: OpenVINO's encoder alone over ready inputs (the fastest peer engine, with no
+    # tokenization, batching or pooling), and torch's matrix product at MiniLM's feed-forward shape and a large one.
+    ceiling_rows = []
+    if not args.no_ceiling:
+        import openvino as ov
+
+        batches = sorted_batches(reference.tokenizer, sentences, featurizer.batch_tokens)
+        for hint, precision in (("f32", "fp32"), (None, half)):
+            if ov_model is None:
+                break
+            config = {"INFERENCE_NUM_THREADS": args.threads, "PERFORMANCE_HINT": "LATENCY"}
+            if hint is not None:
+                config["INFERENCE_PRECISION_HINT"] = hint
+            with keeping_signal_stack():
+                compiled_model = ov.Core().compile_model(ov_model, "CPU", config)
+            seconds = encoder_alone_seconds(compiled_model, batches, args.repeats)
+            rate = tokens / seconds
+            ceiling_rows.append(
+                [
+                    f"OpenVINO encoder alone ({hint or 'default'}), ready sorted batches",
+                    precision,
+                    f"{seconds:.2f}",
+                    f"{rate:,.0f}",
+                    f"{rate * flops_per_token(featurizer.model, tokens / len(sentences)) / 1e9:.0f}",
+                ]
+            )
+        h = featurizer.model.hidden_size
+        for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            if precision == "bf16" and not cpu_has_bf16():
+                continue
+            for m, k, n in ((featurizer.batch_tokens, h, 4 * h), (2048, 2048, 2048)):
+                gflops = matmul_gflops(m, k, n, dtype)
+                ceiling_rows.append([f"torch matmul {m:,} x {k:,} x {n:,}", precision, "-", "-", f"{gflops:.0f}"])
     load_after = os.getloadavg()
 
     exact = [name for name, e in systems.items() if e.precision == "fp32" and name != "ctxrep"]
@@ -513,13 +607,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     ]
 
+    ceiling_header = ["ceiling", "precision", "wall time (s)", "tokens/s", "GFLOP/s"]
     print(fmt_table(header, rows, markdown=False, text_columns=2))
     print()
+    if ceiling_rows:
+        print(fmt_table(ceiling_header, ceiling_rows, markdown=False, text_columns=2))
+        print()
     print(fmt_table(ratio_header, ratio_rows, markdown=False))
     print()
     print("\n".join(notes))
     markdown = "\n".join(
         [fmt_table(header, rows, markdown=True, text_columns=2), ""]
+        + ([fmt_table(ceiling_header, ceiling_rows, markdown=True, text_columns=2), ""] if ceiling_rows else [])
         + [fmt_table(ratio_header, ratio_rows, markdown=True), ""]
         + [f"- {note}" for note in notes]
     )
