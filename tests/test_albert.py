@@ -257,3 +257,36 @@ def test_ctxrep_load_model_reads_a_transformers_albert_folder(tmp_path):
         b = ref(ids, attention_mask=mask, output_hidden_states=True).hidden_states
     real = mask.bool()
     assert all(torch.allclose(x[real], y[real], atol=1e-5) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [dict(share="attention"), dict(share="ffn", inner_group_num=2), dict(share="none", num_hidden_groups=3)],
+    ids=["attention", "ffn-inner-2", "none"],
+)
+def test_unpadded_batches_give_the_padded_run_for_every_sharing(layout):
+    """ctxrep-albert's partial sharing (no transformers reference): a shared block applied to (tokens, hidden) rows
+    at every layer gives the padded run's hidden states, attentions, pooler and gradients at real tokens."""
+    torch.manual_seed(5)
+    model = AlbertModel(AlbertConfig(**(TINY | layout))).eval()
+    ids, mask, types = padded_batch(lengths=(11, 1, 4, 2))  # 59% padding; segment 1 in the first row
+    real = mask.bool()
+    out, grads = {}, {}
+    for path, share in (("padded", None), ("unpadded", 0.0)):
+        model.unpad_from = share
+        model.zero_grad()
+        kw = dict(attention_mask=mask, token_type_ids=types, output_hidden_states=True, output_attentions=True)
+        out[path] = model(ids, **kw)
+        (out[path].hidden_states[-1][real].square().sum() + out[path].pooler_output.sum()).backward()
+        grads[path] = {name: p.grad for name, p in model.named_parameters()}
+    padded, unpadded = out["padded"], out["unpadded"]
+    assert len(unpadded.hidden_states) == model.num_layers + 1
+    for layer, (a, b) in enumerate(zip(padded.hidden_states, unpadded.hidden_states)):
+        torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-4, msg=f"hidden state {layer}")
+        assert (b[~real] == 0).all()
+    for a, b in zip(padded.attentions, unpadded.attentions):
+        rows = real[:, None, :, None].expand_as(a)  # rows of real query tokens
+        torch.testing.assert_close(b[rows], a[rows], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(unpadded.pooler_output, padded.pooler_output, atol=1e-5, rtol=1e-4)
+    for name, g in grads["padded"].items():
+        torch.testing.assert_close(grads["unpadded"][name], g, atol=1e-4, rtol=1e-4, msg=f"gradient of {name}")

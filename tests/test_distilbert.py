@@ -132,3 +132,28 @@ def test_student_copies_the_chosen_layers(tmp_path):
 
 def test_featurizer_matches_transformers(distilbert_dir):
     assert_featurizer_matches_transformers(distilbert_dir)
+
+
+def test_unpadded_batches_give_the_padded_run_with_pruned_heads_and_left_padding(tmp_path):
+    """A pruned model, a head mask that requires grad (head importance) and a left-padded row (positions 0..seq-1
+    on the padded grid): the padded run's hidden states at real tokens and its head-mask gradient, 0 at padding."""
+    torch.manual_seed(3)
+    transformers.DistilBertModel(_hf_config()).save_pretrained(tmp_path)
+    model = ctxrep.load_model(tmp_path)
+    model.prune_heads({1: [0]})
+    ids, mask = padded_batch(120, [12, 3, 7, 1], pad_id=0, seed=5)  # 52% padding
+    ids[1], mask[1] = ids[1].roll(9), mask[1].roll(9)  # row 1 left-padded: 9 pads, then 3 tokens
+    real = mask.bool()
+    out, grads = {}, {}
+    for path, share in (("padded", None), ("unpadded", 0.0)):
+        model.unpad_from = share
+        xi = torch.full((2, 4), 0.5, requires_grad=True)
+        out[path] = model(ids, attention_mask=mask, head_mask=xi, output_hidden_states=True)
+        out[path].last_hidden_state[real].square().sum().backward()
+        grads[path] = xi.grad
+    assert model.unpadding(mask) is not None
+    for layer, (a, b) in enumerate(zip(out["padded"].hidden_states, out["unpadded"].hidden_states)):
+        assert (b - a).abs()[real].max() < 1e-5, f"hidden state {layer} differs"
+        assert (b[~real] == 0).all()
+    assert torch.allclose(grads["unpadded"], grads["padded"], atol=1e-4, rtol=1e-4)
+    assert grads["padded"][1, 0] == 0  # a pruned head's entry is not read

@@ -225,3 +225,34 @@ def test_bad_pruning_requests_are_refused_in_one_line(tmp_path):
     with pytest.raises(CheckpointError, match=r"config\.json: pruned_heads names layer 5") as e:
         ctxrep.load_model(tmp_path / "full")
     assert "\n" not in str(e.value)
+
+
+# ---- unpadded batches (modules/unpadding.py): positions and the shared bias come from the padded grid -------------
+
+
+def test_unpadded_batches_give_the_padded_run_with_pruned_heads_and_left_padding(tmp_path):
+    """Pruned layers (each adds its own slice of the shared bias), a head mask, num_layers and a left-padded row
+    (its positions count from its first real token on the padded grid): the padded run at real tokens, 0 at padding."""
+    model = _model(tmp_path, seed=6)
+    model.prune_heads({0: [0, 2], 2: [1]})
+    ids, mask = padded_batch(100, [12, 3, 7, 1], pad_id=1, seed=7, low=4)  # 52% padding
+    ids[1], mask[1] = ids[1].roll(9), mask[1].roll(9)  # row 1 left-padded: 9 pads, then 3 tokens
+    real = mask.bool()
+    xi = torch.ones(3, 4)
+    xi[1, 3] = 0.0
+    for kwargs in [dict(head_mask=xi, output_attentions=True), dict(num_layers=2)]:
+        out = {}
+        for path, share in (("padded", None), ("unpadded", 0.0)):
+            model.unpad_from = share
+            with torch.no_grad():
+                out[path] = model(ids, attention_mask=mask, output_hidden_states=True, **kwargs)
+        padded, unpadded = out["padded"], out["unpadded"]
+        assert model.unpadding(mask) is not None and len(unpadded.hidden_states) == kwargs.get("num_layers", 3) + 1
+        for layer, (a, b) in enumerate(zip(padded.hidden_states, unpadded.hidden_states)):
+            assert (b - a).abs()[real].max() < 1e-5, f"hidden state {layer} differs ({kwargs})"
+            assert (b[~real] == 0).all()
+        for layer, (a, b) in enumerate(zip(padded.attentions or (), unpadded.attentions or ())):
+            rows = real[:, None, :, None].expand_as(a)  # rows of real query tokens
+            assert (b - a).abs()[rows].max() < 1e-5, f"attention {layer} differs"
+        if padded.pooler_output is not None:
+            assert (unpadded.pooler_output - padded.pooler_output)[[0, 2, 3]].abs().max() < 1e-5

@@ -19,6 +19,11 @@ component has a list of weight *slots*: with share="all" both components use slo
     share="ffn"        FFN shared, one attention per layer run (ctxrep's format)
     share="none"       nothing shared (like BERT; saved in transformers' format with one group per layer run)
 
+Padding: a batch whose padding is at least `unpad_from` of its (batch, seq) grid runs unpadded (modules/unpadding.py):
+embeddings, the E -> H projection, query / key / value, the output projections, norms and feed-forwards on the
+(tokens, hidden) rows of real tokens, re-padded only around the attention product, whatever the sharing (a shared
+block is the same function on either layout); the same hidden states at real tokens (0 at padding).
+
 Reads top to bottom: config, embeddings, attention, feed-forward, encoder, pretraining heads, then the loader
 and saver (config.json + model.safetensors; transformers' names, or ctxrep's own for attention/ffn sharing).
 """
@@ -36,11 +41,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
+from ctxrep.models.bert import UNPAD_FROM
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.init_weights import normal_init
+from ctxrep.modules.unpadding import Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +173,7 @@ class Embeddings(nn.Module):
         # transformers' summation order (word + segment, then + position), so float rounding matches too.
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
         x = x + self.position_embeddings(position_ids)
-        return self.dropout(self.norm(x))  # (batch, seq, embedding_size)
+        return self.dropout(self.norm(x))  # (batch, seq | tokens, embedding_size)
 
 
 class AttentionBlock(nn.Module):
@@ -190,11 +197,19 @@ class AttentionBlock(nn.Module):
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool
+        self,
+        x: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        output_attentions: bool,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`: then the projections read real tokens only
+        # and q, k, v are re-padded (zeros, which key_mask hides) for the attention product.
         # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
-        b, t, h = x.shape
-        q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        if unpadding is not None:
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, hidden)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
@@ -205,7 +220,10 @@ class AttentionBlock(nn.Module):
         else:
             probs = None
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
-        context = context.transpose(1, 2).reshape(b, t, h)  # (batch, seq, hidden)
+        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
+        context = context.flatten(-2)  # (batch, seq | tokens, hidden)
         return self.norm(x + self.output_dropout(self.dense(context))), probs
 
 
@@ -235,6 +253,7 @@ class AlbertModel(Encoder):
 
     family = "albert"
     reads_segments = True
+    unpad_from = UNPAD_FROM  # BERT's post-LN layers, BERT's rule (Encoder.unpadding)
 
     def __init__(self, config: AlbertConfig) -> None:
         super().__init__()
@@ -279,7 +298,10 @@ class AlbertModel(Encoder):
         num_layers: int | None = None,
     ) -> EncoderOutput:
         """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers
-        (and leaves out the pooler, which reads the last layer)."""
+        (and leaves out the pooler, which reads the last layer).
+
+        A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
+        at real tokens and 0 at padding."""
         if input_ids.shape[1] > self.max_tokens:
             raise ValueError(
                 f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.max_tokens} positions; "
@@ -294,17 +316,23 @@ class AlbertModel(Encoder):
         # always kept: whether the batch has padding is data, and the exported graph must serve every batch.
         if attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.all())):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        unpadding = self.unpadding(attention_mask)
+        if unpadding is not None:  # each (tokens,)
+            input_ids, token_type_ids, position_ids = map(unpadding.select, (input_ids, token_type_ids, position_ids))
         x = self.embedding_hidden_mapping_in(
             self.embeddings(input_ids, token_type_ids, position_ids)
-        )  # (batch, seq, H)
+        )  # (batch, seq, H) or (tokens, H)
         hidden_states = [x]
         attentions = []
         n = self.num_layers if num_layers is None else num_layers
         for a, f in zip(self.attention_slots[:n], self.ffn_slots[:n]):
-            x, probs = self.attention_blocks[a](x, key_mask, output_attentions)
+            x, probs = self.attention_blocks[a](x, key_mask, output_attentions, unpadding)
             x = self.ffn_blocks[f](x)
             hidden_states.append(x)
             attentions.append(probs)
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, seq, H)
         pooled = torch.tanh(self.pooler(x[:, 0])) if num_layers is None else None
         return EncoderOutput(
             last_hidden_state=x,

@@ -13,6 +13,10 @@ with a key padding mask), and what differs lives in this file:
 DistilBERT's config.json names (dim, n_layers, n_heads, hidden_dim, activation, dropout, attention_dropout) are
 kept as the dataclass's fields; the properties answer under BERT's names (transformers' attribute_map idea), which
 is what bert.py's layer reads. Loading and saving follow transformers' DistilBertModel names (`hf_parameter_names`).
+
+Padding: a batch whose padding is at least `unpad_from` of its (batch, seq) grid runs unpadded as BERT's does
+(modules/unpadding.py): embeddings and bert.py's layers on the (tokens, hidden) rows of real tokens, re-padded only
+around the attention product; the same hidden states at real tokens (0 at padding).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.bert import EncoderLayer
+from ctxrep.models.bert import UNPAD_FROM, EncoderLayer
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
@@ -137,7 +141,7 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)  # (batch, seq, dim)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)  # (batch, seq | tokens, dim)
         return self.dropout(self.norm(x))
 
 
@@ -171,6 +175,7 @@ class DistilBertModel(Encoder):
     family = MODEL_TYPE
     reads_segments = False  # DistilBERT has no token-type embeddings
     prepack_for_inference = True  # BERT's layers: oneDNN pre-packed linear layers help as they do for BERT
+    unpad_from = UNPAD_FROM  # BERT's layers, BERT's rule (Encoder.unpadding)
 
     def layer_of(self, name: str) -> int:
         """embeddings.* 0, layers.i.* i + 1 (DistilBERT has nothing above its last layer)."""
@@ -219,7 +224,8 @@ class DistilBertModel(Encoder):
         head_mask: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq). token_type_ids must be None or all zero: DistilBERT has no
-        segment embeddings (pairs are told apart by [SEP] alone). head_mask and attentions as in BertModel.forward."""
+        segment embeddings (pairs are told apart by [SEP] alone). head_mask, attentions and a batch with much padding
+        (run unpadded: the padded run's hidden states at real tokens, 0 at padding) as in BertModel.forward."""
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence of {input_ids.shape[1]} tokens is longer than the model's "
@@ -234,12 +240,19 @@ class DistilBertModel(Encoder):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
-        x = self.embeddings(input_ids, position_ids)
+        unpadding = self.unpadding(attention_mask)
+        if unpadding is not None:  # each (tokens,)
+            input_ids, position_ids = unpadding.select(input_ids), unpadding.select(position_ids)
+        x = self.embeddings(input_ids, position_ids)  # (batch, seq, dim) or (tokens, dim)
         hidden_states, attentions = [x], []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
-            x, probs = layer(x, key_mask, output_attentions, head_mask[i] if head_mask is not None else None)
+            xi = head_mask[i] if head_mask is not None else None
+            x, probs = layer(x, key_mask, output_attentions, xi, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, seq, dim)
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,

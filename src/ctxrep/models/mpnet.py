@@ -15,6 +15,11 @@ layer adds only its kept heads' slice of the bias, b[:, kept_heads], in the orig
 Embeddings are RoBERTa's without token types: positions numbered from padding_idx + 1 over the non-pad tokens,
 padding_idx fixed at 1 (as in transformers' MPNetEmbeddings, whatever pad_token_id says). The tanh pooler over the
 first token is loaded when the checkpoint has it. Loading and saving follow transformers' MPNetModel names.
+
+Padding: a batch whose padding is at least `unpad_from` of its (batch, seq) grid runs unpadded (modules/unpadding.py):
+embeddings, query / key / value, the output projections, norms and feed-forwards on the (tokens, hidden) rows of
+real tokens, re-padded only around the attention product. Position ids and the relative bias come from the padded
+grid first, so they are the padded run's; the same hidden states at real tokens (0 at padding).
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
+from ctxrep.models.bert import UNPAD_FROM
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
+from ctxrep.modules.unpadding import Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +129,7 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)  # (batch, seq, hidden)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)  # (batch, seq | tokens, hidden)
         return self.dropout(self.norm(x))
 
 
@@ -155,17 +162,26 @@ class SelfAttention(nn.Module):
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
 
     def forward(
-        self, x: torch.Tensor, bias: torch.Tensor, output_attentions: bool, head_mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor,
+        output_attentions: bool,
+        head_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`: then the projections read real tokens only
+        # and q, k, v are re-padded (zeros, which the bias's padding mask hides) for the attention product.
         # bias: (batch or 1, num_attention_heads, seq, seq) float, the position bias of every head (original
         # numbering) plus the padding mask (dtype's min). head_mask: (num_attention_heads,), original numbering.
-        b, t, _ = x.shape
         if self.num_heads < bias.shape[1]:  # a pruned layer: its own heads' slice of the shared bias
             bias = bias[:, self.kept_heads]  # (batch or 1, kept, seq, seq)
         if self.query_key_value is None:
-            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+            q, k, v = self.query(x), self.key(x), self.value(x)
         else:
-            q, k, v = map(self._heads, self.query_key_value(x).chunk(3, dim=-1))
+            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
+        if unpadding is not None:
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, kept dims)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + bias  # (batch, heads, seq, seq)
@@ -177,7 +193,10 @@ class SelfAttention(nn.Module):
         if head_mask is not None:
             xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
             context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
+        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
+        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
         return self.output(context), probs
 
     # Copied from ctxrep.models.bert.SelfAttention.prune
@@ -218,8 +237,10 @@ class EncoderLayer(nn.Module):
         bias: torch.Tensor,
         output_attentions: bool = False,
         head_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.attention(x, bias, output_attentions, head_mask)
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`
+        a, probs = self.attention(x, bias, output_attentions, head_mask, unpadding)
         x = self.attention_norm(x + self.dropout(a))
         f = self.output(self.activation(self.intermediate(x)))
         return self.output_norm(x + self.dropout(f)), probs
@@ -247,6 +268,7 @@ class MPNetModel(Encoder):
     family = MODEL_TYPE
     reads_segments = False  # no token-type embeddings
     prepack_for_inference = True
+    unpad_from = UNPAD_FROM  # BERT's layers plus a bias on the padded grid: BERT's rule (Encoder.unpadding)
 
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
 
@@ -319,7 +341,10 @@ class MPNetModel(Encoder):
 
         head_mask: Michel et al.'s mask variables xi, (num_layers, num_heads) or (num_heads,) for every layer, in
         the original head numbering (entries of pruned heads are not read), as in BertModel.forward.
-        `attentions` hold each layer's remaining heads: (batch, heads_per_layer()[l], seq, seq)."""
+        `attentions` hold each layer's remaining heads: (batch, heads_per_layer()[l], seq, seq).
+
+        A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
+        at real tokens and 0 at padding."""
         if input_ids.shape[1] > self.config.max_tokens:
             raise ValueError(
                 f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
@@ -328,9 +353,13 @@ class MPNetModel(Encoder):
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError("MPNet has no token-type (segment) embeddings: pass token_type_ids=None")
         if position_ids is None:
-            position_ids = self.position_ids(input_ids)
-        x = self.embeddings(input_ids, position_ids)
-        bias = self.position_bias(input_ids.shape[1], input_ids.device).to(x.dtype)  # (1, heads, seq, seq)
+            position_ids = self.position_ids(input_ids)  # from the padded grid, before any unpadding
+        bias = self.position_bias(input_ids.shape[1], input_ids.device)  # (1, heads, seq, seq)
+        unpadding = self.unpadding(attention_mask)
+        if unpadding is not None:  # each (tokens,)
+            input_ids, position_ids = unpadding.select(input_ids), unpadding.select(position_ids)
+        x = self.embeddings(input_ids, position_ids)  # (batch, seq, hidden) or (tokens, hidden)
+        bias = bias.to(x.dtype)
         if attention_mask is not None and not bool(attention_mask.all()):
             pad = ~attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
             bias = bias.masked_fill(pad, torch.finfo(bias.dtype).min)  # (batch, heads, seq, seq)
@@ -338,9 +367,13 @@ class MPNetModel(Encoder):
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         hidden_states, attentions = [x], []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
-            x, probs = layer(x, bias, output_attentions, head_mask[i] if head_mask is not None else None)
+            xi = head_mask[i] if head_mask is not None else None
+            x, probs = layer(x, bias, output_attentions, xi, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, seq, hidden)
         pooled = None
         if self.pooler is not None and num_layers is None:
             pooled = torch.tanh(self.pooler(x[:, 0]))
