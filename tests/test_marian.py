@@ -435,6 +435,60 @@ def test_bad_config_is_refused():
         MarianConfig(activation_function="mish")
 
 
+# ---- unpadded source batches (modules/unpadding.py) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("pre_ln", [False, True], ids=["post-LN", "pre-LN"])
+def test_unpadded_encoder_equals_padded_and_translates_the_same(pre_ln):
+    """A source batch with much padding runs the encoder unpadded: the padded run's encoder states (pre-LN: the
+    stack's final LayerNorm, which a num_layers cut leaves out), attentions, the decoder's cross-attention keys and
+    values at real tokens (projected unpadded too), training loss and gradients, and the same greedy and beam
+    translations."""
+    from _mt_reverser import sources
+
+    from ctxrep.translate.search import beam_search, greedy_search
+
+    torch.manual_seed(0)
+    config = hf_config(normalize_before=pre_ln).to_dict()
+    model = MarianMTModel(MarianConfig.from_hf_dict(config | {"model_type": "ctxrep_mt"})).eval()
+    ids, mask = sources(8)  # 3 to 13 tokens
+    real = mask.bool()
+    assert model.unpadding(mask) is not None and 1 - real.float().mean() > 0.3
+    labels = ids.clone()  # copy the source: any target does for the loss
+    out, grads, searches = {}, {}, {}
+    for path, share in (("padded", None), ("unpadded", 0.0)):
+        model.unpad_from = share
+        model.zero_grad()
+        full = model.encode_source(ids, mask, output_hidden_states=True, output_attentions=True)
+        cut = model.encode_source(ids, mask, output_hidden_states=True, num_layers=1)
+        loss, _, _ = model.translation_loss(ids, mask, model.shift_right(labels), labels.masked_fill(~real, -100))
+        loss.backward()
+        with torch.no_grad():
+            cross = model.init_cache(full.last_hidden_state, mask).cross  # per layer (batch, heads, src, head_dim)
+        out[path] = full, cut, loss.detach(), [kv for layer in cross for kv in layer]
+        grads[path] = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        searches[path] = greedy_search(model, ids, mask), beam_search(model, ids, mask, beam=3, n_best=2)
+    (full_a, cut_a, loss_a, cross_a), (full_b, cut_b, loss_b, cross_b) = out["padded"], out["unpadded"]
+    for a, b in zip(full_a.hidden_states + cut_a.hidden_states, full_b.hidden_states + cut_b.hidden_states):
+        torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-4)
+        assert (b[~real] == 0).all()
+    assert torch.equal(full_b.last_hidden_state, full_b.hidden_states[-1])
+    for a, b in zip(full_a.attentions, full_b.attentions):
+        rows = real[:, None, :, None].expand_as(a)
+        torch.testing.assert_close(b[rows], a[rows], atol=1e-5, rtol=1e-4)
+    for a, b in zip(cross_a, cross_b):
+        torch.testing.assert_close(b.transpose(1, 2)[real], a.transpose(1, 2)[real], atol=1e-5, rtol=1e-4)
+        assert (b.transpose(1, 2)[~real] == 0).all()
+    torch.testing.assert_close(loss_b, loss_a, atol=1e-5, rtol=1e-5)
+    assert grads["padded"].keys() == grads["unpadded"].keys()
+    for name, g in grads["padded"].items():
+        torch.testing.assert_close(grads["unpadded"][name], g, atol=1e-4, rtol=1e-4, msg=f"gradient of {name}")
+    greedy, beams = searches["unpadded"]
+    assert greedy == searches["padded"][0]
+    assert [[h.tokens for h in n] for n in beams] == [[h.tokens for h in n] for n in searches["padded"][1]]
+    assert [h.score for n in beams for h in n] == pytest.approx([h.score for n in searches["padded"][1] for h in n])
+
+
 # ---- the MT tokenizer -------------------------------------------------------------------------------------------
 
 LINES = [

@@ -19,6 +19,12 @@ transformers' MarianMTModel loads. A pre-LN model cannot be written in that form
 pre-LN Marian and would silently run it post-LN); it is saved with model_type "ctxrep_mt" instead: the same
 weight names plus model.encoder.layer_norm / model.decoder.layer_norm.
 
+Padding: a source batch whose padding is at least `unpad_from` of its (batch, src) grid runs the encoder unpadded
+(modules/unpadding.py): embeddings, query / key / value, the output projections, norms and feed-forwards on the
+(tokens, d_model) rows of real tokens, re-padded only around the attention product; the same hidden states at real
+tokens (0 at padding). The decoder's cross-attention keys / values are projected from those rows too and padded
+back with zeros (the source mask hides them); the decoder itself, and its cache, run as before.
+
 Incremental decoding (fairseq's FairseqIncrementalDecoder idea): `init_cache(memory, source_mask)` computes every
 decoder layer's cross-attention keys/values once per source sentence; `decode(tokens, cache)` runs only the new
 target tokens and appends their self-attention keys/values; `cache.reorder(beam_indices)` and
@@ -42,6 +48,7 @@ from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
+from ctxrep.modules.unpadding import Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,8 @@ MARIAN = "marian"  # transformers' model_type: post-LN only
 OWN_FORMAT = "ctxrep_mt"  # ctxrep's own model_type: the same weights, pre-LN allowed
 MODEL_TYPES = (MARIAN, OWN_FORMAT)
 IGNORE_INDEX = -100  # a label that does not count in the loss (torch's cross_entropy default)
+# MarianMTModel.unpad_from: the encoder runs a source batch with at least this share of padding unpadded.
+UNPAD_FROM = 0.1
 
 
 @dataclass
@@ -227,13 +236,25 @@ class EncoderLayer(nn.Module):
         self.activation_dropout = nn.Dropout(config.activation_dropout)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool
+        self,
+        x: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        output_attentions: bool,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # x: (batch, src, d_model); key_mask: (batch, 1, 1, src) bool, True at real source tokens, or None.
+        # x: (batch, src, d_model), or (tokens, d_model) with `unpadding`: then the projections read real tokens
+        # only and q, k, v are re-padded (zeros, which key_mask hides) for the attention product.
+        # key_mask: (batch, 1, 1, src) bool, True at real source tokens, or None.
         h = self.self_attn_layer_norm(x) if self.pre_ln else x
         a = self.self_attn
-        context, probs = a.attend(a.split(a.q_proj(h)), *a.keys_values(h), key_mask, False, output_attentions)
-        x = x + self.dropout(a.out_proj(a.merge(context)))
+        q, k, v = a.q_proj(h), a.k_proj(h), a.v_proj(h)
+        if unpadding is not None:
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, src, d_model)
+        context, probs = a.attend(a.split(q), a.split(k), a.split(v), key_mask, False, output_attentions)
+        context = context.transpose(1, 2)  # (batch, src, heads, head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
+        x = x + self.dropout(a.out_proj(context.flatten(-2)))  # (batch, src | tokens, d_model)
         if not self.pre_ln:
             x = self.self_attn_layer_norm(x)
         h = self.final_layer_norm(x) if self.pre_ln else x
@@ -512,6 +533,7 @@ class MarianMTModel(Encoder):
     family = "marian"
     word_level = False
     reads_segments = False
+    unpad_from = UNPAD_FROM  # Encoder.unpadding: a source batch with this share of padding runs unpadded
 
     def __init__(self, config: MarianConfig) -> None:
         super().__init__()
@@ -598,15 +620,22 @@ class MarianMTModel(Encoder):
         """The pre-softmax projection (target vocab, d_model): the target embeddings when tied (sec. 3.4)."""
         return self.target_embeddings().weight if self.lm_head is None else self.lm_head.weight
 
-    def embed(self, ids: torch.Tensor, table: nn.Embedding, start: int) -> torch.Tensor:
-        """sqrt(d_model) * E[ids] + PE[start : start + len] (secs. 3.4, 3.5), then dropout (sec. 5.4)."""
-        t = ids.shape[1]
+    def embed(
+        self, ids: torch.Tensor, table: nn.Embedding, start: int, unpadding: Unpadding | None = None
+    ) -> torch.Tensor:
+        """sqrt(d_model) * E[ids] + PE[start : start + len] (secs. 3.4, 3.5), then dropout (sec. 5.4).
+        ids: (batch, seq) -> (batch, seq, d_model); with `unpadding`, the (tokens, d_model) rows of real tokens."""
+        b, t = ids.shape
         if start + t > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence of {start + t} tokens is longer than the model's {self.config.max_position_embeddings} "
                 "positions (max_position_embeddings); shorten or split the sentence"
             )
-        return self.embed_dropout(table(ids) * self.embed_scale + self.positions[start : start + t])
+        positions = self.positions[start : start + t]  # (seq, d_model)
+        if unpadding is not None:
+            position_ids = torch.arange(t, device=ids.device).expand(b, t)  # (batch, seq), on the padded grid
+            ids, positions = unpadding.select(ids), positions[unpadding.select(position_ids)]  # (tokens,), (tokens, d)
+        return self.embed_dropout(table(ids) * self.embed_scale + positions)
 
     def encode_source(
         self,
@@ -618,17 +647,24 @@ class MarianMTModel(Encoder):
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, src), padding on the right, </s> ending each sentence.
         hidden_states[0] is the embedding output, hidden_states[i] layer i's output (after the final LayerNorm
-        for the last layer of a pre-LN model). `num_layers` stops after that many layers."""
+        for the last layer of a pre-LN model). `num_layers` stops after that many layers.
+
+        A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
+        at real tokens and 0 at padding."""
         key_mask = _key_mask(attention_mask)
-        x = self.embed(input_ids, self.shared, 0)  # (batch, src, d_model)
+        unpadding = self.unpadding(attention_mask)
+        x = self.embed(input_ids, self.shared, 0, unpadding)  # (batch, src, d_model) or (tokens, d_model)
         layers = self.encoder.layers[: num_layers if num_layers is not None else len(self.encoder.layers)]
         hidden_states, attentions = [x], []
         for layer in layers:
-            x, probs = layer(x, key_mask, output_attentions)
+            x, probs = layer(x, key_mask, output_attentions, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
         if self.config.normalize_before and len(layers) == len(self.encoder.layers):
             x = hidden_states[-1] = self.encoder.layer_norm(x)
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, src, d_model)
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,
@@ -637,8 +673,17 @@ class MarianMTModel(Encoder):
 
     def init_cache(self, memory: torch.Tensor, attention_mask: torch.Tensor | None, group: int = 1) -> DecoderCache:
         """Every decoder layer's cross-attention keys/values of the encoder output `memory` (batch, src, d_model),
-        computed once per sentence; `group` decoder rows (beams) will read each sentence."""
-        cross = [layer.encoder_attn.keys_values(memory) for layer in self.decoder.layers]
+        computed once per sentence; `group` decoder rows (beams) will read each sentence. A source batch that the
+        encoder runs unpadded is projected unpadded too: zero keys/values at padding, which the source mask hides."""
+        unpadding = self.unpadding(attention_mask)
+        if unpadding is None:
+            cross = [layer.encoder_attn.keys_values(memory) for layer in self.decoder.layers]
+        else:
+            rows = unpadding.unpad(memory)  # (tokens, d_model)
+            cross = [
+                (a.split(unpadding.pad(a.k_proj(rows))), a.split(unpadding.pad(a.v_proj(rows))))
+                for a in (layer.encoder_attn for layer in self.decoder.layers)
+            ]  # each (batch, heads, src, head_dim)
         return DecoderCache(cross, _key_mask(attention_mask), group)
 
     def decode(
