@@ -395,3 +395,58 @@ def test_int8_runs_on_a_pruned_model(kind, tmp_path):
     real = mask.bool()
     cos = F.cosine_similarity(a.last_hidden_state[real], b.last_hidden_state[real], dim=-1)
     assert cos.min() > 0.99, cos.min()
+
+
+# ---- unpadded batches (modules/unpadding.py) ----------------------------------------------------------------------
+
+
+def padded_and_unpadded(model, ids, mask, **kw) -> dict:
+    """{None: the padded run, 0.0: the unpadded one} of model(ids, ...), with every hidden state and map."""
+    out = {}
+    for share in (None, 0.0):  # None: never unpads; 0: always
+        model.unpad_from = share
+        out[share] = model(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True, **kw)
+    return out
+
+
+def assert_unpadded_equals_padded(out: dict, mask: torch.Tensor) -> None:
+    real = mask.bool()
+    for layer, (a, b) in enumerate(zip(out[None].hidden_states, out[0.0].hidden_states, strict=True)):
+        torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-4, msg=f"hidden state {layer} differs")
+        assert (b[~real] == 0).all(), f"hidden state {layer}: padding is not 0"
+    for layer, (a, b) in enumerate(zip(out[None].attentions, out[0.0].attentions, strict=True)):
+        rows = real[:, None, :, None].expand_as(a)  # rows of real query tokens
+        torch.testing.assert_close(b[rows], a[rows], atol=1e-5, rtol=1e-4, msg=f"attention {layer} differs")
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_unpadded_batch_equals_the_padded_run(kind, tmp_path):
+    """Unpadded, delta(i, j) of c2p / p2c, the absolute positions and the convolution's neighbours (v2-conv) are
+    still those of the padded grid: with a left-padded row, segments and a head mask, the states, maps and gradients
+    (xi's too) are the padded run's at real tokens; the int8 path's fused query / key / value too (per-row scales,
+    so padding rows do not change a real row's)."""
+    reference(kind, tmp_path)
+    model = ctxrep.load_model(tmp_path).eval()
+    ids, mask = padded_batch(COMMON["vocab_size"], 0)
+    ids[1], mask[1] = ids[1].roll(5), mask[1].roll(5)  # row 1 padded on the left: its 9 tokens in columns 5..13
+    types = (torch.arange(ids.shape[1]) >= 6).long() * mask if model.reads_segments else None  # (batch, seq)
+    xi = head_mask_of({0: [1], 1: [0, 3]}).requires_grad_()
+    out, grads = {}, {}
+    for share in (None, 0.0):  # None: never unpads; 0: always
+        model.unpad_from = share
+        model.zero_grad()
+        xi.grad = None
+        kw = dict(token_type_ids=types, head_mask=xi, output_hidden_states=True, output_attentions=True)
+        out[share] = model(ids, attention_mask=mask, **kw)
+        out[share].last_hidden_state[mask.bool()].square().sum().backward()
+        grads[share] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None} | {"xi": xi.grad}
+    assert_unpadded_equals_padded(out, mask)
+    assert grads[None].keys() == grads[0.0].keys()
+    for name, g in grads[None].items():
+        torch.testing.assert_close(grads[0.0][name], g, atol=1e-4, rtol=1e-4, msg=f"gradient of {name}")
+    if model.fusable_qkv_modules():
+        batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+        quantized = fast.quantize_int8(model, [batch], per_row=True)
+        assert quantized.layers[0].attention.query_key_value is not None
+        with torch.no_grad():
+            assert_unpadded_equals_padded(padded_and_unpadded(quantized, ids, mask, token_type_ids=types), mask)

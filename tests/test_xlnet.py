@@ -337,3 +337,59 @@ def test_training_mode_applies_dropout(tmp_path):
     model.eval()
     assert torch.equal(model(ids).last_hidden_state, model(ids).last_hidden_state)
     assert math.isfinite(model(ids).last_hidden_state.sum().item())
+
+
+# ---- unpadded batches (modules/unpadding.py) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(), dict(attn_type="uni"), dict(bi_data=True, clamp_len=3)],
+    ids=["bi", "uni", "bi-data-clamp"],
+)
+def test_unpadded_content_stream_equals_the_padded_run(overrides):
+    """Unpadded, the relative positions, segment terms and masks stay on the padded grid: with rows padded on the
+    left (XLNet's tokenizer) and on the right (ctxrep's collate), states, maps, the returned mems and gradients are
+    the padded run's at real tokens (0 at padding). Two streams (pretraining) and a memory run padded, unchanged."""
+    torch.manual_seed(0)
+    model = XLNetModel(XLNetConfig(**TINY | overrides)).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # large enough that every term moves the states
+            p.normal_(std=0.3)
+    ids, token_types, perm_mask, target_mapping = inputs(batch=4, seq=12)
+    mask = torch.zeros(4, 12, dtype=torch.long)
+    for row, (first, end) in enumerate([(0, 12), (7, 12), (0, 4), (10, 12)]):  # rows 1 and 3 padded on the left
+        mask[row, first:end] = 1
+    real = mask.bool()
+    runs, grads = {}, {}
+    for share in (None, 0.0):  # None: never unpads; 0: always
+        model.unpad_from = share
+        model.zero_grad()
+        kw = dict(attention_mask=mask, token_type_ids=token_types, output_hidden_states=True, output_attentions=True)
+        runs[share] = model(ids, **kw)
+        runs[share].last_hidden_state[real].square().sum().backward()
+        grads[share] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    padded, unpadded = runs[None], runs[0.0]
+    for layer, (a, b) in enumerate(zip(padded.hidden_states, unpadded.hidden_states, strict=True)):
+        torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-4, msg=f"hidden state {layer} differs")
+        assert (b[~real] == 0).all(), f"hidden state {layer}: padding is not 0"
+    assert torch.equal(unpadded.last_hidden_state, unpadded.hidden_states[-1])
+    for layer, (a, b) in enumerate(zip(padded.mems, unpadded.mems, strict=True)):  # each layer's input
+        torch.testing.assert_close(b[real], a[real], atol=1e-5, rtol=1e-4, msg=f"mems {layer} differ")
+        assert (b[~real] == 0).all()
+    for layer, (a, b) in enumerate(zip(padded.attentions, unpadded.attentions, strict=True)):
+        rows = real[:, None, :, None].expand_as(a)  # rows of real query tokens
+        torch.testing.assert_close(b[rows], a[rows], atol=1e-5, rtol=1e-4, msg=f"attention {layer} differs")
+    assert grads[None].keys() == grads[0.0].keys()
+    for name, g in grads[None].items():
+        torch.testing.assert_close(grads[0.0][name], g, atol=1e-4, rtol=1e-4, msg=f"gradient of {name}")
+    with torch.no_grad():
+        for kw in (
+            dict(perm_mask=perm_mask, target_mapping=target_mapping),
+            dict(mems=padded.mems),
+        ):
+            out = []
+            for share in (None, 0.0):
+                model.unpad_from = share
+                out.append(model(ids, attention_mask=mask, token_type_ids=token_types, **kw).last_hidden_state)
+            assert torch.equal(out[0], out[1]), f"{list(kw)} must run padded"

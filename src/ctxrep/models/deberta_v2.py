@@ -27,6 +27,12 @@ pruned: the remaining heads project all of P through their own rows. The scale s
 the attention terms, not heads, so it does not change. transformers' DebertaV2Model cannot prune heads, so a pruned
 folder loads back in ctxrep only (transformers refuses its narrower projections).
 
+Padding: a batch whose padding is at least `unpad_from` of its (batch, seq) grid runs unpadded (modules/unpadding.py):
+embeddings, query / key / value, the output projections, norms and feed-forwards on the (tokens, hidden) rows of
+real tokens. q and k are re-padded for the attention product and for c2p / p2c, whose relative positions delta(i, j)
+are those of the padded grid; the convolution reads the re-padded embeddings (zeros at padding, as before). The
+same hidden states at real tokens (0 at padding).
+
 Reads top to bottom: config, relative positions, embeddings, attention, layer, encoder, then the loader and saver
 for the Hugging Face folder format (config.json + model.safetensors / pytorch_model.bin).
 """
@@ -45,12 +51,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
+from ctxrep.models.bert import UNPAD_FROM
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
+from ctxrep.modules.unpadding import Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -215,11 +223,19 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, mask: torch.Tensor | None
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.word_embeddings(input_ids)  # (batch, seq, embedding_size)
+        """input_ids, token_type_ids, mask: (batch, seq); or, unpadded, input_ids, token_type_ids and position_ids
+        (tokens,) and no mask (every row is a real token). position_ids None: 0..seq-1 in every row."""
+        x = self.word_embeddings(input_ids)  # (batch, seq, embedding_size) or (tokens, embedding_size)
         if self.position_embeddings is not None:
-            x = x + self.position_embeddings(torch.arange(input_ids.shape[1], device=input_ids.device))
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[1], device=input_ids.device)  # (seq,)
+            x = x + self.position_embeddings(position_ids)
         if self.token_type_embeddings is not None:
             x = x + self.token_type_embeddings(
                 token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids)
@@ -229,7 +245,7 @@ class Embeddings(nn.Module):
         x = self.norm(x)
         if mask is not None:
             x = x * mask[:, :, None].to(x.dtype)  # padding rows are zero (the convolution reads them)
-        return self.dropout(x)  # (batch, seq, hidden)
+        return self.dropout(x)  # (batch, seq, hidden) or (tokens, hidden)
 
 
 class DisentangledSelfAttention(nn.Module):
@@ -295,14 +311,19 @@ class DisentangledSelfAttention(nn.Module):
         rel_index: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool,
         head_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`: then the projections read real tokens only
+        # and q, k, v are re-padded (zeros, which key_mask hides) for the attention product and c2p / p2c.
         # key_mask: (batch, 1, 1, seq) bool, True at real tokens.
         # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
-        b, t, _ = x.shape
         if self.query_key_value is None:
-            q, k, v = self._heads(self.query(x)), self._heads(self.key(x)), self._heads(self.value(x))
+            q, k, v = self.query(x), self.key(x), self.value(x)
         else:
-            q, k, v = map(self._heads, self.query_key_value(x).chunk(3, dim=-1))
+            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
+        if unpadding is not None:
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, kept dims)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
         bias = None
         if rel_embeddings is not None and self.config.pos_att_type:
             bias = self.position_bias(q, k, rel_embeddings, rel_index)  # (batch, heads, seq, seq)
@@ -324,7 +345,10 @@ class DisentangledSelfAttention(nn.Module):
         if head_mask is not None:
             xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
             context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, kept dims)
+        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
+        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
         return self.output_norm(x + self.dropout(self.output(context))), probs
 
     def prune(self, heads: Iterable[int]) -> None:
@@ -360,15 +384,18 @@ class EncoderLayer(nn.Module):
         rel_index: tuple[torch.Tensor, torch.Tensor] | None,
         output_attentions: bool = False,
         head_mask: torch.Tensor | None = None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x, probs = self.attention(x, key_mask, rel_embeddings, rel_index, output_attentions, head_mask)
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding`
+        x, probs = self.attention(x, key_mask, rel_embeddings, rel_index, output_attentions, head_mask, unpadding)
         f = self.output(self.activation(self.intermediate(x)))
         return self.output_norm(x + self.dropout(f)), probs
 
 
 class ConvLayer(nn.Module):
     """DeBERTa-v2-xlarge's convolution beside the first layer: out = LN(layer1(x) + act(conv(x) at real tokens)),
-    zero at padding; x is the embedding output."""
+    zero at padding; x is the embedding output. Unpadded (`unpadding`), x and residual are (tokens, hidden): the
+    convolution reads x re-padded (zeros at padding, as the padded run's embeddings are) and the rest is per token."""
 
     def __init__(self, config: DebertaV2Config) -> None:
         super().__init__()
@@ -378,7 +405,13 @@ class ConvLayer(nn.Module):
         self.activation = ACTIVATIONS[config.conv_act]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor, mask: torch.Tensor | None, unpadding: Unpadding | None = None
+    ) -> torch.Tensor:
+        if unpadding is not None:
+            out = self.conv(unpadding.pad(x).transpose(1, 2)).transpose(1, 2)  # (batch, seq, hidden)
+            out = unpadding.unpad(out)  # (tokens, hidden)
+            return self.norm(residual + self.activation(self.dropout(out)))
         out = self.conv(x.transpose(1, 2)).transpose(1, 2)  # (batch, seq, hidden): Conv1d reads (batch, hidden, seq)
         if mask is not None:
             out = out.masked_fill(~mask.bool()[:, :, None], 0.0)
@@ -414,6 +447,8 @@ class DebertaV2Model(Encoder):
     embedding_table = "embeddings.word_embeddings"
     family = MODEL_TYPE
     prepack_for_inference = True  # its linear layers are BERT's; the featurizer times whether pre-packing pays
+    # Encoder.unpadding: BERT's share; benchmarks/unpad.py (DeBERTa-v3-small, 8 x 128, 1 thread): 1.06x at 10%
+    unpad_from = UNPAD_FROM
 
     @property
     def reads_segments(self) -> bool:  # v3 has no segment embeddings
@@ -491,7 +526,10 @@ class DebertaV2Model(Encoder):
     ) -> EncoderOutput:
         """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers;
         head_mask: (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it), in the
-        original head numbering even after pruning."""
+        original head numbering even after pruning.
+
+        A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
+        at real tokens and 0 at padding."""
         b, t = input_ids.shape
         if t > self.max_tokens:
             raise ValueError(
@@ -505,23 +543,33 @@ class DebertaV2Model(Encoder):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         else:
             attention_mask = None
-        x = self.embeddings(input_ids, token_type_ids if self.reads_segments else None, attention_mask)
-        embedded = x
+        token_type_ids = token_type_ids if self.reads_segments else None
         rel = self.relative_embeddings()  # computed once, read by every layer
         rel_index = None
-        if rel is not None:  # the rows of P each (query, key) pair reads, shifted as in eq. 3
-            span, delta = self.config.att_span, relative_positions(t, self.config, x.device)  # (seq, seq)
+        if rel is not None:  # the rows of P each (query, key) pair reads, shifted as in eq. 3; on the padded grid
+            span, delta = self.config.att_span, relative_positions(t, self.config, input_ids.device)  # (seq, seq)
             rel_index = ((delta + span).clamp(0, 2 * span - 1), (span - delta).clamp(0, 2 * span - 1))
+        unpadding = self.unpadding(attention_mask)
+        if unpadding is None:
+            x = self.embeddings(input_ids, token_type_ids, attention_mask)  # (batch, seq, hidden)
+        else:  # each (tokens,): a token's absolute position is its column of the padded grid
+            positions = torch.arange(t, device=input_ids.device).expand(b, t)  # (batch, seq)
+            input_ids, positions = unpadding.select(input_ids), unpadding.select(positions)
+            token_type_ids = unpadding.select(token_type_ids) if token_type_ids is not None else None
+            x = self.embeddings(input_ids, token_type_ids, None, positions)  # (tokens, hidden)
+        embedded = x
         hidden_states = [x]
         attentions = []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
-            x, probs = layer(
-                x, key_mask, rel, rel_index, output_attentions, head_mask[i] if head_mask is not None else None
-            )
+            xi = head_mask[i] if head_mask is not None else None
+            x, probs = layer(x, key_mask, rel, rel_index, output_attentions, xi, unpadding)
             if i == 0 and self.conv is not None:
-                x = self.conv(embedded, x, attention_mask)
+                x = self.conv(embedded, x, attention_mask, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, seq, hidden)
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,

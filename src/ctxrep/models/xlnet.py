@@ -13,6 +13,14 @@ What is different from BERT, in the order the forward pass meets it:
 
 Post-LayerNorm exactly as the reference: x = LN(x + Attn(x)); x = LN(x + FFN(x)); no embedding LayerNorm.
 
+Padding: a content-stream batch without `mems` (featurizing, fine-tuning) whose padding is at least `unpad_from` of
+its (batch, seq) grid runs unpadded (modules/unpadding.py): embeddings, the q / k / v and output projections, norms
+and feed-forwards on the (tokens, d_model) rows of real tokens, re-padded only around the attention product, whose
+relative positions, segment terms and masks stay those of the padded grid (so left padding, as XLNet's tokenizer
+pads, works as right padding, as collate pads). The same hidden states at real tokens, 0 at padding, and so are the
+returned `mems` (the padded run's hold the padding tokens' states there). With target_mapping (two streams:
+pretraining) or mems it runs padded.
+
 Reads top to bottom: config, attention, feed-forward, layer, encoder, LM head, then the loader and saver for
 the Hugging Face folder format. Tensors are batch-first, (batch, seq, dim), everywhere, mems included
 (transformers keeps XLNet's original (seq, batch, dim) inside and for `mems`).
@@ -30,11 +38,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
+from ctxrep.models.bert import UNPAD_FROM
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.init_weights import normal_init
+from ctxrep.modules.unpadding import Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +192,13 @@ class RelativeAttention(nn.Module):
         out = torch.einsum("bnij,bjnd->bind", self.dropout(probs), v)  # (batch, qlen, heads, head_dim)
         return out, probs
 
-    def project_out(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Post-norm residual: LN(x + attended W_o)."""
-        out = torch.einsum("bind,hnd->bih", attended, self.o)  # (batch, qlen, d_model)
+    def project_out(self, x: torch.Tensor, attended: torch.Tensor, unpadding: Unpadding | None = None) -> torch.Tensor:
+        """Post-norm residual: LN(x + attended W_o). With `unpadding`, x is (tokens, d_model) and only the real
+        tokens' rows of attended (batch, qlen, heads, head_dim) are projected."""
+        if unpadding is not None:
+            out = torch.einsum("ind,hnd->ih", unpadding.unpad(attended), self.o)  # (tokens, d_model)
+        else:
+            out = torch.einsum("bind,hnd->bih", attended, self.o)  # (batch, qlen, d_model)
         return self.layer_norm(x + self.dropout(out))
 
     def forward(
@@ -198,17 +212,23 @@ class RelativeAttention(nn.Module):
         seg_diff: torch.Tensor | None,
         mem: torch.Tensor | None,
         target_mapping: torch.Tensor | None,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-        """h: (batch, seq, d_model); g: (batch, num_predict, d_model) or None; mem: (batch, mlen, d_model) or None."""
-        keys = h if mem is None else torch.cat([mem, h], dim=1)  # (batch, mlen + seq, d_model)
-        k = torch.einsum("bjh,hnd->bjnd", keys, self.k)  # (batch, klen, heads, head_dim)
-        v = torch.einsum("bjh,hnd->bjnd", keys, self.v)  # (batch, klen, heads, head_dim)
+        """h: (batch, seq, d_model); g: (batch, num_predict, d_model) or None; mem: (batch, mlen, d_model) or None.
+        With `unpadding` (no g, no mem), h is (tokens, d_model): q, k, v are projected from the real tokens and
+        re-padded (zeros, which mask_h hides from every real query) for the scores."""
+        if unpadding is not None:
+            q_h, k, v = (unpadding.pad(torch.einsum("jh,hnd->jnd", h, w)) for w in (self.q, self.k, self.v))
+        else:
+            keys = h if mem is None else torch.cat([mem, h], dim=1)  # (batch, mlen + seq, d_model)
+            k = torch.einsum("bjh,hnd->bjnd", keys, self.k)  # (batch, klen, heads, head_dim)
+            v = torch.einsum("bjh,hnd->bjnd", keys, self.v)  # (batch, klen, heads, head_dim)
+            q_h = torch.einsum("bih,hnd->bind", h, self.q)  # (batch, seq, heads, head_dim)
         k_r = torch.einsum("bph,hnd->bpnd", pos_emb, self.r)  # (batch or 1, num_distances, heads, head_dim)
 
         # Content stream: h_i attends to what mask_h allows, always including itself.
-        q_h = torch.einsum("bih,hnd->bind", h, self.q)  # (batch, seq, heads, head_dim)
         out_h, probs_h = self.scores_to_output(q_h, k, v, k_r, rel_index, seg_diff, mask_h)
-        h_new = self.project_out(h, out_h)
+        h_new = self.project_out(h, out_h, unpadding)
         if g is None:
             return h_new, None, probs_h, None
 
@@ -247,8 +267,11 @@ class XLNetLayer(nn.Module):
         self.attention = RelativeAttention(config)
         self.ff = FeedForward(config)
 
-    def forward(self, h, g, mask_h, mask_g, pos_emb, rel_index, seg_diff, mem, target_mapping):  # as RelativeAttention
-        h, g, probs_h, probs_g = self.attention(h, g, mask_h, mask_g, pos_emb, rel_index, seg_diff, mem, target_mapping)
+    def forward(self, h, g, mask_h, mask_g, pos_emb, rel_index, seg_diff, mem, target_mapping, unpadding=None):
+        """As RelativeAttention; h: (batch, seq, d_model), or (tokens, d_model) with `unpadding`."""
+        h, g, probs_h, probs_g = self.attention(
+            h, g, mask_h, mask_g, pos_emb, rel_index, seg_diff, mem, target_mapping, unpadding
+        )
         h = self.ff(h)
         if g is not None:
             g = self.ff(g)
@@ -289,6 +312,10 @@ class XLNetModel(Encoder):
     @property
     def max_tokens(self) -> int:
         return self.WINDOW
+
+    # Encoder.unpadding (content stream, no mems): BERT's share; benchmarks/unpad.py (XLNet-base, 8 x 128, 1 thread):
+    # 1.08x at 10% padding
+    unpad_from = UNPAD_FROM
 
     def layer_of(self, name: str) -> int:
         """word_embedding and mask_emb (the query stream's input) 0; layers.i.* i + 1."""
@@ -450,6 +477,9 @@ class XLNetModel(Encoder):
         perm_mask: (batch, seq, seq), perm_mask[b, i, j] = 1: i may not attend to j;
         target_mapping: (batch, num_predict, seq), one-hot row per prediction; mems: from the previous segment.
         `num_layers` stops after that many layers.
+
+        A content-stream batch without mems and with much padding (`Encoder.unpadding`) runs unpadded: its hidden
+        states (and the mems it returns) are those of the padded run at real tokens and 0 at padding.
         """
         self._check_inputs(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems)
         b, t = input_ids.shape
@@ -466,21 +496,32 @@ class XLNetModel(Encoder):
             key_types = F.pad(token_type_ids, (mlen, 0), value=0)  # (batch, klen)
             seg_diff = (token_type_ids[:, :, None] != key_types[:, None, :]).long()  # (batch, seq, klen)
 
-        h = self.dropout(self.word_embedding(input_ids))  # (batch, seq, d_model)
+        # Masks, positions and segments above are on the padded grid; only the content stream's per-token work
+        # is unpadded, and only without a memory or a query stream (which read the padded grid).
+        unpadding = self.unpadding(attention_mask) if target_mapping is None and not mems else None
+        if unpadding is not None:
+            input_ids = unpadding.select(input_ids)  # (tokens,)
+        h = self.dropout(self.word_embedding(input_ids))  # (batch, seq, d_model) or (tokens, d_model)
         g = None
         if target_mapping is not None:
             target_mapping = target_mapping.to(dtype)
             g = self.dropout(self.mask_emb.expand(b, target_mapping.shape[1], -1))  # (batch, num_predict, d_model)
 
-        hidden_states, query_states, attentions, query_attentions, new_mems = [h], [g], [], [], []
+        hidden_states, query_states, attentions, query_attentions = [h], [g], [], []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
             mem = mems[i] if mems else None
-            new_mems.append(self.update_mems(h, mem))  # each layer caches its input
-            h, g, probs_h, probs_g = layer(h, g, mask_h, mask_g, pos_emb, rel_index, seg_diff, mem, target_mapping)
+            h, g, probs_h, probs_g = layer(
+                h, g, mask_h, mask_g, pos_emb, rel_index, seg_diff, mem, target_mapping, unpadding
+            )
             hidden_states.append(h)
             query_states.append(g)
             attentions.append(probs_h)
             query_attentions.append(probs_g)
+        if unpadding is not None:  # every layer's input is also its memory: pad them all
+            hidden_states = [unpadding.pad(x) for x in hidden_states]  # each (batch, seq, d_model)
+            h = hidden_states[-1]
+        # each layer caches its input
+        new_mems = [self.update_mems(x, mems[i] if mems else None) for i, x in enumerate(hidden_states[:-1])]
 
         two_streams = target_mapping is not None
         return XLNetOutput(
