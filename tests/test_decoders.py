@@ -72,10 +72,17 @@ def test_every_hidden_state_and_attention_matches_transformers(tmp_path, model_t
     ids, mask = batch(side)
     with torch.no_grad():
         theirs = hf(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-        mine = ours(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
-        fast = ours(ids, attention_mask=mask, output_hidden_states=True)  # scaled_dot_product_attention
-    assert_parity(mine, theirs, mask)
-    assert_parity(fast, theirs, mask, attentions=False)
+    # padded, and unpadded (modules/unpadding.py: positions, rotary tables, causal / sliding / bidirectional masks on
+    # the padded grid, every per-token layer on the real tokens), either side padded
+    for unpad_from in (None, 0.0):
+        ours.unpad_from = unpad_from
+        assert (ours.unpadding(mask) is None) == (ours.unpad_from is None)
+        with torch.no_grad():
+            mine = ours(ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+            fast = ours(ids, attention_mask=mask, output_hidden_states=True)  # scaled_dot_product_attention
+        assert_parity(mine, theirs, mask)
+        assert_parity(fast, theirs, mask, attentions=False)
+        assert ours.unpad_from is None or all((h[mask == 0] == 0).all() for h in mine.hidden_states)
 
 
 ROPES = {

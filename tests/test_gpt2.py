@@ -66,8 +66,12 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, attention_mask
 
 
-def assert_close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+def assert_close(a: torch.Tensor, b: torch.Tensor, what: str, real: torch.Tensor | None = None) -> None:
+    """Within TOL everywhere, or at the `real` (batch, seq) tokens only: a batch with much padding runs unpadded
+    (modules/unpadding.py), 0 at padding where transformers computes the padding tokens too."""
     assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    if real is not None:
+        a, b = a[real.bool()], b[real.bool()]
     err = (a - b).abs().max().item()
     assert err < TOL, f"{what}: max abs difference {err}"
 
@@ -75,16 +79,21 @@ def assert_close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 # ---- parity with transformers ---------------------------------------------------------------------
 
 
-def test_lm_logits_and_every_hidden_state_match_transformers(hf_lm, ours):
+@pytest.mark.parametrize("unpad_from", [None, 0.0], ids=["padded", "unpadded"])
+def test_lm_logits_and_every_hidden_state_match_transformers(hf_lm, ours, monkeypatch, unpad_from):
     hf, _ = hf_lm
     input_ids, attention_mask = batch()
+    monkeypatch.setattr(ours.transformer, "unpad_from", unpad_from)
+    # padded: every position, padding included, is transformers'; unpadded: real tokens, 0 hidden states at padding
+    real = None if unpad_from is None else attention_mask
     with torch.no_grad():
         ref = hf(input_ids, attention_mask=attention_mask, output_hidden_states=True)
         out = ours(input_ids, attention_mask=attention_mask, output_hidden_states=True)
     assert len(out.hidden_states) == len(ref.hidden_states) == 3
     for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-        assert_close(a, b, f"hidden_states[{i}]")
-    assert_close(out.logits, ref.logits, "logits")
+        assert_close(a, b, f"hidden_states[{i}]", real)
+        assert unpad_from is None or (a[attention_mask == 0] == 0).all()
+    assert_close(out.logits, ref.logits, "logits", real)
     # The padding mask matters: row 1 without it sees its padding and differs from transformers' row 1.
     unmasked = ours(input_ids).logits
     assert (unmasked[1, 5:] - ref.logits[1, 5:]).abs().max() > 1e-3
@@ -103,9 +112,9 @@ def test_decoder_matches_transformers_gpt2model_from_both_folder_layouts(hf_lm, 
         assert (model.num_layers, model.hidden_size) == (2, 32)
         with torch.no_grad():
             out = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        assert_close(out.last_hidden_state, ref.last_hidden_state, f"{path.name}: last_hidden_state")
+        assert_close(out.last_hidden_state, ref.last_hidden_state, f"{path.name}: last_hidden_state", attention_mask)
         for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-            assert_close(a, b, f"{path.name}: hidden_states[{i}]")
+            assert_close(a, b, f"{path.name}: hidden_states[{i}]", attention_mask)
     lm = GPT2LMHeadModel.from_pretrained(tmp_path)  # a GPT2Model folder serves as an LM: the head is tied
     assert_close(lm(input_ids).logits, hf(input_ids).logits, "logits from a GPT2Model folder")
 
@@ -159,7 +168,48 @@ def test_config_variants_match_transformers(tmp_path, overrides):
             model(input_ids, attention_mask=attention_mask).logits,
             hf(input_ids, attention_mask=attention_mask).logits,
             f"logits with {overrides}",
+            attention_mask,
         )
+
+
+def test_unpadded_left_padding_with_positions_segments_and_cache_equals_padded(ours, monkeypatch):
+    """Left padding with position ids counting real tokens (as people batch GPT-2 for generation), token type ids,
+    a key/value cache from an unpadded call and a continuation on it: the unpadded run is the padded run's at real
+    tokens, attentions included."""
+    input_ids, right = batch()
+    attention_mask = right.flip(1)  # (batch, seq) left-padded: lengths 9, 5, 1
+    input_ids = torch.where(attention_mask.bool(), input_ids.flip(1), EOS)
+    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)  # (batch, seq)
+    token_type_ids = torch.arange(9).repeat(3, 1) % 2  # (batch, seq)
+    more = torch.randint(0, VOCAB - 1, (3, 2), generator=torch.Generator().manual_seed(2))
+    out = {}
+    for unpad_from in (None, 0.0):
+        monkeypatch.setattr(ours.transformer, "unpad_from", unpad_from)
+        with torch.no_grad():
+            first = ours.transformer(
+                input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=token_type_ids,
+                position_ids=position_ids,
+                use_cache=True,
+                output_hidden_states=True,
+                output_attentions=True,
+            )
+            nxt = ours.transformer(
+                more,
+                attention_mask=torch.cat([attention_mask, torch.ones(3, 2, dtype=torch.long)], 1),
+                position_ids=position_ids[:, -1:] + torch.arange(1, 3),
+                past_key_values=first.past_key_values,
+            )
+        out[unpad_from] = first, nxt
+    assert ours.transformer.unpadding(attention_mask) is not None
+    (padded, padded_next), (unpadded, unpadded_next) = out[None], out[0.0]
+    for i, (a, b) in enumerate(zip(unpadded.hidden_states, padded.hidden_states)):
+        assert_close(a, b, f"hidden_states[{i}]", attention_mask)
+    for i, (a, b) in enumerate(zip(unpadded.attentions, padded.attentions)):
+        rows = attention_mask.bool()[:, None, :, None].expand_as(a)  # rows of real query tokens
+        assert_close(a[rows], b[rows], f"attentions[{i}]")
+    assert_close(unpadded_next.last_hidden_state, padded_next.last_hidden_state, "continuation on the cache")
 
 
 # ---- key/value cache and generation ---------------------------------------------------------------
@@ -174,7 +224,8 @@ def test_cached_forward_equals_full_forward(ours):
         k, v = first.past_key_values[0]
         assert k.shape == v.shape == (3, 4, 4, 8)  # (batch, heads, past, head_dim)
         second = ours(input_ids[:, 4:], attention_mask=attention_mask, past_key_values=first.past_key_values)
-    assert_close(torch.cat([first.logits, second.logits], dim=1), full.logits, "prefix + cached continuation")
+    cached = torch.cat([first.logits, second.logits], dim=1)
+    assert_close(cached, full.logits, "prefix + cached continuation", attention_mask)
 
 
 def naive_generate(model, input_ids, steps, do_sample=False, top_k=None, top_p=None, temperature=1.0, generator=None):
@@ -340,7 +391,8 @@ def test_save_pretrained_loads_in_transformers_with_identical_logits(ours, tmp_p
         for cls in (transformers.GPT2LMHeadModel, transformers.AutoModelForCausalLM):
             hf = cls.from_pretrained(tmp_path).eval()
             assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()
-            assert_close(hf(input_ids, attention_mask=attention_mask).logits, expected, f"{cls.__name__} logits")
+            logits = hf(input_ids, attention_mask=attention_mask).logits
+            assert_close(logits, expected, f"{cls.__name__} logits", attention_mask)
         back = GPT2LMHeadModel.from_pretrained(tmp_path)
         assert_close(back(input_ids, attention_mask=attention_mask).logits, expected, "ctxrep round trip")
 
@@ -355,7 +407,7 @@ def test_decoder_save_pretrained_loads_in_transformers_automodel(ours, tmp_path)
         ref = hf(input_ids, attention_mask=attention_mask, output_hidden_states=True)
         out = ours.transformer(input_ids, attention_mask=attention_mask, output_hidden_states=True)
     for i, (a, b) in enumerate(zip(out.hidden_states, ref.hidden_states)):
-        assert_close(a, b, f"hidden_states[{i}]")
+        assert_close(a, b, f"hidden_states[{i}]", attention_mask)
 
 
 def test_config_round_trip(hf_lm):

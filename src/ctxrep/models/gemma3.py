@@ -15,7 +15,7 @@ scaled). Causal: the sliding layers read the `sliding_window` tokens up to and i
 |i - j| < sliding_window // 2 + 1).
 
 The final logits (`lm_logits`, the tied embeddings) are capped by final_logit_softcapping when set. Loading,
-saving, hidden states and positions are as models/llama.py describes.
+saving, hidden states, positions and unpadded batches (padding) are as models/llama.py describes.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ctxrep.modules.gated_mlp import GatedMLP
 from ctxrep.modules.grouped_attention import GroupedQueryAttention, decoder_mask, padding_of, positions_of
 from ctxrep.modules.rms_norm import RMSNorm
 from ctxrep.modules.rotary import RopeSpec, rotary_cos_sin
+from ctxrep.modules.unpadding import Unpadding
 
 MODEL_TYPE = "gemma3_text"
 DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
@@ -156,8 +157,10 @@ class Gemma3Layer(nn.Module):
         mask: torch.Tensor | None,
         causal: bool,
         output_attentions: bool,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.self_attn(self.input_layernorm(x), cos, sin, mask, causal, output_attentions)
+        # x: (batch, seq, hidden), or (tokens, hidden) with `unpadding` (GroupedQueryAttention.forward)
+        a, probs = self.self_attn(self.input_layernorm(x), cos, sin, mask, causal, output_attentions, unpadding)
         x = x + self.post_attention_layernorm(a)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), probs
 
@@ -195,19 +198,24 @@ class Gemma3Model(DecoderEncoder):
         output_attentions: bool = False,
         num_layers: int | None = None,
     ) -> EncoderOutput:
-        """input_ids, attention_mask: (batch, seq), padding on either side; token_type_ids are not read."""
+        """input_ids, attention_mask: (batch, seq), padding on either side; token_type_ids are not read. A batch
+        with much padding (`Encoder.unpadding`) runs unpadded: the same hidden states at real tokens, 0 at padding."""
         b, t = input_ids.shape
         check_length(t, self.max_tokens)
         c = self.config
         real = padding_of(attention_mask)  # (batch, seq) bool, or None without padding
+        unpadding = self.unpadding(attention_mask)
+        ids = input_ids if unpadding is None else unpadding.select(input_ids)  # (batch, seq) or (tokens,)
         w = self.embed_tokens.weight
         # sqrt(hidden) in the weights' dtype, as transformers rounds it (55.4256 becomes 55.5 in bfloat16)
-        x = self.embed_tokens(input_ids) * torch.tensor(c.hidden_size**0.5, dtype=w.dtype)  # (batch, seq, hidden)
+        x = self.embed_tokens(ids) * torch.tensor(c.hidden_size**0.5, dtype=w.dtype)  # (batch, seq | tokens, hidden)
         positions = positions_of(real, b, t, input_ids.device)  # (batch, seq)
         rotary = {
             kind: rotary_cos_sin(spec, c.head_dim, c.max_position_embeddings, positions, x.dtype)
             for kind, spec in c.rope.items()
         }
+        if unpadding is not None:  # each (tokens, head_dim)
+            rotary = {kind: (unpadding.select(cos), unpadding.select(sin)) for kind, (cos, sin) in rotary.items()}
         masks = {
             FULL: decoder_mask(real, t, self.causal, None, x.device),
             SLIDING: decoder_mask(real, t, self.causal, c.window, x.device),
@@ -215,11 +223,14 @@ class Gemma3Model(DecoderEncoder):
         hidden_states, attentions = [x], []
         stop = num_layers if num_layers is not None else self.num_layers
         for i, layer in enumerate(self.layers[:stop]):
-            x, probs = layer(x, *rotary[layer.kind], masks[layer.kind], self.causal, output_attentions)
+            x, probs = layer(x, *rotary[layer.kind], masks[layer.kind], self.causal, output_attentions, unpadding)
             if i == self.num_layers - 1:
                 x = self.norm(x)
             hidden_states.append(x)
             attentions.append(probs)
+        if unpadding is not None:
+            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            x = hidden_states[-1]  # (batch, seq, hidden)
         return EncoderOutput(
             last_hidden_state=x,
             hidden_states=tuple(hidden_states) if output_hidden_states else None,

@@ -7,7 +7,8 @@ H query heads share K <= H key/value heads (H / K queries per group); per head (
 with R the rotary turn of each position (modules/rotary.py), optional RMSNorms over each head's q and k before it
 (Qwen3, Gemma 3), and a boolean mask M (`decoder_mask`): causal, within a sliding window, or bidirectional, and
 never a padding key. The products run through F.scaled_dot_product_attention (flash / memory-efficient kernels
-where the device has them); the explicit softmax runs only when the probabilities are asked for.
+where the device has them); the explicit softmax runs only when the probabilities are asked for. An unpadded batch
+(modules/unpadding.py) projects, norms and turns its real tokens only, and re-pads q, k, v for the product.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from ctxrep.modules.rms_norm import RMSNorm
 from ctxrep.modules.rotary import rotate
+from ctxrep.modules.unpadding import Unpadding
 
 
 def decoder_mask(
@@ -103,18 +105,25 @@ class GroupedQueryAttention(nn.Module):
         mask: torch.Tensor | None,
         causal: bool,
         output_attentions: bool = False,
+        unpadding: Unpadding | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (batch, seq, hidden); cos, sin (batch, seq, head_dim); mask from `decoder_mask` (None: every key,
-        or plain causal when `causal`). Returns the output (batch, seq, hidden) and, when asked, the probabilities
-        (batch, heads, seq, seq)."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim)  # (batch, seq, heads, head_dim)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)  # (batch, seq, kv_heads, head_dim)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (batch, kv, seq, hd)
+        or plain causal when `causal`). With `unpadding`, x (tokens, hidden) and cos, sin (tokens, head_dim): the
+        projections, q / k norms and rotary turn read real tokens only, and q, k, v are re-padded (zeros, which the
+        mask hides) for the attention product. Returns the output (batch, seq, hidden), or (tokens, hidden), and,
+        when asked, the probabilities (batch, heads, seq, seq)."""
+        lead = x.shape[:-1]  # (batch, seq) or (tokens,)
+        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)  # (..., heads, head_dim)
+        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)  # (..., kv_heads, head_dim)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)  # (..., kv_heads, head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = rotate(q.transpose(1, 2), cos, sin)  # (batch, heads, seq, head_dim)
-        k = rotate(k.transpose(1, 2), cos, sin)  # (batch, kv_heads, seq, head_dim)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if unpadding is not None:
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, heads, head_dim)
+        t = q.shape[1]
+        q = q.transpose(1, 2)  # (batch, heads, seq, head_dim)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # each (batch, kv_heads, seq, head_dim)
         groups = self.num_heads // self.num_kv_heads
         dropout_p = self.dropout_p if self.training else 0.0
         probs = None
@@ -134,5 +143,7 @@ class GroupedQueryAttention(nn.Module):
         else:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (batch, heads, seq, hd)
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
-        out = self.o_proj(context.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
-        return out, probs
+        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
+        if unpadding is not None:
+            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
+        return self.o_proj(context.flatten(-2)), probs  # (batch, seq | tokens, hidden)

@@ -155,8 +155,9 @@ def rotary_cos_sin(
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """R_m x for x (batch, heads, seq, dim) and cos, sin (batch, seq, dim)."""
-    cos, sin = cos[:, None], sin[:, None]  # (batch, 1, seq, dim)
+    """R_m x for x (..., heads, dim) and cos, sin (..., dim): (batch, seq, heads, dim) with (batch, seq, dim), or
+    the real tokens of an unpadded batch, (tokens, heads, dim) with (tokens, dim)."""
+    cos, sin = cos[..., None, :], sin[..., None, :]  # (..., 1, dim)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # rotate_half(x)
     return x * cos + rotated * sin
