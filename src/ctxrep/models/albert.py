@@ -331,7 +331,7 @@ class AlbertModel(Encoder):
             hidden_states.append(x)
             attentions.append(probs)
         if unpadding is not None:
-            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
             x = hidden_states[-1]  # (batch, seq, H)
         pooled = torch.tanh(self.pooler(x[:, 0])) if num_layers is None else None
         return EncoderOutput(

@@ -229,7 +229,7 @@ class Gemma3Model(DecoderEncoder):
             hidden_states.append(x)
             attentions.append(probs)
         if unpadding is not None:
-            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
             x = hidden_states[-1]  # (batch, seq, hidden)
         return EncoderOutput(
             last_hidden_state=x,

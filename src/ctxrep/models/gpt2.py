@@ -351,7 +351,7 @@ class GPT2Model(Encoder):
             x = self.ln_f(x)
             hidden_states[-1] = x
         if unpadding is not None:
-            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
             x = hidden_states[-1]  # (batch, seq, hidden)
         return DecoderOutput(
             last_hidden_state=x,

@@ -663,7 +663,7 @@ class MarianMTModel(Encoder):
         if self.config.normalize_before and len(layers) == len(self.encoder.layers):
             x = hidden_states[-1] = self.encoder.layer_norm(x)
         if unpadding is not None:
-            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
             x = hidden_states[-1]  # (batch, src, d_model)
         return EncoderOutput(
             last_hidden_state=x,

@@ -372,7 +372,7 @@ class MPNetModel(Encoder):
             hidden_states.append(x)
             attentions.append(probs)
         if unpadding is not None:
-            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
             x = hidden_states[-1]  # (batch, seq, hidden)
         pooled = None
         if self.pooler is not None and num_layers is None:

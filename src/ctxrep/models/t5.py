@@ -430,7 +430,7 @@ class T5EncoderModel(Encoder):
             x = self.dropout(self.final_norm(x))
             hidden_states[-1] = x
         if unpadding is not None:
-            hidden_states = [unpadding.pad(h) for h in hidden_states] if output_hidden_states else [unpadding.pad(x)]
+            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
             x = hidden_states[-1]  # (batch, seq, d_model)
         return EncoderOutput(
             last_hidden_state=x,

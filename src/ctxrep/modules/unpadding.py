@@ -48,6 +48,11 @@ class Unpadding:
         grid = x.new_zeros((self.batch * self.seq, *x.shape[1:]))  # (batch * seq, ...)
         return grid.index_copy_(0, self.index, x).view(self.batch, self.seq, *x.shape[1:])
 
+    def pad_states(self, hidden_states: list[torch.Tensor], output_hidden_states: bool) -> list[torch.Tensor]:
+        """A forward's hidden states (each (tokens, hidden)) back on the (batch, seq) grid: every one when they are
+        returned, else only the last."""
+        return [self.pad(h) for h in hidden_states] if output_hidden_states else [self.pad(hidden_states[-1])]
+
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, seq, ...) -> (tokens, ...), in one gather whatever x's strides (a transposed view is not copied
         whole first)."""
