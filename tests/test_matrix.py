@@ -520,7 +520,7 @@ def test_featurizer(model):
 
 @pytest.mark.parametrize("mode", ["finetune", "frozen"])
 def test_estimators(model, tmp_path, mode):
-    from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
+    from ctxrep.tasks import SequenceClassifier, SequenceRegressor, SpanExtractor, TokenTagger, WordInContextClassifier
 
     common = dict(
         model=model,
@@ -546,6 +546,18 @@ def test_estimators(model, tmp_path, mode):
     assert spans.fit(X_SPAN, Y_SPAN) is spans
     answers = spans.predict(X_SPAN)
     assert len(answers) == len(X_SPAN) and all(isinstance(a, str) for a in answers)
+    scores = [0.0, 5.0, 1.5, 4.0, 2.5, 3.0]
+    regressor = SequenceRegressor(**common)
+    assert regressor.fit(pairs, scores) is regressor
+    predicted = regressor.predict(pairs)
+    assert predicted.shape == (len(pairs),) and np.isfinite(predicted).all()
+    wic_pairs = [
+        ("the [[bank]] approved my loan", "the [[bank]] of the river"),
+        ("a [[crane]] flew", "a [[crane]] sat"),
+    ]
+    wic = WordInContextClassifier(**common)
+    assert wic.fit(wic_pairs * 2, ["F", "T"] * 2) is wic
+    assert set(wic.predict(wic_pairs)) <= {"F", "T"} and wic.predict_proba(wic_pairs).shape == (2, 2)
 
 
 def test_sentence_index_and_encoder(family, model, data, tmp_path):
