@@ -9,15 +9,23 @@ real tokens, and 0 at padding.
     unpadding_for(attention_mask, unpad_from)  the rule: packed when padding is at least `unpad_from` of the grid
     Unpadding.pad(x) / unpad(x) / select(t)    moves between the two layouts, each one operation whatever the mask
 
-Whether a batch packs is a fixed rule on its mask, never a timing, and traced, exported or compiled graphs always
-run padded: whether a batch has padding is data, and such a graph must serve every batch.
+Whether a batch is unpadded is a fixed rule on its mask, never a timing, and traced, exported or compiled graphs
+always run padded: whether a batch has padding is data, and such a graph must serve every batch. A caller that reads
+the outputs at masked positions (ColBERT's query expansion: [MASK] tokens attention skips, whose vectors are scored)
+runs its forwards inside `outputs_at_padding()`, where every batch runs padded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+
+# True inside outputs_at_padding(): every forward runs padded (a context variable: per thread and per task).
+_OUTPUTS_AT_PADDING = contextvars.ContextVar("ctxrep_outputs_at_padding", default=False)
 
 
 @dataclass
@@ -59,11 +67,22 @@ class Unpadding:
         return x[self.index // self.seq, self.index % self.seq]
 
 
+@contextlib.contextmanager
+def outputs_at_padding() -> Iterator[None]:
+    """Within it, batches run padded, so that the outputs at positions whose attention_mask is 0 are computed as
+    transformers computes them (an unpadded run leaves 0 there)."""
+    token = _OUTPUTS_AT_PADDING.set(True)
+    try:
+        yield
+    finally:
+        _OUTPUTS_AT_PADDING.reset(token)
+
+
 def unpadding_for(attention_mask: torch.Tensor | None, unpad_from: float | None) -> Unpadding | None:
     """How a forward lays out a batch with `attention_mask` (batch, seq): packed when its padding is at least
     `unpad_from` of the (batch, seq) grid; None (padded) without a mask, without padding, with `unpad_from` None
-    (the family never packs), and inside traced, compiled or exported graphs."""
-    if attention_mask is None or unpad_from is None or attention_mask.dim() != 2:
+    (the family never unpads), inside traced, compiled or exported graphs and inside `outputs_at_padding()`."""
+    if attention_mask is None or unpad_from is None or attention_mask.dim() != 2 or _OUTPUTS_AT_PADDING.get():
         return None
     if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return None
