@@ -514,9 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
             if precision == "bf16" and not cpu_has_bf16():
                 continue
-            for m, k, n in ((featurizer.batch_tokens, h, 4 * h), (2048, 2048, 2048)):
-                gflops = matmul_gflops(m, k, n, dtype)
-                ceiling_rows.append([f"torch matmul {m:,} x {k:,} x {n:,}", precision, "-", "-", f"{gflops:.0f}"])
+            for shape in ((featurizer.batch_tokens, h, 4 * h), (2048, 2048, 2048)):
+                gflops = matmul_gflops(*shape, dtype)
+                label = "torch matmul " + " x ".join(f"{d:,}" for d in shape)
+                ceiling_rows.append([label, precision, "-", "-", f"{gflops:.0f}"])
     load_after = os.getloadavg()
 
     exact = [name for name, e in systems.items() if e.precision == "fp32" and name != "ctxrep"]
