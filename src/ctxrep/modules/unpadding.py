@@ -88,6 +88,7 @@ def unpadding_for(attention_mask: torch.Tensor | None, unpad_from: float | None)
         return None
     real = attention_mask.bool()  # (batch, seq)
     tokens = int(real.sum())
-    if tokens == 0 or real.numel() - tokens < unpad_from * real.numel():
+    padding = real.numel() - tokens
+    if tokens == 0 or padding == 0 or padding < unpad_from * real.numel():
         return None
     return Unpadding.of(real)
