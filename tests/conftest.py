@@ -37,7 +37,8 @@ def first_pieces(enc, num_words: int) -> list[int]:
 
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
-    # 2 on this 2-core machine; CTXREP_TEST_THREADS=1 beside another job (threads that wait on each other crawl)
+    # 2 on this 2-core machine; make test sets CTXREP_TEST_THREADS=1 for each of its worker processes, as does anyone
+    # running tests beside another job (threads that wait on each other crawl)
     torch.set_num_threads(int(os.environ.get("CTXREP_TEST_THREADS", "2")))
 
 
