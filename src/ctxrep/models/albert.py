@@ -41,13 +41,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.bert import UNPAD_FROM
 from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.init_weights import normal_init
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +252,7 @@ class AlbertModel(Encoder):
 
     family = "albert"
     reads_segments = True
-    unpad_from = UNPAD_FROM  # BERT's post-LN layers, BERT's rule (Encoder.unpadding)
+    unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded
 
     def __init__(self, config: AlbertConfig) -> None:
         super().__init__()

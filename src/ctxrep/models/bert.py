@@ -31,12 +31,10 @@ from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 
-# BertModel.unpad_from: benchmarks/unpad.py (RESULTS.md, "Unpadded batches for every family").
-UNPAD_FROM = 0.1
 MODEL_TYPES = ("bert", "roberta", "electra", "xlm-roberta", "camembert")
 # RoBERTa's network under other model types (XLM-R: Conneau et al. 2020; CamemBERT: Martin et al. 2020): positions
 # from padding_idx + 1, the encoder stored under "roberta." in task checkpoints.

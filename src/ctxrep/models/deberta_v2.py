@@ -51,14 +51,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.bert import UNPAD_FROM
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 

@@ -30,11 +30,12 @@ import torch
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.bert import UNPAD_FROM, EncoderLayer
+from ctxrep.models.bert import EncoderLayer
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask
+from ctxrep.modules.unpadding import UNPAD_FROM
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class DistilBertModel(Encoder):
     family = MODEL_TYPE
     reads_segments = False  # DistilBERT has no token-type embeddings
     prepack_for_inference = True  # BERT's layers: oneDNN pre-packed linear layers help as they do for BERT
-    unpad_from = UNPAD_FROM  # BERT's layers, BERT's rule (Encoder.unpadding)
+    unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded
 
     def layer_of(self, name: str) -> int:
         """embeddings.* 0, layers.i.* i + 1 (DistilBERT has nothing above its last layer)."""

@@ -70,7 +70,7 @@ class Encoder(nn.Module):
     reads_segments: bool = True
     prepack_for_inference: bool = False  # the featurizer may run its linear layers through oneDNN (pre-packed)
     # A batch whose padding is at least this share of its (batch, seq) grid runs unpadded: the per-token layers on
-    # the real tokens only (modules/unpadding.py), each family's share measured (benchmarks/unpad.py). None: the
+    # the real tokens only (modules/unpadding.py; UNPAD_FROM there, measured by benchmarks/unpad.py). None: the
     # family always runs padded.
     unpad_from: float | None = None
 

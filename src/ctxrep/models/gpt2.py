@@ -36,13 +36,10 @@ from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.init_weights import normal_init
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 
-# GPT2Model.unpad_from: benchmarks/unpad.py at GPT-2's shape (16 x 128 tokens, 2 of 12 layers, 1 thread) ran the
-# forward 1.06x faster unpadded at 10% padding, 1.39x at 30%, 1.89x at 50% (1.02x at 5%); a training step 1.07x at 10%.
-UNPAD_FROM = 0.1
 # One (key, value) pair per layer, each (batch, heads, past_len, head_dim).
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 

@@ -46,15 +46,11 @@ from ctxrep.modules.gated_mlp import GatedMLP
 from ctxrep.modules.grouped_attention import GroupedQueryAttention, decoder_mask, padding_of, positions_of
 from ctxrep.modules.rms_norm import RMSNorm
 from ctxrep.modules.rotary import RopeError, RopeSpec, rotary_cos_sin
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types
-# DecoderEncoder.unpad_from (llama, mistral, qwen2, qwen3, gemma3_text): benchmarks/unpad.py (16 x 128 tokens, 2
-# layers, 1 thread) ran the forward unpadded 1.15x faster at 10% padding at Qwen3-0.6B's shape, 1.08x at
-# EmbeddingGemma-300m's (1.37x / 1.34x at 30%, 1.89x at 50%, 1.02-1.04x at 5%); a training step 1.10x / 1.16x at 10%.
-UNPAD_FROM = 0.1
 # Checkpoint names of heads on top of the decoder that the encoder does not hold (classification heads).
 HEAD_PREFIXES = ("lm_head.", "score.", "classifier.")
 

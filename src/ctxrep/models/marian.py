@@ -48,7 +48,7 @@ from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,6 @@ MARIAN = "marian"  # transformers' model_type: post-LN only
 OWN_FORMAT = "ctxrep_mt"  # ctxrep's own model_type: the same weights, pre-LN allowed
 MODEL_TYPES = (MARIAN, OWN_FORMAT)
 IGNORE_INDEX = -100  # a label that does not count in the loss (torch's cross_entropy default)
-# MarianMTModel.unpad_from: the encoder runs a source batch with at least this share of padding unpadded.
-UNPAD_FROM = 0.1
 
 
 @dataclass

@@ -19,7 +19,7 @@ the final norm there).
 Padding: like transformers' unpadded ModernBERT (with flash-attn), a batch whose padding is at least `unpad_from`
 of its (batch, seq) grid runs packed: embeddings, norms, Wqkv, Wo and GeGLU on the (tokens, hidden) rows of real
 tokens, re-padded only around attention; the same hidden states at real tokens (0 at padding). The share is a
-fixed rule measured on a ModernBERT-base shape (benchmarks/unpad.py); traced, exported and compiled
+fixed rule on the mask (modules/unpadding.py's UNPAD_FROM, benchmarks/unpad.py); traced, exported and compiled
 graphs run padded.
 
 Reads top to bottom: config, rotary positions, attention, feed-forward, layer, encoder, then the declarations
@@ -43,15 +43,12 @@ from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types
-# ModernBertModel.unpad_from: benchmarks/unpad.py (ModernBERT-base shape, 16 x 128 tokens, 2 threads) on a
-# quiet 2-core Xeon: the packed path 1.08x faster at 10% padding, 1.15x at 20%, 1.61x at 50% (RESULTS.md).
-UNPAD_FROM = 0.1
 
 
 @dataclass

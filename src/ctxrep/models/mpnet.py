@@ -35,13 +35,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.bert import UNPAD_FROM
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
 from ctxrep.modules.init_weights import normal_init
-from ctxrep.modules.unpadding import Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +267,7 @@ class MPNetModel(Encoder):
     family = MODEL_TYPE
     reads_segments = False  # no token-type embeddings
     prepack_for_inference = True
-    unpad_from = UNPAD_FROM  # BERT's layers plus a bias on the padded grid: BERT's rule (Encoder.unpadding)
+    unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded
 
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
 
