@@ -59,6 +59,7 @@ from transformers import AutoTokenizer, BertModel
 from ctxrep.featurize import Featurizer
 from ctxrep.runtime.hardware import cpu_description, cpu_has_bf16
 from ctxrep.runtime.openvino_backend import keeping_signal_stack
+from ctxrep.text.inputs import token_budget_batches
 
 MODEL = "minilm"
 MIN_SENTENCES = 2000
@@ -268,24 +269,20 @@ class Entry:
 
 
 def sorted_batches(tokenizer, word_lists: Sequence[list[str]], budget: int) -> list[dict[str, np.ndarray]]:
-    """The sentences tokenized once (untimed), sorted by length and cut into padded batches of at most `budget`
-    tokens (batch x longest), as the pipelines' batches are: what an encoder alone is fed."""
+    """The sentences tokenized once (untimed), sorted by length and cut into padded batches by the pipeline's own rule
+    (`token_budget_batches`: rows x longest <= `budget`): what an encoder alone is fed."""
     ids = tokenizer(list(word_lists), is_split_into_words=True)["input_ids"]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     batches, start = [], 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and (end + 1 - start) * len(ids[order[end]]) <= budget:
-            end += 1
-        rows = [ids[i] for i in order[start:end]]
-        longest = len(rows[-1])
-        input_ids = np.zeros((len(rows), longest), np.int64)
-        mask = np.zeros((len(rows), longest), np.int64)
+    for size in token_budget_batches([len(ids[i]) for i in order], budget):
+        rows = [ids[i] for i in order[start : start + size]]
+        start += size
+        input_ids = np.zeros((len(rows), len(rows[-1])), np.int64)
+        mask = np.zeros_like(input_ids)
         for r, row in enumerate(rows):
             input_ids[r, : len(row)] = row
             mask[r, : len(row)] = 1
         batches.append({"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)})
-        start = end
     return batches
 
 
