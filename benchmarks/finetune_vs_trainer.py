@@ -10,7 +10,7 @@ weights, betas 0.9/0.999), 10% linear warm-up then linear decay, gradient clippi
 pieces cut at 128. The Trainer gets what a user would give it: DataCollatorWithPadding (for tags
 DataCollatorForTokenClassification), length-grouped sampling (train_sampling_strategy="group_by_length"), its
 default optimizer (fused AdamW).
-ctxrep batches by length too (tasks/loop.py: shuffled pools of 50 batches sorted by length).
+ctxrep batches by length too (train/batches.py's length_bucketed: shuffled pools of 50 batches sorted by length).
 
 Fit is timed end to end, text in and trained model out: loading the model and tokenizer, tokenizing, training.
 Predict is timed from texts to labels on the dev set (Trainer.predict at batch 32; ctxrep's predict). Before the

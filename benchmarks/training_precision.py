@@ -10,7 +10,7 @@ what bf16 training and int8 prediction cost in SST-2 dev accuracy, in one run.
                 same seed, same batches; dev accuracy on the 872 SST-2 dev sentences (neutral dropped, as GLUE)
   int8          the float32-trained classifier predicting at precision="int8" (`estimator.using(precision=...)`:
                 its encoder's linear layers in int8, SmoothQuant-calibrated)
-  fine-tune     the same step in turns: tasks/loop.py's training step on two copies of the fitted network, fp32 and
+  fine-tune     the same step in turns: the Trainer's training step on two copies of the fitted network, fp32 and
   step (paired) bf16 autocast taking turns on the same --paired-steps batches of the sample (median step time). Two
                 whole fits one after the other see whatever load the machine has at the time; steps in turns see
                 the same, so their ratio is the one to read on a shared machine
@@ -22,8 +22,8 @@ what bf16 training and int8 prediction cost in SST-2 dev accuracy, in one run.
 Useful work, padding not counted:
   fine-tune  3 x forward FLOPs per real token (forward + backward: 2 x every linear layer's weights, plus attention's
              4 x hidden x mean length per layer, as benchmarks/featurize.py counts a forward), x every real token of
-             every epoch (of every timed batch, paired); the time of a fit is its training loop's (tasks/loop.py's
-             `train`), without model loading and tokenization
+             every epoch (of every timed batch, paired); the time of a fit is its training loop's
+             (Trainer.train), without model loading and tokenization
   MLM step   benchmarks/pretrain_throughput.py's count: 6 x encoder weights per token, attention, and the MLM head
              on the masked positions only
 MFU = achieved FLOP/s / the measured peak of the precision the matmuls ran at (bf16 autocast: the bfloat16 peak),
@@ -70,8 +70,12 @@ from _common import (
 )
 
 from ctxrep.runtime.hardware import cpu_description, cpu_has_bf16
-from ctxrep.tasks import SequenceClassifier, loop
+from ctxrep.tasks import SequenceClassifier
 from ctxrep.tasks.experiment import read_task
+from ctxrep.tasks.network import make_optimizer
+from ctxrep.train.batches import length_bucketed
+from ctxrep.train.precision import bf16_autocast
+from ctxrep.train.trainer import Trainer
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TARGET_POINTS = 0.5  # bf16-trained and int8-predicting accuracy within this many points of float32
@@ -138,9 +142,9 @@ def sample(data, n: int | None, rng: np.random.Generator):
 
 @contextlib.contextmanager
 def timed_training_loop():
-    """Time tasks/loop.py's `train` (the steps of a fit, without loading the encoder and tokenizing): yields a list
-    that receives the seconds of each call."""
-    original, spent = loop.train, []
+    """Time the one training loop's `Trainer.train` (the steps of a fit, without loading the encoder and
+    tokenizing): yields a list that receives the seconds of each call."""
+    original, spent = Trainer.train, []
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
@@ -149,11 +153,11 @@ def timed_training_loop():
         finally:
             spent.append(time.perf_counter() - t0)
 
-    loop.train = timed
+    Trainer.train = timed
     try:
         yield spent
     finally:
-        loop.train = original
+        Trainer.train = original
 
 
 def real_tokens(estimator: SequenceClassifier, X: list[str]) -> list[int]:
@@ -196,7 +200,7 @@ def finetune(train, dev, bf16: bool, args) -> tuple[SequenceClassifier, dict]:
 
 def paired_finetune_steps(estimator: SequenceClassifier, train, args) -> dict[str, dict]:
     """Seconds per fine-tuning step at fp32 and under bf16 autocast, taken in turns on the same batches, so that a
-    load that changes during the run falls on both alike: tasks/loop.py's step (forward and loss under the autocast,
+    load that changes during the run falls on both alike: the Trainer's step (forward and loss under the autocast,
     backward, clipping, AdamW) on two copies of the fitted network, --paired-steps batches of the training sample
     (length-bucketed as fit draws them) after one untimed batch."""
     X, y = estimator._check_X_y(train.X, train.y, fitting=False)
@@ -204,10 +208,9 @@ def paired_finetune_steps(estimator: SequenceClassifier, train, args) -> dict[st
     records = estimator._examples(X, y, call)
     lengths = [len(r.input) for r in records]
     rng = np.random.default_rng(args.seed)
-    batches = loop.length_bucketed_batches(lengths, args.batch_size, rng)[: args.paired_steps + 1]
-    settings = estimator._loop_settings()
+    batches = length_bucketed(lengths, args.batch_size)(rng)[: args.paired_steps + 1]
     networks = {name: copy.deepcopy(estimator.model_).train() for name in DTYPES}
-    optimizers = {name: loop.make_optimizer(network, settings) for name, network in networks.items()}
+    optimizers = {name: make_optimizer(network, args.lr, estimator.weight_decay) for name, network in networks.items()}
     times: dict[str, list[float]] = {name: [] for name in DTYPES}
     peaks: dict[str, list[float]] = {name: [] for name in DTYPES}
     tokens = 0
@@ -216,11 +219,11 @@ def paired_finetune_steps(estimator: SequenceClassifier, train, args) -> dict[st
         for name in DTYPES if i % 2 == 0 else reversed(DTYPES):
             network, optimizer = networks[name], optimizers[name]
             t0 = time.perf_counter()
-            with loop.bf16_autocast("cpu", name == "bf16"):
+            with bf16_autocast("cpu", name == "bf16"):
                 loss = estimator._head_loss(network(batch), batch)
             optimizer.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(network.parameters(), settings.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(network.parameters(), estimator.max_grad_norm)
             optimizer.step()
             if i:
                 times[name].append(time.perf_counter() - t0)
@@ -421,7 +424,7 @@ def main(argv=None) -> int:
             f"vocab {VOCAB}), {args.pretrain_batch} x {args.pretrain_seq} tokens, Trainer._train_step, median of "
             f"{args.pretrain_steps} steps after {args.pretrain_warmup}, the fp32 and bf16 trainers in turns; "
             f"{runs['MLM step (paired) fp32']['flops_per_step'] / 1e9:.1f} GFLOP of useful work per step. Fine-tune "
-            f"step (paired): the median of {args.paired_steps} steps of tasks/loop.py's step per precision on the "
+            f"step (paired): the median of {args.paired_steps} steps of the Trainer's step per precision on the "
             "same training batches, the two in turns (a load that changes falls on both alike)."
         ),
         (

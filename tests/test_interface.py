@@ -241,26 +241,12 @@ def _network(encoder: Encoder) -> TaskNetwork:
 
 
 def test_discriminative_lr_gives_albert_blocks_their_layer_rates():
-    from ctxrep.tasks.loop import LoopSettings, make_optimizer
+    from ctxrep.tasks.network import make_optimizer
 
     network = _network(_albert("attention"))
     depth, top = network_depths(network)
     assert top == 4
-    settings = LoopSettings(
-        max_epochs=1,
-        batch_size=2,
-        lr=1e-3,
-        weight_decay=0.01,
-        warmup_fraction=0.0,
-        slanted_triangular=False,
-        max_grad_norm=1.0,
-        discriminative_lr_factor=2.0,
-        gradual_unfreezing=False,
-        early_stopping=False,
-        n_iter_no_change=1,
-        tol=0.0,
-    )
-    groups = make_optimizer(network, settings).param_groups
+    groups = make_optimizer(network, 1e-3, 0.01, discriminative_lr_factor=2.0).param_groups
     lr_of = {id(p): g["lr"] for g in groups for p in g["params"]}
     enc = network.representation.encoder
     assert lr_of[id(enc.embeddings.word_embeddings.weight)] == pytest.approx(1e-3 / 2**4)

@@ -60,12 +60,12 @@ def test_a_warm_up_longer_than_the_run_warns_and_names_an_option_that_exists(tmp
 
     with pytest.warns(
         UserWarning,
-        match=r"warmup_steps=1000 is as long as the run or longer \(max_steps=30\): the "
+        match=r"the warm-up \(1000 steps\) is as long as the run \(30 optimizer steps\) or longer: the "
         r"learning rate never gets above 2\.9% of lr=0\.01",
     ) as record:
         Trainer(Regression(), config(warmup_steps=1000, max_steps=30), Rows(), tmp_path / "a", progress=False).train()
     message = str(record[0].message)
-    suggested = re.search(r"e\.g\. --(\S+) (\d+)$", message)
+    suggested = re.search(r"e\.g\. --(\S+) (\d+) on `ctxrep pretrain`", message)
     assert suggested.groups() == ("trainer.warmup_steps", "3")
     # the option it names is one `ctxrep pretrain` accepts, with the value it suggests
     assert load_config("small", [(suggested[1], suggested[2])], "mlm").trainer.warmup_steps == 3

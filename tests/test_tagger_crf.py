@@ -132,16 +132,15 @@ def test_crf_loss_is_per_word_and_matches_the_crf_module(tiny_models, tmp_path):
 
 
 def test_crf_parameters_have_their_own_learning_rate(tiny_models, tmp_path):
-    from ctxrep.tasks.loop import make_optimizer
 
     model = tagger(tiny_models, tmp_path, "finetune", max_epochs=1, lr=5e-5).fit(X[:4], Y[:4])
-    groups = make_optimizer(model.model_, model._loop_settings()).param_groups
+    groups = model._optimizer().param_groups
     crf = {id(p) for p in model.model_.head.crf.parameters()}
     assert {g["lr"] for g in groups if any(id(p) in crf for p in g["params"])} == {1e-2}  # the default
     assert {g["lr"] for g in groups if not any(id(p) in crf for p in g["params"])} == {5e-5}
     assert sum(len(g["params"]) for g in groups) == len(list(model.model_.parameters()))
     model.set_params(crf_lr=0.5, discriminative_lr=True, discriminative_lr_factor=2.0)
-    lrs = {g["depth"]: g["lr"] for g in make_optimizer(model.model_, model._loop_settings()).param_groups}
+    lrs = {g["depth"]: g["lr"] for g in model._optimizer().param_groups}
     assert lrs == pytest.approx({0: 1.25e-5, 1: 2.5e-5, 2: 5e-5, 3: 0.5})  # tiny model: L = 2, the CRF at L + 1
 
 

@@ -12,7 +12,6 @@ from click.testing import CliRunner
 from ctxrep.models.elmo import Elmo
 from ctxrep.models.loading import load_model
 from ctxrep.tasks import SequenceClassifier, SpanExtractor, TokenTagger
-from ctxrep.tasks.loop import make_optimizer
 
 X_CLS = ["good great fine nice"] * 6 + ["bad awful poor sad"] * 6
 Y_CLS = ["pos"] * 6 + ["neg"] * 6
@@ -240,7 +239,7 @@ def test_discriminative_lr_param_groups(tiny_models, tmp_path):
         **common(tiny_models, tmp_path, max_epochs=1, lr=1e-3, discriminative_lr=True, discriminative_lr_factor=2.0)
     )
     clf.fit(X_CLS, Y_CLS)
-    groups = make_optimizer(clf.model_, clf._loop_settings()).param_groups
+    groups = clf._optimizer().param_groups
     lr_by_depth = {g["depth"]: g["lr"] for g in groups}
     assert lr_by_depth == pytest.approx({0: 2.5e-4, 1: 5e-4, 2: 1e-3})  # tiny model: L = 2
     head = {id(p) for p in clf.model_.head.parameters()}
@@ -385,7 +384,7 @@ def test_elmo_finetune_trains_the_bilm_and_the_mix(elmo_dir, tiny_models, tmp_pa
     changed = [k for k in after if not torch.equal(before[k], after[k])]
     for part in ("bilm.char_cnn.", "bilm.forward_layers.1.", "bilm.backward_layers.0.", "scalar_mixes.0."):
         assert any(k.startswith(part) for k in changed), f"{part} did not train"
-    groups = make_optimizer(clf.model_, clf._loop_settings()).param_groups
+    groups = clf._optimizer().param_groups
     depths = {g["depth"] for g in groups}
     assert depths == {0, 1, 2}, "char CNN at depth 0, the LSTM layers at 1 and 2 (the mixes with the top)"
     mix = clf.model_.representation.encoder.scalar_mixes[0]  # the mix the paper trains with the task
@@ -424,11 +423,13 @@ def test_sst_phrases_for_training(tmp_path):
 
 
 def test_max_steps_stops_training_and_lays_out_the_schedule(tiny_models, tmp_path, monkeypatch):
-    from ctxrep.tasks import loop
+    from ctxrep.train import schedules
 
     calls = []
-    real = loop.warmup_decay
-    monkeypatch.setattr(loop, "warmup_decay", lambda step, w, t: calls.append((step, w, t)) or real(step, w, t))
+    real = schedules.warmup_decay
+    monkeypatch.setattr(
+        schedules, "warmup_decay", lambda step, w, t, kind: calls.append((step, w, t)) or real(step, w, t, kind)
+    )
     # 12 examples in batches of 4: 3 steps per epoch, so 5 steps = one full epoch and 2 steps of the next
     clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1, max_steps=5, warmup_fraction=0.4))
     clf.fit(X_CLS, Y_CLS)
@@ -447,8 +448,8 @@ def test_a_warm_up_as_long_as_the_run_warns(tiny_models, tmp_path):
 
     with pytest.warns(
         UserWarning,
-        match=r"warm-up \(3 steps .*\) is as long as the run \(3 optimizer steps\).* "
-        r"never gets above 67% of lr.*lower warmup_fraction",
+        match=r"warm-up \(3 steps\) is as long as the run \(3 optimizer steps\).* "
+        r"never gets above 66\.7% of lr.*lower the warm-up, e\.g\. warmup_fraction=0\.1",
     ) as record:
         SequenceClassifier(**common(tiny_models, tmp_path, max_steps=3, warmup_fraction=1.0)).fit(X_CLS, Y_CLS)
     assert record[0].filename == __file__  # pointed at the caller's fit
@@ -508,23 +509,16 @@ def test_mix_weights_on_probes():
 
 def _with_reference_adamw(cls, monkeypatch):
     """Make `cls` fit with the for-loop AdamW (the reference of the fused kernel)."""
-    own = cls._loop_settings
-
-    def reference(self):
-        settings = own(self)
-        settings.fused_adamw = False
-        return settings
-
-    monkeypatch.setattr(cls, "_loop_settings", reference)
+    monkeypatch.setattr(cls, "_fused_adamw", False)
 
 
 @pytest.mark.parametrize("cls,X,y", [(SequenceClassifier, X_CLS, Y_CLS), (TokenTagger, X_TAG, Y_TAG)])
 def test_fused_adamw_fits_as_the_for_loop_reference(tiny_models, tmp_path, monkeypatch, cls, X, y):
     fast = cls(**common(tiny_models, tmp_path, max_epochs=3)).fit(X, y, eval_set=(X, y))
-    assert all(g["fused"] for g in make_optimizer(fast.model_, fast._loop_settings()).param_groups)
+    assert all(g["fused"] for g in fast._optimizer().param_groups)
     _with_reference_adamw(cls, monkeypatch)
     reference = cls(**common(tiny_models, tmp_path, max_epochs=3)).fit(X, y, eval_set=(X, y))
-    groups = make_optimizer(reference.model_, reference._loop_settings()).param_groups
+    groups = reference._optimizer().param_groups
     assert not any(g["fused"] or g["foreach"] for g in groups)
     assert [h["dev_score"] for h in fast.history_] == [h["dev_score"] for h in reference.history_]
     np.testing.assert_allclose(
@@ -592,10 +586,10 @@ def test_tagger_pool_matrix_is_the_per_word_loop(tiny_models, tmp_path, word_poo
 
 
 def test_fit_keeps_freed_memory_for_the_next_step(tiny_models, tmp_path, monkeypatch):
-    """The loop tunes glibc malloc (ctxrep.train.allocator) before its first step, as the pretraining Trainer does."""
-    from ctxrep.tasks import loop
+    """The one loop tunes glibc malloc (ctxrep.train.allocator) before its first step, for estimators too."""
+    from ctxrep.train import trainer
 
     calls = []
-    monkeypatch.setattr(loop, "tune_malloc", lambda: calls.append("tuned") or True)
+    monkeypatch.setattr(trainer, "tune_malloc", lambda: calls.append("tuned") or True)
     SequenceClassifier(**common(tiny_models, tmp_path, max_steps=1)).fit(X_CLS, Y_CLS)
     assert calls == ["tuned"]

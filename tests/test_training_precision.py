@@ -92,16 +92,16 @@ def run_finetune(tiny_models, tmp_path, name: str, *extra: str) -> tuple[str, di
 
 
 def test_finetune_precision_reaches_the_estimator_and_is_recorded(tiny_models, tmp_path, monkeypatch):
-    from ctxrep.tasks import loop
+    from ctxrep.train import trainer
 
     seen = []
-    original = loop.bf16_autocast
+    original = trainer.bf16_autocast
 
     def recording(device_type: str, enabled: bool):
         seen.append(enabled)
         return original(device_type, enabled)
 
-    monkeypatch.setattr(loop, "bf16_autocast", recording)  # the training step's autocast
+    monkeypatch.setattr(trainer, "bf16_autocast", recording)  # the training step's autocast
     cpu_with(monkeypatch, EMULATED)
     output, metrics, saved = run_finetune(tiny_models, tmp_path, "bf16", "--precision", "bf16")
     assert "precision: bf16 autocast" in output and "auto:" not in output

@@ -8,7 +8,7 @@ task's training examples in the form its fit takes. The student is an estimator 
 teacher's parameters, labels and tokenizer; its encoder is initialised from the teacher's (models/student.py:
 K of the teacher's layers, every other one by default as DistilBERT; a layer list; or a narrower fresh encoder),
 its head is a copy of the teacher's head when the widths agree (else fresh). It is trained by the estimators'
-own loop (tasks/loop.py) on
+own fit on the one training loop (ctxrep.train.trainer) on
 
     L = alpha L_kd + (1 - alpha) L_task + beta L_hidden
     L_kd     = T^2 / n sum_i KL(softmax(z^t_i / T) || softmax(z^s_i / T))    (Hinton et al. 2015, sec. 2: soft
@@ -46,8 +46,8 @@ from ctxrep.models.encoder import Encoder
 from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
 from ctxrep.models.student import choose_layers, distillable_families, init_student, spread_layers
 from ctxrep.objectives.distill import cosine_loss, hidden_mse, soft_target_kl
-from ctxrep.tasks import loop
 from ctxrep.text.tokenizer_files import TOKENIZER_FILES
+from ctxrep.train.trainer import seeded_torch
 
 logger = logging.getLogger(__name__)
 
@@ -307,7 +307,7 @@ def distill_estimator(
 
     settings = type(teacher)(**teacher.get_params()).set_params(**params)  # refuses a name the estimator lacks
     seed = int(settings.random_state) if settings.random_state is not None else secrets.randbelow(2**31)
-    with loop.seeded_torch(seed):
+    with seeded_torch(seed):
         if student is None:
             s_encoder = init_student(t_encoder, layers, student_hidden_size)
     if encoder_dir is None:
@@ -315,7 +315,7 @@ def distill_estimator(
         logger.info("student encoder folder: %s (give encoder_dir, or save_distilled, to keep it)", encoder_dir)
     encoder_dir = _write_encoder(s_encoder, teacher.backbone_.folder, Path(encoder_dir))
 
-    with loop.seeded_torch(seed):  # the teacher's class, parameters, labels and tokenizer over the student encoder
+    with seeded_torch(seed):  # the teacher's class, parameters, labels and tokenizer over the student encoder
         est = teacher.with_encoder(s_encoder, encoder_dir, **params)
         if copy_head and s_encoder.hidden_size == t_encoder.hidden_size:
             est.model_.head.load_state_dict(teacher.model_.head.state_dict())

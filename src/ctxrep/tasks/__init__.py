@@ -6,8 +6,8 @@
     from ctxrep.tasks import SparseSentenceEncoder            # SPLADE training, saved as a SparseEncoder folder
 
 scikit-learn-style estimators (fit / predict / score, get_params / set_params) on one base class
-(`ctxrep.tasks.base.TaskEstimator`) built from parts: the network (tasks/network.py), the training loop
-(tasks/loop.py, AdamW from ctxrep.train.optim) and the frozen-feature cache (tasks/features.py);
+(`ctxrep.tasks.base.TaskEstimator`) built from parts: the network (tasks/network.py), the one training loop
+(ctxrep.train.trainer) and the frozen-feature cache (tasks/features.py);
 `experiment` reads a data set, trains, evaluates and writes a report.
 """
 

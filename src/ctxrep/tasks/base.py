@@ -3,7 +3,7 @@
     tasks/network.py   the network: Representation (fine-tuned encoder, or a mix over frozen features) + head
     tasks/modes.py     the frozen / fine-tune split: every decision that depends on `mode`, one object per mode
     tasks/features.py  the frozen-feature cache
-    tasks/loop.py      the training loop (AdamW from ctxrep.train.optim, schedules, early stopping)
+    ctxrep/train/      the one training loop (trainer.py: AdamW, the schedule, early stopping; batches.py: epochs)
     ctxrep/text/inputs.py   windows, EncoderInput records, collate
 
 A task estimator follows scikit-learn's contract (`__init__` stores its arguments, `fit` returns self, learned
@@ -52,11 +52,12 @@ from torch import nn
 
 from ctxrep.models.folders import write_safetensors
 from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
-from ctxrep.tasks import loop
 from ctxrep.tasks.features import FeatureCache
 from ctxrep.tasks.inference import Inference
 from ctxrep.tasks.modes import FineTune, Frozen, mode_of, units_of
-from ctxrep.tasks.network import Representation, TaskNetwork
+from ctxrep.tasks.network import Representation, TaskNetwork, make_optimizer, unfreeze_from_top
+from ctxrep.train.batches import EpochBatches, batches_per_epoch, epochs_and_steps, length_bucketed
+from ctxrep.train.trainer import EarlyStopping, ObjectiveOf, Trainer, TrainerConfig, seeded_torch
 
 FROZEN_HEADS = ("bilstm", "linear")
 IGNORE = -100  # label of positions that carry no loss
@@ -306,49 +307,85 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             return {name: self._score_examples(Xh, yh, records, call) for name, (Xh, yh, records) in held_out.items()}
 
         if not continuing:
-            with loop.seeded_torch(seed):
+            with seeded_torch(seed):
                 self.model_ = self._make_network()
             self.history_ = []
             self.n_epochs_ = 0
         self.model_.to(self.device)
-        with loop.seeded_torch(seed + self.n_epochs_):  # dropout
-            best = loop.train(
-                self.model_,
-                examples,
-                [units_of(e) for e in examples],
-                lambda rows: self._batch(rows, call),
-                self._head_loss if train_loss is None else train_loss,
-                evaluate,
-                self._loop_settings(),
-                rng,
-                self.history_,
-                first_epoch=self.n_epochs_,
-                extra=train_loss if isinstance(train_loss, nn.Module) else None,
-            )
+        with seeded_torch(seed + self.n_epochs_):  # dropout
+            trainer = self._trainer(examples, call, rng, evaluate, train_loss)
+            try:
+                result = trainer.train()
+            finally:
+                for p in self.model_.parameters():  # gradual unfreezing froze some
+                    p.requires_grad_(True)
+        self.history_ += trainer.epochs
         self.n_epochs_ = self.history_[-1]["epoch"]
-        if best is not None:
-            self.best_validation_score_ = best
+        if "best_score" in result:
+            self.best_validation_score_ = result["best_score"]
         return self
 
-    def _loop_settings(self) -> loop.LoopSettings:
-        return loop.LoopSettings(
-            max_epochs=self.max_epochs,
-            batch_size=self.batch_size,
-            lr=self._lr(),
+    def _trainer(self, examples: list, call: Call, rng: np.random.Generator, evaluate, train_loss) -> Trainer:
+        """The one training loop (ctxrep.train.trainer) over this fit's examples: length-bucketed epochs, AdamW by
+        encoder depth, the schedule, the held-out scores after each epoch and early stopping."""
+        lr, per_epoch = self._lr(), batches_per_epoch(len(examples), self.batch_size)
+        _, total = epochs_and_steps(per_epoch, self.max_epochs, self.max_steps)
+        config = TrainerConfig(
+            lr=lr,
             weight_decay=self.weight_decay,
-            warmup_fraction=self.warmup_fraction,
-            slanted_triangular=self.slanted_triangular,
-            max_grad_norm=self.max_grad_norm,
-            discriminative_lr_factor=self.discriminative_lr_factor if self.discriminative_lr else None,
-            gradual_unfreezing=self.gradual_unfreezing and self._mode().trains_encoder,
-            early_stopping=self.early_stopping,
-            n_iter_no_change=self.n_iter_no_change,
-            tol=self.tol,
-            progress=self.progress,
-            desc=type(self).__name__,
+            warmup_steps=int(self.warmup_fraction * total),
+            max_steps=total,
+            schedule="slanted_triangular" if self.slanted_triangular else "linear",
+            grad_clip=self.max_grad_norm,
+            batch_size=self.batch_size,
             bf16=bool(self.bf16),
-            max_steps=int(self.max_steps) if self.max_steps is not None else None,
+            seed=None,  # the caller's seeded_torch
+            device=str(self.device),
         )
+        optimizer = self._optimizer(train_loss if isinstance(train_loss, nn.Module) else None)
+        loss = self._head_loss if train_loss is None else train_loss
+        objective = ObjectiveOf(self.model_, loss)
+        batches = EpochBatches(
+            length_bucketed([units_of(e) for e in examples], self.batch_size),
+            lambda rows: self._batch([examples[i] for i in rows], call),
+            rng,
+        )
+        unfreezing = self.gradual_unfreezing and self._mode().trains_encoder
+        return Trainer(
+            objective,
+            config,
+            batches,
+            evaluate=evaluate,
+            progress=self.progress,
+            optimizer=optimizer,
+            early_stopping=EarlyStopping("validation_score", self.n_iter_no_change, self.tol, self.model_)
+            if self.early_stopping
+            else None,
+            epoch_start=(lambda e: unfreeze_from_top(self.model_, e)) if unfreezing else None,
+            first_epoch=self.n_epochs_,
+            desc=type(self).__name__,
+            warmup_option="warmup_fraction={fraction:g} (--warmup-fraction on `ctxrep finetune`)",
+        )
+
+    _fused_adamw: ClassVar[bool] = True  # torch's fused AdamW kernel; False: the for-loop reference (tests)
+
+    def _optimizer(self, extra: nn.Module | None = None) -> torch.optim.AdamW:
+        """AdamW over the fitted network's parameters: by encoder depth with discriminative_lr, the own_lr groups
+        (`_own_lr`), and `extra`'s parameters (a loss with parameters of its own) at lr."""
+        return make_optimizer(
+            self.model_,
+            self._lr(),
+            self.weight_decay,
+            discriminative_lr_factor=self.discriminative_lr_factor if self.discriminative_lr else None,
+            own_lr=self._own_lr(),
+            extra=extra,
+            fused=self._fused_adamw,
+        )
+
+    def _own_lr(self) -> tuple[str, float] | None:
+        """(parameter-name prefix in the network, its learning rate) for parameters that train at a rate of their
+        own (TokenTagger's CRF), or None."""
+        return None
 
     def _lr(self) -> float:
         """The peak learning rate: lr, or 5e-5 to fine-tune and 1e-3 for a head on frozen features."""

@@ -113,7 +113,7 @@ def _write_shard(
     chunk: int,
 ) -> Path:
     """Featurize texts[, pairs] into a new shard of `space`; meta.json is written last."""
-    from ctxrep.tasks.loop import progress_display
+    from ctxrep.util.progress import progress_from
 
     counts = [len(t) + (len(pairs[i]) if pairs is not None else 0) for i, t in enumerate(texts)]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -125,7 +125,7 @@ def _write_shard(
         dtype=np.float32,
         shape=(int(offsets[-1]), featurizer.num_layers + 1, featurizer.dim),
     )
-    bar = progress_display(progress, total=len(texts), desc="featurize (frozen features)", unit="texts")
+    bar = progress_from(progress, total=len(texts), desc="featurize (frozen features)", unit="texts")
     for start in range(0, len(texts), chunk):
         part = list(texts[start : start + chunk])
         part_pairs = list(pairs[start : start + chunk]) if pairs is not None else None

@@ -21,6 +21,7 @@ from torch import nn
 
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.runtime import fast
+from ctxrep.train.optim import adamw, discriminative, param_groups
 
 
 class Representation(nn.Module):
@@ -155,3 +156,35 @@ def pad_features(arrays: list[np.ndarray]) -> dict[str, torch.Tensor]:
         features[r, : len(a)] = torch.from_numpy(np.array(a, dtype=np.float32))
         mask[r, : len(a)] = True
     return {"features": features, "mask": mask}
+
+
+def make_optimizer(
+    network: TaskNetwork,
+    lr: float,
+    weight_decay: float,
+    *,
+    discriminative_lr_factor: float | None = None,
+    own_lr: tuple[str, float] | None = None,
+    extra: nn.Module | None = None,
+    fused: bool = True,
+) -> torch.optim.AdamW:
+    """AdamW over the network (ctxrep.train.optim's one builder and no-decay rule). With a discriminative factor,
+    encoder layer l gets lr / factor^(L - l) (ULMFiT); the head sits at L and gets lr. With own_lr = (prefix, lr),
+    the parameters whose names start with prefix form their own groups (at depth L + 1) at that learning rate (the
+    CRF's). `extra`: a module outside the network whose parameters train too, at lr, as further groups (a
+    distillation loss's projection). fused: torch's fused kernel where it applies; False, the for-loop reference."""
+    depth, top = network_depths(network)
+    lr_at_depth = discriminative(lr, discriminative_lr_factor, top) if discriminative_lr_factor is not None else None
+    if own_lr is not None:
+        prefix, own = own_lr
+        depth = depth | {name: top + 1 for name, _ in network.named_parameters() if name.startswith(prefix)}
+        below = lr_at_depth or (lambda d: lr)
+
+        def lr_at_depth(d):
+            return own if d == top + 1 else below(d)
+
+    optimizer = adamw(network, lr, weight_decay, depth=depth, default_depth=top, lr_at_depth=lr_at_depth, fused=fused)
+    if extra is not None:
+        for group in param_groups(extra, weight_decay):
+            optimizer.add_param_group(group)  # lr: the optimizer's default, lr
+    return optimizer

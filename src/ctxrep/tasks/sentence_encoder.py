@@ -51,9 +51,12 @@ from ctxrep.models.sentence_transformers import (
     read_sentence_pooling,
     write_modules,
 )
-from ctxrep.tasks import loop
+from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.tasks.base import ParamsProtocol
 from ctxrep.text.inputs import collate, token_budget_batches, words_of
+from ctxrep.train.batches import EpochBatches, batches_per_epoch, epochs_and_steps, shuffled
+from ctxrep.train.precision import bf16_autocast
+from ctxrep.train.trainer import Trainer, TrainerConfig, seeded_torch
 from ctxrep.vectors.similarity import sts_evaluate
 
 LOSSES = ("mnrl", "simcse", "cosine", "cosent")
@@ -61,6 +64,19 @@ POOLINGS = ("model", "mean", "cls")
 PAIRWISE = ("mnrl", "simcse", "cosent")  # losses that compare the examples of a batch with each other
 CONFIG_FILE = "ctxrep_sentence_encoder.json"
 ENCODE_TOKENS = 8192  # token budget of one encoding batch (rows x longest)
+
+
+class PairwiseObjective(torch.nn.Module):
+    """A sentence encoder's training objective: the modules it trains, and the loss of a batch of examples (texts
+    compared with each other inside the batch), as the Trainer calls it."""
+
+    def __init__(self, trained: torch.nn.Module, batch_loss) -> None:
+        super().__init__()
+        self.trained = trained
+        self.batch_loss = batch_loss
+
+    def forward(self, batch: tuple[list, np.ndarray | None]) -> ObjectiveOutput:
+        return ObjectiveOutput(self.batch_loss(batch), len(batch[0]))
 
 
 class SentenceEncoder(ParamsProtocol):
@@ -203,61 +219,59 @@ class SentenceEncoder(ParamsProtocol):
                 "saved as a sentence-transformers folder: use a Transformer model"
             )
         self._prepare()
-        trained = self._trained_module().to(self.device)
+        self._trained_module().to(self.device)
         if y is not None and self.loss == "cosine":
             self.score_range_ = [float(y.min()), float(y.max())]
             y = (y - y.min()) / (y.max() - y.min())  # to [0, 1], the range of useful cosines
         texts = sorted({t for e in examples for t in e})
         inputs = dict(zip(texts, self._inputs(texts)))
-        # a last batch of one row is skipped by the in-batch losses (below), so it is not a step
-        full, rest = divmod(len(examples), int(self.batch_size))
-        steps_per_epoch = full + (rest >= (2 if self.loss in PAIRWISE else 1))
-        total = int(self.max_steps) if self.max_steps is not None else steps_per_epoch * self.max_epochs
-        warmup = int(self.warmup_fraction * total)
-        from ctxrep.train.optim import adamw
-        from ctxrep.train.schedules import warmup_decay
-
-        optimizer = adamw(trained, self.lr, self.weight_decay, fused=True)  # torch's fused kernel where it applies
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_decay(step, warmup, total))
-        self.history_ = []
-        step, epoch = 0, 0
-        from ctxrep.util.progress import progress
-
-        bar = progress(total=total, desc="SentenceEncoder", unit="batch", enabled=bool(self.progress))
-        try:
-            with loop.seeded_torch(seed):  # dropout
-                while step < total:
-                    trained.train()
-                    order = rng.permutation(len(examples))
-                    losses = []
-                    for start in range(0, len(order), self.batch_size):
-                        if step == total:
-                            break
-                        rows = order[start : start + self.batch_size]
-                        if len(rows) < 2 and self.loss in PAIRWISE:
-                            continue  # a batch of one has no negatives (or no pair of scores) to learn from
-                        loss = self._batch_loss([examples[i] for i in rows], None if y is None else y[rows], inputs)
-                        optimizer.zero_grad()
-                        loss.backward()
-                        if self.max_grad_norm:
-                            torch.nn.utils.clip_grad_norm_(trained.parameters(), self.max_grad_norm)
-                        optimizer.step()
-                        scheduler.step()
-                        step += 1
-                        losses.append(float(loss.detach()))
-                        bar.update(1)
-                    epoch += 1
-                    record = {"epoch": epoch, "steps": step, "train_loss": float(np.mean(losses)) if losses else None}
-                    if eval_set is not None:
-                        record |= {f"dev_{k}": v for k, v in self.evaluate(*eval_set).items()}
-                    self.history_.append(record)
-                    if not losses:
-                        break
-        finally:
-            bar.close()
-            trained.eval()
-        self.n_epochs_ = epoch
+        trainer = self._trainer(examples, y, inputs, rng, eval_set)
+        with seeded_torch(seed):  # dropout
+            trainer.train()
+        self.history_ = trainer.epochs
+        self.n_epochs_ = len(trainer.epochs)
         return self
+
+    def _trainer(self, examples: list, y: np.ndarray | None, inputs: dict, rng: np.random.Generator, eval_set):
+        """The one training loop (ctxrep.train.trainer) over shuffled epochs of the examples: AdamW (fused), linear
+        warm-up and decay, the STS evaluation of eval_set after each epoch (dev_spearman, dev_pearson)."""
+        # a last batch of one row is left out by the in-batch losses (it has no negatives, or no pair of scores)
+        rows, min_rows = int(self.batch_size), 2 if self.loss in PAIRWISE else 1
+        _, total = epochs_and_steps(batches_per_epoch(len(examples), rows, min_rows), self.max_epochs, self.max_steps)
+        config = TrainerConfig(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            eps=1e-8,  # torch's AdamW default
+            warmup_steps=int(self.warmup_fraction * total),
+            max_steps=total,
+            grad_clip=self.max_grad_norm,
+            batch_size=rows,
+            bf16=bool(self.bf16),
+            seed=None,  # the caller's seeded_torch
+            device=str(self.device),
+            fused=True,
+        )
+        batches = EpochBatches(
+            shuffled(len(examples), rows, min_rows),
+            lambda batch: ([examples[i] for i in batch], None if y is None else y[batch]),
+            rng,
+        )
+        evaluate = None
+        if eval_set is not None:
+
+            def evaluate() -> dict[str, float]:
+                return {f"dev_{k}": v for k, v in self.evaluate(*eval_set).items()}
+
+        objective = PairwiseObjective(self._trained_module(), lambda batch: self._batch_loss(*batch, inputs))
+        return Trainer(
+            objective,
+            config,
+            batches,
+            evaluate=evaluate,
+            progress=self.progress,
+            desc=type(self).__name__,
+            warmup_option="warmup_fraction={fraction:g}",
+        )
 
     def _prepare(self) -> None:
         """What fit and load set up over the loaded backbone: the pooling (a sparse subclass reads its MLM head)."""
@@ -306,7 +320,7 @@ class SentenceEncoder(ParamsProtocol):
     def _vectors(self, records: list) -> torch.Tensor:
         """Pooled (and normalised) sentence vectors (batch, hidden) of EncoderInputs, with gradients when training."""
         batch = {k: v.to(self.device) for k, v in collate(records, self.backbone_.tokenizer).items()}
-        with loop.bf16_autocast(torch.device(self.device).type, bool(self.bf16)):
+        with bf16_autocast(torch.device(self.device).type, bool(self.bf16)):
             h = self.backbone_.model.encode(batch).last_hidden_state  # (batch, seq, hidden)
         h = h.float()
         if self.pooling_ == "cls":

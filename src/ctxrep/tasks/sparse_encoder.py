@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from ctxrep.models.folders import write_folder
 from ctxrep.models.mlm_head import head_prefix, head_tensors, read_mlm_head
 from ctxrep.models.sentence_transformers import Module
-from ctxrep.tasks import loop
 from ctxrep.tasks.sentence_encoder import SentenceEncoder
 from ctxrep.text.inputs import collate
+from ctxrep.train.precision import bf16_autocast
 
 __all__ = ["SparseSentenceEncoder", "flops"]
 
@@ -132,7 +132,7 @@ class SparseSentenceEncoder(SentenceEncoder):
     def _vectors(self, records: list) -> torch.Tensor:
         """SPLADE vectors (batch, vocabulary): max over kept tokens of log(1 + ReLU(MLM logits))."""
         batch = {k: v.to(self.device) for k, v in collate(records, self.backbone_.tokenizer).items()}
-        with loop.bf16_autocast(torch.device(self.device).type, bool(self.bf16)):
+        with bf16_autocast(torch.device(self.device).type, bool(self.bf16)):
             h = self.backbone_.model.encode(batch).last_hidden_state  # (batch, seq, hidden)
             logits = self.head_(h)  # (batch, seq, vocabulary)
         w = torch.log1p(torch.relu(logits.float()))

@@ -94,11 +94,10 @@ class TokenTagger(TaskEstimator):
         if self.crf_lr is not None and not self.crf_lr > 0:
             raise ValueError(f"crf_lr must be positive (or None: 1e-2, or lr when larger), got {self.crf_lr!r}")
 
-    def _loop_settings(self):
-        settings = super()._loop_settings()
-        if self.crf:
-            settings.own_lr = ("head.crf.", self.crf_lr if self.crf_lr is not None else max(self._lr(), 1e-2))
-        return settings
+    def _own_lr(self) -> tuple[str, float] | None:
+        if not self.crf:
+            return None
+        return "head.crf.", self.crf_lr if self.crf_lr is not None else max(self._lr(), 1e-2)
 
     def _frozen_pooling(self) -> str:
         return self.word_pooling

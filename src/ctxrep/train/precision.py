@@ -53,3 +53,13 @@ def describe(precision: str, asked: str) -> str:
         return f"precision: {shown}"
     why = "this device multiplies bfloat16 natively" if precision == "bf16" else "no native bfloat16 on this device"
     return f"precision: {shown} (auto: {why})"
+
+
+def bf16_autocast(device_type: str, enabled: bool):
+    """bfloat16 autocast on `device_type` when enabled, else nothing (torch.autocast refuses some device types,
+    such as "meta", even when disabled). The Trainer's forward passes and the estimators' encoders run under it."""
+    import contextlib
+
+    import torch
+
+    return torch.autocast(device_type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()

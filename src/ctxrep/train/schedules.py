@@ -5,6 +5,9 @@ Each is a plain function of the step (the number of optimizer steps already take
 
     LambdaLR(optimizer, functools.partial(warmup_decay, warmup_steps=100, max_steps=1000, kind="cosine"))
 
+`SCHEDULES` is the table of the schedules a run may name (TrainerConfig.schedule, `--trainer.schedule`), each a
+function of (step, warmup_steps, max_steps).
+
 warmup_decay (BERT, RoBERTa; cosine as in GPT-3 / nanoGPT, decaying to zero):
     step < W:   step / W
     step >= W:  linear  1 - p          with p = (step - W) / (T - W), clipped to [0, 1]
@@ -20,14 +23,15 @@ so it rises from 1/ratio to 1 over the first cut_frac of the steps, then falls b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-SCHEDULES = ("linear", "cosine")
+DECAYS = ("linear", "cosine")
 
 
 def warmup_decay(step: int, warmup_steps: int, max_steps: int, kind: str = "linear") -> float:
     """Linear warm-up from 0 to 1 over `warmup_steps`, then linear or cosine decay to 0 at `max_steps`."""
-    if kind not in SCHEDULES:
-        raise ValueError(f"unknown schedule {kind!r}; use one of {', '.join(SCHEDULES)}")
+    if kind not in DECAYS:
+        raise ValueError(f"unknown schedule {kind!r}; use one of {', '.join(DECAYS)}")
     if step < warmup_steps:
         return step / warmup_steps
     if max_steps <= warmup_steps:
@@ -50,3 +54,12 @@ def slanted_triangular(step: int, total_steps: int, cut_frac: float = 0.1, ratio
     else:
         p = max(0.0, 1.0 - (step - cut) / (cut * (1.0 / cut_frac - 1.0)))
     return (1.0 + p * (ratio - 1.0)) / ratio
+
+
+# name -> multiplier of (step, warmup_steps, max_steps); the slanted triangle has its own rise (cut_frac), no warm-up
+SCHEDULES: dict[str, Callable[[int, int, int], float]] = {
+    "linear": lambda step, warmup, total: warmup_decay(step, warmup, total, "linear"),
+    "cosine": lambda step, warmup, total: warmup_decay(step, warmup, total, "cosine"),
+    "slanted_triangular": lambda step, warmup, total: slanted_triangular(step, total),
+}
+WARMS_UP = ("linear", "cosine")  # the schedules that read warmup_steps

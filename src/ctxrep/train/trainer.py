@@ -1,4 +1,4 @@
-"""The pretraining loop: AdamW, warm-up + decay, accumulation, clipping, evaluation, logs, exact resume.
+"""The one training loop: pretraining, translation, every task estimator and the sentence / sparse encoders.
 
     trainer = Trainer(objective, TrainerConfig(lr=5e-4, max_steps=10_000), packer, "runs/bert-small",
                       eval_data=held_out_packer, save_model=lambda d: model.save_pretrained(d / "model"))
@@ -6,37 +6,57 @@
     TrainerConfig(max_minutes=10, max_steps=10**9)  # a run bounded by the clock: the bar shows minutes, not steps
     metrics = trainer.train(resume=True)   # continues from runs/bert-small/checkpoint/ exactly
 
-The objective is an nn.Module whose forward(batch) returns an `ObjectiveOutput`; it does its own masking
-with the global torch RNG. The batch source is any object with next_batch(n) -> dict of numpy arrays,
-state_dict() (JSON-serialisable) and load_state_dict(state), such as the packers in ctxrep.data.packing.
+    # a task estimator's fit: examples in epochs (train/batches.py), no files; one record per epoch
+    trainer = Trainer(objective, TrainerConfig(lr=1e-4, max_steps=steps, seed=None), EpochBatches(plan, collate, rng),
+                      evaluate=dev_scores, optimizer=groups_by_depth, early_stopping=EarlyStopping("validation_score"))
+    trainer.train(); trainer.epochs
+
+The objective is an nn.Module whose forward(batch) returns an `ObjectiveOutput` (a task's network and loss wrapped
+as one, `ObjectiveOf`); it does its own masking with the global torch RNG. The batch source is any object with
+next_batch(n), state_dict() (JSON-serialisable) and load_state_dict(state) (train/batches.py): an endless stream
+(the packers in ctxrep.data.packing) or examples in epochs, whose next_batch returns None when an epoch ends.
+
+Written once here, for every trainer: AdamW (train/optim.py's builder, or an optimizer the caller built over its own
+groups: discriminative learning rates), the schedule (train/schedules.py's table, or a function), accumulation,
+bf16 autocast, clipping, DDP under torchrun, a non-finite loss stopped with advice, evaluation (the held-out loss and
+the caller's metrics: every eval_every steps, after every epoch and at the end), per-epoch hooks (gradual
+unfreezing), early stopping with the best epoch's weights put back, progress (ctxrep.util.progress), and with an
+out_dir: log.jsonl, checkpoints, exact resume and Ctrl-C.
 
 One optimizer step sees `batch_size` rows in `accumulation_steps` micro-batches of
 batch_size / accumulation_steps rows each (shared out between processes under torchrun, see
 ctxrep.train.distributed). Each micro-batch's loss is divided by accumulation_steps, so the summed gradient
 is the gradient of the mean over micro-batches: equal to one big batch when the objective's loss is a mean
-over rows of equal weight (fixed-length rows, or a fixed number of predicted tokens per row).
+over rows of equal weight (fixed-length rows, or a fixed number of predicted tokens per row). A step cut short by
+the end of an epoch is the mean over the micro-batches it had.
 
 Exact resume: the checkpoint holds the model, AdamW moments, scheduler, the data source's position and
 every RNG state, and evaluation runs on a forked RNG with the same held-out batches each time, so a run
 interrupted at any step and resumed ends with the same parameters as one that never stopped.
+
+Randomness: `seed` seeds torch, numpy and random for the run (+ the rank under torchrun); seed=None leaves the RNGs
+as the caller set them (the estimators run the loop inside `seeded_torch(seed)`, which restores torch's RNG after).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
-import functools
 import json
+import logging
 import math
 import random
 import signal
+import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,10 +66,14 @@ from tqdm.auto import tqdm  # tqdm.write: a line that does not break a bar on a 
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
 from ctxrep.train.allocator import tune_malloc
+from ctxrep.train.batches import BatchSource, EpochBatches
 from ctxrep.train.checkpoint import check_fingerprint, fingerprint, load_checkpoint, read_state, save_checkpoint
 from ctxrep.train.optim import adamw, param_groups  # noqa: F401  (param_groups: its old home, still imported)
-from ctxrep.train.schedules import SCHEDULES, warmup_decay
-from ctxrep.util.progress import progress
+from ctxrep.train.precision import bf16_autocast
+from ctxrep.train.schedules import SCHEDULES, WARMS_UP
+from ctxrep.util.progress import progress_from
+
+logger = logging.getLogger(__name__)
 
 LOG_FILE = "log.jsonl"
 CHECKPOINT_DIR = "checkpoint"
@@ -69,10 +93,38 @@ class TrainerError(ValueError):
     """A trainer setting or input that cannot work, with what to change."""
 
 
-class BatchSource(Protocol):
-    def next_batch(self, batch_size: int) -> dict[str, np.ndarray]: ...
-    def state_dict(self) -> dict: ...
-    def load_state_dict(self, state: dict) -> None: ...
+@contextlib.contextmanager
+def seeded_torch(seed: int) -> Iterator[None]:
+    """Run the block on torch's CPU RNG seeded with `seed`; the global RNG state is restored afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+class ObjectiveOf(nn.Module):
+    """A network and its loss as one objective: forward(batch) -> ObjectiveOutput(loss(network(batch), batch)).
+    `loss` may be an nn.Module with parameters of its own (they train too, and are saved with the objective);
+    `rows(batch)` counts what tokens/s counts (default: the batch's rows)."""
+
+    def __init__(self, network: nn.Module, loss: Callable, rows: Callable[[Any], int] | None = None) -> None:
+        super().__init__()
+        self.network = network
+        self.loss = loss
+        self.rows = rows or _rows
+
+    def forward(self, batch) -> ObjectiveOutput:
+        return ObjectiveOutput(self.loss(self.network(batch), batch), self.rows(batch))
+
+
+@dataclass
+class EarlyStopping:
+    """Stop when the epoch metric `metric` (higher is better) has not improved by more than `tol` for `patience`
+    epochs; the weights of `module` (default: the objective) from the best epoch are put back at the end."""
+
+    metric: str
+    patience: int = 2
+    tol: float = 1e-4
+    module: nn.Module | None = None
 
 
 @dataclass
@@ -96,8 +148,9 @@ class TrainerConfig:
     eval_batches: int = 10  # held-out micro-batches per evaluation
     checkpoint_every: int = 1000  # steps between checkpoints; 0 = only at the end and on Ctrl-C
     log_every: int = 10  # steps between log records
-    seed: int = 0
+    seed: int | None = 0  # None: the RNGs as the caller set them (see the module docstring)
     device: str = "cpu"  # under torchrun, "cuda" means each process's own cuda:LOCAL_RANK
+    fused: bool | None = None  # AdamW: True, torch's fused kernel where it applies; False, the for-loop; None, torch's
 
     def validate(self, world_size: int = 1) -> None:
         positive = ("lr", "max_steps", "batch_size", "accumulation_steps", "eval_batches", "log_every")
@@ -117,7 +170,7 @@ class TrainerConfig:
                 raise TrainerError(f"TrainerConfig.{name}={getattr(self, name)} must be 0 or more")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise TrainerError(f"TrainerConfig.betas={self.betas} must be two numbers in [0, 1)")
-        if self.schedule not in SCHEDULES:
+        if self.schedule not in SCHEDULES:  # a dict: its names
             raise TrainerError(
                 f"TrainerConfig.schedule={self.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}"
             )
@@ -140,65 +193,104 @@ class Trainer:
         objective: nn.Module,
         config: TrainerConfig,
         train_data: BatchSource,
-        out_dir: str | Path,
+        out_dir: str | Path | None = None,
         eval_data: BatchSource | None = None,
         save_model: Callable[[Path], None] | None = None,
         schedule: Callable[[int], float] | None = None,
         evaluate: Callable[[], dict[str, float]] | None = None,
-        progress: bool = True,
+        progress: bool | str = True,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        early_stopping: EarlyStopping | None = None,
+        epoch_start: Callable[[int], None] | None = None,
+        first_epoch: int = 0,
+        desc: str = "train",
+        warmup_option: str = "--trainer.warmup_steps {steps} on `ctxrep pretrain` (TrainerConfig.warmup_steps)",
     ) -> None:
-        """`schedule(steps_done)`: the learning-rate multiplier of config.lr, instead of warm-up + decay.
-        `evaluate()`: more held-out metrics (e.g. BLEU), run with the objective in eval mode under no_grad on a
-        forked RNG at every evaluation; its metrics join the evaluation's log record (eval_data may be None).
-        `progress`: show the progress bar (on the main process)."""
+        """`out_dir`: where log.jsonl, checkpoint/ and the model go; None writes nothing (no checkpoints, and a
+        Ctrl-C stops the run with KeyboardInterrupt as any Python call).
+        `schedule(steps_done)`: the learning-rate multiplier of config.lr, instead of config.schedule's.
+        `evaluate()`: more held-out metrics (e.g. BLEU, a dev score), run with the objective in eval mode under
+        no_grad on a forked RNG at every evaluation; its metrics join the evaluation's log record (eval_data may be
+        None). `progress`: True (a bar on a terminal, plain lines in a log), False, or "lines" (plain lines even on
+        a terminal), on the main process. `optimizer`: built by the caller over the objective's parameters (its
+        own groups and learning rates); default AdamW from config (train/optim.py). `early_stopping`: see
+        EarlyStopping (epoch sources). `epoch_start(e)`: called before the e-th epoch of this run (0 first), e.g.
+        gradual unfreezing. `first_epoch`: epochs trained before this run (a warm start), for the epoch numbers.
+        `warmup_option`: how the user lowers the warm-up when it is as long as the run, with {steps} (a tenth of
+        the run) or {fraction} (0.1) in it."""
         self.ctx = distributed.current()
         config.validate(self.ctx.world_size)
         self.config = config
         self.train_data = train_data
         self.eval_data = eval_data
-        self.out_dir = Path(out_dir)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
         self.save_model = save_model
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and self.ctx.enabled:
             self.device = torch.device("cuda", self.ctx.local_rank)
         self.objective = objective.to(self.device)
-        self.optimizer = adamw(objective, config.lr, config.weight_decay, betas=config.betas, eps=config.eps)
-        self._warmup_decay = schedule is None  # the schedule is warm-up + decay over config.max_steps
-        schedule = schedule or functools.partial(
-            warmup_decay, warmup_steps=config.warmup_steps, max_steps=config.max_steps, kind=config.schedule
-        )
+        if optimizer is None:
+            optimizer = adamw(
+                objective, config.lr, config.weight_decay, betas=config.betas, eps=config.eps, fused=config.fused
+            )
+        self.optimizer = optimizer
+        self._warmup_decay = schedule is None and config.schedule in WARMS_UP  # warm-up + decay over max_steps
+        if schedule is None:
+
+            def schedule(step: int) -> float:
+                return SCHEDULES[config.schedule](step, config.warmup_steps, config.max_steps)
+
         self.extra_evaluate = evaluate
         self.progress = progress
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.model = distributed.wrap(objective, self.ctx)  # what the loop calls (DDP under torchrun)
+        self.early_stopping = early_stopping
+        self.epoch_start = epoch_start
+        self.first_epoch = first_epoch
+        self.desc = desc
+        self.warmup_option = warmup_option
         self.step = 0  # optimizer steps done
+        self.epochs: list[dict] = []  # one record per epoch of this run (epoch sources)
         self._stop_requested = False
         self._eval_start: dict | None = None  # the held-out source's state before the first evaluation
 
     # -- the loop
 
     def train(self, resume: bool = False) -> dict:
-        """Train to config.max_steps (or until Ctrl-C); returns the last logged and evaluated metrics."""
+        """Train to config.max_steps (or until Ctrl-C, the clock or early stopping); returns the last logged and
+        evaluated metrics ("best_score" when early stopping put the best epoch's weights back)."""
         cfg, ctx = self.config, self.ctx
         tune_malloc()
-        checkpoint_dir = self.out_dir / CHECKPOINT_DIR
-        self._begin(resume, checkpoint_dir)
-
+        if resume and self.out_dir is None:
+            raise TrainerError("resume=True needs the out_dir whose checkpoint/ to continue from")
+        self._begin(resume)
         result: dict = {"step": self.step, "interrupted": False}
-        window = _Window()
+        window, epoch = _Window(), _Epoch(self.first_epoch + len(self.epochs))
         saved_at = self.step if resume else -1  # a resumed run that had already finished saves nothing new
         evaluated_at = -1
+        stopping = _BestEpoch(self.early_stopping, self.objective)
         previous_handler = self._install_sigint_handler()
         started = _now()
         deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else math.inf
         bar = self._progress_bar()
         try:
             while self.step < cfg.max_steps:
+                if epoch.fresh and self.epoch_start is not None:
+                    self.epoch_start(len(self.epochs))
                 lr = self.optimizer.param_groups[0]["lr"]
                 out = self._train_step()
+                if out is None:  # the epoch is over
+                    result.update(self._end_epoch(epoch, bar, stopping))
+                    evaluated_at = self.step
+                    if stopping.stop:
+                        break
+                    epoch = _Epoch(epoch.number + 1)
+                    continue
                 self.step += 1
                 window.add(out)
-                self._advance_bar(bar, started)
+                epoch.add(out)
+                self._advance_bar(bar, started, epoch)
                 stop = self._should_stop()
                 out_of_time = self._out_of_time(deadline)
                 last = stop or out_of_time or self.step == cfg.max_steps
@@ -206,63 +298,78 @@ class Trainer:
                     record = {"step": self.step, **window.summary(ctx), "lr": lr}
                     result.update(record)
                     self._log(record)
-                    if cfg.max_minutes:
-                        bar.postfix_loss = f"loss={record['loss']:.4f}, lr={lr:.2e}"
-                    else:
-                        bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.2e}")
+                    self._show_loss(bar, record, epoch)
                     window = _Window()
                 paused = time.perf_counter()  # evaluation and checkpoints do not count against tokens/s
                 if self._evaluates and cfg.eval_every and self.step % cfg.eval_every == 0:
                     result.update(self._evaluate_and_log())
                     evaluated_at = self.step
-                if stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
-                    self._checkpoint(checkpoint_dir)
+                if self.out_dir is not None and (
+                    stop or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+                ):
+                    self._checkpoint()
                     saved_at = self.step
                 window.start += time.perf_counter() - paused
                 if stop:
-                    result.update(interrupted=True, checkpoint=str(checkpoint_dir))
+                    result.update(interrupted=True, checkpoint=str(self._checkpoint_dir))
                     if ctx.is_main:
-                        tqdm.write(f"stopped at step {self.step}; checkpoint saved in {checkpoint_dir}")
+                        tqdm.write(f"stopped at step {self.step}; checkpoint saved in {self._checkpoint_dir}")
                     return result
                 if out_of_time:  # a finished run: evaluated and saved below
                     if ctx.is_main and self.progress:
                         tqdm.write(f"max_minutes={cfg.max_minutes:g} reached at step {self.step:,}")
                     break
+            if self._in_epochs and epoch.steps and not stopping.stop:  # max_steps or the clock ended an epoch
+                result.update(self._end_epoch(epoch, bar, stopping))
+                evaluated_at = self.step
         finally:
             bar.close()
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
+            self.objective.eval()
         if self._evaluates and evaluated_at != self.step:
             result.update(self._evaluate_and_log())
-        if saved_at != self.step:
-            self._checkpoint(checkpoint_dir)
+        if stopping.restore():
+            result["best_score"] = stopping.best
+        if self.out_dir is not None and saved_at != self.step:
+            self._checkpoint()
         result["step"] = self.step
         return result
 
-    def _begin(self, resume: bool, checkpoint_dir: Path) -> None:
-        """Resume from `checkpoint_dir`, or seed a fresh run and start its log; note the held-out source's state."""
+    @property
+    def _in_epochs(self) -> bool:
+        """The source hands out examples in epochs (it ends them with None), not an endless stream."""
+        return isinstance(self.train_data, EpochBatches) or bool(self.epochs)
+
+    @property
+    def _checkpoint_dir(self) -> Path:
+        return self.out_dir / CHECKPOINT_DIR
+
+    def _begin(self, resume: bool) -> None:
+        """Resume from the checkpoint, or seed a fresh run and start its log; note the held-out source's state."""
         cfg, ctx = self.config, self.ctx
         if resume:
-            self._resume(checkpoint_dir)
+            self._resume(self._checkpoint_dir)
         else:
-            if (checkpoint_dir / "trainer_state.json").exists():
+            if self.out_dir is not None and (self._checkpoint_dir / "trainer_state.json").exists():
                 raise TrainerError(
-                    f"{checkpoint_dir} already holds a checkpoint; pass resume=True (--resume) to continue that "
-                    "run, or choose another out_dir"
+                    f"{self._checkpoint_dir} already holds a checkpoint; pass resume=True (--resume) to continue "
+                    "that run, or choose another out_dir"
                 )
-            torch.manual_seed(cfg.seed + ctx.rank)  # ranks draw different masks and dropout
-            np.random.seed(cfg.seed + ctx.rank)
-            random.seed(cfg.seed + ctx.rank)
-            if ctx.is_main:
+            if cfg.seed is not None:
+                torch.manual_seed(cfg.seed + ctx.rank)  # ranks draw different masks and dropout
+                np.random.seed(cfg.seed + ctx.rank)
+                random.seed(cfg.seed + ctx.rank)
+            if ctx.is_main and self.out_dir is not None:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
                 (self.out_dir / LOG_FILE).write_text("")
         if self.eval_data is not None and self._eval_start is None:
             self._eval_start = self.eval_data.state_dict()
         advice = self._warmup_advice()
         if advice is not None and ctx.is_main:
-            warnings.warn(advice, stacklevel=3)  # points at the caller of train()
+            warnings.warn(advice, stacklevel=_outside_ctxrep())  # points at the user's call (train(), fit, ...)
 
-    def _advance_bar(self, bar, started: float) -> None:
+    def _advance_bar(self, bar, started: float, epoch: _Epoch) -> None:
         """Move the bar one step on, or to the seconds elapsed when the run is limited by max_minutes."""
         if self.config.max_minutes:  # the bar counts seconds: n = seconds elapsed
             bar.update(min(_now() - started, bar.total) - bar.n)
@@ -270,15 +377,39 @@ class Trainer:
         else:
             bar.update(1)
 
-    def _train_step(self) -> _StepOutput:
+    def _show_loss(self, bar, record: dict, epoch: _Epoch) -> None:
+        loss, lr = f"{record['loss']:.4f}", f"{record['lr']:.2e}"
+        if self.config.max_minutes:
+            bar.postfix_loss = f"loss={loss}, lr={lr}"
+        elif self._in_epochs:
+            bar.set_postfix(epoch=epoch.number + 1, loss=loss, lr=lr)
+        else:
+            bar.set_postfix(loss=loss, lr=lr)
+
+    def _micro_batches(self) -> list:
+        """This step's micro-batches: accumulation_steps of them, fewer (or none) when the source's epoch ends."""
+        cfg = self.config
+        batches = []
+        for _ in range(cfg.accumulation_steps):
+            batch = self.train_data.next_batch(cfg.micro_batch_size)
+            if batch is None:
+                break
+            batches.append(batch)
+        return batches
+
+    def _train_step(self) -> _StepOutput | None:
+        """One optimizer step; None when the source's epoch was already over (no step taken)."""
         cfg, ctx = self.config, self.ctx
+        batches = self._micro_batches()
+        if not batches:
+            return None
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         tokens, metrics = 0, {}
-        for i in range(cfg.accumulation_steps):
-            batch = self._to_device(ctx.shard(self.train_data.next_batch(cfg.micro_batch_size)))
-            sync = i == cfg.accumulation_steps - 1 or not ctx.enabled  # DDP all-reduces on the last one only
+        for i, batch in enumerate(batches):
+            batch = self._to_device(ctx.shard(batch) if ctx.enabled else batch)
+            sync = i == len(batches) - 1 or not ctx.enabled  # DDP all-reduces on the last one only
             with nullcontext() if sync else self.model.no_sync():
                 with self._autocast():
                     out: ObjectiveOutput = self.model(batch)
@@ -286,8 +417,12 @@ class Trainer:
             loss_sum += out.loss.detach().float()
             tokens += int(out.num_tokens)
             for k, v in out.metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + float(v) / cfg.accumulation_steps
-        loss = loss_sum.item() / cfg.accumulation_steps
+                metrics[k] = metrics.get(k, 0.0) + float(v) / len(batches)
+        if len(batches) < cfg.accumulation_steps:  # the mean over the micro-batches this step had
+            for p in self.objective.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(cfg.accumulation_steps / len(batches))
+        loss = loss_sum.item() / len(batches)
         if not math.isfinite(loss):
             raise TrainerError(
                 f"the training loss is {loss} at step {self.step + 1}; lower lr, add warmup_steps or set grad_clip"
@@ -297,6 +432,27 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         return _StepOutput(loss, tokens, grad_norm, metrics)
+
+    def _end_epoch(self, epoch: _Epoch, bar, stopping: _BestEpoch) -> dict:
+        """The epoch's record (number, steps so far, its mean training loss, the evaluation's metrics), logged,
+        shown, kept in `epochs`, and given to early stopping."""
+        if not epoch.steps:
+            raise TrainerError(
+                f"epoch {epoch.number + 1} gave no batch to train on; the batch source's plan is empty (too few "
+                "examples for the batch size?)"
+            )
+        record = {"epoch": epoch.number + 1, "steps": self.step, "train_loss": epoch.mean_loss}
+        if self._evaluates and self.ctx.is_main:
+            record |= self.evaluate()
+        self.epochs.append(record)
+        self._log(record)
+        if self.progress and self.ctx.is_main:
+            bar.write(f"{self.desc}: " + ", ".join(f"{k} {_shown(v)}" for k, v in record.items()))
+        logger.info("epoch %s", record)
+        stopping.after(record)
+        if stopping.stop:
+            logger.info("early stopping after epoch %d", record["epoch"])
+        return record
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -315,9 +471,7 @@ class Trainer:
         self.eval_data.load_state_dict(self._eval_start)
         self.objective.eval()
         losses, nlls = [], []
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.config.seed)
+        with self._forked_rng():
             for _ in range(self.config.eval_batches):
                 batch = self._to_device(self.eval_data.next_batch(self.config.micro_batch_size))
                 with self._autocast():
@@ -336,13 +490,20 @@ class Trainer:
     def _evaluates(self) -> bool:
         return self.eval_data is not None or self.extra_evaluate is not None
 
+    @contextlib.contextmanager
+    def _forked_rng(self) -> Iterator[None]:
+        """Evaluation's RNG: forked (training's state untouched), seeded with config.seed when it has one."""
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self.config.seed is not None:
+                torch.manual_seed(self.config.seed)
+            yield
+
     def _extra_metrics(self) -> dict[str, float]:
         if self.extra_evaluate is None:
             return {}
         self.objective.eval()
-        devices = [self.device.index or 0] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            torch.manual_seed(self.config.seed)
+        with self._forked_rng(), torch.no_grad():
             metrics = self.extra_evaluate()
         self.objective.train()
         return metrics
@@ -357,7 +518,7 @@ class Trainer:
         tqdm.write(f"step {self.step}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in record.items()))
         return record
 
-    def _checkpoint(self, directory: Path) -> None:
+    def _checkpoint(self) -> None:
         state = {
             "step": self.step,
             "config": _jsonable(dataclasses.asdict(self.config)),
@@ -371,7 +532,7 @@ class Trainer:
             raise TrainerError(
                 f"the batch source's state_dict() must be JSON-serialisable for checkpoints ({e})"
             ) from None
-        save_checkpoint(directory, self.objective, self.optimizer, self.scheduler, state, self.ctx)
+        save_checkpoint(self._checkpoint_dir, self.objective, self.optimizer, self.scheduler, state, self.ctx)
         if self.save_model is not None and self.ctx.is_main:
             self.save_model(self.out_dir)
 
@@ -393,7 +554,7 @@ class Trainer:
         if old.get("max_steps") != new["max_steps"]:
             cfg = self.config
             if self._warmup_decay:  # the first resumed step already trains at the rate of the new schedule
-                now = warmup_decay(self.step, cfg.warmup_steps, cfg.max_steps, cfg.schedule)
+                now = SCHEDULES[cfg.schedule](self.step, cfg.warmup_steps, cfg.max_steps)
                 for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
                     group["lr"] = base * now
             if self.ctx.is_main:
@@ -402,7 +563,7 @@ class Trainer:
         log = self.out_dir / LOG_FILE
         if self.ctx.is_main and log.is_file():
             lines = [line for line in log.read_text().splitlines() if line.strip()]
-            log.write_text("".join(line + "\n" for line in lines if json.loads(line)["step"] <= self.step))
+            log.write_text("".join(line + "\n" for line in lines if json.loads(line).get("step", 0) <= self.step))
 
     def _warmup_advice(self) -> str | None:
         """What to say when the warm-up is as long as the run or longer: the learning rate only rises, to a
@@ -411,11 +572,11 @@ class Trainer:
         if not self._warmup_decay or cfg.warmup_steps < cfg.max_steps or cfg.warmup_steps == 0:
             return None
         peak = (cfg.max_steps - 1) / cfg.warmup_steps  # the multiplier of the last step
+        option = self.warmup_option.format(steps=max(1, cfg.max_steps // 10), fraction=0.1)
         return (
-            f"warmup_steps={cfg.warmup_steps} is as long as the run or longer (max_steps={cfg.max_steps}): the "
-            f"learning rate never gets above {peak:.1%} of lr={cfg.lr:g} and the model learns little; lower the "
-            f"warm-up (--trainer.warmup_steps on `ctxrep pretrain`, TrainerConfig.warmup_steps), e.g. "
-            f"--trainer.warmup_steps {max(1, cfg.max_steps // 10)}"
+            f"the warm-up ({cfg.warmup_steps} steps) is as long as the run ({cfg.max_steps} optimizer steps) or "
+            f"longer: the learning rate never gets above {peak:.1%} of lr={cfg.lr:g} and never decays, so the model "
+            f"learns little; lower the warm-up, e.g. {option}"
         )
 
     def _new_length_note(self, old_max_steps: int) -> str:
@@ -428,8 +589,8 @@ class Trainer:
             return f"{head}: the run is already at step {step}, so nothing is trained; raise --max-steps to continue"
         if not self._warmup_decay:
             return f"{head}: training continues to step {cfg.max_steps}; the learning rate follows the schedule= given"
-        before = warmup_decay(step, cfg.warmup_steps, old_max_steps, cfg.schedule)
-        now = warmup_decay(step, cfg.warmup_steps, cfg.max_steps, cfg.schedule)
+        before = SCHEDULES[cfg.schedule](step, cfg.warmup_steps, old_max_steps)
+        now = SCHEDULES[cfg.schedule](step, cfg.warmup_steps, cfg.max_steps)
         return (
             f"{head}: the {cfg.schedule} decay now ends at step {cfg.max_steps} instead of {old_max_steps} "
             f"(warm-up unchanged, {cfg.warmup_steps} steps); the learning rate at step {step} is {now:.3g} x lr "
@@ -437,19 +598,26 @@ class Trainer:
         )
 
     def _log(self, record: dict) -> None:
-        if self.ctx.is_main:
+        if self.ctx.is_main and self.out_dir is not None:
             with open(self.out_dir / LOG_FILE, "a") as f:
                 f.write(json.dumps(record) + "\n")
 
-    def _to_device(self, batch: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in batch.items()}
+    def _to_device(self, batch):
+        """A mapping of arrays or tensors moved to the device; any other batch is the objective's to place."""
+        if not isinstance(batch, Mapping):
+            return batch
+        return {
+            k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(v))).to(self.device)
+            for k, v in batch.items()
+        }
 
     def _autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+        return bf16_autocast(self.device.type, self.config.bf16)
 
     def _install_sigint_handler(self):
-        """Ctrl-C sets a flag that the loop reads after each step; a second Ctrl-C stops at once."""
-        if threading.current_thread() is not threading.main_thread():
+        """Ctrl-C sets a flag that the loop reads after each step; a second Ctrl-C stops at once. Only for a run
+        with an out_dir (a checkpoint to save); otherwise Ctrl-C is Python's KeyboardInterrupt."""
+        if self.out_dir is None or threading.current_thread() is not threading.main_thread():
             return None  # signal handlers can only be set from the main thread
         self._stop_requested = False
         previous = signal.getsignal(signal.SIGINT)
@@ -469,16 +637,17 @@ class Trainer:
         """The training progress (ctxrep.util.progress: a bar on a terminal, a plain line every 10 s in a log): over
         steps, or over the seconds of the clock when max_minutes is set (elapsed and remaining time; a
         clock-bounded run's max_steps is only a cap, often 10**9, and a count against it says nothing)."""
-        cfg, enabled = self.config, self.ctx.is_main and self.progress
+        cfg = self.config
+        shown = self.progress if self.ctx.is_main else False
         if not cfg.max_minutes:
-            return progress(
-                total=cfg.max_steps, initial=self.step, enabled=enabled, desc="train", unit="steps", dynamic_ncols=True
+            return progress_from(
+                shown, total=cfg.max_steps, initial=self.step, desc=self.desc, unit="steps", dynamic_ncols=True
             )
         total = 60 * cfg.max_minutes
-        bar = progress(
+        bar = progress_from(
+            shown,
             total=total,
-            enabled=enabled,
-            desc="train",
+            desc=self.desc,
             unit="s",
             rate=False,  # seconds per second
             dynamic_ncols=True,
@@ -540,6 +709,78 @@ class _Window:
             "grad_norm": self.grad_norm / self.steps,
             **{k: v / n for k, v in zip(names, metrics)},
         }
+
+
+class _Epoch:
+    """The steps of one epoch (number counts from 0, warm-started epochs included)."""
+
+    def __init__(self, number: int) -> None:
+        self.number, self.steps, self.loss = number, 0, 0.0
+
+    @property
+    def fresh(self) -> bool:
+        return self.steps == 0
+
+    def add(self, out: _StepOutput) -> None:
+        self.steps += 1
+        self.loss += out.loss
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss / max(1, self.steps)
+
+
+class _BestEpoch:
+    """Early stopping's bookkeeping: the best score, its weights, the epochs since."""
+
+    def __init__(self, settings: EarlyStopping | None, objective: nn.Module) -> None:
+        self.settings = settings
+        self.module = (settings.module or objective) if settings is not None else None
+        self.best, self.state, self.since, self.stop = -math.inf, None, 0, False
+
+    def after(self, record: dict) -> None:
+        if self.settings is None:
+            return
+        if self.settings.metric not in record:
+            raise TrainerError(
+                f"early stopping reads {self.settings.metric!r} from each epoch's record, which holds only "
+                f"{', '.join(record)}: return it from evaluate="
+            )
+        score = record[self.settings.metric]
+        if score > self.best + self.settings.tol:
+            self.best, self.since = score, 0
+            self.state = copy.deepcopy(self.module.state_dict())
+        else:
+            self.since += 1
+            self.stop = self.since >= self.settings.patience
+
+    def restore(self) -> bool:
+        """Put the best epoch's weights back; False when there were none to keep."""
+        if self.state is None:
+            return False
+        self.module.load_state_dict(self.state)
+        return True
+
+
+def _outside_ctxrep() -> int:
+    """warnings.warn's stacklevel of the innermost caller outside the ctxrep package, from the function calling
+    this one (the user's `fit` or `train()`, however deep ctxrep's own calls go)."""
+    package = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(2), 2  # level 1 is the caller of this function, 2 its caller
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _rows(batch) -> int:
+    """How many rows a batch has: its first tensor's first dimension, or its length."""
+    if isinstance(batch, Mapping):
+        return len(next(iter(batch.values())))
+    return len(batch)
+
+
+def _shown(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
 def _now() -> float:

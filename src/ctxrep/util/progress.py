@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import IO, Any
 
-__all__ = ["progress", "LineProgress", "format_duration"]
+__all__ = ["progress", "progress_from", "LineProgress", "format_duration"]
 
 
 def format_duration(seconds: float) -> str:
@@ -174,3 +174,14 @@ def progress(
         initial=initial,
         rate=rate,
     )
+
+
+def progress_from(setting: bool | str, **options: Any) -> Any:
+    """The display a `progress` setting asks for: False, nothing; True, `progress(...)` (a bar on a terminal, plain
+    lines otherwise); "lines", plain lines at most every 10 s even on a terminal (`ctxrep finetune --no-progress`: a
+    log that still says how far along the work is). `options`: progress()'s keyword arguments."""
+    if setting == "lines":
+        for bar_only in ("bar_format", "smoothing", "dynamic_ncols"):
+            options.pop(bar_only, None)
+        return LineProgress(**options)
+    return progress(enabled=bool(setting), **options)
