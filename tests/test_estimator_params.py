@@ -157,3 +157,29 @@ def test_grid_search_over_shared_and_own_parameters(tiny_models, tmp_path):
     assert isinstance(best, SequenceClassifier) and best.frozen_head == "bilstm" and best.lstm_size == 8
     assert len(search.cv_results_["mean_test_score"]) == 4
     assert best.predict(X).tolist() == y  # refit on all of X: the expected labels
+
+
+def test_every_hook_the_base_class_calls_is_declared_on_it():
+    """The base class's own code (tasks/base.py, inference.py, modes.py) calls a subclass's hooks by name; each is
+    declared on TaskEstimator with its contract, so a new task sees every hook it may fill in one place."""
+    import ast
+    from pathlib import Path
+
+    from ctxrep.tasks.base import TaskEstimator
+
+    folder = Path(__file__).resolve().parents[1] / "src" / "ctxrep" / "tasks"
+    read, stored = set(), set()  # attributes read, and those assigned (state such as a cached int8 copy, not hooks)
+    for name in ("base.py", "inference.py", "modes.py"):
+        for node in ast.walk(ast.parse((folder / name).read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "est", "estimator")
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                (stored if isinstance(node.ctx, ast.Store) else read).add(node.attr)
+    called = read - stored
+    assert len(called) > 15
+    missing = sorted(name for name in called if not hasattr(TaskEstimator, name))
+    assert not missing, f"called on an estimator but not declared on TaskEstimator: {missing}"

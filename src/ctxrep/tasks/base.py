@@ -9,19 +9,10 @@
 A task estimator follows scikit-learn's contract (`__init__` stores its arguments, `fit` returns self, learned
 state ends in `_`, `predict` and `score` change nothing). Its parameters are dataclass fields: the shared ones
 declared once in TaskParams, each estimator's own in its class. Subclasses only say how to read their data, build
-their head and batches, and turn outputs into predictions:
-
-    _check_X(X) / _check_X_y(X, y, fitting)   normalised X (and y); errors name the bad example
-    _learn_targets(y) / _check_same_targets(y)  set classes_ etc. from the training labels / check a warm start's
-    _make_head(rep)                          the task head (an nn.Module) over the Representation rep
-    _piece_records(X, y, call)               finetune records (one input may give several windows), each with
-                                             .input, an EncoderInput
-    _feature_records(X, y, call)             frozen records, each with .features from call.features
-    _collate(records, call)                  dict of tensors for one batch: call.mode.units(records, call) + targets
-    _head_loss(logits, batch)                the loss
-    _split_outputs(logits, records)          one output per record
-    _decode(X, records, outputs)             predictions for X
-    _score(X, y, predictions)                the score `score` returns
+their head and batches, and turn outputs into predictions, through the hooks declared (with their contracts) at the
+end of TaskEstimator: _check_params, _check_X, _check_X_y, _learn_targets, _check_same_targets, _make_head,
+_piece_records (finetune), _feature_records (frozen), _collate, _head_loss, _split_outputs, _decode, _score, and
+the optional _frozen_pooling, _own_lr, _state_to_json / _state_from_json.
 
 The encoder is loaded once per fit (ctxrep.models.loading.load_encoder) and only its interface is asked
 (word_level, max_tokens, num_layers, hidden_size). Two modes share the head (tasks/modes.py decides everything
@@ -52,9 +43,8 @@ from torch import nn
 
 from ctxrep.models.folders import write_safetensors
 from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
-from ctxrep.tasks.features import FeatureCache
 from ctxrep.tasks.inference import Inference
-from ctxrep.tasks.modes import FineTune, Frozen, mode_of, units_of
+from ctxrep.tasks.modes import Call, FineTune, Frozen, mode_of, units_of
 from ctxrep.tasks.network import Representation, TaskNetwork, make_optimizer, unfreeze_from_top
 from ctxrep.train.batches import EpochBatches, batches_per_epoch, epochs_and_steps, length_bucketed
 from ctxrep.train.trainer import EarlyStopping, ObjectiveOf, Trainer, TrainerConfig, seeded_torch
@@ -62,22 +52,6 @@ from ctxrep.train.trainer import EarlyStopping, ObjectiveOf, Trainer, TrainerCon
 FROZEN_HEADS = ("bilstm", "linear")
 IGNORE = -100  # label of positions that carry no loss
 SHARED_DOC_TITLE = "Parameters shared by every task estimator (ctxrep.tasks.base.TaskParams):"
-
-
-@dataclass
-class Call:
-    """What one fit or predict call encodes its examples with.
-
-    tokenizer: the encoder's tokenizer; a word-level one (ELMo) is a fresh copy per call, since it numbers words.
-    features: the frozen-feature cache (frozen mode), else None.
-    max_length: the longest window in pieces: max_length, at most the encoder's max_tokens.
-    mode: the mode object (tasks/modes.py) that builds this call's records and batches.
-    """
-
-    tokenizer: object
-    features: FeatureCache | None
-    max_length: int
-    mode: FineTune | Frozen
 
 
 @dataclass(eq=False, repr=False)
@@ -382,11 +356,6 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             fused=self._fused_adamw,
         )
 
-    def _own_lr(self) -> tuple[str, float] | None:
-        """(parameter-name prefix in the network, its learning rate) for parameters that train at a rate of their
-        own (TokenTagger's CRF), or None."""
-        return None
-
     def _lr(self) -> float:
         """The peak learning rate: lr, or 5e-5 to fine-tune and 1e-3 for a head on frozen features."""
         if self.lr is not None:
@@ -415,9 +384,6 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
     def _examples(self, X, y, call: Call) -> list:
         """The records of X (and y): the mode's builder, `_piece_records` (finetune) or `_feature_records` (frozen)."""
         return call.mode.records(self, X, y, call)
-
-    def _frozen_pooling(self) -> str:
-        return "mean"
 
     # ---- learned layer weights ---------------------------------------------------------------------
 
@@ -466,9 +432,6 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
 
     def _score_examples(self, X: list, y: list, records: list, call: Call) -> float:
         return self._score(X, y, self._decode(X, records, self._forward_all(records, call)))
-
-    def _split_outputs(self, logits, records) -> list:
-        return list(logits.unbind(0))
 
     def predict(self, X, *, device: str | torch.device | None = None, precision: str | None = None):
         """One prediction per example of X. device / precision: for this call only (see `using`)."""
@@ -534,18 +497,6 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
         est.history_ = config["history"]
         return est
 
-    def _state_to_json(self) -> dict:
-        state = {"classes": list(self.classes_)} if hasattr(self, "classes_") else {}
-        if hasattr(self, "frozen_shape_"):
-            state["frozen_shape"] = self.frozen_shape_
-        return state
-
-    def _state_from_json(self, state: dict) -> None:
-        if "classes" in state:
-            self.classes_ = np.array(state["classes"])
-        if "frozen_shape" in state:
-            self.frozen_shape_ = state["frozen_shape"]
-
     # ---- the public seam for tools (compress/: head importance, distillation) ----------------------------------
 
     def task_batches(self, X, y, batch_size: int | None = None) -> list[dict[str, torch.Tensor]]:
@@ -581,25 +532,79 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
         est.history_, est.n_epochs_ = [], 0
         return est
 
-    # ---- hooks -----------------------------------------------------------------------------------------
+    # ---- hooks: what a task says; each is declared here, the abstract ones raise NotImplementedError ------------
 
     def _check_params(self) -> None:
-        pass
+        """The task's own parameters checked at fit time (scikit-learn: __init__ only stores them)."""
+
+    def _check_X(self, X) -> list:
+        """X normalised (a list of the task's inputs) or a one-line error naming the bad example."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how to read X (_check_X)")
+
+    def _check_X_y(self, X, y, fitting: bool) -> tuple[list, list]:
+        """X and y normalised and checked against each other; `fitting`: y is the training labels."""
+        raise NotImplementedError(f"{type(self).__name__} does not say how to read X, y (_check_X_y)")
+
+    def _learn_targets(self, y) -> None:
+        """Set the fitted target state from the training labels (classes_, the tag set, the score range)."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what it learns from y (_learn_targets)")
 
     def _check_same_targets(self, y) -> None:
-        pass
+        """A warm start's or an eval_set's labels checked against the fitted ones (unseen labels: an error)."""
 
     def _make_head(self, rep: Representation) -> nn.Module:
         """The task head over `rep` (its out_dim, has_cls, bidirectional_states)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} builds no head (_make_head)")
 
     def _piece_records(self, X, y, call: Call) -> list:
         """finetune: records whose .input is an EncoderInput (windows of pieces)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no fine-tuning records (_piece_records)")
 
     def _feature_records(self, X, y, call: Call) -> list:
         """frozen: records whose .features are a text's (words, layers, dim) from call.features."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} has no frozen-feature records (_feature_records)")
+
+    def _collate(self, records: list, call: Call) -> dict[str, torch.Tensor]:
+        """One batch of records as tensors: call.mode.units(records, call) plus the task's targets."""
+        raise NotImplementedError(f"{type(self).__name__} cannot batch its records (_collate)")
+
+    def _head_loss(self, outputs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss of the network's outputs for a batch (a mean over its units)."""
+        raise NotImplementedError(f"{type(self).__name__} has no loss (_head_loss)")
+
+    def _split_outputs(self, outputs: torch.Tensor, records: list) -> list:
+        """The network's outputs for a batch, one per record (default: along the first dimension)."""
+        return list(outputs.unbind(0))
+
+    def _decode(self, X: list, records: list, outputs: list) -> object:
+        """The predictions for X from each record's output (windows of one text joined here)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot turn outputs into predictions (_decode)")
+
+    def _score(self, X: list, y: list, predicted) -> float:
+        """What `score` returns for predictions against y (accuracy, entity F1, R^2, ...)."""
+        raise NotImplementedError(f"{type(self).__name__} has no score (_score)")
+
+    def _frozen_pooling(self) -> str:
+        """How frozen features pool a word's pieces ("mean"; a tagger's word_pooling)."""
+        return "mean"
+
+    def _own_lr(self) -> tuple[str, float] | None:
+        """(parameter-name prefix in the network, its learning rate) for parameters that train at a rate of their
+        own (TokenTagger's CRF), or None."""
+        return None
+
+    def _state_to_json(self) -> dict:
+        """The fitted target state saved in config.json (classes_, ...); `_state_from_json` reads it back."""
+        state = {"classes": list(self.classes_)} if hasattr(self, "classes_") else {}
+        if hasattr(self, "frozen_shape_"):
+            state["frozen_shape"] = self.frozen_shape_
+        return state
+
+    def _state_from_json(self, state: dict) -> None:
+        if "classes" in state:
+            self.classes_ = np.array(state["classes"])
+        if "frozen_shape" in state:
+            self.frozen_shape_ = state["frozen_shape"]
 
 
 def _shared_doc() -> str:

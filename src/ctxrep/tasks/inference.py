@@ -10,17 +10,13 @@ training loop too: outside `using` the device is the estimator's own.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from ctxrep.tasks.modes import units_of
+from ctxrep.tasks.modes import Call, units_of
 from ctxrep.tasks.network import TaskNetwork, inference_network, int8_network
 from ctxrep.text.inputs import token_budget_batches
-
-if TYPE_CHECKING:
-    from ctxrep.tasks.base import Call
 
 PREDICT_TOKENS = 2048  # token budget of one prediction batch (rows x longest), as the Featurizer's batch_tokens
 

@@ -22,11 +22,30 @@ Representation (out_dim, has_cls, bidirectional_states).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ctxrep.tasks.features import FeatureCache
 from ctxrep.tasks.network import Representation, pad_features
 from ctxrep.text.inputs import collate
+
+
+@dataclass
+class Call:
+    """What one fit or predict call encodes its examples with.
+
+    tokenizer: the encoder's tokenizer; a word-level one (ELMo) is a fresh copy per call, since it numbers words.
+    features: the frozen-feature cache (frozen mode), else None.
+    max_length: the longest window in pieces: max_length, at most the encoder's max_tokens.
+    mode: the mode object (tasks/modes.py) that builds this call's records and batches.
+    """
+
+    tokenizer: object
+    features: FeatureCache | None
+    max_length: int
+    mode: FineTune | Frozen
+
 
 MODES = ("finetune", "frozen")
 
