@@ -407,7 +407,7 @@ def test_no_progress_prints_plain_progress_lines(tiny_models, tmp_path, capsys):
                max_epochs=2, batch_size=4, progress="lines")  # fmt: skip
     err = capsys.readouterr().err
     assert "SequenceRegressor: epoch 1" in err and "SequenceRegressor: epoch 2" in err
-    assert "batches (100%)" in err and "\r" not in err
+    assert "steps (100%)" in err and "\r" not in err
 
 
 def test_readme_use_a_fine_tuned_model_runs(tiny_models, tmp_path):
