@@ -37,9 +37,10 @@ from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import SETTINGS_FILE, TORCH_ACTIVATIONS, Prompts, read_prompts
 from ctxrep.models.shards import WeightIndex, read_tensor
 from ctxrep.modules.activations import ACTIVATIONS
-from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, top_scores
+from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, ranked_hits
 from ctxrep.runtime.hardware import default_batch_tokens
 from ctxrep.text.inputs import WindowPlan, collate
+from ctxrep.vectors.hits import Hits
 
 
 @dataclass(frozen=True)
@@ -287,13 +288,14 @@ class CrossEncoderReranker:
         top_n: int | None = None,
         prompt: str | None = None,
         prompt_name: str | None = None,
-    ) -> list[tuple[int, float]]:
-        """(document index, score) for the `top_n` best documents (all when None), highest score first; ties keep
-        the documents' order. The server's /rerank and /v1/rerank answer with this."""
+    ) -> Hits:
+        """The `top_n` best documents (all when None), highest score first, ties in the documents' order, as Hits:
+        ids = the documents' positions, texts = the documents, scores (ranking.ranked_hits). The server's /rerank
+        and /v1/rerank answer with this."""
         documents = check_rerank_args(query, documents, top_n)
         if self.num_labels != 1:
             raise ValueError(
                 f"{self.folder}: this cross-encoder has {self.num_labels} labels; rerank needs one relevance score "
                 "per pair (use predict for the per-label scores)"
             )
-        return top_scores(self.predict([(query, d) for d in documents], prompt, prompt_name), top_n)
+        return ranked_hits(self.predict([(query, d) for d in documents], prompt, prompt_name), documents, top_n)

@@ -24,9 +24,10 @@ import torch
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import Prompts, read_prompts
-from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, top_scores
+from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, ranked_hits
 from ctxrep.runtime.hardware import default_batch_tokens
 from ctxrep.text.inputs import EncoderInput, collate
+from ctxrep.vectors.hits import Hits
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ class LLMReranker:
         top_n: int | None = None,
         prompt: str | None = None,
         prompt_name: str | None = None,
-    ) -> list[tuple[int, float]]:
-        """(document index, P(yes)) for the `top_n` best documents (all when None), best first."""
+    ) -> Hits:
+        """The `top_n` best documents (all when None) by P(yes), best first, as Hits (see
+        CrossEncoderReranker.rerank)."""
         documents = check_rerank_args(query, documents, top_n)
-        return top_scores(self.predict([(query, d) for d in documents], prompt, prompt_name), top_n)
+        return ranked_hits(self.predict([(query, d) for d in documents], prompt, prompt_name), documents, top_n)

@@ -368,8 +368,9 @@ class SentenceIndex:
         if k == 0:
             return Hits.empty() if single else [Hits.empty() for _ in range(len(q))]
         use_exact = exact if exact is not None else len(self) <= self.exact_below
-        if self.binary is not None and exact is not True:
-            scores, rows = self._codes()._top(q, int(k), self.binary.rescore_multiplier)
+        if self.binary is not None and exact is not True:  # the codes' rows, then this index's ids and texts
+            found = self._codes().search(q, int(k), self.binary.rescore_multiplier)
+            rows, scores = [h.rows for h in found], [h.scores for h in found]
         else:
             rows, scores = self._exact(q, k) if use_exact else self._approximate(q, k)
         hits = [Hits.from_rows(rr, ss, self.ids, self.texts) for rr, ss in zip(rows, scores)]
