@@ -6,7 +6,8 @@ load_reranker(name)                    the reranker of a folder, by what it hold
                                        reranker (LLMReranker: a ...ForCausalLM that is no sentence-embedding folder)
 reranker.rerank(query, documents, top_n=None, prompt=None, prompt_name=None) -> Hits (ctxrep.vectors.hits): ids =
                                        the documents' positions, texts = the documents, scores best first; the same
-                                       answer from every reranker and every ctxrep estimator fitted on pairs
+                                       answer from every reranker (ranking.Reranker, their base) and every ctxrep
+                                       estimator fitted on pairs
 reranker.predict(pairs)                the scores of (query, document) pairs, in their order
 reranker.cut_texts, .cut_pieces        after each call: the pairs cut to fit max_length (indices in that call)
                                        and how many pieces each lost (a reranker cuts, it does not window)
@@ -26,7 +27,7 @@ from ctxrep.models.sentence_transformers import read_modules, read_settings
 from ctxrep.rerank.cross_encoder import HEADS, CrossEncoderReranker, architecture_of
 from ctxrep.rerank.llm import QWEN3_RERANKER, LLMReranker, YesNoTemplate
 from ctxrep.rerank.pair_model import PairModelReranker, is_estimator_folder
-from ctxrep.rerank.ranking import check_rerank_args, ranked_hits, rerank_hits, top_scores
+from ctxrep.rerank.ranking import Reranker, check_rerank_args, ranked_hits, rerank_hits, top_scores
 
 __all__ = [
     "CrossEncoderReranker",
@@ -34,6 +35,7 @@ __all__ = [
     "PairModelReranker",
     "QWEN3_RERANKER",
     "RERANKERS",
+    "Reranker",
     "RerankerKind",
     "YesNoTemplate",
     "load_reranker",

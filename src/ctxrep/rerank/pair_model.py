@@ -24,8 +24,7 @@ import numpy as np
 
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.sentence_transformers import Prompts
-from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, ranked_hits
-from ctxrep.vectors.hits import Hits
+from ctxrep.rerank.ranking import BetweenBatches, Reranker
 
 ESTIMATOR_KEY = "estimator"  # config.json of a saved ctxrep estimator names its class here (ctxrep.tasks.load)
 
@@ -40,7 +39,7 @@ def is_estimator_folder(folder: str | os.PathLike) -> bool:
         return False
 
 
-class PairModelReranker:
+class PairModelReranker(Reranker):
     """A fine-tuned ctxrep pair model (see the module docstring) behind the rerankers' interface.
 
     model: a folder written by a SequenceRegressor / SequenceClassifier's save (`ctxrep finetune`'s OUT/model), or a
@@ -101,19 +100,6 @@ class PairModelReranker:
         if not pairs:
             return np.zeros(0, np.float32)
         return np.asarray(self.estimator.pair_scores(pairs), dtype=np.float32)
-
-    def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        top_n: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-    ) -> Hits:
-        """The `top_n` best documents (all when None) by the estimator's score, best first, as Hits (ids = the
-        documents' positions, texts = the documents, scores): the same answer as the estimator's own rerank."""
-        documents = check_rerank_args(query, documents, top_n)
-        return ranked_hits(self.predict([(query, d) for d in documents], prompt, prompt_name), documents, top_n)
 
     def _cuts(self, pairs: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
         """(pairs cut, pieces each lost): a fine-tuned encoder reads a pair's words in one window of max_length

@@ -42,6 +42,36 @@ def check_rerank_args(query: str, documents: Sequence[str], top_n: int | None) -
     return documents
 
 
+class Reranker:
+    """What every reranker shares (CrossEncoderReranker, LLMReranker, PairModelReranker): `rerank` over its own
+    `predict(pairs, prompt, prompt_name)` (scores of (query, document) pairs in their order), and the attributes
+    the front ends read: `cut_texts` / `cut_pieces` after each call, `max_length`, `prompts`, `tokenizer`, and
+    `between_batches` (None, or a function called after each batch: ctxrep serve's turns; set it on a copy)."""
+
+    between_batches: BetweenBatches | None = None
+
+    def predict(self, pairs, prompt: str | None = None, prompt_name: str | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def check_reranks(self) -> None:
+        """A one-line ValueError when this model cannot rerank (as the estimators' check_reranks); none here."""
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+    ) -> Hits:
+        """The `top_n` best documents (all when None) for `query`, highest score first, ties in the documents'
+        order, as Hits: ids = the documents' positions, texts = the documents, scores (`ranked_hits`). The
+        server's /rerank and /v1/rerank answer with this."""
+        self.check_reranks()
+        documents = check_rerank_args(query, documents, top_n)
+        return ranked_hits(self.predict([(query, d) for d in documents], prompt, prompt_name), documents, top_n)
+
+
 def length_batches(
     lengths: Sequence[int], budget: int, between_batches: BetweenBatches | None = None
 ) -> Iterator[list[int]]:

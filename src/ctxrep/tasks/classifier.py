@@ -322,18 +322,6 @@ class SequenceClassifier(SequenceTask):
         """The probability of the last class (classes_[-1]: 1, True, "similar", ... as sorted) for each pair."""
         return self.predict_proba(pairs)[:, -1].astype(np.float64)
 
-    def rerank(
-        self,
-        query: str,
-        documents,
-        top_n: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-    ) -> Hits:
-        """Rerank `documents` for `query` by the probability of the last class, classes_[-1] (labels sort, so with
-        labels 0/1 or False/True that is the positive one); see SequenceTask.rerank."""
-        return super().rerank(query, documents, top_n, prompt, prompt_name)
-
     def _score(self, X, y, predicted) -> float:
         """Accuracy."""
         y = np.asarray(y)
