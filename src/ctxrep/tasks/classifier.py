@@ -206,7 +206,8 @@ class SequenceTask(TaskEstimator):
 
     def pair_scores(self, pairs) -> np.ndarray:
         """The relevance score of each (query, document) pair, in their order: the regressor's prediction, the
-        classifier's probability of its last class (see SequenceClassifier.rerank). What `rerank` orders by."""
+        classifier's probability of its last class, classes_[-1] (labels sort, so with labels 0/1 or False/True that is
+        the positive one; see SequenceClassifier._pair_scores). What `rerank` orders by."""
         self.check_reranks()
         return self._pair_scores(list(pairs))
 
