@@ -104,8 +104,10 @@ def test_the_tables_name_every_kind_and_route():
 
 
 def test_options_that_do_not_fit_the_folder_are_refused(cross_encoder, tiny_models):
-    with pytest.raises(ValueError, match=r"--layers, --normalize: sentence-embedding options, but the model .* is a "):
+    with pytest.raises(ValueError, match=r"--layers, --normalize: the model .* is a reranker, which serves rerank and"):
         make_service(str(cross_encoder), layers=0, normalize=True)
+    with pytest.raises(ValueError, match=r"--backend: the model .* is a reranker, which serves rerank and does not"):
+        make_service(str(cross_encoder), backend="onnxruntime")
     with pytest.raises(ValueError, match=r"--reranker .*: the model .* is a reranker already, which serves rerank"):
         make_service(str(cross_encoder), reranker=str(cross_encoder))
     with pytest.raises(ValueError, match="architectures says BertModel, which is not a cross-encoder"):

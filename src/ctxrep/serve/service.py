@@ -330,14 +330,21 @@ def make_service(
             raise ValueError(
                 f"{flag} {given}: the model {model} is {kind.what} already, which serves {answer.value}; give one"
             )
+    given = {  # an option given, and what reads it
+        "--layers": (layers != -1, (Answer.EMBEDDINGS,)),
+        "--sentence-pooling": (sentence_pooling != "auto", (Answer.EMBEDDINGS,)),
+        "--normalize": (normalize, (Answer.EMBEDDINGS,)),
+        "--precision": (precision is not None, (Answer.EMBEDDINGS, Answer.SPARSE)),
+        "--backend": (backend != "torch", (Answer.EMBEDDINGS, Answer.SPARSE)),
+    }
+    unread = [flag for flag, (on, readers) in given.items() if on and not set(readers) & set(kind.answers)]
+    if unread:
+        raise ValueError(
+            f"{', '.join(unread)}: the model {model} is {kind.what}, which serves "
+            f"{' and '.join(a.value for a in kind.answers)} and does not read {'it' if len(unread) == 1 else 'them'}; "
+            "leave them out"
+        )
     if Answer.EMBEDDINGS not in kind.answers:
-        unread = {"--layers": layers != -1, "--sentence-pooling": sentence_pooling != "auto", "--normalize": normalize}
-        given = [flag for flag, on in unread.items() if on]
-        if given:
-            raise ValueError(
-                f"{', '.join(given)}: sentence-embedding options, but the model {model} is {kind.what}, which serves "
-                f"{' and '.join(a.value for a in kind.answers)}; leave them out"
-            )
         if threads is not None:
             import torch
 
