@@ -8,7 +8,7 @@ per query, one query at a time (as a server answers), the median over --queries 
     float exact        SentenceIndex(exact=True), one matrix product; peer: semantic_search on the same vectors
     dimensions 256/128 SentenceIndex.from_vectors(dimensions=N) (truncate, renormalise); peer: semantic_search on
                        the same truncated vectors; recall against the full-width exact hits
-    binary + int8      SentenceIndex(binary="int8"), saved and loaded (the int8 rescoring vectors memory-mapped):
+    binary + int8      SentenceIndex(binary=Binary(Rescore.INT8)), saved and loaded (the int8 rescoring vectors memory-mapped):
                        Hamming candidates (k x --rescore-multiplier) rescored; peer: semantic_search on the floats
     binary + float32   the same, rescored by the float32 vectors
 
@@ -43,6 +43,7 @@ def main() -> None:
     from sentence_transformers.util import dot_score, semantic_search
 
     from ctxrep.vectors.index import SentenceIndex
+    from ctxrep.vectors.quantize import Binary, Rescore
 
     rng = np.random.default_rng(0)
     n, k, dim = args.n, 10, 384
@@ -77,7 +78,8 @@ def main() -> None:
         row(f"dimensions {d}", small, small.vectors, small.vectors.nbytes, "peer on the same truncated vectors")
     with tempfile.TemporaryDirectory() as tmp:
         for rescore in ("int8", "float32"):
-            built = SentenceIndex.from_vectors(vectors, binary=rescore, rescore_multiplier=args.rescore_multiplier)
+            binary = Binary(Rescore(rescore), args.rescore_multiplier)
+            built = SentenceIndex.from_vectors(vectors, binary=binary)
             built.save(f"{tmp}/{rescore}")
             index = SentenceIndex.load(f"{tmp}/{rescore}")
             coded = index.binary_index

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from ctxrep.featurize import Featurizer
     from ctxrep.rerank import CrossEncoderReranker
-    from ctxrep.vectors.quantize import BinaryIndex, dequantize, quantize, truncate
+    from ctxrep.vectors.quantize import BinaryIndex, Rescore, dequantize, quantize, truncate
 
     data = Path(args.data)
     queries, corpus, relevant = retrieval_set(data, args.queries, args.documents, args.distractors)
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     row("dense", dense, C.nbytes)
     q8 = quantize(C, "int8")
     row("int8", top(Q @ dequantize(q8).T, 10), q8.nbytes, "ranges from the corpus")
-    index = BinaryIndex.build(C, rescore="int8", calibration=C)
-    _, binary = index.search(Q, k=10, rescore_multiplier=args.rescore_multiplier)
+    index = BinaryIndex.build(C, rescore=Rescore.INT8, calibration=C)
+    binary = np.stack([h.rows for h in index.search(Q, k=10, rescore_multiplier=args.rescore_multiplier)])
     row(
         "binary+rescore",
         binary,

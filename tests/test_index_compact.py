@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from ctxrep import Featurizer
 from ctxrep.cli import main
 from ctxrep.vectors.index import SentenceIndex, SentenceIndexError
-from ctxrep.vectors.quantize import quantize
+from ctxrep.vectors.quantize import Binary, BinaryIndex, Rescore, quantize
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -135,16 +135,16 @@ def test_dimensions_on_given_vectors_and_too_many_dimensions(prompted):
 # ---- binary codes rescored ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rescore", ["float32", "int8"])
+@pytest.mark.parametrize("rescore", [Rescore.FLOAT32, Rescore.INT8])
 def test_binary_top_hits_equal_exact_when_rescoring_covers_every_row(rescore, tmp_path):
     rng = np.random.default_rng(1)
     v = rng.normal(size=(40, 64)).astype(np.float32)
     q = rng.normal(size=(6, 64)).astype(np.float32)
     exact = SentenceIndex.from_vectors(v).search(q, k=5)
-    binary = SentenceIndex.from_vectors(v, binary=rescore, rescore_multiplier=8)  # 5 x 8 = 40 candidates: every row
+    binary = SentenceIndex.from_vectors(v, binary=Binary(rescore, 8))  # 5 x 8 = 40 candidates: every row
     hits = binary.search(q, k=5)
     assert binary.binary_index.codes.nbytes == 40 * 64 // 8
-    if rescore == "float32":
+    if rescore is Rescore.FLOAT32:
         assert [h.ids for h in hits] == [h.ids for h in exact]
         for a, b in zip(hits, exact):
             np.testing.assert_allclose(a.scores, b.scores, atol=1e-6)
@@ -159,7 +159,9 @@ def test_binary_top_hits_equal_exact_when_rescoring_covers_every_row(rescore, tm
     assert {"binary", "rescore", "index.json", "items.jsonl"} <= {p.name for p in (tmp_path / "bx").iterdir()}
     assert not (tmp_path / "bx" / "vectors.npy").exists()
     back = SentenceIndex.load(tmp_path / "bx")
-    assert (back.binary, back.rescore_multiplier) == (rescore, 8)
+    assert back.binary == Binary(rescore, 8)
+    meta = json.loads((tmp_path / "bx" / "index.json").read_text())
+    assert meta["binary"] == {"rescore": rescore.value, "rescore_multiplier": 8}  # the strings of older ctxrep
     for a, b in zip(back.search(q, k=5), hits):
         assert a.ids == b.ids
         np.testing.assert_allclose(a.scores, b.scores, atol=1e-6)
@@ -168,7 +170,7 @@ def test_binary_top_hits_equal_exact_when_rescoring_covers_every_row(rescore, tm
 def test_rows_added_to_a_loaded_binary_index_are_coded_on_the_same_grid(tmp_path):
     rng = np.random.default_rng(2)
     v = rng.normal(size=(30, 32)).astype(np.float32)
-    SentenceIndex.from_vectors(v[:20], binary="int8", rescore_multiplier=30).save(tmp_path / "bx")
+    SentenceIndex.from_vectors(v[:20], binary=Binary(Rescore.INT8, 30)).save(tmp_path / "bx")
     back = SentenceIndex.load(tmp_path / "bx")
     ranges = back.binary_index.rescore.ranges.copy()
     back.add_vectors(v[20:], ids=[f"n{i}" for i in range(10)])
@@ -181,13 +183,55 @@ def test_rows_added_to_a_loaded_binary_index_are_coded_on_the_same_grid(tmp_path
 
 
 def test_binary_bad_arguments():
-    with pytest.raises(ValueError, match=r"binary must be None or one of \('int8', 'float32'\)"):
+    with pytest.raises(
+        ValueError, match=r"binary must be None or a Binary\(rescore, rescore_multiplier\).* got 'int4'"
+    ):
         SentenceIndex(8, binary="int4")
-    with pytest.raises(ValueError, match="rescore_multiplier must be a positive integer"):
-        SentenceIndex(8, binary="int8", rescore_multiplier=0)
-    one = SentenceIndex.from_vectors(np.ones((1, 8), np.float32), binary="int8")
+    with pytest.raises(ValueError, match="Binary.rescore must be Rescore.INT8 or Rescore.FLOAT32.* got 'int8'"):
+        Binary("int8")
+    with pytest.raises(ValueError, match="rescore_multiplier must be a positive integer, got 0"):
+        Binary(Rescore.INT8, 0)
+    with pytest.raises(ValueError, match=r"rescore_multiplier goes inside the Binary option"):
+        SentenceIndex(8, binary=Binary(), rescore_multiplier=3)
+    with pytest.raises(ValueError, match="rescore_multiplier applies to a binary index"):
+        SentenceIndex(8, rescore_multiplier=3)
+    with pytest.raises(ValueError, match=r"rescore must be Rescore.INT8 or Rescore.FLOAT32 .* got 'int4'"):
+        BinaryIndex.build(np.ones((2, 8), np.float32), rescore="int4")
+    one = SentenceIndex.from_vectors(np.ones((1, 8), np.float32), binary=Binary())
     with pytest.raises(SentenceIndexError, match="needs at least 2 rows for its int8 ranges, it has 1"):
         one.save("unused")
+
+
+def test_old_binary_strings_work_for_a_release_with_a_deprecation_warning(tmp_path):
+    """SentenceIndex(binary="int8" | "float32", rescore_multiplier=N), BinaryIndex.build(rescore="int8") and the
+    rescore_multiplier attribute: the same index as the typed option, each with a DeprecationWarning; an index.json
+    that older ctxrep wrote ({"rescore": "int8", ...}) loads as Binary."""
+    v = np.random.default_rng(4).normal(size=(12, 16)).astype(np.float32)
+    with pytest.warns(DeprecationWarning, match=r"binary='float32'\) is now binary=Binary\(Rescore.FLOAT32\)"):
+        old = SentenceIndex.from_vectors(v, binary="float32")
+    assert old.binary == Binary(Rescore.FLOAT32, 4)
+    with pytest.warns(
+        DeprecationWarning, match=r"'int8', rescore_multiplier=N\) is now binary=Binary\(Rescore.INT8, re"
+    ):
+        old = SentenceIndex.from_vectors(v, binary="int8", rescore_multiplier=6)
+    assert old.binary == Binary(Rescore.INT8, 6)
+    with pytest.warns(DeprecationWarning, match="binary.rescore_multiplier"):
+        assert old.rescore_multiplier == 6
+    new = SentenceIndex.from_vectors(v, binary=Binary(Rescore.INT8, 6))
+    assert [h.ids for h in old.search(v[:3], k=4)] == [h.ids for h in new.search(v[:3], k=4)]
+    with pytest.warns(DeprecationWarning, match=r"rescore='int8' is now rescore=Rescore.INT8"):
+        built = BinaryIndex.build(v, rescore="int8")
+    np.testing.assert_array_equal(built.rescore.codes, BinaryIndex.build(v, Rescore.INT8).rescore.codes)
+    new.save(tmp_path / "bx")  # what older ctxrep wrote: the same strings, so either version reads the other's
+    meta = json.loads((tmp_path / "bx" / "index.json").read_text())
+    assert meta["binary"] == {"rescore": "int8", "rescore_multiplier": 6}
+    del meta["binary"]["rescore_multiplier"]  # the first binary indexes' index.json may lack it: 4
+    (tmp_path / "bx" / "index.json").write_text(json.dumps(meta))
+    assert SentenceIndex.load(tmp_path / "bx").binary == Binary(Rescore.INT8, 4)
+    meta["binary"] = {"rescore": "int4"}
+    (tmp_path / "bx" / "index.json").write_text(json.dumps(meta))
+    with pytest.raises(SentenceIndexError, match=r"index.json: not written by SentenceIndex.save \(ValueError"):
+        SentenceIndex.load(tmp_path / "bx")
 
 
 # ---- the command line -----------------------------------------------------------------------------------------

@@ -6,10 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ctxrep.vectors.hits import Hits
 from ctxrep.vectors.quantize import (
     PRECISIONS,
     BinaryIndex,
     QuantizedVectors,
+    Rescore,
     dequantize,
     hamming,
     quantize,
@@ -107,7 +109,7 @@ def test_hamming_equals_counting_unpacked_bits_at_every_row_width(row_bytes):
     np.testing.assert_array_equal(hamming(queries, codes[::2]), bits[:, ::2])  # a strided view
 
 
-@pytest.mark.parametrize("rescore", ["int8", "float32"])
+@pytest.mark.parametrize("rescore", [Rescore.INT8, Rescore.FLOAT32])
 def test_binary_index_with_rescoring_finds_the_exact_neighbours(rescore):
     rng = np.random.default_rng(5)
     centres = rng.normal(size=(40, 64))
@@ -117,8 +119,13 @@ def test_binary_index_with_rescoring_finds_the_exact_neighbours(rescore):
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     exact = np.argsort(-(queries @ corpus.T), axis=1)[:, :10]
     index = BinaryIndex.build(corpus, rescore=rescore)
-    scores, rows = index.search(queries, k=10, rescore_multiplier=8)
-    assert rows.shape == scores.shape == (50, 10)
+    hits = index.search(queries, k=10, rescore_multiplier=8)  # (n, dim) queries: a list of Hits, one per query
+    assert isinstance(hits, list) and all(isinstance(h, Hits) for h in hits)
+    rows, scores = np.stack([h.rows for h in hits]), np.stack([h.scores for h in hits])
+    assert rows.shape == scores.shape == (50, 10) and scores.dtype == np.float32
+    assert [h.ids for h in hits] == rows.tolist() and hits[0].texts == [None] * 10  # ids: the rows
+    one = index.search(queries[3], k=10, rescore_multiplier=8)  # one vector (dim,): one Hits
+    assert isinstance(one, Hits) and one.ids == hits[3].ids
     assert (np.diff(scores, axis=1) <= 0).all()
     recall = np.mean([len(set(r) & set(e)) / 10 for r, e in zip(rows, exact)])
     assert recall >= 0.9, recall
@@ -132,10 +139,38 @@ def test_binary_index_with_rescoring_finds_the_exact_neighbours(rescore):
 
 def test_binary_index_saved_and_loaded_searches_the_same(tmp_path):
     v = _vectors(500, 64, seed=7)
-    index = BinaryIndex.build(v, rescore="int8")
+    index = BinaryIndex.build(v, rescore=Rescore.INT8)
     loaded = BinaryIndex.load(index.save(tmp_path / "ix"))
     assert isinstance(loaded.rescore.codes, np.memmap)  # the rescoring codes stay on disk
     for a, b in zip(index.search(v[:20], k=5), loaded.search(v[:20], k=5)):
-        np.testing.assert_array_equal(a, b)
+        assert a.ids == b.ids
+        np.testing.assert_array_equal(a.scores, b.scores)
     with pytest.raises(ValueError, match="binary codes do not fit"):
         BinaryIndex(loaded.codes[:3], loaded.rescore)
+
+
+def test_binary_index_old_arrays_work_for_a_release_with_a_deprecation_warning():
+    """BinaryIndex.search answers with Hits now; the (scores, rows) arrays it gave before stay reachable until 0.3
+    as search_arrays, with a DeprecationWarning, and equal the Hits' rows and scores."""
+    v = _vectors(100, 32, seed=8)
+    index = BinaryIndex.build(v, rescore=Rescore.INT8)
+    with pytest.warns(DeprecationWarning, match=r"search_arrays, which gives the old \(scores, rows\) arrays"):
+        scores, rows = index.search_arrays(v[:4], k=3, rescore_multiplier=4)
+    hits = index.search(v[:4], k=3, rescore_multiplier=4)
+    np.testing.assert_array_equal(rows, np.stack([h.rows for h in hits]))
+    np.testing.assert_array_equal(scores, np.stack([h.scores for h in hits]))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"k": 0}, "k must be a positive integer, got 0"),
+        ({"k": True}, "k must be a positive integer, got True"),
+        ({"rescore_multiplier": 0}, "rescore_multiplier must be at least 1, got 0"),
+        ({"rescore_multiplier": 2.5}, "rescore_multiplier must be a positive integer, got 2.5"),
+    ],
+)
+def test_binary_index_search_bad_arguments(kwargs, message):
+    index = BinaryIndex.build(_vectors(10, 16, seed=9), rescore=Rescore.FLOAT32)
+    with pytest.raises(ValueError, match=message):
+        index.search(_vectors(2, 16, seed=10), **kwargs)

@@ -15,6 +15,7 @@ import transformers
 from ctxrep.models.folders import CheckpointError
 from ctxrep.rerank import QWEN3_RERANKER as QWEN3
 from ctxrep.rerank import CrossEncoderReranker, YesNoTemplate, load_reranker
+from ctxrep.vectors.hits import Hits
 from tests.conftest import TOKENIZER_FILES, _roberta_tokenizer
 
 st = pytest.importorskip("sentence_transformers")
@@ -67,9 +68,11 @@ def test_rerank_orders_by_score_and_keeps_top_n(bert_ce):
     reranker = load_reranker(bert_ce)
     scores = reranker.predict([(QUERY, d) for d in DOCS])
     ranked = reranker.rerank(QUERY, DOCS)
-    assert [i for i, _ in ranked] == list(np.argsort(-scores, kind="stable"))
-    np.testing.assert_allclose([s for _, s in ranked], np.sort(scores)[::-1], rtol=1e-6)
-    assert reranker.rerank(QUERY, DOCS, top_n=2) == ranked[:2]
+    assert isinstance(ranked, Hits)
+    assert ranked.ids == list(np.argsort(-scores, kind="stable")) == ranked.rows.tolist()
+    assert ranked.texts == [DOCS[i] for i in ranked.ids]
+    np.testing.assert_allclose(ranked.scores, np.sort(scores)[::-1], rtol=1e-6)
+    assert reranker.rerank(QUERY, DOCS, top_n=2).ids == ranked.ids[:2]
     assert len(reranker.rerank(QUERY, DOCS, top_n=50)) == len(DOCS)
 
 
@@ -239,7 +242,7 @@ def test_cli_prints_the_documents_best_first(bert_ce, tmp_path):
     assert lines[0] == "rank\tscore\tline\tdocument" and len(lines) == 4
     expected = CrossEncoderReranker(bert_ce).rerank(QUERY, DOCS, top_n=3)
     line_of = [1, 3, 4, 5, 6]
-    for row, (i, score) in zip(lines[1:], expected):
+    for row, i, score in zip(lines[1:], expected.ids, expected.scores.tolist()):
         rank, shown, line, doc = row.split("\t")
         assert (int(line), doc) == (line_of[i], DOCS[i]) and abs(float(shown) - score) < 1e-6
     assert "cut" not in result.stderr  # nothing was cut
@@ -325,7 +328,7 @@ def test_llm_reranker_matches_the_model_card(qwen3_reranker):
         custom, _model_card_scores(qwen3_reranker, pairs, "Find the sentence about animals"), atol=1e-5
     )
     ranked = reranker.rerank(QUERY, DOCS, top_n=3)
-    assert [i for i, _ in ranked] == list(np.argsort(-ours, kind="stable")[:3])
+    assert ranked.ids == list(np.argsort(-ours, kind="stable")[:3])
 
 
 def test_llm_reranker_cuts_a_long_document_to_the_positions(qwen3_reranker):
@@ -368,8 +371,8 @@ def test_search_rerank_keeps_the_rerankers_k_best(bert_ce, tmp_path, tiny_models
     assert result.exit_code == 0, result.output
     rows = [line.split("\t") for line in result.output.strip().splitlines()[1:]]
     expected = CrossEncoderReranker(bert_ce).rerank(QUERY, DOCS, top_n=3)  # depth 5 = every document
-    assert [(int(r[3]), r[4]) for r in rows] == [(i, DOCS[i]) for i, _ in expected]
-    np.testing.assert_allclose([float(r[2]) for r in rows], [s for _, s in expected], atol=1e-4)
+    assert [(int(r[3]), r[4]) for r in rows] == [(i, DOCS[i]) for i in expected.ids]
+    np.testing.assert_allclose([float(r[2]) for r in rows], expected.scores, atol=1e-4)
 
 
 def test_search_rerank_says_which_hits_it_cut_and_takes_a_prompt(bert_ce, tmp_path, tiny_models):
@@ -438,8 +441,9 @@ def test_llm_reranker_through_the_cli_and_both_server_routes(qwen3_reranker, tin
 
     from ctxrep import Featurizer
     from ctxrep.cli import main
+    from ctxrep.rerank import LLMReranker
     from ctxrep.serve.app import build_app
-    from ctxrep.serve.service import EmbeddingService, ServeConfig
+    from ctxrep.serve.service import EmbeddingService, ServeConfig, make_service
 
     reranker = load_reranker(qwen3_reranker)
     expected = reranker.rerank(QUERY, DOCS, top_n=3)
@@ -451,7 +455,7 @@ def test_llm_reranker_through_the_cli_and_both_server_routes(qwen3_reranker, tin
     assert result.exit_code == 0, result.output
     rows = [line.split("\t") for line in result.output.strip().splitlines()[1:]]
     assert [(int(line) - 1, float(score)) for _, score, line, _ in rows] == [
-        (i, pytest.approx(score, abs=1e-4)) for i, score in expected
+        (i, pytest.approx(score, abs=1e-4)) for i, score in zip(expected.ids, expected.scores.tolist())
     ]
     service = EmbeddingService(
         Featurizer(tiny_models["bert"]), "tiny", ServeConfig(max_texts=8), reranker=reranker, reranker_name="qwen3"
@@ -459,9 +463,14 @@ def test_llm_reranker_through_the_cli_and_both_server_routes(qwen3_reranker, tin
     with ServerThread(build_app(service)) as s:
         cohere = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 3})
         tei = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS})
+    alone = make_service(str(qwen3_reranker))  # `ctxrep serve --model LLM_RERANKER`: served as a reranker
+    assert isinstance(alone.reranker, LLMReranker) and alone.fz is None
+    with ServerThread(build_app(alone)) as s:
+        served = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS}, timeout=60)
+    assert [x["index"] for x in served.json()] == reranker.rerank(QUERY, DOCS).ids
     assert cohere.status_code == 200 and tei.status_code == 200, (cohere.text, tei.text)
     got = [(x["index"], x["relevance_score"]) for x in cohere.json()["results"]]
-    assert got == [(i, pytest.approx(score, abs=1e-6)) for i, score in expected]
+    assert got == [(i, pytest.approx(score, abs=1e-6)) for i, score in zip(expected.ids, expected.scores.tolist())]
     assert sorted((x["index"], x["score"]) for x in tei.json())[0] == (
         0,
         pytest.approx(reranker.predict([(QUERY, DOCS[0])])[0], abs=1e-6),

@@ -30,6 +30,11 @@ DOCS = [
 ]
 
 
+def pairs(hits) -> list[tuple[int, float]]:
+    """(index, score) of a rerank's Hits, best first: what the routes answer."""
+    return list(zip(hits.ids, hits.scores.tolist()))
+
+
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory, minilm_path):
     return tiny_cross_encoder(tmp_path_factory.mktemp("ce"), minilm_path)
@@ -50,14 +55,14 @@ def test_tei_rerank(server):
     r = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True})
     assert r.status_code == 200, r.text
     expected = reranker.rerank(QUERY, DOCS)
-    assert [item["index"] for item in r.json()] == [i for i, _ in expected]
-    assert [item["score"] for item in r.json()] == pytest.approx([score for _, score in expected], abs=1e-6)
-    assert [item["text"] for item in r.json()] == [DOCS[i] for i, _ in expected]
+    assert [item["index"] for item in r.json()] == expected.ids
+    assert [item["score"] for item in r.json()] == pytest.approx(expected.scores.tolist(), abs=1e-6)
+    assert [item["text"] for item in r.json()] == expected.texts
     assert r.headers["x-cut-count"] == "0" and "x-cut-indices" not in r.headers  # nothing cut
     plain = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS, "prompt_name": "query"}).json()
     assert "text" not in plain[0]
     expected = reranker.rerank(QUERY, DOCS, prompt_name="query")
-    assert [(item["index"], pytest.approx(item["score"], abs=1e-6)) for item in plain] == expected
+    assert [(item["index"], pytest.approx(item["score"], abs=1e-6)) for item in plain] == pairs(expected)
 
 
 def test_cohere_and_jina_rerank(server):
@@ -68,8 +73,8 @@ def test_cohere_and_jina_rerank(server):
     assert r.status_code == 200, r.text
     answer = r.json()
     expected = reranker.rerank(QUERY, DOCS, top_n=2, prompt="find : ")
-    assert [(x["index"], pytest.approx(x["relevance_score"], abs=1e-6)) for x in answer["results"]] == expected
-    assert [x["document"]["text"] for x in answer["results"]] == [DOCS[i] for i, _ in expected]
+    assert [(x["index"], pytest.approx(x["relevance_score"], abs=1e-6)) for x in answer["results"]] == pairs(expected)
+    assert [x["document"]["text"] for x in answer["results"]] == expected.texts
     assert answer["model"] == "ce" and answer["usage"]["total_tokens"] > 0 and len(answer["id"]) == 32
     assert answer["cut"] == {"count": 0, "indices": []}
     bare = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}).json()["results"]
@@ -119,7 +124,7 @@ def test_rerank_routes_name_the_documents_they_cut(server):
     assert cohere.status_code == tei.status_code == 200, (cohere.text, tei.text)
     assert cohere.json()["cut"] == {"count": 2, "indices": [1, 3]}  # every cut document, top_n or not
     assert tei.headers["x-cut-count"] == "2" and tei.headers["x-cut-indices"] == "1,3"
-    assert [x["index"] for x in tei.json()] == [i for i, _ in reranker.rerank(QUERY, documents)]
+    assert [x["index"] for x in tei.json()] == reranker.rerank(QUERY, documents).ids
 
 
 def test_rerank_without_a_reranker_is_404_in_the_routes_schema(tiny_models):
@@ -127,8 +132,13 @@ def test_rerank_without_a_reranker_is_404_in_the_routes_schema(tiny_models):
         cohere = httpx.post(f"{s.url}/v1/rerank", json={"query": QUERY, "documents": DOCS})
         tei = httpx.post(f"{s.url}/rerank", json={"query": QUERY, "texts": DOCS})
     assert cohere.status_code == tei.status_code == 404
-    assert cohere.json() == {"message": "no reranker is loaded: start ctxrep serve with --reranker MODEL"}
-    assert tei.json()["error"].startswith("no reranker is loaded")
+    message = (
+        "this server holds a sentence-embedding model (tiny); rerank needs a reranker folder (a cross-encoder, an LLM "
+        "reranker or a pair model `ctxrep finetune` trained): start ctxrep serve with --reranker MODEL, or --model "
+        "MODEL of such a folder"
+    )
+    assert cohere.json() == {"message": message}
+    assert tei.json() == {"error": message, "error_type": "Validation"}
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +172,10 @@ def test_embed_sparse_without_a_sparse_model_is_404(server):
     s, _ = server
     r = httpx.post(f"{s.url}/embed_sparse", json={"inputs": "a"})
     assert r.status_code == 404 and r.json()["error_type"] == "Validation"
-    assert r.json()["error"] == "no sparse model is loaded: start ctxrep serve with --sparse-model MODEL"
+    assert r.json()["error"] == (
+        "this server holds a sentence-embedding model (tiny) and a reranker (ce); sparse vectors need a SPLADE or "
+        "BGE-M3 folder: start ctxrep serve with --sparse-model MODEL, or --model MODEL of a SPLADE folder"
+    )
 
 
 def test_texts_a_window_cut_are_reported(tiny_models):

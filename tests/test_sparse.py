@@ -15,7 +15,17 @@ import transformers
 
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import resolve_model_path
-from ctxrep.vectors.sparse import SparseEncoder, SparseIndex, SparseVector, SpladeSettings
+from ctxrep.vectors.hits import Hits
+from ctxrep.vectors.sparse import (
+    SPARSE_HEADS,
+    BgeM3Head,
+    SparseEncoder,
+    SparseIndex,
+    SparseVector,
+    SpladeHead,
+    SpladeSettings,
+    is_sparse_folder,
+)
 from ctxrep.vectors.spec import SpecMismatch
 
 TEXTS = [
@@ -72,7 +82,7 @@ def _reference(folder: Path, texts: list[str]) -> np.ndarray:
 
 def test_splade_folder_equals_sentence_transformers(splade_folder):
     encoder = SparseEncoder(splade_folder)
-    assert encoder.splade == SpladeSettings("max", "relu") and encoder.vocab_size == 30522
+    assert encoder.head.settings == SpladeSettings("max", "relu") and encoder.vocab_size == 30522
     m = encoder.embed_sentences(TEXTS)
     assert m.shape == (len(TEXTS), 30522) and m.dtype == np.float32
     expected = _reference(splade_folder, TEXTS)
@@ -183,6 +193,7 @@ def test_bge_m3_sparse_linear(tmp_path):
     linear = torch.nn.Linear(32, 1)
     torch.save(linear.state_dict(), folder / "sparse_linear.pt")
     encoder = SparseEncoder(folder)
+    assert isinstance(encoder.head, BgeM3Head)  # the folder holds an MLM head too: the table's first row wins
     model = transformers.BertModel.from_pretrained(folder).eval()
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     batch = tok(TEXTS[3], return_tensors="pt")
@@ -264,7 +275,7 @@ def test_embed_output_sparse_round_trips_through_load_vectors(splade_folder, tmp
     assert out.exit_code == 0, out.output
     index = SparseIndex.load(tmp_path / "sx")
     assert index.ids == [0, 1, 2, 3] and index.texts == TEXTS and index.spec == vectors.spec
-    q = encoder.embed_sentences([TEXTS[0]])
+    q = encoder.embed_sparse([TEXTS[0]])[0]  # one SparseVector: one Hits
     expected_hits = SparseIndex(encoder.vocab_size).add_vectors(expected).search(q, k=2)
     assert index.search(q, k=2).ids == expected_hits.ids
     from ctxrep.vectors.index import SentenceIndex, SentenceIndexError
@@ -273,3 +284,49 @@ def test_embed_output_sparse_round_trips_through_load_vectors(splade_folder, tmp
         SentenceIndex.from_vectors(tmp_path / "o")
     out = CliRunner().invoke(main, args[:-2] + ["--output", "sparse", "--out", str(tmp_path / "w")])
     assert out.exit_code == 1 and "--output sparse writes one sparse vector per text" in out.output
+
+
+def test_the_sparse_heads_table_reads_what_the_folder_holds(splade_folder, tmp_path):
+    """One head class per kind of sparse head, behind the one SparseEncoder: the first row of SPARSE_HEADS whose
+    head the folder holds (BGE-M3's sparse_linear.pt, then a masked-LM head). `is_sparse_folder` tells a
+    sentence-transformers SparseEncoder folder from a bare masked-LM one (BERT's own checkpoints are MLM folders)."""
+    assert SPARSE_HEADS == (BgeM3Head, SpladeHead)
+    assert isinstance(SparseEncoder(splade_folder).head, SpladeHead)
+    plain = _mlm_folder(tmp_path / "mlm")
+    assert is_sparse_folder(splade_folder) and not is_sparse_folder(plain)
+    assert isinstance(SparseEncoder(plain).head, SpladeHead)  # read as SPLADE when asked for sparse vectors
+    (plain / "config_sentence_transformers.json").write_text(json.dumps({"model_type": "SparseEncoder"}))
+    assert is_sparse_folder(plain)
+    (plain / "modules.json").write_text("{not json")
+    (plain / "config_sentence_transformers.json").unlink()
+    assert not is_sparse_folder(plain)  # unreadable: not recognisably sparse (loading it says what is wrong)
+    torch.save({"weight": torch.zeros(1, 32)}, tmp_path / "m3.pt")
+    m3 = _mlm_folder(tmp_path / "m3")
+    shutil.copy(tmp_path / "m3.pt", m3 / "sparse_linear.pt")
+    with pytest.raises(CheckpointError, match="sparse_linear.pt: expected a Linear\\(hidden, 1\\) state dict"):
+        SparseEncoder(m3)
+
+
+def test_sparse_index_answers_as_every_index(splade_folder):
+    """SparseIndex.search follows SentenceIndex's convention: one Hits for one query (a text or a SparseVector), a
+    list of Hits for a list of them or an (n, vocab) matrix; a one-row matrix gives one Hits until 0.3, with a
+    DeprecationWarning."""
+    encoder = SparseEncoder(splade_folder)
+    index = SparseIndex.build(TEXTS, encoder)
+    vectors = encoder.embed_sparse(TEXTS[:2])
+    one = index.search(vectors[0], k=2)
+    assert isinstance(one, Hits) and one.ids == index.search(TEXTS[0], k=2).ids
+    assert one.scores.dtype == np.float32 and one.rows.dtype == np.int64
+    several = index.search(vectors, k=2)
+    assert isinstance(several, list) and [h.ids for h in several] == [h.ids for h in index.search(TEXTS[:2], k=2)]
+    matrix = encoder.embed_sentences(TEXTS[:2])
+    assert [h.ids for h in index.search(matrix, k=2)] == [h.ids for h in several]
+    with pytest.warns(DeprecationWarning, match="one-row sparse matrix gives one Hits until 0.3"):
+        old = index.search(matrix[:1], k=2)
+    assert isinstance(old, Hits) and old.ids == one.ids
+    with pytest.raises(TypeError, match="queries must be a text, a SparseVector, a list of either"):
+        index.search([TEXTS[0], vectors[0]], k=2)
+    with pytest.raises(ValueError, match="k must be a positive integer, got 0"):
+        index.search(TEXTS[0], k=0)
+    with pytest.raises(ValueError, match="ids lie outside this index's vocabulary of 30522"):
+        index.search(SparseVector([40000], [1.0]), k=1)

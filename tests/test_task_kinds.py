@@ -120,22 +120,26 @@ def test_regression_report_known_answers_and_constant_predictions():
 # ---- cross-encoder ranking --------------------------------------------------------------------------------
 
 
-def test_rank_orders_candidates_by_the_pair_models_score(tiny_models, tmp_path):
+def test_rerank_orders_documents_by_the_pair_models_score(tiny_models, tmp_path):
     reg = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=20)).fit(X_PAIRS, Y_SCORES)
     candidates = ["fine nice", "awful", "sad poor"]
-    ranking = reg.rank("good great", candidates)
+    hits = reg.rerank("good great", candidates)  # Hits, as every reranker: ids = the documents' positions
     expected = reg.predict([("good great", c) for c in candidates])
-    assert np.allclose(ranking.scores, expected)
-    assert ranking.order.tolist() == np.argsort(-expected, kind="stable").tolist()
-    assert reg.rank("good great", candidates, top_k=1).order.tolist() == ranking.order[:1].tolist()
+    assert hits.ids == np.argsort(-expected, kind="stable").tolist() and hits.texts == [candidates[i] for i in hits.ids]
+    assert np.allclose(hits.scores, expected[hits.ids])
+    assert reg.rerank("good great", candidates, top_n=1).ids == hits.ids[:1]
+    with pytest.warns(DeprecationWarning, match=r"rank\(query, candidates, top_k\) -> Ranking goes in 0.3"):
+        ranking = reg.rank("good great", candidates)  # the old name and result, until 0.3
+    assert ranking.order.tolist() == hits.ids and np.allclose(ranking.scores, expected)
 
     clf = SequenceClassifier(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_PAIRS, [1, 0, 1, 0] * 3)
-    ranked = clf.rank("good great", candidates)
-    assert np.allclose(ranked.scores, clf.predict_proba([("good great", c) for c in candidates])[:, 1])
+    ranked = clf.rerank("good great", candidates)
+    probabilities = clf.predict_proba([("good great", c) for c in candidates])[:, 1]
+    assert np.allclose(ranked.scores, probabilities[ranked.ids])
 
     single = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=1)).fit(["a b", "c d"], [1.0, 2.0])
     with pytest.raises(ValueError, match="trained on single texts"):
-        single.rank("a", ["b"])
+        single.rerank("a", ["b"])
 
 
 # ---- word in context ------------------------------------------------------------------------------------
@@ -424,7 +428,7 @@ def test_readme_use_a_fine_tuned_model_runs(tiny_models, tmp_path):
         compile(block.group(1).replace("runs/stsb/model", str(tmp_path / "runs/stsb/model")), "README", "exec"),
         namespace,
     )  # noqa: S102
-    assert sorted(namespace["ranking"].order.tolist()) == [0, 1, 2]
+    assert sorted(namespace["hits"].ids) == [0, 1, 2]
 
 
 def test_symmetric_word_in_context_answers_both_orders_alike(tiny_models, tmp_path, monkeypatch):

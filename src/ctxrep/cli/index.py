@@ -144,10 +144,11 @@ def build(
         what = "sparse vectors" if sparse else f"{len(ix.tokens)} token vectors"
         click.echo(f"indexed {len(ix)} texts ({what}) in {out_dir}")
         return
+    from ctxrep.vectors.quantize import Binary, Rescore
+
     compact = {
         "dimensions": dimensions,
-        "binary": rescore if binary else None,
-        "rescore_multiplier": rescore_multiplier,
+        "binary": Binary(Rescore(rescore), rescore_multiplier) if binary else None,
         "document_prompt": document_prompt,
         "document_prompt_name": document_prompt_name,
     }
@@ -250,7 +251,13 @@ def _note_codes(vectors_dir) -> None:
     show_default=True,
     help="Late-interaction indexes: document tokens each query token retrieves before exact MaxSim rescoring.",
 )
-@click.option("--rerank", "rerank_model", default=None, help="Rerank the hits with this reranker (a model).")
+@click.option(
+    "--rerank",
+    "rerank_model",
+    default=None,
+    help="Rerank the hits with this reranker: a cross-encoder or LLM reranker, or a pair model `ctxrep finetune` "
+    "trained (OUT/model).",
+)
 @click.option("--rerank-depth", default=50, show_default=True, help="--rerank: hits retrieved, reranked to k.")
 @click.option("--rerank-prompt", default=None, help="--rerank: text put before each query for the reranker.")
 @click.option("--rerank-prompt-name", default=None, help="--rerank: a prompt the reranker's folder declares, by name.")

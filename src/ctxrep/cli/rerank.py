@@ -2,6 +2,7 @@
 
 ctxrep rerank --model cross-encoder/ms-marco-MiniLM-L6-v2 --query "how do I reset my password" --documents faq.txt
 ctxrep rerank --model RERANKER --query "..." --documents docs.txt --top-n 5 --prompt-name query
+ctxrep rerank --model runs/stsb/model --query "..." --documents docs.txt   # a pair model `ctxrep finetune` trained
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from ctxrep.cli.common import user_errors
 
 
 @click.command("rerank")
-@click.option("--model", required=True, help="A cross-encoder or LLM reranker: folder or Hugging Face Hub name.")
+@click.option(
+    "--model",
+    required=True,
+    help="A cross-encoder or LLM reranker (folder or Hugging Face Hub name), or a pair model `ctxrep finetune` "
+    "trained (its OUT/model folder).",
+)
 @click.option("--query", required=True, help="The query text.")
 @click.option("--documents", "documents_file", required=True, help="Documents, one per line ('-': standard input).")
 @click.option("--top-n", default=None, type=int, help="Print the best N documents only [default: all].")
@@ -36,7 +42,7 @@ def rerank(model, query, documents_file, top_n, prompt, prompt_name, device) -> 
     reranker = load_reranker(model, device=device)
     ranked = reranker.rerank(query, [t for _, t in lines], top_n=top_n, prompt=prompt, prompt_name=prompt_name)
     click.echo("rank\tscore\tline\tdocument")
-    for rank, (i, score) in enumerate(ranked, start=1):
+    for rank, (i, score) in enumerate(zip(ranked.ids, ranked.scores.tolist()), start=1):
         click.echo(f"{rank}\t{score:.6f}\t{lines[i][0]}\t{lines[i][1].replace(chr(9), ' ')}")
     if reranker.cut_texts:
         click.echo(

@@ -1,4 +1,5 @@
-"""`ctxrep serve`: the embedding server (`ctxrep.serve.app`) on uvicorn."""
+"""`ctxrep serve`: the embedding server (`ctxrep.serve.app`) on uvicorn; what it serves follows what --model's folder
+is (`ctxrep.serve.kinds`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,21 @@ from ctxrep.cli.runtime_options import runtime_options
 
 
 @click.command()
-@click.option("--model", default="minilm", show_default=True, help="Packaged model name, model folder or Hub name.")
+@click.option(
+    "--model",
+    default="minilm",
+    show_default=True,
+    help="Packaged model name, model folder or Hub name; served by what it is: a sentence-embedding model at the "
+    "embedding routes, a reranker (cross-encoder, LLM reranker, a pair model `ctxrep finetune` trained) at /rerank "
+    "and /v1/rerank, a SPLADE folder at /embed_sparse.",
+)
+@click.option(
+    "--model-kind",
+    type=click.Choice(["auto", "reranker", "sparse", "bge-m3", "sentence-embedding"]),  # serve/kinds.py KIND_NAMES
+    default="auto",
+    show_default=True,
+    help="What --model is; auto: read from its folder (e.g. to serve a causal LM's embeddings: sentence-embedding).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", default=8080, show_default=True, type=int)
 @runtime_options
@@ -40,8 +55,9 @@ from ctxrep.cli.runtime_options import runtime_options
     "--reranker",
     default=None,
     metavar="MODEL",
-    help="A cross-encoder or LLM reranker (folder or name) served at /rerank (TEI) and /v1/rerank (Cohere, Jina); "
-    "a pair past its max length is cut to fit, and the answer names those documents (cut, x-cut-indices).",
+    help="A reranker (folder or name) served beside --model at /rerank (TEI) and /v1/rerank (Cohere, Jina): a "
+    "cross-encoder, an LLM reranker or a pair model `ctxrep finetune` trained; a pair past its max length is cut to "
+    "fit, and the answer names those documents (cut, x-cut-indices).",
 )
 @click.option(
     "--sparse-model",
@@ -65,6 +81,7 @@ from ctxrep.cli.runtime_options import runtime_options
 @user_errors
 def serve(
     model,
+    model_kind,
     host,
     port,
     device,
@@ -87,8 +104,10 @@ def serve(
 ) -> None:
     """Serve sentence and word vectors over HTTP: OpenAI's /v1/embeddings and /v1/models, text-embeddings-inference's
     /embed, ctxrep's /v1/word-embeddings, /health and /metrics; with --reranker, /rerank and /v1/rerank; with
-    --sparse-model, /embed_sparse. Long requests run in token-budget steps between other requests' steps, so a short
-    request never waits for a whole long one.
+    --sparse-model, /embed_sparse. A --model folder that is a reranker or a SPLADE model is served at those routes
+    instead (as text-embeddings-inference serves a reranker), and the embedding routes answer 404 saying which folder
+    they need. Long requests run in token-budget steps between other requests' steps, so a short request never waits
+    for a whole long one.
 
     Ctrl-C (or SIGTERM) stops accepting connections, answers the requests in flight (--graceful-shutdown-s at most;
     those still running then get a 503, named in one log line) and ends; after Ctrl-C the exit status is 130, as for
@@ -122,17 +141,22 @@ def serve(
         config=config,
         reranker=reranker,
         sparse_model=sparse_model,
+        model_kind=None if model_kind == "auto" else model_kind,
     )
     access_log_to(access_log)
     key = "an API key" if config.api_key else "no API key"
 
     def started() -> None:
+        from ctxrep.serve.kinds import ROUTES, Answer
+
+        what = f"{service.dim}-dim sentence vectors" if service.dim is not None else "no sentence vectors"
+        routes = [
+            ROUTES[a].shown if a is Answer.EMBEDDINGS else f"{name} at {ROUTES[a].shown}"
+            for a, (name, _) in service.parts().items()
+        ]
         click.echo(
-            f"serving {model} ({service.dim}-dim sentence vectors) on http://{host}:{port} with {key}: "
-            "POST /v1/embeddings (OpenAI), /embed (TEI), /v1/word-embeddings"
-            + (f"; {reranker} at /rerank (TEI), /v1/rerank (Cohere, Jina)" if reranker else "")
-            + (f"; {sparse_model} at /embed_sparse (TEI)" if sparse_model else "")
-            + "; GET /v1/models, /health, /metrics",
+            f"serving {model} ({what}) on http://{host}:{port} with {key}: POST {'; '.join(routes)}"
+            "; GET /v1/models, /health, /metrics",
             err=True,
         )
 

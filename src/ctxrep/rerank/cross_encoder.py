@@ -37,7 +37,7 @@ from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import SETTINGS_FILE, TORCH_ACTIVATIONS, Prompts, read_prompts
 from ctxrep.models.shards import WeightIndex, read_tensor
 from ctxrep.modules.activations import ACTIVATIONS
-from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, top_scores
+from ctxrep.rerank.ranking import BetweenBatches, Reranker, length_batches
 from ctxrep.runtime.hardware import default_batch_tokens
 from ctxrep.text.inputs import WindowPlan, collate
 
@@ -187,7 +187,7 @@ def _activation(folder: Path, num_labels: int) -> Callable[[torch.Tensor], torch
 ACTIVATION_CHOICES = {"sigmoid": torch.sigmoid, "identity": TORCH_ACTIVATIONS["torch.nn.Identity"]}
 
 
-class CrossEncoderReranker:
+class CrossEncoderReranker(Reranker):
     """Scores (query, document) pairs with a cross-encoder folder; `rerank` orders documents by their score.
 
     model: a folder or a name `ctxrep.load_encoder` resolves (its config.json's architectures[0] in HEADS).
@@ -199,7 +199,7 @@ class CrossEncoderReranker:
     max_length, longest side first, and `cut_pieces` the pieces each of them lost, in the same order.
     """
 
-    between_batches: BetweenBatches | None = None
+    between_batches: BetweenBatches | None = None  # the batches call it (ranking.length_batches)
 
     def __init__(
         self,
@@ -280,20 +280,10 @@ class CrossEncoderReranker:
         ends = np.cumsum(lengths)
         return [Pieces(ids[e - n : e].tolist()) for e, n in zip(ends.tolist(), lengths.tolist())]
 
-    def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        top_n: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-    ) -> list[tuple[int, float]]:
-        """(document index, score) for the `top_n` best documents (all when None), highest score first; ties keep
-        the documents' order. The server's /rerank and /v1/rerank answer with this."""
-        documents = check_rerank_args(query, documents, top_n)
+    def check_reranks(self) -> None:
+        """rerank needs one relevance score per pair: a cross-encoder of several labels is refused in one line."""
         if self.num_labels != 1:
             raise ValueError(
                 f"{self.folder}: this cross-encoder has {self.num_labels} labels; rerank needs one relevance score "
                 "per pair (use predict for the per-label scores)"
             )
-        return top_scores(self.predict([(query, d) for d in documents], prompt, prompt_name), top_n)

@@ -24,7 +24,7 @@ import torch
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import Prompts, read_prompts
-from ctxrep.rerank.ranking import BetweenBatches, check_rerank_args, length_batches, top_scores
+from ctxrep.rerank.ranking import BetweenBatches, Reranker, length_batches
 from ctxrep.runtime.hardware import default_batch_tokens
 from ctxrep.text.inputs import EncoderInput, collate
 
@@ -51,7 +51,7 @@ QWEN3_RERANKER = YesNoTemplate(
 )
 
 
-class LLMReranker:
+class LLMReranker(Reranker):
     """Scores (query, document) pairs with a causal LM's yes/no logits (see the module docstring).
 
     model: a folder or name `ctxrep.load_encoder` resolves, whose encoder answers `lm_logits` (a ...ForCausalLM
@@ -159,15 +159,3 @@ class LLMReranker:
                 logits = self.model.lm_logits(hidden[torch.arange(len(rows)), last], self.answer_ids).float()
                 scores[rows] = torch.sigmoid(logits[:, 0] - logits[:, 1]).cpu()  # (batch,) P(yes)
         return scores.numpy()
-
-    def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        top_n: int | None = None,
-        prompt: str | None = None,
-        prompt_name: str | None = None,
-    ) -> list[tuple[int, float]]:
-        """(document index, P(yes)) for the `top_n` best documents (all when None), best first."""
-        documents = check_rerank_args(query, documents, top_n)
-        return top_scores(self.predict([(query, d) for d in documents], prompt, prompt_name), top_n)

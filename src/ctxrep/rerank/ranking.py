@@ -1,12 +1,20 @@
-"""What every reranker shares: the checks of a rerank call, its batches and the ordering of its scores."""
+"""What every pair scorer shares: the checks of a rerank call, its batches and its answer.
+
+Every reranker (CrossEncoderReranker, LLMReranker, PairModelReranker) and every ctxrep estimator fitted on pairs
+answers `rerank(query, documents, top_n=None, prompt=None, prompt_name=None)` with one `Hits`
+(ctxrep.vectors.hits): ids = the documents' positions in the list given (0-based), texts = the documents, scores
+best first (ties keep the documents' order), rows = the positions again. `ranked_hits` makes it from the scores.
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from ctxrep.text.inputs import token_budget_batches
+from ctxrep.vectors.hits import Hits
 
 # A reranker's `between_batches`: None, or a function called after each batch with one argument, `drain` (as the
 # Featurizer's hook; a reranker's batch is scored on the CPU before the hook runs, so drain has nothing to do). ctxrep
@@ -34,6 +42,36 @@ def check_rerank_args(query: str, documents: Sequence[str], top_n: int | None) -
     return documents
 
 
+class Reranker:
+    """What every reranker shares (CrossEncoderReranker, LLMReranker, PairModelReranker): `rerank` over its own
+    `predict(pairs, prompt, prompt_name)` (scores of (query, document) pairs in their order), and the attributes
+    the front ends read: `cut_texts` / `cut_pieces` after each call, `max_length`, `prompts`, `tokenizer`, and
+    `between_batches` (None, or a function called after each batch: ctxrep serve's turns; set it on a copy)."""
+
+    between_batches: BetweenBatches | None = None
+
+    def predict(self, pairs, prompt: str | None = None, prompt_name: str | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+    def check_reranks(self) -> None:
+        """A one-line ValueError when this model cannot rerank (as the estimators' check_reranks); none here."""
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_n: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+    ) -> Hits:
+        """The `top_n` best documents (all when None) for `query`, highest score first, ties in the documents'
+        order, as Hits: ids = the documents' positions, texts = the documents, scores (`ranked_hits`). The
+        server's /rerank and /v1/rerank answer with this."""
+        self.check_reranks()
+        documents = check_rerank_args(query, documents, top_n)
+        return ranked_hits(self.predict([(query, d) for d in documents], prompt, prompt_name), documents, top_n)
+
+
 def length_batches(
     lengths: Sequence[int], budget: int, between_batches: BetweenBatches | None = None
 ) -> Iterator[list[int]]:
@@ -52,30 +90,71 @@ def _nothing_in_flight() -> None:
     """A reranker's `drain`: every batch it ran is already scored."""
 
 
+def ranked_hits(scores, documents: Sequence[str], top_n: int | None = None) -> Hits:
+    """The rerank answer: the `top_n` best documents (all when None) by `scores` (one per document, in their order),
+    best first, ties in the documents' order; ids and rows are the documents' positions."""
+    scores = np.asarray(scores, dtype=np.float32)
+    order = np.argsort(-scores.astype(np.float64), kind="stable")[:top_n]
+    return _RerankHits(order.tolist(), [documents[i] for i in order.tolist()], scores[order], order.astype(np.int64))
+
+
+class _RerankHits(Hits):
+    """A rerank's Hits. Until 0.3 it also reads as the list of (index, score) pairs rerank returned before
+    (iterating, indexing, comparing with a list), with a DeprecationWarning; then it iterates as every Hits:
+    (id, text, score) triples."""
+
+    def _pairs(self) -> list[tuple[int, float]]:
+        warnings.warn(
+            "rerank answers with Hits (ids, texts, scores, rows), as every reranker and index; reading it as a list "
+            "of (index, score) pairs goes in 0.3: use zip(hits.ids, hits.scores)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return list(zip(self.ids, self.scores.tolist()))
+
+    def __iter__(self):
+        return iter(self._pairs())
+
+    def __getitem__(self, item):
+        return self._pairs()[item]
+
+    def __eq__(self, other):
+        if isinstance(other, (list, tuple)):
+            return self._pairs() == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+
 def top_scores(scores: np.ndarray, top_n: int | None) -> list[tuple[int, float]]:
-    """(index, score) of the top_n highest scores (all when None), best first; ties keep the input order."""
+    """Deprecated (goes in 0.3): (index, score) of the top_n highest scores, best first; `ranked_hits` gives the
+    rerank answer, Hits."""
+    warnings.warn(
+        "ctxrep.rerank.top_scores goes in 0.3: ranked_hits(scores, documents, top_n) gives the rerank answer (Hits)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
     return [(int(i), float(scores[i])) for i in order[:top_n]]
 
 
 def rerank_hits(
-    reranker, query: str, hits, k: int | None = None, prompt: str | None = None, prompt_name: str | None = None
-):
-    """Retrieve-then-rerank: the `k` best of an index's `hits` (ctxrep.vectors.index.Hits, texts stored) for
-    `query` by `reranker.rerank`, as Hits whose scores are the reranker's. After it, `reranker.cut_texts` are the
-    positions in `hits` (as given) of the documents cut to fit: `[hits.ids[i] for i in reranker.cut_texts]`."""
-    from ctxrep.vectors.index import Hits
-
+    reranker, query: str, hits: Hits, k: int | None = None, prompt: str | None = None, prompt_name: str | None = None
+) -> Hits:
+    """Retrieve-then-rerank: the `k` best of an index's `hits` (texts stored) for `query` by `reranker.rerank`
+    (any pair scorer), as Hits of the index's ids and rows whose scores are the reranker's. After it,
+    `reranker.cut_texts` are the positions in `hits` (as given) of the documents cut to fit:
+    `[hits.ids[i] for i in reranker.cut_texts]`."""
     if any(t is None for t in hits.texts):
         raise ValueError("the index stores no texts to rerank; build it from the texts (ctxrep index build --input)")
     if len(hits) == 0:
         reranker.cut_texts, reranker.cut_pieces = [], []  # this call cut nothing
         return hits
     ranked = reranker.rerank(query, list(hits.texts), top_n=k, prompt=prompt, prompt_name=prompt_name)
-    order = [i for i, _ in ranked]
+    order = ranked.rows.tolist()  # positions in `hits`
     return Hits(
         [hits.ids[i] for i in order],
         [hits.texts[i] for i in order],
-        np.asarray([s for _, s in ranked], dtype=np.float32),
+        np.asarray(ranked.scores, dtype=np.float32),
         np.asarray(hits.rows)[order],
     )

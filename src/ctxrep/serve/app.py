@@ -13,14 +13,15 @@ Routes:
   /v1/embeddings and /embed take "prompt" (text before each input) or "prompt_name" (the folder's prompts); none: the
   folder's default prompt, as sentence-transformers' encode (Featurizer.embed_sentences(prompt=, prompt_name=)).
   POST /embed_sparse         text-embeddings-inference's: {"inputs", "prompt_name", "prompt"} -> [[{"index", "value"}]]
-                             per text (with --sparse-model MODEL: SPLADE or BGE-M3, `ctxrep.vectors.sparse.SparseEncoder`;
-                             prompts as /embed's, from the sparse model's folder)
+                             per text (a SPLADE --model, BGE-M3, or --sparse-model MODEL:
+                             `ctxrep.vectors.sparse.SparseEncoder`; prompts as /embed's, from the sparse model's folder)
   POST /rerank               text-embeddings-inference's: {"query", "texts", "return_text"} -> [{"index", "score"}]
-                             best first (with --reranker MODEL)
+                             best first (a reranker --model, or --reranker MODEL: a cross-encoder, an LLM reranker or
+                             a pair model `ctxrep finetune` trained)
   POST /v1/rerank            Cohere's and Jina's: {"query", "documents": [str | {"text"}], "top_n",
                              "return_documents"} -> {"id", "model", "results": [{"index", "relevance_score",
-                             "document"}], "usage", "cut"} (with --reranker MODEL); both take "prompt" /
-                             "prompt_name"
+                             "document"}], "usage", "cut"} (as /rerank); both take "prompt" / "prompt_name"; the
+                             indices count the request's documents from 0 (the reranker's Hits.ids)
   POST /v1/word-embeddings   ctxrep's own: {"input", "layers": -1 | [..] | "all" | "mix", "pooling", "encoding_format"}
                              -> {"data": [{"index", "words", "embeddings", "shape"}], "model", "usage", "windowed", "cut"}
   GET  /health               {"status": "ok", "model", "dim"}  (no key needed)
@@ -32,6 +33,8 @@ servers cut them; `cut` the texts the Featurizer did cut (a word longer than a w
 sentence-transformers does: /v1/rerank's `cut` names those documents (by their index in the request; the reranker's
 `cut_texts`). TEI's routes answer bare lists, so they carry these in headers (x-windowed-count, x-windowed-indices,
 x-cut-count, x-cut-indices; /rerank: the cut ones only).
+Which routes answer follows what the server holds (serve/kinds.py: the folder kinds and their routes); a route the
+loaded models cannot answer is a 404 naming what the server holds and the folder kind the route needs.
 Errors come in each route's own schema (`ctxrep.serve.errors`): a full queue 503 with Retry-After, a request over
 the limits 413 naming the limit, malformed JSON or wrong types 422 with a one-line reason, a body that is not JSON
 415, a wrong method 405, an unknown path 404, with an API key a request without it 401.
@@ -53,6 +56,7 @@ from pydantic import BaseModel, ConfigDict
 from ctxrep.rerank.ranking import check_rerank_args
 from ctxrep.serve.batcher import QueueFull
 from ctxrep.serve.errors import BodyLimit, RequestError, error_body, validation_message
+from ctxrep.serve.kinds import Answer
 from ctxrep.serve.service import EmbeddingService, Text, Words
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.quantize import truncate
@@ -157,6 +161,12 @@ class Handlers:
         self.service = service
         self.config = service.config
 
+    def require(self, answer: Answer) -> None:
+        """A 404 naming what the server holds and the folder kind the route needs, when it cannot answer it."""
+        message = self.service.missing(answer)
+        if message is not None:
+            raise RequestError(404, message, "model_not_found")
+
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.service.name:
             raise RequestError(
@@ -234,13 +244,10 @@ class Handlers:
     async def rerank(
         self, query: str, documents: list[str], field_name: str, top_n=None, prompt=None, prompt_name=None
     ):
-        """([(index, score)] best first, total tokens, {"cut": the documents cut to fit}) from the service's
-        reranker; refusals as RequestErrors."""
+        """(Hits best first: ids = the documents' positions, total tokens, {"cut": the documents cut to fit}) from
+        the service's reranker; refusals as RequestErrors."""
+        self.require(Answer.RERANK)
         reranker = self.service.reranker
-        if reranker is None:
-            raise RequestError(
-                404, "no reranker is loaded: start ctxrep serve with --reranker MODEL", "model_not_found"
-            )
         self.texts_of(query, "query")
         documents = self.texts_of(documents, field_name)
         try:  # the library's own checks, before the request waits for the model
@@ -284,6 +291,7 @@ def openai_routes(app, h: Handlers, started: int) -> None:
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(body: OpenAIRequest):
+        h.require(Answer.EMBEDDINGS)
         h.check_model(body.model)
         h.check_dimensions(body.dimensions)
         key = h.sentences_key(body.prompt, body.prompt_name)
@@ -305,7 +313,7 @@ def openai_routes(app, h: Handlers, started: int) -> None:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         } | h.long_texts(counts, cut)
 
-    names = [service.name] + ([service.reranker_name] if service.reranker is not None else [])
+    names = [name for name, _ in service.parts().values()]
     models = {name: {"id": name, "object": "model", "created": started, "owned_by": "ctxrep"} for name in names}
 
     @app.get("/v1/models")
@@ -315,7 +323,10 @@ def openai_routes(app, h: Handlers, started: int) -> None:
     @app.get("/v1/models/{model_id:path}")
     async def one_model(model_id: str):
         if model_id not in models:
-            h.check_model(model_id)
+            raise RequestError(
+                404, f"model {model_id!r} is not served here; this server serves {', '.join(map(repr, models))}",
+                "model_not_found",
+            )  # fmt: skip
         return models[model_id]
 
     @app.post("/v1/rerank")
@@ -330,9 +341,8 @@ def openai_routes(app, h: Handlers, started: int) -> None:
             body.query, documents, "documents", body.top_n, body.prompt, body.prompt_name
         )
         results = [
-            {"index": i, "relevance_score": score}
-            | ({"document": {"text": documents[i]}} if body.return_documents else {})
-            for i, score in ranked
+            {"index": i, "relevance_score": score} | ({"document": {"text": text}} if body.return_documents else {})
+            for i, text, score in zip(ranked.ids, ranked.texts, ranked.scores.tolist())
         ]
         return {
             "id": uuid.uuid4().hex,
@@ -347,6 +357,7 @@ def tei_routes(app, h: Handlers) -> None:
 
     @app.post("/embed")
     async def tei_embed(body: TEIRequest):
+        h.require(Answer.EMBEDDINGS)
         h.check_dimensions(body.dimensions)
         key = h.sentences_key(body.prompt, body.prompt_name)
         texts = h.texts_of(body.inputs, "inputs")
@@ -359,11 +370,8 @@ def tei_routes(app, h: Handlers) -> None:
 
     @app.post("/embed_sparse")
     async def tei_embed_sparse(body: TEISparseRequest):
+        h.require(Answer.SPARSE)
         sparse = h.service.sparse
-        if sparse is None:
-            raise RequestError(
-                404, "no sparse model is loaded: start ctxrep serve with --sparse-model MODEL", "model_not_found"
-            )
         key = h.sparse_key(body.prompt, body.prompt_name)
         texts = h.texts_of(body.inputs, "inputs")
         vectors, counts, cut = await h.embed(key, texts)
@@ -379,7 +387,8 @@ def tei_routes(app, h: Handlers) -> None:
             )
         ranked, _, cut = await h.rerank(body.query, body.texts, "texts", None, body.prompt, body.prompt_name)
         answer = [
-            {"index": i, "score": score} | ({"text": body.texts[i]} if body.return_text else {}) for i, score in ranked
+            {"index": i, "score": score} | ({"text": text} if body.return_text else {})
+            for i, text, score in zip(ranked.ids, ranked.texts, ranked.scores.tolist())
         ]
         return JSONResponse(answer, headers=long_text_headers(cut))
 
@@ -389,6 +398,7 @@ def ctxrep_routes(app, h: Handlers) -> None:
 
     @app.post("/v1/word-embeddings")
     async def word_embeddings(body: WordRequest):
+        h.require(Answer.EMBEDDINGS)
         h.check_model(body.model)
         pooling = body.pooling or service.fz.pooling
         layers = tuple(body.layers) if isinstance(body.layers, list) else body.layers  # hashable: a batch key

@@ -246,6 +246,9 @@ class Batcher:
                 except Exception as refused:
                     _settle(w.future, error=refused)
             return
+        if len(call.requests) == 1:  # a call of one request (every rerank call) answers it whole
+            _settle(call.requests[0].future, result=tuple(parts))
+            return
         at = 0
         for w in call.requests:
             n = len(w.texts)

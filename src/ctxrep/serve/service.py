@@ -1,4 +1,5 @@
-"""The server's backend: one Featurizer (and its views for other layers and poolings) behind the batcher.
+"""The server's backend: what it holds (a Featurizer and its views for other layers and poolings, a reranker, a
+sparse encoder: serve/kinds.py says which a folder gives) behind the batcher.
 
 Every vector comes from `Featurizer.embed_sentences` / `embed_words`; texts longer than the model's window are
 windowed as the Featurizer does, never truncated (`windowed` says which were). Every call also returns which texts
@@ -20,6 +21,7 @@ from typing import Any
 
 from ctxrep.models.sentence_transformers import with_prompt
 from ctxrep.serve.batcher import Batcher
+from ctxrep.serve.kinds import HOLDS, ROUTES, Answer, folder_kind
 from ctxrep.serve.metrics import Metrics
 
 API_KEY_ENV = "CTXREP_API_KEY"
@@ -109,8 +111,8 @@ class Words:
 
 @dataclass(frozen=True)
 class Rerank:
-    """One rerank request: reranker.rerank(query, documents, top_n, prompt, prompt_name) -> [(index, score)] best
-    first; `request` keeps every request its own call (each has its own query and top_n)."""
+    """One rerank request: reranker.rerank(query, documents, top_n, prompt, prompt_name) -> Hits best first (ids =
+    the documents' positions); `request` keeps every request its own call (each has its own query and top_n)."""
 
     request: int
     query: str
@@ -157,8 +159,12 @@ SENTENCES = Sentences()
 
 
 class EmbeddingService:
-    """The model, the queue and the batcher: what the HTTP handlers call.
+    """What the server holds, the queue and the batcher: what the HTTP handlers call.
 
+    featurizer: the Featurizer of the embedding routes, or None (a server of a reranker or a sparse encoder alone);
+    reranker: a ctxrep.rerank reranker for /rerank and /v1/rerank, or None; sparse: a SparseEncoder for
+    /embed_sparse, or None. At least one. name: what /v1/models, /health and the embedding routes call the model;
+    reranker_name / sparse_name: the reranker's and the sparse encoder's (default: name).
     normalize: /v1/embeddings returns unit-length vectors (--normalize); a folder whose modules.json ends in
     Normalize is served unit-length there too. /embed follows each request's own `normalize`.
     """
@@ -172,26 +178,32 @@ class EmbeddingService:
         reranker=None,
         reranker_name: str | None = None,
         sparse=None,
+        sparse_name: str | None = None,
     ) -> None:
-        if featurizer.normalize:
-            raise ValueError(
-                "give the service a Featurizer with normalize=False and EmbeddingService(normalize=True): /embed "
-                "normalizes per request"
-            )
-        pooling = featurizer.model_pooling
-        self.folder_normalizes = pooling is not None and pooling.normalize
-        if self.folder_normalizes:  # the raw vectors, normalised here when a request asks (so /embed can say no)
-            featurizer = copy.copy(featurizer)
-            featurizer.model_pooling = dataclasses.replace(pooling, normalize=False)
+        if featurizer is None and reranker is None and sparse is None:
+            raise ValueError("give the service something to serve: a Featurizer, a reranker or a sparse encoder")
+        self.folder_normalizes = False
+        if featurizer is not None:
+            if featurizer.normalize:
+                raise ValueError(
+                    "give the service a Featurizer with normalize=False and EmbeddingService(normalize=True): /embed "
+                    "normalizes per request"
+                )
+            pooling = featurizer.model_pooling
+            self.folder_normalizes = pooling is not None and pooling.normalize
+            if self.folder_normalizes:  # the raw vectors, normalised here when a request asks (so /embed can say no)
+                featurizer = copy.copy(featurizer)
+                featurizer.model_pooling = dataclasses.replace(pooling, normalize=False)
         self.fz = featurizer
         self.name = name
         self.normalize = normalize or self.folder_normalizes
         self.config = config or ServeConfig()
         self.metrics = Metrics()
-        self.views: dict[Any, Any] = {SENTENCES: featurizer}
+        self.views: dict[Any, Any] = {SENTENCES: featurizer} if featurizer is not None else {}
         self.reranker = reranker  # a ctxrep.rerank reranker for /rerank and /v1/rerank, or None
-        self.reranker_name = reranker_name
+        self.reranker_name = (reranker_name or name) if reranker is not None else reranker_name
         self.sparse = sparse  # a ctxrep.vectors.sparse.SparseEncoder for /embed_sparse, or None
+        self.sparse_name = (sparse_name or name) if sparse is not None else sparse_name
         self._requests = itertools.count()
         c = self.config
         self.batcher = Batcher(
@@ -200,13 +212,30 @@ class EmbeddingService:
             max_wait_ms=c.max_wait_ms,
             max_queue_texts=c.max_queue_texts,
             max_active_calls=c.max_active_calls,
-            interleave=not featurizer.tokenizer.word_level,  # ELMo numbers its words per call: calls run whole
+            # ELMo numbers its words per call: calls run whole
+            interleave=featurizer is None or not featurizer.tokenizer.word_level,
             metrics=self.metrics,
         )
 
     @property
-    def dim(self) -> int:
-        return self.fz.sentence_dim
+    def dim(self) -> int | None:
+        """The sentence vectors' width (None without a Featurizer)."""
+        return None if self.fz is None else self.fz.sentence_dim
+
+    def parts(self) -> dict[Answer, tuple[str, object]]:
+        """What the server holds, by what it answers: (name, the object answering)."""
+        held = {Answer.EMBEDDINGS: (self.name, self.fz), Answer.RERANK: (self.reranker_name, self.reranker)}
+        held[Answer.SPARSE] = (self.sparse_name, self.sparse)
+        return {answer: part for answer, part in held.items() if part[1] is not None}
+
+    def missing(self, answer: Answer) -> str | None:
+        """None when the server answers `answer`; else the one line a route that needs it answers: what the server
+        holds, and the folder kind the route needs (serve/kinds.py)."""
+        parts = self.parts()
+        if answer in parts:
+            return None
+        held = " and ".join(f"{HOLDS[a]} ({name})" for a, (name, _) in parts.items())
+        return f"this server holds {held}; {ROUTES[answer].needs}"
 
     @property
     def queued_texts(self) -> int:
@@ -281,34 +310,73 @@ def make_service(
     config: ServeConfig | None = None,
     reranker: str | None = None,
     sparse_model: str | None = None,
+    model_kind: str | None = None,
 ) -> EmbeddingService:
-    """Load the model once and wrap it for serving. sentence_pooling="auto": the folder's own pooling where it has a
-    sentence-transformers modules.json, else the mean of the word vectors. reranker: a cross-encoder or LLM
-    reranker folder or name (`ctxrep.rerank.load_reranker`) for /rerank and /v1/rerank. sparse_model: a SPLADE or
-    BGE-M3 folder or name (`ctxrep.vectors.sparse.SparseEncoder`) for /embed_sparse."""
+    """Load the model once and wrap it for serving, by what its folder is (serve/kinds.py's FOLDER_KINDS, or the
+    row `model_kind` names): a sentence-embedding model serves the embedding routes, a reranker folder (a
+    cross-encoder, an LLM reranker, a pair model `ctxrep finetune` trained) /rerank and /v1/rerank, a SPLADE folder
+    /embed_sparse, BGE-M3 the embedding routes and /embed_sparse. sentence_pooling="auto": the folder's own pooling
+    where it has a sentence-transformers modules.json, else the mean of the word vectors. reranker: a reranker folder
+    or name (`ctxrep.rerank.load_reranker`) served beside the model at /rerank and /v1/rerank. sparse_model: a SPLADE
+    or BGE-M3 folder or name (`ctxrep.vectors.sparse.SparseEncoder`) for /embed_sparse."""
     from ctxrep.featurize import Featurizer
 
-    fz = Featurizer(  # by name: the precision decides the dtype the weights load in (precision=None: as saved)
-        model,
-        layers=layers,
-        pooling=pooling,
-        sentence_pooling=sentence_pooling,
-        device=device,
-        precision=precision,
-        backend=backend,
-        num_threads=threads,
-        batch_tokens=batch_tokens,
-    )
+    kind = folder_kind(model, model_kind)
+    for flag, given, answer in (
+        ("--reranker", reranker, Answer.RERANK),
+        ("--sparse-model", sparse_model, Answer.SPARSE),
+    ):
+        if given is not None and answer in kind.answers:
+            raise ValueError(
+                f"{flag} {given}: the model {model} is {kind.what} already, which serves {answer.value}; give one"
+            )
+    given = {  # an option given, and what reads it
+        "--layers": (layers != -1, (Answer.EMBEDDINGS,)),
+        "--sentence-pooling": (sentence_pooling != "auto", (Answer.EMBEDDINGS,)),
+        "--normalize": (normalize, (Answer.EMBEDDINGS,)),
+        "--precision": (precision is not None, (Answer.EMBEDDINGS, Answer.SPARSE)),
+        "--backend": (backend != "torch", (Answer.EMBEDDINGS, Answer.SPARSE)),
+    }
+    unread = [flag for flag, (on, readers) in given.items() if on and not set(readers) & set(kind.answers)]
+    if unread:
+        raise ValueError(
+            f"{', '.join(unread)}: the model {model} is {kind.what}, which serves "
+            f"{' and '.join(a.value for a in kind.answers)} and does not read {'it' if len(unread) == 1 else 'them'}; "
+            "leave them out"
+        )
+    if Answer.EMBEDDINGS not in kind.answers:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+    fz = None
+    if Answer.EMBEDDINGS in kind.answers:
+        fz = Featurizer(  # by name: the precision decides the dtype the weights load in (precision=None: as saved)
+            model,
+            layers=layers,
+            pooling=pooling,
+            sentence_pooling=sentence_pooling,
+            device=device,
+            precision=precision,
+            backend=backend,
+            num_threads=threads,
+            batch_tokens=batch_tokens,
+        )
+    reranker = model if Answer.RERANK in kind.answers else reranker
     loaded_reranker = None
     if reranker is not None:
         from ctxrep.rerank import load_reranker
 
         loaded_reranker = load_reranker(reranker, device=device)
+    sparse_model = model if Answer.SPARSE in kind.answers else sparse_model
     sparse = None
     if sparse_model is not None:
         from ctxrep.vectors.sparse import SparseEncoder
 
-        sparse = SparseEncoder(sparse_model, device=device, precision=precision, backend=backend)
+        if sparse_model is model and fz is not None:  # BGE-M3: the sparse head reads the served model's states
+            sparse = SparseEncoder(fz)
+        else:
+            sparse = SparseEncoder(sparse_model, device=device, precision=precision, backend=backend)
     return EmbeddingService(
         fz,
         str(model),
@@ -317,6 +385,7 @@ def make_service(
         reranker=loaded_reranker,
         reranker_name=reranker and str(reranker),
         sparse=sparse,
+        sparse_name=sparse_model and str(sparse_model),
     )
 
 

@@ -1,6 +1,6 @@
 """SequenceClassifier: one label per text or per text pair, on top of a contextual encoder (SequenceTask holds
 what it shares with ctxrep.tasks.regressor.SequenceRegressor: texts or pairs, records, batches, the pooling head,
-`rank` as a cross-encoder).
+`rerank` as a cross-encoder: the rerank API of every reranker, answering with Hits).
 
 Heads (over the units of a text: pieces when fine-tuning, words on frozen features):
   cls     the classification token when fine-tuning; the final forward and backward states (forward at the last
@@ -12,6 +12,7 @@ Heads (over the units of a text: pieces when fine-tuning, words on frozen featur
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,9 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.models.sentence_transformers import Prompts
+from ctxrep.rerank.ranking import check_rerank_args, ranked_hits
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
 from ctxrep.tasks.network import Representation
 from ctxrep.text.inputs import EncoderInput, WindowPlan
+from ctxrep.vectors.hits import Hits
 
 POOLINGS = ("cls", "mean", "concat")
 
@@ -36,12 +40,27 @@ class Example:
 
 
 @dataclass
-class Ranking:
-    """What `rank` returns: each candidate's score (in the candidates' order) and the candidate indices, best
-    first."""
+class _Ranking:
+    """Deprecated (goes in 0.3) with `rank`: each candidate's score (in the candidates' order) and the candidate
+    indices, best first. `rerank` answers with Hits."""
 
     scores: np.ndarray  # (n_candidates,) float
     order: np.ndarray  # (n_candidates,) or (top_k,) int indices into the candidates
+
+
+_Ranking.__name__ = _Ranking.__qualname__ = "Ranking"
+
+
+def __getattr__(name: str):
+    if name == "Ranking":  # the deprecated import of `rank`'s result type
+        warnings.warn(
+            "ctxrep.tasks.classifier.Ranking goes in 0.3 with rank: rerank(query, documents, top_n) answers with Hits "
+            "(ctxrep.vectors.hits), as every reranker",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _Ranking
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class PoolingHead(nn.Module):
@@ -183,22 +202,55 @@ class SequenceTask(TaskEstimator):
         """One encoded target as a Python number (an int class index, or a float score)."""
         return value.item() if hasattr(value, "item") else value
 
-    # ---- ranking (a cross-encoder) ----------------------------------------------------------------
+    # ---- reranking (a cross-encoder) ---------------------------------------------------------------
+
+    def pair_scores(self, pairs) -> np.ndarray:
+        """The relevance score of each (query, document) pair, in their order: the regressor's prediction, the
+        classifier's probability of its last class, classes_[-1] (labels sort, so with labels 0/1 or False/True that is
+        the positive one; see SequenceClassifier._pair_scores). What `rerank` orders by."""
+        self.check_reranks()
+        return self._pair_scores(list(pairs))
 
     def _pair_scores(self, pairs: list[tuple[str, str]]) -> np.ndarray:
         raise NotImplementedError
 
-    def rank(self, query: str, candidates, top_k: int | None = None) -> Ranking:
-        """Use a model trained on (text_a, text_b) pairs as a cross-encoder reranker: score (query, candidate) for
-        every candidate (the regressor's prediction, or the classifier's probability of its last class, e.g. 1 /
-        "entailment" / "similar": see SequenceClassifier.rank) and order them, highest first. Returns
-        Ranking(scores in candidate order, order = candidate indices best first, top_k of them when given)."""
+    def check_reranks(self) -> None:
+        """A one-line ValueError when this model cannot score (query, document) pairs: not fitted, or fitted on
+        single texts."""
         self._check_fitted()
         if not self.pairs_:
             raise ValueError(
-                f"rank scores (query, candidate) pairs, but this {type(self).__name__} was trained on single texts; "
+                f"rerank scores (query, document) pairs, but this {type(self).__name__} was trained on single texts; "
                 "train it on (text_a, text_b) pairs to use it as a cross-encoder"
             )
+
+    def rerank(
+        self,
+        query: str,
+        documents,
+        top_n: int | None = None,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+    ) -> Hits:
+        """Use a model trained on (text_a, text_b) pairs as a cross-encoder reranker, with the rerank API of every
+        ctxrep reranker: the `top_n` best documents (all when None) for `query` by `pair_scores`, highest first
+        (ties keep the documents' order), as Hits (ids = the documents' positions, texts = the documents, scores).
+        prompt: text put before the query; prompt_name: none is declared (a saved estimator has no prompts)."""
+        self.check_reranks()
+        documents = check_rerank_args(query, documents, top_n)
+        prefix = Prompts({}, where=f"this {type(self).__name__}").resolve(prompt, prompt_name)
+        return ranked_hits(self._pair_scores([(prefix + query, d) for d in documents]), documents, top_n)
+
+    def rank(self, query: str, candidates, top_k: int | None = None) -> _Ranking:
+        """Deprecated (goes in 0.3): rerank(query, documents, top_n) answers with Hits, as every reranker.
+        Ranking(scores in candidate order, order = candidate indices best first, top_k of them when given)."""
+        warnings.warn(
+            f"{type(self).__name__}.rank(query, candidates, top_k) -> Ranking goes in 0.3: rerank(query, documents, "
+            "top_n) answers with Hits (ids = the documents' positions, texts, scores best first), as every reranker",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.check_reranks()
         if not isinstance(query, str):
             raise TypeError(f"query must be a string, got {type(query).__name__}")
         if isinstance(candidates, str):
@@ -208,7 +260,7 @@ class SequenceTask(TaskEstimator):
             raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
         scores = self._pair_scores([(query, c) for c in candidates]) if candidates else np.zeros(0, np.float32)
         order = np.argsort(-scores, kind="stable")  # ties keep the candidates' order
-        return Ranking(scores, order[:top_k] if top_k is not None else order)
+        return _Ranking(scores, order[:top_k] if top_k is not None else order)
 
 
 class SequenceClassifier(SequenceTask):
@@ -271,11 +323,6 @@ class SequenceClassifier(SequenceTask):
         """The probability of the last class (classes_[-1]: 1, True, "similar", ... as sorted) for each pair."""
         return self.predict_proba(pairs)[:, -1].astype(np.float64)
 
-    def rank(self, query: str, candidates, top_k: int | None = None) -> Ranking:
-        """Rerank `candidates` for `query` by the probability of the last class, classes_[-1] (labels sort, so with
-        labels 0/1 or False/True that is the positive one); see SequenceTask.rank."""
-        return super().rank(query, candidates, top_k)
-
     def _score(self, X, y, predicted) -> float:
         """Accuracy."""
         y = np.asarray(y)
@@ -309,4 +356,4 @@ def refuse_continuous_labels(y) -> None:
         )
 
 
-__all__ = ["SequenceClassifier", "SequenceTask", "PoolingHead", "POOLINGS", "Ranking"]
+__all__ = ["SequenceClassifier", "SequenceTask", "PoolingHead", "POOLINGS"]

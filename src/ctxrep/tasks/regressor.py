@@ -8,7 +8,8 @@ adds its targets and loss:
   loss      mean squared error (z_hat - z)^2
   score     R^2 = 1 - sum (y - y_hat)^2 / sum (y - mean(y))^2 (scikit-learn's RegressorMixin.score);
             `evaluate` adds Pearson's r and Spearman's rho, the STS measures
-A model trained on pairs is a cross-encoder: `rank(query, candidates)` orders candidates by predicted score.
+A model trained on pairs is a cross-encoder: `rerank(query, documents, top_n)` orders documents by predicted score
+(Hits, as every ctxrep reranker).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ctxrep.tasks.classifier import PoolingHead, Ranking, SequenceTask
+from ctxrep.tasks.classifier import PoolingHead, SequenceTask
 from ctxrep.tasks.network import Representation
 from ctxrep.vectors.similarity import pearson, spearman
 
@@ -86,10 +87,6 @@ class SequenceRegressor(SequenceTask):
 
     def _pair_scores(self, pairs: list[tuple[str, str]]) -> np.ndarray:
         return np.asarray(self.predict(pairs), dtype=np.float64)
-
-    def rank(self, query: str, candidates, top_k: int | None = None) -> Ranking:
-        """Rerank `candidates` for `query` by predicted score, highest first (see SequenceTask.rank)."""
-        return super().rank(query, candidates, top_k)
 
 
 def _scores(y) -> list[float]:

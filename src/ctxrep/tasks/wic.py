@@ -207,8 +207,9 @@ class WordInContextClassifier(SequenceClassifier):
     def _make_head(self, rep: Representation) -> nn.Module:
         return TargetPairHead(rep.out_dim, len(self.classes_), rep.has_cls)
 
-    def rank(self, query: str, candidates, top_k: int | None = None):
-        raise NotImplementedError(
+    def check_reranks(self) -> None:
+        """Always a one-line ValueError: WiC's pairs are two uses of one word, not (query, document) pairs."""
+        raise ValueError(
             "WordInContextClassifier compares a target word across two texts; to rerank texts for a query use "
             "SequenceRegressor or SequenceClassifier trained on pairs"
         )

@@ -6,16 +6,20 @@
     hits = index.search("How do I reset my password?", k=5)          # one Hits: ids, texts, scores, best first
     index.save("ix/");  index = ctxrep.SentenceIndex.load("ix/")
     index = ctxrep.SentenceIndex.from_vectors("vecs/")                # `ctxrep embed --level sentence` output
-    index = ctxrep.SentenceIndex.build(texts, model=folder, dimensions=128, binary="int8",
+    index = ctxrep.SentenceIndex.build(texts, model=folder, dimensions=128, binary=Binary(Rescore.INT8),
                                        document_prompt_name="document")
     hits = index.search("reset password", prompt_name="query")
 
+Results are Hits (ctxrep.vectors.hits), as every index's and reranker's: one Hits for one query (a text or a
+vector (dim,)), a list of Hits for a list of texts or (n, dim) vectors.
+
 Compact vectors: `dimensions` keeps the first N coordinates of every vector, L2-normalised again (Matryoshka; the
-Featurizer's `embed_sentences(dimensions=)`), for the stored vectors and every text query alike. `binary` ("int8" or
-"float32") stores ubinary codes (dim / 8 bytes a row) searched by Hamming distance, the best
-`rescore_multiplier` x k candidates rescored by the float query's dot product with their int8 or float32 vectors
-(ctxrep.vectors.quantize.BinaryIndex). The int8 ranges are those of the vectors present when the codes are first
-made (at the first search or save); rows added later are coded on the same grid.
+Featurizer's `embed_sentences(dimensions=)`), for the stored vectors and every text query alike. `binary`
+(ctxrep.vectors.quantize.Binary(rescore, rescore_multiplier)) stores ubinary codes (dim / 8 bytes a row) searched by
+Hamming distance, the best `rescore_multiplier` x k candidates rescored by the float query's dot product with their
+int8 or float32 vectors (Rescore.INT8 / Rescore.FLOAT32; ctxrep.vectors.quantize.BinaryIndex). The int8 ranges are
+those of the vectors present when the codes are first made (at the first search or save); rows added later are coded
+on the same grid.
 
 Prompts: `document_prompt` / `document_prompt_name` (text, or a prompt the model folder declares by name) go before
 every text `build` and `add` embed, and are recorded in index.json, so rows added after `load` are embedded the
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,14 +58,14 @@ from pathlib import Path
 import numpy as np
 
 from ctxrep.util.arrays import normalize_rows
-from ctxrep.vectors.quantize import BinaryIndex, QuantizedVectors, dequantize, quantize, truncate
+from ctxrep.vectors.hits import Hits
+from ctxrep.vectors.quantize import Binary, BinaryIndex, QuantizedVectors, Rescore, dequantize, quantize, truncate
 from ctxrep.vectors.similarity import METRICS
 from ctxrep.vectors.spec import FeaturizerSpec
 
-__all__ = ["SentenceIndex", "Hits", "SentenceIndexError"]
+__all__ = ["SentenceIndex", "Hits", "SentenceIndexError", "Binary", "Rescore"]
 
 FORMAT_VERSION = 1
-RESCORE = ("int8", "float32")  # what a binary index rescores its candidates with
 EXACT_BELOW = 20_000  # items up to which search is one exact matrix product (about 30 MB of float32 at 384 wide)
 
 
@@ -68,20 +73,30 @@ class SentenceIndexError(ValueError):
     """A folder that is not a readable sentence index, or a request it cannot answer (one line, says what to do)."""
 
 
-@dataclass
-class Hits:
-    """The k nearest items of one query, best first."""
-
-    ids: list
-    texts: list[str | None]
-    scores: np.ndarray  # (k,) float32, cosine or dot product
-    rows: np.ndarray  # (k,) int64 row numbers in the index
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __iter__(self):
-        return iter(zip(self.ids, self.texts, self.scores.tolist()))
+def _binary_option(binary, rescore_multiplier) -> Binary | None:
+    """SentenceIndex's `binary`: a Binary or None; until 0.3 also the old string ("int8" / "float32") and the old
+    `rescore_multiplier` keyword, with a DeprecationWarning."""
+    if isinstance(binary, Binary) and rescore_multiplier is not None:
+        raise ValueError(
+            "rescore_multiplier goes inside the Binary option: binary=Binary(rescore, rescore_multiplier=N)"
+        )
+    if binary is None and rescore_multiplier is not None:
+        raise ValueError("rescore_multiplier applies to a binary index: give binary=Binary(...) or leave it out")
+    if binary is None or isinstance(binary, Binary):
+        return binary
+    if not (isinstance(binary, str) and binary in Rescore._value2member_map_):
+        raise ValueError(
+            f"binary must be None or a Binary(rescore, rescore_multiplier) (ctxrep.vectors.quantize.Binary), got "
+            f"{binary!r}"
+        )
+    old = f"binary={binary!r}" + ("" if rescore_multiplier is None else ", rescore_multiplier=N")
+    new = f"Rescore.{Rescore(binary).name}" + ("" if rescore_multiplier is None else ", rescore_multiplier=N")
+    warnings.warn(
+        f"SentenceIndex({old}) is now binary=Binary({new}) (ctxrep.vectors.quantize.Binary); the old form goes in 0.3",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return Binary(Rescore(binary), 4 if rescore_multiplier is None else rescore_multiplier)
 
 
 class SentenceIndex:
@@ -92,8 +107,10 @@ class SentenceIndex:
     queries. runtime: further Featurizer keyword arguments for text queries that do not change the vectors
     (device, batch_tokens, num_threads). exact_below: the size up to which search is exact.
     hnsw_m / hnsw_ef_construction / hnsw_ef: hnswlib's M, ef_construction and the search-time ef (at least k).
-    dimensions: text is embedded with `embed_sentences(dimensions=)` (dim must equal it). binary: None, or "int8" /
-    "float32": binary codes rescored with those vectors, `rescore_multiplier` x k candidates per query.
+    dimensions: text is embedded with `embed_sentences(dimensions=)` (dim must equal it). binary: None, or a
+    Binary(rescore, rescore_multiplier): binary codes, `rescore_multiplier` x k candidates per query rescored with
+    `rescore` vectors (Rescore.INT8 / Rescore.FLOAT32). The strings "int8" / "float32" and the rescore_multiplier
+    keyword are accepted until 0.3 with a DeprecationWarning.
     document_prompt / document_prompt_name: the prompt before every text `add` embeds (see the module docstring).
     """
 
@@ -108,8 +125,8 @@ class SentenceIndex:
         hnsw_ef: int = 100,
         runtime: dict | None = None,
         dimensions: int | None = None,
-        binary: str | None = None,
-        rescore_multiplier: int = 4,
+        binary: Binary | None = None,
+        rescore_multiplier: int | None = None,
         document_prompt: str | None = None,
         document_prompt_name: str | None = None,
     ) -> None:
@@ -123,14 +140,11 @@ class SentenceIndex:
             raise ValueError(f"dimensions must be a positive integer, got {dimensions!r}")
         if dimensions is not None and dimensions != dim:
             raise ValueError(f"dimensions={dimensions!r} but dim={dim}: an index of truncated vectors is that wide")
-        if binary not in (None, *RESCORE):
-            raise ValueError(f"binary must be None or one of {RESCORE} (the rescoring vectors), got {binary!r}")
-        if isinstance(rescore_multiplier, bool) or not isinstance(rescore_multiplier, int) or rescore_multiplier < 1:
-            raise ValueError(f"rescore_multiplier must be a positive integer, got {rescore_multiplier!r}")
+        binary = _binary_option(binary, rescore_multiplier)
         if document_prompt is not None and document_prompt_name is not None:
             raise ValueError("give document_prompt or document_prompt_name, not both")
         self.dimensions = None if dimensions is None else int(dimensions)
-        self.binary, self.rescore_multiplier = binary, rescore_multiplier
+        self.binary = binary
         self.document_prompt, self.document_prompt_name = document_prompt, document_prompt_name
         self._binary: BinaryIndex | None = None  # the codes of every row not in _chunks (binary indexes only)
         self.dim = int(dim)
@@ -201,7 +215,7 @@ class SentenceIndex:
                 raise SentenceIndexError(
                     f"{vectors}: holds {stored.precision} codes (embed --output-precision {stored.precision}), signs "
                     "only, with nothing to score the candidates by; embed with --output-precision float32 or int8 and "
-                    "build a binary index from those (binary=True, ctxrep index build --binary)"
+                    "build a binary index from those (binary=Binary(), ctxrep index build --binary)"
                 )
             if ids is None:
                 ids = stored.index().text.tolist()
@@ -291,6 +305,17 @@ class SentenceIndex:
         return self._vectors
 
     @property
+    def rescore_multiplier(self) -> int | None:
+        """Deprecated (goes in 0.3): binary.rescore_multiplier."""
+        warnings.warn(
+            "SentenceIndex.rescore_multiplier is now binary.rescore_multiplier (the Binary option); the attribute "
+            "goes in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return None if self.binary is None else self.binary.rescore_multiplier
+
+    @property
     def binary_index(self) -> BinaryIndex | None:
         """A binary index's codes and rescoring vectors (ctxrep.vectors.quantize.BinaryIndex); None otherwise."""
         return self._codes() if self.binary is not None else None
@@ -300,7 +325,7 @@ class SentenceIndex:
         if self._chunks:
             new = np.concatenate(self._chunks)
             if self._binary is None:
-                coded = BinaryIndex.build(new, rescore=self.binary)
+                coded = BinaryIndex.build(new, rescore=self.binary.rescore)
             else:
                 old = self._binary.rescore
                 rescore = quantize(new, old.precision, ranges=old.ranges)
@@ -341,17 +366,14 @@ class SentenceIndex:
             q = normalize_rows(q)
         k = min(int(k), len(self))
         if k == 0:
-            empty = Hits([], [], np.zeros(0, np.float32), np.zeros(0, np.int64))
-            return empty if single else [empty for _ in range(len(q))]
+            return Hits.empty() if single else [Hits.empty() for _ in range(len(q))]
         use_exact = exact if exact is not None else len(self) <= self.exact_below
-        if self.binary is not None and exact is not True:
-            scores, rows = self._codes().search(q, int(k), self.rescore_multiplier)
+        if self.binary is not None and exact is not True:  # the codes' rows, then this index's ids and texts
+            found = self._codes().search(q, int(k), self.binary.rescore_multiplier)
+            rows, scores = [h.rows for h in found], [h.scores for h in found]
         else:
             rows, scores = self._exact(q, k) if use_exact else self._approximate(q, k)
-        hits = [
-            Hits([self.ids[r] for r in rr], [self.texts[r] for r in rr], ss.astype(np.float32), rr.astype(np.int64))
-            for rr, ss in zip(rows, scores)
-        ]
+        hits = [Hits.from_rows(rr, ss, self.ids, self.texts) for rr, ss in zip(rows, scores)]
         return hits[0] if single else hits
 
     def _exact(self, q: np.ndarray, k: int, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
@@ -452,7 +474,7 @@ class SentenceIndex:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         if self.binary is not None:
-            if len(self) < 2 and self.binary == "int8":
+            if len(self) < 2 and self.binary.rescore is Rescore.INT8:
                 raise SentenceIndexError(
                     f"a binary index rescored by int8 needs at least 2 rows for its int8 ranges, it has {len(self)}"
                 )
@@ -480,9 +502,7 @@ class SentenceIndex:
             "hnsw": {"M": self.hnsw_m, "ef_construction": self.hnsw_ef_construction, "ef": self.hnsw_ef, "file": graph},
             "dimensions": self.dimensions,
             "document_prompt": {"prompt": self.document_prompt, "prompt_name": self.document_prompt_name},
-            "binary": None
-            if self.binary is None
-            else {"rescore": self.binary, "rescore_multiplier": self.rescore_multiplier},
+            "binary": None if self.binary is None else self.binary.to_json(),
         }
         (path / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
         return path
@@ -503,7 +523,7 @@ class SentenceIndex:
             if meta.get("format") != "ctxrep-sentence-index":
                 raise KeyError("format")
             hnsw = meta["hnsw"]
-            binary = meta.get("binary") or {}  # absent in indexes written before compact vectors and prompts
+            binary = meta.get("binary")  # absent in indexes written before compact vectors and prompts
             document = meta.get("document_prompt") or {}
             spec = meta.get("spec", meta.get("featurizer"))  # "featurizer": the Featurizer kwargs older ctxrep saved
             index = cls(
@@ -516,8 +536,7 @@ class SentenceIndex:
                 hnsw_ef_construction=hnsw["ef_construction"],
                 hnsw_ef=hnsw["ef"],
                 dimensions=meta.get("dimensions"),
-                binary=binary.get("rescore"),
-                rescore_multiplier=binary.get("rescore_multiplier", 4),
+                binary=Binary.from_json(binary) if binary else None,
                 document_prompt=document.get("prompt"),
                 document_prompt_name=document.get("prompt_name"),
             )

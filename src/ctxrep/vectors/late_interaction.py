@@ -51,6 +51,7 @@ from ctxrep.models.sentence_transformers import (
 from ctxrep.modules.unpadding import outputs_at_padding
 from ctxrep.text.inputs import Rows, check_texts
 from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.hits import Hits
 from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = [
@@ -423,12 +424,10 @@ class LateInteractionIndex:
         """Document j's token vectors (tokens, dim)."""
         return self.tokens.vectors[self.starts[j] : self.starts[j + 1]]
 
-    def search(self, queries, k: int = 10, candidates: int | None = None):
-        """The k documents with the best MaxSim score for each query (a text, texts, or (tokens, dim) arrays), best
-        first: one Hits for a single query, a list for several. candidates: default `self.candidates`."""
+    def search(self, queries, k: int = 10, candidates: int | None = None) -> Hits | list[Hits]:
+        """The k documents with the best MaxSim score for each query, best first: one Hits for one query (a text, or
+        its (tokens, dim) token vectors), a list of Hits for a list of them. candidates: default `self.candidates`."""
         candidates = self.candidates if candidates is None else candidates
-        from ctxrep.vectors.index import Hits
-
         if not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 2)
@@ -441,7 +440,7 @@ class LateInteractionIndex:
         out = []
         for q in q_list:
             if len(self.tokens) == 0 or len(q) == 0:
-                out.append(Hits([], [], np.zeros(0, np.float32), np.zeros(0, np.int64)))
+                out.append(Hits.empty())
                 continue
             q = np.asarray(q, np.float32)
             near = self.tokens.search(q, k=min(candidates, len(self.tokens)))
@@ -453,7 +452,7 @@ class LateInteractionIndex:
             scores = np.maximum.reduceat(sims, first, axis=1).sum(axis=0)  # MaxSim of each candidate
             order = np.lexsort((found, -scores))[:k]
             best = found[order]
-            out.append(Hits([self.ids[r] for r in best], [self.texts[r] for r in best], scores[order], best))
+            out.append(Hits.from_rows(best, scores[order], self.ids, self.texts))
         return out[0] if single else out
 
     def save(self, path: str | os.PathLike) -> Path:

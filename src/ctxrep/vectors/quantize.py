@@ -12,18 +12,23 @@
     min_j + q * step_j (sentence-transformers' `_dequantize_embeddings`, in float64, then float32), for rescoring in the float query's space.
 
 BinaryIndex: ubinary codes searched by Hamming distance, the best `rescore_multiplier` x k candidates rescored
-exactly by the float query's dot product with the candidates' int8 (dequantized) or float vectors.
+exactly by the float query's dot product with the candidates' int8 (dequantized) or float vectors (`Rescore`);
+its `search` answers with Hits (ctxrep.vectors.hits), as every index. `Binary` is SentenceIndex's option for such an
+index: what rescores the candidates and how many.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
 from ctxrep.util.arrays import normalize_rows
+from ctxrep.vectors.hits import Hits
 
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 QUANTIZATION_FILE = "quantization.json"
@@ -158,12 +163,66 @@ def _as_words(codes: np.ndarray) -> np.ndarray:
     return codes.view(np.uint64) if codes.shape[1] % 8 == 0 else codes
 
 
+class Rescore(StrEnum):
+    """The vectors a binary index keeps to rescore its Hamming candidates: int8 codes (dim bytes a row, on the
+    ranges' grid) or the float32 vectors themselves (exact, 4 x dim bytes a row). The values are index.json's."""
+
+    INT8 = "int8"
+    FLOAT32 = "float32"
+
+    @classmethod
+    def of(cls, value: Rescore | str, where: str = "rescore") -> Rescore:
+        """`value` as a Rescore; the old strings "int8" / "float32" are accepted until 0.3 with a
+        DeprecationWarning, anything else is a one-line ValueError."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value in cls._value2member_map_:
+            warnings.warn(
+                f"{where}={value!r} is now {where}=Rescore.{cls(value).name} (ctxrep.vectors.quantize.Rescore); "
+                "the string goes in 0.3",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            return cls(value)
+        raise ValueError(
+            f"{where} must be Rescore.INT8 or Rescore.FLOAT32 (ctxrep.vectors.quantize.Rescore), got {value!r}"
+        )
+
+
+@dataclass(frozen=True)
+class Binary:
+    """SentenceIndex's binary codes: ubinary codes (dim / 8 bytes a row) searched by Hamming distance, the best
+    `rescore_multiplier` x k candidates rescored with `rescore` vectors. Saved in index.json as
+    {"rescore": "int8" | "float32", "rescore_multiplier": N}."""
+
+    rescore: Rescore = Rescore.INT8
+    rescore_multiplier: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rescore, Rescore):
+            raise ValueError(
+                f"Binary.rescore must be Rescore.INT8 or Rescore.FLOAT32 (ctxrep.vectors.quantize.Rescore), got "
+                f"{self.rescore!r}"
+            )
+        m = self.rescore_multiplier
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            raise ValueError(f"rescore_multiplier must be a positive integer, got {m!r}")
+
+    def to_json(self) -> dict:
+        return {"rescore": self.rescore.value, "rescore_multiplier": int(self.rescore_multiplier)}
+
+    @classmethod
+    def from_json(cls, meta: dict) -> Binary:
+        """index.json's "binary" entry (rescore_multiplier 4 where an older index left it out)."""
+        return cls(Rescore(meta["rescore"]), meta.get("rescore_multiplier", 4))
+
+
 class BinaryIndex:
     """Search by the Hamming distance of ubinary codes, then rescore the best candidates exactly.
 
     vectors: (rows, dim) float sentence vectors (normalised: scores are dot products = cosines). What stays in
-    memory: the codes (dim / 8 bytes a row) and the rescoring vectors, int8 (dim bytes a row, `rescore="int8"`) or
-    the float32 vectors (`rescore="float32"`).
+    memory: the codes (dim / 8 bytes a row) and the rescoring vectors, int8 (dim bytes a row, Rescore.INT8) or
+    the float32 vectors (Rescore.FLOAT32).
     """
 
     def __init__(self, codes: np.ndarray, rescore: QuantizedVectors) -> None:
@@ -173,12 +232,11 @@ class BinaryIndex:
         self.dim, self.codes, self.rescore = rescore.dim, codes, rescore
 
     @classmethod
-    def build(cls, vectors, rescore: str = "int8", calibration: np.ndarray | None = None) -> BinaryIndex:
+    def build(cls, vectors, rescore: Rescore = Rescore.INT8, calibration: np.ndarray | None = None) -> BinaryIndex:
         """The index of float `vectors`; int8 rescoring ranges from `calibration` (default: the vectors)."""
-        if rescore not in ("int8", "float32"):
-            raise ValueError(f"rescore must be 'int8' or 'float32', got {rescore!r}")
+        rescore = Rescore.of(rescore)
         v = _as_matrix(vectors)
-        return cls(quantize(v, "ubinary").codes, quantize(v, rescore, calibration=calibration))
+        return cls(quantize(v, "ubinary").codes, quantize(v, rescore.value, calibration=calibration))
 
     def __len__(self) -> int:
         return len(self.codes)
@@ -205,17 +263,40 @@ class BinaryIndex:
         """Bytes of the codes plus the rescoring vectors."""
         return int(self.codes.nbytes + self.rescore.nbytes)
 
-    def search(self, queries, k: int = 10, rescore_multiplier: int = 4) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, rows) of each query's k best rows, best first: the k x rescore_multiplier nearest codes by
-        Hamming distance, rescored by the float query's dot product with their int8 (dequantized) or float vectors."""
+    def search(self, queries, k: int = 10, rescore_multiplier: int = 4) -> Hits | list[Hits]:
+        """The k best rows of each query, best first: the k x rescore_multiplier nearest codes by Hamming distance,
+        rescored by the float query's dot product with their int8 (dequantized) or float vectors. One Hits for one
+        query vector (dim,), a list of Hits for (n, dim) queries; ids are the rows (0-based), texts None."""
+        q = np.asarray(queries)
+        scores, rows = self._top(q[None, :] if q.ndim == 1 else q, k, rescore_multiplier)
+        hits = [Hits(r.tolist(), [None] * len(r), s, r) for s, r in zip(scores, rows)]
+        return hits[0] if q.ndim == 1 else hits
+
+    def search_arrays(self, queries, k: int = 10, rescore_multiplier: int = 4) -> tuple[np.ndarray, np.ndarray]:
+        """Deprecated: the (scores, rows) arrays (queries, k) that `search` returned before it answered with Hits,
+        as every index does; goes in 0.3."""
+        warnings.warn(
+            "BinaryIndex.search answers with Hits (ids, texts, scores, rows), as every index; search_arrays, which "
+            "gives the old (scores, rows) arrays, goes in 0.3: use np.stack([h.rows for h in hits]) and h.scores",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._top(queries, k, rescore_multiplier)
+
+    def _top(self, queries, k: int, rescore_multiplier: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, rows) of each query's k best rows, (queries, k) each, best first."""
         q = _as_matrix(queries, "queries")
         if q.shape[1] != self.dim:
             raise ValueError(f"queries are {q.shape[1]} wide but the index holds {self.dim}-wide vectors")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
+        if isinstance(rescore_multiplier, bool) or not isinstance(rescore_multiplier, (int, np.integer)):
+            raise ValueError(f"rescore_multiplier must be a positive integer, got {rescore_multiplier!r}")
         if rescore_multiplier < 1:
             raise ValueError(f"rescore_multiplier must be at least 1, got {rescore_multiplier}")
-        k = min(k, len(self))
+        k = min(int(k), len(self))
+        if k == 0:
+            return np.zeros((len(q), 0), np.float32), np.zeros((len(q), 0), np.int64)
         n_candidates = min(len(self), k * rescore_multiplier)
         distances = hamming(np.packbits(q > 0, axis=-1), self.codes)
         if n_candidates < len(self):

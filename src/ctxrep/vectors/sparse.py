@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,20 @@ import torch
 
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.mlm_head import read_mlm_head
-from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules, with_prompt
+from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules, read_settings, with_prompt
+from ctxrep.vectors.hits import Hits
 from ctxrep.vectors.spec import FeaturizerSpec
 
-__all__ = ["SparseEncoder", "SparseIndex", "SparseVector", "SpladeSettings"]
+__all__ = [
+    "SparseEncoder",
+    "SparseIndex",
+    "SparseVector",
+    "SpladeSettings",
+    "SpladeHead",
+    "BgeM3Head",
+    "SPARSE_HEADS",
+    "is_sparse_folder",
+]
 
 SPARSE_LINEAR_FILE = "sparse_linear.pt"  # BGE-M3's sparse head: Linear(hidden, 1)
 APPLIED_MODULES = ("Transformer", "MLMTransformer", "SpladePooling")  # a SparseEncoder folder's modules ctxrep applies
@@ -84,12 +95,109 @@ class SpladeSettings:
         return cls(config.get("pooling_strategy", "max"), config.get("activation_function", "relu"))
 
 
+class SpladeHead:
+    """SPLADE: each token's masked-LM logits over the vocabulary, log(1 + ReLU) (twice log1p for "log1p_relu"),
+    then the maximum (or sum) over each text's tokens (sentence-transformers' SpladePooling settings)."""
+
+    holds = "masked-LM head (cls.predictions.* / lm_head.*: SPLADE)"
+
+    def __init__(self, mlm_head, settings: SpladeSettings) -> None:
+        self.mlm_head, self.settings = mlm_head, settings
+
+    @classmethod
+    def of_folder(cls, folder: Path, featurizer) -> SpladeHead | None:
+        """The folder's masked-LM head over the featurizer's encoder (its decoder is the encoder's word
+        embeddings), on the encoder's device; None when the folder has none."""
+        model = featurizer.model
+        head = read_mlm_head(folder, model) if hasattr(model, "embeddings") else None
+        if head is None:
+            return None
+        return cls(head.to(next(model.parameters()).device), SpladeSettings.of_folder(folder))
+
+    def weights(self, ids: torch.Tensor, h: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """A block of texts' token states h (tokens, hidden) -> (texts, vocab) pooled weights.
+
+        Max pooling takes the maximum of each text's raw logits and adds the bias and the activation after it,
+        on (texts, vocab) rather than (tokens, vocab): the same floats, since adding a per-id constant, ReLU and
+        log1p are all non-decreasing (so is their rounding), and it spares three passes over the logits."""
+        head = self.mlm_head
+        h = h.to(head.bias.device)
+        z = head.norm(head.activation(head.dense(h)))  # (tokens, embedding)
+        if self.settings.pooling_strategy == "max":
+            logits = z @ head.decoder.weight.T  # (tokens, vocab), the bias comes after the maximum
+            w = torch.stack([x.amax(dim=0) for x in logits.split(sizes)]).add_(head.bias)  # (texts, vocab)
+            w = w.relu_().log1p_()
+            if self.settings.activation_function == "log1p_relu":
+                w = w.log1p_()
+        else:  # sum: each token's weight, then the sum
+            w = (z @ head.decoder.weight.T).add_(head.bias).relu_().log1p_()  # (tokens, vocab)
+            if self.settings.activation_function == "log1p_relu":
+                w = w.log1p_()
+            w = torch.stack([x.sum(dim=0) for x in w.split(sizes)])
+        return w
+
+
+class BgeM3Head:
+    """BGE-M3's sparse head: each token's weight relu(sparse_linear(h)) on its own token id, the maximum over
+    repeats, its special tokens (cls, eos, pad, unk) left out."""
+
+    holds = f"{SPARSE_LINEAR_FILE} (BGE-M3's sparse head)"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, vocab_size: int, unused_ids: np.ndarray) -> None:
+        self.weight, self.bias, self.vocab_size, self.unused_ids = weight, bias, vocab_size, unused_ids
+
+    @classmethod
+    def of_folder(cls, folder: Path, featurizer) -> BgeM3Head | None:
+        """The folder's sparse_linear.pt (a Linear(hidden, 1) state dict, read with weights_only=True); None
+        without it."""
+        file = Path(folder) / SPARSE_LINEAR_FILE
+        if not file.is_file():
+            return None
+        state = torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            weight, bias = state["weight"].float(), state["bias"].float()
+        except (KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"{file}: expected a Linear(hidden, 1) state dict with weight and bias") from None
+        vocab = featurizer.tokenizer.backend
+        names = ("<s>", "</s>", "<pad>", "<unk>", "[CLS]", "[SEP]", "[PAD]", "[UNK]")  # cls, eos (sep), pad, unk
+        unused = np.array(sorted({vocab.token_to_id(t) for t in names} - {None}), dtype=np.int64)
+        return cls(weight, bias, int(featurizer.model.input_embeddings().shape[0]), unused)
+
+    def weights(self, ids: torch.Tensor, h: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """A block of texts' token ids (tokens,) and states h (tokens, hidden) -> (texts, vocab) weights."""
+        rows = []
+        for i, x in zip(ids.split(sizes), h.split(sizes)):
+            w = torch.relu(x @ self.weight.T + self.bias).squeeze(-1)  # (tokens,)
+            dense = torch.zeros(self.vocab_size).scatter_reduce_(0, i, w, reduce="amax", include_self=True)
+            dense[torch.from_numpy(self.unused_ids)] = 0.0
+            rows.append(dense)
+        return torch.stack(rows)  # (texts, vocab)
+
+
+# What a folder holds -> the head that reads it: the first row whose head the folder holds wins.
+SPARSE_HEADS: tuple[type[BgeM3Head] | type[SpladeHead], ...] = (BgeM3Head, SpladeHead)
+
+
+def is_sparse_folder(folder: str | os.PathLike) -> bool:
+    """Whether a folder is a sparse encoder by what it declares: a sentence-transformers SparseEncoder folder
+    (config_sentence_transformers.json's model_type, or a SpladePooling module in modules.json). A bare
+    *ForMaskedLM folder is not (BERT's own checkpoints are MLM folders); BGE-M3 is a dense model with a sparse head
+    beside it (SPARSE_LINEAR_FILE)."""
+    try:
+        if read_settings(folder).get("model_type") == "SparseEncoder":
+            return True
+        return any(m.kind == "SpladePooling" for m in read_modules(folder))
+    except CheckpointError:  # a malformed file: not recognisably sparse (loading it says what is wrong)
+        return False
+
+
 class SparseEncoder:
     """Texts -> sparse vectors over the model's vocabulary, a sibling of ctxrep.Featurizer (see the module docs).
 
     model: a folder or name with a masked-LM head (BertForMaskedLM / RobertaForMaskedLM-like weights, as SPLADE
     checkpoints and sentence-transformers SparseEncoder folders hold them) or BGE-M3's sparse_linear.pt; or a
-    ready ctxrep.Featurizer over such a model. max_active_dims: keep only each vector's largest weights (as
+    ready ctxrep.Featurizer over such a model. The head is the first row of SPARSE_HEADS the folder holds
+    (`encoder.head`: SpladeHead or BgeM3Head). max_active_dims: keep only each vector's largest weights (as
     sentence-transformers' max_active_dims). Further keyword arguments go to the Featurizer (device, precision,
     backend, batch_tokens, ...); the layer is always the last and the head runs in float32.
     """
@@ -105,20 +213,12 @@ class SparseEncoder:
         self.max_active_dims = max_active_dims
         self.prompts = self.featurizer.prompts  # config_sentence_transformers.json's, or none
         folder = self.featurizer.source.folder
-        self.splade = SpladeSettings.of_folder(folder)
-        self.sparse_linear = _read_sparse_linear(folder)
-        self.head = None
-        if self.sparse_linear is None:
-            model_ = self.featurizer.model
-            self.head = read_mlm_head(folder, model_) if hasattr(model_, "embeddings") else None
-            if self.head is not None:  # on the encoder's device (its decoder is the encoder's word embeddings)
-                self.head.to(next(model_.parameters()).device)
-            if self.head is None:
-                raise CheckpointError(
-                    f"{folder}: no masked-LM head (cls.predictions.* / lm_head.*) and no {SPARSE_LINEAR_FILE}: sparse "
-                    "vectors need a SPLADE checkpoint (a *ForMaskedLM folder, e.g. naver/splade-v3) or BGE-M3"
-                )
-        self.unused_ids = self._special_ids() if self.sparse_linear is not None else np.zeros(0, np.int64)
+        self.head = next((h for h in (row.of_folder(folder, self.featurizer) for row in SPARSE_HEADS) if h), None)
+        if self.head is None:
+            raise CheckpointError(
+                f"{folder}: {' and '.join('no ' + r.holds for r in SPARSE_HEADS)}: sparse vectors need a SPLADE "
+                "checkpoint (a *ForMaskedLM folder, e.g. naver/splade-v3) or BGE-M3"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -193,8 +293,6 @@ class SparseEncoder:
         vocab = self.featurizer.tokenizer.backend
         return [(vocab.id_to_token(int(ids[i])), float(values[i])) for i in order]
 
-    # ---- the heads -----------------------------------------------------------------------------------------
-
     def _rows(self, token_states, block_tokens: int = 1024):
         """The (texts, vocab) csr rows of texts' TokenStates. The head runs on blocks of whole texts of about
         `block_tokens` tokens together (real tokens only, no padding), so its (tokens, vocabulary) logits stay
@@ -210,37 +308,12 @@ class SparseEncoder:
                 last = first + max(1, int(np.searchsorted(ends[first:] - done, block_tokens, side="right")))
                 block, sizes = token_states[first:last], lengths[first:last].tolist()
                 h = torch.from_numpy(np.concatenate([t.states for t in block]).astype(np.float32, copy=False))
-                if self.sparse_linear is not None:
-                    ids = torch.from_numpy(np.concatenate([t.ids for t in block]))
-                    dense = torch.stack([self._bge_m3(i, x) for i, x in zip(ids.split(sizes), h.split(sizes))])
-                else:
-                    dense = self._splade(h.to(self.head.bias.device), sizes)
-                parts.append(self._csr(dense))
+                ids = torch.from_numpy(np.concatenate([t.ids for t in block]))
+                parts.append(self._csr(self.head.weights(ids, h, sizes)))
                 first = last
         if not parts:
             return scipy.sparse.csr_matrix((0, self.vocab_size), dtype=np.float32)
         return parts[0] if len(parts) == 1 else scipy.sparse.vstack(parts, format="csr", dtype=np.float32)
-
-    def _splade(self, h: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-        """SPLADE over a block of texts' token states h (tokens, hidden): (texts, vocab) pooled weights.
-
-        Max pooling takes the maximum of each text's raw logits and adds the bias and the activation after it,
-        on (texts, vocab) rather than (tokens, vocab): the same floats, since adding a per-id constant, ReLU and
-        log1p are all non-decreasing (so is their rounding), and it spares three passes over the logits."""
-        head = self.head
-        z = head.norm(head.activation(head.dense(h)))  # (tokens, embedding)
-        if self.splade.pooling_strategy == "max":
-            logits = z @ head.decoder.weight.T  # (tokens, vocab), the bias comes after the maximum
-            w = torch.stack([x.amax(dim=0) for x in logits.split(sizes)]).add_(head.bias)  # (texts, vocab)
-            w = w.relu_().log1p_()
-            if self.splade.activation_function == "log1p_relu":
-                w = w.log1p_()
-        else:  # sum: each token's weight, then the sum
-            w = (z @ head.decoder.weight.T).add_(head.bias).relu_().log1p_()  # (tokens, vocab)
-            if self.splade.activation_function == "log1p_relu":
-                w = w.log1p_()
-            w = torch.stack([x.sum(dim=0) for x in w.split(sizes)])
-        return w
 
     def _csr(self, dense: torch.Tensor):
         """A (texts, vocab) tensor of weights as a float32 csr matrix of its non-zeros (of each row's
@@ -256,32 +329,6 @@ class SparseEncoder:
         indptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(rows.numpy(), minlength=n), out=indptr[1:])
         return scipy.sparse.csr_matrix((dense[rows, cols].numpy(), cols.numpy(), indptr), shape=(n, vocab))
-
-    def _bge_m3(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """BGE-M3: relu(sparse_linear(h)) per token on its own id, the maximum over repeats; specials left out."""
-        weight, bias = self.sparse_linear
-        w = torch.relu(h @ weight.T + bias).squeeze(-1)  # (tokens,)
-        dense = torch.zeros(self.vocab_size).scatter_reduce_(0, ids, w, reduce="amax", include_self=True)
-        dense[torch.from_numpy(self.unused_ids)] = 0.0
-        return dense
-
-    def _special_ids(self) -> np.ndarray:
-        """The ids BGE-M3 leaves out of its sparse vectors: cls, eos (sep), pad, unk."""
-        vocab = self.featurizer.tokenizer.backend
-        names = ("<s>", "</s>", "<pad>", "<unk>", "[CLS]", "[SEP]", "[PAD]", "[UNK]")
-        return np.array(sorted({vocab.token_to_id(t) for t in names} - {None}), dtype=np.int64)
-
-
-def _read_sparse_linear(folder: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """BGE-M3's sparse_linear.pt (a Linear(hidden, 1) state dict), read with weights_only=True; None without it."""
-    file = Path(folder) / SPARSE_LINEAR_FILE
-    if not file.is_file():
-        return None
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    try:
-        return state["weight"].float(), state["bias"].float()
-    except (KeyError, TypeError, AttributeError):
-        raise CheckpointError(f"{file}: expected a Linear(hidden, 1) state dict with weight and bias") from None
 
 
 # ---- the inverted index ---------------------------------------------------------------------------------------
@@ -365,20 +412,36 @@ class SparseIndex:
         self._postings = None
         return self
 
-    def search(self, queries, k: int = 10):
-        """The k documents with the largest dot product with each query (a text, a list of texts, or a sparse
-        (n, vocab) matrix), best first: one Hits for a single query, a list for several."""
+    def search(self, queries, k: int = 10) -> Hits | list[Hits]:
+        """The k documents with the largest dot product with each query, best first: one Hits for one query (a text
+        or a SparseVector), a list of Hits for a list of them or a sparse (n, vocab) matrix (a matrix of one row
+        gives one Hits until 0.3, with a DeprecationWarning: then a list of one, as SentenceIndex's 2-D queries)."""
         import scipy.sparse
 
-        from ctxrep.vectors.index import Hits
-
-        if not isinstance(k, (int, np.integer)) or k < 1:
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
-        single = isinstance(queries, str) or (scipy.sparse.issparse(queries) and queries.shape[0] == 1)
-        if isinstance(queries, str) or (isinstance(queries, Sequence) and not scipy.sparse.issparse(queries)):
-            q = self._encoder().embed_queries([queries] if isinstance(queries, str) else list(queries))
-        else:
+        single = isinstance(queries, (str, SparseVector))
+        if scipy.sparse.issparse(queries):
             q = scipy.sparse.csr_matrix(queries, dtype=np.float32)
+            if q.shape[0] == 1:
+                warnings.warn(
+                    "SparseIndex.search of a one-row sparse matrix gives one Hits until 0.3, then a list of one Hits "
+                    "as for every 2-D batch of queries (SentenceIndex's too); for one Hits pass the text or a "
+                    "SparseVector",
+                    DeprecationWarning,
+                    stacklevel=2,
+                )
+                single = True
+        else:
+            items = [queries] if single else list(queries)
+            if items and all(isinstance(x, SparseVector) for x in items):
+                q = self._matrix(items)
+            elif all(isinstance(x, str) for x in items):
+                q = self._encoder().embed_queries(items)
+            else:
+                raise TypeError(
+                    "queries must be a text, a SparseVector, a list of either, or a sparse (n, vocabulary) matrix"
+                )
         if q.shape[1] != self.vocab_size:
             raise ValueError(f"queries {q.shape[1]} wide do not fit this index of {self.vocab_size}-wide vectors")
         if self._postings is None:
@@ -389,15 +452,19 @@ class SparseIndex:
         for s in scores:
             top = np.argpartition(-s, k - 1)[:k] if k < len(s) else np.arange(len(s))
             top = top[np.lexsort((top, -s[top]))]  # best first; ties by row
-            out.append(
-                Hits(
-                    [self.ids[r] for r in top],
-                    [self.texts[r] for r in top],
-                    s[top].astype(np.float32),
-                    top.astype(np.int64),
-                )
-            )
+            out.append(Hits.from_rows(top, s[top], self.ids, self.texts))
         return out[0] if single else out
+
+    def _matrix(self, vectors: list[SparseVector]):
+        """SparseVectors as a (n, vocab_size) csr matrix."""
+        import scipy.sparse
+
+        indptr = np.cumsum([0] + [len(v.indices) for v in vectors])
+        indices = np.concatenate([np.asarray(v.indices, np.int64) for v in vectors])
+        values = np.concatenate([np.asarray(v.values, np.float32) for v in vectors])
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.vocab_size):
+            raise ValueError(f"a SparseVector's ids lie outside this index's vocabulary of {self.vocab_size}")
+        return scipy.sparse.csr_matrix((values, indices, indptr), shape=(len(vectors), self.vocab_size))
 
     def save(self, path: str | os.PathLike) -> Path:
         import scipy.sparse
