@@ -21,11 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models.sentence_transformers import Prompts
-from ctxrep.rerank.ranking import check_rerank_args, ranked_hits
 from ctxrep.tasks.base import IGNORE, Call, TaskEstimator
 from ctxrep.tasks.network import Representation
 from ctxrep.text.inputs import EncoderInput, WindowPlan
-from ctxrep.vectors.hits import Hits
+from ctxrep.vectors.hits import Hits, check_rerank_args, ranked_hits
 
 POOLINGS = ("cls", "mean", "concat")
 
