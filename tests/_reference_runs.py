@@ -246,7 +246,7 @@ def _history(history: list[dict]) -> dict[str, float]:
         f"history/{i}/{k}": float(v)
         for i, record in enumerate(history)
         for k, v in record.items()
-        if isinstance(v, (int, float)) and v is not None
+        if isinstance(v, (int, float)) and v is not None and k != "peak_memory_bytes"  # the machine's, not the model's
     }
 
 

@@ -517,3 +517,30 @@ def test_plot_run_fails_clearly_on_missing_or_empty_or_bad_log(tmp_path):
     result = runner.invoke(plot_run_command, [str(tmp_path)])
     assert result.exit_code == 1 and "line 2: not JSON" in result.output
     assert not (tmp_path / "curves.png").exists()
+
+
+class Ballast(CausalLM):
+    """CausalLM that holds 256 MiB of touched memory during its third step's forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, batch):
+        self.calls += 1
+        if self.calls == 3:
+            ballast = torch.ones(64 * 1024 * 1024)  # 256 MiB, every page written
+            assert float(ballast[-1]) == 1.0
+        return super().forward(batch)
+
+
+def test_the_peak_memory_is_measured_and_logged(tmp_path, capsys):
+    """Each log record and the progress lines carry the run's peak memory (the resident set's high-water mark on a
+    CPU, reset when the run starts): a step that holds 256 MiB raises it by at least that much."""
+    cfg = TrainerConfig(lr=1e-3, max_steps=4, batch_size=4, log_every=1, checkpoint_every=0)
+    Trainer(Ballast(), cfg, Rows(), tmp_path / "run", progress="lines").train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    peaks = [r["peak_memory_bytes"] for r in records if "loss" in r]
+    assert len(peaks) == 4 and peaks == sorted(peaks), peaks  # a high-water mark only rises
+    assert peaks[2] - peaks[1] >= 250 * 2**20, peaks
+    assert "peak memory=" in capsys.readouterr().err

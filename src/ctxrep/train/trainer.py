@@ -20,8 +20,9 @@ Written once here, for every trainer: AdamW (train/optim.py's builder, or an opt
 groups: discriminative learning rates), the schedule (train/schedules.py's table, or a function), accumulation,
 bf16 autocast, clipping, DDP under torchrun, a non-finite loss stopped with advice, evaluation (the held-out loss and
 the caller's metrics: every eval_every steps, after every epoch and at the end), per-epoch hooks (gradual
-unfreezing), early stopping with the best epoch's weights put back, progress (ctxrep.util.progress), and with an
-out_dir: log.jsonl, checkpoints, exact resume and Ctrl-C.
+unfreezing), early stopping with the best epoch's weights put back, progress (ctxrep.util.progress) with the peak
+memory measured (util/memory.py; `peak_memory_bytes` in every log and epoch record), and with an out_dir:
+log.jsonl, checkpoints, exact resume and Ctrl-C.
 
 One optimizer step sees `batch_size` rows in `accumulation_steps` micro-batches of
 batch_size / accumulation_steps rows each (shared out between processes under torchrun, see
@@ -71,6 +72,7 @@ from ctxrep.train.checkpoint import check_fingerprint, fingerprint, load_checkpo
 from ctxrep.train.optim import adamw, param_groups  # noqa: F401  (param_groups: its old home, still imported)
 from ctxrep.train.precision import bf16_autocast
 from ctxrep.train.schedules import SCHEDULES, WARMS_UP
+from ctxrep.util.memory import PeakMemory, format_bytes
 from ctxrep.util.progress import progress_from
 
 logger = logging.getLogger(__name__)
@@ -274,6 +276,7 @@ class Trainer:
         started = _now()
         deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else math.inf
         bar = self._progress_bar()
+        self._peak = PeakMemory(self.device)
         try:
             while self.step < cfg.max_steps:
                 if epoch.fresh and self.epoch_start is not None:
@@ -295,7 +298,7 @@ class Trainer:
                 out_of_time = self._out_of_time(deadline)
                 last = stop or out_of_time or self.step == cfg.max_steps
                 if self.step % cfg.log_every == 0 or last or self.step == 1:  # every run logs its first and last step
-                    record = {"step": self.step, **window.summary(ctx), "lr": lr}
+                    record = {"step": self.step, **window.summary(ctx), "lr": lr, **self._memory()}
                     result.update(record)
                     self._log(record)
                     self._show_loss(bar, record, epoch)
@@ -378,13 +381,17 @@ class Trainer:
             bar.update(1)
 
     def _show_loss(self, bar, record: dict, epoch: _Epoch) -> None:
-        loss, lr = f"{record['loss']:.4f}", f"{record['lr']:.2e}"
+        loss, lr, mem = f"{record['loss']:.4f}", f"{record['lr']:.2e}", format_bytes(record["peak_memory_bytes"])
         if self.config.max_minutes:
-            bar.postfix_loss = f"loss={loss}, lr={lr}"
+            bar.postfix_loss = f"loss={loss}, lr={lr}, peak memory={mem}"
         elif self._in_epochs:
-            bar.set_postfix(epoch=epoch.number + 1, loss=loss, lr=lr)
+            bar.set_postfix({"epoch": epoch.number + 1, "loss": loss, "lr": lr, "peak memory": mem})
         else:
-            bar.set_postfix(loss=loss, lr=lr)
+            bar.set_postfix({"loss": loss, "lr": lr, "peak memory": mem})
+
+    def _memory(self) -> dict[str, int]:
+        """The run's peak memory so far (util/memory.py: the resident set on a CPU, allocated memory on a GPU)."""
+        return {"peak_memory_bytes": self._peak.read()}
 
     def _micro_batches(self) -> list:
         """This step's micro-batches: accumulation_steps of them, fewer (or none) when the source's epoch ends."""
@@ -441,7 +448,7 @@ class Trainer:
                 f"epoch {epoch.number + 1} gave no batch to train on; the batch source's plan is empty (too few "
                 "examples for the batch size?)"
             )
-        record = {"epoch": epoch.number + 1, "steps": self.step, "train_loss": epoch.mean_loss}
+        record = {"epoch": epoch.number + 1, "steps": self.step, "train_loss": epoch.mean_loss, **self._memory()}
         if self._evaluates and self.ctx.is_main:
             record |= self.evaluate()
         self.epochs.append(record)
