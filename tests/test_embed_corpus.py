@@ -221,6 +221,11 @@ def test_parquet_input_lines_are_rows(tmp_path):
     )
     bad = CliRunner().invoke(main, [*args[:-1], "text", "--level", "sentence", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 1 and "no column 'text' (columns: id, body); choose it with --text-column" in bad.output
+    # without --format: a Parquet file is said to be one (its name is no format data.table's detect_format reads)
+    bad = CliRunner().invoke(main, ["embed", "--input", str(src), "--out", str(tmp_path / "c")])
+    assert (
+        bad.exit_code == 1 and "in.parquet: a Parquet file (PAR1 magic), not text; pass --format parquet" in bad.output
+    )
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,17 @@ def test_each_part_refuses_its_own_bad_options_in_one_line(make, message):
     assert "\n" not in str(e.value)
 
 
+def test_the_input_format_is_read_from_the_file_name_as_index_build_and_finetune_read_it(tmp_path):
+    """Issue 42: no --format needed for X.csv / .tsv / .jsonl / .conll (gzip-compressed or not): data.table's
+    detect_format, the one reader of file names; any other name, and standard input, is plain text."""
+    for name, fmt in [("a.csv", "csv"), ("a.TSV.gz", "tsv"), ("a.tab", "tsv"), ("a.ndjson", "jsonl"),
+                      ("a.jsonl.gz", "jsonl"), ("a.conllu", "conll"), ("a.txt", "text"), ("a", "text"), ("-", "text"),
+                      ("a.txt.gz", "text")]:  # fmt: skip
+        path = name if name == "-" else tmp_path / name
+        assert EmbedInput(path).format == fmt, name
+    assert EmbedInput(tmp_path / "a.csv", "text").format == "text"  # --format decides over the name
+
+
 def test_options_a_variant_does_not_take_cannot_be_written():
     assert SentenceVectors(chunks="8").chunks == 8 and SentenceVectors(layers="0,2").layers == [0, 2]
     with pytest.raises(TypeError):
@@ -163,7 +174,7 @@ def test_the_settings_are_those_the_flat_job_recorded(src, tmp_path):
     }
     table = tmp_path / "in.tsv"
     table.write_text("a\tb\n")
-    job = EmbedJob(EmbedInput(table, "tsv", text_column="2", header=False, skip_empty=True), tmp_path)
+    job = EmbedJob(EmbedInput(table, text_column="2", header=False, skip_empty=True), tmp_path)
     assert _settings(job) == {**base, "format": "tsv", "text_field": "2", "header": False, "skip_empty": True} | {
         "level": "word"
     }

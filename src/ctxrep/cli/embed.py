@@ -44,11 +44,10 @@ def __getattr__(name: str):
     "--format",
     "fmt",
     type=LazyChoice(_formats),
-    default="text",
-    show_default=True,
+    default=None,
     help="text: one text per line; jsonl: one JSON object per line; csv/tsv: one row per text (after a header "
     "row unless --no-header); conll: token columns, blank-line separated; parquet: a column of texts. A .gz input "
-    "is decompressed.",
+    "is decompressed. [default: from the file name (.csv, .tsv, .jsonl, .conll, with or without .gz), else text]",
 )
 @click.option(
     "--text-column",

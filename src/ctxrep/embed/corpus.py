@@ -11,9 +11,10 @@ Output folder (read it back with `ctxrep.load_vectors`):
 Input (`EmbedInput`): one text per line (text), JSON Lines (jsonl: `text_column` names the field), CSV / TSV (csv,
 tsv: read by ctxrep.data.table; `text_column` is a header name or a column number counted from 1, -1 the last;
 `header` says whether the first row names the columns, needed when the column is a number), CoNLL token columns
-(conll), or Parquet (parquet: `text_column` names the column; a record's "line" is its 1-based row); a
-gzip-compressed text input is read as is. What is written (ctxrep.embed.outputs): `WordVectors`, `SentenceVectors`
-(per text or per chunk, float32 or int8 / uint8 / binary / ubinary codes) or `SparseVectors`.
+(conll), or Parquet (parquet: `text_column` names the column; a record's "line" is its 1-based row); the format is
+read from the file name when not given (ctxrep.data.table.detect_format; else text); a gzip-compressed text input is
+read as is. What is written (ctxrep.embed.outputs): `WordVectors`, `SentenceVectors` (per text or per chunk, float32
+or int8 / uint8 / binary / ubinary codes) or `SparseVectors`.
 
 Shards: shard k holds the texts k x shard_size .. (k + 1) x shard_size - 1, whatever runs it, so the folder is the
 same for one process, `workers=N` CPU processes or one process per GPU (`devices=["cuda:0", "cuda:1"]`). Records
@@ -132,13 +133,18 @@ def open_records(
     file's bytes read so far (none for standard input or a gzip-compressed file), and exact once the input is read."""
     bar = progress(unit="texts", desc=desc, enabled=show_progress, initial=done)
     source = job.input
+    parquet = False
+    if source.path != "-":
+        with open(source.path, "rb") as f:
+            parquet = f.read(4) == b"PAR1"
     if source.format == "parquet":
         bar.total = parquet_rows(source.path)
-        with open(source.path, "rb") as f:
-            if f.read(4) != b"PAR1":
-                raise ValueError(f"{source.source}: not a Parquet file (no PAR1 magic); check --format")
+        if not parquet:
+            raise ValueError(f"{source.source}: not a Parquet file (no PAR1 magic); check --format")
         records = parquet_records(source.path, source.source, source.text_column, source.skip_empty)
         return bar, None, _TextTotal(bar).counted(records)
+    if parquet:  # detect_format knows no .parquet (data.table reads none): say so instead of reading bytes as lines
+        raise ValueError(f"{source.source}: a Parquet file (PAR1 magic), not {source.format}; pass --format parquet")
     stream = open_input(source.path)
     size = None
     if source.path != "-" and not isinstance(stream, gzip.GzipFile):

@@ -36,20 +36,24 @@ COLUMN_FORMATS = ("jsonl", "csv", "tsv", "parquet")  # the formats whose texts a
 
 @dataclass
 class EmbedInput:
-    """What to read: `path` (or "-", standard input) in `format` (text, jsonl, csv, tsv, conll, parquet), its texts in `text_column` (jsonl, csv, tsv, parquet: a name, or a number counted from 1),
+    """What to read: `path` (or "-", standard input) in `format` (text, jsonl, csv, tsv, conll, parquet; None: from
+    the file name as ctxrep.data.table.detect_format reads it, .csv / .tsv / .jsonl / .conll with or without .gz,
+    else text), its texts in `text_column` (jsonl, csv, tsv, parquet: a name, or a number counted from 1),
     `header`: whether a CSV / TSV file's first row names the columns (None: ctxrep.data.table's rule), `skip_empty`:
     skip empty texts instead of stopping."""
 
     path: str
-    format: str = "text"
+    format: str | None = None
     text_column: str = DEFAULT_TEXT_COLUMN
     header: bool | None = None
     skip_empty: bool = False
 
     def __post_init__(self) -> None:
-        from ctxrep.data.table import decide_header
+        from ctxrep.data.table import decide_header, detect_format
 
         self.path = os.fspath(self.path)
+        if self.format is None:  # the file name's, as index build and finetune read it; standard input: text
+            self.format = detect_format(self.path, None, default="text")
         if self.format not in FORMATS:
             raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
         if self.text_column != DEFAULT_TEXT_COLUMN and self.format not in COLUMN_FORMATS:
