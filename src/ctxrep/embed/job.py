@@ -139,7 +139,7 @@ class EmbedJob:
         self.input = input if isinstance(input, EmbedInput) else EmbedInput(input)
         self.out = out if isinstance(out, ShardFolder) else ShardFolder(out)
         self.vectors = WordVectors() if vectors is None else vectors
-        if not isinstance(self.vectors, tuple({*VARIANTS.values()})):
+        if not isinstance(self.vectors, tuple(VARIANTS.values())):
             raise TypeError(
                 f"vectors must be WordVectors, SentenceVectors or SparseVectors, got {type(self.vectors).__name__}"
             )
