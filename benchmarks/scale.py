@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from _common import DEFAULT_DATA, cpu_model, load_corpus
 
-from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards
+from ctxrep.embed.corpus import EmbedJob, ShardFolder, embed_corpus, load_shards
 
 
 def timed(fn) -> float:
@@ -57,7 +57,7 @@ def main() -> None:
         def job(src: Path, name: str, threads: int) -> EmbedJob:
             out = work / name
             shutil.rmtree(out, ignore_errors=True)
-            return EmbedJob(str(src), str(out), shard_size=args.shard_size, threads=threads)
+            return EmbedJob(str(src), ShardFolder(str(out), args.shard_size), threads=threads)
 
         quiet = {"show_progress": False, "log": lambda m: None}
         runs = {

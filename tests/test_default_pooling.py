@@ -11,7 +11,7 @@ import pytest
 
 import ctxrep
 from ctxrep import Featurizer
-from ctxrep.embed.corpus import EmbedJob, embed_corpus
+from ctxrep.embed.corpus import EmbedJob, SentenceVectors, embed_corpus
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING
 
 TEXTS = ["A crane caught a fish .", "Unbelievably, the newscaster broke into the broadcast!", "Dawn broke ."]
@@ -56,7 +56,7 @@ def test_every_entry_point_gives_the_same_vectors_by_default(reference, tmp_path
     corpus = tmp_path / "in.txt"
     corpus.write_text("\n".join(TEXTS) + "\n")
     embed_corpus(
-        EmbedJob(str(corpus), str(tmp_path / "out"), level="sentence"), show_progress=False, log=lambda m: None
+        EmbedJob(str(corpus), str(tmp_path / "out"), vectors=SentenceVectors()), show_progress=False, log=lambda m: None
     )
     stored = ctxrep.load_vectors(tmp_path / "out")
     np.testing.assert_allclose(np.stack([stored[i] for i in range(len(TEXTS))]), reference, atol=1e-6)

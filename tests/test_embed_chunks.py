@@ -67,7 +67,10 @@ def test_one_row_per_chunk_equal_to_embed_sentences(tiny_models, fz, src, tmp_pa
 def test_bad_combinations_are_one_line_before_the_model_loads(tiny_models, src, tmp_path, monkeypatch):
     monkeypatch.setattr(corpus.EmbedJob, "featurizer", lambda *a, **k: pytest.fail("the model was loaded"))
     cases = [
-        (["--chunks", "sentences", "--level", "word"], "--chunks sentences cuts dense sentence vectors: add --level"),
+        (
+            ["--chunks", "sentences", "--level", "word"],
+            "--sentence-pooling, --chunks apply to dense sentence vectors: add --level sentence",
+        ),
         (["--chunks", "0"], "--chunks must be 'sentences' or a positive number of tokens, got 0"),
         (["--chunks", "paragraphs"], "--chunks must be 'sentences' or a positive number"),
         (["--no-late-chunking"], "--no-late-chunking applies to --chunks"),

@@ -18,7 +18,14 @@ from click.testing import CliRunner
 
 import ctxrep
 from ctxrep.cli import main
-from ctxrep.embed.corpus import EmbedJob, describe_row_shape, embed_corpus, load_shards
+from ctxrep.embed.corpus import (
+    EmbedJob,
+    SentenceVectors,
+    ShardFolder,
+    describe_row_shape,
+    embed_corpus,
+    load_shards,
+)
 
 TEXTS = [f"sentence number {i} says the crane {'lifted ' * (i % 4)}the beam ." for i in range(11)]
 
@@ -56,7 +63,7 @@ def test_layers_all_reports_layers_and_width_and_names_the_model_as_typed(corpus
 
 
 def test_load_vectors_array_is_a_property_and_the_help_is_real(corpus, tmp_path):
-    embed_corpus(EmbedJob(str(corpus), str(tmp_path / "o"), level="sentence"), show_progress=False)
+    embed_corpus(EmbedJob(str(corpus), str(tmp_path / "o"), vectors=SentenceVectors()), show_progress=False)
     vectors = ctxrep.load_vectors(tmp_path / "o")
     assert isinstance(vectors.array, np.ndarray) and vectors.array.shape == (11, 384)
     np.testing.assert_array_equal(vectors.array[3], vectors[3])
@@ -67,7 +74,7 @@ def test_load_vectors_array_is_a_property_and_the_help_is_real(corpus, tmp_path)
 
 
 def test_library_call_matches_the_featurizer(corpus, tmp_path):
-    summary = embed_corpus(EmbedJob(str(corpus), str(tmp_path / "o"), shard_size=4), show_progress=False)
+    summary = embed_corpus(EmbedJob(str(corpus), ShardFolder(str(tmp_path / "o"), shard_size=4)), show_progress=False)
     assert (summary.texts, summary.shards, summary.row_shape) == (11, 3, (384,))
     vectors, index = load_shards(tmp_path / "o")
     expected = ctxrep.Featurizer("minilm").embed_words(TEXTS)
@@ -95,10 +102,13 @@ def _same_folder(a: Path, b: Path, atol: float = 1e-6) -> None:
 
 def test_two_workers_write_the_one_process_folder(corpus, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    embed_corpus(EmbedJob(str(corpus), str(one), shard_size=3, threads=1), show_progress=False)
+    embed_corpus(EmbedJob(str(corpus), ShardFolder(str(one), shard_size=3), threads=1), show_progress=False)
     logs = []
     summary = embed_corpus(
-        EmbedJob(str(corpus), str(two), shard_size=3, threads=2), workers=2, show_progress=False, log=logs.append
+        EmbedJob(str(corpus), ShardFolder(str(two), shard_size=3), threads=2),
+        workers=2,
+        show_progress=False,
+        log=logs.append,
     )
     assert "embedding with 2 worker processes (cpu x 1 threads, cpu x 1 threads)" in logs
     assert summary.shards == 4 and summary.texts == 11
@@ -187,7 +197,7 @@ def test_a_worker_killed_with_sigkill_then_the_same_command_again_gives_the_full
     third = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert third.returncode == 0, third.stderr
     assert f"resuming after {sum(s['texts'] for s in kept['shards'])} texts" in third.stderr
-    embed_corpus(EmbedJob(str(src), str(reference), shard_size=4, threads=1), show_progress=False)
+    embed_corpus(EmbedJob(str(src), ShardFolder(str(reference), shard_size=4), threads=1), show_progress=False)
     _same_folder(out, reference)
     index = ctxrep.load_vectors(out).index()
     assert sorted(set(index.text.tolist())) == list(range(240))  # every text once: none lost, none twice
@@ -211,6 +221,11 @@ def test_parquet_input_lines_are_rows(tmp_path):
     )
     bad = CliRunner().invoke(main, [*args[:-1], "text", "--level", "sentence", "--out", str(tmp_path / "b")])
     assert bad.exit_code == 1 and "no column 'text' (columns: id, body); choose it with --text-column" in bad.output
+    # without --format: a Parquet file is said to be one (its name is no format data.table's detect_format reads)
+    bad = CliRunner().invoke(main, ["embed", "--input", str(src), "--out", str(tmp_path / "c")])
+    assert (
+        bad.exit_code == 1 and "in.parquet: a Parquet file (PAR1 magic), not text; pass --format parquet" in bad.output
+    )
 
 
 @pytest.mark.parametrize(
@@ -246,8 +261,8 @@ def test_workers_from_a_script_without_a_main_guard(corpus, tmp_path):
     """Spawned workers do not re-run the caller's script (which would start the whole job again in each)."""
     script = tmp_path / "job.py"
     script.write_text(
-        "from ctxrep.embed.corpus import EmbedJob, embed_corpus\n"
-        f"s = embed_corpus(EmbedJob({str(corpus)!r}, {str(tmp_path / 'o')!r}, shard_size=3, threads=2), workers=2)\n"
+        "from ctxrep.embed.corpus import EmbedJob, ShardFolder, embed_corpus\n"
+        f"s = embed_corpus(EmbedJob({str(corpus)!r}, ShardFolder({str(tmp_path / 'o')!r}, 3), threads=2), workers=2)\n"
         "print('done', s.texts, s.shards)\n"
     )
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)

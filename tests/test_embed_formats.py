@@ -137,7 +137,11 @@ def test_an_empty_input_is_a_warning_not_a_silent_success(tmp_path, model, conte
         (b"id,text\n1,a b\n2\n", ["--format", "csv"], "in.csv:3: 1 field(s) but the header has 2"),
         (b"id,text\n1,a b\n2,  \n", ["--format", "csv"], "in.csv:3: empty text in column 'text'"),
         (b"id,text\n1,a b\n\n", ["--format", "csv"], "in.csv:3: empty line"),
-        (b"a b\n", ["--text-column", "body"], "--text-column applies to --format jsonl, csv, tsv or parquet, not text"),
+        (
+            b"a b\n",
+            ["--format", "text", "--text-column", "body"],
+            "--text-column applies to --format jsonl, csv, tsv or parquet, not text",
+        ),
         (
             b'{"body": "a"}\n',
             ["--format", "jsonl"],
@@ -173,3 +177,35 @@ def test_quantize_int8_gives_close_vectors_and_is_part_of_the_run_spec(tmp_path,
     assert vectors.shape == ref.shape and cosine.mean() > 0.95 and not np.array_equal(vectors, ref)
     again = run(model, tmp_path / "in.txt", tmp_path / "out")  # float32 into an int8 run's folder: refused
     assert again.exit_code == 1 and "differs in: precision" in again.output, again.output
+
+
+@pytest.mark.parametrize("name", ["in.csv", "in.tsv", "in.jsonl", "in.ndjson", "in.csv.gz", "IN.TSV.GZ"])
+def test_without_format_the_file_name_says_it(tmp_path, model, reference, name):
+    """Issue 42: `--input X.csv` (.tsv, .jsonl, with or without .gz) needs no --format: the file name says it, read
+    as `ctxrep index build` and `finetune` read it (ctxrep.data.table.detect_format); the manifest records it."""
+    import csv
+    import io
+
+    fmt = {"csv": "csv", "tsv": "tsv", "jsonl": "jsonl", "ndjson": "jsonl"}[name.lower().split(".")[1]]
+    if fmt == "jsonl":
+        content = "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS))
+        lines = [1, 2, 3]
+    else:
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, delimiter="," if fmt == "csv" else "\t", lineterminator="\n")
+        writer.writerows([["id", "text"], *[[i, t] for i, t in enumerate(TEXTS)]])
+        content, lines = buffer.getvalue(), [2, 3, 4]
+    src = tmp_path / name
+    data = content.encode()
+    src.write_bytes(gzip.compress(data, mtime=0) if name.lower().endswith(".gz") else data)
+    result = run(model, src, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    _same_vectors(tmp_path / "out", reference, lines)
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["settings"]["format"] == fmt
+    # a name that says nothing (or standard input) is plain text, and --format still decides over the name
+    (tmp_path / "in.dat").write_text("\n".join(TEXTS) + "\n")
+    assert run(model, tmp_path / "in.dat", tmp_path / "dat").exit_code == 0
+    assert json.loads((tmp_path / "dat" / "manifest.json").read_text())["settings"]["format"] == "text"
+    if fmt == "csv":
+        result = run(model, src, tmp_path / "as-text", "--format", "text")
+        assert result.exit_code == 0 and len(load_shards(tmp_path / "as-text")[0]) > len(reference[0])  # the header

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from ctxrep.embed.corpus import EmbedJob, embed_corpus
+from ctxrep.embed.corpus import EmbedJob, ShardFolder, WordVectors, embed_corpus
 
 TEXTS = [f"sentence {i} lifts the beam" for i in range(5)]
 VECTOR_KEYS = {"model", "layers", "pooling", "sentence_pooling", "precision", "backend", "quantize", "output"}
@@ -23,7 +23,7 @@ def src(tmp_path):
 
 
 def _embed(model, src, out, logs=None, **options):
-    job = EmbedJob(str(src), str(out), model=str(model), shard_size=2, **options)
+    job = EmbedJob(str(src), ShardFolder(str(out), shard_size=2), vectors=WordVectors(**options), model=str(model))
     return embed_corpus(job, show_progress=False, log=(logs.append if logs is not None else lambda m: None))
 
 
@@ -63,7 +63,9 @@ def test_resume_compares_the_spec_not_the_settings_as_typed(tiny_models, src, tm
         _embed(tiny_models["bert"], src, out, layers=1)
     assert "layers 2 != 1" in str(e.value) and "use another --out directory" in str(e.value)
     with pytest.raises(ValueError, match=r"differs in: shard_size"):
-        embed_corpus(EmbedJob(str(src), str(out), model=str(tiny_models["bert"]), shard_size=3), show_progress=False)
+        embed_corpus(
+            EmbedJob(str(src), ShardFolder(str(out), shard_size=3), model=str(tiny_models["bert"])), show_progress=False
+        )
 
 
 def test_a_previous_version_manifest_resumes_to_the_same_bytes(tiny_models, src, tmp_path):

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import ctxrep
 from ctxrep.cli import main
 from ctxrep.embed import corpus
-from ctxrep.embed.corpus import EmbedJob, embed_corpus
+from ctxrep.embed.corpus import EmbedJob, SentenceVectors, ShardFolder, WordVectors, embed_corpus
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -105,7 +105,7 @@ def test_texts_a_window_cut_are_in_the_manifest_and_said_once(folder, src, tmp_p
 
 
 def test_word_vectors_record_the_cut_too(folder, src, tmp_path):
-    job = EmbedJob(str(src), str(tmp_path / "w"), model=str(folder), shard_size=4, level="word")
+    job = EmbedJob(str(src), ShardFolder(str(tmp_path / "w"), 4), vectors=WordVectors(), model=str(folder))
     embed_corpus(job, show_progress=False, log=lambda m: None)
     assert _manifest(tmp_path / "w")["cut"]["texts"] == [4]
 
@@ -121,9 +121,9 @@ def test_bad_options_are_one_line_before_the_model_loads(folder, src, tmp_path, 
         (["--dimensions", "0"], "--dimensions must be a positive integer, got 0"),
         (
             ["--dimensions", "8", "--level", "word"],
-            "--dimensions apply to dense sentence vectors: add --level sentence",
+            "--dimensions applies to dense sentence vectors: add --level sentence",
         ),
-        (["--prompt", "q: ", "--output", "sparse"], "--prompt apply to dense sentence vectors"),
+        (["--prompt", "q: ", "--output", "sparse"], "from the last layer: leave out --prompt"),
     ]
     for options, message in cases:
         out = tmp_path / "out"
@@ -182,11 +182,12 @@ def test_engine_ray_same_bytes_options_cut_and_quiet_terminal(folder, src, tmp_p
 
 def test_worker_processes_write_what_one_process_writes(folder, src, tmp_path):
     """--workers 2: the options, the spec and the cut reach the spawned workers (each shard as one process's)."""
-    kwargs = {"model": str(folder), "level": "sentence", "shard_size": 2, "dimensions": 8, "prompt_name": "document"}
-    kwargs["threads"] = 1
+    kwargs = {"model": str(folder), "vectors": SentenceVectors(dimensions=8, prompt_name="document"), "threads": 1}
     one, two = tmp_path / "one", tmp_path / "two"
-    embed_corpus(EmbedJob(str(src), str(one), **kwargs), show_progress=False, log=lambda m: None)
-    embed_corpus(EmbedJob(str(src), str(two), **kwargs), workers=2, show_progress=False, log=lambda m: None)
+    embed_corpus(EmbedJob(str(src), ShardFolder(str(one), 2), **kwargs), show_progress=False, log=lambda m: None)
+    embed_corpus(
+        EmbedJob(str(src), ShardFolder(str(two), 2), **kwargs), workers=2, show_progress=False, log=lambda m: None
+    )
     np.testing.assert_array_equal(ctxrep.load_vectors(two).array, ctxrep.load_vectors(one).array)
     for key in ("cut", "spec", "row_shape", "settings"):
         assert _manifest(two)[key] == _manifest(one)[key], key

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from ctxrep.embed.corpus import EmbedJob, embed_corpus
+from ctxrep.embed.corpus import EmbedJob, SentenceVectors, embed_corpus
 from ctxrep.runtime import hardware
 
 
@@ -21,7 +21,7 @@ def corpus(tmp_path):
 
 def _embed(corpus, out, model, precision, **kwargs):
     lines = []
-    job = EmbedJob(str(corpus), str(out), model=model, level="sentence", precision=precision, **kwargs)
+    job = EmbedJob(str(corpus), str(out), vectors=SentenceVectors(), model=model, precision=precision, **kwargs)
     embed_corpus(job, show_progress=False, log=lines.append)
     return json.loads((out / "manifest.json").read_text())["spec"], lines
 

@@ -160,8 +160,11 @@ def test_bad_combinations_are_one_line_naming_the_flag_before_the_model_loads(fo
     sample = tmp_path / "s.npy"
     np.save(sample, np.zeros((2, 32), np.float32))
     cases = [
-        (["--output-precision", "int8", "--level", "word"], "--output-precision int8 quantizes dense sentence "),
-        (["--output-precision", "binary", "--output", "sparse"], "leave out --output sparse"),
+        (
+            ["--output-precision", "int8", "--level", "word"],
+            "--output-precision applies to dense sentence vectors: add",
+        ),
+        (["--output-precision", "binary", "--output", "sparse"], "from the last layer: leave out --output-precision"),
         (["--output-precision", "uint8", "--layers", "all"], "give one --layers"),
         (["--calibration", str(sample)], "--calibration gives int8 / uint8 ranges: add --output-precision int8"),
         (["--output-precision", "binary", "--calibration", str(sample)], "--calibration gives int8 / uint8 ranges"),

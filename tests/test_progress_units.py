@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ctxrep.data.corpus import CorpusConfig, pack_corpus
-from ctxrep.embed.corpus import EmbedJob, embed_corpus
+from ctxrep.embed.corpus import EmbedJob, ShardFolder, embed_corpus
 from ctxrep.text.tokenizer_training import train_tokenizer
 
 TEXTS = [f"sentence {i} lifts the beam" for i in range(5)]
@@ -19,7 +19,7 @@ def _lines(text: str, prefix: str) -> list[str]:
 def test_embed_progress_counts_texts(tiny_models, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n")
-    job = EmbedJob(str(src), str(tmp_path / "o"), model=str(tiny_models["bert"]), shard_size=2)
+    job = EmbedJob(str(src), ShardFolder(str(tmp_path / "o"), 2), model=str(tiny_models["bert"]))
     embed_corpus(job, log=lambda m: None)  # pytest's stderr is no terminal: plain lines
     lines = _lines(capsys.readouterr().err, "embed: ")
     assert lines and lines[-1].startswith("embed: 5/5 texts (100%), "), lines
@@ -35,7 +35,7 @@ def test_embed_progress_of_a_resumed_run_starts_at_the_texts_kept(tiny_models, t
     data = ("\n".join(TEXTS) + "\n").encode()
     src.write_bytes(gzip.compress(data) if gzipped else data)
     out = tmp_path / "o"
-    job = EmbedJob(str(src), str(out), model=str(tiny_models["bert"]), shard_size=2)
+    job = EmbedJob(str(src), ShardFolder(str(out), 2), model=str(tiny_models["bert"]))
     embed_corpus(job, show_progress=False, log=lambda m: None)
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["shards"], manifest["complete"] = manifest["shards"][:2], False

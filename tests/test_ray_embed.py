@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import ctxrep
 from ctxrep.cli import main
 from ctxrep.embed import ray_engine
-from ctxrep.embed.corpus import EmbedJob, embed_corpus, load_shards
+from ctxrep.embed.corpus import EmbedJob, ShardFolder, WordVectors, embed_corpus, load_shards
 from ctxrep.embed.ray_engine import RayEmbedder, arrow_to_numpy, embed_with_ray
 
 TEXTS = [f"text {i} : the crane {'slowly ' * (i % 3)}lifted beam number {i} ." for i in range(17)]
@@ -123,7 +123,9 @@ def test_engine_ray_on_a_bidirectional_decoder_writes_the_one_process_folder(loc
     src.write_text("\n".join([*TEXTS[:8], "  café 東京 🙂 naïve"]) + "\n")
     one, out = tmp_path / "one", tmp_path / "ray"
     model = str(decoders["embeddinggemma"])
-    embed_corpus(EmbedJob(str(src), str(one), model=model, shard_size=4, layers="all"), show_progress=False)
+    embed_corpus(
+        EmbedJob(str(src), ShardFolder(str(one), 4), vectors=WordVectors("all"), model=model), show_progress=False
+    )
     args = ["embed", "--engine", "ray", "--model", model, "--input", str(src), "--out", str(out)]
     result = CliRunner().invoke(main, [*args, "--shard-size", "4", "--layers", "all"])
     assert result.exit_code == 0, result.output
@@ -143,7 +145,7 @@ def corpus(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("\n".join(TEXTS) + "\n")
     one = tmp_path / "one"
-    embed_corpus(EmbedJob(str(src), str(one), shard_size=4, layers="all"), show_progress=False)
+    embed_corpus(EmbedJob(str(src), ShardFolder(str(one), 4), vectors=WordVectors("all")), show_progress=False)
     return src, one
 
 
@@ -171,7 +173,10 @@ def test_a_corpus_streams_through_the_actor_pool_in_runs_of_shards(local_ray, co
     lines: list[str] = []
     out = tmp_path / "ray"
     summary = embed_with_ray(
-        EmbedJob(str(src), str(out), shard_size=4, layers="all"), actors=2, show_progress=False, log=lines.append
+        EmbedJob(str(src), ShardFolder(str(out), 4), vectors=WordVectors("all")),
+        actors=2,
+        show_progress=False,
+        log=lines.append,
     )
     runs = [line for line in lines if line.startswith("embedding ")]
     assert [r.split(" with ")[0] for r in runs] == [
@@ -202,7 +207,7 @@ def test_an_actor_killed_mid_job_is_retried_and_nothing_is_lost_or_doubled(local
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import this test module
     DyingEmbedder.marker = str(tmp_path / "killed")
     out = tmp_path / "ray"
-    job = EmbedJob(str(src), str(out), shard_size=4, layers="all")
+    job = EmbedJob(str(src), ShardFolder(str(out), 4), vectors=WordVectors("all"))
     summary = embed_with_ray(job, actors=2, batch_size=3, embedder=DyingEmbedder, show_progress=False)
     assert os.path.exists(DyingEmbedder.marker), "the actor was not killed: the test did not test a retry"
     assert summary.texts == 17 and summary.shards == 5
@@ -278,7 +283,7 @@ def test_engine_ray_resumes_an_interrupted_run(local_ray, corpus, tmp_path):
     for shard in manifest["shards"][2:]:
         (out / shard["file"]).unlink(missing_ok=True)
     logs = []
-    job = EmbedJob(str(src), str(out), shard_size=4, layers="all")
+    job = EmbedJob(str(src), ShardFolder(str(out), 4), vectors=WordVectors("all"))
     summary = embed_with_ray(job, actors=1, show_progress=False, log=logs.append)
     assert "resuming after 8 texts in 2 complete shards" in logs
     assert "embedding 9 texts in 3 shards with 1 Ray actors (1 CPU each)" in logs

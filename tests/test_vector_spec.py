@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from ctxrep.analysis.neighbors import OccurrenceIndex
-from ctxrep.embed.corpus import EmbedJob, embed_corpus
+from ctxrep.embed.corpus import EmbedJob, SentenceVectors, embed_corpus
 from ctxrep.featurize import Featurizer
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.vectors.index import SentenceIndex
@@ -69,7 +69,9 @@ def test_spec_differences_name_each_field_and_skip_unknown_ones(tiny_models):
 
 def test_embed_records_the_spec_and_load_vectors_checks_it(tiny_models, fz, tmp_path):
     (tmp_path / "t.txt").write_text("\n".join(TEXTS) + "\n")
-    job = EmbedJob(str(tmp_path / "t.txt"), str(tmp_path / "out"), model=str(tiny_models["bert"]), level="sentence")
+    job = EmbedJob(
+        str(tmp_path / "t.txt"), str(tmp_path / "out"), model=str(tiny_models["bert"]), vectors=SentenceVectors()
+    )
     embed_corpus(job, show_progress=False)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert FeaturizerSpec.from_dict(manifest["spec"]) == FeaturizerSpec.of(fz)
@@ -131,7 +133,8 @@ def test_index_build_numbers_ids_as_sentence_index_build_and_from_vectors(tiny_m
         assert SentenceIndex.load(tmp_path / f"ix-{name}").ids == [0, 1, 2, 3]
     assert SentenceIndex.build(TEXTS, featurizer=fz).ids == [0, 1, 2, 3]
     embed_corpus(
-        EmbedJob(str(tmp_path / "t.txt"), str(tmp_path / "vecs"), model=model, level="sentence"), show_progress=False
+        EmbedJob(str(tmp_path / "t.txt"), str(tmp_path / "vecs"), model=model, vectors=SentenceVectors()),
+        show_progress=False,
     )
     assert SentenceIndex.from_vectors(tmp_path / "vecs").ids == [0, 1, 2, 3]
     cli_hits = SentenceIndex.load(tmp_path / "ix-t.txt").search(TEXTS[3], k=2)
@@ -144,7 +147,9 @@ def test_one_reader_of_the_manifest_for_resume_and_load(tiny_models, tmp_path):
     (tmp_path / "t.txt").write_text("\n".join(TEXTS) + "\n")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "manifest.json").write_text('{"settings": {}}')  # no shards: not a manifest
-    job = EmbedJob(str(tmp_path / "t.txt"), str(tmp_path / "out"), model=str(tiny_models["bert"]), level="sentence")
+    job = EmbedJob(
+        str(tmp_path / "t.txt"), str(tmp_path / "out"), model=str(tiny_models["bert"]), vectors=SentenceVectors()
+    )
     for read in (lambda: embed_corpus(job, show_progress=False), lambda: load_vectors(tmp_path / "out")):
         with pytest.raises(VectorsError, match=r"manifest.json: not a manifest written by `ctxrep embed` \(KeyError"):
             read()

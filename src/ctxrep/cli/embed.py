@@ -7,6 +7,7 @@ module holds only the command's options.
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from ctxrep.cli.common import LazyChoice, user_errors
 from ctxrep.cli.finetune import COLUMN_RULE, HEADER_HELP
@@ -43,11 +44,10 @@ def __getattr__(name: str):
     "--format",
     "fmt",
     type=LazyChoice(_formats),
-    default="text",
-    show_default=True,
+    default=None,
     help="text: one text per line; jsonl: one JSON object per line; csv/tsv: one row per text (after a header "
     "row unless --no-header); conll: token columns, blank-line separated; parquet: a column of texts. A .gz input "
-    "is decompressed.",
+    "is decompressed. [default: from the file name (.csv, .tsv, .jsonl, .conll, with or without .gz), else text]",
 )
 @click.option(
     "--text-column",
@@ -237,23 +237,30 @@ def embed(
     shards when run again with the same arguments. --workers N / --devices run several processes, each embedding
     whole shards; the folder is the same as one process's.
     """
-    from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedJob
+    from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedInput, EmbedJob, ShardFolder, vectors_of
 
-    _check_options(fmt, text_column, device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose)
+    _check_options(device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose)
+    source = EmbedInput(input_path, fmt, text_column or DEFAULT_TEXT_COLUMN, header, skip_empty)
+    # the vector options given on the command line: the variant --level / --output choose refuses those it does not take
+    given = {
+        "layers": parse_layers(layers),
+        "pooling": pooling,
+        "sentence_pooling": sentence_pooling,
+        "dimensions": dimensions,
+        "prompt": prompt,
+        "prompt_name": prompt_name,
+        "output_precision": output_precision,
+        "calibration": calibration,
+        "chunks": chunks,
+        "late_chunking": late_chunking,
+    }
+    context = click.get_current_context()
+    given = {k: v for k, v in given.items() if context.get_parameter_source(k) is not ParameterSource.DEFAULT}
     job = EmbedJob(
-        input_path,
-        out_dir,
+        source,
+        ShardFolder(out_dir, shard_size, storage),
+        vectors=vectors_of(level, output, given),
         model=model,
-        fmt=fmt,
-        text_field=text_column or DEFAULT_TEXT_COLUMN,
-        header=header,
-        level=level,
-        layers=parse_layers(layers),
-        pooling=pooling,
-        sentence_pooling=sentence_pooling,
-        shard_size=shard_size,
-        storage=storage,
-        skip_empty=skip_empty,
         batch_tokens=batch_tokens,
         threads=threads,
         quantize=quantize,
@@ -261,14 +268,6 @@ def embed(
         device=device,
         precision=precision,
         backend=backend,
-        output=output,
-        dimensions=dimensions,
-        prompt=prompt,
-        prompt_name=prompt_name,
-        output_precision=output_precision,
-        calibration=calibration,
-        chunks=chunks,
-        late_chunking=late_chunking,
     )
     if engine == "ray":
         summary = _run_on_ray(job, workers, ray_address, ray_gpus, ray_log, ray_verbose)
@@ -280,12 +279,9 @@ def embed(
     click.echo(summary.describe())
 
 
-def _check_options(
-    fmt, text_column, device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose
-) -> None:
-    """Refuse option combinations that do not go together, naming the options and what to give instead."""
-    if text_column is not None and fmt not in ("jsonl", "csv", "tsv", "parquet"):
-        raise ValueError(f"--text-column applies to --format jsonl, csv, tsv or parquet, not {fmt}; add --format")
+def _check_options(device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose) -> None:
+    """Refuse option combinations of how the job runs that do not go together, naming the options and what to give
+    instead (those of the input, the layout and the vectors: EmbedInput, ShardFolder, the output variants)."""
     if devices is not None and device is not None:
         raise ValueError("give --device (one process there) or --devices (one process per device), not both")
     if devices is not None and workers != 1:

@@ -1,18 +1,20 @@
 """Embed a corpus into shards of word or sentence vectors: the library behind `ctxrep embed` (its front door).
 
-    from ctxrep.embed.corpus import EmbedJob, embed_corpus
-    summary = embed_corpus(EmbedJob("corpus.txt", "out/", model="minilm", level="sentence"), workers=2)
+    from ctxrep.embed.corpus import EmbedJob, SentenceVectors, embed_corpus
+    summary = embed_corpus(EmbedJob("corpus.txt", "out/", vectors=SentenceVectors(), model="minilm"), workers=2)
 
 Output folder (read it back with `ctxrep.load_vectors`):
   manifest.json            what was asked (model, layers, pooling, input) and the finished shards
   shard-00000.safetensors  (or .npy)  `vectors`: (rows, dim) or (rows, n_layers, dim), float32
   index-00000.tsv          one line per row: row, text (0-based record number), line (1-based input line), word, token
 
-Input: one text per line (text), JSON Lines (jsonl: `text_field` names the field), CSV / TSV (csv, tsv: read by
-ctxrep.data.table; `text_field` is a header name or a column number counted from 1, -1 the last; `header` says
-whether the first row names the columns, needed when the column is a number), CoNLL token columns (conll), or
-Parquet (parquet: `text_field` names the column; a record's "line" is its 1-based row); a gzip-compressed text input
-is read as is.
+Input (`EmbedInput`): one text per line (text), JSON Lines (jsonl: `text_column` names the field), CSV / TSV (csv,
+tsv: read by ctxrep.data.table; `text_column` is a header name or a column number counted from 1, -1 the last;
+`header` says whether the first row names the columns, needed when the column is a number), CoNLL token columns
+(conll), or Parquet (parquet: `text_column` names the column; a record's "line" is its 1-based row); the format is
+read from the file name when not given (ctxrep.data.table.detect_format; else text); a gzip-compressed text input is
+read as is. What is written (ctxrep.embed.outputs): `WordVectors`, `SentenceVectors` (per text or per chunk, float32
+or int8 / uint8 / binary / ubinary codes) or `SparseVectors`.
 
 Shards: shard k holds the texts k x shard_size .. (k + 1) x shard_size - 1, whatever runs it, so the folder is the
 same for one process, `workers=N` CPU processes or one process per GPU (`devices=["cuda:0", "cuda:1"]`). Records
@@ -21,9 +23,10 @@ complete, then the manifest (written only by the process that reads the input) l
 `kill -9` of the main process or of any worker) resumes when run again with the same settings: the shards the
 manifest lists are kept, the others are embedded (again) and renamed over whatever a killed worker left.
 
-The rooms: `ctxrep.embed.records` reads the input, `.job` is the job (`EmbedJob`), `.shards` embeds and writes one
-shard, `.run` keeps the manifest (`EmbedRun`: resume, record, finish), `.workers` runs worker processes; this
-module opens them in order and embeds in this process or hands the shards to the workers. Every public name of
+The rooms: `ctxrep.embed.records` reads the input, `.outputs` holds the output variants (what a shard's rows are),
+`.job` is the job (`EmbedJob`: `EmbedInput`, `ShardFolder`, one output variant, the model), `.shards` embeds and
+writes one shard, `.run` keeps the manifest (`EmbedRun`: resume, record, finish), `.workers` runs worker processes;
+this module opens them in order and embeds in this process or hands the shards to the workers. Every public name of
 those rooms that users meet is importable from here.
 """
 
@@ -36,7 +39,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ctxrep.embed.codes import RANGED, OutputCodes, output_codes
-from ctxrep.embed.job import EmbedJob, EmbedSummary, choose_precision, describe_row_shape
+from ctxrep.embed.job import EmbedInput, EmbedJob, EmbedSummary, ShardFolder, choose_precision, describe_row_shape
+from ctxrep.embed.outputs import OutputVectors, SentenceVectors, SparseVectors, WordVectors, vectors_of
 from ctxrep.embed.records import (
     DEFAULT_TEXT_COLUMN,
     FORMATS,
@@ -62,28 +66,28 @@ def embed_corpus(
     show_progress: bool = True,
     log: Callable[[str], None] = to_stderr,
 ) -> EmbedSummary:
-    """Embed `job.input_path` into shards in `job.out_dir` (see the module docstring); resumes an unfinished run.
+    """Embed `job.input` into shards in `job.out` (see the module docstring); resumes an unfinished run.
 
     workers: CPU processes, each with an equal share of the cores (`job.threads`, or all cores, divided by workers).
     devices: one process per device, e.g. ["cuda:0", "cuda:1"]; overrides `workers`. One worker (the default) runs
     in this process. Every worker embeds whole shards; the folder is the same as one process's.
     """
     placements = worker_placements(job, workers, devices)  # bad options fail before the folder is touched
-    job.check_prompt()  # an unknown --prompt-name: before any model loads
+    job.vectors.check_prompt(job.model)  # an unknown --prompt-name: before any model loads
     job = choose_precision(job, placements[0][0], log)
     run = open_run(job, log, placements[0][0])
     if isinstance(run, EmbedSummary):
         return run
     if len(placements) > 1 and run.codes.precision in RANGED and run.codes.ranges is None:
         raise ValueError(
-            f"--output-precision {job.output_precision} with several worker processes needs its ranges before "
+            f"--output-precision {run.codes.precision} with several worker processes needs its ranges before "
             "the first shard: give --calibration FILE (a .npy of sample vectors), or run one process"
         )
     bar, stream, records = open_records(job, show_progress, log, done=run.texts_done)
     run.bar = bar
     try:
         run.say_resuming()
-        shards = shards_of(records, job.shard_size)
+        shards = shards_of(records, job.out.shard_size)
         if len(placements) == 1:
             _embed_here(run, shards, *placements[0])
         else:
@@ -102,17 +106,16 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
     """Embed `shards` in this process (loading the model once), recording each in `run`."""
     job = run.job
     fz = job.featurizer(device, threads)
-    row_shape = vector_row_shape(fz, job.level, job.dimensions)
+    row_shape = job.vectors.row_shape(fz)
     run.set_row_shape(row_shape)
-    spec = job.spec_of(fz)
+    spec = job.vectors.spec(fz)
     run.check(spec)  # a resumed folder's vectors must be these: refused before any shard is embedded
-    options = job.sentence_options()
     for k, first, records in shards:
         run.seen = k + 1
         if k in run.done:
             continue
         # int8 / uint8 without ranges: shard 0 (the first embedded: a folder with shards has its ranges) calibrates
-        entry = write_shard(fz, records, k, first, job.level, job.storage, run.out, options, run.codes)
+        entry = write_shard(fz, records, k, first, job.vectors, job.out.storage, run.out, codes=run.codes)
         run.record(k, entry, row_shape, spec)
 
 
@@ -129,20 +132,28 @@ def open_records(
     (`EmbedRun.record`). Its total is the input's texts: a Parquet file's rows, else estimated from the share of the
     file's bytes read so far (none for standard input or a gzip-compressed file), and exact once the input is read."""
     bar = progress(unit="texts", desc=desc, enabled=show_progress, initial=done)
-    if job.fmt == "parquet":
-        bar.total = parquet_rows(job.input_path)
-        with open(job.input_path, "rb") as f:
-            if f.read(4) != b"PAR1":
-                raise ValueError(f"{job.source}: not a Parquet file (no PAR1 magic); check --format")
-        records = parquet_records(job.input_path, job.source, job.text_field, job.skip_empty)
+    source = job.input
+    parquet = False
+    if source.path != "-":
+        with open(source.path, "rb") as f:
+            parquet = f.read(4) == b"PAR1"
+    if source.format == "parquet":
+        bar.total = parquet_rows(source.path)
+        if not parquet:
+            raise ValueError(f"{source.source}: not a Parquet file (no PAR1 magic); check --format")
+        records = parquet_records(source.path, source.source, source.text_column, source.skip_empty)
         return bar, None, _TextTotal(bar).counted(records)
-    stream = open_input(job.input_path)
+    if parquet:  # detect_format knows no .parquet (data.table reads none): say so instead of reading bytes as lines
+        raise ValueError(f"{source.source}: a Parquet file (PAR1 magic), not {source.format}; pass --format parquet")
+    stream = open_input(source.path)
     size = None
-    if job.input_path != "-" and not isinstance(stream, gzip.GzipFile):
-        size = os.path.getsize(job.input_path)
+    if source.path != "-" and not isinstance(stream, gzip.GzipFile):
+        size = os.path.getsize(source.path)
     total = _TextTotal(bar, size)
-    records = read_records(total.bytes_of(stream), job.source, job.fmt, job.text_field, job.skip_empty, log, job.header)
-    return bar, (stream if job.input_path != "-" else None), total.counted(records)
+    records = read_records(
+        total.bytes_of(stream), source.source, source.format, source.text_column, source.skip_empty, log, source.header
+    )
+    return bar, (stream if source.path != "-" else None), total.counted(records)
 
 
 class _TextTotal:
@@ -186,11 +197,17 @@ def load_shards(out_dir: str | os.PathLike) -> tuple[np.ndarray, list[dict]]:
 __all__ = [
     "DEFAULT_TEXT_COLUMN",
     "FORMATS",
+    "EmbedInput",
     "EmbedJob",
     "OutputCodes",
     "EmbedRun",
     "EmbedSummary",
+    "OutputVectors",
     "Record",
+    "SentenceVectors",
+    "ShardFolder",
+    "SparseVectors",
+    "WordVectors",
     "WorkerDied",
     "choose_precision",
     "cut_summary",
@@ -207,6 +224,7 @@ __all__ = [
     "shards_of",
     "to_stderr",
     "vector_row_shape",
+    "vectors_of",
     "with_cut",
     "write_shard",
 ]

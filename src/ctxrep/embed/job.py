@@ -1,220 +1,191 @@
-"""An embedding job: what to embed and how (`EmbedJob`), what the run left (`EmbedSummary`).
+"""An embedding job: what to read (`EmbedInput`), where the shards go (`ShardFolder`), what to write (one output
+variant: `WordVectors`, `SentenceVectors`, `SparseVectors`, ctxrep.embed.outputs) and with which model (`EmbedJob`);
+what the run left (`EmbedSummary`).
 
-job = EmbedJob("corpus.txt", "out/", model="minilm", level="sentence")
-job.settings()       # the manifest's record of the input and the shard layout
-job.featurizer()     # the Featurizer (or SparseEncoder) it embeds with
+    job = EmbedJob("corpus.csv", "out/", vectors=SentenceVectors(dimensions=256), model="minilm")
+    job = EmbedJob(EmbedInput("-", format="jsonl", text_column="body"), ShardFolder("out/", shard_size=500))
+    job.settings()       # the manifest's record of the input and the shard layout
+    job.featurizer()     # what it embeds with: the Featurizer (or the SparseEncoder over it)
+
+The flat keywords of the EmbedJob before issue 40 (`EmbedJob(path, out, level="sentence", shard_size=500,
+dimensions=256, ...)`) still work until 0.3, with a DeprecationWarning, and so do reads of the old attributes.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ctxrep.embed.outputs import (
+    STORAGES,
+    VARIANTS,
+    OutputVectors,
+    SparseVectors,
+    WordVectors,
+    vectors_of,
+)
 from ctxrep.embed.records import DEFAULT_TEXT_COLUMN, FORMATS, to_stderr
-from ctxrep.vectors.quantize import PRECISIONS
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, parse_layers
+from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, parse_layers
+
+COLUMN_FORMATS = ("jsonl", "csv", "tsv", "parquet")  # the formats whose texts are in a named or numbered column
 
 
 @dataclass
-class EmbedJob:
-    """What to embed and how. Everything but the performance knobs (batch_tokens, threads, compile, device) is
-    recorded in the manifest (the input and the layout in `settings()`, the vectors in `spec_of(featurizer)`): a
-    resumed run must ask for the same."""
+class EmbedInput:
+    """What to read: `path` (or "-", standard input) in `format` (text, jsonl, csv, tsv, conll, parquet; None: from
+    the file name as ctxrep.data.table.detect_format reads it, .csv / .tsv / .jsonl / .conll with or without .gz,
+    else text), its texts in `text_column` (jsonl, csv, tsv, parquet: a name, or a number counted from 1),
+    `header`: whether a CSV / TSV file's first row names the columns (None: ctxrep.data.table's rule), `skip_empty`:
+    skip empty texts instead of stopping."""
 
-    input_path: str
-    out_dir: str
-    model: str = "minilm"
-    fmt: str = "text"
-    text_field: str = DEFAULT_TEXT_COLUMN
-    header: bool | None = None  # csv / tsv: whether the first row names the columns (ctxrep.data.table's rule)
-    level: str = "word"  # "word" or "sentence"
-    layers: int | list[int] | str = -1
-    pooling: str = "mean"
-    sentence_pooling: str = DEFAULT_SENTENCE_POOLING
-    shard_size: int = 2000
-    storage: str = "safetensors"
+    path: str
+    format: str | None = None
+    text_column: str = DEFAULT_TEXT_COLUMN
+    header: bool | None = None
     skip_empty: bool = False
-    batch_tokens: int | None = None  # None: the Featurizer's default for the device
-    threads: int | None = None
-    quantize: str | None = None
-    compile: bool | str = "auto"
-    device: str | None = None
-    precision: str | None = None  # None: the model's own dtype (a given "fp32" loads a bf16 checkpoint as float32)
-    backend: str = "torch"
-    output: str = "dense"  # "sparse": SPLADE vectors over the vocabulary (ctxrep.vectors.sparse), sentence level
-    dimensions: int | None = None  # sentence vectors: the first N coordinates, renormalised (Matryoshka)
-    prompt: str | None = None  # sentence vectors: text put before every text
-    prompt_name: str | None = None  # sentence vectors: the model folder's prompt of that name
-    output_precision: str = "float32"  # sentence vectors written as float32 or int8/uint8/binary/ubinary codes
-    calibration: str | None = None  # int8 / uint8: the file the ranges come from (default: the first shard)
-    chunks: str | int | None = None  # sentence vectors: one per chunk ("sentences" or N tokens) instead of per text
-    late_chunking: bool = True  # chunks pooled from the whole text's token vectors; False: each chunk embedded alone
-    extra_settings: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.shard_size < 1:
-            raise ValueError(f"--shard-size must be at least 1, got {self.shard_size}")
-        if self.level not in ("word", "sentence"):
-            raise ValueError(f"level must be 'word' or 'sentence', got {self.level!r}")
-        if self.storage not in ("safetensors", "npy"):
-            raise ValueError(f"storage must be 'safetensors' or 'npy', got {self.storage!r}")
-        if self.fmt not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.fmt!r}")
-        if isinstance(self.layers, str) and self.layers not in ("all", "mix"):
-            self.layers = parse_layers(self.layers)
-        if self.output not in ("dense", "sparse"):
-            raise ValueError(f"output must be 'dense' or 'sparse', got {self.output!r}")
-        if self.output == "sparse" and (self.level != "sentence" or self.storage != "safetensors" or self.layers != -1):
-            raise ValueError(
-                "--output sparse writes one sparse vector per text from the last layer: use --level sentence, "
-                "safetensors storage and the default --layers"
-            )
-        self._check_sentence_options()
-        self._check_output_precision()
-        self._check_chunks()
-        if self.header is not None and self.fmt not in ("csv", "tsv"):
-            raise ValueError(f"--header / --no-header apply to --format csv or tsv, not {self.fmt}")
-        if self.fmt in ("csv", "tsv"):  # a numbered column without --header / --no-header: refused before any work
-            from ctxrep.data.table import decide_header
+        from ctxrep.data.table import decide_header, detect_format
 
-            decide_header(Path(self.source), self.fmt, self.header, {"--text-column": self.text_field})
-        if self.fmt == "parquet" and self.input_path == "-":
+        self.path = os.fspath(self.path)
+        if self.format is None:  # the file name's, as index build and finetune read it; standard input: text
+            self.format = detect_format(self.path, None, default="text")
+        if self.format not in FORMATS:
+            raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.text_column != DEFAULT_TEXT_COLUMN and self.format not in COLUMN_FORMATS:
+            raise ValueError(
+                f"--text-column applies to --format {', '.join(COLUMN_FORMATS[:-1])} or {COLUMN_FORMATS[-1]}, not "
+                f"{self.format}; add --format"
+            )
+        if self.header is not None and self.format not in ("csv", "tsv"):
+            raise ValueError(f"--header / --no-header apply to --format csv or tsv, not {self.format}")
+        if self.format in ("csv", "tsv"):  # a numbered column without --header / --no-header: refused before any work
+            decide_header(Path(self.source), self.format, self.header, {"--text-column": self.text_column})
+        if self.format == "parquet" and self.path == "-":
             raise ValueError("--format parquet reads a file, not standard input; give --input FILE")
-
-    def _check_sentence_options(self) -> None:
-        given = [
-            flag
-            for flag, value in (
-                ("--dimensions", self.dimensions),
-                ("--prompt", self.prompt),
-                ("--prompt-name", self.prompt_name),
-            )
-            if value is not None
-        ]
-        if not given:
-            return
-        if self.level != "sentence" or self.output != "dense":
-            raise ValueError(
-                f"{' / '.join(given)} apply to dense sentence vectors: add --level sentence"
-                + (" and leave out --output sparse" if self.output != "dense" else "")
-            )
-        if self.prompt is not None and self.prompt_name is not None:
-            raise ValueError("give --prompt (a text) or --prompt-name (a prompt the model folder declares), not both")
-        if self.dimensions is not None and (
-            isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int) or self.dimensions < 1
-        ):
-            raise ValueError(f"--dimensions must be a positive integer, got {self.dimensions!r}")
-
-    def _check_output_precision(self) -> None:
-        """--output-precision other than float32 (and --calibration) apply to dense sentence vectors of one layer."""
-        if self.output_precision == "float32" and self.calibration is None:
-            return
-        if self.output_precision not in PRECISIONS:
-            raise ValueError(
-                f"--output-precision must be one of {', '.join(PRECISIONS)}, got {self.output_precision!r}"
-            )
-        flag = "--calibration" if self.output_precision == "float32" else f"--output-precision {self.output_precision}"
-        if self.calibration is not None and self.output_precision not in ("int8", "uint8"):
-            raise ValueError("--calibration gives int8 / uint8 ranges: add --output-precision int8 or uint8")
-        wrong = []
-        if self.level != "sentence":
-            wrong.append("add --level sentence")
-        if self.output != "dense":
-            wrong.append("leave out --output sparse")
-        if self.layers == "all" or isinstance(self.layers, list):
-            wrong.append("give one --layers (or mix)")
-        if wrong:
-            raise ValueError(f"{flag} quantizes dense sentence vectors of one layer: {'; '.join(wrong)}")
-
-    def _check_chunks(self) -> None:
-        """--chunks applies to dense sentence vectors; late chunks take no prompt or dimensions."""
-        if isinstance(self.chunks, str) and self.chunks.isdigit():
-            self.chunks = int(self.chunks)
-        if self.chunks is None:
-            if not self.late_chunking:
-                raise ValueError("--no-late-chunking applies to --chunks: add --chunks sentences or --chunks N")
-            return
-        if self.chunks != "sentences" and not (
-            isinstance(self.chunks, int) and not isinstance(self.chunks, bool) and self.chunks >= 1
-        ):
-            raise ValueError(f"--chunks must be 'sentences' or a positive number of tokens, got {self.chunks!r}")
-        if self.level != "sentence" or self.output != "dense":
-            raise ValueError(
-                f"--chunks {self.chunks} cuts dense sentence vectors: "
-                + ("add --level sentence" if self.level != "sentence" else "leave out --output sparse")
-            )
-        given = [f for f, v in (("--dimensions", self.dimensions), ("--prompt", self.prompt),
-                                ("--prompt-name", self.prompt_name)) if v is not None]  # fmt: skip
-        if self.late_chunking and given:
-            raise ValueError(
-                f"{' / '.join(given)}: late chunks index the whole text's tokens and take none; leave them out, or "
-                "add --no-late-chunking (each chunk embedded alone)"
-            )
 
     @property
     def source(self) -> str:
-        return "<stdin>" if self.input_path == "-" else self.input_path
+        """The input's name in messages: the path, or <stdin>."""
+        return "<stdin>" if self.path == "-" else self.path
 
-    def sentence_options(self) -> dict:
-        """The keyword arguments of `embed_sentences` this job adds (dimensions, prompt, prompt_name, chunks,
-        late_chunking), those given."""
-        options = {"dimensions": self.dimensions, "prompt": self.prompt, "prompt_name": self.prompt_name}
-        if self.chunks is not None:
-            options.update(chunks=self.chunks, late_chunking=self.late_chunking)
-        return {k: v for k, v in options.items() if v is not None}
 
-    def check_prompt(self) -> None:
-        """An unknown --prompt-name is a one-line ValueError naming the prompts the model folder declares, read
-        from the folder without loading its weights."""
-        if self.prompt_name is None:
-            return
-        from ctxrep.models.loading import resolve
-        from ctxrep.models.sentence_transformers import read_prompts
+@dataclass
+class ShardFolder:
+    """Where the shards go: the folder `path`, `shard_size` texts a shard, each a `storage` file (safetensors or
+    npy)."""
 
-        try:
-            read_prompts(resolve(self.model).folder).resolve(None, self.prompt_name)
-        except ValueError as e:
-            raise ValueError(f"--prompt-name: {e}") from None
+    path: str
+    shard_size: int = 2000
+    storage: str = "safetensors"
 
-    def spec_of(self, fz) -> FeaturizerSpec:
-        """The FeaturizerSpec of what this job writes with `fz`: the Featurizer's, with the dimensions and the
-        prompt text (resolved from its name, or the folder's default prompt; None without one) of sentence vectors."""
-        spec = FeaturizerSpec.of(fz)
-        if self.level != "sentence" or self.output != "dense":
-            return spec
-        prompt = fz.prompts.resolve(self.prompt, self.prompt_name) or None  # None: no prompt, as a plain run
-        if self.chunks is not None and self.late_chunking:
-            prompt = None  # late chunks pool the text's own tokens: no prompt, not even the folder's default
-        return replace(spec, dimensions=self.dimensions, prompt=prompt)
+    def __post_init__(self) -> None:
+        self.path = os.fspath(self.path)
+        if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
+            raise ValueError(f"--shard-size must be at least 1, got {self.shard_size}")
+        if self.storage not in STORAGES:
+            raise ValueError(f"--storage must be one of {', '.join(STORAGES)}, got {self.storage!r}")
+
+
+@dataclass(init=False)
+class EmbedJob:
+    """What to embed and how. Everything but the performance knobs (batch_tokens, threads, compile, device) is
+    recorded in the manifest (the input and the layout in `settings()`, the vectors in `vectors.spec(featurizer)`):
+    a resumed run must ask for the same.
+
+    input / out: an EmbedInput / ShardFolder, or a path for one with the defaults. vectors: what is written (default
+    WordVectors()). model: a packaged name, a folder or a Hub name; device, precision (None: the model's own dtype;
+    "fp32" loads a bf16 checkpoint as float32; "auto"), backend: how it runs; quantize="int8": the old spelling of
+    precision="int8"."""
+
+    input: EmbedInput
+    out: ShardFolder
+    vectors: OutputVectors
+    model: str
+    batch_tokens: int | None  # None: the Featurizer's default for the device
+    threads: int | None
+    compile: bool | str
+    device: str | None
+    precision: str | None
+    backend: str
+    quantize: str | None
+    extra_settings: dict = field(default_factory=dict)
+
+    def __init__(
+        self,
+        input: EmbedInput | str | os.PathLike | None = None,
+        out: ShardFolder | str | os.PathLike | None = None,
+        *,
+        vectors: OutputVectors | None = None,
+        model: str = "minilm",
+        batch_tokens: int | None = None,
+        threads: int | None = None,
+        compile: bool | str = "auto",
+        device: str | None = None,
+        precision: str | None = None,
+        backend: str = "torch",
+        quantize: str | None = None,
+        extra_settings: dict | None = None,
+        **flat: Any,
+    ) -> None:
+        if flat:  # the keywords of the flat EmbedJob before issue 40
+            input, out, vectors = _from_flat(input, out, vectors, flat)
+        if input is None or out is None:
+            raise TypeError("EmbedJob needs an input and an output folder: EmbedJob(input, out, ...)")
+        self.input = input if isinstance(input, EmbedInput) else EmbedInput(input)
+        self.out = out if isinstance(out, ShardFolder) else ShardFolder(out)
+        self.vectors = WordVectors() if vectors is None else vectors
+        if not isinstance(self.vectors, tuple(VARIANTS.values())):
+            raise TypeError(
+                f"vectors must be WordVectors, SentenceVectors or SparseVectors, got {type(self.vectors).__name__}"
+            )
+        self.model, self.batch_tokens, self.threads, self.compile = model, batch_tokens, threads, compile
+        self.device, self.precision, self.backend, self.quantize = device, precision, backend, quantize
+        self.extra_settings = dict(extra_settings or {})
+        if self.out.storage not in self.vectors.storages:
+            raise ValueError(
+                f"{self.vectors.flag} writes {' or '.join(self.vectors.storages)} shards: leave out --storage "
+                f"{self.out.storage}"
+            )
+
+    def __getattr__(self, name: str) -> Any:
+        """The attributes of the flat EmbedJob (job.level, job.shard_size, ...): deprecated, gone in 0.3."""
+        read = _FLAT_READS.get(name)
+        if read is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        new, get = read
+        warnings.warn(
+            f"EmbedJob.{name} is deprecated: read job.{new}; removed in 0.3", DeprecationWarning, stacklevel=2
+        )
+        return get(self)
 
     def settings(self) -> dict:
         """The manifest's `settings`: what decides which texts are read and how the shards are laid out (the input
-        and its fingerprint, format, column, header, level, shard size, storage). What decides the vectors themselves
-        (model, layers, pooling, precision, ...) is the manifest's `spec` (`spec_of`), recorded once, not here."""
+        and its fingerprint, format, column, header, level, shard size, storage; chunks and the output precision,
+        which decide what a row is and how it is stored). What decides the vectors themselves (model, layers,
+        pooling, precision, ...) is the manifest's `spec` (`vectors.spec`), recorded once, not here."""
         settings = {
-            "format": self.fmt,
-            "text_field": self.text_field,
-            "level": self.level,
-            "shard_size": self.shard_size,
-            "storage": self.storage,
-            "skip_empty": self.skip_empty,
-            **_fingerprint(self.input_path),
+            "format": self.input.format,
+            "text_field": self.input.text_column,
+            "level": self.vectors.level,
+            "shard_size": self.out.shard_size,
+            "storage": self.out.storage,
+            "skip_empty": self.input.skip_empty,
+            **_fingerprint(self.input.path),
         }
-        if self.header is not None:  # decides which rows are texts
-            settings["header"] = self.header
-        if self.chunks is not None:  # rows are chunks: the index's `word` column is the chunk's number in its text
-            settings.update(chunks=self.chunks, late_chunking=self.late_chunking)
-        if self.output_precision != "float32":  # how the shards store the vectors (the ranges: `quantization`)
-            settings["output_precision"] = self.output_precision
+        if self.input.header is not None:  # decides which rows are texts
+            settings["header"] = self.input.header
+        settings.update(self.vectors.settings())
         settings.update(self.extra_settings)
         return settings
 
     def featurizer(self, device: str | None = None, threads: int | None = None):
-        """The Featurizer this job embeds with (on `device`, with `threads` torch threads, when given); for
-        output="sparse" the SparseEncoder over it."""
+        """What this job embeds with (on `device`, with `threads` torch threads, when given): the Featurizer with the
+        options of `vectors`, or what they build over it (`vectors.encoder`: SparseVectors' SparseEncoder)."""
         from ctxrep.featurize import Featurizer
 
         kwargs: dict[str, Any] = {}
@@ -230,28 +201,79 @@ class EmbedJob:
             kwargs["backend"] = self.backend
         fz = Featurizer(
             self.model,
-            layers=self.layers,
-            pooling=self.pooling,
-            sentence_pooling="mean" if self.output == "sparse" else self.sentence_pooling,  # sparse: unread
+            **self.vectors.featurizer_options(),
             batch_tokens=self.batch_tokens,
             num_threads=threads if threads is not None else self.threads,
             compile=self.compile,
             **kwargs,
         )
-        if self.output == "sparse":  # the same interface: embed_sentences gives a (texts, vocabulary) csr_matrix
-            from ctxrep.vectors.sparse import SparseEncoder
+        return self.vectors.encoder(fz, self.model)
 
-            return SparseEncoder(fz)
-        self.check_width(fz)
-        return fz
 
-    def check_width(self, fz) -> None:
-        """--dimensions wider than the model's sentence vectors: a one-line ValueError before any text runs."""
-        if self.dimensions is not None and self.dimensions > fz.sentence_dim:
-            raise ValueError(
-                f"--dimensions {self.dimensions} is more than {self.model}'s {fz.sentence_dim}-wide sentence vectors "
-                f"(--sentence-pooling {fz.sentence_pooling}); give at most {fz.sentence_dim}"
-            )
+# ---- the flat EmbedJob before issue 40 (deprecated, removed in 0.3) -------------------------------------------------
+
+# its keywords: where each lives now (the vector options with their old defaults)
+_FLAT_INPUT = {"input_path": "path", "fmt": "format", "text_field": "text_column", "header": "header",
+               "skip_empty": "skip_empty"}  # fmt: skip
+_FLAT_OUT = {"out_dir": "path", "shard_size": "shard_size", "storage": "storage"}
+_FLAT_VECTORS = {"level": "word", "output": "dense", "layers": -1, "pooling": "mean",
+                 "sentence_pooling": DEFAULT_SENTENCE_POOLING, "dimensions": None, "prompt": None, "prompt_name": None,
+                 "output_precision": "float32", "calibration": None, "chunks": None, "late_chunking": True}  # fmt: skip
+
+
+def _from_flat(input, out, vectors, flat: dict) -> tuple:
+    """(input, out, vectors) of the flat keywords, with a DeprecationWarning naming the new spelling."""
+    unknown = sorted(set(flat) - set(_FLAT_INPUT) - set(_FLAT_OUT) - set(_FLAT_VECTORS))
+    if unknown:
+        raise TypeError(f"EmbedJob() got an unexpected keyword argument {unknown[0]!r}")
+    warnings.warn(
+        f"EmbedJob({', '.join(f'{k}=' for k in flat)}) is deprecated: give EmbedJob(EmbedInput(path, format=, "
+        "text_column=, header=, skip_empty=), ShardFolder(path, shard_size=, storage=), vectors=WordVectors(...) | "
+        "SentenceVectors(...) | SparseVectors(), model=...) (ctxrep.embed.corpus); the flat keywords go in 0.3",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    input = _group(input, EmbedInput, _FLAT_INPUT, flat)
+    out = _group(out, ShardFolder, _FLAT_OUT, flat)
+    given = {k: flat[k] for k in _FLAT_VECTORS if k in flat}
+    if given and vectors is not None:
+        raise TypeError(f"give {', '.join(given)} in `vectors`, not beside it")
+    if vectors is None:
+        level, output = given.pop("level", "word"), given.pop("output", "dense")
+        if isinstance(given.get("layers"), str) and given["layers"] not in ("all", "mix"):
+            given["layers"] = parse_layers(given["layers"])
+        unread = getattr(VARIANTS.get((level, output)), "unread", ())  # what the flat job took and did not read
+        options = {k: v for k, v in given.items() if v != _FLAT_VECTORS[k] and k not in unread}
+        vectors = vectors_of(level, output, options)
+    return input, out, vectors
+
+
+def _group(value, cls, names: dict[str, str], flat: dict):
+    """`value` (a `cls`, a path or None) with the flat keywords `names` lists filled in."""
+    given = {new: flat[old] for old, new in names.items() if old in flat}
+    if not given:
+        return value
+    if isinstance(value, cls) or ("path" in given and value is not None):
+        raise TypeError(
+            f"give {', '.join(k for k in names if k in flat)} in one place: {cls.__name__}(...) or keywords"
+        )
+    given.setdefault("path", value)
+    return cls(**given)
+
+
+def _vector_option(name: str, default: Any) -> tuple[str, Callable]:
+    return f"vectors.{name}", lambda job: getattr(job.vectors, name, default)
+
+
+# its attributes: (the new name, how to read it)
+_FLAT_READS: dict[str, tuple[str, Callable[[EmbedJob], Any]]] = {
+    **{old: (f"input.{new}", lambda job, new=new: getattr(job.input, new)) for old, new in _FLAT_INPUT.items()},
+    **{old: (f"out.{new}", lambda job, new=new: getattr(job.out, new)) for old, new in _FLAT_OUT.items()},
+    "source": ("input.source", lambda job: job.input.source),
+    "level": ("vectors.level", lambda job: job.vectors.level),
+    "output": ("vectors (SparseVectors)", lambda job: "sparse" if isinstance(job.vectors, SparseVectors) else "dense"),
+    **{k: _vector_option(k, d) for k, d in _FLAT_VECTORS.items() if k not in ("level", "output")},
+}
 
 
 @dataclass

@@ -38,6 +38,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,10 @@ import numpy as np
 
 from ctxrep.embed.corpus import open_records
 from ctxrep.embed.job import EmbedJob, EmbedSummary, choose_precision
+from ctxrep.embed.outputs import VARIANTS, SentenceVectors, WordVectors, vectors_of
 from ctxrep.embed.records import Record, shards_of, to_stderr
 from ctxrep.embed.run import open_run
-from ctxrep.embed.shards import vector_row_shape, with_cut
+from ctxrep.embed.shards import with_cut
 from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING
 from ctxrep.vectors.store import write_arrays
 
@@ -139,8 +141,16 @@ class RayEmbedder:
     ) -> None:
         from ctxrep.featurize import Featurizer
 
-        if level not in ("sentence", "word"):
+        if level not in ARROW_LAYOUTS:
             raise ValueError(f"level must be 'sentence' or 'word', got {level!r}")
+        options = {"layers": layers, "pooling": pooling, "sentence_pooling": sentence_pooling,
+                   "dimensions": dimensions, "prompt": prompt, "prompt_name": prompt_name}  # fmt: skip
+        unread = VARIANTS[level, "dense"].unread  # word vectors: the sentence pooling, taken and never read
+        self.vectors = vectors_of(
+            level, "dense", {k: v for k, v in options.items() if v is not None and k not in unread}
+        )
+        self.sentence_options = self.vectors.embed_options()
+        self.layout = ARROW_LAYOUTS[level]
         if device is None:
             device = "cuda" if _actor_has_gpu() else None
         kwargs: dict[str, Any] = {}
@@ -148,9 +158,7 @@ class RayEmbedder:
             kwargs["normalize"] = True
         self.featurizer = Featurizer(
             model,
-            layers=layers,
-            pooling=pooling,
-            sentence_pooling=sentence_pooling,
+            **self.vectors.featurizer_options(),
             stride=stride,
             max_length=max_length,
             batch_tokens=batch_tokens,
@@ -163,16 +171,9 @@ class RayEmbedder:
         )
         self.level = level
         self.text_column = text_column
-        options = {"dimensions": dimensions, "prompt": prompt, "prompt_name": prompt_name}
-        self.sentence_options = {k: v for k, v in options.items() if v is not None}
-        if self.sentence_options and level != "sentence":
-            raise ValueError(f"{', '.join(self.sentence_options)} apply to level='sentence'")
         self.featurizer.prompts.resolve(prompt, prompt_name)  # an unknown prompt name: refused here, once
-        if dimensions is not None and dimensions > self.featurizer.sentence_dim:
-            raise ValueError(
-                f"dimensions={dimensions} is more than {model}'s {self.featurizer.sentence_dim}-wide sentence vectors"
-            )
-        self.row_shape = vector_row_shape(self.featurizer, level, dimensions)
+        self.vectors.encoder(self.featurizer, model)  # dimensions wider than the model's: refused here, once
+        self.row_shape = self.vectors.row_shape(self.featurizer)
 
     def words_of(self, table) -> list[list[str]]:
         if self.text_column not in table.column_names:
@@ -190,22 +191,15 @@ class RayEmbedder:
         if not isinstance(table, pa.Table):
             table = pa.Table.from_pandas(table) if hasattr(table, "to_numpy") else pa.table(table)
         words = self.words_of(table)
-        added = ("vector", "cut") if self.level == "sentence" else ("words", "vectors", "cut")
+        added = (*self.layout.columns, "cut")
         table = table.drop_columns([c for c in added if c in table.column_names])  # replaced, not doubled
         fz = self.featurizer
         fz.cut_texts = []
-        if self.level == "sentence":
-            if words:
-                vectors = fz.embed_sentences(words, **self.sentence_options)
-            else:
-                vectors = np.zeros((0, *self.row_shape), np.float32)
-            table = table.append_column("vector", _fixed_lists(vectors))
-        else:
-            per_text = fz.embed_words(words)
-            flat = np.concatenate(per_text) if per_text else np.zeros((0, *self.row_shape), np.float32)
-            offsets = pa.array(np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int32))
-            table = table.append_column("words", pa.array(words, type=pa.list_(pa.string())))
-            table = table.append_column("vectors", pa.ListArray.from_arrays(offsets, _fixed_lists(flat)))
+        rows = np.zeros((0, *self.row_shape), np.float32)
+        if words:  # the rows one process writes: the output variant's
+            rows, _ = self.vectors.rows(fz, [Record(w, 0) for w in words], 0)
+        for name, column in self.layout.to_arrow(rows, words).items():
+            table = table.append_column(name, column)
         cut = np.zeros(len(words), bool)
         cut[list(fz.cut_texts)] = True
         return table.append_column("cut", pa.array(cut))
@@ -256,21 +250,17 @@ def embed_with_ray(
     Featurizer in one call, so the batches, and with the same torch threads the vectors, are the same bytes
     (docs/scale.md).
     """
-    if job.chunks is not None:
+    local_only = job.vectors.local_only()
+    if local_only is not None:  # chunks, codes, sparse vectors: RayEmbedder returns one dense float row per text
         raise ValueError(
-            "--chunks is written by --engine local (--workers / --devices); leave it out with --engine ray"
-        )
-    if job.output_precision != "float32":
-        raise ValueError(
-            f"--output-precision {job.output_precision} is written by --engine local (--workers / --devices); "
-            "--engine ray writes float32 (quantize its vectors with ctxrep.vectors.quantize)"
+            f"{local_only} is written by --engine local (--workers / --devices); leave it out with --engine ray"
         )
     ray = _require_ray()
-    job.check_prompt()  # an unknown --prompt-name: before Ray starts
+    job.vectors.check_prompt(job.model)  # an unknown --prompt-name: before Ray starts
     job = choose_precision(job, "cuda" if gpus_per_actor > 0 else None, log)  # the actors' device
     # the spec the manifest records (and a resumed folder must match), from the model loaded once here; --dimensions
     # wider than the model is refused here too, in one line, not as an actor's traceback
-    spec = job.spec_of(job.featurizer("cpu", job.threads))
+    spec = job.vectors.spec(job.featurizer("cpu", job.threads))
     run = open_run(job, log, asked=spec)
     if isinstance(run, EmbedSummary):
         return run
@@ -367,17 +357,15 @@ def _actor_options(job, cpus_per_actor: float) -> dict:
     threads = job.threads or max(1, int(cpus_per_actor))
     options = {
         "model": job.model,
-        "level": job.level,
+        "level": job.vectors.level,
         "text_column": "text",
-        "layers": job.layers,
-        "pooling": job.pooling,
-        "sentence_pooling": job.sentence_pooling,
+        **job.vectors.featurizer_options(),
         "batch_tokens": job.batch_tokens,
         "threads": threads,
         "precision": "int8" if job.quantize == "int8" else job.precision,
         "backend": job.backend,
         "compile": job.compile,
-        **job.sentence_options(),
+        **job.vectors.embed_options(),
     }
     if job.device is not None:
         options["device"] = job.device
@@ -425,13 +413,13 @@ def _embed_with_ray(
             num_gpus=gpus_per_actor or None,
         )
         for k, rows in _shards_back(ds.iter_batches(batch_format="pyarrow", batch_size=None), expected):
-            vectors, index, row_shape, cut = _shard_arrays(rows, job.level)
-            entry = write_arrays(vectors, index, k, expected[k][1], job.storage, run.out)
+            vectors, index, row_shape, cut = _shard_arrays(rows, ARROW_LAYOUTS[job.vectors.level])
+            entry = write_arrays(vectors, index, k, expected[k][1], job.out.storage, run.out)
             run.record(k, with_cut(entry, cut, by_shard[k], expected[k][0]), row_shape)
 
     try:
         group = []
-        for k, first, shard_records in shards_of(records, job.shard_size):
+        for k, first, shard_records in shards_of(records, job.out.shard_size):
             run.seen = k + 1
             if k in run.done:
                 continue
@@ -486,9 +474,9 @@ def _shards_back(batches: Iterator, expected: dict[int, tuple[int, int]]) -> Ite
         raise RuntimeError(f"Ray returned {position} of {len(order)} shards: texts were lost; run the command again")
 
 
-def _shard_arrays(batches: list, level: str) -> tuple[np.ndarray, list[tuple], tuple[int, ...], list[int]]:
+def _shard_arrays(batches: list, layout: ArrowLayout) -> tuple[np.ndarray, list[tuple], tuple[int, ...], list[int]]:
     """A shard's vectors, index entries, row shape and cut texts (numbers) from the Arrow rows RayEmbedder
-    returned."""
+    returned (in `layout`)."""
     import pyarrow as pa
 
     table = pa.Table.from_batches(batches)
@@ -497,18 +485,54 @@ def _shard_arrays(batches: list, level: str) -> tuple[np.ndarray, list[tuple], t
     cut = []
     if "cut" in table.column_names:  # an embedder subclass may leave it out
         cut = [t for t, c in zip(text_ids, table.column("cut").to_pylist()) if c]
-    if level == "sentence":
-        column = table.column("vector").combine_chunks()
-        row_shape = _nested_shape(column.type)
-        vectors = arrow_to_numpy(column, row_shape)
-        index = [(t, line, -1, "") for t, line in zip(text_ids, lines)]
-        return vectors, index, row_shape, cut
+    vectors, index, row_shape = layout.from_arrow(table, text_ids, lines)
+    return vectors, index, row_shape, cut
+
+
+def _sentence_columns(rows: np.ndarray, words: list[list[str]]) -> dict:
+    return {"vector": _fixed_lists(rows)}
+
+
+def _sentence_rows(table, text_ids: list[int], lines: list[int]) -> tuple[np.ndarray, list[tuple], tuple[int, ...]]:
+    column = table.column("vector").combine_chunks()
+    row_shape = _nested_shape(column.type)
+    return arrow_to_numpy(column, row_shape), [(t, line, -1, "") for t, line in zip(text_ids, lines)], row_shape
+
+
+def _word_columns(rows: np.ndarray, words: list[list[str]]) -> dict:
+    import pyarrow as pa
+
+    offsets = pa.array(np.concatenate([[0], np.cumsum([len(w) for w in words])]).astype(np.int32))
+    return {
+        "words": pa.array(words, type=pa.list_(pa.string())),
+        "vectors": pa.ListArray.from_arrays(offsets, _fixed_lists(rows)),
+    }
+
+
+def _word_rows(table, text_ids: list[int], lines: list[int]) -> tuple[np.ndarray, list[tuple], tuple[int, ...]]:
     column = table.column("vectors").combine_chunks()
     row_shape = _nested_shape(column.type.value_type)
-    vectors = arrow_to_numpy(column.flatten(), row_shape)
     words = table.column("words").to_pylist()
     index = [(t, line, w, word) for t, line, ws in zip(text_ids, lines, words) for w, word in enumerate(ws)]
-    return vectors, index, row_shape, cut
+    return arrow_to_numpy(column.flatten(), row_shape), index, row_shape
+
+
+@dataclass(frozen=True)
+class ArrowLayout:
+    """How RayEmbedder hands one kind of rows back to the driver: the columns it adds (`to_arrow`: the output
+    variant's rows and the batch's words -> columns) and how the driver reads them (`from_arrow`: table, text
+    numbers, lines -> vectors, index entries, row shape)."""
+
+    columns: tuple[str, ...]
+    to_arrow: Callable[[np.ndarray, list[list[str]]], dict]
+    from_arrow: Callable[[Any, list[int], list[int]], tuple[np.ndarray, list[tuple], tuple[int, ...]]]
+
+
+# RayEmbedder's `level`: the layout of its columns (the module docstring); the output variants it writes
+ARROW_LAYOUTS = {
+    SentenceVectors.level: ArrowLayout(("vector",), _sentence_columns, _sentence_rows),
+    WordVectors.level: ArrowLayout(("words", "vectors"), _word_columns, _word_rows),
+}
 
 
 def _nested_shape(arrow_type) -> tuple[int, ...]:

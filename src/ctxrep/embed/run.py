@@ -7,8 +7,10 @@ reads the input writes the manifest.
 What a resumed run must match: the manifest's `settings` (the input, its fingerprint, format, column, header, level,
 shard size, storage: `EmbedJob.settings`) exactly, before anything loads, and its `spec` (the FeaturizerSpec of the
 vectors: model, revision, layers, pooling, precision, ...) once the model is loaded (`EmbedRun.check`), so that
-settings which resolve to the same vectors (layers -1 and 6 of a 6-layer model) resume. A manifest of an older
-ctxrep repeated the vector settings inside `settings` (LEGACY_VECTOR_KEYS): those are compared as that version did.
+settings which resolve to the same vectors (layers -1 and 6 of a 6-layer model) resume; the settings the job's
+output variant does not read (`vectors.unread`: word vectors' sentence pooling) are not compared. A manifest of an
+older ctxrep repeated the vector settings inside `settings` (LEGACY_VECTOR_KEYS): those are compared as that version
+did.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from ctxrep.embed.codes import OutputCodes, output_codes
+from ctxrep.embed.codes import OutputCodes
 from ctxrep.embed.job import EmbedJob, EmbedSummary
 from ctxrep.embed.records import to_stderr
-from ctxrep.embed.shards import cut_summary, vector_row_shape
-from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch, layers_text
+from ctxrep.embed.shards import cut_summary
+from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch
 from ctxrep.vectors.store import MANIFEST, read_manifest, write_manifest
 
 
@@ -68,7 +70,7 @@ class EmbedRun:
         """SpecMismatch (one line: the fields that differ, what to do) unless `spec`, what this run's model makes,
         gives the vectors the folder holds; the first spec of a new folder is kept."""
         if self.spec is not None and spec != self.spec:
-            differences = self.spec.differences(spec)
+            differences = self.spec.differences(spec, ignore=self.job.vectors.unread)
             if differences:  # e.g. other layers, or the Hub model changed between runs
                 raise SpecMismatch(
                     f"{self.out} holds the output of a different run (differs in: "
@@ -78,7 +80,7 @@ class EmbedRun:
         self.spec = spec
 
     def set_row_shape(self, row_shape: tuple[int, ...]) -> None:
-        """The shape of one float vector row (`vector_row_shape`); what is stored follows from the codes."""
+        """The shape of one float vector row (`vectors.row_shape`); what is stored follows from the codes."""
         self.row_shape, self.dim = self.codes.row_shape(tuple(row_shape)), int(row_shape[-1])
 
     def record(self, k: int, entry: dict, row_shape: tuple[int, ...], spec: FeaturizerSpec | None = None) -> None:
@@ -104,8 +106,8 @@ class EmbedRun:
         """Mark the folder complete (every shard of the input is listed); the summary of what it holds."""
         texts = self.texts_done
         if self.seen == 0:
-            empty = "all its texts were empty and skipped" if self.job.skip_empty else "it holds no texts"
-            self.log(f"warning: {self.job.source}: nothing to embed: {empty}; check the input file and --format")
+            empty = "all its texts were empty and skipped" if self.job.input.skip_empty else "it holds no texts"
+            self.log(f"warning: {self.job.input.source}: nothing to embed: {empty}; check the input file and --format")
         if self.row_shape is None or self.spec is None:  # nothing embedded now: every shard was done, or no input
             self._row_shape_without_model()
         missing = [k for k in range(self.seen) if k not in self.done]
@@ -122,7 +124,7 @@ class EmbedRun:
         return EmbedSummary(
             self.out,
             self.job.model,
-            self.job.level,
+            self.job.vectors.level,
             texts,
             rows,
             self.row_shape,
@@ -139,8 +141,8 @@ class EmbedRun:
             return
         fz = self.job.featurizer()  # nothing was embedded yet: the model says what it would write
         if self.spec is None:
-            self.spec = self.job.spec_of(fz)
-        self.set_row_shape(vector_row_shape(fz, self.job.level, self.job.dimensions))
+            self.spec = self.job.vectors.spec(fz)
+        self.set_row_shape(self.job.vectors.row_shape(fz))
 
 
 def open_run(
@@ -153,7 +155,7 @@ def open_run(
     different run's folder is refused), or the summary of a complete folder. A complete folder's spec is checked
     here against `asked` (else the spec of the job's model, loaded on `device`); an unfinished one's when the run
     loads its model (`EmbedRun.check`)."""
-    out = Path(job.out_dir)
+    out = Path(job.out.path)
     settings = job.settings()
     manifest_file = out / MANIFEST
     done: dict[int, dict] = {}
@@ -164,7 +166,7 @@ def open_run(
         legacy = {k: written.pop(k) for k in LEGACY_VECTOR_KEYS if k in written}
         changed = _changed(written, settings)
         if legacy:  # a manifest of an older ctxrep: its copy of the vector settings, compared as it did
-            changed += _changed(legacy, legacy_vector_settings(job))
+            changed += _changed(legacy, legacy_vector_settings(job), ignore=job.vectors.unread)
         if changed:
             raise ValueError(
                 f"{out} holds the output of a different run (differs in: {', '.join(sorted(changed))}); "
@@ -172,14 +174,14 @@ def open_run(
             )
         spec = written_spec(manifest, legacy, manifest_file)
         done = {_shard_number(s): s for s in manifest["shards"]}
-        codes = output_codes(job.output_precision, job.calibration, manifest.get("quantization"), str(out))
+        codes = job.vectors.codes(manifest.get("quantization"), str(out))
         if manifest.get("complete"):
             run = EmbedRun(job, out, manifest_file, settings, done, log, spec)
-            run.check(asked or job.spec_of(job.featurizer(device)))
+            run.check(asked or job.vectors.spec(job.featurizer(device)))
             return EmbedSummary(
                 out,
                 job.model,
-                job.level,
+                job.vectors.level,
                 manifest["texts"],
                 manifest["rows"],
                 tuple(manifest.get("row_shape") or [manifest["dim"]]),
@@ -187,15 +189,15 @@ def open_run(
                 already_complete=True,
             )
     else:
-        codes = output_codes(job.output_precision, job.calibration, None, str(out))
+        codes = job.vectors.codes(None, str(out))
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.tmp"):  # what a killed run left half-written (the manifest's own .tmp included)
         stale.unlink(missing_ok=True)
     return EmbedRun(job, out, manifest_file, settings, done, log, spec, codes)
 
 
-def _changed(written: dict, asked: dict) -> list[str]:
-    return [k for k in set(written) | set(asked) if written.get(k) != asked.get(k)]
+def _changed(written: dict, asked: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    return [k for k in set(written) | set(asked) if k not in ignore and written.get(k) != asked.get(k)]
 
 
 def written_spec(manifest: dict, legacy: dict, manifest_file: Path) -> FeaturizerSpec | None:
@@ -233,21 +235,13 @@ LEGACY_VECTOR_KEYS = (
 
 def legacy_vector_settings(job: EmbedJob) -> dict:
     """The vector settings an older ctxrep wrote into `settings` for `job`: what its manifest is compared with."""
-    settings = {
-        "model": job.model,
-        "layers": layers_text(job.layers),
-        "pooling": job.pooling,
-        "sentence_pooling": job.sentence_pooling,
-    }
+    settings = {"model": job.model, **job.vectors.legacy_settings()}
     if job.quantize is not None:
         settings["quantize"] = job.quantize
     if job.precision not in ("fp32", None):
         settings["precision"] = job.precision
     if job.backend not in ("torch", None):
         settings["backend"] = job.backend
-    if job.output != "dense":
-        settings["output"] = job.output
-    settings.update(job.sentence_options())
     return settings
 
 

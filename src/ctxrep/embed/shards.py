@@ -1,43 +1,27 @@
-"""One shard of an embedding run: embed a group of records and write it (`write_shard`), with the texts a window
-cut (`with_cut`, `cut_summary`); `vector_row_shape`, the shape of one of its rows."""
+"""One shard of an embedding run: the rows the job's output variant gives for a group of records (`embed_shard`),
+written (`write_shard`) with the texts a window cut (`with_cut`, `cut_summary`)."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 from ctxrep.embed.codes import OutputCodes
+from ctxrep.embed.outputs import OutputVectors, vectors_of
 from ctxrep.embed.records import Record
 from ctxrep.vectors.store import write_arrays
 
 
 def embed_shard(
-    fz, records: list[Record], first_text: int, level: str, options: dict | None = None
-) -> tuple[np.ndarray, list[tuple]]:
-    """The vectors of `records` and one index entry (text, line, word position, word) per vector row. `options`:
-    keyword arguments of embed_sentences (dimensions, prompt, prompt_name, chunks, late_chunking;
-    `EmbedJob.sentence_options`); with chunks, a row per chunk, its number in the text in the word column."""
-    words = [r.words for r in records]
-    if level == "word":
-        per_text = fz.embed_words(words)
-        width = fz.dim
-        if per_text:
-            vectors = np.concatenate(per_text)
-        else:
-            vectors = np.zeros((0, width) if fz.single_layer else (0, len(fz.layer_indices), width), np.float32)
-        index = [(first_text + t, r.line, w, word) for t, r in enumerate(records) for w, word in enumerate(r.words)]
-    elif (options or {}).get("chunks") is not None:  # one row per chunk; the index's word column numbers them
-        chunks = options["chunks"]
-        texts = [" ".join(w) for w in words] if chunks == "sentences" else words  # sentences are cut in strings
-        per_text = fz.embed_sentences(texts, **options)
-        vectors = np.concatenate(per_text) if per_text else np.zeros((0, *vector_row_shape(fz, level)), np.float32)
-        index = [(first_text + t, r.line, c, "") for t, r in enumerate(records) for c in range(len(per_text[t]))]
-    else:
-        vectors = fz.embed_sentences(words, **(options or {}))
-        index = [(first_text + t, r.line, -1, "") for t, r in enumerate(records)]
-    assert len(index) == vectors.shape[0], "one index line per vector row"
-    return vectors, index
+    fz, records: list[Record], first_text: int, vectors: OutputVectors | str, options: dict | None = None
+) -> tuple[Any, list[tuple]]:
+    """The rows `vectors` (the job's output variant) gives for `records`, and one index entry (text, line, word
+    position, word) per row. (`vectors` as "word" / "sentence" with embed_sentences' `options`: deprecated.)"""
+    vectors = _variant(vectors, options)
+    rows, index = vectors.rows(fz, records, first_text)
+    assert len(index) == rows.shape[0], "one index line per vector row"
+    return rows, index
 
 
 def write_shard(
@@ -45,19 +29,20 @@ def write_shard(
     records: list[Record],
     k: int,
     first_text: int,
-    level: str,
+    vectors: OutputVectors | str,
     storage: str,
     out: Path,
     options: dict | None = None,
     codes: OutputCodes | None = None,
 ) -> dict:
-    """Embed shard `k` and write it (`write_arrays`), as `codes` says (--output-precision: float32 or the codes of
-    quantize_embeddings); returns its manifest entry, with the texts the Featurizer cut (`with_cut`)."""
-    vectors, index = embed_shard(fz, records, first_text, level, options)
+    """Embed shard `k` as `vectors` says and write it (`write_arrays`), as `codes` says (--output-precision: float32
+    or the codes of quantize_embeddings); returns its manifest entry, with the texts the Featurizer cut
+    (`with_cut`). (`options`: only beside a deprecated level string, see `embed_shard`.)"""
+    rows, index = embed_shard(fz, records, first_text, _variant(vectors, options))
     if codes is not None:
-        vectors = codes.encode(vectors, k)
+        rows = codes.encode(rows, k)
     cut = [first_text + i for i in getattr(fz, "cut_texts", [])]  # a SparseEncoder keeps no record: none
-    return with_cut(write_arrays(vectors, index, k, len(records), storage, out), cut, records, first_text)
+    return with_cut(write_arrays(rows, index, k, len(records), storage, out), cut, records, first_text)
 
 
 def with_cut(entry: dict, cut: list[int], records: list[Record], first_text: int) -> dict:
@@ -77,8 +62,30 @@ def cut_summary(shards: list[dict]) -> dict:
 
 
 def vector_row_shape(fz, level: str, dimensions: int | None = None) -> tuple[int, ...]:
-    """The shape of one vector row: (dim,) for one layer or a mix, (layers, dim) for several layers; dim is
-    `dimensions` where sentence vectors are truncated. (Binary codes are stored narrower: `OutputCodes.row_shape`.)"""
-    dim = fz.sentence_dim if level == "sentence" else fz.dim
-    dim = dimensions if dimensions is not None and level == "sentence" else dim
-    return (dim,) if fz.single_layer else (len(fz.layer_indices), dim)
+    """Deprecated (gone in 0.3): the job's output variant answers, `vectors.row_shape(fz)`."""
+    warnings.warn(
+        "vector_row_shape(fz, level, dimensions) is deprecated: ask the output variant, "
+        "WordVectors().row_shape(fz) / SentenceVectors(dimensions=N).row_shape(fz); removed in 0.3",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return _variant(level, {"dimensions": dimensions} if dimensions is not None else None, stacklevel=None).row_shape(
+        fz
+    )
+
+
+def _variant(vectors: OutputVectors | str, options: dict | None, stacklevel: int | None = 3) -> OutputVectors:
+    """`vectors`, or the variant an old level string ("word", "sentence") and embed_sentences options give (with a
+    DeprecationWarning unless `stacklevel` is None)."""
+    if not isinstance(vectors, str):
+        if options:
+            raise TypeError("options go with a level string; an output variant holds its own")
+        return vectors
+    if stacklevel is not None:
+        warnings.warn(
+            f"a level string ({vectors!r}) with embed_sentences options is deprecated: pass the output variant, "
+            "WordVectors() / SentenceVectors(...) (ctxrep.embed.outputs); removed in 0.3",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+    return vectors_of(vectors, "dense", options)

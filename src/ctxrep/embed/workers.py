@@ -18,7 +18,7 @@ from pathlib import Path
 from ctxrep.embed.codes import OutputCodes
 from ctxrep.embed.job import EmbedJob
 from ctxrep.embed.run import EmbedRun, WorkerDied
-from ctxrep.embed.shards import vector_row_shape, write_shard
+from ctxrep.embed.shards import write_shard
 from ctxrep.vectors.spec import FeaturizerSpec
 
 
@@ -177,12 +177,12 @@ def _worker(job: EmbedJob, codes: OutputCodes, device, threads, tasks, results, 
     _die_with_parent()
     try:
         fz = job.featurizer(device, threads)
-        row_shape = vector_row_shape(fz, job.level, job.dimensions)
-        spec = job.spec_of(fz).to_dict()
+        row_shape = job.vectors.row_shape(fz)
+        spec = job.vectors.spec(fz).to_dict()
     except Exception as e:
         results.put(("error", -1, worker, f"{type(e).__name__}: {e}"))
         return
-    out = Path(job.out_dir)
+    out = Path(job.out.path)
     while True:
         task = tasks.get()
         if task is None:
@@ -190,7 +190,7 @@ def _worker(job: EmbedJob, codes: OutputCodes, device, threads, tasks, results, 
         k, first, records = task
         results.put(("started", k, worker, None))
         try:
-            entry = write_shard(fz, records, k, first, job.level, job.storage, out, job.sentence_options(), codes)
+            entry = write_shard(fz, records, k, first, job.vectors, job.out.storage, out, codes=codes)
         except Exception as e:
             results.put(("error", k, worker, f"{type(e).__name__}: {e}"))
             return
