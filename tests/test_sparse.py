@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers
 
+from ctxrep.featurize.spec import SpecMismatch
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import resolve_model_path
 from ctxrep.vectors.sparse import SparseEncoder, SparseIndex, SparseVector, SpladeSettings
-from ctxrep.vectors.spec import SpecMismatch
 
 TEXTS = [
     "A man is playing a guitar .",

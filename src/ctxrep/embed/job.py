@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxrep.embed.records import DEFAULT_TEXT_COLUMN, FORMATS, to_stderr
+from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, parse_layers
 from ctxrep.vectors.quantize import PRECISIONS
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, parse_layers
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ctxrep.embed.codes import OutputCodes, output_codes
 from ctxrep.embed.job import EmbedJob, EmbedSummary
 from ctxrep.embed.records import to_stderr
 from ctxrep.embed.shards import cut_summary, vector_row_shape
-from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch, layers_text
+from ctxrep.featurize.spec import FeaturizerSpec, SpecMismatch, layers_text
 from ctxrep.vectors.store import MANIFEST, read_manifest, write_manifest
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctxrep.featurize.spec import FeaturizerSpec
 from ctxrep.models.folders import CheckpointError, read_state_dict
 from ctxrep.models.sentence_transformers import (
     MODULES_FILE,
@@ -51,7 +52,6 @@ from ctxrep.models.sentence_transformers import (
 from ctxrep.modules.unpadding import outputs_at_padding
 from ctxrep.text.inputs import Rows, check_texts
 from ctxrep.util.arrays import normalize_rows
-from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = [
     "ColBERTSettings",

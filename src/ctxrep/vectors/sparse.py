@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ctxrep.featurize.spec import FeaturizerSpec
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.mlm_head import read_mlm_head
 from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules, with_prompt
-from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["SparseEncoder", "SparseIndex", "SparseVector", "SpladeSettings"]
 
