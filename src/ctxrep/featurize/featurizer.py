@@ -213,12 +213,18 @@ class Featurizer:
         pieces = self.tokenizer.encode_words(words)
         return [Alignment(w, p.tokens, p.word_ids) for w, p in zip(words, pieces)]
 
-    def run_rows(self, rows: Rows, consume: Callable[[torch.Tensor, np.ndarray, np.ndarray | None], None]) -> None:
+    def run_rows(
+        self,
+        rows: Rows,
+        consume: Callable[[torch.Tensor, np.ndarray, np.ndarray | None], None],
+        padded: bool = False,
+    ) -> None:
         """Encode every row (text.inputs.Rows: windows of pieces) in length-sorted token-budget batches;
         `consume(selected, batch_rows, weights)` pools each batch once its hidden states (layers, batch, seq, hidden)
         are on the CPU as float32 (after the mix). The seam for tools that pool rows their own way (late_interaction's
-        expanded ColBERT queries)."""
-        pipeline.run_rows(self, rows, consume)
+        expanded ColBERT queries, which read positions whose attention_mask is 0: `padded=True` runs every batch on
+        the padded grid, as transformers does, instead of the family's unpadding rule)."""
+        pipeline.run_rows(self, rows, consume, padded)
 
     def embed_words(self, texts: Sequence[Text], text_pairs: Sequence[Text] | None = None) -> list[np.ndarray]:
         """One float32 array per text: (n_words, dim) for one layer or a mix, (n_words, n_layers, dim) otherwise.

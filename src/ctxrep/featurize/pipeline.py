@@ -2,7 +2,8 @@
 
 run_rows(fz, rows, consume)       every row in batches; consume(selected, batch_rows, weights) pools each batch
                                   once its states are on the CPU, while later batches run (the runtime's
-                                  `in_flight`); `fz.between_batches(drain)` after each batch
+                                  `in_flight`); `fz.between_batches(drain)` after each batch; padded=True: on the
+                                  padded grid (the states at masked positions are read)
 run_in_chunks(n, prepare, finish) a call cut into chunks of OVERLAP_CHUNK_TEXTS texts, a thread tokenizing the
                                   next chunk while the device runs this one (`overlaps_tokenization`)
 """
@@ -28,11 +29,15 @@ OVERLAP_CHUNK_TEXTS = 4096
 
 
 def run_rows(
-    fz: Featurizer, rows: Rows, consume: Callable[[torch.Tensor, np.ndarray, np.ndarray | None], None]
+    fz: Featurizer,
+    rows: Rows,
+    consume: Callable[[torch.Tensor, np.ndarray, np.ndarray | None], None],
+    padded: bool = False,
 ) -> None:
     """Encode every row (text.inputs.Rows: windows of pieces) in length-sorted token-budget batches on `fz`'s
     runtime; `consume(selected, batch_rows, weights)` pools each batch once its hidden states (layers, batch, seq,
-    hidden) are on the CPU as float32 (after the featurizer's mix)."""
+    hidden) are on the CPU as float32 (after the featurizer's mix). `padded`: every batch runs on the padded grid
+    (`Encoder.encode(padded=True)`), for a caller that reads the states at positions whose attention_mask is 0."""
     order = np.argsort(rows.lengths, kind="stable")  # the same order for the same input: same batches
     sizes = token_budget_batches(rows.lengths[order].tolist(), fz.batch_tokens)
     num_tokens = int(rows.lengths.sum())
@@ -61,7 +66,7 @@ def run_rows(
             start += size
             collated, weights = rows.collate(batch_rows, fz.tokenizer)
             real = int(rows.lengths[batch_rows].sum())
-            pending.append((batch_rows, weights, run.start(collated, fz.layer_indices, num_tokens), real))
+            pending.append((batch_rows, weights, run.start(collated, fz.layer_indices, num_tokens, padded), real))
             if len(pending) >= in_flight:
                 pool(*pending.popleft())
             if fz.between_batches is not None:  # e.g. ctxrep serve: other calls' batches run here

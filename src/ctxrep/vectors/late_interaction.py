@@ -49,7 +49,6 @@ from ctxrep.models.sentence_transformers import (
     read_settings,
     with_prompt,
 )
-from ctxrep.modules.unpadding import outputs_at_padding
 from ctxrep.text.inputs import Rows, check_texts
 from ctxrep.util.arrays import normalize_rows
 
@@ -299,11 +298,8 @@ class MultiVectorEncoder:
                     row_ids = np.concatenate([row_ids, np.full(n - len(row_ids), self.expansion_id, np.int64)])
                 out[row] = (row_ids, selected[0, r, :n].numpy())
 
-        if query:  # the [MASK] positions' vectors are scored though attention skips them: run padded
-            with outputs_at_padding():
-                fz.run_rows(rows, consume)
-        else:
-            fz.run_rows(rows, consume)
+        # queries: the [MASK] positions' vectors are scored though attention skips them: run padded
+        fz.run_rows(rows, consume, padded=query)
         self.cut_texts = np.flatnonzero(lengths > room).tolist()
         return out
 
