@@ -30,7 +30,7 @@ from ctxrep.data.packing import (
     SegmentPairPacker,
     ShortSequenceWarmup,
 )
-from ctxrep.text.tokenizer_training import train_tokenizer
+from ctxrep.data.tokenizer_training import train_tokenizer
 
 # ------------------------------------------------------------------------------------------- reading
 

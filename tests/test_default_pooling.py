@@ -12,7 +12,7 @@ import pytest
 import ctxrep
 from ctxrep import Featurizer
 from ctxrep.embed.corpus import EmbedJob, SentenceVectors, embed_corpus
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING
+from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING
 
 TEXTS = ["A crane caught a fish .", "Unbelievably, the newscaster broke into the broadcast!", "Dawn broke ."]
 

@@ -12,10 +12,10 @@ from _decoders import TEXT, hf_model, qwen_tokenizer
 
 import ctxrep
 from ctxrep.featurize import load_dtype, precision_of
+from ctxrep.featurize.spec import FeaturizerSpec
 from ctxrep.models import shards
 from ctxrep.models.loading import load_encoder
 from ctxrep.runtime import hardware
-from ctxrep.vectors.spec import FeaturizerSpec
 
 WORDS = [t.split() for t in TEXT[:3]]
 

@@ -236,7 +236,7 @@ def test_bad_texts(texts, error, message):
 def test_tokenizing_in_chunks_ahead_of_the_device_changes_no_vector(sentence_pooling, monkeypatch):
     """On CUDA a large call is tokenized in chunks, the next one on a thread while the device runs this one; the
     chunks are forced here on the CPU. Word and sentence vectors, pairs and errors are those of one call."""
-    import ctxrep.featurize as F
+    from ctxrep.featurize import pipeline
 
     texts = [
         f"text {i} : " + " ".join(["the", "unbelievable", "crane", "lifted", "beams"][: 1 + i % 5]) for i in range(11)
@@ -245,8 +245,8 @@ def test_tokenizing_in_chunks_ahead_of_the_device_changes_no_vector(sentence_poo
     fz = Featurizer("minilm", layers=[0, -1], sentence_pooling=sentence_pooling)
     whole = fz.embed_words(texts), fz.embed_sentences(texts), fz.embed_words(texts, pairs)
     assert not fz._overlaps_tokenization(10**6)  # the CPU: never
-    monkeypatch.setattr(F, "OVERLAP_CHUNK_TEXTS", 4)
-    monkeypatch.setattr(Featurizer, "_overlaps_tokenization", lambda self, n: n > F.OVERLAP_CHUNK_TEXTS)
+    monkeypatch.setattr(pipeline, "OVERLAP_CHUNK_TEXTS", 4)
+    monkeypatch.setattr(Featurizer, "_overlaps_tokenization", lambda self, n: n > pipeline.OVERLAP_CHUNK_TEXTS)
     chunked = fz.embed_words(texts), fz.embed_sentences(texts), fz.embed_words(texts, pairs)
     for a, b in zip(chunked[0] + chunked[2], whole[0] + whole[2], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
@@ -256,7 +256,7 @@ def test_tokenizing_in_chunks_ahead_of_the_device_changes_no_vector(sentence_poo
     monkeypatch.undo()  # the real rule again; it reads the runtime's device
     fz.runtime.device = torch.device("cuda")
     try:
-        assert fz._overlaps_tokenization(F.OVERLAP_CHUNK_TEXTS + 1) and not fz._overlaps_tokenization(10)
+        assert fz._overlaps_tokenization(pipeline.OVERLAP_CHUNK_TEXTS + 1) and not fz._overlaps_tokenization(10)
     finally:
         fz.runtime.device = torch.device("cpu")
 

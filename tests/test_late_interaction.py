@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from ctxrep.featurize.spec import SpecMismatch
 from ctxrep.models.folders import CheckpointError
 from ctxrep.vectors.late_interaction import LateInteractionIndex, MultiVectorEncoder, maxsim, maxsim_scores
-from ctxrep.vectors.spec import SpecMismatch
 
 QUERIES = ["Who plays a guitar?", "What happened to stocks on Monday"]
 DOCS = [

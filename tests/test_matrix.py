@@ -654,6 +654,12 @@ def test_unpadded_batches(family, model):
     assert grads["padded"].keys() == grads["unpadded"].keys()
     for name, g in grads["padded"].items():
         torch.testing.assert_close(grads["unpadded"][name], g, atol=1e-4, rtol=1e-4, msg=f"gradient of {name}")
+    m.unpad_from = 0.0  # the rule unpads every batch; padded=True (ColBERT's queries) runs the padded grid anyway
+    with torch.no_grad():
+        forced = m.encode(batch, output_attentions=family.attention, padded=True)
+    for layer, (a, b) in enumerate(zip(padded.hidden_states, forced.hidden_states, strict=True)):
+        assert torch.equal(b, a.detach()), f"hidden state {layer}: padded=True is not the padded run"
+    assert (forced.hidden_states[-1][~real] != 0).any()  # outputs at padding, as transformers computes them
 
 
 def test_int8(family, model, data, tmp_path):

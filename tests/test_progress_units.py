@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ctxrep.data.corpus import CorpusConfig, pack_corpus
+from ctxrep.data.tokenizer_training import train_tokenizer
 from ctxrep.embed.corpus import EmbedJob, ShardFolder, embed_corpus
-from ctxrep.text.tokenizer_training import train_tokenizer
 
 TEXTS = [f"sentence {i} lifts the beam" for i in range(5)]
 

@@ -10,10 +10,10 @@ import transformers
 
 from ctxrep.data.corpus import CorpusConfig, pack_corpus
 from ctxrep.data.packing import PackingError, SegmentPairConfig
+from ctxrep.data.tokenizer_training import train_tokenizer
 from ctxrep.models.albert import AlbertConfig, AlbertModel
 from ctxrep.objectives.masked_lm import MaskedLMConfig
 from ctxrep.objectives.sentence_order import SentenceOrderObjective, SentenceOrderPacker, sentence_order_loss
-from ctxrep.text.tokenizer_training import train_tokenizer
 
 
 def sentence_text(d: int, s: int) -> str:

@@ -13,6 +13,7 @@ import pytest
 import torch
 import transformers
 
+from ctxrep.featurize.spec import SpecMismatch
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.loading import resolve_model_path
 from ctxrep.vectors.hits import Hits
@@ -26,7 +27,6 @@ from ctxrep.vectors.sparse import (
     SpladeSettings,
     is_sparse_folder,
 )
-from ctxrep.vectors.spec import SpecMismatch
 
 TEXTS = [
     "A man is playing a guitar .",

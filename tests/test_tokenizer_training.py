@@ -7,8 +7,8 @@ import json
 import pytest
 
 from ctxrep.data.corpus import CorpusError
+from ctxrep.data.tokenizer_training import train_tokenizer
 from ctxrep.text.tokenizer import Tokenizer
-from ctxrep.text.tokenizer_training import train_tokenizer
 
 BODY = (
     "The cat sat on the mat. The dog sat on the log.\n"
@@ -182,7 +182,7 @@ def test_word_level_vocab_without_room_for_a_word_is_refused(tmp_path, corpus_fi
 
 TRAIN_IN_A_SUBPROCESS = """
 import sys
-from ctxrep.text.tokenizer_training import train_tokenizer
+from ctxrep.data.tokenizer_training import train_tokenizer
 train_tokenizer(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], lowercase=True, min_frequency=2)
 """
 

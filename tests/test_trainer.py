@@ -360,7 +360,7 @@ class PaddedCausalLM(nn.Module):
 def test_exact_resume_with_a_real_packer(tmp_path):
     from ctxrep.data.corpus import CorpusConfig, pack_corpus
     from ctxrep.data.packing import FullSentencesConfig, FullSentencesPacker
-    from ctxrep.text.tokenizer_training import train_tokenizer
+    from ctxrep.data.tokenizer_training import train_tokenizer
 
     text = tmp_path / "text"
     text.mkdir()

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from ctxrep.analysis.neighbors import OccurrenceIndex
 from ctxrep.embed.corpus import EmbedJob, SentenceVectors, embed_corpus
 from ctxrep.featurize import Featurizer
+from ctxrep.featurize.spec import FeaturizerSpec, SpecMismatch
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.vectors.index import SentenceIndex
-from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch
 from ctxrep.vectors.store import load_vectors
 
 TEXTS = ["A man plays a guitar .", "Stocks fell on Monday .", "The cat sleeps .", "Someone plays music ."]
@@ -156,7 +156,7 @@ def test_one_reader_of_the_manifest_for_resume_and_load(tiny_models, tmp_path):
 
 
 def test_hub_models_are_recorded_with_the_commit_they_were_read_from(tmp_path):
-    from ctxrep.vectors.spec import model_identity
+    from ctxrep.featurize.spec import model_identity
 
     snapshot = tmp_path / "models--org--m" / "snapshots" / "0123abcd"
     assert model_identity("org/m", snapshot) == ("org/m", "0123abcd")
@@ -167,3 +167,37 @@ def test_hub_models_are_recorded_with_the_commit_they_were_read_from(tmp_path):
     assert spec.featurizer_kwargs()["model"] == "org/m@0123abcd"
     with pytest.raises(SpecMismatch, match="revision '0123abcd' != 'ffff0000'"):
         spec.check(FeaturizerSpec(model="org/m", revision="ffff0000"), "ix/")
+
+
+def test_the_old_spec_path_warns_and_gives_the_same_objects():
+    """`ctxrep.vectors.spec` (README's path before 0.2) is a deprecated alias of `ctxrep.featurize.spec`."""
+    import importlib
+    import sys
+
+    import ctxrep.featurize.spec as spec
+
+    sys.modules.pop("ctxrep.vectors.spec", None)  # imported before: import it afresh so that it warns again
+    with pytest.warns(DeprecationWarning, match="ctxrep.vectors.spec moved to ctxrep.featurize.spec"):
+        old = importlib.import_module("ctxrep.vectors.spec")
+    assert old.__all__ == spec.__all__
+    for name in [*spec.__all__, "model_identity"]:
+        assert getattr(old, name) is getattr(spec, name), name
+
+
+def test_reading_a_spec_imports_no_torch():
+    """The CLI and the embedding jobs parse and print specs without a model: `ctxrep.featurize.spec` loads the
+    featurize package, whose other names (the Featurizer, torch) load on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from ctxrep.featurize.spec import FeaturizerSpec; import ctxrep.featurize as F; "
+        "assert 'torch' not in sys.modules, 'torch'; F.Featurizer; assert 'torch' in sys.modules; "
+        "assert F.FeaturizerSpec is FeaturizerSpec and 'Featurizer' in dir(F); print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    with pytest.raises(AttributeError, match="'ctxrep.featurize' has no attribute 'Featurise'"):
+        import ctxrep.featurize
+
+        ctxrep.featurize.Featurise  # noqa: B018

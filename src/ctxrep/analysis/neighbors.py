@@ -25,9 +25,9 @@ import torch
 
 from ctxrep.analysis._common import model_name, with_layers
 from ctxrep.featurize import Featurizer
+from ctxrep.featurize.spec import SENTENCE_ONLY, FeaturizerSpec
 from ctxrep.util.files import utf8_lines
 from ctxrep.vectors.index import SentenceIndex
-from ctxrep.vectors.spec import SENTENCE_ONLY, FeaturizerSpec
 
 OLD_INDEX_FILE = "index.hnsw"  # what ctxrep wrote before the occurrence index was a SentenceIndex
 META_FILE = "occurrences.json"

@@ -12,7 +12,7 @@ from click.core import ParameterSource
 from ctxrep.cli.common import LazyChoice, user_errors
 from ctxrep.cli.finetune import COLUMN_RULE, HEADER_HELP
 from ctxrep.cli.runtime_options import runtime_options
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, SENTENCE_POOLINGS, parse_layers
+from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING, SENTENCE_POOLINGS, parse_layers
 
 
 def _formats() -> tuple[str, ...]:

@@ -220,7 +220,7 @@ def _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, co
         _note_codes(vectors_dir)
         return index
     from ctxrep.featurize import Featurizer
-    from ctxrep.vectors.spec import parse_layers
+    from ctxrep.featurize.spec import parse_layers
 
     fz = Featurizer(model, layers=parse_layers(layers), sentence_pooling=sentence_pooling, progress=True, **kwargs)
     return SentenceIndex.build(items.texts, ids=items.ids, featurizer=fz, metric=metric, **compact)

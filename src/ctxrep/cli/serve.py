@@ -117,7 +117,7 @@ def serve(
         from ctxrep.serve.service import ServeConfig, api_key_from, make_service
     except ImportError as e:
         raise ValueError(f"ctxrep serve needs FastAPI and uvicorn ({e}): pip install 'ctxrep[serve]'") from None
-    from ctxrep.vectors.spec import parse_layers
+    from ctxrep.featurize.spec import parse_layers
 
     config = ServeConfig(
         max_batch_tokens=max_batch_tokens,

@@ -34,7 +34,7 @@ def tokenizer() -> None:
 @user_errors
 def train(files, kind, vocab_size, out_dir, lowercase, min_frequency) -> None:
     """Train on FILES (.txt files or folders of them); write OUT/tokenizer.json and tokenizer_config.json."""
-    from ctxrep.text.tokenizer_training import train_tokenizer
+    from ctxrep.data.tokenizer_training import train_tokenizer
 
     tok = train_tokenizer(list(files), kind, vocab_size, out_dir, lowercase=lowercase, min_frequency=min_frequency)
     click.echo(f"{kind} tokenizer with {tok.vocab_size} entries; wrote {out_dir}")

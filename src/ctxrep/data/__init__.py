@@ -67,6 +67,8 @@ _EXPORTS = {
     "FullSentencesPacker": "packing",
     "FullSentencesConfig": "packing",
     "PackingError": "packing",
+    # tokenizers trained on a corpus: WordPiece, byte-level BPE, word vocabularies (tokenizer_training.py)
+    "train_tokenizer": "tokenizer_training",
 }
 
 __all__ = [
@@ -83,11 +85,13 @@ __all__ = [
     "PackingError",
     "SSTData",
     "SSTTree",
+    "ScoredPair",
     "Scores",
     "SegmentPairConfig",
     "SegmentPairPacker",
     "SquadAnswer",
     "SquadExample",
+    "TaskData",
     "WicPair",
     "bio_to_iobes",
     "entities",
@@ -104,20 +108,19 @@ __all__ = [
     "read_conll",
     "read_conllu",
     "read_glue_tsv",
+    "read_labelled_texts",
+    "read_questions",
+    "read_scored_pairs",
+    "read_scored_texts",
+    "read_sentence_examples",
+    "read_sick",
     "read_squad",
     "read_sst",
+    "read_sts",
+    "read_tagged",
     "read_wic",
     "sst_label",
-    "read_labelled_texts",
-    "read_scored_texts",
-    "read_sick",
-    "read_sts",
-    "ScoredPair",
-    "read_tagged",
-    "read_questions",
-    "read_sentence_examples",
-    "read_scored_pairs",
-    "TaskData",
+    "train_tokenizer",
 ]
 
 

@@ -319,7 +319,7 @@ def pack_corpus(
 ) -> PackedCorpus:
     """Tokenize the text files of `source` and pack them into `out_dir`; reuse `out_dir` when up to date.
 
-    `tokenizer` is a tokenizer.json file or a folder holding one (see `ctxrep.text.tokenizer_training`).
+    `tokenizer` is a tokenizer.json file or a folder holding one (see `ctxrep.data.tokenizer_training`).
     """
     from ctxrep.text.tokenizer import Tokenizer, TokenizerError
 
@@ -391,7 +391,7 @@ def _tokenizer_file(tokenizer: str | Path) -> Path:
     if not tokenizer_file.is_file():
         raise CorpusError(
             f"{tokenizer_file}: no such tokenizer file; train one with "
-            "ctxrep.text.tokenizer_training.train_tokenizer or pass a folder holding tokenizer.json"
+            "ctxrep.data.tokenizer_training.train_tokenizer or pass a folder holding tokenizer.json"
         )
     return tokenizer_file
 

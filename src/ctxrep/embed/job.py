@@ -29,7 +29,7 @@ from ctxrep.embed.outputs import (
     vectors_of,
 )
 from ctxrep.embed.records import DEFAULT_TEXT_COLUMN, FORMATS, to_stderr
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, parse_layers
+from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING, parse_layers
 
 COLUMN_FORMATS = ("jsonl", "csv", "tsv", "parquet")  # the formats whose texts are in a named or numbered column
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from ctxrep.embed.codes import OutputCodes, output_codes
 from ctxrep.embed.records import Record
+from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, layers_text, parse_layers
 from ctxrep.vectors.quantize import PRECISIONS
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING, FeaturizerSpec, layers_text, parse_layers
 
 STORAGES = ("safetensors", "npy")  # the shard files: write_arrays' `storage`
 

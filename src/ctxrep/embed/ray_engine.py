@@ -50,7 +50,7 @@ from ctxrep.embed.outputs import VARIANTS, SentenceVectors, WordVectors, vectors
 from ctxrep.embed.records import Record, shards_of, to_stderr
 from ctxrep.embed.run import open_run
 from ctxrep.embed.shards import with_cut
-from ctxrep.vectors.spec import DEFAULT_SENTENCE_POOLING
+from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING
 from ctxrep.vectors.store import write_arrays
 
 # Shards the driver holds and sends through the actor pool at a time (64 x 2,000 texts by default): a corpus of any

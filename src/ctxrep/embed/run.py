@@ -23,7 +23,7 @@ from ctxrep.embed.codes import OutputCodes
 from ctxrep.embed.job import EmbedJob, EmbedSummary
 from ctxrep.embed.records import to_stderr
 from ctxrep.embed.shards import cut_summary
-from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch
+from ctxrep.featurize.spec import FeaturizerSpec, SpecMismatch
 from ctxrep.vectors.store import MANIFEST, read_manifest, write_manifest
 
 

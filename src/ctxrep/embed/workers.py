@@ -19,7 +19,7 @@ from ctxrep.embed.codes import OutputCodes
 from ctxrep.embed.job import EmbedJob
 from ctxrep.embed.run import EmbedRun, WorkerDied
 from ctxrep.embed.shards import write_shard
-from ctxrep.vectors.spec import FeaturizerSpec
+from ctxrep.featurize.spec import FeaturizerSpec
 
 
 def worker_placements(job: EmbedJob, workers: int, devices: list[str] | None) -> list[tuple[str | None, int | None]]:

@@ -295,6 +295,7 @@ class AlbertModel(Encoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers
         (and leaves out the pooler, which reads the last layer).
@@ -315,7 +316,7 @@ class AlbertModel(Encoder):
         # always kept: whether the batch has padding is data, and the exported graph must serve every batch.
         if attention_mask is not None and (torch.compiler.is_exporting() or not bool(attention_mask.all())):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         if unpadding is not None:  # each (tokens,)
             input_ids, token_type_ids, position_ids = map(unpadding.select, (input_ids, token_type_ids, position_ids))
         x = self.embedding_hidden_mapping_in(

@@ -354,6 +354,7 @@ class BertModel(Encoder):
         output_attentions: bool = False,
         num_layers: int | None = None,
         head_mask: torch.Tensor | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers.
 
@@ -378,7 +379,7 @@ class BertModel(Encoder):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         if unpadding is not None:  # each (tokens,)
             input_ids, token_type_ids, position_ids = map(unpadding.select, (input_ids, token_type_ids, position_ids))
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (batch, seq, hidden) or (tokens, hidden)

@@ -522,6 +522,7 @@ class DebertaV2Model(Encoder):
         output_attentions: bool = False,
         num_layers: int | None = None,
         head_mask: torch.Tensor | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask, token_type_ids: (batch, seq). `num_layers` stops after that many layers;
         head_mask: (num_layers, num_heads) or (num_heads,) mask variables xi (1 keeps a head, 0 silences it), in the
@@ -548,7 +549,7 @@ class DebertaV2Model(Encoder):
         if rel is not None:  # the rows of P each (query, key) pair reads, shifted as in eq. 3; on the padded grid
             span, delta = self.config.att_span, relative_positions(t, self.config, input_ids.device)  # (seq, seq)
             rel_index = ((delta + span).clamp(0, 2 * span - 1), (span - delta).clamp(0, 2 * span - 1))
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         if unpadding is None:
             x = self.embeddings(input_ids, token_type_ids, attention_mask)  # (batch, seq, hidden)
         else:  # each (tokens,): a token's absolute position is its column of the padded grid

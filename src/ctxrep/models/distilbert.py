@@ -223,6 +223,7 @@ class DistilBertModel(Encoder):
         output_attentions: bool = False,
         num_layers: int | None = None,
         head_mask: torch.Tensor | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq). token_type_ids must be None or all zero: DistilBERT has no
         segment embeddings (pairs are told apart by [SEP] alone). head_mask, attentions and a batch with much padding
@@ -241,7 +242,7 @@ class DistilBertModel(Encoder):
             key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         if unpadding is not None:  # each (tokens,)
             input_ids, position_ids = unpadding.select(input_ids), unpadding.select(position_ids)
         x = self.embeddings(input_ids, position_ids)  # (batch, seq, dim) or (tokens, dim)

@@ -212,8 +212,11 @@ class ElmoBiLM(Encoder):
     def max_tokens(self) -> int:
         return self.WINDOW
 
-    def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> ElmoOutput:
-        """batch["char_ids"] (batch, words, max_chars), as ctxrep.text.inputs.collate makes them for WordTokenizer."""
+    def encode(
+        self, batch, output_attentions: bool = False, num_layers: int | None = None, padded: bool = False
+    ) -> ElmoOutput:
+        """batch["char_ids"] (batch, words, max_chars), as ctxrep.text.inputs.collate makes them for WordTokenizer;
+        a biLSTM has no grid to unpad, so every batch runs `padded`."""
         return self(batch["char_ids"])
 
     def no_attention_reason(self) -> str:

@@ -143,10 +143,16 @@ class Encoder(nn.Module):
         return None if self.embedding_table is None else self.get_submodule(self.embedding_table).weight
 
     def encode(
-        self, batch: Mapping[str, torch.Tensor], output_attentions: bool = False, num_layers: int | None = None
+        self,
+        batch: Mapping[str, torch.Tensor],
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """Subword families: batch["input_ids"], ["attention_mask"], ["token_type_ids"] (batch, seq); the default
-        calls forward with them. `num_layers` stops after that many layers (None: all)."""
+        calls forward with them. `num_layers` stops after that many layers (None: all). `padded`: run the batch on
+        the padded grid, so that positions whose attention_mask is 0 get the outputs transformers computes there
+        (ColBERT's [MASK] query expansion reads them); False: the family's unpadding rule (`unpadding`)."""
         return self(
             batch["input_ids"],
             attention_mask=batch["attention_mask"],
@@ -154,11 +160,13 @@ class Encoder(nn.Module):
             output_hidden_states=True,
             output_attentions=output_attentions,
             num_layers=num_layers,
+            padded=padded,
         )
 
-    def unpadding(self, attention_mask: torch.Tensor | None) -> Unpadding | None:
-        """How forward lays out a batch with this mask: unpadded by the family's `unpad_from` rule, else None."""
-        return unpadding_for(attention_mask, self.unpad_from)
+    def unpadding(self, attention_mask: torch.Tensor | None, padded: bool = False) -> Unpadding | None:
+        """How forward lays out a batch with this mask: None (the padded grid) when `padded`, else unpadded by the
+        family's `unpad_from` rule (`modules.unpadding.unpadding_for`)."""
+        return None if padded else unpadding_for(attention_mask, self.unpad_from)
 
     def no_attention_reason(self) -> str:
         """One line for tools that need attention heads and get a model without them."""

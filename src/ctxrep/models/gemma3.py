@@ -197,6 +197,7 @@ class Gemma3Model(DecoderEncoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq), padding on either side; token_type_ids are not read. A batch
         with much padding (`Encoder.unpadding`) runs unpadded: the same hidden states at real tokens, 0 at padding."""
@@ -204,7 +205,7 @@ class Gemma3Model(DecoderEncoder):
         check_length(t, self.max_tokens)
         c = self.config
         real = padding_of(attention_mask)  # (batch, seq) bool, or None without padding
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         ids = input_ids if unpadding is None else unpadding.select(input_ids)  # (batch, seq) or (tokens,)
         w = self.embed_tokens.weight
         # sqrt(hidden) in the weights' dtype, as transformers rounds it (55.4256 becomes 55.5 in bfloat16)

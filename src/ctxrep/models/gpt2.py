@@ -285,6 +285,7 @@ class GPT2Model(Encoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        padded: bool = False,
     ) -> DecoderOutput:
         """input_ids: (batch, seq), only the new tokens when `past_key_values` is given.
 
@@ -326,7 +327,7 @@ class GPT2Model(Encoder):
             mask = mask & attention_mask.bool()[:, None, None, :]  # (batch, 1, seq, past + seq)
 
         # A cache's mask covers past + seq: only a call without one runs unpadded.
-        unpadding = self.unpadding(attention_mask) if past_key_values is None else None
+        unpadding = self.unpadding(attention_mask, padded) if past_key_values is None else None
         if unpadding is not None:  # each (tokens,); positions as the padded grid numbers them
             input_ids, position_ids = unpadding.select(input_ids), unpadding.select(position_ids.expand(b, t))
             if token_type_ids is not None:

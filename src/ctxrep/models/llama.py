@@ -287,6 +287,7 @@ class LlamaModel(DecoderEncoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq), padding on either side; token_type_ids are not read.
         `num_layers` stops after that many layers (the final norm only after the last one). A batch with much
@@ -294,7 +295,7 @@ class LlamaModel(DecoderEncoder):
         b, t = input_ids.shape
         check_length(t, self.max_tokens)
         real = padding_of(attention_mask)  # (batch, seq) bool, or None without padding
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         ids = input_ids if unpadding is None else unpadding.select(input_ids)  # (batch, seq) or (tokens,)
         x = self.embed_tokens(ids)  # (batch, seq | tokens, hidden)
         c = self.config

@@ -599,7 +599,9 @@ class MarianMTModel(Encoder):
             return self.num_layers
         raise self.unknown_parameter(name)
 
-    def encode(self, batch, output_attentions: bool = False, num_layers: int | None = None) -> EncoderOutput:
+    def encode(
+        self, batch, output_attentions: bool = False, num_layers: int | None = None, padded: bool = False
+    ) -> EncoderOutput:
         """The encoder stack on batch["input_ids"], ["attention_mask"] (batch, src)."""
         return self.encode_source(
             batch["input_ids"],
@@ -607,6 +609,7 @@ class MarianMTModel(Encoder):
             output_hidden_states=True,
             output_attentions=output_attentions,
             num_layers=num_layers,
+            padded=padded,
         )
 
     # ---- embeddings and the two stacks ----
@@ -642,6 +645,7 @@ class MarianMTModel(Encoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, src), padding on the right, </s> ending each sentence.
         hidden_states[0] is the embedding output, hidden_states[i] layer i's output (after the final LayerNorm
@@ -650,7 +654,7 @@ class MarianMTModel(Encoder):
         A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
         at real tokens and 0 at padding."""
         key_mask = _key_mask(attention_mask)
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         x = self.embed(input_ids, self.shared, 0, unpadding)  # (batch, src, d_model) or (tokens, d_model)
         layers = self.encoder.layers[: num_layers if num_layers is not None else len(self.encoder.layers)]
         hidden_states, attentions = [x], []

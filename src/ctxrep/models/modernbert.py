@@ -391,6 +391,7 @@ class ModernBertModel(Encoder):
         output_attentions: bool = False,
         num_layers: int | None = None,
         head_mask: torch.Tensor | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq); token_type_ids are not read (there are no segments).
         `num_layers` stops after that many layers (the final norm only after the last one); head_mask:
@@ -415,7 +416,7 @@ class ModernBertModel(Encoder):
             GLOBAL: rotary_tables(t, d, self.config.global_rope_theta, input_ids.device),
             LOCAL: rotary_tables(t, d, self.config.local_rope_theta, input_ids.device),
         }
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         ids = input_ids
         if unpadding is not None:
             ids = unpadding.select(input_ids)  # (tokens,)

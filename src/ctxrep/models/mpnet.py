@@ -334,6 +334,7 @@ class MPNetModel(Encoder):
         output_attentions: bool = False,
         num_layers: int | None = None,
         head_mask: torch.Tensor | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq); token_type_ids must be None or zero (MPNet has none).
         `num_layers` stops after that many layers (and skips the pooler).
@@ -354,7 +355,7 @@ class MPNetModel(Encoder):
         if position_ids is None:
             position_ids = self.position_ids(input_ids)  # from the padded grid, before any unpadding
         bias = self.position_bias(input_ids.shape[1], input_ids.device)  # (1, heads, seq, seq)
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         if unpadding is not None:  # each (tokens,)
             input_ids, position_ids = unpadding.select(input_ids), unpadding.select(position_ids)
         x = self.embeddings(input_ids, position_ids)  # (batch, seq, hidden) or (tokens, hidden)

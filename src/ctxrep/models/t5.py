@@ -393,6 +393,7 @@ class T5EncoderModel(Encoder):
         output_attentions: bool = False,
         num_layers: int | None = None,
         head_mask: torch.Tensor | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
         """input_ids, attention_mask: (batch, seq). token_type_ids must be None or zero and position_ids None: T5
         has neither segment nor absolute position embeddings.
@@ -415,7 +416,7 @@ class T5EncoderModel(Encoder):
             bias = bias.masked_fill(pad, torch.finfo(bias.dtype).min)  # (batch, heads, seq, seq)
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
-        unpadding = self.unpadding(attention_mask)
+        unpadding = self.unpadding(attention_mask, padded)
         if unpadding is not None:
             input_ids = unpadding.select(input_ids)  # (tokens,)
         x = self.dropout(self.embed_tokens(input_ids))  # (batch, seq, d_model) or (tokens, d_model)

@@ -471,6 +471,7 @@ class XLNetModel(Encoder):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         num_layers: int | None = None,
+        padded: bool = False,
     ) -> XLNetOutput:
         """input_ids, attention_mask (1 = real token), token_type_ids: (batch, seq);
         perm_mask: (batch, seq, seq), perm_mask[b, i, j] = 1: i may not attend to j;
@@ -497,7 +498,7 @@ class XLNetModel(Encoder):
 
         # Masks, positions and segments above are on the padded grid; only the content stream's per-token work
         # is unpadded, and only without a memory or a query stream (which read the padded grid).
-        unpadding = self.unpadding(attention_mask) if target_mapping is None and not mems else None
+        unpadding = self.unpadding(attention_mask, padded) if target_mapping is None and not mems else None
         if unpadding is not None:
             input_ids = unpadding.select(input_ids)  # (tokens,)
         h = self.dropout(self.word_embedding(input_ids))  # (batch, seq, d_model) or (tokens, d_model)

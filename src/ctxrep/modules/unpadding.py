@@ -12,15 +12,12 @@ real tokens, and 0 at padding.
 Whether a batch is unpadded is a fixed rule on its mask, never a timing, and traced, exported or compiled graphs
 always run padded: whether a batch has padding is data, and such a graph must serve every batch. A caller that reads
 the outputs at masked positions (ColBERT's query expansion: [MASK] tokens attention skips, whose vectors are scored)
-runs its forwards inside `outputs_at_padding()`, where every batch runs padded.
+asks for the padded grid explicitly: `Encoder.encode(batch, padded=True)` (`Encoder.unpadding(mask, padded)`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +27,6 @@ import torch
 # padding in 12 of 13 families, 1.01-1.11x already at 5%, 1.49-2.07x at 50%, with the same vectors; a fixed rule on
 # the mask that leaves a margin, never a timing.
 UNPAD_FROM = 0.1
-
-# True inside outputs_at_padding(): every forward runs padded (a context variable: per thread and per task).
-_OUTPUTS_AT_PADDING = contextvars.ContextVar("ctxrep_outputs_at_padding", default=False)
 
 
 @dataclass
@@ -80,22 +74,12 @@ class Unpadding:
         return x[self.positions]
 
 
-@contextlib.contextmanager
-def outputs_at_padding() -> Iterator[None]:
-    """Within it, batches run padded, so that the outputs at positions whose attention_mask is 0 are computed as
-    transformers computes them (an unpadded run leaves 0 there)."""
-    token = _OUTPUTS_AT_PADDING.set(True)
-    try:
-        yield
-    finally:
-        _OUTPUTS_AT_PADDING.reset(token)
-
-
 def unpadding_for(attention_mask: torch.Tensor | None, unpad_from: float | None) -> Unpadding | None:
     """How a forward lays out a batch with `attention_mask` (batch, seq): packed when its padding is at least
     `unpad_from` of the (batch, seq) grid; None (padded) without a mask, without padding, with `unpad_from` None
-    (the family never unpads), inside traced, compiled or exported graphs and inside `outputs_at_padding()`."""
-    if attention_mask is None or unpad_from is None or attention_mask.dim() != 2 or _OUTPUTS_AT_PADDING.get():
+    (the family never unpads), and inside traced, compiled or exported graphs. A caller that reads the outputs at
+    padding asks for the padded grid (`Encoder.unpadding(mask, padded=True)`) and never gets here."""
+    if attention_mask is None or unpad_from is None or attention_mask.dim() != 2:
         return None
     if torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return None

@@ -1,8 +1,9 @@
 """Runtimes: what runs the encoder for a Featurizer. One small object per backend, chosen once at construction,
 behind two methods:
 
-    runtime.start(batch, layers, call_tokens) -> wait: starts the encoder on one batch; wait() returns its hidden
-        states (len(layers), batch, seq, hidden) as float32 on the CPU, once they are there
+    runtime.start(batch, layers, call_tokens, padded=False) -> wait: starts the encoder on one batch; wait() returns
+        its hidden states (len(layers), batch, seq, hidden) as float32 on the CPU, once they are there; `padded`: the
+        batch runs on the padded grid (`Encoder.encode(padded=True)`; exported graphs always do)
     runtime.in_flight(call_tokens) -> how many started batches the Featurizer keeps pending before it waits for the
         oldest and pools it: 1 where start() computes at once; more where the device or OpenVINO's streams run
         batches while the host pools earlier ones (pooling and collating overlapped with inference)

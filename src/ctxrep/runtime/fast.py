@@ -95,10 +95,15 @@ class CompiledEncoder(nn.Module):
         return self.encoder.encode(batch, num_layers=num_layers).hidden_states
 
     def encode(
-        self, batch: Mapping[str, torch.Tensor], output_attentions: bool = False, num_layers: int | None = None
+        self,
+        batch: Mapping[str, torch.Tensor],
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+        padded: bool = False,
     ) -> EncoderOutput:
+        """The encoder's `encode`, compiled; the compiled graph runs every batch padded (so `padded` holds)."""
         if output_attentions or torch.is_grad_enabled() or self.failed:  # frozen weights are for inference only
-            return self.encoder.encode(batch, output_attentions=output_attentions, num_layers=num_layers)
+            return self.encoder.encode(batch, output_attentions=output_attentions, num_layers=num_layers, padded=padded)
         try:
             with _quiet_graph_break():
                 hidden_states = self._compiled(dict(batch), num_layers)
@@ -112,7 +117,7 @@ class CompiledEncoder(nn.Module):
             warnings.warn(
                 f"torch.compile failed ({self.failed}); running the encoder uncompiled", RuntimeWarning, stacklevel=2
             )
-            return self.encoder.encode(batch, num_layers=num_layers)
+            return self.encoder.encode(batch, num_layers=num_layers, padded=padded)
         return EncoderOutput(last_hidden_state=hidden_states[-1], hidden_states=tuple(hidden_states))
 
     def forward(self, *args, **kwargs):

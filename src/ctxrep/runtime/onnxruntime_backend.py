@@ -48,7 +48,7 @@ class OnnxRuntime:
         return 1  # session.run computes at once
 
     def start(
-        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0, padded: bool = False
     ) -> Callable[[], torch.Tensor]:
         hidden = self.hidden_states(batch, layers, call_tokens)
         return lambda: hidden

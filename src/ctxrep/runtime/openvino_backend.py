@@ -207,7 +207,7 @@ class OpenVinoRuntime:
         return self._compiled[key]
 
     def start(
-        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0, padded: bool = False
     ) -> Callable[[], torch.Tensor]:
         """Start `batch` on the next infer request (round robin: the Featurizer has pooled that request's previous
         batch by then, see in_flight); wait() returns (len(layers), batch, seq, hidden) float32, copied out of the

@@ -91,7 +91,7 @@ class TorchRuntime:
         return 2 if self.device.type == "cuda" else 1
 
     def start(
-        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0
+        self, batch: Mapping[str, torch.Tensor], layers: Sequence[int], call_tokens: int = 0, padded: bool = False
     ) -> Callable[[], torch.Tensor]:
         """Run the encoder on `batch` (CPU tensors; stopping after the highest layer asked for). On CUDA the inputs
         go through reused pinned host buffers with non-blocking copies, the hidden states come back into pinned
@@ -102,7 +102,8 @@ class TorchRuntime:
         elif self.device.type != "cpu":
             batch = {k: v.to(self.device) for k, v in batch.items()}
         top = max(layers)
-        out = self._encoder_for(call_tokens).encode(batch, num_layers=top if top < self.model.num_layers else None)
+        num_layers = top if top < self.model.num_layers else None
+        out = self._encoder_for(call_tokens).encode(batch, num_layers=num_layers, padded=padded)
         selected = torch.stack([out.hidden_states[i] for i in layers])  # (layers, batch, seq, hidden)
         if self.device.type != "cuda":
             host = selected.float().cpu()

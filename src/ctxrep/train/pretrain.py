@@ -155,7 +155,7 @@ def prepare_tokenizer(
 ) -> Tokenizer:
     """The run's tokenizer in out/: the recipe's own, copied from `tokenizer`, kept from an earlier run, or trained
     on the corpus."""
-    from ctxrep.text.tokenizer_training import train_tokenizer
+    from ctxrep.data.tokenizer_training import train_tokenizer
 
     r = recipe(objective)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ vectors. Above it, an HNSW graph (hnswlib, Malkov & Yashunin 2018) answers in ab
 approximately; `exact=True` on `search` asks for the exact answer at any size.
 
 On disk (no pickle: every file is plain numpy, JSON or hnswlib's own format):
-    index.json     metric, dim, count, the FeaturizerSpec of the vectors (`ctxrep.vectors.spec`: model, revision,
+    index.json     metric, dim, count, the FeaturizerSpec of the vectors (`ctxrep.featurize.spec`: model, revision,
                    layers, pooling, sentence_pooling, precision, ...; text queries are embedded with it and a
                    featurizer handed to `load` is checked against it), hnswlib's parameters, and the index's
                    embedding settings: dimensions, document_prompt {prompt, prompt_name}, binary {rescore,
@@ -57,11 +57,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ctxrep.featurize.spec import FeaturizerSpec
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.hits import Hits
 from ctxrep.vectors.quantize import Binary, BinaryIndex, QuantizedVectors, Rescore, dequantize, quantize, truncate
 from ctxrep.vectors.similarity import METRICS
-from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = ["SentenceIndex", "Hits", "SentenceIndexError", "Binary", "Rescore"]
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ctxrep.featurize.spec import FeaturizerSpec
 from ctxrep.models.folders import CheckpointError, read_state_dict
 from ctxrep.models.sentence_transformers import (
     MODULES_FILE,
@@ -48,11 +49,9 @@ from ctxrep.models.sentence_transformers import (
     read_settings,
     with_prompt,
 )
-from ctxrep.modules.unpadding import outputs_at_padding
 from ctxrep.text.inputs import Rows, check_texts
 from ctxrep.util.arrays import normalize_rows
 from ctxrep.vectors.hits import Hits
-from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = [
     "ColBERTSettings",
@@ -300,11 +299,8 @@ class MultiVectorEncoder:
                     row_ids = np.concatenate([row_ids, np.full(n - len(row_ids), self.expansion_id, np.int64)])
                 out[row] = (row_ids, selected[0, r, :n].numpy())
 
-        if query:  # the [MASK] positions' vectors are scored though attention skips them: run padded
-            with outputs_at_padding():
-                fz.run_rows(rows, consume)
-        else:
-            fz.run_rows(rows, consume)
+        # queries: the [MASK] positions' vectors are scored though attention skips them: run padded
+        fz.run_rows(rows, consume, padded=query)
         self.cut_texts = np.flatnonzero(lengths > room).tolist()
         return out
 

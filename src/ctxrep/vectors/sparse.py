@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ctxrep.featurize.spec import FeaturizerSpec
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.mlm_head import read_mlm_head
 from ctxrep.models.sentence_transformers import MODULES_FILE, read_modules, read_settings, with_prompt
 from ctxrep.vectors.hits import Hits
-from ctxrep.vectors.spec import FeaturizerSpec
 
 __all__ = [
     "SparseEncoder",

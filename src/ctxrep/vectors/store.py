@@ -10,7 +10,7 @@ call them), `load_vectors(DIR)` reads it, memory-mapped, one array per input tex
     vectors.line(0)         # the 1-based input line where text 0 starts
     vectors.index()         # every row: text, line, word, token (numpy arrays)
     vectors.array           # every row in one in-memory array (reads all shards)
-    vectors.spec            # the FeaturizerSpec that made them (ctxrep.vectors.spec)
+    vectors.spec            # the FeaturizerSpec that made them (ctxrep.featurize.spec)
     vectors.precision       # "float32", or "int8" / "uint8" / "binary" / "ubinary" (`ctxrep embed --output-precision`):
                             # then the rows are sentence-transformers' codes, `vectors.ranges` the int8 / uint8 grid
     vectors.quantized()     # QuantizedVectors(codes, precision, dim, ranges); quantize.dequantize(it) -> float32
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctxrep.vectors.spec import FeaturizerSpec, SpecMismatch
+from ctxrep.featurize.spec import FeaturizerSpec, SpecMismatch
 
 MANIFEST = "manifest.json"
 INDEX_HEADER = "row\ttext\tline\tword\ttoken\n"
