@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-isa fuzz venv bench clean lint
+.PHONY: demo test test-fast test-isa fuzz venv bench clean lint
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format src tests benchmarks
@@ -33,6 +33,11 @@ test: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check -q src tests benchmarks
 	$(VENV)/bin/ruff check -q src tests benchmarks
 	CTXREP_TEST_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+
+# The edit-test loop: everything but the tests tests/slow_tests.txt lists (measured: tests/_slow_tests.py), in about
+# 3 minutes on 2 cores. `make test` stays the gate.
+test-fast: $(VENV)/.installed
+	CTXREP_TEST_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 # The numerics-sensitive tests (tests/isa_tests.txt: int8, bf16, fp16 against float32) under each x86-64
 # instruction-set level, held with ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY (.ci/isa); e.g. make test-isa

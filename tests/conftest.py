@@ -317,3 +317,15 @@ def t5_dir(tmp_path_factory) -> Path:
     )
     transformers.T5EncoderModel(config).save_pretrained(path)
     return path
+
+
+# ---- the slow tier: tests/slow_tests.txt (measured by tests/_slow_tests.py) --------------------------------------
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark every test listed in tests/slow_tests.txt `slow`: `make test-fast` runs -m "not slow"."""
+    listing = Path(__file__).with_name("slow_tests.txt")
+    slow = {line.strip() for line in listing.read_text().splitlines() if line.strip() and not line.startswith("#")}
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)

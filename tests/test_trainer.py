@@ -224,7 +224,7 @@ def test_log_records_and_evaluation(tmp_path):
         (4, True),
     ]
     train = [r for r in records if "loss" in r]
-    assert set(train[0]) == {"step", "loss", "lr", "tokens_per_s", "grad_norm", "first_id"}
+    assert set(train[0]) == {"step", "loss", "lr", "tokens_per_s", "grad_norm", "first_id", "peak_memory_bytes"}
     # lr of the step that was logged: warm-up 0, 0.5e-3 (step 2); decay 1e-3 (step 3), 0.5e-3 (step 4)
     assert [r["lr"] for r in train] == pytest.approx([0.0, 0.5e-3, 0.5e-3])
     assert all(r["tokens_per_s"] > 0 for r in train)
