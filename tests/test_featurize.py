@@ -287,7 +287,11 @@ def test_hub_cache_is_used_when_present(tiny_models, tmp_path, monkeypatch):
     (snapshot.parents[1] / "refs" / "main").write_text("abc123")  # huggingface_hub's cache: branch -> commit
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache alone must do
-    assert Featurizer("org/tiny", layers=-1).embed_words(["hello"])[0].shape == (1, 32)
+    cached = Featurizer("org/tiny", layers=-1).embed_words(["hello world"])[0]
+    assert cached.shape == (2, 32)
+    np.testing.assert_array_equal(
+        cached, Featurizer(str(tiny_models["bert"]), layers=-1).embed_words(["hello world"])[0]
+    )
 
 
 def test_views_share_one_runtime_and_with_model_builds_its_own(tiny_models, monkeypatch):

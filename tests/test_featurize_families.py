@@ -90,9 +90,25 @@ def test_batch_and_alone_agree(family, elmo_dir, xlnet_dir, gpt2_dir):
 
 
 def test_xlnet_long_text_is_windowed(xlnet_dir):
+    """A text longer than a window: each word's vector is the one its owning window gives, i.e. that window's words
+    embedded alone (windows start and end on word boundaries; XLNet's relative positions restart in each)."""
+    from ctxrep.text.inputs import split_windows
+
     fz = Featurizer(str(xlnet_dir), layers=-1, max_length=16, stride=6)
     words = " ".join(TEXTS * 4).split()
-    assert fz.embed_words([words])[0].shape == (len(words), 32)
+    vectors = fz.embed_words([words])[0]
+    assert vectors.shape == (len(words), 32)
+    spans = fz.tokenizer.encode_words([words])[0].spans()
+    windows = split_windows(spans, fz.plan.window_size, fz.plan.stride)
+    assert len(windows) > 3
+    owners = set()
+    for p0, p1, owned in windows:
+        w0 = next(w for w, (s, _) in enumerate(spans) if s >= p0)
+        w1 = max(w for w, (_, e) in enumerate(spans) if e <= p1) + 1
+        alone = fz.embed_words([words[w0:w1]])[0]
+        np.testing.assert_allclose(vectors[owned], alone[[w - w0 for w in owned]], rtol=1e-5, atol=1e-5)
+        owners.update(owned)
+    assert owners == set(range(len(words)))  # every word owned by one window
 
 
 def test_xlnet_texts_are_windowed_at_512_pieces(xlnet_dir):
