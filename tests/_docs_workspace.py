@@ -79,14 +79,11 @@ def _sts_rows(n: int, offset: int = 0) -> list[tuple[str, str, float]]:
 
 
 def _corpus_lines(n: int) -> list[str]:
-    """Sentences over a few hundred made-up words: enough distinct pieces for a tokenizer of 1,000 entries."""
-    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po", "da", "fu"]
-    words = [a + b + c for a in syllables for b in syllables for c in ("", "n", "s")][:400]
-    lines = []
-    for i in range(n):
-        picked = [words[(i * 7 + j * 13) % len(words)] for j in range(8 + i % 5)]
-        lines.append(" ".join(picked).capitalize() + " .")
-    return lines
+    """Sentences over 1,200 made-up words, each used several times: enough distinct words and pieces for the
+    `tiny` pretraining config's 1,000-entry tokenizers (wordpiece, BPE and ELMo's word vocabulary)."""
+    syllables = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "po", "da", "fu", "gre", "bli", "sto"]
+    words = [a + b + c for a in syllables for b in syllables for c in syllables][:1200]
+    return [" ".join(words[(i * 10 + j) % len(words)] for j in range(10)).capitalize() + " ." for i in range(n)]
 
 
 def write_inputs(root: Path) -> Path:
@@ -124,9 +121,9 @@ def write_inputs(root: Path) -> Path:
     (root / "pairs.tsv").write_text("text\ttext_pair\n" + "".join(f"{q}\t{d}\n" for q, d in pairs))
     (root / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")
     (root / "books").mkdir(exist_ok=True)
-    lines = _corpus_lines(400)
-    (root / "books" / "one.txt").write_text("\n".join(lines[:200]) + "\n")
-    (root / "books" / "two.txt").write_text("\n".join(lines[200:]) + "\n")
+    lines = _corpus_lines(960)
+    (root / "books" / "one.txt").write_text("\n".join(lines[:480]) + "\n")
+    (root / "books" / "two.txt").write_text("\n".join(lines[480:]) + "\n")
     write_parallel(root, "train", 48)
     write_parallel(root, "val", 8, seed=1)
     return root

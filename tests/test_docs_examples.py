@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,6 @@ class Server:
     """`ctxrep serve ARGS` as a process on a free port, ready once /health answers."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        import sys
-
         self.port = free_port()
         args = list(args)
         if "--port" in args:
@@ -172,6 +171,9 @@ class Page:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():  # a page's local Ray ends with the page
+            ray.shutdown()
 
 
 def shell_commands(code: str) -> list[list[str]]:
@@ -203,7 +205,9 @@ def test_page_examples_run(page, hub, tmp_path, monkeypatch):
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
+                t0 = __import__("time").perf_counter()
                 getattr(run, block.lang)(block)
+                print("TIMING", block.where, round(__import__("time").perf_counter() - t0, 1), file=sys.stderr)
             deprecated = _deprecations(caught)
             assert not deprecated, f"{block.where}: the example uses names that are going: {deprecated}"
     finally:
