@@ -205,9 +205,7 @@ def test_page_examples_run(page, hub, tmp_path, monkeypatch):
                 continue
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                t0 = __import__("time").perf_counter()
                 getattr(run, block.lang)(block)
-                print("TIMING", block.where, round(__import__("time").perf_counter() - t0, 1), file=sys.stderr)
             deprecated = _deprecations(caught)
             assert not deprecated, f"{block.where}: the example uses names that are going: {deprecated}"
     finally:
