@@ -48,7 +48,7 @@ test-isa: $(VENV)/.installed
 # The documentation site from docs/ and mkdocs.yml into site/; --strict: a broken link, a missing page or an API
 # reference that does not resolve stops the build (tests/test_docs_site.py builds it the same way).
 docs: $(VENV)/.installed
-	$(VENV)/bin/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/featurize.py
