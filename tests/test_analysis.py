@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from ctxrep.data.wic import WicPair  # noqa: E402
 from ctxrep.featurize import Featurizer  # noqa: E402
 from ctxrep.models.loading import resolve  # noqa: E402
 from ctxrep.text.inputs import EncoderInput  # noqa: E402
+from tests._browser import chromium  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -357,29 +357,6 @@ def test_report_is_self_contained_and_escaped(report_page):
     assert all(demo["static_neighbors"] for demo in numbers["senses"].values())
 
 
-def _no_browser(reason: str) -> None:
-    """Rendering the report needs a headless Chromium, which a user's machine may lack, with no apt to get one:
-    the one test that renders skips there, saying what to install. CI can install one, so a missing browser there
-    is a failure and the render test never silently stops running."""
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must be able to render the report: {reason}")
-    pytest.skip(f"rendering the report needs a headless Chromium: {reason}; install chromium to run this test")
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    try:
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=True, capture_output=True, timeout=900)
-    except (OSError, subprocess.SubprocessError) as e:
-        _no_browser(f"Debian's chromium is not installed and could not be installed ({type(e).__name__}: {e})")
-    found = shutil.which("chromium")
-    if not found:
-        _no_browser("apt-get install chromium succeeded but no chromium binary is on PATH")
-    return found
-
-
 _ERRORS = (
     "<script>window.__errors=[];"
     "window.addEventListener('error',function(e){window.__errors.push(String(e.message));});</script>"
@@ -399,7 +376,7 @@ def _render_check(page: Path, tmp_path: Path) -> dict:
     probe_page.write_text(text)
     run = subprocess.run(
         [
-            _chromium(),
+            chromium(),
             "--headless",
             "--no-sandbox",
             "--disable-gpu",

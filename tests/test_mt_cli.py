@@ -321,9 +321,9 @@ def test_skip_long_leaves_long_validation_pairs_out_of_the_loss_and_the_bleu(cor
     assert "eval_bleu" in records[-1]
 
 
-def test_the_readmes_translation_api_runs_as_written(trained):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Translate from Python", 1)[1]
+def test_the_docs_translation_api_runs_as_written(trained):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "translate.md").read_text(encoding="utf-8")
+    section = page.split("## Translate from Python", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert "load_translator(" in code and "translate(model, tokenizer" in code
     names: dict = {}

@@ -414,18 +414,18 @@ def test_no_progress_prints_plain_progress_lines(tiny_models, tmp_path, capsys):
     assert "steps (100%)" in err and "\r" not in err
 
 
-def test_readme_use_a_fine_tuned_model_runs(tiny_models, tmp_path):
-    """README's "Use a fine-tuned model" Python block, on a tiny model saved where the README's path points."""
+def test_docs_use_a_fine_tuned_model_runs(tiny_models, tmp_path):
+    """docs/finetune.md's "Use a fine-tuned model" Python block, on a tiny model saved where the page's path points."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = re.search(r"^## Use a fine-tuned model\n(?:(?!^## ).)*?^```python\n(.*?)^```", readme, re.M | re.S)
-    assert block, "README: no ```python block under '## Use a fine-tuned model'"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "finetune.md").read_text()
+    block = re.search(r"^## Use a fine-tuned model\n(?:(?!^## ).)*?^```python\n(.*?)^```", page, re.M | re.S)
+    assert block, "docs/finetune.md: no ```python block under '## Use a fine-tuned model'"
     model = SequenceRegressor(**common(tiny_models, tmp_path, max_epochs=1)).fit(X_PAIRS, Y_SCORES)
     model.save(tmp_path / "runs" / "stsb" / "model")
     namespace: dict = {}
     exec(
-        compile(block.group(1).replace("runs/stsb/model", str(tmp_path / "runs/stsb/model")), "README", "exec"),
+        compile(block.group(1).replace("runs/stsb/model", str(tmp_path / "runs/stsb/model")), "finetune.md", "exec"),
         namespace,
     )  # noqa: S102
     assert sorted(namespace["hits"].ids) == [0, 1, 2]
