@@ -265,9 +265,33 @@ def test_distilled_span_extractor(tiny_models, tmp_path):
 
     X_qa = [("who lives in paris ?", "john lives in paris ."), ("where is mary ?", "mary is in london today .")]
     y_qa = [("john", 0), ("london", 11)]
-    t = SpanExtractor(model=str(tiny_models["bert"]), max_epochs=1, batch_size=2, random_state=0).fit(X_qa, y_qa)
-    student = D.distill_estimator(t, X_qa, y_qa, student_layers=1, encoder_dir=tmp_path / "e", max_epochs=1)
+    t = SpanExtractor(model=str(tiny_models["bert"]), max_epochs=30, lr=3e-3, batch_size=2, random_state=0)
+    t.fit(X_qa, y_qa)  # a teacher sure of its answers
+
+    def kl_to_teacher(student) -> float:
+        """L_kd at T = 1 between the student's and the teacher's start / end distributions over X_qa."""
+        with torch.no_grad():
+            return sum(
+                float(D.kd_loss(student, student.model_.eval()(b), t.model_.eval()(b), b, 1.0))
+                for b in t.task_batches(X_qa, y_qa)
+            )
+
+    def distilled(epochs: int, lr: float):
+        return D.distill_estimator(
+            t,
+            X_qa,
+            y_qa,
+            student_layers=1,
+            student_hidden_size=16,  # fresh weights: a student that starts far from its teacher
+            alpha=1.0,
+            encoder_dir=tmp_path / f"e{epochs}",
+            max_epochs=epochs,
+            lr=lr,
+        )
+
+    start, student = distilled(1, 1e-9), distilled(30, 3e-3)  # the student as initialised, and as taught
     assert type(student) is SpanExtractor and len(student.predict(X_qa)) == 2
+    assert kl_to_teacher(student) < 0.5 * kl_to_teacher(start)  # the soft targets moved it towards its teacher
 
 
 # ---- the estimators' public seam that compression uses --------------------------------------------------------------
