@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 from pathlib import Path
 
@@ -69,6 +70,24 @@ def _roberta_tokenizer(dst: Path) -> None:
     backend = tok._tokenizer
     backend.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
     backend.save(str(dst / "tokenizer.json"))
+
+
+def save_tiny_bert(path: Path, model_class=None, **config) -> Path:
+    """A random BERT saved by transformers with MiniLM's tokenizer under seed 0: hidden 32, 2 layers, 4 heads,
+    intermediate 64, 64 positions, MiniLM's vocabulary; `config` overrides (e.g. dropout), `model_class` e.g.
+    transformers.BertForMaskedLM (default BertModel)."""
+    torch.manual_seed(0)
+    shape = dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    (model_class or transformers.BertModel)(transformers.BertConfig(**(shape | config))).save_pretrained(path)
+    _copy_bert_tokenizer(path)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -329,3 +348,90 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test on one torch thread (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models gain nothing
+    from a second intra-op thread, and on a busy machine the threads wait for each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_estimator_params(tiny_models, tmp_path, mode="finetune", **kw) -> dict:
+    """An estimator's parameters over the tiny random BERT (tiny_models["bert"]), quick to fit: batch 4, lr 3e-3,
+    no dropout, seeded, its frozen-feature cache under tmp_path; `kw` override them."""
+    params = dict(
+        model=str(tiny_models["bert"]),
+        mode=mode,
+        batch_size=4,
+        lr=3e-3,
+        random_state=0,
+        cache_dir=str(tmp_path / "cache"),
+        lstm_size=8,
+        dropout=0.0,
+    )
+    return params | kw
+
+
+# ---- a made-up corpus for pretraining runs ------------------------------------------------------------------
+
+
+def write_corpus(folder: Path, documents: int = 8, sentences: int = 60, seed: int = 0) -> Path:
+    """A made-up language (Zipfian words, frequent word-to-word transitions) with enough distinct words to
+    fill a 1000-entry WordPiece or BPE vocabulary; one document per file."""
+    rng = random.Random(seed)
+    syllables = [
+        "ka",
+        "lo",
+        "mi",
+        "tu",
+        "ren",
+        "sa",
+        "vo",
+        "pi",
+        "dar",
+        "en",
+        "ul",
+        "gor",
+        "fe",
+        "shi",
+        "na",
+        "bel",
+        "tor",
+        "qui",
+        "as",
+        "mun",
+        "ze",
+        "ri",
+        "pol",
+        "ha",
+        "ost",
+        "ny",
+        "cle",
+        "wa",
+        "jo",
+        "ix",
+    ]
+    words = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(900)})
+    weights = [1.0 / (i + 1) for i in range(len(words))]
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in range(documents):
+        lines = []
+        for _ in range(sentences):
+            w = rng.choices(range(len(words)), weights)[0]
+            out = []
+            for _ in range(rng.randint(6, 14)):
+                out.append(words[w])
+                w = (w * 7 + 3) % len(words) if rng.random() < 0.6 else rng.choices(range(len(words)), weights)[0]
+            lines.append(" ".join(out).capitalize() + ".")
+        (folder / f"doc{d}.txt").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """write_corpus's made-up language in 8 documents (tests/test_pretrain.py, test_distill.py, ...)."""
+    return write_corpus(tmp_path_factory.mktemp("corpus") / "text")

@@ -37,14 +37,7 @@ VOCAB = ["<pad>", "<unk>", "<S>", "</S>"] + "the cat sat on mat a dog log . ran"
 IDS = {w: i for i, w in enumerate(VOCAB)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: a second intra-op thread only adds synchronisation (and on a loaded machine,
-    waiting), so run this module's tests on one thread."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 def tiny_objective(**config) -> BiLMObjective:

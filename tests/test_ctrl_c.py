@@ -154,7 +154,7 @@ def _check_interrupted_run(done: subprocess.CompletedProcess, out: Path, command
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_pretrain_ctrl_c_exits_130_saves_and_resumes(seed, tmp_path):
-    from test_pretrain import write_corpus
+    from conftest import write_corpus
 
     corpus, out = write_corpus(tmp_path / "text"), tmp_path / "run"
     args = [CTXREP, "pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out)]
@@ -261,7 +261,7 @@ def test_finetune_ctrl_c_exits_130_and_leaves_no_model(seed, tiny_models, tmp_pa
 def test_pretrain_cli_ctrl_c_in_this_process_with_every_runtime_loaded(runtimes_loaded, tmp_path, capsys):
     """The same SIGINT as above, sent to this pytest process (ONNX Runtime and OpenVINO loaded beside torch) while
     `ctxrep pretrain` runs here: exit status 130 through SystemExit, one line, and --resume continues."""
-    from test_pretrain import write_corpus
+    from conftest import write_corpus
 
     from ctxrep.cli import main
 
@@ -295,7 +295,7 @@ def test_pretrain_cli_ctrl_c_in_this_process_with_every_runtime_loaded(runtimes_
 def test_pretrain_second_ctrl_c_stops_at_once_and_the_run_folder_stays_usable(again_after, tmp_path):
     """A second Ctrl-C quits without saving: exit 130, no traceback; a checkpoint, if one was complete before it,
     resumes, and a folder without one reruns from the start (never a half-written checkpoint)."""
-    from test_pretrain import write_corpus
+    from conftest import write_corpus
 
     corpus, out = write_corpus(tmp_path / "text"), tmp_path / "run"
     args = [CTXREP, "pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out)]
@@ -321,7 +321,7 @@ def test_pretrain_ctrl_c_while_preparing_exits_130_and_the_same_command_runs_aga
     """Ctrl-C at a seeded moment of the first second (tokenizer training, corpus packing, first steps): exit 130,
     no traceback; the same command then finishes (with --resume where a checkpoint was saved), so no half-written
     tokenizer or packed corpus is taken for complete."""
-    from test_pretrain import write_corpus
+    from conftest import write_corpus
 
     corpus, out = write_corpus(tmp_path / "text"), tmp_path / "run"
     args = [CTXREP, "pretrain", "--objective", "mlm", "--config", "tiny", "--corpus", str(corpus), "--out", str(out)]

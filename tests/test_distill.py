@@ -12,7 +12,6 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
-from test_pretrain import write_corpus
 
 import ctxrep
 from ctxrep.cli.distill import distill
@@ -222,11 +221,6 @@ def test_a_student_equal_to_its_teacher_has_zero_distillation_losses():
 
 
 # ----------------------------------------------------------------------------------- distill runs
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "text")
 
 
 @pytest.fixture(scope="module")

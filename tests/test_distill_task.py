@@ -15,13 +15,7 @@ from torch import nn
 import ctxrep
 from ctxrep.compress import distill_task as D
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 X = ["good great fine nice", "nice good", "bad awful poor sad", "poor sad bad"] * 3

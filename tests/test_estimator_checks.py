@@ -41,12 +41,7 @@ DATA = {
 ESTIMATORS = [SequenceClassifier, SequenceRegressor, WordInContextClassifier, TokenTagger, SpanExtractor]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 def make(cls, model, tmp_path, mode, **kw):

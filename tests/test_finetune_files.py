@@ -10,7 +10,6 @@ import re
 
 import click
 import pytest
-import torch
 from click.testing import CliRunner
 
 from ctxrep.cli.finetune import finetune
@@ -34,12 +33,7 @@ SPAN = [
 ] * 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 def write(path, text: str, compress: bool = False):

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 import ctxrep
 from ctxrep.tasks import load
@@ -115,12 +114,7 @@ SAMPLES = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 def test_every_row_has_a_sample_here():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -40,58 +39,6 @@ from ctxrep.train.trainer import Trainer
 SENTENCES = ["Kalo mitu ren sava.", "Dar ulgor feshi na bel torqui."]
 
 
-def write_corpus(folder: Path, documents: int = 8, sentences: int = 60, seed: int = 0) -> Path:
-    """A made-up language (Zipfian words, frequent word-to-word transitions) with enough distinct words to
-    fill a 1000-entry WordPiece or BPE vocabulary; one document per file."""
-    rng = random.Random(seed)
-    syllables = [
-        "ka",
-        "lo",
-        "mi",
-        "tu",
-        "ren",
-        "sa",
-        "vo",
-        "pi",
-        "dar",
-        "en",
-        "ul",
-        "gor",
-        "fe",
-        "shi",
-        "na",
-        "bel",
-        "tor",
-        "qui",
-        "as",
-        "mun",
-        "ze",
-        "ri",
-        "pol",
-        "ha",
-        "ost",
-        "ny",
-        "cle",
-        "wa",
-        "jo",
-        "ix",
-    ]
-    words = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(900)})
-    weights = [1.0 / (i + 1) for i in range(len(words))]
-    folder.mkdir(parents=True, exist_ok=True)
-    for d in range(documents):
-        lines = []
-        for _ in range(sentences):
-            w = rng.choices(range(len(words)), weights)[0]
-            out = []
-            for _ in range(rng.randint(6, 14)):
-                out.append(words[w])
-                w = (w * 7 + 3) % len(words) if rng.random() < 0.6 else rng.choices(range(len(words)), weights)[0]
-            lines.append(" ".join(out).capitalize() + ".")
-        (folder / f"doc{d}.txt").write_text("\n".join(lines) + "\n")
-    return folder
-
-
 def run(command, args):
     return CliRunner().invoke(command, [str(a) for a in args])
 
@@ -121,18 +68,7 @@ def logged_losses(out: Path) -> list[float]:
     return [r["loss"] for r in records if "loss" in r]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy machine the threads wait for each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus") / "text")
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 @pytest.fixture(scope="module")

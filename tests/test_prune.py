@@ -16,13 +16,7 @@ from ctxrep.compress import prune as P
 from ctxrep.models.bert import BertConfig, BertModel
 from ctxrep.models.loading import CheckpointError
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 def batch_for(model, lengths=(12, 7, 3), seed=1) -> dict[str, torch.Tensor]:

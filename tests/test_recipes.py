@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_pretrain import write_corpus
+from conftest import write_corpus
 
 import ctxrep
 from ctxrep.objectives import recipes as table

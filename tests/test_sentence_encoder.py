@@ -8,9 +8,8 @@ import pytest
 import scipy.stats
 import sentence_transformers
 import torch
-import transformers
 from click.testing import CliRunner
-from conftest import _copy_bert_tokenizer
+from conftest import save_tiny_bert
 
 import ctxrep
 from ctxrep.cli import main
@@ -32,21 +31,8 @@ NEGATIVE_PAIRS = [(a, PAIRS[(i + 3) % 6][1]) for i, (a, _) in enumerate(PAIRS)]
 @pytest.fixture(scope="module")
 def dropout_bert(tmp_path_factory):
     """A tiny random BERT with dropout (SimCSE needs it) and MiniLM's tokenizer, saved by transformers."""
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.1,
-        attention_probs_dropout_prob=0.1,
-    )
     path = tmp_path_factory.mktemp("dropout-bert")
-    transformers.BertModel(config).save_pretrained(path)
-    _copy_bert_tokenizer(path)
-    return path
+    return save_tiny_bert(path, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
 
 
 def _weights(enc: SentenceEncoder) -> torch.Tensor:

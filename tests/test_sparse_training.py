@@ -4,7 +4,6 @@ saved folder loads in sentence-transformers' SparseEncoder and ctxrep's with the
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from pathlib import Path
 
@@ -12,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import save_tiny_bert
 from sklearn.base import clone
 
-from ctxrep.models.loading import resolve_model_path
 from ctxrep.tasks.sparse_encoder import SparseSentenceEncoder, flops
 from ctxrep.vectors.sparse import SparseEncoder
 
@@ -36,22 +35,8 @@ def _pairs() -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def mlm_folder(tmp_path_factory) -> Path:
     """A random BertForMaskedLM (hidden 32, MiniLM's tokenizer), without dropout."""
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
     path = tmp_path_factory.mktemp("mlm")
-    transformers.BertForMaskedLM(config).save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
-        shutil.copy(resolve_model_path("minilm") / name, path / name)
-    return path
+    return save_tiny_bert(path, transformers.BertForMaskedLM, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 def _st_sparse(folder):

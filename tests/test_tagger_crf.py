@@ -24,12 +24,7 @@ Y = [
 ] * 3
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 def tagger(tiny_models, tmp_path, mode, **kw) -> TokenTagger:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import tiny_estimator_params
 
 from ctxrep.models.elmo import Elmo
 from ctxrep.models.loading import load_model
@@ -22,26 +23,10 @@ X_SPAN = [("what is the capital ?", CTX), ("where was the meeting ?", "the meeti
 Y_SPAN = [("paris", CTX.index("paris")), ("london", 19)] * 4
 
 
-def common(tiny_models, tmp_path, mode="finetune", **kw):
-    params = dict(
-        model=str(tiny_models["bert"]),
-        mode=mode,
-        batch_size=4,
-        lr=3e-3,
-        random_state=0,
-        cache_dir=str(tmp_path / "cache"),
-        lstm_size=8,
-        dropout=0.0,
-    )
-    return params | kw
+common = tiny_estimator_params  # conftest.py
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 # ---- the three estimators in both modes ---------------------------------------------------------------

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
-from test_pretrain import write_corpus
+from conftest import write_corpus
 
 from ctxrep.cli.finetune import finetune
 from ctxrep.cli.pretrain import pretrain
@@ -22,12 +22,7 @@ NATIVE = {"avx512_bf16", "avx512f"}, {"amx_bf16"}  # flag sets with native bfloa
 EMULATED = {"avx2", "avx512f"}  # without
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models run on one thread
 
 
 def cpu_with(monkeypatch, flags: set[str]) -> None:

@@ -21,7 +21,8 @@ groups: discriminative learning rates), the schedule (train/schedules.py's table
 bf16 autocast, clipping, DDP under torchrun, a non-finite loss stopped with advice, evaluation (the held-out loss and
 the caller's metrics: every eval_every steps, after every epoch and at the end), per-epoch hooks (gradual
 unfreezing), early stopping with the best epoch's weights put back, progress (ctxrep.util.progress) with the peak
-memory measured (util/memory.py; `peak_memory_bytes` in every log and epoch record), and with an out_dir:
+memory measured (util/memory.py; `peak_memory_bytes` in every step's log record and the result; epoch records,
+an estimator's history_, hold only what the same seed repeats), and with an out_dir:
 log.jsonl, checkpoints, exact resume and Ctrl-C.
 
 One optimizer step sees `batch_size` rows in `accumulation_steps` micro-batches of
@@ -448,7 +449,7 @@ class Trainer:
                 f"epoch {epoch.number + 1} gave no batch to train on; the batch source's plan is empty (too few "
                 "examples for the batch size?)"
             )
-        record = {"epoch": epoch.number + 1, "steps": self.step, "train_loss": epoch.mean_loss, **self._memory()}
+        record = {"epoch": epoch.number + 1, "steps": self.step, "train_loss": epoch.mean_loss}
         if self._evaluates and self.ctx.is_main:
             record |= self.evaluate()
         self.epochs.append(record)
