@@ -85,6 +85,13 @@ POOLINGS = ("model", "mean", "cls")
 @click.option("--epochs", default=1, show_default=True)
 @click.option("--max-steps", type=int, default=None)
 @click.option("--batch-size", default=32, show_default=True)
+@click.option(
+    "--mini-batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cached in-batch negatives (GradCache): embed each batch N texts at a time, so a large --batch-size runs "
+    "in the activation memory of N texts.",
+)
 @click.option("--lr", default=2e-5, show_default=True)
 @click.option(
     "--scale", type=float, default=None, help="s of the mnrl / simcse / cosent losses. [default: 20; 1 with --sparse]"
@@ -114,6 +121,7 @@ def train_sentence_encoder(
     epochs,
     max_steps,
     batch_size,
+    mini_batch_size,
     lr,
     scale,
     max_length,
@@ -141,6 +149,7 @@ def train_sentence_encoder(
         max_epochs=epochs,
         max_steps=max_steps,
         batch_size=batch_size,
+        mini_batch_size=mini_batch_size,
         lr=lr,
         random_state=seed,
         device=device,

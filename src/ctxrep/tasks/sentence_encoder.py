@@ -53,6 +53,7 @@ from ctxrep.models.sentence_transformers import (
 )
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.tasks.base import ParamsProtocol
+from ctxrep.tasks.grad_cache import cached_embeddings
 from ctxrep.text.inputs import collate, token_budget_batches, words_of
 from ctxrep.train.batches import EpochBatches, batches_per_epoch, epochs_and_steps, shuffled
 from ctxrep.train.precision import bf16_autocast
@@ -88,6 +89,9 @@ class SentenceEncoder(ParamsProtocol):
     normalize: L2-normalise the sentence vectors (None: as the folder's modules.json says; False without one).
     scale: s in the mnrl / simcse / cosent losses (20 = 1 / SimCSE's temperature 0.05).
     max_length: pieces per text, special tokens included (longer texts are truncated).
+    mini_batch_size: cached in-batch negatives (GradCache, tasks/grad_cache.py): each batch is embedded this many
+        texts at a time and the loss back-propagated chunk by chunk, so batch_size sets the negatives and
+        mini_batch_size the activation memory; None embeds the whole batch at once.
     max_epochs / max_steps / batch_size / lr / weight_decay / warmup_fraction / max_grad_norm: the training loop
         (linear warm-up then linear decay, AdamW with ctxrep.train.optim's no-decay rule).
     random_state: an int for repeatable fits. device / bf16: where to train and encode, bfloat16 autocast.
@@ -106,6 +110,7 @@ class SentenceEncoder(ParamsProtocol):
         max_epochs: int = 1,
         max_steps: int | None = None,
         batch_size: int = 32,
+        mini_batch_size: int | None = None,
         lr: float = 2e-5,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.1,
@@ -124,6 +129,7 @@ class SentenceEncoder(ParamsProtocol):
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.batch_size = batch_size
+        self.mini_batch_size = mini_batch_size
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_fraction = warmup_fraction
@@ -144,6 +150,14 @@ class SentenceEncoder(ParamsProtocol):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.max_steps is not None and (not isinstance(self.max_steps, (int, np.integer)) or self.max_steps < 1):
             raise ValueError(f"max_steps must be a positive integer or None, got {self.max_steps!r}")
+        mini = self.mini_batch_size
+        if mini is not None and (isinstance(mini, bool) or not isinstance(mini, (int, np.integer)) or mini < 1):
+            raise ValueError(f"mini_batch_size must be a positive integer or None, got {mini!r}")
+        if mini is not None and mini > self.batch_size:
+            raise ValueError(
+                f"mini_batch_size={mini} is larger than batch_size={self.batch_size}: it embeds a batch in chunks of "
+                "that many texts, so give one at most batch_size (e.g. batch_size=1024, mini_batch_size=32)"
+            )
         if self.loss in ("mnrl", "simcse") and self.batch_size < 2:
             raise ValueError(
                 f"loss={self.loss!r} uses the other texts of a batch as negatives: batch_size must be >= 2"
@@ -335,7 +349,11 @@ class SentenceEncoder(ParamsProtocol):
         if self.loss == "simcse":
             columns = [columns[0], columns[0]]  # the same texts twice; dropout makes the two views differ
         flat = [inputs[t] for col in columns for t in col]
-        return self._loss_from_vectors(list(self._vectors(flat).split(len(batch))), scores)
+        if self.mini_batch_size is not None:  # cached in-batch negatives: tasks/grad_cache.py
+            vectors = cached_embeddings(self._vectors, flat, int(self.mini_batch_size))
+        else:
+            vectors = self._vectors(flat)
+        return self._loss_from_vectors(list(vectors.split(len(batch))), scores)
 
     def _loss_from_vectors(self, vectors: list[torch.Tensor], scores: np.ndarray | None) -> torch.Tensor:
         """The loss of one batch from its columns' sentence vectors, one (B, hidden) per column (anchors, positives

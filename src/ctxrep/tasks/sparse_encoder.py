@@ -62,6 +62,7 @@ class SparseSentenceEncoder(SentenceEncoder):
         max_epochs: int = 1,
         max_steps: int | None = None,
         batch_size: int = 32,
+        mini_batch_size: int | None = None,
         lr: float = 2e-5,
         weight_decay: float = 0.01,
         warmup_fraction: float = 0.1,
@@ -80,6 +81,7 @@ class SparseSentenceEncoder(SentenceEncoder):
         self.max_epochs = max_epochs
         self.max_steps = max_steps
         self.batch_size = batch_size
+        self.mini_batch_size = mini_batch_size
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_fraction = warmup_fraction
