@@ -333,3 +333,25 @@ def test_prepacked_copy_matches_the_model_and_is_chosen_by_the_cpu_vendor_not_a_
         monkeypatch.setattr(hardware, "cpu_vendor", lambda v=vendor: v)
         fresh = Featurizer(str(tiny_models["bert"]), compile=False)
         assert (fresh.runtime.encoder is not fresh.model) is pays  # the same answer on every run of one machine
+
+
+@pytest.mark.parametrize("which", ["minilm", "elmo"])
+def test_a_call_with_no_text_returns_nothing_in_the_shape_of_one_text(which, elmo_dir):
+    """No text in, no row out, in the shape every other call has (an IndexError before; ELMo gave a row of NaN)."""
+    model = "minilm" if which == "minilm" else f"elmo:{elmo_dir}"
+    for layers, pooling in ((-1, "mean"), ("all", "cls" if which == "minilm" else "mean")):
+        fz = Featurizer(model, layers=layers, sentence_pooling=pooling)
+        one = fz.embed_sentences(["a small dog"])
+        none = fz.embed_sentences([])
+        assert none.shape == (0, *one.shape[1:]) and none.dtype == one.dtype
+        assert fz.embed_words([]) == [] and fz.embed_tokens([]) == []
+        if which == "minilm":
+            assert fz.embed_sentences([], chunks="sentences") == []
+        if which == "minilm" and pooling == "cls":
+            assert fz.embed_ids([]).shape == (0, *one.shape[1:])
+
+
+def test_chunks_on_a_word_level_model_say_what_to_do(elmo_dir):
+    fz = Featurizer(f"elmo:{elmo_dir}", layers=-1)
+    with pytest.raises(ValueError, match=r"chunks= needs a subword tokenizer.*embed each chunk as a text of its own"):
+        fz.embed_sentences(["One sentence. Another one."], chunks="sentences")

@@ -59,6 +59,11 @@ def _token_range(starts: np.ndarray, span, text: int, chunk: int) -> tuple[int, 
 
 def check_chunks(tokenizer, texts: list[Text], chunks: Chunks) -> dict[int, np.ndarray]:
     """Refuse a bad chunks= argument; each text's tokens' first characters where chunks go by characters."""
+    if tokenizer.word_level:
+        raise ValueError(
+            "chunks= needs a subword tokenizer (chunks are cut by the tokens' characters), and this model reads "
+            "whole words (ELMo): embed each chunk as a text of its own instead"
+        )
     if isinstance(chunks, str) and chunks != "sentences":
         raise ValueError(f"chunks must be 'sentences', a number of tokens or per-text spans, got {chunks!r}")
     if isinstance(chunks, bool) or (isinstance(chunks, int) and chunks < 1):

@@ -302,9 +302,10 @@ class Featurizer:
                 "embed_ids pools tokens without words: it needs sentence_pooling='model' or 'cls' and a subword "
                 f"tokenizer (this featurizer: {self.sentence_pooling!r}, {self.model.family}); use embed_sentences"
             )
-        prepared = token_id_rows(self.tokenizer, self.plan, as_list(ids))
+        ids = as_list(ids)
         self.cut_texts = []  # every token is its own word: nothing to cut
-        out = pool_rows(self, prepared, pooler.readout)
+        out = pool_rows(self, token_id_rows(self.tokenizer, self.plan, ids), pooler.readout) if ids else None
+        out = pooler.readout.empty(self) if out is None else out
         out = out[:, 0] if self.single_layer else out
         return normalize_rows(out) if self.normalize else out
 
@@ -337,6 +338,10 @@ class Featurizer:
             pairs = [words_of(t, i) for i, t in enumerate(as_list(text_pairs))]
             if len(pairs) != len(texts):
                 raise ValueError(f"got {len(texts)} texts but {len(pairs)} text_pairs; give one pair text per text")
+
+        if not texts:  # nothing to run: the empty result, shaped as any other
+            self.cut_texts = []
+            return readout.empty(self)
 
         def prepare(chunk: slice):
             if by_words:

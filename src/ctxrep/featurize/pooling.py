@@ -102,6 +102,12 @@ class Readout:
     def result(self):
         raise NotImplementedError
 
+    @classmethod
+    def empty(cls, fz: Featurizer):
+        """The result of a call with no text: (0, layers, hidden) float32 (0 texts of the pooled vectors)."""
+        layers = 1 if fz.single_layer else len(fz.layer_indices)
+        return np.zeros((0, layers, fz.model.hidden_size), dtype=np.float32)
+
     @staticmethod
     def join(results: list):
         """The chunks' results of one call, in order: one array of texts."""
@@ -135,6 +141,10 @@ class WordVectors(Readout):
     def join(results):
         return [w for chunk in results for w in chunk]
 
+    @classmethod
+    def empty(cls, fz):
+        return []
+
 
 class ClassTokens(Readout):
     """Each text's classification token (for a text in several windows, the mean over its windows)."""
@@ -151,7 +161,9 @@ class ClassTokens(Readout):
         np.add.at(self.counts, rows.text[batch_rows], 1)
 
     def result(self):
-        return self.sums / self.counts[:, None, None]
+        return (self.sums / self.counts[:, None, None]).astype(
+            np.float32
+        )  # float32 as every vector (not int's float64)
 
 
 class FolderPooled(Readout):
@@ -181,6 +193,10 @@ class TokenStateRows(Readout):
     that owns its word, the first window's leading and the last window's trailing special tokens."""
 
     one_sequence = True
+
+    @classmethod
+    def empty(cls, fz):
+        return []
 
     def __init__(self, fz, prepared, left_out=""):
         super().__init__(fz, prepared)
