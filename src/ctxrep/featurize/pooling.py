@@ -263,7 +263,9 @@ class MeanOfWords(SentencePooler):
         return fz.dim
 
     def finish(self, fz, out):
-        return np.stack([w.mean(axis=0) for w in out]) if out else np.zeros((0, 1, fz.dim), np.float32)
+        if not out:
+            return np.zeros((0, 1 if fz.single_layer else len(fz.layer_indices), fz.dim), np.float32)
+        return np.stack([w.mean(axis=0) for w in out])
 
 
 class ClassToken(SentencePooler):
