@@ -41,10 +41,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, check_length
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
+from ctxrep.modules.heads import check_head_dim, merge_heads, split_heads
 from ctxrep.modules.init_weights import normal_init
 from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
@@ -82,10 +83,7 @@ class AlbertConfig:
     def __post_init__(self) -> None:
         if self.share not in SHARING:
             raise ValueError(f"share must be one of {SHARING}, got {self.share!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
+        check_head_dim(self.hidden_size, self.num_attention_heads)
         check_activation("hidden_act", self.hidden_act)
         if self.num_hidden_groups < 1 or self.inner_group_num < 1 or self.num_hidden_layers < 1:
             raise ValueError(
@@ -191,9 +189,21 @@ class AttentionBlock(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
         self.output_dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+    # Copied from ctxrep.models.bert.SelfAttention.attend
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """eq. 1 on (batch, heads, seq, head_dim) q, k, v: the context (batch, heads, seq, head_dim), and the
+        probabilities (batch, heads, seq, seq) when asked for (the explicit softmax; else the fused kernel).
+        key_mask: (batch, 1, 1, seq) bool, True where the key is a real token, or None."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        if output_attentions:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
+            if key_mask is not None:
+                scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            return F.dropout(probs, dropout_p, self.training) @ v, probs
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p), None
 
     def forward(
         self,
@@ -206,23 +216,9 @@ class AttentionBlock(nn.Module):
         # and q, k, v are re-padded (zeros, which key_mask hides) for the attention product.
         # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
         q, k, v = self.query(x), self.key(x), self.value(x)
-        if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, hidden)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
-        dropout_p = self.dropout_p if self.training else 0.0
-        if output_attentions:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
-            if key_mask is not None:
-                scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
-            probs = scores.softmax(dim=-1)
-            context = F.dropout(probs, dropout_p, self.training) @ v  # (batch, heads, seq, head_dim)
-        else:
-            probs = None
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
-        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
-        context = context.flatten(-2)  # (batch, seq | tokens, hidden)
+        q, k, v = (split_heads(y, self.num_heads, self.head_dim, unpadding) for y in (q, k, v))  # (b, heads, seq, d)
+        context, probs = self.attend(q, k, v, key_mask, output_attentions)
+        context = merge_heads(context, unpadding)  # (batch, seq | tokens, hidden)
         return self.norm(x + self.output_dropout(self.dense(context))), probs
 
 
@@ -302,11 +298,7 @@ class AlbertModel(Encoder):
 
         A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
         at real tokens and 0 at padding."""
-        if input_ids.shape[1] > self.max_tokens:
-            raise ValueError(
-                f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.max_tokens} positions; "
-                "ctxrep.Featurizer splits long texts into windows for you"
-            )
+        check_length(input_ids.shape[1], self.max_tokens)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if position_ids is None:
@@ -322,24 +314,17 @@ class AlbertModel(Encoder):
         x = self.embedding_hidden_mapping_in(
             self.embeddings(input_ids, token_type_ids, position_ids)
         )  # (batch, seq, H) or (tokens, H)
-        hidden_states = [x]
-        attentions = []
+        hidden_states, attentions = [x], []
         n = self.num_layers if num_layers is None else num_layers
         for a, f in zip(self.attention_slots[:n], self.ffn_slots[:n]):
             x, probs = self.attention_blocks[a](x, key_mask, output_attentions, unpadding)
             x = self.ffn_blocks[f](x)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, H)
-        pooled = torch.tanh(self.pooler(x[:, 0])) if num_layers is None else None
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-            pooler_output=pooled,
-        )
+        out = EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
+        if num_layers is None:
+            out.pooler_output = torch.tanh(self.pooler(out.last_hidden_state[:, 0]))  # (batch, H)
+        return out
 
     # ---- checkpoint folders: the Encoder base's loader and saver over these declarations ----------------------
     # An AlbertModel / AlbertForPreTraining / AlbertForMaskedLM folder saved by transformers, or a folder that ctxrep

@@ -25,13 +25,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
+from ctxrep.models.encoder import Encoder, check_length, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
+from ctxrep.modules.heads import (
+    PrunedHeadsConfig,
+    check_head_dim,
+    check_head_mask,
+    linear_subset,
+    merge_heads,
+    remaining,
+    split_heads,
+)
 from ctxrep.modules.init_weights import normal_init
-from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding, key_mask_of
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +83,7 @@ class BertConfig(PrunedHeadsConfig):
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
+        check_head_dim(self.hidden_size, self.num_attention_heads)
         check_activation("hidden_act", self.hidden_act)
         if self.embedding_size is None:
             self.embedding_size = self.hidden_size
@@ -193,9 +198,32 @@ class SelfAttention(nn.Module):
         # quantization of x instead of three); None runs the three projections above, the reference.
         self.query_key_value: nn.Module | None = None
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+    def project_qkv(
+        self, x: torch.Tensor, unpadding: Unpadding | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x, each (batch, heads, seq, head_dim): the three projections, or the one int8 product that
+        ctxrep.runtime.fast.quantize_int8 sets as `query_key_value`, split into heads (re-padded with `unpadding`)."""
+        if self.query_key_value is None:
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        else:
+            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
+        q, k, v = (split_heads(y, self.num_heads, self.head_dim, unpadding) for y in (q, k, v))
+        return q, k, v
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """eq. 1 on (batch, heads, seq, head_dim) q, k, v: the context (batch, heads, seq, head_dim), and the
+        probabilities (batch, heads, seq, seq) when asked for (the explicit softmax; else the fused kernel).
+        key_mask: (batch, 1, 1, seq) bool, True where the key is a real token, or None."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        if output_attentions:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
+            if key_mask is not None:
+                scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
+            probs = scores.softmax(dim=-1)
+            return F.dropout(probs, dropout_p, self.training) @ v, probs
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p), None
 
     def forward(
         self,
@@ -209,30 +237,9 @@ class SelfAttention(nn.Module):
         # and q, k, v are re-padded (zeros, which key_mask hides) for the attention product.
         # key_mask: (batch, 1, 1, seq) bool, True where the key is a real token.
         # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
-        if self.query_key_value is None:
-            q, k, v = self.query(x), self.key(x), self.value(x)
-        else:
-            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
-        if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, kept dims)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
-        dropout_p = self.dropout_p if self.training else 0.0
-        if output_attentions:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (batch, heads, seq, seq)
-            if key_mask is not None:
-                scores = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min)
-            probs = scores.softmax(dim=-1)
-            context = F.dropout(probs, dropout_p, self.training) @ v
-        else:
-            probs = None
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
-        if head_mask is not None:
-            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
-            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
-        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
+        q, k, v = self.project_qkv(x, unpadding)  # each (batch, heads, seq, head_dim)
+        context, probs = self.attend(q, k, v, key_mask, output_attentions)
+        context = merge_heads(context, unpadding, head_mask, self.kept_heads)  # (batch, seq | tokens, kept dims)
         return self.output(context), probs
 
     def prune(self, heads: Iterable[int]) -> None:
@@ -365,43 +372,28 @@ class BertModel(Encoder):
 
         A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
         at real tokens and 0 at padding."""
-        if input_ids.shape[1] > self.config.max_tokens:
-            raise ValueError(
-                f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
-                "positions; ctxrep.Featurizer splits long texts into windows for you"
-            )
+        check_length(input_ids.shape[1], self.max_tokens)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
-        key_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        key_mask = key_mask_of(attention_mask)  # (batch, 1, 1, seq) bool, or None without padding
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         unpadding = self.unpadding(attention_mask, padded)
         if unpadding is not None:  # each (tokens,)
             input_ids, token_type_ids, position_ids = map(unpadding.select, (input_ids, token_type_ids, position_ids))
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (batch, seq, hidden) or (tokens, hidden)
-        hidden_states = [x]
-        attentions = []
+        hidden_states, attentions = [x], []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
             xi = head_mask[i] if head_mask is not None else None
             x, probs = layer(x, key_mask, output_attentions, xi, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, hidden)
-        pooled = None
+        out = EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
         if self.pooler is not None and num_layers is None:
-            pooled = torch.tanh(self.pooler(x[:, 0]))
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-            pooler_output=pooled,
-        )
+            out.pooler_output = torch.tanh(self.pooler(out.last_hidden_state[:, 0]))  # (batch, hidden)
+        return out
 
     # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
 

@@ -51,13 +51,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
+from ctxrep.models.encoder import Encoder, check_length, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
+from ctxrep.modules.heads import (
+    PrunedHeadsConfig,
+    check_head_dim,
+    check_head_mask,
+    linear_subset,
+    merge_heads,
+    remaining,
+    split_heads,
+)
 from ctxrep.modules.init_weights import normal_init
-from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding, key_mask_of
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +110,7 @@ class DebertaV2Config(PrunedHeadsConfig):
         bad = [t for t in self.pos_att_type if t not in ("c2p", "p2c")]
         if bad:
             raise ValueError(f"pos_att_type may hold 'c2p' and 'p2c', not {bad}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
+        check_head_dim(self.hidden_size, self.num_attention_heads)
         for name in ("hidden_act", "conv_act"):
             check_activation(name, getattr(self, name))
         norms = {x.strip() for x in self.norm_rel_ebd.lower().split("|")}
@@ -278,9 +283,18 @@ class DisentangledSelfAttention(nn.Module):
         # Set by ctxrep.runtime.fast.quantize_int8: one int8 product for query, key and value of x; None: the three.
         self.query_key_value: nn.Module | None = None
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+    # Copied from ctxrep.models.bert.SelfAttention.project_qkv
+    def project_qkv(
+        self, x: torch.Tensor, unpadding: Unpadding | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x, each (batch, heads, seq, head_dim): the three projections, or the one int8 product that
+        ctxrep.runtime.fast.quantize_int8 sets as `query_key_value`, split into heads (re-padded with `unpadding`)."""
+        if self.query_key_value is None:
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        else:
+            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
+        q, k, v = (split_heads(y, self.num_heads, self.head_dim, unpadding) for y in (q, k, v))
+        return q, k, v
 
     def position_bias(
         self, q: torch.Tensor, k: torch.Tensor, rel_embeddings: torch.Tensor, index: tuple[torch.Tensor, torch.Tensor]
@@ -292,11 +306,13 @@ class DisentangledSelfAttention(nn.Module):
         c2p_index, p2c_index = (ix[None, None].expand(b, self.num_heads, t, t) for ix in index)
         bias = 0
         if "c2p" in self.config.pos_att_type:
-            k_r = self._heads((self.key if self.config.share_att_key else self.pos_key)(p))  # (1, heads, 2 span, d)
+            k_r = (self.key if self.config.share_att_key else self.pos_key)(p)  # (1, 2 span, kept dims)
+            k_r = split_heads(k_r, self.num_heads, self.head_dim)  # (1, heads, 2 span, d)
             c2p = q @ k_r.transpose(-2, -1)  # (batch, heads, query, 2 span): Q^c_i K^r_r^T for every r
             bias = bias + torch.gather(c2p, -1, c2p_index)  # (batch, heads, query i, key j): Q^c_i K^r_{delta(i,j)}^T
         if "p2c" in self.config.pos_att_type:
-            q_r = self._heads((self.query if self.config.share_att_key else self.pos_query)(p))  # (1, heads, 2 span, d)
+            q_r = (self.query if self.config.share_att_key else self.pos_query)(p)  # (1, 2 span, kept dims)
+            q_r = split_heads(q_r, self.num_heads, self.head_dim)  # (1, heads, 2 span, d)
             p2c = k @ q_r.transpose(-2, -1)  # (batch, heads, key, 2 span): K^c_j Q^r_r^T for every r
             # on the (key j, query i) grid take row clamp(-delta(j, i) + span) of P, then turn the grid to (i, j)
             bias = bias + torch.gather(p2c, -1, p2c_index).transpose(-1, -2)  # (batch, heads, query, key)
@@ -316,13 +332,7 @@ class DisentangledSelfAttention(nn.Module):
         # and q, k, v are re-padded (zeros, which key_mask hides) for the attention product and c2p / p2c.
         # key_mask: (batch, 1, 1, seq) bool, True at real tokens.
         # head_mask: (num_attention_heads,) in the original numbering; entries of pruned heads are not read.
-        if self.query_key_value is None:
-            q, k, v = self.query(x), self.key(x), self.value(x)
-        else:
-            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
-        if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, kept dims)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
+        q, k, v = self.project_qkv(x, unpadding)  # each (batch, heads, seq, head_dim)
         bias = None
         if rel_embeddings is not None and self.config.pos_att_type:
             bias = self.position_bias(q, k, rel_embeddings, rel_index)  # (batch, heads, seq, seq)
@@ -341,13 +351,7 @@ class DisentangledSelfAttention(nn.Module):
             if bias is not None:
                 mask = bias if key_mask is None else bias.masked_fill(~key_mask, float("-inf"))
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
-        if head_mask is not None:
-            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
-            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
-        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
+        context = merge_heads(context, unpadding, head_mask, self.kept_heads)  # (batch, seq | tokens, kept dims)
         return self.output_norm(x + self.dropout(self.output(context))), probs
 
     def prune(self, heads: Iterable[int]) -> None:
@@ -531,18 +535,12 @@ class DebertaV2Model(Encoder):
         A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
         at real tokens and 0 at padding."""
         b, t = input_ids.shape
-        if t > self.max_tokens:
-            raise ValueError(
-                f"sequence of {t} tokens is longer than the model's {self.max_tokens} positions; "
-                "ctxrep.Featurizer splits long texts into windows for you"
-            )
+        check_length(t, self.max_tokens)
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
-        key_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
-        else:
-            attention_mask = None
+        key_mask = key_mask_of(attention_mask)  # (batch, 1, 1, seq) bool, or None without padding
+        if key_mask is None:
+            attention_mask = None  # nothing to mask: the embeddings and the convolution read every position
         token_type_ids = token_type_ids if self.reads_segments else None
         rel = self.relative_embeddings()  # computed once, read by every layer
         rel_index = None
@@ -558,8 +556,7 @@ class DebertaV2Model(Encoder):
             token_type_ids = unpadding.select(token_type_ids) if token_type_ids is not None else None
             x = self.embeddings(input_ids, token_type_ids, None, positions)  # (tokens, hidden)
         embedded = x
-        hidden_states = [x]
-        attentions = []
+        hidden_states, attentions = [x], []
         for i, layer in enumerate(self.layers[: num_layers if num_layers is not None else len(self.layers)]):
             xi = head_mask[i] if head_mask is not None else None
             x, probs = layer(x, key_mask, rel, rel_index, output_attentions, xi, unpadding)
@@ -567,14 +564,7 @@ class DebertaV2Model(Encoder):
                 x = self.conv(embedded, x, attention_mask, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, hidden)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
+        return EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
 
     # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
     # save_pretrained writes a folder transformers' AutoModel loads (as DebertaV2Model), unless heads were pruned:

@@ -31,11 +31,11 @@ from torch import nn
 
 from ctxrep.models import folders
 from ctxrep.models.bert import EncoderLayer
-from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
+from ctxrep.models.encoder import Encoder, check_length, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask
-from ctxrep.modules.unpadding import UNPAD_FROM
+from ctxrep.modules.unpadding import UNPAD_FROM, key_mask_of
 
 logger = logging.getLogger(__name__)
 
@@ -228,18 +228,12 @@ class DistilBertModel(Encoder):
         """input_ids, attention_mask: (batch, seq). token_type_ids must be None or all zero: DistilBERT has no
         segment embeddings (pairs are told apart by [SEP] alone). head_mask, attentions and a batch with much padding
         (run unpadded: the padded run's hidden states at real tokens, 0 at padding) as in BertModel.forward."""
-        if input_ids.shape[1] > self.config.max_position_embeddings:
-            raise ValueError(
-                f"sequence of {input_ids.shape[1]} tokens is longer than the model's "
-                f"{self.config.max_position_embeddings} positions; ctxrep.Featurizer splits long texts into windows"
-            )
+        check_length(input_ids.shape[1], self.max_tokens)
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError("DistilBERT has no token-type (segment) embeddings: pass token_type_ids=None")
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        key_mask = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            key_mask = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        key_mask = key_mask_of(attention_mask)  # (batch, 1, 1, seq) bool, or None without padding
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         unpadding = self.unpadding(attention_mask, padded)
@@ -252,14 +246,7 @@ class DistilBertModel(Encoder):
             x, probs = layer(x, key_mask, output_attentions, xi, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, dim)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
+        return EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
 
     # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
 

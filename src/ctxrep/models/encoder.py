@@ -298,6 +298,15 @@ class Encoder(nn.Module):
         raise ValueError(f"a {self.family} model cannot teach a student built from its layers (can_distill is False)")
 
 
+def check_length(t: int, max_tokens: int) -> None:
+    """A forward's input of t tokens fits the family's `max_tokens`, else a one-line ValueError."""
+    if t > max_tokens:
+        raise ValueError(
+            f"sequence of {t} tokens is longer than the model's {max_tokens} positions; "
+            "ctxrep.Featurizer splits long texts into windows for you"
+        )
+
+
 def check_student_layers(layers: Sequence[int], total: int) -> list[int]:
     """`layers` as ints when they name distinct teacher layers 0..total - 1 in increasing order; else a one-line
     ValueError (what Encoder.init_student takes)."""

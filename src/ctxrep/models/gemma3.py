@@ -26,13 +26,8 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 from torch import nn
 
-from ctxrep.models.llama import (
-    FULL,
-    SLIDING,
-    DecoderEncoder,
-    check_length,
-    context_length,
-)
+from ctxrep.models.encoder import check_length
+from ctxrep.models.llama import FULL, SLIDING, DecoderEncoder, context_length
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import check_activation
 from ctxrep.modules.gated_mlp import GatedMLP
@@ -229,14 +224,7 @@ class Gemma3Model(DecoderEncoder):
                 x = self.norm(x)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, hidden)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
+        return EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
 
     def lm_logits(self, hidden: torch.Tensor, token_ids: Sequence[int] | None = None) -> torch.Tensor:
         """The LM head (tied embeddings unless the folder has lm_head) on final hidden states (..., hidden), capped

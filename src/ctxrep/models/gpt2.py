@@ -35,6 +35,7 @@ from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
+from ctxrep.modules.heads import merge_heads, split_heads
 from ctxrep.modules.init_weights import normal_init
 from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
@@ -127,11 +128,7 @@ class CausalSelfAttention(nn.Module):
         qkv = self.c_attn(x)  # (batch, seq | tokens, 3 * hidden)
         if unpadding is not None:
             qkv = unpadding.pad(qkv)  # (batch, seq, 3 * hidden)
-        b, t, _ = qkv.shape
-        q, k, v = qkv.split(h, dim=2)
-        q = q.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
-        k = k.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
-        v = v.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+        q, k, v = (split_heads(y, self.num_heads, self.head_dim) for y in qkv.split(h, dim=2))  # (b, heads, seq, d)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)  # (batch, heads, past + seq, head_dim)
             v = torch.cat([past[1], v], dim=2)  # (batch, heads, past + seq, head_dim)
@@ -144,10 +141,7 @@ class CausalSelfAttention(nn.Module):
         else:
             probs = None
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
-        y = y.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if unpadding is not None:
-            y = unpadding.unpad(y)  # (tokens, heads, head_dim)
-        y = y.flatten(-2)  # (batch, seq | tokens, hidden)
+        y = merge_heads(y, unpadding)  # (batch, seq | tokens, hidden)
         return self.resid_dropout(self.c_proj(y)), (k, v), probs
 
 
@@ -346,17 +340,10 @@ class GPT2Model(Encoder):
             attentions.append(probs)
             presents.append(present)
         if stop == self.config.n_layer:
-            x = self.ln_f(x)
-            hidden_states[-1] = x
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, hidden)
-        return DecoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-            past_key_values=presents if use_cache else None,
-        )
+            hidden_states[-1] = self.ln_f(x)
+        out = DecoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
+        out.past_key_values = presents if use_cache else None
+        return out
 
     # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
     # A GPT2Model folder, or a GPT2LMHeadModel one (the decoder under 'transformer.'; its tied LM head is not part of

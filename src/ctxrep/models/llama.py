@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, check_length
 from ctxrep.models.folders import CheckpointError, read_config
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.models.shards import WeightIndex, load_into, resolve_dtype, write_sharded
@@ -315,14 +315,7 @@ class LlamaModel(DecoderEncoder):
                 x = self.norm(x)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, hidden)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
+        return EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
 
     def lm_logits(self, hidden: torch.Tensor, token_ids: Sequence[int] | None = None) -> torch.Tensor:
         """The causal LM head on final hidden states (..., hidden) -> logits (..., vocab), or only the columns of
@@ -343,14 +336,6 @@ def context_length(rope: RopeSpec, max_positions: int) -> int:
     if rope.rope_type in ("linear", "dynamic"):
         return int(max_positions * rope.factor)
     return max_positions
-
-
-def check_length(t: int, max_tokens: int) -> None:
-    if t > max_tokens:
-        raise ValueError(
-            f"sequence of {t} tokens is longer than the model's {max_tokens} positions; "
-            "ctxrep.Featurizer splits long texts into windows for you"
-        )
 
 
 def architecture_of(model: nn.Module) -> str:

@@ -48,7 +48,8 @@ from ctxrep.models.encoder import Encoder
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
+from ctxrep.modules.heads import merge_heads, split_heads
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding, key_mask_of
 
 logger = logging.getLogger(__name__)
 
@@ -180,16 +181,11 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout_p = dropout
 
-    def split(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+    def split(self, x: torch.Tensor, unpadding: Unpadding | None = None) -> torch.Tensor:
+        return split_heads(x, self.num_heads, self.head_dim, unpadding)  # (batch, heads, seq, head_dim)
 
-    def merge(self, x: torch.Tensor) -> torch.Tensor:
-        b, _, t, _ = x.shape
-        return x.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)  # (batch, seq, d_model)
-
-    def keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.split(self.k_proj(x)), self.split(self.v_proj(x))  # each (batch, heads, seq, head_dim)
+    def keys_values(self, x: torch.Tensor, unpadding: Unpadding | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split(self.k_proj(x), unpadding), self.split(self.v_proj(x), unpadding)  # each (b, heads, seq, hd)
 
     def attend(
         self,
@@ -245,14 +241,9 @@ class EncoderLayer(nn.Module):
         # key_mask: (batch, 1, 1, src) bool, True at real source tokens, or None.
         h = self.self_attn_layer_norm(x) if self.pre_ln else x
         a = self.self_attn
-        q, k, v = a.q_proj(h), a.k_proj(h), a.v_proj(h)
-        if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, src, d_model)
-        context, probs = a.attend(a.split(q), a.split(k), a.split(v), key_mask, False, output_attentions)
-        context = context.transpose(1, 2)  # (batch, src, heads, head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
-        x = x + self.dropout(a.out_proj(context.flatten(-2)))  # (batch, src | tokens, d_model)
+        q, k, v = (a.split(p(h), unpadding) for p in (a.q_proj, a.k_proj, a.v_proj))  # each (batch, heads, src, hd)
+        context, probs = a.attend(q, k, v, key_mask, False, output_attentions)
+        x = x + self.dropout(a.out_proj(merge_heads(context, unpadding)))  # (batch, src | tokens, d_model)
         if not self.pre_ln:
             x = self.self_attn_layer_norm(x)
         h = self.final_layer_norm(x) if self.pre_ln else x
@@ -294,7 +285,7 @@ class DecoderLayer(nn.Module):
         h = self.self_attn_layer_norm(y) if self.pre_ln else y
         k, v = cache.append(layer, *a.keys_values(h))  # (rows, heads, past + new, head_dim)
         context, self_probs = a.attend(a.split(a.q_proj(h)), k, v, self_mask, is_causal, output_attentions)
-        y = y + self.dropout(a.out_proj(a.merge(context)))
+        y = y + self.dropout(a.out_proj(merge_heads(context)))
         if not self.pre_ln:
             y = self.self_attn_layer_norm(y)
 
@@ -320,7 +311,7 @@ class DecoderLayer(nn.Module):
                 1, 2
             )  # (sent, group, heads, new, src)
             cross_probs = cross_probs.reshape(rows, c.num_heads, t, src)  # (rows, heads, new, src)
-        y = y + self.dropout(c.out_proj(c.merge(context)))
+        y = y + self.dropout(c.out_proj(merge_heads(context)))
         if not self.pre_ln:
             y = self.encoder_attn_layer_norm(y)
 
@@ -653,7 +644,7 @@ class MarianMTModel(Encoder):
 
         A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
         at real tokens and 0 at padding."""
-        key_mask = _key_mask(attention_mask)
+        key_mask = key_mask_of(attention_mask)  # (batch, 1, 1, src) bool, or None without padding
         unpadding = self.unpadding(attention_mask, padded)
         x = self.embed(input_ids, self.shared, 0, unpadding)  # (batch, src, d_model) or (tokens, d_model)
         layers = self.encoder.layers[: num_layers if num_layers is not None else len(self.encoder.layers)]
@@ -663,30 +654,17 @@ class MarianMTModel(Encoder):
             hidden_states.append(x)
             attentions.append(probs)
         if self.config.normalize_before and len(layers) == len(self.encoder.layers):
-            x = hidden_states[-1] = self.encoder.layer_norm(x)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, src, d_model)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
+            hidden_states[-1] = self.encoder.layer_norm(x)
+        return EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
 
     def init_cache(self, memory: torch.Tensor, attention_mask: torch.Tensor | None, group: int = 1) -> DecoderCache:
         """Every decoder layer's cross-attention keys/values of the encoder output `memory` (batch, src, d_model),
         computed once per sentence; `group` decoder rows (beams) will read each sentence. A source batch that the
         encoder runs unpadded is projected unpadded too: zero keys/values at padding, which the source mask hides."""
         unpadding = self.unpadding(attention_mask)
-        if unpadding is None:
-            cross = [layer.encoder_attn.keys_values(memory) for layer in self.decoder.layers]
-        else:
-            rows = unpadding.unpad(memory)  # (tokens, d_model)
-            cross = [
-                (a.split(unpadding.pad(a.k_proj(rows))), a.split(unpadding.pad(a.v_proj(rows))))
-                for a in (layer.encoder_attn for layer in self.decoder.layers)
-            ]  # each (batch, heads, src, head_dim)
-        return DecoderCache(cross, _key_mask(attention_mask), group)
+        rows = memory if unpadding is None else unpadding.unpad(memory)  # (batch, src, d_model) or (tokens, d_model)
+        cross = [layer.encoder_attn.keys_values(rows, unpadding) for layer in self.decoder.layers]  # (b, h, src, hd)
+        return DecoderCache(cross, key_mask_of(attention_mask), group)
 
     def decode(
         self,
@@ -906,13 +884,6 @@ class MarianMTModel(Encoder):
             }
             (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         return path
-
-
-def _key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(batch, seq) 1/0 -> (batch, 1, 1, seq) bool, or None when nothing is padding (SDPA's fast path)."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
-    return attention_mask.bool()[:, None, None, :]
 
 
 def _redundant_names(config: MarianConfig) -> dict[str, str | None]:

@@ -38,12 +38,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
+from ctxrep.models.encoder import Encoder, check_length, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
-from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
+from ctxrep.modules.heads import (
+    PrunedHeadsConfig,
+    check_head_dim,
+    check_head_mask,
+    linear_subset,
+    merge_heads,
+    remaining,
+)
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding, key_mask_of
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +92,7 @@ class ModernBertConfig(PrunedHeadsConfig):
     layer_types: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
+        check_head_dim(self.hidden_size, self.num_attention_heads)
         if (self.hidden_size // self.num_attention_heads) % 2:
             raise ValueError(
                 f"rotary positions need an even head size, got {self.hidden_size // self.num_attention_heads}"
@@ -218,13 +222,7 @@ class Attention(nn.Module):
         else:
             probs = None
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        if head_mask is not None:
-            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
-            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
-        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
+        context = merge_heads(context, unpadding, head_mask, self.kept_heads)  # (batch, seq | tokens, kept dims)
         return self.out_drop(self.Wo(context)), probs
 
     def prune(self, heads: Iterable[int]) -> None:
@@ -372,9 +370,7 @@ class ModernBertModel(Encoder):
         window holds only padding keeps its own position, so that no row is empty (an empty row would give NaN at
         padding, which later layers would read as 0 * NaN). The window is built whatever the length, so that an
         exported graph traced on a short example keeps it for long inputs."""
-        keys = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            keys = attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)
+        keys = key_mask_of(attention_mask)  # (batch, 1, 1, seq), or None without padding
         pos = torch.arange(t, device=device)
         band = (pos[:, None] - pos[None, :]).abs() <= self.config.local_attention // 2  # (seq, seq)
         local = band[None, None] if keys is None else (band & keys) | (pos[:, None] == pos[None, :])
@@ -403,11 +399,7 @@ class ModernBertModel(Encoder):
         of the padded run at real tokens and 0 at padding.
         """
         b, t = input_ids.shape
-        if t > self.max_tokens:
-            raise ValueError(
-                f"sequence of {t} tokens is longer than the model's {self.max_tokens} positions; "
-                "ctxrep.Featurizer splits long texts into windows for you"
-            )
+        check_length(t, self.max_tokens)
         if head_mask is not None:
             head_mask = check_head_mask(head_mask, self.num_layers, self.num_heads)  # (layers, heads)
         masks = self.attention_masks(attention_mask, t, input_ids.device)
@@ -422,8 +414,7 @@ class ModernBertModel(Encoder):
             ids = unpadding.select(input_ids)  # (tokens,)
         # (batch, seq, hidden), or (tokens, hidden) packed
         x = self.embedding_dropout(self.embeddings.norm(self.embeddings.tok_embeddings(ids)))
-        hidden_states = [x]
-        attentions = []
+        hidden_states, attentions = [x], []
         stop = num_layers if num_layers is not None else self.num_layers
         for i, layer in enumerate(self.layers[:stop]):
             kind = LOCAL if layer.local else GLOBAL
@@ -433,14 +424,7 @@ class ModernBertModel(Encoder):
                 x = self.final_norm(x)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, hidden)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
+        return EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
 
     # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
 

@@ -5,9 +5,9 @@
 
 The bias table b (num_buckets x heads) is one parameter shared by every layer: the bias is computed once per
 forward pass, from the token positions 0..T-1 (not the position ids, so padding does not move it), and the same
-(1, heads, T, T) tensor is added in every layer. Buckets as in T5, bidirectional: half the buckets for each
-direction, exact distances below 8, log-spaced up to 128 beyond (transformers' MPNetEncoder, which always uses 32
-buckets in that computation).
+(1, heads, T, T) tensor is added in every layer. Buckets as in T5 (modules/relative_position.py), bidirectional:
+half the buckets for each direction, exact distances below 8, log-spaced up to 128 beyond (transformers'
+MPNetEncoder, which always uses 32 buckets in that computation).
 
 Head pruning (modules/heads.py; Michel et al. 2019) never touches the table, which every layer reads: a pruned
 layer adds only its kept heads' slice of the bias, b[:, kept_heads], in the original head numbering.
@@ -35,11 +35,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
+from ctxrep.models.encoder import Encoder, check_length, check_student_layers, student_widths
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS, check_activation
-from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
+from ctxrep.modules.heads import (
+    PrunedHeadsConfig,
+    check_head_dim,
+    check_head_mask,
+    linear_subset,
+    merge_heads,
+    remaining,
+    split_heads,
+)
 from ctxrep.modules.init_weights import normal_init
+from ctxrep.modules.relative_position import relative_position_bias
 from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
@@ -73,10 +82,7 @@ class MPNetConfig(PrunedHeadsConfig):
     add_pooling_layer: bool = True
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
+        check_head_dim(self.hidden_size, self.num_attention_heads)
         check_activation("hidden_act", self.hidden_act)
         if self.relative_attention_num_buckets < BUCKETS:
             raise ValueError(
@@ -101,19 +107,6 @@ class MPNetConfig(PrunedHeadsConfig):
         d["model_type"] = MODEL_TYPE
         d["architectures"] = ["MPNetModel"]
         return self.write_pruned_heads(d)
-
-
-def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int = BUCKETS) -> torch.Tensor:
-    """T5's bidirectional buckets of j - i: keys after the query in the upper half; |j - i| < num_buckets / 4 exact,
-    larger distances log-spaced up to MAX_DISTANCE, anything farther in the last bucket of its half."""
-    n = -relative_position
-    half = num_buckets // 2
-    bucket = (n < 0).long() * half  # keys after the query
-    n = n.abs()
-    exact = half // 2
-    large = exact + (torch.log(n.float() / exact) / math.log(MAX_DISTANCE / exact) * (half - exact)).long()
-    large = large.clamp(max=half - 1)
-    return bucket + torch.where(n < exact, n, large)
 
 
 class Embeddings(nn.Module):
@@ -156,9 +149,18 @@ class SelfAttention(nn.Module):
         # quantization of x instead of three); None runs the three projections above, the reference.
         self.query_key_value: nn.Module | None = None
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+    # Copied from ctxrep.models.bert.SelfAttention.project_qkv
+    def project_qkv(
+        self, x: torch.Tensor, unpadding: Unpadding | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x, each (batch, heads, seq, head_dim): the three projections, or the one int8 product that
+        ctxrep.runtime.fast.quantize_int8 sets as `query_key_value`, split into heads (re-padded with `unpadding`)."""
+        if self.query_key_value is None:
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        else:
+            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
+        q, k, v = (split_heads(y, self.num_heads, self.head_dim, unpadding) for y in (q, k, v))
+        return q, k, v
 
     def forward(
         self,
@@ -174,13 +176,7 @@ class SelfAttention(nn.Module):
         # numbering) plus the padding mask (dtype's min). head_mask: (num_attention_heads,), original numbering.
         if self.num_heads < bias.shape[1]:  # a pruned layer: its own heads' slice of the shared bias
             bias = bias[:, self.kept_heads]  # (batch or 1, kept, seq, seq)
-        if self.query_key_value is None:
-            q, k, v = self.query(x), self.key(x), self.value(x)
-        else:
-            q, k, v = self.query_key_value(x).chunk(3, dim=-1)
-        if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, kept dims)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, head_dim)
+        q, k, v = self.project_qkv(x, unpadding)  # each (batch, heads, seq, head_dim)
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim) + bias  # (batch, heads, seq, seq)
@@ -189,13 +185,7 @@ class SelfAttention(nn.Module):
         else:
             probs = None
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p)
-        if head_mask is not None:
-            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
-            context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
-        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
-        context = context.flatten(-2)  # (batch, seq | tokens, kept dims)
+        context = merge_heads(context, unpadding, head_mask, self.kept_heads)  # (batch, seq | tokens, kept dims)
         return self.output(context), probs
 
     # Copied from ctxrep.models.bert.SelfAttention.prune
@@ -320,9 +310,7 @@ class MPNetModel(Encoder):
 
     def position_bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
         """(1, heads, seq, seq): b_h(bucket(j - i)) from the shared table, over positions 0..seq-1."""
-        pos = torch.arange(seq_len, device=device)
-        bucket = relative_position_bucket(pos[None, :] - pos[:, None])  # (seq, seq), j - i
-        return self.relative_attention_bias(bucket).permute(2, 0, 1)[None]  # (1, heads, seq, seq)
+        return relative_position_bias(self.relative_attention_bias, seq_len, BUCKETS, MAX_DISTANCE, device)
 
     def forward(
         self,
@@ -345,11 +333,7 @@ class MPNetModel(Encoder):
 
         A batch with much padding (`Encoder.unpadding`) runs unpadded: its hidden states are those of the padded run
         at real tokens and 0 at padding."""
-        if input_ids.shape[1] > self.config.max_tokens:
-            raise ValueError(
-                f"sequence of {input_ids.shape[1]} tokens is longer than the model's {self.config.max_tokens} "
-                "positions; ctxrep.Featurizer splits long texts into windows for you"
-            )
+        check_length(input_ids.shape[1], self.max_tokens)
         if token_type_ids is not None and bool(token_type_ids.any()):
             raise ValueError("MPNet has no token-type (segment) embeddings: pass token_type_ids=None")
         if position_ids is None:
@@ -371,18 +355,10 @@ class MPNetModel(Encoder):
             x, probs = layer(x, bias, output_attentions, xi, unpadding)
             hidden_states.append(x)
             attentions.append(probs)
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, hidden)
-        pooled = None
+        out = EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
         if self.pooler is not None and num_layers is None:
-            pooled = torch.tanh(self.pooler(x[:, 0]))
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-            pooler_output=pooled,
-        )
+            out.pooler_output = torch.tanh(self.pooler(out.last_hidden_state[:, 0]))  # (batch, hidden)
+        return out
 
     # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
 

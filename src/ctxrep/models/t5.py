@@ -11,10 +11,11 @@
 
 The relative position bias table b (num_buckets x heads) lives in the first layer's attention, which computes
 the bias from the positions 0..T-1 once; every later layer adds the same (1, heads, T, T) tensor (transformers'
-T5Stack passes the first layer's bias on). Buckets, bidirectional: half for each direction, distances below
-num_buckets / 4 exact, log-spaced up to relative_attention_max_distance beyond. Head pruning (modules/heads.py;
-Michel et al. 2019) never prunes the table, which every layer reads: a pruned layer adds only its kept heads' slice
-of the bias, b[:, kept_heads] in the original numbering (as transformers 4.x's T5Attention did).
+T5Stack passes the first layer's bias on). Buckets, bidirectional (modules/relative_position.py): half for each
+direction, distances below num_buckets / 4 exact, log-spaced up to relative_attention_max_distance beyond. Head
+pruning (modules/heads.py; Michel et al. 2019) never prunes the table, which every layer reads: a pruned layer adds
+only its kept heads' slice of the bias, b[:, kept_heads] in the original numbering (as transformers 4.x's
+T5Attention did).
 
 Checkpoints: a T5EncoderModel folder (shared.weight + encoder.*), or a whole T5 (T5Model,
 T5ForConditionalGeneration: sentence-t5 and flan-t5 ship these), whose decoder.* and lm_head.weight are left
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
@@ -45,7 +45,8 @@ from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS
-from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, remaining
+from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, merge_heads, remaining, split_heads
+from ctxrep.modules.relative_position import relative_position_bias
 from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
 
 logger = logging.getLogger(__name__)
@@ -132,18 +133,6 @@ class RMSNorm(nn.Module):
         return self.weight * (x * torch.rsqrt(variance + self.eps)).to(self.weight.dtype)
 
 
-def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
-    """Bidirectional buckets of j - i (Mesh TensorFlow's): keys after the query in the upper half; |j - i| below
-    num_buckets / 4 exact, larger distances log-spaced up to max_distance, farther ones in the last bucket."""
-    half = num_buckets // 2
-    bucket = (relative_position > 0).long() * half
-    n = relative_position.abs()
-    exact = half // 2
-    large = exact + (torch.log(n.float() / exact) / math.log(max_distance / exact) * (half - exact)).long()
-    large = large.clamp(max=half - 1)
-    return bucket + torch.where(n < exact, n, large)
-
-
 class SelfAttention(nn.Module):
     """softmax(Q K^T + bias) V with bias-free projections; head width d_kv (heads * d_kv may differ from d_model).
     The first layer's attention owns the relative position table and computes the bias (`position_bias`) for every
@@ -173,13 +162,9 @@ class SelfAttention(nn.Module):
     def position_bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
         """(1, num_heads, seq, seq): b_h(bucket(j - i)) over positions 0..seq-1, every head of the original
         numbering."""
-        pos = torch.arange(seq_len, device=device)
-        bucket = relative_position_bucket(pos[None, :] - pos[:, None], self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(bucket).permute(2, 0, 1)[None]  # (1, heads, seq, seq)
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, d_kv)
+        return relative_position_bias(
+            self.relative_attention_bias, seq_len, self.num_buckets, self.max_distance, device
+        )
 
     def forward(
         self,
@@ -196,9 +181,7 @@ class SelfAttention(nn.Module):
         if self.num_heads < bias.shape[1]:  # a pruned layer: its own heads' slice of the shared bias
             bias = bias[:, self.kept_heads]  # (batch or 1, kept, seq, seq)
         q, k, v = self.query(x), self.key(x), self.value(x)
-        if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # each (batch, seq, inner)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # each (batch, heads, seq, d_kv)
+        q, k, v = (split_heads(y, self.num_heads, self.head_dim, unpadding) for y in (q, k, v))  # (b, heads, seq, d_kv)
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
             probs = (q @ k.transpose(-2, -1) + bias).softmax(dim=-1)  # (batch, heads, seq, seq); no 1/sqrt(d_k)
@@ -208,13 +191,7 @@ class SelfAttention(nn.Module):
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=1.0
             )
-        if head_mask is not None:
-            xi = head_mask[self.kept_heads].to(context.dtype)  # (heads,)
-            context = context * xi[None, :, None, None]  # (batch, heads, seq, d_kv)
-        context = context.transpose(1, 2)  # (batch, seq, heads, d_kv)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, d_kv)
-        context = context.flatten(-2)  # (batch, seq | tokens, inner)
+        context = merge_heads(context, unpadding, head_mask, self.kept_heads)  # (batch, seq | tokens, inner)
         return self.output(context), probs
 
     def prune(self, heads: Iterable[int]) -> None:
@@ -427,16 +404,8 @@ class T5EncoderModel(Encoder):
             hidden_states.append(x)
             attentions.append(probs)
         if stop == self.num_layers:
-            x = self.dropout(self.final_norm(x))
-            hidden_states[-1] = x
-        if unpadding is not None:
-            hidden_states = unpadding.pad_states(hidden_states, output_hidden_states)
-            x = hidden_states[-1]  # (batch, seq, d_model)
-        return EncoderOutput(
-            last_hidden_state=x,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            attentions=tuple(attentions) if output_attentions else None,
-        )
+            hidden_states[-1] = self.dropout(self.final_norm(x))
+        return EncoderOutput.of_layers(hidden_states, attentions, output_hidden_states, output_attentions, unpadding)
 
     # ---- Hugging Face folder format: the Encoder base's loader and saver over these declarations ----------
     # A T5EncoderModel folder, or a whole T5 whose decoder and LM head are left out by name (DECODER_PREFIXES).

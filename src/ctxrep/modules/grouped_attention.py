@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ctxrep.modules.heads import merge_heads
 from ctxrep.modules.rms_norm import RMSNorm
 from ctxrep.modules.rotary import rotate
 from ctxrep.modules.unpadding import Unpadding
@@ -143,7 +144,4 @@ class GroupedQueryAttention(nn.Module):
         else:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (batch, heads, seq, hd)
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=self.scale)
-        context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        if unpadding is not None:
-            context = unpadding.unpad(context)  # (tokens, heads, head_dim)
-        return self.o_proj(context.flatten(-2)), probs  # (batch, seq | tokens, hidden)
+        return self.o_proj(merge_heads(context, unpadding)), probs  # (batch, seq | tokens, hidden)

@@ -1,9 +1,14 @@
-"""Attention heads as units: which heads a layer keeps, the mask over them, and removing them for real.
+"""Attention heads as units: splitting a projection into heads and joining them back, which heads a layer keeps,
+the mask over them, and removing them for real.
 
-Michel et al. (2019, sec. 2.1) give each head h a mask variable xi_h, MHAtt(x) = sum_h xi_h Att_h(x); pruning a head
-drops its rows of the query / key / value projections and its columns of the output projection, so the layer
-computes less instead of multiplying by zero. Every family that can prune heads uses these helpers; head indices are
-always in the original numbering 0..num_heads - 1, before and after pruning (transformers' `pruned_heads` field).
+    split_heads(x)    (batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)    head_i = x W_i (sec. 3.2)
+    merge_heads(c)    (batch, heads, seq, head_dim) -> (batch, seq, heads * head_dim)    Concat(head_1, ..., head_h)
+
+(Vaswani et al. 2017, sec. 3.2; the output projection W^O is the family's.) Michel et al. (2019, sec. 2.1) give each
+head h a mask variable xi_h, MHAtt(x) = sum_h xi_h Att_h(x), which `merge_heads` applies; pruning a head drops its
+rows of the query / key / value projections and its columns of the output projection, so the layer computes less
+instead of multiplying by zero. Every family that can prune heads uses these helpers; head indices are always in the
+original numbering 0..num_heads - 1, before and after pruning (transformers' `pruned_heads` field).
 """
 
 from __future__ import annotations
@@ -14,6 +19,44 @@ from typing import ClassVar
 
 import torch
 from torch import nn
+
+from ctxrep.modules.unpadding import Unpadding
+
+
+def split_heads(x: torch.Tensor, num_heads: int, head_dim: int, unpadding: Unpadding | None = None) -> torch.Tensor:
+    """(batch, seq, num_heads * head_dim) -> (batch, num_heads, seq, head_dim): each head's head_dim columns of a
+    query, key or value projection. With `unpadding`, x is the (tokens, num_heads * head_dim) rows of an unpadded batch,
+    re-padded first (zeros at padding, which the attention mask hides)."""
+    if unpadding is not None:
+        x = unpadding.pad(x)  # (batch, seq, num_heads * head_dim)
+    b, t, _ = x.shape
+    return x.view(b, t, num_heads, head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+
+
+def merge_heads(
+    context: torch.Tensor,
+    unpadding: Unpadding | None = None,
+    head_mask: torch.Tensor | None = None,
+    kept_heads: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """(batch, heads, seq, head_dim) -> (batch, seq, heads * head_dim), the heads side by side for the output
+    projection; with `unpadding`, the (tokens, heads * head_dim) rows of the real tokens. head_mask: the mask
+    variables xi (num_attention_heads,) in the original numbering, of which head h of the layer's `kept_heads` reads
+    xi[kept_heads[h]] and multiplies its output by it (entries of pruned heads are not read)."""
+    if head_mask is not None:
+        xi = head_mask[kept_heads].to(context.dtype)  # (heads,)
+        context = context * xi[None, :, None, None]  # (batch, heads, seq, head_dim)
+    context = context.transpose(1, 2)  # (batch, seq, heads, head_dim)
+    if unpadding is not None:
+        context = unpadding.unpad(context)  # (tokens, heads, head_dim)
+    return context.flatten(-2)  # (batch, seq | tokens, heads * head_dim)
+
+
+def check_head_dim(hidden_size: int, num_attention_heads: int) -> None:
+    """A config's heads split hidden_size evenly (head_dim = hidden_size / num_attention_heads), else a one-line
+    ValueError."""
+    if hidden_size % num_attention_heads:
+        raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_attention_heads {num_attention_heads}")
 
 
 def check_pruned_heads(pruned: Mapping, num_layers: int, num_heads: int) -> dict[int, list[int]]:

@@ -8,6 +8,7 @@ real tokens, and 0 at padding.
 
     unpadding_for(attention_mask, unpad_from)  the rule: packed when padding is at least `unpad_from` of the grid
     Unpadding.pad(x) / unpad(x) / select(t)    moves between the two layouts, each one operation whatever the mask
+    key_mask_of(attention_mask)                the padded grid's mask over attention keys, None without padding
 
 Whether a batch is unpadded is a fixed rule on its mask, never a timing, and traced, exported or compiled graphs
 always run padded: whether a batch has padding is data, and such a graph must serve every batch. A caller that reads
@@ -89,3 +90,12 @@ def unpadding_for(attention_mask: torch.Tensor | None, unpad_from: float | None)
     if tokens == 0 or padding == 0 or padding < unpad_from * real.numel():
         return None
     return Unpadding.of(real)
+
+
+def key_mask_of(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """attention_mask (batch, seq), 1 at real tokens and 0 at padding -> (batch, 1, 1, seq) bool, True at the keys a
+    query may read (broadcast over heads and queries); None without a mask or without padding, so that attention runs
+    unmasked (the kernels' fast path)."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask.bool()[:, None, None, :]  # (batch, 1, 1, seq)

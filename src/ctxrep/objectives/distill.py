@@ -124,11 +124,8 @@ def hidden_mse(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor)
 def relation_scores(layer: EncoderLayer, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """MiniLM's two relations of one self-attention layer, as scores before the softmax:
     (Q K^T / sqrt(d_k), V V^T / sqrt(d_k)), each (batch, heads, seq, seq). `hidden` is the layer's input."""
-    attention = layer.attention
-    q = attention._heads(attention.query(hidden))  # (batch, heads, seq, head_dim)
-    k = attention._heads(attention.key(hidden))  # (batch, heads, seq, head_dim)
-    v = attention._heads(attention.value(hidden))  # (batch, heads, seq, head_dim)
-    scale = math.sqrt(attention.head_dim)
+    q, k, v = layer.attention.project_qkv(hidden)  # each (batch, heads, seq, head_dim)
+    scale = math.sqrt(layer.attention.head_dim)
     return (q @ k.transpose(-2, -1)) / scale, (v @ v.transpose(-2, -1)) / scale  # (batch, heads, seq, seq)
 
 
