@@ -260,10 +260,12 @@ def embed_with_ray(
     job = choose_precision(job, "cuda" if gpus_per_actor > 0 else None, log)  # the actors' device
     # the spec the manifest records (and a resumed folder must match), from the model loaded once here; --dimensions
     # wider than the model is refused here too, in one line, not as an actor's traceback
-    spec = job.vectors.spec(job.featurizer("cpu", job.threads))
+    fz = job.featurizer("cpu", job.threads)
+    spec = job.vectors.spec(fz)
     run = open_run(job, log, asked=spec)
     if isinstance(run, EmbedSummary):
         return run
+    run.set_row_shape(job.vectors.row_shape(fz))  # a store's table is made (or checked) with its width here
     run.check(spec)
     log_file = None if ray_verbose else Path(ray_log) if ray_log is not None else run.out / "ray.log"
     with _ray_output_to(log_file):
@@ -414,6 +416,9 @@ def _embed_with_ray(
         )
         for k, rows in _shards_back(ds.iter_batches(batch_format="pyarrow", batch_size=None), expected):
             vectors, index, row_shape, cut = _shard_arrays(rows, ARROW_LAYOUTS[job.vectors.level])
+            if not run.writes_in_workers:  # a store: the run writes the rows, in order
+                run.write_rows(k, vectors, index, by_shard[k], expected[k][0], cut)
+                continue
             entry = write_arrays(vectors, index, k, expected[k][1], job.out.storage, run.out)
             run.record(k, with_cut(entry, cut, by_shard[k], expected[k][0]), row_shape)
 
@@ -431,6 +436,8 @@ def _embed_with_ray(
             embed_group(group)
     except BaseException:
         bar.disable = True
+        if hasattr(run, "abort"):  # a store run: its writer thread stops, what is written stays
+            run.abort()
         raise
     finally:
         bar.close()

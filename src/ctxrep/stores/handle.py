@@ -1,0 +1,187 @@
+"""`VectorStore`: a store's table searched and grown by text, what `ctxrep.open_store(URI)` returns.
+
+    store = ctxrep.open_store("qdrant:vectors.qdrant/corpus")
+    len(store)                                        # rows
+    store.search("a man plays a guitar", k=10)        # Hits (ids, texts, scores best first, rows: input lines)
+    store.search(["q1", "q2"], k=5, exact=True)       # a list of Hits; exact: every row scored
+    store.add(["a new text"], ids=["doc-7"])          # embedded as the table's rows were; same id: replaced
+
+Queries are embedded with the FeaturizerSpec the table records (a `featurizer` given is checked against it: one
+SpecMismatch line naming the fields that differ), cut to its dimensions, coded as its vectors are (bits); the
+store's own ANN index answers, or with `exact=True` its exact mode. A sparse table embeds queries with the
+SparseEncoder of its spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from ctxrep.featurize.spec import FeaturizerSpec
+from ctxrep.stores.base import Rows, Store, StoreRecord, VectorKind
+from ctxrep.stores.uri import StoreError
+from ctxrep.vectors.hits import Hits
+
+ADDED = "<add>"  # the source of rows VectorStore.add writes
+
+
+class VectorStore:
+    """See the module docstring. `featurizer`: a ready ctxrep.Featurizer for text (checked against the table's
+    spec; it also makes the table when `add` writes to one that does not exist yet); `runtime`: Featurizer keyword
+    arguments that do not change the vectors (device, num_threads) for the one built from the spec."""
+
+    def __init__(self, store: Store, featurizer=None, runtime: dict | None = None) -> None:
+        self.store = store
+        self.runtime = dict(runtime or {})
+        self.record: StoreRecord | None = store.read_record()
+        self._featurizer = None
+        if featurizer is not None:
+            self.use_featurizer(featurizer)
+
+    @property
+    def spec(self) -> FeaturizerSpec | None:
+        return None if self.record is None else self.record.spec
+
+    @property
+    def kind(self) -> VectorKind | None:
+        return None if self.record is None else self.record.kind
+
+    def __len__(self) -> int:
+        return 0 if self.record is None else self.store.count()
+
+    def __repr__(self) -> str:
+        what = "empty" if self.record is None else f"{self.record.kind.describe()} of {self.record.spec.model}"
+        return f"VectorStore({self.store.where!r}, {what})"
+
+    def _table(self) -> StoreRecord:
+        if self.record is None:
+            raise StoreError(
+                f"{self.store.where}: no such table; write one with `ctxrep embed --store URI`, or open it with a "
+                "featurizer and add texts"
+            )
+        return self.record
+
+    def use_featurizer(self, featurizer) -> VectorStore:
+        """Embed text with `featurizer`, after checking that it makes the table's vectors."""
+        if self.record is not None:
+            self.record.spec.check(
+                FeaturizerSpec.of(featurizer), self.store.where, "open the store without one to embed as it was written"
+            )
+        self._featurizer = featurizer
+        return self
+
+    def featurizer(self):
+        """What embeds text: the given featurizer, or one built from the recorded spec (a SparseEncoder for a sparse
+        table) on first use."""
+        if self._featurizer is None:
+            record = self._table()
+            kwargs = {**record.spec.featurizer_kwargs(), **self.runtime}
+            if record.kind.form == "sparse":
+                from ctxrep.vectors.sparse import SparseEncoder
+
+                self._featurizer = SparseEncoder(**kwargs)
+            else:
+                from ctxrep.featurize import Featurizer
+
+                self._featurizer = Featurizer(**kwargs)
+        return self._featurizer
+
+    def embed(self, texts: list[str], prompt: str | None = None, prompt_name: str | None = None):
+        """Vectors of `texts` as the table holds them: float32 (n, dim), packed bits, or a csr_matrix."""
+        record = self._table()
+        fz = self.featurizer()
+        if record.kind.form == "sparse":
+            if prompt is not None or prompt_name is not None:
+                raise StoreError(
+                    "prompt / prompt_name apply to dense tables; a sparse table embeds queries as they are"
+                )
+            return fz.embed_sentences(texts)
+        vectors = fz.embed_sentences(texts, prompt=prompt, prompt_name=prompt_name, dimensions=record.spec.dimensions)
+        if vectors.ndim != 2 or vectors.shape[1] != record.kind.dim:
+            raise StoreError(
+                f"{self.store.where}: the featurizer gives {vectors.shape[1:]} per text; the table holds "
+                f"{record.kind.dim}-wide vectors"
+            )
+        if record.kind.precision == "bit":
+            from ctxrep.vectors.quantize import quantize
+
+            return quantize(vectors, "ubinary").codes
+        return vectors
+
+    def search(
+        self,
+        queries,
+        k: int = 10,
+        exact: bool = False,
+        prompt: str | None = None,
+        prompt_name: str | None = None,
+    ) -> Hits | list[Hits]:
+        """The k best rows of each query (a text or a list of texts; or vectors as the table holds them), best first:
+        one Hits for one query, a list for several. Hits.rows are the rows' input lines."""
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"k must be a positive integer, got {k!r}")
+        record = self._table()
+        single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 1)
+        if isinstance(queries, str) or (isinstance(queries, Sequence) and queries and isinstance(queries[0], str)):
+            q = self.embed([queries] if single else list(queries), prompt, prompt_name)
+        else:
+            q = queries
+            if isinstance(q, np.ndarray) and q.ndim == 1:
+                q = q[None, :]
+            if record.kind.form == "dense" and (q.ndim != 2 or q.shape[1] != _width(record.kind)):
+                raise StoreError(f"query vectors of shape {q.shape} do not fit {record.kind.describe()}")
+        found = self.store.search(q, int(k), exact)
+        hits = [Hits(f.ids, f.texts, np.asarray(f.scores, np.float32), np.asarray(f.lines, np.int64)) for f in found]
+        return hits[0] if single else hits
+
+    def add(self, texts: Sequence[str], ids: Sequence[str] | None = None, with_text: bool = True) -> VectorStore:
+        """Embed `texts` as the table's rows were and write them; `ids` (default: derived from each text) replace
+        rows of the same id. Into a table that does not exist yet (opened with a featurizer), the first add makes
+        it, recording the featurizer's spec."""
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        if ids is None:
+            ids = ["text:" + hashlib.sha256(t.encode()).hexdigest()[:16] for t in texts]
+        ids = [str(i) for i in ids]
+        if len(ids) != len(texts) or len(set(ids)) != len(ids):
+            raise StoreError(f"{len(texts)} texts but {len(set(ids))} distinct ids; give one unique id per text")
+        if not texts:
+            return self
+        if self.record is None:
+            if self._featurizer is None:
+                self._table()  # the one-line error
+            self._make_table()
+        vectors = self.embed(texts)
+        n = len(texts)
+        rows = Rows(ids, [ADDED] * n, np.full(n, -1, np.int64), ["text"] * n, np.full(n, -1, np.int64),
+                    [""] * n, list(texts) if with_text else [None] * n, vectors)  # fmt: skip
+        self.store.delete_ids(ids)
+        self.store.write(rows, self.record)
+        return self
+
+    def _make_table(self) -> None:
+        fz = self._featurizer
+        if not getattr(fz, "single_layer", True):
+            raise StoreError(f"{self.store.where}: a store row holds one vector: give the featurizer one layer or mix")
+        sparse = not hasattr(fz, "layer_indices")
+        kind = VectorKind("sparse" if sparse else "dense", int(fz.sentence_dim))
+        kind = self.store.stored(kind)
+        self.store.refuse(kind, self.store.uri)
+        self.record = StoreRecord(FeaturizerSpec.of(fz), kind)
+        self.store.create(self.record)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> VectorStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _width(kind: VectorKind) -> int:
+    return (kind.dim + 7) // 8 if kind.precision == "bit" else kind.dim
