@@ -69,9 +69,10 @@ def open_store_run(
     entry: dict | None = None
     if record is not None:
         if record.level != level or (record.kind.form, record.kind.precision) != (kind.form, kind.precision):
+            asked = "sparse" if kind.form == "sparse" else kind.precision
             raise StoreError(
-                f"{store.where} holds {record.level}-level {record.kind.describe()}, not {level}-level "
-                f"{kind.describe().split(' ', 1)[-1].replace('0-wide ', '')}; use another table"
+                f"{store.where} holds {record.level}-level {record.kind.describe()}, not {level}-level {asked} "
+                "vectors; use another table"
             )
         entry = record.runs.get(key)
     if entry is not None:

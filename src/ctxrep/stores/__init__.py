@@ -35,6 +35,14 @@ def parse(uri: str | StoreURI) -> StoreURI:
     return uri if isinstance(uri, StoreURI) else parse_uri(uri, tuple(STORES))
 
 
+def is_store_uri(text) -> bool:
+    """Whether `text` names a store (its scheme is a row of STORES) rather than a folder."""
+    if not isinstance(text, str):
+        return False
+    scheme = text.partition(":")[0].lower()
+    return ":" in text and (scheme in STORES or scheme == "postgres")
+
+
 def store_class(uri: str | StoreURI) -> type[Store]:
     """The store class of an address, without connecting (to check what it holds before any work)."""
     return STORES[parse(uri).scheme]
@@ -53,4 +61,4 @@ def open_store(uri: str | StoreURI, featurizer=None, runtime: dict | None = None
     return VectorStore(connect(uri), featurizer=featurizer, runtime=runtime)
 
 
-__all__ = ["STORES", "Store", "StoreError", "StoreURI", "connect", "open_store", "parse", "store_class"]
+__all__ = ["STORES", "Store", "StoreError", "StoreURI", "connect", "is_store_uri", "open_store", "parse", "store_class"]

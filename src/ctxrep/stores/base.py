@@ -201,8 +201,8 @@ class Store:
         what = kind.form if kind.form == "sparse" else kind.precision
         if what not in cls.holds:
             raise StoreError(
-                f"{uri.shown}: a {cls.scheme} store holds no {kind.describe().split(' ', 1)[-1]} (it holds "
-                f"{', '.join(cls.holds)}); embed float32 vectors, or use a store that holds these"
+                f"{uri.shown}: a {cls.scheme} store holds no {what} vectors (it holds {', '.join(cls.holds)}); "
+                "embed what it holds, or use a store that holds these"
             )
 
     @classmethod

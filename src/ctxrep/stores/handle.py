@@ -173,6 +173,39 @@ class VectorStore:
         self.record = StoreRecord(FeaturizerSpec.of(fz), kind)
         self.store.create(self.record)
 
+    def vectors(self) -> tuple[list, list, np.ndarray]:
+        """(ids, texts, (rows, dim) float32 vectors) of every row (a dense float table), read through the store."""
+        record = self._table()
+        if record.kind.form != "dense" or record.kind.precision == "bit":
+            raise StoreError(
+                f"{self.store.where}: holds {record.kind.describe()}; a sentence index reads float vectors (embed "
+                "float32, or build a binary index from them: ctxrep index build --binary)"
+            )
+        ids, texts, parts = [], [], []
+        for rows in self.store.scan():
+            ids += rows.ids
+            texts += rows.texts
+            parts.append(np.asarray(rows.vectors, np.float32))
+        vectors = np.concatenate(parts) if parts else np.zeros((0, record.kind.dim), np.float32)
+        return ids, texts, vectors
+
+    def sentence_index(self, ids=None, texts=None, metric: str = "cosine", **kwargs):
+        """A ctxrep.SentenceIndex of every row (`ctxrep index build --vectors URI`): the rows' ids and texts unless
+        given, queries embedded with the table's spec (and its dimensions)."""
+        from ctxrep.vectors.index import SentenceIndex
+
+        if self._table().level != "sentence":
+            raise StoreError(f"{self.store.where}: holds word vectors; a sentence index needs sentence vectors")
+        stored_ids, stored_texts, vectors = self.vectors()
+        if ids is not None and len(ids) != len(stored_ids):
+            raise StoreError(f"{self.store.where}: holds {len(stored_ids)} rows but {len(ids)} ids were given")
+        if self.record.spec.dimensions is not None:
+            kwargs.setdefault("dimensions", self.record.spec.dimensions)
+        return SentenceIndex.from_vectors(
+            vectors, ids=ids if ids is not None else stored_ids, texts=texts if texts is not None else stored_texts,
+            metric=metric, spec=self.record.spec, **kwargs,
+        )  # fmt: skip
+
     def close(self) -> None:
         self.store.close()
 

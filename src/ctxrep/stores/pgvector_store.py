@@ -211,7 +211,9 @@ class PgvectorStore(Store):
 
                     array = scipy.sparse.vstack([scipy.sparse.csr_matrix(v.to_numpy()) for v in vectors])
                 elif kind.precision == "bit":
-                    array = np.packbits(np.stack([v.to_numpy() for v in vectors]), axis=1)
+                    bits = [np.frombuffer(v.encode(), np.uint8) == ord("1") if isinstance(v, str) else v.to_numpy()
+                            for v in vectors]  # fmt: skip
+                    array = np.packbits(np.stack(bits), axis=1)
                 else:
                     array = np.stack([np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v, np.float32)
                                       for v in vectors])  # fmt: skip

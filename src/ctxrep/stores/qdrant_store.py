@@ -98,9 +98,10 @@ class QdrantStore(Store):
                 quantization_config=quantization,
                 metadata={"ctxrep": record.to_json()},
             )
-            for key in ("source", "field"):  # what discard filters by
-                self.client.create_payload_index(self.name, key, m.PayloadSchemaType.KEYWORD)
-            self.client.create_payload_index(self.name, "line", m.PayloadSchemaType.INTEGER)
+            if not self.local:  # what discard filters by (the local mode scans; it keeps no payload index)
+                for key in ("source", "field"):
+                    self.client.create_payload_index(self.name, key, m.PayloadSchemaType.KEYWORD)
+                self.client.create_payload_index(self.name, "line", m.PayloadSchemaType.INTEGER)
         except Exception as e:
             raise self.fail("cannot create the collection", e) from None
 
@@ -172,11 +173,13 @@ class QdrantStore(Store):
     def search(self, queries, k: int, exact: bool) -> list[Found]:
         m = self.models
         kind = self.read_record().kind
-        params = m.SearchParams(
-            exact=exact,
-            hnsw_ef=None if exact else max(128, 2 * k),
-            quantization=m.QuantizationSearchParams(rescore=True) if self.quantization != "none" else None,
-        )
+        params = None  # the local mode scores every point whatever it is asked
+        if not self.local:
+            params = m.SearchParams(
+                exact=exact,
+                hnsw_ef=None if exact else max(128, 2 * k),
+                quantization=m.QuantizationSearchParams(rescore=True) if self.quantization != "none" else None,
+            )
         found = []
         for i in range(queries.shape[0]):
             if kind.form == "sparse":
