@@ -1,6 +1,6 @@
 """The vector stores (ctxrep.stores) on their real engines: LanceDB and Chroma embedded, Qdrant through
 qdrant-client's local mode (the client's own engine, in Python), and a real PostgreSQL 16 with pgvector started on
-127.0.0.1 by these tests (tests/_postgres.py; it fails, never skips, when it cannot start).
+127.0.0.1 by these tests (ctxrep.stores.local_postgres; it fails, never skips, when it cannot start).
 
 Round trips of every vector kind each store holds, `ctxrep embed --store` against the same job into a folder,
 kill -9 in the middle of a write and a rerun (rows = texts, no duplicate, the vectors of an uninterrupted run),
@@ -29,8 +29,8 @@ from ctxrep.embed.corpus import EmbedJob, SentenceVectors, SparseVectors, StoreT
 from ctxrep.featurize.spec import FeaturizerSpec, SpecMismatch
 from ctxrep.stores import StoreError, connect, open_store, parse
 from ctxrep.stores.base import Rows, StoreRecord, VectorKind, row_id
+from ctxrep.stores.local_postgres import PASSWORD, PostgresServer
 from ctxrep.vectors.store import load_vectors
-from tests._postgres import PASSWORD, PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]
 STORES = ["lancedb", "pgvector", "qdrant", "chroma"]
@@ -385,3 +385,21 @@ def test_storage_is_the_old_name_of_shard_format(tmp_path, corpus, tiny_models):
     assert "--storage is deprecated: it is now --shard-format" in r.output
     assert any(issubclass(w.category, DeprecationWarning) and "--shard-format" in str(w.message) for w in caught)
     assert (tmp_path / "o" / "shard-00000.npy").is_file()
+
+
+def test_the_readme_store_example_runs_as_written(tmp_path, monkeypatch):
+    import contextlib
+    import io
+    import re
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Vector stores") :]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("\n".join(TEXTS) + "\n")
+    job = EmbedJob("corpus.txt", StoreTable("lancedb:vecs.lancedb/corpus"), vectors=SentenceVectors(), model="minilm")
+    embed_corpus(job, show_progress=False, log=lambda _: None)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102 - the README's own example
+    assert out.getvalue().strip() == f"{len(TEXTS) + 1} {TEXTS[0]}"

@@ -1,8 +1,8 @@
 """Chroma (`chroma:DIR/COLLECTION` embedded; `chroma://HOST:PORT/COLLECTION` a server; `pip install
 'ctxrep[chroma]'`).
 
-Bulk path: `upsert` in batches of at most `client.get_max_batch_size()` rows (the limit of Chroma's SQLite
-statements), embeddings as numpy arrays; rows of the same id overwrite each other. Chroma holds float32 vectors
+Bulk path: `add` in batches of at most `client.get_max_batch_size()` rows (the limit of Chroma's SQLite
+statements), embeddings as numpy arrays (a rerun first deletes what a killed write left, so no id is added twice). Chroma holds float32 vectors
 only, in an HNSW index of cosine space that it builds as rows arrive; it has no exact search of its own, so the
 exact mode scores every stored vector here. The record: the collection's metadata (`ctxrep`, a JSON string).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctxrep.stores.base import Found, Rows, Store, StoreRecord, dense_scores, top_k
+from ctxrep.stores.base import EF_SEARCH, Found, Rows, Store, StoreRecord, dense_scores, top_k
 from ctxrep.stores.uri import StoreError
 
 
@@ -64,7 +64,9 @@ class ChromaStore(Store):
     def create(self, record: StoreRecord) -> None:
         try:
             self.collection = self.client.create_collection(
-                self.uri.table, metadata={"ctxrep": record.to_json()}, configuration={"hnsw": {"space": "cosine"}}
+                self.uri.table,
+                metadata={"ctxrep": record.to_json()},
+                configuration={"hnsw": {"space": "cosine", "ef_search": EF_SEARCH}},
             )
         except Exception as e:
             raise self.fail("cannot create the collection", e) from None
@@ -90,7 +92,7 @@ class ChromaStore(Store):
         step = self.client.get_max_batch_size()
         try:
             for a in range(0, len(rows), step):
-                collection.upsert(
+                collection.add(
                     ids=rows.ids[a : a + step],
                     embeddings=vectors[a : a + step],
                     metadatas=metadatas[a : a + step],

@@ -2,7 +2,8 @@
 
 Bulk path (LanceDB's documented one): each write is one `Table.add` of an Arrow table (a commit, never a row at a
 time: every add is a new version and its own fragments), and `finish` compacts them (`Table.optimize`) and builds
-the ANN index after the load (IVF_HNSW_SQ on float vectors, from INDEX_FROM rows; `?index=none` leaves it out).
+the ANN index after the load (IVF_HNSW_SQ on float vectors, from INDEX_FROM rows; `?index=hnsw` at any size,
+`?index=none` never).
 Dense float32 and float16 (`?vector=half`) vectors are fixed-size lists searched by cosine distance; bit vectors
 (`--output-precision binary / ubinary`) fixed-size lists of packed uint8, searched by Hamming distance. Exact search:
 `bypass_vector_index()` (a flat scan). The record: the `vector` field's metadata (`ctxrep`).
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctxrep.stores.base import Found, Rows, Store, StoreRecord, VectorKind
+from ctxrep.stores.base import Found, Rows, Store, StoreRecord, VectorKind, ef_search
 from ctxrep.stores.uri import StoreError
 
 INDEX_FROM = 10_000  # rows from which `finish` builds the ANN index (below, a flat scan is as fast)
@@ -38,7 +39,7 @@ class LanceDBStore(Store):
         super().__init__(uri)
         os.environ.setdefault("LANCE_LOG", "error")  # lance's notes ("no existing dataset, it will be created")
         lancedb = self.import_client()
-        self.index = uri.option("index", "auto", ("auto", "none"))
+        self.index = uri.option("index", "auto", ("auto", "hnsw", "none"))
         folder = Path(uri.location).expanduser()
         if folder.exists() and not folder.is_dir():
             raise StoreError(f"{self.where}: {folder} is a file; a LanceDB database is a folder")
@@ -130,7 +131,8 @@ class LanceDBStore(Store):
             return
         table.optimize()  # compacts the fragments of every add, prunes old versions
         kind = self.read_record().kind
-        if self.index == "auto" and kind.precision != "bit" and table.count_rows() >= INDEX_FROM:
+        big = self.index == "hnsw" or (self.index == "auto" and table.count_rows() >= INDEX_FROM)
+        if big and kind.precision != "bit":
             table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ", replace=True)
 
     def count(self) -> int:
@@ -143,8 +145,8 @@ class LanceDBStore(Store):
         found = []
         for q in np.asarray(queries):
             query = table.search(q, vector_column_name="vector").distance_type(kind.metric).limit(k)
-            query = query.select(["id", "text", "line"])
-            query = query.bypass_vector_index() if exact else query.nprobes(20).ef(max(100, 2 * k))
+            query = query.select(["id", "text", "line", "_distance"])
+            query = query.bypass_vector_index() if exact else query.nprobes(20).ef(ef_search(k))
             result = query.to_arrow()
             distance = result.column("_distance").to_numpy().astype(np.float32)
             scores = 1.0 - (distance / kind.dim if kind.metric == "hamming" else distance)

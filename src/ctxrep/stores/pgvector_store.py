@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ctxrep.stores.base import Found, Rows, Store, StoreRecord
+from ctxrep.stores.base import Found, Rows, Store, StoreRecord, ef_search
 from ctxrep.stores.uri import StoreError
 
 RECORDS = "ctxrep_stores"  # one row per ctxrep table: its name and record (JSON)
@@ -174,9 +174,7 @@ class PgvectorStore(Store):
             if exact:
                 self.conn.execute("SET LOCAL enable_indexscan = off")
             else:
-                self.conn.execute(
-                    self.sql.SQL("SET LOCAL hnsw.ef_search = {}").format(self.sql.Literal(max(100, 2 * k)))
-                )
+                self.conn.execute(self.sql.SQL("SET LOCAL hnsw.ef_search = {}").format(self.sql.Literal(ef_search(k))))
             count = queries.shape[0]
             for i in range(count):
                 if kind.form == "sparse":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ctxrep.stores.base import Found, Rows, Store, StoreRecord, uuid_of
+from ctxrep.stores.base import Found, Rows, Store, StoreRecord, ef_search, uuid_of
 from ctxrep.stores.uri import StoreError
 
 UPLOAD_BATCH = 256
@@ -177,7 +177,7 @@ class QdrantStore(Store):
         if not self.local:
             params = m.SearchParams(
                 exact=exact,
-                hnsw_ef=None if exact else max(128, 2 * k),
+                hnsw_ef=None if exact else ef_search(k),
                 quantization=m.QuantizationSearchParams(rescore=True) if self.quantization != "none" else None,
             )
         found = []

