@@ -10,10 +10,12 @@ quantization; a Qdrant server is what users deploy, and is not measured here), C
    field, position, word, text, vector) by ctxrep's writer (ctxrep.stores: Store.write in commits of 20,000 rows,
    what `ctxrep embed --store` runs) and by the store's documented fastest bulk path written here by hand:
    LanceDB one create_table of one Arrow table; PostgreSQL binary COPY with pgvector's dumpers in one transaction;
-   Qdrant upload_collection of one numpy array; Chroma add in batches of get_max_batch_size(). Index builds are
-   timed apart (both sides build the same one after the load). Target: ctxrep >= 0.9x the hand path's rows/s.
+   Qdrant upload_collection of one numpy array; Chroma add in batches of get_max_batch_size(). Connecting and
+   creating the table are not timed; index builds are timed apart (after the load). Best of --repeat runs, the
+   two paths alternating. Target: ctxrep >= 0.9x the hand path's rows/s.
 2. End to end: `ctxrep embed --store URI` (embed + write, overlapped) against `ctxrep embed --out DIR` on the same
-   --texts STS-B sentences. Target: at most 1.15x the folder's time.
+   --texts STS-B sentences (after one warm-up run of each on 8 texts: imports, the model's first call and the
+   clients' first connection are not timed). Target: at most 1.15x the folder's time.
 3. Search: STS-B train's first sentences as documents (--docs), the second sentence of their pairs as queries
    (--queries), written into each store with its index built after the load (LanceDB ?index=hnsw). Each store's
    exact top-10 against ctxrep's exact SentenceIndex (same ids, as sets; target >= 99% of queries), and its ANN
@@ -254,7 +256,7 @@ def faults(places: Places, store: str, corpus: Path, texts: int, trials: int, se
     for _ in range(trials):
         uri = places.uri(store)
         proc = subprocess.Popen(command(uri), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.3, full))
+        time.sleep(rng.uniform(0.1, 0.9) * full)
         proc.send_signal(signal.SIGKILL)
         killed += proc.wait() == -signal.SIGKILL
         subprocess.run(command(uri), env=env, check=True, capture_output=True)
@@ -272,6 +274,7 @@ def main() -> None:
     p.add_argument("--faults", type=int, default=10, help="kills per store")
     p.add_argument("--fault-texts", type=int, default=400)
     p.add_argument("--stores", default=",".join(STORES))
+    p.add_argument("--repeat", type=int, default=2, help="ingest runs per path (the best one counts)")
     p.add_argument("--quick", action="store_true", help="reduced sizes: a smoke test, not a result")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--markdown-out", type=Path, default=None)
@@ -302,9 +305,12 @@ def main() -> None:
     out = []
     try:
         table = []
-        for store in stores:
-            t_hand = hand_ingest(store, places.uri(store), ingest_vectors, ingest_texts)
-            t_ctxrep, t_index = ctxrep_ingest(places.uri(store), ingest_vectors, ingest_texts, spec)
+        for store in stores:  # best of --repeat, the two paths alternating (a shared machine's load varies)
+            t_hand, t_ctxrep, t_index = np.inf, np.inf, np.inf
+            for _ in range(args.repeat):
+                t_hand = min(t_hand, hand_ingest(store, places.uri(store), ingest_vectors, ingest_texts))
+                load, index = ctxrep_ingest(places.uri(store), ingest_vectors, ingest_texts, spec)
+                t_ctxrep, t_index = min(t_ctxrep, load), min(t_index, index)
             ratio = t_hand / t_ctxrep
             ok = ratio >= 0.9
             failed += [] if ok else [f"ingest {store}: {ratio:.2f}x the hand-written path"]
@@ -314,8 +320,11 @@ def main() -> None:
         out.append(f"Ingest of {args.rows:,} precomputed MiniLM vectors (rows/s; index built after, seconds):")
         out.append(fmt_table(["store", "hand", "ctxrep", "ctxrep/hand", "index s", ">= 0.9x"], table, False))
 
-        corpus = work / "corpus.txt"
+        corpus, warm = work / "corpus.txt", work / "warm.txt"
         corpus.write_text("\n".join(first[i % docs_n] for i in range(args.texts)) + "\n")
+        warm.write_text("\n".join(first[:8]) + "\n")
+        for store in stores:  # imports, the model's first call, each client's first connection: not timed
+            end_to_end(places, store, warm, work)
         table = []
         for store in stores:
             t_folder, t_store = end_to_end(places, store, corpus, work)
