@@ -301,7 +301,9 @@ def test_engine_ray_into_a_store_writes_the_one_process_rows(local_ray, tmp_path
     src.write_text("\n".join(TEXTS) + "\n")
     embed_corpus(EmbedJob(str(src), ShardFolder(str(tmp_path / "one"), 4)), show_progress=False)
     uri = f"lancedb:{tmp_path}/db/words"
-    result = CliRunner().invoke(main, ["embed", "--engine", "ray", "--input", str(src), "--store", uri, "--shard-size", "4"])
+    result = CliRunner().invoke(
+        main, ["embed", "--engine", "ray", "--input", str(src), "--store", uri, "--shard-size", "4"]
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().endswith(f"of minilm for 17 texts to {uri}") and (tmp_path / "ray.log").is_file()
     with open_store(uri) as store:

@@ -274,6 +274,32 @@ def test_sparse_vectors_into_sparsevec_and_qdrant_sparse(name, make_uri, corpus,
     assert hits.texts[0] == TEXTS[2]
 
 
+def test_hybrid_dense_and_sparse_rows_in_qdrant_fused_by_rrf(make_uri, corpus, tiny_models, tmp_path):
+    uri = make_uri("qdrant")
+    quiet = {"show_progress": False, "log": lambda _: None}
+    embed_corpus(EmbedJob(corpus, StoreTable(uri), vectors=SentenceVectors(), model=str(tiny_models["bert"])), **quiet)
+    mlm = str(_mlm_folder(tmp_path / "mlm"))
+    sparse = EmbedJob(corpus, StoreTable(uri), vectors=SparseVectors(), model=mlm)
+    assert embed_corpus(sparse, **quiet).rows == len(TEXTS)  # beside the dense vectors, on the same rows
+    assert embed_corpus(sparse, **quiet).already_complete
+    with open_store(uri) as store:
+        assert len(store) == len(TEXTS) and store.record.sparse.model == str(Path(mlm).resolve())
+        hits = store.search(TEXTS[3], k=3, hybrid=True)
+        assert hits.texts[0] == TEXTS[3] and np.all(np.diff(hits.scores) <= 0)  # RRF's scores, best first
+        dense_only = store.search(TEXTS[3], k=3)
+        assert dense_only.texts[0] == TEXTS[3]
+    r = _cli("search", "--store", uri, "--query", TEXTS[5], "--hybrid", "-k", "1")
+    assert r.exit_code == 0 and r.output.splitlines()[1].endswith(TEXTS[5]), r.output
+    r = _cli("search", "--store", make_uri("lancedb"), "--query", "x", "--hybrid")
+    assert r.exit_code == 1 and "no such table" in r.output
+    dense_only = make_uri("qdrant")
+    made = connect(dense_only)
+    made.create(StoreRecord(FeaturizerSpec(model="m"), VectorKind("dense", 32)))
+    made.close()
+    with pytest.raises(StoreError, match="no sparse vectors beside the dense ones"), open_store(dense_only) as other:
+        other.search("x", hybrid=True)
+
+
 def test_workers_send_rows_to_the_one_writer(make_uri, corpus, tiny_models, folder_run):
     uri = make_uri("lancedb")
     job = EmbedJob(corpus, StoreTable(uri, shard_size=2, commit_rows=3), vectors=SentenceVectors(),

@@ -263,6 +263,12 @@ def _note_codes(vectors_dir) -> None:
     "qdrant://HOST:PORT/C, qdrant:DIR/C, chroma:DIR/C): queries embedded with the spec it records, its ANN index.",
 )
 @click.option("--exact", is_flag=True, help="--store: the store's exact search instead of its ANN index.")
+@click.option(
+    "--hybrid",
+    is_flag=True,
+    help="--store: dense and sparse vectors of one table (Qdrant; sparse ones added by `embed --output sparse`), "
+    "the two rankings fused by the engine (RRF).",
+)
 @click.option("--query", "queries", multiple=True, help="A query text (repeatable).")
 @click.option("--queries", "queries_file", default=None, help="A file of queries, one per line.")
 @click.option("-k", "k", default=10, show_default=True, help="Neighbours per query.")
@@ -295,6 +301,7 @@ def search(
     index_dir,
     store_uri,
     exact,
+    hybrid,
     queries,
     queries_file,
     k,
@@ -328,13 +335,13 @@ def search(
 
     if (index_dir is None) == (store_uri is None):
         raise ValueError("give --index DIR (an index folder) or --store URI (a store's table), one of them")
-    if exact and store_uri is None:
-        raise ValueError("--exact applies to --store; an index folder searches exactly up to its exact_below rows")
+    if (exact or hybrid) and store_uri is None:
+        raise ValueError("--exact and --hybrid apply to --store; an index folder searches exactly below exact_below")
     if store_uri is not None:
         from ctxrep.stores import open_store
 
         ix = open_store(store_uri, runtime={"device": device} if device else None)
-        find = functools.partial(ix.search, exact=exact)
+        find = functools.partial(ix.search, exact=exact, hybrid=hybrid)
         if late_interaction or (sparse and (ix.kind is None or ix.kind.form != "sparse")):
             held = "nothing" if ix.kind is None else ix.kind.describe()
             raise ValueError(f"{ix.store.where} holds {held}, not the index --sparse / --late-interaction asks for")

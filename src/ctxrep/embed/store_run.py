@@ -63,12 +63,17 @@ def open_store_run(
     kind = store.stored(kind)
     store.refuse(kind, store.uri)
     source = "<stdin>" if job.input.path == "-" else str(Path(job.input.path).resolve())
-    key = f"{source}|{job.input.text_column}"
     settings = job.settings()
     record = store.read_record()
+    # sparse vectors into a table of dense sentence vectors, in a store that keeps both on a row: beside them
+    beside = bool(store.hybrid and record is not None and kind.form == "sparse" and record.kind.form == "dense"
+                  and record.level == level)  # fmt: skip
+    key = f"{source}|{job.input.text_column}" + ("|sparse" if beside else "")
     entry: dict | None = None
     if record is not None:
-        if record.level != level or (record.kind.form, record.kind.precision) != (kind.form, kind.precision):
+        if not beside and (
+            record.level != level or (record.kind.form, record.kind.precision) != (kind.form, kind.precision)
+        ):
             asked = "sparse" if kind.form == "sparse" else kind.precision
             raise StoreError(
                 f"{store.where} holds {record.level}-level {record.kind.describe()}, not {level}-level {asked} "
@@ -85,15 +90,21 @@ def open_store_run(
             )
         if entry.get("complete"):
             spec = asked or job.vectors.spec(job.featurizer(device))
-            record.check(spec, record.kind, level, store.where, ignore=job.vectors.unread)
+            if beside:
+                record.sparse.check(spec, store.where, "embed with the recorded settings, or use another table")
+            else:
+                record.check(spec, record.kind, level, store.where, ignore=job.vectors.unread)
             store.close()
             return EmbedSummary(
                 job.out.path, job.model, job.vectors.level, entry["texts"], entry["rows"], (record.kind.dim,),
                 entry["shards"], already_complete=True,
             )  # fmt: skip
-    if record is not None:  # what a killed write left past the resume point (no entry yet: from the first line)
+    if record is not None and not beside:  # what a killed write left past the resume point (no entry: all of it)
         store.discard(source, job.input.text_column, entry["next_line"] if entry else 0)
-    return StoreRun(job, store, record, kind, level, source, key, settings, entry, log)
+    run = StoreRun(job, store, record, kind, level, source, key, settings, entry, log)
+    if beside:
+        run.beside_dense()
+    return run
 
 
 class StoreRun:
@@ -120,7 +131,13 @@ class StoreRun:
         self._batch: list[tuple] = []
         self._batch_rows = 0
         self._checked = False  # the engine's spec compared with the table's
-        self._writer = _Writer(store)
+        self.beside = False  # sparse vectors put beside a hybrid table's dense ones
+        self._writer = _Writer(store.write)
+
+    def beside_dense(self) -> None:
+        """Write sparse vectors beside the dense vectors of the table's rows (a hybrid table: Qdrant)."""
+        self.beside, self.spec = True, self.record.sparse
+        self._writer = _Writer(self.store.write_sparse)
 
     @property
     def texts_done(self) -> int:
@@ -141,7 +158,12 @@ class StoreRun:
         if self.spec is not None and self.record is None and spec != self.spec:
             raise SpecMismatch(f"{self.store.where}: the workers' vectors differ from the first ones")
         kind = replace(self.kind, dim=self.dim) if self.dim is not None else None
-        if self.record is not None:
+        if self.beside and self.record.sparse is not None:
+            self.record.sparse.check(spec, self.store.where, "embed with the recorded settings, or use another table")
+        elif self.beside:  # the first sparse vectors beside the dense ones: their spec is recorded
+            self.record = replace(self.record, sparse=spec)
+            self.store.write_record(self.record)
+        elif self.record is not None:
             self.record.check(
                 spec, kind or self.record.kind, self.level, self.store.where, ignore=self.job.vectors.unread
             )
@@ -150,9 +172,6 @@ class StoreRun:
             self.store.create(self.record)
         self.spec = spec
         self._checked = True
-
-    def record(self, k, entry, row_shape, spec=None) -> None:
-        raise TypeError("a store run takes rows (write_rows), not written shard files")
 
     def write_rows(
         self, k: int, vectors, index: list[tuple], records: list[Record], first: int, cut=(), row_shape=None, spec=None
@@ -262,8 +281,8 @@ class StoreRun:
 class _Writer:
     """The thread that runs the store's writes while the next shards embed: one write in progress, one waiting."""
 
-    def __init__(self, store) -> None:
-        self.store = store
+    def __init__(self, write: Callable) -> None:
+        self.write = write  # the store's write (or write_sparse): (rows, record)
         self.queue: queue.Queue = queue.Queue(maxsize=1)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="ctxrep-store-writer", daemon=True)
@@ -276,7 +295,7 @@ class _Writer:
                 return
             if self.error is None:
                 try:
-                    self.store.write(*item)
+                    self.write(*item)
                 except BaseException as e:  # re-raised in the driver at its next put / close
                     self.error = e
 

@@ -103,12 +103,15 @@ def uuid_of(text_id: str) -> str:
 class StoreRecord:
     """What a table holds, kept beside its rows: the spec of its vectors, their kind and level ("sentence": one
     per text or chunk, "word": one per word occurrence), and `runs`: each input's resume point (key: the input
-    file and field; value: settings, shards, texts, rows, next_line, complete)."""
+    file and field, "|sparse" added for a hybrid table's sparse vectors; value: settings, shards, texts, rows,
+    next_line, complete). `sparse`: in a store that holds dense and sparse vectors on one row (Qdrant), the
+    FeaturizerSpec of the sparse vectors added beside the dense ones (hybrid search), else None."""
 
     spec: FeaturizerSpec
     kind: VectorKind
     level: str = "sentence"
     runs: dict = field(default_factory=dict)
+    sparse: FeaturizerSpec | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -119,6 +122,7 @@ class StoreRecord:
                 "kind": self.kind.to_dict(),
                 "level": self.level,
                 "runs": self.runs,
+                "sparse": None if self.sparse is None else self.sparse.to_dict(),
             }  # fmt: skip
         )
 
@@ -137,6 +141,7 @@ class StoreRecord:
                 VectorKind(**data["kind"]),
                 data.get("level", "sentence"),
                 dict(data.get("runs") or {}),
+                FeaturizerSpec.from_dict(data["sparse"], where) if data.get("sparse") else None,
             )
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise StoreError(
@@ -267,6 +272,16 @@ class Store:
     def scan(self, batch_size: int = 10_000) -> Iterator[Rows]:
         """Every row, in batches (ctxrep index build --vectors)."""
         raise NotImplementedError
+
+    # ---- hybrid tables (stores with `hybrid`: dense and sparse vectors on one row) ------------------------------
+
+    def write_sparse(self, rows: Rows, record: StoreRecord) -> None:
+        """Put the sparse vectors `rows.vectors` beside the dense vectors of the rows `rows.ids` (which exist)."""
+        raise StoreError(f"{self.where}: a {self.scheme} store keeps one vector a row; hybrid search: use Qdrant")
+
+    def search_hybrid(self, dense, sparse, k: int) -> list[Found]:
+        """The k best rows for each (dense, sparse) query pair, the two rankings fused by the engine (RRF)."""
+        raise StoreError(f"{self.where}: a {self.scheme} store has no hybrid search; use Qdrant")
 
     def close(self) -> None:
         pass

@@ -9,7 +9,8 @@
 Queries are embedded with the FeaturizerSpec the table records (a `featurizer` given is checked against it: one
 SpecMismatch line naming the fields that differ), cut to its dimensions, coded as its vectors are (bits); the
 store's own ANN index answers, or with `exact=True` its exact mode. A sparse table embeds queries with the
-SparseEncoder of its spec.
+SparseEncoder of its spec. `search(..., hybrid=True)`: a Qdrant table whose rows hold sparse vectors beside their
+dense ones (`ctxrep embed --output sparse` on the same input) fuses both rankings in the engine (RRF).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class VectorStore:
         self.runtime = dict(runtime or {})
         self.record: StoreRecord | None = store.read_record()
         self._featurizer = None
+        self._sparse = None  # a hybrid table's SparseEncoder for queries
         if featurizer is not None:
             self.use_featurizer(featurizer)
 
@@ -117,14 +119,22 @@ class VectorStore:
         exact: bool = False,
         prompt: str | None = None,
         prompt_name: str | None = None,
+        hybrid: bool = False,
     ) -> Hits | list[Hits]:
         """The k best rows of each query (a text or a list of texts; or vectors as the table holds them), best first:
-        one Hits for one query, a list for several. Hits.rows are the rows' input lines."""
+        one Hits for one query, a list for several. Hits.rows are the rows' input lines. hybrid: text queries
+        embedded both ways in a table that holds sparse vectors beside its dense ones (Qdrant), the two rankings
+        fused by the engine (Reciprocal Rank Fusion: scores are RRF's)."""
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         record = self._table()
         single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 1)
-        if isinstance(queries, str) or (isinstance(queries, Sequence) and queries and isinstance(queries[0], str)):
+        texts = isinstance(queries, str) or (isinstance(queries, Sequence) and queries and isinstance(queries[0], str))
+        if hybrid:
+            if not texts or exact:
+                raise StoreError("hybrid search takes text queries and the store's ANN search (leave out exact)")
+            return self._hybrid([queries] if single else list(queries), int(k), prompt, prompt_name, single)
+        if texts:
             q = self.embed([queries] if single else list(queries), prompt, prompt_name)
         else:
             q = queries
@@ -133,6 +143,21 @@ class VectorStore:
             if record.kind.form == "dense" and (q.ndim != 2 or q.shape[1] != _width(record.kind)):
                 raise StoreError(f"query vectors of shape {q.shape} do not fit {record.kind.describe()}")
         found = self.store.search(q, int(k), exact)
+        hits = [Hits(f.ids, f.texts, np.asarray(f.scores, np.float32), np.asarray(f.lines, np.int64)) for f in found]
+        return hits[0] if single else hits
+
+    def _hybrid(self, texts: list[str], k: int, prompt, prompt_name, single: bool):
+        record = self._table()
+        if not self.store.hybrid or record.sparse is None:
+            raise StoreError(
+                f"{self.store.where}: no sparse vectors beside the dense ones for hybrid search; add them with "
+                "`ctxrep embed --output sparse --model SPLADE --store URI` on the same input (Qdrant)"
+            )
+        if self._sparse is None:
+            from ctxrep.vectors.sparse import SparseEncoder
+
+            self._sparse = SparseEncoder(**record.sparse.featurizer_kwargs(), **self.runtime)
+        found = self.store.search_hybrid(self.embed(texts, prompt, prompt_name), self._sparse.embed_sentences(texts), k)
         hits = [Hits(f.ids, f.texts, np.asarray(f.scores, np.float32), np.asarray(f.lines, np.int64)) for f in found]
         return hits[0] if single else hits
 

@@ -11,6 +11,10 @@ restored by `finish`). Points: a UUID derived from the row id (uploads of the sa
 columns as payload, the vector named "dense" (float32, or float16 with `?vector=half`; `?quantization=scalar` or
 `binary` adds Qdrant's own int8 / binary quantization, rescored) or "sparse" (`--output sparse`). Exact search:
 `SearchParams(exact=True)`. The record: the collection's metadata (`ctxrep`).
+
+Hybrid: every dense collection keeps a "sparse" slot; `ctxrep embed --output sparse` into it (the same input)
+puts each row's sparse vector beside its dense one (`update_vectors`), and `search_hybrid` fuses the two rankings
+in the engine (two prefetches, Reciprocal Rank Fusion).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class QdrantStore(Store):
     client = "qdrant_client"
     options = ("api_key", "https", "vector", "quantization")
     holds = ("float32", "float16", "sparse")
+    hybrid = True
 
     def __init__(self, uri) -> None:
         super().__init__(uri)
@@ -77,9 +82,8 @@ class QdrantStore(Store):
     def create(self, record: StoreRecord) -> None:
         m, kind = self.models, record.kind
         dense, sparse = None, None
-        if kind.form == "sparse":
-            sparse = {"sparse": m.SparseVectorParams()}
-        else:
+        sparse = {"sparse": m.SparseVectorParams()}  # a dense table keeps the slot: sparse vectors may join (hybrid)
+        if kind.form != "sparse":
             datatype = m.Datatype.FLOAT16 if kind.precision == "float16" else m.Datatype.FLOAT32
             dense = {"dense": m.VectorParams(size=kind.dim, distance=m.Distance.COSINE, datatype=datatype)}
         quantization = None
@@ -147,6 +151,45 @@ class QdrantStore(Store):
         except Exception as e:
             raise self.fail("cannot write", e) from None
 
+    def write_sparse(self, rows: Rows, record: StoreRecord) -> None:
+        m = self.models
+        csr = rows.vectors.tocsr()
+        points = [
+            m.PointVectors(
+                id=uuid_of(rows.ids[i]),
+                vector={"sparse": m.SparseVector(indices=csr.indices[a:b].tolist(), values=csr.data[a:b].tolist())},
+            )
+            for i, (a, b) in enumerate(zip(csr.indptr[:-1], csr.indptr[1:]))
+        ]
+        try:
+            for a in range(0, len(points), UPLOAD_BATCH):
+                self.client.update_vectors(self.name, points=points[a : a + UPLOAD_BATCH], wait=True)
+            self.write_record(record)
+        except Exception as e:  # a point that is not there: KeyError in the local mode, an HTTP 404 from a server
+            raise self.fail(
+                "cannot add sparse vectors beside the dense ones (embed the dense vectors of this input first)", e
+            ) from None
+
+    def search_hybrid(self, dense, sparse, k: int) -> list[Found]:
+        m = self.models
+        found = []
+        for i in range(len(dense)):
+            row = sparse[i].tocsr()
+            prefetch = [
+                m.Prefetch(query=np.asarray(dense[i], np.float32), using="dense", limit=max(50, 4 * k)),
+                m.Prefetch(
+                    query=m.SparseVector(indices=row.indices.tolist(), values=row.data.tolist()),
+                    using="sparse",
+                    limit=max(50, 4 * k),
+                ),  # fmt: skip
+            ]
+            points = self.client.query_points(
+                self.name, prefetch=prefetch, query=m.FusionQuery(fusion=m.Fusion.RRF), limit=k,
+                with_payload=list(PAYLOAD),
+            ).points  # fmt: skip
+            found.append(_found(points))
+        return found
+
     def discard(self, source: str, field_name: str, from_line: int) -> None:
         m = self.models
         where = m.Filter(
@@ -191,14 +234,7 @@ class QdrantStore(Store):
             points = self.client.query_points(
                 self.name, query=query, using=using, limit=k, search_params=params, with_payload=list(PAYLOAD)
             ).points
-            found.append(
-                Found(
-                    [p.payload["id"] for p in points],
-                    [p.payload.get("text") for p in points],
-                    np.array([p.score for p in points], np.float32),
-                    np.array([p.payload["line"] for p in points]),
-                )
-            )
+            found.append(_found(points))
         return found
 
     def scan(self, batch_size: int = 10_000) -> Iterator[Rows]:
@@ -231,6 +267,15 @@ class QdrantStore(Store):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _found(points) -> Found:
+    return Found(
+        [p.payload["id"] for p in points],
+        [p.payload.get("text") for p in points],
+        np.array([p.score for p in points], np.float32),
+        np.array([p.payload["line"] for p in points]),
+    )
 
 
 def _reachable(uri, port: int) -> None:
