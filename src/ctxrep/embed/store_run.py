@@ -74,7 +74,7 @@ def open_store_run(
         if not beside and (
             record.level != level or (record.kind.form, record.kind.precision) != (kind.form, kind.precision)
         ):
-            asked = "sparse" if kind.form == "sparse" else kind.precision
+            asked = kind.name
             raise StoreError(
                 f"{store.where} holds {record.level}-level {record.kind.describe()}, not {level}-level {asked} "
                 "vectors; use another table"

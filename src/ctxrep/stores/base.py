@@ -32,16 +32,17 @@ EF_SEARCH = (
     200  # HNSW candidates per query (pgvector's default is 40): recall@10 >= 0.95 on STS-B (benchmarks/stores.py)
 )
 
-# what a stored vector is: `form` dense or sparse; a dense vector's `precision`: float32, float16 (half), bit
-FORMS = ("dense", "sparse")
+# what a stored vector is: `form` dense, sparse or multi (one vector per token: late interaction, MaxSim); a dense
+# vector's `precision`: float32, float16 (half), bit
+FORMS = ("dense", "sparse", "multi")
 PRECISIONS = ("float32", "float16", "bit")
 
 
 @dataclass(frozen=True)
 class VectorKind:
     """What one row's vector is: `form` (dense: `dim` numbers; sparse: indices and values over `dim` = the
-    vocabulary), the dense `precision` stored (float32, float16, or bit: the signs, packed; searched by Hamming
-    distance), and the `metric` it is searched by (cosine, or hamming for bits)."""
+    vocabulary; multi: a (tokens, dim) matrix, scored by MaxSim), the dense `precision` stored (float32, float16,
+    or bit: the signs, packed; searched by Hamming distance), and the `metric` it is searched by."""
 
     form: str = "dense"
     dim: int = 0
@@ -51,9 +52,16 @@ class VectorKind:
     def metric(self) -> str:
         return "hamming" if self.precision == "bit" else "dot" if self.form == "sparse" else "cosine"
 
+    @property
+    def name(self) -> str:
+        """What a store must hold for it (a row of a store's `holds`): sparse, multi, or the dense precision."""
+        return self.precision if self.form == "dense" else self.form
+
     def describe(self) -> str:
         if self.form == "sparse":
             return f"sparse vectors over {self.dim} dimensions"
+        if self.form == "multi":
+            return f"multi-vector rows of {self.dim}-wide token vectors"
         return f"{self.dim}-wide {self.precision} vectors"
 
     def to_dict(self) -> dict:
@@ -63,7 +71,7 @@ class VectorKind:
 @dataclass
 class Rows:
     """A batch of rows to write (one list or array entry per row). `vectors`: (rows, dim) float32, (rows, dim / 8)
-    uint8 packed bits, or a scipy.sparse csr_matrix (rows, vocabulary)."""
+    uint8 packed bits, a scipy.sparse csr_matrix (rows, vocabulary), or a list of (tokens, dim) arrays (multi)."""
 
     ids: list[str]
     sources: list[str]
@@ -207,7 +215,7 @@ class Store:
     @classmethod
     def refuse(cls, kind: VectorKind, uri: StoreURI) -> None:
         """A one-line StoreError unless this store holds `kind` natively (before anything is embedded)."""
-        what = kind.form if kind.form == "sparse" else kind.precision
+        what = kind.name
         if what not in cls.holds:
             raise StoreError(
                 f"{uri.shown}: a {cls.scheme} store holds no {what} vectors (it holds {', '.join(cls.holds)}); "
@@ -266,7 +274,8 @@ class Store:
         raise NotImplementedError
 
     def search(self, queries, k: int, exact: bool) -> list[Found]:
-        """The k best rows for each query vector (a (n, dim) array; sparse: a csr_matrix), best first."""
+        """The k best rows for each query vector (a (n, dim) array; sparse: a csr_matrix; multi: a list of (tokens,
+        dim) arrays, scored by MaxSim of cosine similarities), best first."""
         raise NotImplementedError
 
     def scan(self, batch_size: int = 10_000) -> Iterator[Rows]:

@@ -9,7 +9,9 @@
 Queries are embedded with the FeaturizerSpec the table records (a `featurizer` given is checked against it: one
 SpecMismatch line naming the fields that differ), cut to its dimensions, coded as its vectors are (bits); the
 store's own ANN index answers, or with `exact=True` its exact mode. A sparse table embeds queries with the
-SparseEncoder of its spec. `search(..., hybrid=True)`: a Qdrant table whose rows hold sparse vectors beside their
+SparseEncoder of its spec; a multi-vector table (late interaction: LanceDB's multivector, Qdrant's MaxSim), made
+by `add` through a ctxrep.vectors.late_interaction.MultiVectorEncoder, its queries with that encoder.
+`search(..., hybrid=True)`: a Qdrant table whose rows hold sparse vectors beside their
 dense ones (`ctxrep embed --output sparse` on the same input) fuses both rankings in the engine (RRF).
 """
 
@@ -84,16 +86,23 @@ class VectorStore:
                 from ctxrep.vectors.sparse import SparseEncoder
 
                 self._featurizer = SparseEncoder(**kwargs)
+            elif record.kind.form == "multi":
+                from ctxrep.vectors.late_interaction import MultiVectorEncoder
+
+                self._featurizer = MultiVectorEncoder(**kwargs)
             else:
                 from ctxrep.featurize import Featurizer
 
                 self._featurizer = Featurizer(**kwargs)
         return self._featurizer
 
-    def embed(self, texts: list[str], prompt: str | None = None, prompt_name: str | None = None):
-        """Vectors of `texts` as the table holds them: float32 (n, dim), packed bits, or a csr_matrix."""
+    def embed(self, texts: list[str], prompt: str | None = None, prompt_name: str | None = None, query: bool = True):
+        """Vectors of `texts` as the table holds them: float32 (n, dim), packed bits, a csr_matrix, or a (tokens,
+        dim) array per text (multi-vector: as queries, or as documents with `query=False`)."""
         record = self._table()
         fz = self.featurizer()
+        if record.kind.form == "multi":
+            return (fz.embed_queries if query else fz.embed_documents)(texts, prompt=prompt, prompt_name=prompt_name)
         if record.kind.form == "sparse":
             if prompt is not None or prompt_name is not None:
                 raise StoreError(
@@ -128,7 +137,8 @@ class VectorStore:
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         record = self._table()
-        single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == 1)
+        multi = record.kind.form == "multi"
+        single = isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim == (2 if multi else 1))
         texts = isinstance(queries, str) or (isinstance(queries, Sequence) and queries and isinstance(queries[0], str))
         if hybrid:
             if not texts or exact:
@@ -136,6 +146,8 @@ class VectorStore:
             return self._hybrid([queries] if single else list(queries), int(k), prompt, prompt_name, single)
         if texts:
             q = self.embed([queries] if single else list(queries), prompt, prompt_name)
+        elif multi:  # a (tokens, dim) matrix a query
+            q = [queries] if single else list(queries)
         else:
             q = queries
             if isinstance(q, np.ndarray) and q.ndim == 1:
@@ -179,7 +191,7 @@ class VectorStore:
             if self._featurizer is None:
                 self._table()  # the one-line error
             self._make_table()
-        vectors = self.embed(texts)
+        vectors = self.embed(texts, query=False)
         n = len(texts)
         rows = Rows(ids, [ADDED] * n, np.full(n, -1, np.int64), ["text"] * n, np.full(n, -1, np.int64),
                     [""] * n, list(texts) if with_text else [None] * n, vectors)  # fmt: skip
@@ -191,11 +203,12 @@ class VectorStore:
         fz = self._featurizer
         if not getattr(fz, "single_layer", True):
             raise StoreError(f"{self.store.where}: a store row holds one vector: give the featurizer one layer or mix")
-        sparse = not hasattr(fz, "layer_indices")
-        kind = VectorKind("sparse" if sparse else "dense", int(fz.sentence_dim))
+        spec = FeaturizerSpec.of(fz)
+        form = {"sparse": "sparse", "multi-vector": "multi"}.get(spec.head, "dense")  # what the encoder makes
+        kind = VectorKind(form, int(fz.dim if form == "multi" else fz.sentence_dim))
         kind = self.store.stored(kind)
         self.store.refuse(kind, self.store.uri)
-        self.record = StoreRecord(FeaturizerSpec.of(fz), kind)
+        self.record = StoreRecord(spec, kind)
         self.store.create(self.record)
 
     def vectors(self) -> tuple[list, list, np.ndarray]:

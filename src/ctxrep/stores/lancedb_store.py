@@ -5,7 +5,8 @@ time: every add is a new version and its own fragments), and `finish` compacts t
 the ANN index after the load (IVF_HNSW_SQ on float vectors, from INDEX_FROM rows; `?index=hnsw` at any size,
 `?index=none` never).
 Dense float32 and float16 (`?vector=half`) vectors are fixed-size lists searched by cosine distance; bit vectors
-(`--output-precision binary / ubinary`) fixed-size lists of packed uint8, searched by Hamming distance. Exact search:
+(`--output-precision binary / ubinary`) fixed-size lists of packed uint8, searched by Hamming distance;
+multi-vector rows (late interaction) LanceDB's multivector lists, scored by MaxSim (a flat scan). Exact search:
 `bypass_vector_index()` (a flat scan). The record: the `vector` field's metadata (`ctxrep`).
 """
 
@@ -33,7 +34,7 @@ class LanceDBStore(Store):
     extra = "lancedb"
     client = "lancedb"
     options = ("index", "vector")
-    holds = ("float32", "float16", "bit")
+    holds = ("float32", "float16", "bit", "multi")
 
     def __init__(self, uri) -> None:
         super().__init__(uri)
@@ -77,7 +78,10 @@ class LanceDBStore(Store):
             value = pa.float16()
         elif kind.precision == "bit":
             value, width = pa.uint8(), (kind.dim + 7) // 8
-        vector = pa.field("vector", pa.list_(value, width), metadata={RECORD_KEY: record.to_json()})
+        vector_type = pa.list_(value, width)
+        if kind.form == "multi":  # LanceDB's multivector: a list of token vectors a row
+            vector_type = pa.list_(vector_type)
+        vector = pa.field("vector", vector_type, metadata={RECORD_KEY: record.to_json()})
         return pa.schema(
             [
                 pa.field("id", pa.string()),
@@ -106,10 +110,17 @@ class LanceDBStore(Store):
         table = self._open()
         schema = table.schema
         vector_type = schema.field("vector").type
-        vectors = np.ascontiguousarray(rows.vectors, dtype=vector_type.value_type.to_pandas_dtype())
         columns = rows.columns()
         arrays = [pa.array(columns[name], type=schema.field(name).type) for name in schema.names[:-1]]
-        arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vector_type.list_size))
+        if pa.types.is_fixed_size_list(vector_type):
+            vectors = np.ascontiguousarray(rows.vectors, dtype=vector_type.value_type.to_pandas_dtype())
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vector_type.list_size))
+        else:  # multi: each row's (tokens, dim) matrix
+            tokens = vector_type.value_type
+            flat = np.concatenate([np.asarray(m, np.float32) for m in rows.vectors]).reshape(-1)
+            offsets = np.concatenate([[0], np.cumsum([len(m) for m in rows.vectors])]).astype(np.int32)
+            inner = pa.FixedSizeListArray.from_arrays(pa.array(flat), tokens.list_size)
+            arrays.append(pa.ListArray.from_arrays(pa.array(offsets), inner))
         try:
             table.add(pa.Table.from_arrays(arrays, schema=schema.remove_metadata()))
             if record is not None:
@@ -132,7 +143,7 @@ class LanceDBStore(Store):
         table.optimize()  # compacts the fragments of every add, prunes old versions
         kind = self.read_record().kind
         big = self.index == "hnsw" or (self.index == "auto" and table.count_rows() >= INDEX_FROM)
-        if big and kind.precision != "bit":
+        if big and kind.form == "dense" and kind.precision != "bit":  # multi-vector rows: a flat MaxSim scan
             table.create_index(metric="cosine", vector_column_name="vector", index_type="IVF_HNSW_SQ", replace=True)
 
     def count(self) -> int:
@@ -143,13 +154,16 @@ class LanceDBStore(Store):
         table = self._open()
         kind = self.read_record().kind
         found = []
-        for q in np.asarray(queries):
-            query = table.search(q, vector_column_name="vector").distance_type(kind.metric).limit(k)
+        for q in queries if kind.form == "multi" else np.asarray(queries):
+            query = table.search(np.asarray(q), vector_column_name="vector").distance_type(kind.metric).limit(k)
             query = query.select(["id", "text", "line", "_distance"])
             query = query.bypass_vector_index() if exact else query.nprobes(20).ef(ef_search(k))
             result = query.to_arrow()
             distance = result.column("_distance").to_numpy().astype(np.float32)
-            scores = 1.0 - (distance / kind.dim if kind.metric == "hamming" else distance)
+            if kind.form == "multi":  # the distance is the sum over query tokens of 1 - the best cosine: MaxSim back
+                scores = len(q) - distance
+            else:
+                scores = 1.0 - (distance / kind.dim if kind.metric == "hamming" else distance)
             order = np.lexsort((np.arange(len(scores)), -scores))  # best first, as returned
             ids, texts = result.column("id").to_pylist(), result.column("text").to_pylist()
             lines = result.column("line").to_numpy()
@@ -157,11 +171,20 @@ class LanceDBStore(Store):
         return found
 
     def scan(self, batch_size: int = 10_000) -> Iterator[Rows]:
+        import pyarrow as pa
+
         table = self._open().to_arrow()
         for batch in table.to_batches(max_chunksize=batch_size):
             vectors = batch.column("vector")
-            width = vectors.type.list_size
-            array = vectors.flatten().to_numpy(zero_copy_only=False).reshape(len(batch), width)
+            if pa.types.is_fixed_size_list(vectors.type):
+                width = vectors.type.list_size
+                array = vectors.flatten().to_numpy(zero_copy_only=False).reshape(len(batch), width)
+            else:  # multi: a (tokens, dim) array a row
+                width = vectors.type.value_type.list_size
+                flat = vectors.flatten().flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+                offsets = vectors.offsets.to_numpy()
+                offsets = offsets - offsets[0]  # a slice of the table keeps its parent's offsets
+                array = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
             yield Rows(
                 batch.column("id").to_pylist(), batch.column("source").to_pylist(), batch.column("line").to_numpy(),
                 batch.column("field").to_pylist(), batch.column("position").to_numpy(),

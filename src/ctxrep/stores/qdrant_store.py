@@ -8,7 +8,8 @@ is the engine users deploy, with the same calls.
 Bulk path (qdrant-client's documented one): `upload_collection` with numpy arrays (never lists of Python floats),
 in batches, `UPLOAD_PARALLEL` streams, with indexing deferred during the load (`indexing_threshold` 0 at creation,
 restored by `finish`). Points: a UUID derived from the row id (uploads of the same row overwrite it), the row's
-columns as payload, the vector named "dense" (float32, or float16 with `?vector=half`; `?quantization=scalar` or
+columns as payload, the vector named "dense" (float32, or float16 with `?vector=half`; multi-vector rows of late
+interaction with Qdrant's MaxSim comparator; `?quantization=scalar` or
 `binary` adds Qdrant's own int8 / binary quantization, rescored) or "sparse" (`--output sparse`). Exact search:
 `SearchParams(exact=True)`. The record: the collection's metadata (`ctxrep`).
 
@@ -40,7 +41,7 @@ class QdrantStore(Store):
     extra = "qdrant"
     client = "qdrant_client"
     options = ("api_key", "https", "vector", "quantization")
-    holds = ("float32", "float16", "sparse")
+    holds = ("float32", "float16", "sparse", "multi")
     hybrid = True
 
     def __init__(self, uri) -> None:
@@ -85,7 +86,11 @@ class QdrantStore(Store):
         sparse = {"sparse": m.SparseVectorParams()}  # a dense table keeps the slot: sparse vectors may join (hybrid)
         if kind.form != "sparse":
             datatype = m.Datatype.FLOAT16 if kind.precision == "float16" else m.Datatype.FLOAT32
-            dense = {"dense": m.VectorParams(size=kind.dim, distance=m.Distance.COSINE, datatype=datatype)}
+            multi = None
+            if kind.form == "multi":  # late interaction: a matrix a point, scored by MaxSim in the engine
+                multi = m.MultiVectorConfig(comparator=m.MultiVectorComparator.MAX_SIM)
+            dense = {"dense": m.VectorParams(size=kind.dim, distance=m.Distance.COSINE, datatype=datatype,
+                                             multivector_config=multi)}  # fmt: skip
         quantization = None
         if self.quantization == "scalar":
             quantization = m.ScalarQuantization(
@@ -134,6 +139,8 @@ class QdrantStore(Store):
                 {"sparse": self.models.SparseVector(indices=csr.indices[a:b].tolist(), values=csr.data[a:b].tolist())}
                 for a, b in zip(csr.indptr[:-1], csr.indptr[1:])
             ]
+        elif kind.form == "multi":
+            vectors = [{"dense": np.asarray(v, np.float32).tolist()} for v in rows.vectors]
         else:
             vectors = {"dense": np.ascontiguousarray(rows.vectors, dtype=np.float32)}
         try:
@@ -224,11 +231,13 @@ class QdrantStore(Store):
                 quantization=m.QuantizationSearchParams(rescore=True) if self.quantization != "none" else None,
             )
         found = []
-        for i in range(queries.shape[0]):
+        for i in range(len(queries) if kind.form == "multi" else queries.shape[0]):
             if kind.form == "sparse":
                 row = queries[i].tocsr()
                 query = m.SparseVector(indices=row.indices.tolist(), values=row.data.tolist())
                 using = "sparse"
+            elif kind.form == "multi":
+                query, using = np.asarray(queries[i], np.float32).tolist(), "dense"
             else:
                 query, using = np.asarray(queries[i], np.float32), "dense"
             points = self.client.query_points(
@@ -256,6 +265,8 @@ class QdrantStore(Store):
                     array = scipy.sparse.csr_matrix(
                         (np.concatenate(data), np.concatenate(indices), indptr), shape=(len(vs), kind.dim)
                     )
+                elif kind.form == "multi":
+                    array = [np.array(p.vector["dense"], np.float32) for p in points]
                 else:
                     array = np.array([p.vector["dense"] for p in points], np.float32)
                 yield Rows([p["id"] for p in payload], [p["source"] for p in payload],
