@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from ctxrep.embed.records import Record, shards_of, to_stderr
 from ctxrep.embed.run import open_run
 from ctxrep.embed.shards import with_cut
 from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING
+from ctxrep.util.network import why_unreachable
 from ctxrep.vectors.store import write_arrays
 
 # Shards the driver holds and sends through the actor pool at a time (64 x 2,000 texts by default): a corpus of any
@@ -76,11 +76,7 @@ def unreachable(address: str, timeout: float = 5.0) -> str | None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return None
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        return "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
-    return None
+    return why_unreachable(host, int(port), timeout)
 
 
 def _fixed_lists(values: np.ndarray):

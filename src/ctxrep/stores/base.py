@@ -188,15 +188,14 @@ class Store:
     """The protocol every store implements over its own client (one module each); see the module docstring.
 
     Class attributes, read before anything connects: `scheme`, `extra` (the pip extra of its client), `options`
-    (the URI options it reads), `holds` (the VectorKind precisions / forms it stores natively), `exact_native`
-    (whether the engine itself searches exactly; else exact search scores every stored vector here)."""
+    (the URI options it reads), `holds` (what it stores natively: VectorKind.name's), `hybrid` (dense and
+    sparse vectors on one row, searched together)."""
 
     scheme: ClassVar[str]
     extra: ClassVar[str]
     client: ClassVar[str]  # the module the extra installs
     options: ClassVar[tuple[str, ...]] = ()
     holds: ClassVar[tuple[str, ...]] = ("float32",)
-    exact_native: ClassVar[bool] = True
     hybrid: ClassVar[bool] = False
 
     def __init__(self, uri: StoreURI) -> None:

@@ -24,7 +24,6 @@ class ChromaStore(Store):
     client = "chromadb"
     options = ()
     holds = ("float32",)
-    exact_native = False
 
     def __init__(self, uri) -> None:
         super().__init__(uri)

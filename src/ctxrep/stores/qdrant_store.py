@@ -20,7 +20,6 @@ in the engine (two prefetches, Reciprocal Rank Fusion).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from ctxrep.stores.base import Found, Rows, Store, StoreRecord, ef_search, uuid_of
 from ctxrep.stores.uri import StoreError
+from ctxrep.util.network import why_unreachable
 
 UPLOAD_BATCH = 256
 UPLOAD_PARALLEL = 2  # server uploads: parallel streams (the local mode takes one)
@@ -291,8 +291,6 @@ def _found(points) -> Found:
 
 def _reachable(uri, port: int) -> None:
     """A one-line StoreError within TIMEOUT_S seconds when no TCP connection opens to the server."""
-    try:
-        socket.create_connection((uri.host, port), timeout=TIMEOUT_S).close()
-    except OSError as e:
-        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
-        raise StoreError(f"{uri.shown}: cannot reach the server: {why}; start it or check the address") from None
+    why = why_unreachable(uri.host, port, TIMEOUT_S)
+    if why:
+        raise StoreError(f"{uri.shown}: cannot reach the server: {why}; start it or check the address")
