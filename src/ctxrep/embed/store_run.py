@@ -27,7 +27,6 @@ import numpy as np
 
 from ctxrep.embed.codes import OutputCodes
 from ctxrep.embed.job import EmbedJob, EmbedSummary
-from ctxrep.embed.outputs import SparseVectors
 from ctxrep.embed.records import Record, to_stderr
 from ctxrep.featurize.spec import FeaturizerSpec, SpecMismatch
 from ctxrep.stores import StoreError, connect
@@ -41,8 +40,8 @@ def kind_of(job: EmbedJob) -> tuple[VectorKind, str]:
     where = job.out.path
     if vectors.layers == "all" or isinstance(vectors.layers, list):
         raise StoreError(f"{where}: a store row holds one vector: give one --layers (or mix), not several")
-    if isinstance(vectors, SparseVectors):
-        return VectorKind("sparse"), "sentence"
+    if vectors.form != "dense":
+        return VectorKind(vectors.form), vectors.level
     precision = getattr(vectors, "output_precision", "float32")
     if precision in ("int8", "uint8"):
         raise StoreError(
@@ -50,7 +49,7 @@ def kind_of(job: EmbedJob) -> tuple[VectorKind, str]:
             "write float32 and let the store quantize (qdrant ?quantization=scalar, postgresql / lancedb ?vector=half)"
         )
     kind = VectorKind("dense", 0, "bit" if precision in ("binary", "ubinary") else "float32")
-    return kind, "word" if vectors.level == "word" else "sentence"
+    return kind, vectors.level
 
 
 def open_store_run(
