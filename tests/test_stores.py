@@ -343,6 +343,8 @@ def test_cli_embed_search_and_index_build_through_postgresql(pg, corpus, tiny_mo
     r = _cli("search", "--store", uri, "--query", TEXTS[4], "-k", "2", "--exact")
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[1].endswith(TEXTS[4])
+    r = _cli("index", "build", "--vectors", uri, "--input", str(corpus), "--out", str(tmp_path / "ix"))
+    assert r.exit_code == 1 and "a store's rows carry their ids and texts; leave out --input" in r.output
     r = _cli("index", "build", "--vectors", uri, "--out", str(tmp_path / "ix"))
     assert r.exit_code == 0, r.output
     from ctxrep.vectors.index import SentenceIndex

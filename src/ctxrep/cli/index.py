@@ -227,9 +227,11 @@ def _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, co
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
         from ctxrep.stores import is_store_uri, open_store
 
-        if is_store_uri(vectors_dir):  # a store's table: its rows' ids and texts unless --input gives them
+        if is_store_uri(vectors_dir):  # a store's table: its rows carry their ids and texts
+            if items is not None:
+                raise ValueError(f"{vectors_dir}: a store's rows carry their ids and texts; leave out --input")
             with open_store(vectors_dir) as store:
-                return store.sentence_index(ids=ids, texts=texts, metric=metric, **compact)
+                return store.sentence_index(metric=metric, **compact)
         index = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric, **compact)
         _note_codes(vectors_dir)
         return index

@@ -227,22 +227,17 @@ class VectorStore:
         vectors = np.concatenate(parts) if parts else np.zeros((0, record.kind.dim), np.float32)
         return ids, texts, vectors
 
-    def sentence_index(self, ids=None, texts=None, metric: str = "cosine", **kwargs):
-        """A ctxrep.SentenceIndex of every row (`ctxrep index build --vectors URI`): the rows' ids and texts unless
-        given, queries embedded with the table's spec (and its dimensions)."""
+    def sentence_index(self, metric: str = "cosine", **kwargs):
+        """A ctxrep.SentenceIndex of every row with its id and text (`ctxrep index build --vectors URI`), queries
+        embedded with the table's spec (and its dimensions); `kwargs`: SentenceIndex's (binary, ...)."""
         from ctxrep.vectors.index import SentenceIndex
 
         if self._table().level != "sentence":
             raise StoreError(f"{self.store.where}: holds word vectors; a sentence index needs sentence vectors")
-        stored_ids, stored_texts, vectors = self.vectors()
-        if ids is not None and len(ids) != len(stored_ids):
-            raise StoreError(f"{self.store.where}: holds {len(stored_ids)} rows but {len(ids)} ids were given")
-        if self.record.spec.dimensions is not None:
-            kwargs.setdefault("dimensions", self.record.spec.dimensions)
-        return SentenceIndex.from_vectors(
-            vectors, ids=ids if ids is not None else stored_ids, texts=texts if texts is not None else stored_texts,
-            metric=metric, spec=self.record.spec, **kwargs,
-        )  # fmt: skip
+        ids, texts, vectors = self.vectors()
+        if kwargs.get("dimensions") is None and self.record.spec.dimensions is not None:
+            kwargs["dimensions"] = self.record.spec.dimensions  # queries cut as the rows were
+        return SentenceIndex.from_vectors(vectors, ids=ids, texts=texts, metric=metric, spec=self.record.spec, **kwargs)
 
     def close(self) -> None:
         self.store.close()
