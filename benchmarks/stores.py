@@ -279,6 +279,7 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--markdown-out", type=Path, default=None)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `kill` still stops the PostgreSQL server it started
     if args.quick:
         args.rows, args.texts, args.docs, args.queries, args.faults, args.fault_texts = 10_000, 300, 1_500, 200, 2, 150
     stores = args.stores.split(",")

@@ -15,6 +15,7 @@ that cannot start is an error naming why. Not for keeping data: the folder goes 
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import shutil
@@ -65,8 +66,9 @@ class PostgresServer:
         self._run("initdb", "-D", str(data), "-U", USER, f"--pwfile={password_file}", "--auth=scram-sha-256",
                   "-E", "UTF8", "--no-sync")  # fmt: skip
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.folder} -c fsync=off -c full_page_writes=off"
-        self._run("pg_ctl", "-D", str(data), "-o", options, "-l", str(self.folder / "log"), "-w", "-t", "60", "start")
         self.data = data
+        self._run("pg_ctl", "-D", str(data), "-o", options, "-l", str(self.folder / "log"), "-w", "-t", "60", "start")
+        atexit.register(self.stop)  # a script that ends without calling stop() leaves no server behind
 
     def _copy_install(self) -> Path:
         """A copy of the install (bin, lib, share, and the wheel's bundled libraries its binaries find through
@@ -100,7 +102,11 @@ class PostgresServer:
         return f"postgresql://{USER}:{password}@127.0.0.1:{self.port}/{database}?table={table}"
 
     def stop(self) -> None:
+        """Stop the server and delete its folder (again: nothing)."""
+        if not self.folder.exists():
+            return
         try:
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
+            atexit.unregister(self.stop)
