@@ -16,6 +16,9 @@ read from the file name when not given (ctxrep.data.table.detect_format; else te
 read as is. What is written (ctxrep.embed.outputs): `WordVectors`, `SentenceVectors` (per text or per chunk, float32
 or int8 / uint8 / binary / ubinary codes) or `SparseVectors`.
 
+Into a store instead of a folder: `EmbedJob(input, StoreTable("lancedb:vecs.lancedb/corpus"), ...)` (`ctxrep embed
+--store URI`; ctxrep.embed.store_run: the same shards, their rows written to the table in input order, resumable).
+
 Shards: shard k holds the texts k x shard_size .. (k + 1) x shard_size - 1, whatever runs it, so the folder is the
 same for one process, `workers=N` CPU processes or one process per GPU (`devices=["cuda:0", "cuda:1"]`). Records
 are parsed lazily, a shard at a time: memory stays bounded. A shard is written to temporary names and renamed when
