@@ -385,6 +385,8 @@ def test_a_wrong_password_is_refused_without_printing_it(pg):
     with pytest.raises(StoreError) as e:
         connect(pg.uri("t", password="not-the-pw-42"))
     assert "password authentication failed" in str(e.value) and "not-the-pw-42" not in str(e.value)
+    job = EmbedJob("in.txt", StoreTable(pg.uri("t")))  # a job's repr (logs, tracebacks) hides the password too
+    assert PASSWORD not in repr(job.out) and PASSWORD not in job.out.path and "***" in repr(job.out)
 
 
 def test_a_table_of_other_vectors_is_refused_naming_the_fields(make_uri, corpus, tiny_models):

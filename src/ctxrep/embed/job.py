@@ -122,6 +122,12 @@ class StoreTable:
 
         return parse(self.uri).shown
 
+    def __repr__(self) -> str:  # never the credentials
+        return (
+            f"StoreTable({self.path!r}, shard_size={self.shard_size}, with_text={self.with_text}, "
+            f"commit_rows={self.commit_rows})"
+        )
+
 
 @dataclass(init=False)
 class EmbedJob:
