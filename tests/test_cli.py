@@ -63,7 +63,7 @@ def test_embed_jsonl_sentences_all_layers_npy(tmp_path):
             "sentence",
             "--layers",
             "all",
-            "--storage",
+            "--shard-format",
             "npy",
         ]
     )

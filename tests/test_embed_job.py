@@ -64,7 +64,7 @@ def _settings(job: EmbedJob) -> dict:
         (lambda: SentenceVectors(dimensions=True), "--dimensions must be a positive integer, got True"),
         (lambda: SentenceVectors(prompt="q: ", prompt_name="query"), "give --prompt (a text) or --prompt-name"),
         (lambda: ShardFolder("o", shard_size=0), "--shard-size must be at least 1, got 0"),
-        (lambda: ShardFolder("o", storage="zarr"), "--storage must be one of safetensors, npy, got 'zarr'"),
+        (lambda: ShardFolder("o", storage="zarr"), "--shard-format must be one of safetensors, npy, got 'zarr'"),
         (lambda: EmbedInput("in.txt", format="xml"), "--format must be one of text, jsonl, csv, tsv, conll, parquet"),
         (lambda: EmbedInput("-", format="parquet"), "--format parquet reads a file, not standard input"),
         (lambda: EmbedInput("in.txt", header=True), "--header / --no-header apply to --format csv or tsv, not text"),
@@ -95,7 +95,7 @@ def test_options_a_variant_does_not_take_cannot_be_written():
     with pytest.raises(TypeError):
         SparseVectors(layers=3)
     assert SparseVectors().featurizer_options() == {"layers": -1, "pooling": "mean", "sentence_pooling": "mean"}
-    with pytest.raises(ValueError, match=r"^--output sparse writes safetensors shards: leave out --storage npy$"):
+    with pytest.raises(ValueError, match=r"^--output sparse writes safetensors shards: leave out --shard-format npy$"):
         EmbedJob("in.txt", ShardFolder("o", storage="npy"), vectors=SparseVectors())
     with pytest.raises(TypeError, match="vectors must be WordVectors, SentenceVectors or SparseVectors, got str"):
         EmbedJob("in.txt", "o", vectors="sentence")
@@ -134,7 +134,7 @@ def test_the_flags_build_the_variant_they_name():
     [
         (["--sentence-pooling", "cls"], "--sentence-pooling applies to dense sentence vectors: add --level sentence"),
         (["--level", "sentence", "--output", "sparse", "--pooling", "first"], "the last layer: leave out --pooling"),
-        (["--level", "sentence", "--output", "sparse", "--storage", "npy"], "--output sparse writes safetensors"),
+        (["--level", "sentence", "--output", "sparse", "--shard-format", "npy"], "--output sparse writes safetensors"),
     ],
 )
 def test_the_command_refuses_a_flag_the_chosen_vectors_do_not_take(src, tmp_path, monkeypatch, options, message):

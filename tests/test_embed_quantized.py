@@ -67,7 +67,7 @@ def test_int8_codes_are_quantize_embeddings_of_the_float_run_on_the_first_shards
     folder, src, floats, tmp_path, precision, storage
 ):
     out = tmp_path / "out"
-    result = _embed(folder, src, out, "--output-precision", precision, "--storage", storage)
+    result = _embed(folder, src, out, "--output-precision", precision, "--shard-format", storage)
     assert result.exit_code == 0, result.output
     assert f"32 wide {precision} codes" in result.output
     vectors = ctxrep.load_vectors(out)

@@ -289,3 +289,29 @@ def test_engine_ray_resumes_an_interrupted_run(local_ray, corpus, tmp_path):
     assert "embedding 9 texts in 3 shards with 1 Ray actors (1 CPU each)" in logs
     assert summary.texts == 17 and summary.resumed_shards == 2
     _same(one, out)
+
+
+def test_engine_ray_into_a_store_writes_the_one_process_rows(local_ray, tmp_path, monkeypatch):
+    """--engine ray --store: the actors' rows come back to the driver, which writes them to the table in input
+    order, one row per word occurrence, the vectors one process writes (issue 45)."""
+    from ctxrep.stores import open_store
+
+    monkeypatch.chdir(tmp_path)  # Ray's own output: ./ray.log
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n")
+    embed_corpus(EmbedJob(str(src), ShardFolder(str(tmp_path / "one"), 4)), show_progress=False)
+    uri = f"lancedb:{tmp_path}/db/words"
+    result = CliRunner().invoke(
+        main, ["embed", "--engine", "ray", "--input", str(src), "--store", uri, "--shard-size", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith(f"of minilm for 17 texts to {uri}") and (tmp_path / "ray.log").is_file()
+    with open_store(uri) as store:
+        parts = list(store.store.scan())
+    lines = np.concatenate([p.lines for p in parts])
+    positions = np.concatenate([p.positions for p in parts])
+    order = np.lexsort((positions, lines))
+    vectors = np.concatenate([p.vectors for p in parts])[order]
+    words = [w for p in parts for w in p.words]
+    assert [words[i] for i in order] == [w for t in TEXTS for w in t.split()]
+    np.testing.assert_allclose(vectors, ctxrep.load_vectors(tmp_path / "one").array, atol=1e-5)

@@ -28,7 +28,7 @@ def _embed(tmp_path, model, *args, name="out") -> str:
 
 @pytest.mark.parametrize("storage", ["safetensors", "npy"])
 def test_word_vectors_per_text_match_the_shards_and_are_mapped(tmp_path, tiny_models, storage):
-    out = _embed(tmp_path, tiny_models["bert"], "--storage", storage)
+    out = _embed(tmp_path, tiny_models["bert"], "--shard-format", storage)
     all_rows, index = load_shards(out)
     vectors = load_vectors(out)
     texts = [line.split() for line in LINES if line]
@@ -53,7 +53,7 @@ def test_word_vectors_per_text_match_the_shards_and_are_mapped(tmp_path, tiny_mo
 
 
 def test_sentence_vectors_of_all_layers(tmp_path, tiny_models):
-    out = _embed(tmp_path, tiny_models["bert"], "--level", "sentence", "--layers", "all", "--storage", "npy")
+    out = _embed(tmp_path, tiny_models["bert"], "--level", "sentence", "--layers", "all", "--shard-format", "npy")
     all_rows, _ = load_shards(out)
     vectors = load_vectors(out)
     assert len(vectors) == 4 and vectors[0].shape == (3, 32)  # embeddings + 2 layers

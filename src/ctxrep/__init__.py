@@ -12,6 +12,7 @@ __all__ = [
     "SequenceRegressor",
     "similarity",
     "SentenceIndex",
+    "open_store",
 ]
 __version__ = "0.1.0"
 
@@ -49,4 +50,8 @@ def __getattr__(name: str):
         from ctxrep.vectors.index import SentenceIndex
 
         return SentenceIndex
+    if name == "open_store":
+        from ctxrep.stores import open_store
+
+        return open_store
     raise AttributeError(f"module 'ctxrep' has no attribute {name!r}")

@@ -6,6 +6,8 @@ module holds only the command's options.
 
 from __future__ import annotations
 
+import warnings
+
 import click
 from click.core import ParameterSource
 
@@ -39,7 +41,21 @@ def __getattr__(name: str):
 @click.command()
 @click.option("--model", default="minilm", show_default=True, help="Packaged model name or model folder.")
 @click.option("--input", "input_path", required=True, help="Input file, or - for standard input.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), help="Output directory (or --store).")
+@click.option(
+    "--store",
+    "store_uri",
+    default=None,
+    help="Write the vectors to a store's table instead of --out: lancedb:DIR/TABLE (embedded), "
+    "postgresql://USER@HOST:PORT/DB?table=T (pgvector), qdrant://HOST:PORT/COLLECTION or qdrant:DIR/COLLECTION "
+    "(the client's local mode), chroma:DIR/COLLECTION. A rerun resumes; each text's rows are written once.",
+)
+@click.option(
+    "--store-text/--no-store-text",
+    default=True,
+    show_default=True,
+    help="--store: keep each text beside its vectors.",
+)
 @click.option(
     "--format",
     "fmt",
@@ -132,7 +148,19 @@ def __getattr__(name: str):
     "text alone (takes --prompt / --dimensions).",
 )
 @click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
-@click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
+@click.option(
+    "--shard-format",
+    type=click.Choice(["safetensors", "npy"]),
+    default=None,
+    help="--out: the shard files' format [default: safetensors].",
+)
+@click.option(
+    "--storage",
+    type=click.Choice(["safetensors", "npy"]),
+    default=None,
+    hidden=True,
+    help="Deprecated: the old name of --shard-format (goes in 0.3).",
+)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
 @click.option(
     "--batch-tokens",
@@ -198,6 +226,8 @@ def embed(
     model,
     input_path,
     out_dir,
+    store_uri,
+    store_text,
     fmt,
     text_column,
     header,
@@ -214,6 +244,7 @@ def embed(
     chunks,
     late_chunking,
     shard_size,
+    shard_format,
     storage,
     skip_empty,
     batch_tokens,
@@ -231,15 +262,18 @@ def embed(
     precision,
     backend,
 ) -> None:
-    """Write word- or sentence-level vectors of every text in INPUT to shards in OUT.
+    """Write word- or sentence-level vectors of every text in INPUT to shards in OUT, or to a store's table
+    (--store URI).
 
     Shards are written under temporary names and renamed when complete: an interrupted run resumes after the complete
     shards when run again with the same arguments. --workers N / --devices run several processes, each embedding
     whole shards; the folder is the same as one process's.
     """
-    from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedInput, EmbedJob, ShardFolder, vectors_of
+    from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedInput, EmbedJob, vectors_of
 
     _check_options(device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose)
+    shard_format = _shard_format(shard_format, storage)
+    out = _sink(out_dir, store_uri, store_text, shard_size, shard_format)
     source = EmbedInput(input_path, fmt, text_column or DEFAULT_TEXT_COLUMN, header, skip_empty)
     # the vector options given on the command line: the variant --level / --output choose refuses those it does not take
     given = {
@@ -258,7 +292,7 @@ def embed(
     given = {k: v for k, v in given.items() if context.get_parameter_source(k) is not ParameterSource.DEFAULT}
     job = EmbedJob(
         source,
-        ShardFolder(out_dir, shard_size, storage),
+        out,
         vectors=vectors_of(level, output, given),
         model=model,
         batch_tokens=batch_tokens,
@@ -294,6 +328,33 @@ def _check_options(device, devices, workers, engine, ray_address, ray_gpus, ray_
         raise ValueError("give --ray-log (Ray's output to a file) or --ray-verbose (on the terminal), not both")
     if engine == "ray" and devices is not None:
         raise ValueError("--engine ray places actors on GPUs by itself: give --ray-gpus 1 instead of --devices")
+
+
+def _shard_format(shard_format, storage):
+    """--shard-format, or the deprecated --storage with a note (and a DeprecationWarning)."""
+    if storage is None:
+        return shard_format
+    if shard_format is not None:
+        raise ValueError("give --shard-format (--storage is its old name), not both")
+    message = "--storage is deprecated: it is now --shard-format (the shard files' format); --storage goes in 0.3"
+    warnings.warn(message, DeprecationWarning, stacklevel=2)
+    click.echo(f"note: {message}", err=True)
+    return storage
+
+
+def _sink(out_dir, store_uri, store_text, shard_size, shard_format):
+    """Where the vectors go: the ShardFolder of --out or the StoreTable of --store (exactly one of them)."""
+    from ctxrep.embed.corpus import ShardFolder, StoreTable
+
+    if (out_dir is None) == (store_uri is None):
+        raise ValueError("give --out DIR (a folder of shards) or --store URI (a store's table), one of them")
+    if store_uri is None:
+        if not store_text:
+            raise ValueError("--no-store-text applies to --store; a folder keeps no texts")
+        return ShardFolder(out_dir, shard_size, shard_format or "safetensors")
+    if shard_format is not None:
+        raise ValueError("--shard-format is the format of --out's shard files; a --store keeps its own")
+    return StoreTable(store_uri, shard_size, with_text=store_text)
 
 
 def _log(message: str) -> None:

@@ -12,10 +12,13 @@ ctxrep search --index lx/ --query "how do I reset my password"                  
 ctxrep index build --input faq.txt --model FOLDER --dimensions 128 --binary --document-prompt-name document --out bx/
 ctxrep search --index bx/ --query "reset password" --query-prompt-name query     # same dimensions, binary + rescore
 ctxrep search --index ix/ --query "reset password" --rerank RERANKER --rerank-depth 50   # retrieve 50, rerank to k
+ctxrep search --store lancedb:vecs.lancedb/faq --query "reset password" -k 5      # a store `embed --store` wrote
+ctxrep index build --vectors lancedb:vecs.lancedb/faq --out ix/                    # a store's rows as an index
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -32,7 +35,13 @@ def index() -> None:
 
 @index.command("build")
 @click.option("--input", "input_path", default=None, help="Texts: one per line, or CSV/TSV/JSONL with --text-column.")
-@click.option("--vectors", "vectors_dir", default=None, help="A `ctxrep embed --level sentence` folder: no embedding.")
+@click.option(
+    "--vectors",
+    "vectors_dir",
+    default=None,
+    help="A `ctxrep embed --level sentence` folder, or a store's table (lancedb:DIR/TABLE, postgresql://..., "
+    "qdrant:..., chroma:...) an embed --store wrote: no embedding.",
+)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Index folder to write.")
 @click.option("--model", default="minilm", show_default=True, help="Model name or folder (not with --vectors).")
 @click.option(
@@ -216,6 +225,13 @@ def _build_dense(items, vectors_dir, model, layers, sentence_pooling, metric, co
 
     if vectors_dir is not None:
         ids, texts = (items.ids, items.texts) if items is not None else (None, None)
+        from ctxrep.stores import is_store_uri, open_store
+
+        if is_store_uri(vectors_dir):  # a store's table: its rows carry their ids and texts
+            if items is not None:
+                raise ValueError(f"{vectors_dir}: a store's rows carry their ids and texts; leave out --input")
+            with open_store(vectors_dir) as store:
+                return store.sentence_index(metric=metric, **compact)
         index = SentenceIndex.from_vectors(vectors_dir, ids=ids, texts=texts, metric=metric, **compact)
         _note_codes(vectors_dir)
         return index
@@ -240,7 +256,21 @@ def _note_codes(vectors_dir) -> None:
 
 
 @click.command("search")
-@click.option("--index", "index_dir", required=True, help="A folder written by `ctxrep index build`.")
+@click.option("--index", "index_dir", default=None, help="A folder written by `ctxrep index build` (or --store).")
+@click.option(
+    "--store",
+    "store_uri",
+    default=None,
+    help="Search a store's table instead of --index (lancedb:DIR/TABLE, postgresql://.../DB?table=T, "
+    "qdrant://HOST:PORT/C, qdrant:DIR/C, chroma:DIR/C): queries embedded with the spec it records, its ANN index.",
+)
+@click.option("--exact", is_flag=True, help="--store: the store's exact search instead of its ANN index.")
+@click.option(
+    "--hybrid",
+    is_flag=True,
+    help="--store: dense and sparse vectors of one table (Qdrant; sparse ones added by `embed --output sparse`), "
+    "the two rankings fused by the engine (RRF).",
+)
 @click.option("--query", "queries", multiple=True, help="A query text (repeatable).")
 @click.option("--queries", "queries_file", default=None, help="A file of queries, one per line.")
 @click.option("-k", "k", default=10, show_default=True, help="Neighbours per query.")
@@ -271,6 +301,9 @@ def _note_codes(vectors_dir) -> None:
 @user_errors
 def search(
     index_dir,
+    store_uri,
+    exact,
+    hybrid,
     queries,
     queries_file,
     k,
@@ -302,7 +335,22 @@ def search(
     from ctxrep.vectors.late_interaction import LateInteractionIndex
     from ctxrep.vectors.sparse import SparseIndex
 
-    ix = _open(Path(index_dir), device, candidates)
+    if (index_dir is None) == (store_uri is None):
+        raise ValueError("give --index DIR (an index folder) or --store URI (a store's table), one of them")
+    if (exact or hybrid) and store_uri is None:
+        raise ValueError("--exact and --hybrid apply to --store; an index folder searches exactly below exact_below")
+    if store_uri is not None:
+        from ctxrep.stores import open_store
+
+        ix = open_store(store_uri, runtime={"device": device} if device else None)
+        find = functools.partial(ix.search, exact=exact, hybrid=hybrid)
+        if late_interaction or (sparse and (ix.kind is None or ix.kind.form != "sparse")):
+            held = "nothing" if ix.kind is None else ix.kind.describe()
+            raise ValueError(f"{ix.store.where} holds {held}, not the index --sparse / --late-interaction asks for")
+        sparse = late_interaction = False
+    else:
+        ix = _open(Path(index_dir), device, candidates)
+        find = ix.search
     for flag, asked, kind in (
         ("--sparse", sparse, SparseIndex),
         ("--late-interaction", late_interaction, LateInteractionIndex),
@@ -314,18 +362,18 @@ def search(
             )
     prompt = {}
     if query_prompt_name is not None or query_prompt is not None:
-        if not isinstance(ix, SentenceIndex):
+        if not isinstance(ix, SentenceIndex) and store_uri is None:
             raise ValueError(f"--query-prompt(-name): dense indexes only; {index_dir} holds a {type(ix).__name__}")
         prompt = {"prompt": query_prompt, "prompt_name": query_prompt_name}
     if rerank_model is None and (rerank_prompt is not None or rerank_prompt_name is not None):
         raise ValueError("--rerank-prompt(-name) applies with --rerank MODEL; add --rerank or leave them out")
     cut: dict[int, list] = {}  # query number -> ids of the hits the reranker cut to fit
     if rerank_model is None:
-        hits = ix.search(queries, k=k, **prompt)
+        hits = find(queries, k=k, **prompt)
     else:  # retrieve rerank_depth, then keep the reranker's k best (ctxrep.rerank.rerank_hits)
         from ctxrep.rerank import load_reranker, rerank_hits
 
-        found = ix.search(queries, k=max(k, rerank_depth), **prompt)
+        found = find(queries, k=max(k, rerank_depth), **prompt)
         reranker = load_reranker(rerank_model, device=device)
         hits = []
         for number, (q, h) in enumerate(zip(queries, found), start=1):

@@ -16,6 +16,9 @@ read from the file name when not given (ctxrep.data.table.detect_format; else te
 read as is. What is written (ctxrep.embed.outputs): `WordVectors`, `SentenceVectors` (per text or per chunk, float32
 or int8 / uint8 / binary / ubinary codes) or `SparseVectors`.
 
+Into a store instead of a folder: `EmbedJob(input, StoreTable("lancedb:vecs.lancedb/corpus"), ...)` (`ctxrep embed
+--store URI`; ctxrep.embed.store_run: the same shards, their rows written to the table in input order, resumable).
+
 Shards: shard k holds the texts k x shard_size .. (k + 1) x shard_size - 1, whatever runs it, so the folder is the
 same for one process, `workers=N` CPU processes or one process per GPU (`devices=["cuda:0", "cuda:1"]`). Records
 are parsed lazily, a shard at a time: memory stays bounded. A shard is written to temporary names and renamed when
@@ -39,7 +42,15 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ctxrep.embed.codes import RANGED, OutputCodes, output_codes
-from ctxrep.embed.job import EmbedInput, EmbedJob, EmbedSummary, ShardFolder, choose_precision, describe_row_shape
+from ctxrep.embed.job import (
+    EmbedInput,
+    EmbedJob,
+    EmbedSummary,
+    ShardFolder,
+    StoreTable,
+    choose_precision,
+    describe_row_shape,
+)
 from ctxrep.embed.outputs import OutputVectors, SentenceVectors, SparseVectors, WordVectors, vectors_of
 from ctxrep.embed.records import (
     DEFAULT_TEXT_COLUMN,
@@ -75,7 +86,7 @@ def embed_corpus(
     placements = worker_placements(job, workers, devices)  # bad options fail before the folder is touched
     job.vectors.check_prompt(job.model)  # an unknown --prompt-name: before any model loads
     job = choose_precision(job, placements[0][0], log)
-    run = open_run(job, log, placements[0][0])
+    run = open_run(job, log, placements[0][0])  # a store run (--store) or the folder's manifest
     if isinstance(run, EmbedSummary):
         return run
     if len(placements) > 1 and run.codes.precision in RANGED and run.codes.ranges is None:
@@ -94,6 +105,8 @@ def embed_corpus(
             embed_in_workers(run, shards, placements)
     except BaseException:
         bar.disable = True  # the error message is the last word, not a progress line
+        if hasattr(run, "abort"):  # a store run: its writer thread stops, what is written stays
+            run.abort()
         raise
     finally:
         bar.close()
@@ -115,6 +128,11 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
         if k in run.done:
             continue
         # int8 / uint8 without ranges: shard 0 (the first embedded: a folder with shards has its ranges) calibrates
+        if not run.writes_in_workers:  # a store: the rows go to the run, which writes them in order
+            rows, index = embed_shard(fz, records, first, job.vectors)
+            cut = [first + i for i in getattr(fz, "cut_texts", [])]
+            run.write_rows(k, run.codes.encode(rows, k), index, records, first, cut)
+            continue
         entry = write_shard(fz, records, k, first, job.vectors, job.out.storage, run.out, codes=run.codes)
         run.record(k, entry, row_shape, spec)
 
@@ -206,6 +224,7 @@ __all__ = [
     "Record",
     "SentenceVectors",
     "ShardFolder",
+    "StoreTable",
     "SparseVectors",
     "WordVectors",
     "WorkerDied",

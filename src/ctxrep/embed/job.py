@@ -76,8 +76,8 @@ class EmbedInput:
 
 @dataclass
 class ShardFolder:
-    """Where the shards go: the folder `path`, `shard_size` texts a shard, each a `storage` file (safetensors or
-    npy)."""
+    """Where the shards go: the folder `path`, `shard_size` texts a shard, each a `storage` file: the shard format,
+    safetensors or npy (`ctxrep embed --shard-format`)."""
 
     path: str
     shard_size: int = 2000
@@ -88,7 +88,45 @@ class ShardFolder:
         if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise ValueError(f"--shard-size must be at least 1, got {self.shard_size}")
         if self.storage not in STORAGES:
-            raise ValueError(f"--storage must be one of {', '.join(STORAGES)}, got {self.storage!r}")
+            raise ValueError(f"--shard-format must be one of {', '.join(STORAGES)}, got {self.storage!r}")
+
+
+COMMIT_ROWS = 20_000  # rows gathered into one store write (and one resume point)
+
+
+@dataclass
+class StoreTable:
+    """Where a job's vectors go instead of a shard folder: the table at `uri` (ctxrep.stores: lancedb:DIR/TABLE,
+    postgresql://.../DB?table=T, qdrant://HOST:PORT/C or qdrant:DIR/C, chroma:DIR/C); `shard_size` texts a shard
+    (the unit of embedding and resuming, as in a folder); `with_text`: keep each text beside its vectors;
+    `commit_rows`: rows gathered into one write. The address is parsed here: an unknown scheme is refused at once."""
+
+    uri: str
+    shard_size: int = 2000
+    with_text: bool = True
+    commit_rows: int = COMMIT_ROWS
+
+    def __post_init__(self) -> None:
+        from ctxrep.stores import parse
+
+        parse(self.uri)
+        if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
+            raise ValueError(f"--shard-size must be at least 1, got {self.shard_size}")
+        if self.commit_rows < 1:
+            raise ValueError(f"commit_rows must be at least 1, got {self.commit_rows}")
+
+    @property
+    def path(self) -> str:
+        """The address as messages show it (credentials replaced by ***)."""
+        from ctxrep.stores import parse
+
+        return parse(self.uri).shown
+
+    def __repr__(self) -> str:  # never the credentials
+        return (
+            f"StoreTable({self.path!r}, shard_size={self.shard_size}, with_text={self.with_text}, "
+            f"commit_rows={self.commit_rows})"
+        )
 
 
 @dataclass(init=False)
@@ -97,13 +135,14 @@ class EmbedJob:
     recorded in the manifest (the input and the layout in `settings()`, the vectors in `vectors.spec(featurizer)`):
     a resumed run must ask for the same.
 
-    input / out: an EmbedInput / ShardFolder, or a path for one with the defaults. vectors: what is written (default
+    input / out: an EmbedInput / ShardFolder (or a StoreTable: the vectors go to a store's table), or a path for one
+    with the defaults. vectors: what is written (default
     WordVectors()). model: a packaged name, a folder or a Hub name; device, precision (None: the model's own dtype;
     "fp32" loads a bf16 checkpoint as float32; "auto"), backend: how it runs; quantize="int8": the old spelling of
     precision="int8"."""
 
     input: EmbedInput
-    out: ShardFolder
+    out: ShardFolder | StoreTable
     vectors: OutputVectors
     model: str
     batch_tokens: int | None  # None: the Featurizer's default for the device
@@ -118,7 +157,7 @@ class EmbedJob:
     def __init__(
         self,
         input: EmbedInput | str | os.PathLike | None = None,
-        out: ShardFolder | str | os.PathLike | None = None,
+        out: ShardFolder | StoreTable | str | os.PathLike | None = None,
         *,
         vectors: OutputVectors | None = None,
         model: str = "minilm",
@@ -137,7 +176,7 @@ class EmbedJob:
         if input is None or out is None:
             raise TypeError("EmbedJob needs an input and an output folder: EmbedJob(input, out, ...)")
         self.input = input if isinstance(input, EmbedInput) else EmbedInput(input)
-        self.out = out if isinstance(out, ShardFolder) else ShardFolder(out)
+        self.out = out if isinstance(out, (ShardFolder, StoreTable)) else ShardFolder(out)
         self.vectors = WordVectors() if vectors is None else vectors
         if not isinstance(self.vectors, tuple(VARIANTS.values())):
             raise TypeError(
@@ -146,9 +185,9 @@ class EmbedJob:
         self.model, self.batch_tokens, self.threads, self.compile = model, batch_tokens, threads, compile
         self.device, self.precision, self.backend, self.quantize = device, precision, backend, quantize
         self.extra_settings = dict(extra_settings or {})
-        if self.out.storage not in self.vectors.storages:
+        if isinstance(self.out, ShardFolder) and self.out.storage not in self.vectors.storages:
             raise ValueError(
-                f"{self.vectors.flag} writes {' or '.join(self.vectors.storages)} shards: leave out --storage "
+                f"{self.vectors.flag} writes {' or '.join(self.vectors.storages)} shards: leave out --shard-format "
                 f"{self.out.storage}"
             )
 
@@ -173,10 +212,11 @@ class EmbedJob:
             "text_field": self.input.text_column,
             "level": self.vectors.level,
             "shard_size": self.out.shard_size,
-            "storage": self.out.storage,
             "skip_empty": self.input.skip_empty,
             **_fingerprint(self.input.path),
         }
+        if isinstance(self.out, ShardFolder):  # the shard files' format (a store has its own)
+            settings["storage"] = self.out.storage
         if self.input.header is not None:  # decides which rows are texts
             settings["header"] = self.input.header
         settings.update(self.vectors.settings())
@@ -280,7 +320,7 @@ _FLAT_READS: dict[str, tuple[str, Callable[[EmbedJob], Any]]] = {
 class EmbedSummary:
     """What a run left in its folder."""
 
-    out: Path
+    out: Path | str  # the folder, or the store's address (credentials hidden)
     model: str
     level: str
     texts: int

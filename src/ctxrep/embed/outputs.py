@@ -36,6 +36,7 @@ class _Vectors:
 
     level: ClassVar[str]  # the manifest's settings["level"] and the summary's "wrote N ... vectors"
     flag: ClassVar[str]  # how `ctxrep embed` asks for it
+    form: ClassVar[str] = "dense"  # what a store's row holds (`ctxrep embed --store`): dense or sparse
     storages: ClassVar[tuple[str, ...]] = STORAGES
     unread: ClassVar[tuple[str, ...]] = ()  # Featurizer settings these vectors do not depend on
     layers: Any
@@ -261,6 +262,7 @@ class SparseVectors(_Vectors):
 
     level: ClassVar[str] = "sentence"
     flag: ClassVar[str] = "--output sparse"
+    form: ClassVar[str] = "sparse"
     storages: ClassVar[tuple[str, ...]] = ("safetensors",)
     layers: ClassVar[int] = -1
     pooling: ClassVar[str] = "mean"  # the token states are read whole: neither pooling decides a sparse vector

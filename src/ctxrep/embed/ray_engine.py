@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from ctxrep.embed.records import Record, shards_of, to_stderr
 from ctxrep.embed.run import open_run
 from ctxrep.embed.shards import with_cut
 from ctxrep.featurize.spec import DEFAULT_SENTENCE_POOLING
+from ctxrep.util.network import why_unreachable
 from ctxrep.vectors.store import write_arrays
 
 # Shards the driver holds and sends through the actor pool at a time (64 x 2,000 texts by default): a corpus of any
@@ -76,11 +76,7 @@ def unreachable(address: str, timeout: float = 5.0) -> str | None:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return None
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        return "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
-    return None
+    return why_unreachable(host, int(port), timeout)
 
 
 def _fixed_lists(values: np.ndarray):
@@ -260,10 +256,12 @@ def embed_with_ray(
     job = choose_precision(job, "cuda" if gpus_per_actor > 0 else None, log)  # the actors' device
     # the spec the manifest records (and a resumed folder must match), from the model loaded once here; --dimensions
     # wider than the model is refused here too, in one line, not as an actor's traceback
-    spec = job.vectors.spec(job.featurizer("cpu", job.threads))
+    fz = job.featurizer("cpu", job.threads)
+    spec = job.vectors.spec(fz)
     run = open_run(job, log, asked=spec)
     if isinstance(run, EmbedSummary):
         return run
+    run.set_row_shape(job.vectors.row_shape(fz))  # a store's table is made (or checked) with its width here
     run.check(spec)
     log_file = None if ray_verbose else Path(ray_log) if ray_log is not None else run.out / "ray.log"
     with _ray_output_to(log_file):
@@ -414,6 +412,9 @@ def _embed_with_ray(
         )
         for k, rows in _shards_back(ds.iter_batches(batch_format="pyarrow", batch_size=None), expected):
             vectors, index, row_shape, cut = _shard_arrays(rows, ARROW_LAYOUTS[job.vectors.level])
+            if not run.writes_in_workers:  # a store: the run writes the rows, in order
+                run.write_rows(k, vectors, index, by_shard[k], expected[k][0], cut)
+                continue
             entry = write_arrays(vectors, index, k, expected[k][1], job.out.storage, run.out)
             run.record(k, with_cut(entry, cut, by_shard[k], expected[k][0]), row_shape)
 
@@ -431,6 +432,8 @@ def _embed_with_ray(
             embed_group(group)
     except BaseException:
         bar.disable = True
+        if hasattr(run, "abort"):  # a store run: its writer thread stops, what is written stays
+            run.abort()
         raise
     finally:
         bar.close()

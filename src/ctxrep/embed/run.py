@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ctxrep.embed.codes import OutputCodes
-from ctxrep.embed.job import EmbedJob, EmbedSummary
+from ctxrep.embed.job import EmbedJob, EmbedSummary, StoreTable
 from ctxrep.embed.records import to_stderr
 from ctxrep.embed.shards import cut_summary
 from ctxrep.featurize.spec import FeaturizerSpec, SpecMismatch
@@ -35,6 +35,8 @@ class WorkerDied(ValueError):
 class EmbedRun:
     """The manifest's bookkeeping for one run: the shards done (kept from an earlier run, or recorded now), the spec
     of their vectors, and the progress display the caller attaches (`bar`: counts the texts of each shard recorded)."""
+
+    writes_in_workers = True  # worker processes write their shard files; this process records them
 
     def __init__(
         self,
@@ -150,11 +152,15 @@ def open_run(
     log: Callable[[str], None] = to_stderr,
     device: str | None = None,
     asked: FeaturizerSpec | None = None,
-) -> EmbedRun | EmbedSummary:
+):
     """The bookkeeping of a run into `job.out_dir`: the shards an earlier run with the same settings completed (a
     different run's folder is refused), or the summary of a complete folder. A complete folder's spec is checked
     here against `asked` (else the spec of the job's model, loaded on `device`); an unfinished one's when the run
-    loads its model (`EmbedRun.check`)."""
+    loads its model (`EmbedRun.check`). A job into a store (`StoreTable`) gets its StoreRun (ctxrep.embed.store_run)."""
+    if isinstance(job.out, StoreTable):
+        from ctxrep.embed.store_run import open_store_run
+
+        return open_store_run(job, log, device, asked)
     out = Path(job.out.path)
     settings = job.settings()
     manifest_file = out / MANIFEST

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from ctxrep.embed.codes import OutputCodes
-from ctxrep.embed.job import EmbedJob
+from ctxrep.embed.job import EmbedJob, StoreTable
 from ctxrep.embed.run import EmbedRun, WorkerDied
-from ctxrep.embed.shards import write_shard
+from ctxrep.embed.shards import embed_shard, write_shard
 from ctxrep.featurize.spec import FeaturizerSpec
 
 
@@ -126,6 +126,10 @@ def _collect(run: EmbedRun, results, procs, pending: dict[int, int], wait: float
             entry, row_shape, spec = payload
             pending.pop(k, None)
             run.record(k, entry, row_shape, FeaturizerSpec.from_dict(spec))
+        elif kind == "rows":  # a store run: the worker's rows, written here
+            vectors, index, records, first, cut, row_shape, spec = payload
+            pending.pop(k, None)
+            run.write_rows(k, vectors, index, records, first, cut, row_shape, FeaturizerSpec.from_dict(spec))
         elif kind == "error":
             where = f" while embedding shard {k}" if k >= 0 else ""
             raise ValueError(f"worker {worker}{where}: {payload}")
@@ -182,6 +186,7 @@ def _worker(job: EmbedJob, codes: OutputCodes, device, threads, tasks, results, 
     except Exception as e:
         results.put(("error", -1, worker, f"{type(e).__name__}: {e}"))
         return
+    in_store = isinstance(job.out, StoreTable)
     out = Path(job.out.path)
     while True:
         task = tasks.get()
@@ -190,6 +195,12 @@ def _worker(job: EmbedJob, codes: OutputCodes, device, threads, tasks, results, 
         k, first, records = task
         results.put(("started", k, worker, None))
         try:
+            if in_store:  # the rows go back to the main process, which alone writes to the store, in order
+                rows, index = embed_shard(fz, records, first, job.vectors)
+                cut = [first + i for i in getattr(fz, "cut_texts", [])]
+                payload = (codes.encode(rows, k), index, records, first, cut, row_shape, spec)
+                results.put(("rows", k, worker, payload))
+                continue
             entry = write_shard(fz, records, k, first, job.vectors, job.out.storage, out, codes=codes)
         except Exception as e:
             results.put(("error", k, worker, f"{type(e).__name__}: {e}"))

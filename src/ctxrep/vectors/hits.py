@@ -8,7 +8,8 @@ sentence-transformers' `util.semantic_search` and `CrossEncoder.rank` answer wit
              of the documents in the list it was given
     texts    the items' texts (None where an index stores none), a rerank's documents
     scores   (k,) float32, best first
-    rows     (k,) int64 the items' rows: in the index, or the documents' positions
+    rows     (k,) int64 the items' rows: in the index, or the documents' positions (a store's search, ctxrep.stores:
+             the rows' input lines)
 
 One query gives one Hits; a list of queries (or a 2-D batch of vectors, even of one row) a list of Hits, one per
 query in order. Iterating a Hits gives (id, text, score) triples, best first.
