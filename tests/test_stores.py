@@ -431,21 +431,3 @@ def test_storage_is_the_old_name_of_shard_format(tmp_path, corpus, tiny_models):
     assert "--storage is deprecated: it is now --shard-format" in r.output
     assert any(issubclass(w.category, DeprecationWarning) and "--shard-format" in str(w.message) for w in caught)
     assert (tmp_path / "o" / "shard-00000.npy").is_file()
-
-
-def test_the_readme_store_example_runs_as_written(tmp_path, monkeypatch):
-    import contextlib
-    import io
-    import re
-
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("## Vector stores") :]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "corpus.txt").write_text("\n".join(TEXTS) + "\n")
-    job = EmbedJob("corpus.txt", StoreTable("lancedb:vecs.lancedb/corpus"), vectors=SentenceVectors(), model="minilm")
-    embed_corpus(job, show_progress=False, log=lambda _: None)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102 - the README's own example
-    assert out.getvalue().strip() == f"{len(TEXTS) + 1} {TEXTS[0]}"
