@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ctxrep.models.albert import AlbertModel
+from ctxrep.models.bart import BartForConditionalGeneration
 from ctxrep.models.bert import BertModel
 from ctxrep.models.deberta_v2 import DebertaV2Model
 from ctxrep.models.distilbert import DistilBertModel
@@ -76,6 +77,8 @@ FAMILIES: dict[str, type[Encoder]] = {
     "ctxrep-albert": AlbertModel,  # ALBERT with attention- or FFN-only sharing (ctxrep's own format)
     "marian": MarianMTModel,  # the Transformer encoder-decoder (OPUS-MT's layout); tools see its encoder
     "ctxrep_mt": MarianMTModel,  # the same with pre-LayerNorm (ctxrep's own format)
+    "bart": BartForConditionalGeneration,  # encoder-decoders (issue 44): the encoder's layers, then the decoder's
+    "mbart": BartForConditionalGeneration,  # BART's network, pre-LayerNorm; family "mbart"
 }
 
 

@@ -217,7 +217,7 @@ def average_state_dicts(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
 class TranslationObjective(nn.Module):
     """A MarianMTModel trained with label-smoothed cross-entropy, mean over the batch's target tokens.
 
-    fast_loss (the default): MarianMTModel.translation_loss, which projects only the decoder states of real target
+    fast_loss (the default): EncoderDecoder.seq2seq_loss, which projects only the decoder states of real target
     tokens onto the vocabulary; False: `label_smoothed_loss` of the full (batch, tgt, vocab) logits, the reference
     it is tested against (tests/test_marian.py) and benchmarked against (benchmarks/mt_train_speed.py)."""
 
@@ -231,7 +231,7 @@ class TranslationObjective(nn.Module):
     def losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(label-smoothed loss, NLL, tokens) of a batch, summed over its real target tokens."""
         if self.fast_loss:
-            return self.model.translation_loss(
+            return self.model.seq2seq_loss(
                 batch["input_ids"],
                 batch["attention_mask"],
                 batch["decoder_input_ids"],
