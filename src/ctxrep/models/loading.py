@@ -198,13 +198,19 @@ def _build(source: ModelSource, dtype: str | torch.dtype = "auto") -> Encoder:
 def _build_family(source: ModelSource, dtype: str | torch.dtype) -> Encoder:
     if source.elmo:
         return _cast(ElmoBiLM.from_pretrained(source.folder), dtype)
-    config = read_config(source.folder)
-    model_type = config.get("model_type")
-    check_model_type(model_type, str(source.folder / "config.json"))
-    family = ARCHITECTURE_FAMILIES.get((config.get("architectures") or [None])[0], FAMILIES[model_type])
+    family = family_of(source.folder)
     if issubclass(family, LAZY_FAMILIES):
         return family.from_pretrained(source.folder, dtype=dtype)
     return _cast(family.from_pretrained(source.folder), dtype)
+
+
+def family_of(folder: Path) -> type[Encoder]:
+    """The family class of a Hugging Face folder, from config.json alone (FAMILIES by model_type, or
+    ARCHITECTURE_FAMILIES by architectures[0]); a model_type no family loads is a one-line CheckpointError."""
+    config = read_config(folder)
+    model_type = config.get("model_type")
+    check_model_type(model_type, str(Path(folder) / "config.json"))
+    return ARCHITECTURE_FAMILIES.get((config.get("architectures") or [None])[0], FAMILIES[model_type])
 
 
 def _cast(model: Encoder, dtype: str | torch.dtype) -> Encoder:

@@ -183,6 +183,7 @@ class MarianMTModel(TransformerEncoderDecoder):
     family = "marian"
     word_level = False
     teacher_forced_layers = False
+    reads_template = False  # translate/tokenizer.py: ids then </s>
     unpad_from = UNPAD_FROM  # Encoder.unpadding: a source batch with this share of padding runs unpadded
 
     def __init__(self, config: MarianConfig) -> None:

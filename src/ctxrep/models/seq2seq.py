@@ -445,6 +445,9 @@ class EncoderDecoder(Encoder):
     # config fields of the two stacks' depths (transformers' names differ by family)
     stack_fields: tuple[str, str] = ("encoder_layers", "decoder_layers")
     output_scale: float = 1.0  # decoder states are multiplied by this before the output projection (tied T5)
+    # The family reads its folder's tokenizer with its special-token template (BART's "<s> A </s>", T5's "A </s>");
+    # False: ids then </s> (Marian: `ctxrep mt train`'s tokenizer.json, OPUS-MT's SentencePiece files)
+    reads_template: bool = True
 
     # ---- what the search reads (transformers' generation_config of the family's folders) ----
 
