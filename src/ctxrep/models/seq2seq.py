@@ -757,12 +757,11 @@ class TransformerEncoderDecoder(EncoderDecoder):
         keys; None: every key is real. One token at a time, as in search, needs no mask at all.
         project=False leaves the output projection out (logits None): training projects only the states of real
         target tokens (`seq2seq_loss`)."""
-        t = decoder_input_ids.shape[1]
         self_mask, is_causal = self_attention_mask(decoder_input_ids, cache, decoder_attention_mask)
         y = self.embed_target(decoder_input_ids, cache.length)  # (rows, new, d_model)
         hidden_states, self_attentions, cross_attentions = [y], [], []
         for i, layer in enumerate(self.decoder.layers):
-            y, self_probs, cross_probs = layer(y, i, cache, self_mask, is_causal and t > 1, output_attentions)
+            y, self_probs, cross_probs = layer(y, i, cache, self_mask, is_causal, output_attentions)
             hidden_states.append(y)
             self_attentions.append(self_probs)
             cross_attentions.append(cross_probs)
@@ -785,7 +784,7 @@ def self_attention_mask(
     decoder_attention_mask (rows, past + new); a padding query still reads itself, so that no row of the softmax is
     empty (NaN). (None, True): the plain lower-triangular mask (SDPA's fast path); (None, False) for one new token
     and no padding: it reads every key."""
-    rows, t = decoder_input_ids.shape
+    rows, t = (int(n) for n in decoder_input_ids.shape)  # plain ints, also under tracing
     past = cache.length
     if rows != cache.num_sentences * cache.group:
         raise ValueError(
