@@ -204,3 +204,80 @@ def test_a_folder_the_network_cannot_run_is_refused_before_its_weights(tmp_path,
     with pytest.raises((CheckpointError, ValueError), match=message) as e:
         BartForConditionalGeneration.from_pretrained(tmp_path)
     assert "\n" not in str(e.value)
+
+
+# ---- the encoder interface: encoder layers, then decoder layers teacher-forced; classification at the final </s> ----
+
+
+@pytest.fixture(scope="module")
+def classifier_folder(tmp_path_factory):
+    """A tiny BartForSequenceClassification (3 labels) with a BPE tokenizer.json in BART's template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    path = tmp_path_factory.mktemp("bart-cls")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    text = ["the dog runs today .", "a cat sleeps often .", "contextual word vectors depend on the sentence"]
+    tok.train_from_iterator(
+        text * 5, trainers.BpeTrainer(vocab_size=100, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    config = hf_model(vocab_size=tok.get_vocab_size()).config
+    config.num_labels = 3
+    torch.manual_seed(1)
+    transformers.BartForSequenceClassification(config).eval().save_pretrained(path)
+    return path
+
+
+def test_teacher_forced_layers_are_the_encoders_then_the_decoders(classifier_folder):
+    """encode(batch): the encoder's E + 1 states, then the decoder's D layers with the text shifted right into it:
+    transformers' decoder states of BartModel(input_ids) (decoder_input_ids = shift_tokens_right(input_ids))."""
+    import ctxrep
+
+    loaded = ctxrep.load_encoder(classifier_folder)
+    m = loaded.model
+    ids, mask = batch("right")
+    with torch.no_grad():
+        ours = m.encode({"input_ids": ids, "attention_mask": mask}, output_attentions=True)
+        ref = transformers.BartModel.from_pretrained(classifier_folder, attn_implementation="eager").eval()
+        theirs = ref(input_ids=ids, attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    want = [*theirs.encoder_hidden_states, *theirs.decoder_hidden_states[1:]]
+    assert len(ours.hidden_states) == len(want) == m.num_layers + 1 == 2 + 2 + 1
+    for i, (x, y) in enumerate(zip(ours.hidden_states, want)):
+        assert (x - y)[mask.bool()].abs().max() < TOL, f"hidden state {i}"
+    assert len(ours.attentions) == 4 and len(ours.cross_attentions) == 2
+    assert ours.attentions[2].shape == (3, 2, ids.shape[1], ids.shape[1])  # the decoder's heads, causal
+    assert torch.allclose(ours.cross_attentions[1], theirs.cross_attentions[1], atol=TOL)
+    assert m.layer_sides() == ["encoder"] * 3 + ["decoder"] * 2
+    assert loaded.tokenizer.template.cls_index == -1  # the classification token: the final </s>
+
+
+def test_classification_pools_the_decoders_final_eos_as_transformers(classifier_folder):
+    """ctxrep.rerank's cross-encoder over a BartForSequenceClassification folder: the same logits; the Featurizer's
+    cls sentence vector is the decoder's last state at the final </s>."""
+    import numpy as np
+
+    import ctxrep
+    from ctxrep.rerank import CrossEncoderReranker
+
+    pairs = [("the dog runs", "a cat sleeps often ."), ("contextual vectors", "the sentence")]
+    ours = CrossEncoderReranker(str(classifier_folder), activation="identity").predict(pairs)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(classifier_folder / "tokenizer.json"), pad_token="<pad>", eos_token="</s>"
+    )
+    ref = transformers.BartForSequenceClassification.from_pretrained(classifier_folder).eval()
+    with torch.no_grad():
+        enc = tok([a for a, _ in pairs], [b for _, b in pairs], return_tensors="pt", padding=True)
+        logits = ref(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    np.testing.assert_allclose(ours, logits.numpy(), atol=TOL)
+    fz = ctxrep.Featurizer(str(classifier_folder), sentence_pooling="cls")
+    text = "the dog runs today ."
+    vector = fz.embed_sentences([text])[0]
+    with torch.no_grad():
+        one = tok([text], return_tensors="pt")
+        states = ref.model(input_ids=one["input_ids"]).last_hidden_state  # the decoder's last layer
+    np.testing.assert_allclose(vector, states[0, -1].numpy(), atol=TOL)

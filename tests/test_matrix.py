@@ -393,6 +393,12 @@ def test_info(family, model):
     else:
         assert f"attention heads  none ({m.no_attention_reason()})" in out
     assert ("words (characters)" in out) == m.word_level
+    # an encoder-decoder says which layers are the encoder's and which the decoder's (teacher-forced)
+    sides = m.layer_sides()
+    assert len(sides) == m.num_layers + 1 and (m.decoder_from is None) == (set(sides) == {""})
+    if m.decoder_from is not None:
+        d = m.decoder_from
+        assert f"layers 0-{d - 1} encoder, {d}-{m.num_layers} decoder (the text teacher-forced" in out, out
     # the sentence pooling a sentence-transformers folder declares (the MPNet fixture is all-mpnet-base-v2's layout)
     declared = (Path(model) / "modules.json").is_file()
     assert ("sentence vector  mean, then L2-normalised, from modules.json" in out) == declared, out
@@ -534,6 +540,8 @@ def test_report(family, model, data, tmp_path):
     ) == family.attention
     assert ("attention" in numbers["left_out"]) == (not family.attention)
     assert ("static_neighbors" in numbers["left_out"]) == (not family.static_table)
+    assert numbers["layer_sides"] == load_encoder(model).model.layer_sides()
+    assert ("decoder (the text teacher-forced" in page) == ("decoder" in numbers["layer_sides"])
     assert all(bool(s["static_neighbors"]) == family.static_table for s in numbers["senses"].values())
 
 

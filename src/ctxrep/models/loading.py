@@ -14,6 +14,7 @@ above this module ask the encoder interface (models/encoder.py), never the famil
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -253,6 +254,8 @@ def load_encoder(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "au
         tokenizer = WordTokenizer(max_characters_per_token=model.config.max_characters_per_token)
     else:
         tokenizer = Tokenizer.from_model_dir(source.folder)
+        if model.classifies_at_end:  # the classification token: the text's last (BART's final </s>)
+            tokenizer.template = dataclasses.replace(tokenizer.template, cls_index=-1)
     return LoadedEncoder(model.eval(), tokenizer, source)
 
 
