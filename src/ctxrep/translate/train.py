@@ -423,7 +423,7 @@ def translate_sentences(model: nn.Module, tokenizer, sentences: Sequence[str], b
 
 
 def load_translator(model_dir: str | Path):
-    """(encoder-decoder in eval mode, MTTokenizer) of a model folder: Marian (OPUS-MT, `ctxrep mt train`'s), BART /
+    """(encoder-decoder in eval mode, MTTokenizer) of a model folder or Hub name: Marian (OPUS-MT, `ctxrep mt train`'s), BART /
     mBART or T5 / mT5 / flan-t5 (the folder's own tokenizer and template); one-line errors for a folder without a
     tokenizer or with a model that is no encoder-decoder, before any weight is read."""
     from ctxrep.models.folders import read_config
@@ -431,9 +431,14 @@ def load_translator(model_dir: str | Path):
     from ctxrep.models.seq2seq import EncoderDecoder
     from ctxrep.translate.tokenizer import MTTokenizer
 
+    from ctxrep.models.hub import is_hub_name
+    from ctxrep.models.loading import resolve
+
     path = Path(model_dir)
     if not path.is_dir():
-        raise FileNotFoundError(f"{model_dir}: no such model folder; pass the --out folder of `ctxrep mt train`")
+        if not is_hub_name(str(model_dir)):
+            raise FileNotFoundError(f"{model_dir}: no such model folder; pass the --out folder of `ctxrep mt train`")
+        path = resolve(model_dir).folder  # a Hub name (facebook/bart-base): the cache, or a download
     family = family_of(path)
     if not issubclass(family, EncoderDecoder):
         raise MTTrainError(
