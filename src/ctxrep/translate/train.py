@@ -427,12 +427,10 @@ def load_translator(model_dir: str | Path):
     mBART or T5 / mT5 / flan-t5 (the folder's own tokenizer and template); one-line errors for a folder without a
     tokenizer or with a model that is no encoder-decoder, before any weight is read."""
     from ctxrep.models.folders import read_config
-    from ctxrep.models.loading import family_of, load_model
+    from ctxrep.models.hub import is_hub_name
+    from ctxrep.models.loading import family_of, load_model, resolve
     from ctxrep.models.seq2seq import EncoderDecoder
     from ctxrep.translate.tokenizer import MTTokenizer
-
-    from ctxrep.models.hub import is_hub_name
-    from ctxrep.models.loading import resolve
 
     path = Path(model_dir)
     if not path.is_dir():
