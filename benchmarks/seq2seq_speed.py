@@ -1,5 +1,6 @@
-"""Encoder-decoder speed: ctxrep's one search against CTranslate2 (and transformers' generate) on BART, T5 and Marian,
-and a `denoising` pretraining step against transformers' BartForConditionalGeneration on the same batch.
+"""Encoder-decoder speed: ctxrep's one search against CTranslate2 on BART and T5 (Marian's rows:
+benchmarks/mt_translate_speed.py, on a trained Multi30k model), and a `denoising` pretraining step against
+transformers' BartForConditionalGeneration on the same batch.
 
     python benchmarks/seq2seq_speed.py                                # every family, setting and the training step
     python benchmarks/seq2seq_speed.py --families bart --sentences 64 --repeat 3 --json out.json
@@ -7,7 +8,7 @@ and a `denoising` pretraining step against transformers' BartForConditionalGener
 
 Models: random ones of one shape per family (--d-model 256, --layers 3 + 3, --ffn 1024, --heads 4, --vocab 8000; BART
 post-LN gelu; T5 v1.0 relu with its tied, scaled head, the form CTranslate2's converter reads from transformers 5's
-configs; Marian post-LN swish), written by transformers and converted by ctranslate2's TransformersConverter.
+configs), written by transformers and converted by ctranslate2's TransformersConverter.
 Sources: --sentences random token-id sentences of 8 to 40 tokens ending with </s>. </s> is suppressed before the
 limit in every system (a random model may pick it first), so each decodes the same number of steps (--max-len);
 the share of identical outputs is printed beside each row.
@@ -41,12 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-PAD, EOS, START = 1, 2, 2  # BART's ids; T5 and Marian set theirs below
+PAD = 1  # BART's <pad> (the training row)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--families", default="bart,t5,marian")
+    p.add_argument("--families", default="bart,t5")
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--ffn", type=int, default=1024)
@@ -97,7 +98,7 @@ def build(family: str, args, folder: Path) -> dict:
             max_position_embeddings=256,
         )
         model, ids = transformers.BartForConditionalGeneration(config), {"pad": 1, "eos": 2, "start": 2, "forced": True}
-    elif family == "t5":
+    else:
         config = transformers.T5Config(
             vocab_size=v,
             d_model=d,
@@ -110,23 +111,6 @@ def build(family: str, args, folder: Path) -> dict:
             decoder_start_token_id=0,
         )
         model, ids = transformers.T5ForConditionalGeneration(config), {"pad": 0, "eos": 1, "start": 0, "forced": False}
-    else:
-        config = transformers.MarianConfig(
-            vocab_size=v,
-            d_model=d,
-            encoder_layers=n,
-            decoder_layers=n,
-            encoder_attention_heads=h,
-            decoder_attention_heads=h,
-            encoder_ffn_dim=f,
-            decoder_ffn_dim=f,
-            max_position_embeddings=256,
-            pad_token_id=v - 1,
-            eos_token_id=0,
-            decoder_start_token_id=v - 1,
-            activation_function="swish",
-        )
-        model, ids = transformers.MarianMTModel(config), {"pad": v - 1, "eos": 0, "start": v - 1, "forced": True}
     model.eval().save_pretrained(folder)
     return ids
 
@@ -138,7 +122,7 @@ class _Vocabulary:
         self.tokens = {f"t{i}": i for i in range(size)}
         name = {i: t for t, i in self.tokens.items()}
         self.pad_token, self.eos_token, self.unk_token = name[ids["pad"]], name[ids["eos"]], name[3]
-        self.bos_token = name[0]  # BART's <s> (T5's loader reads pad_token, Marian's none)
+        self.bos_token = name[0]  # BART's <s> (T5's loader reads pad_token)
 
     def get_vocab(self) -> dict[str, int]:
         return dict(self.tokens)
@@ -166,10 +150,6 @@ def convert(folder: Path, out: Path, size: int, ids: dict, family: str) -> Path:
                 return super().get_model_spec(model)
 
         ct2._MODEL_LOADERS["BartConfig"] = PostLNBartLoader()
-    if family == "marian":  # decode from the start token's embedding, as transformers and ctxrep do (see
-        from mt_translate_speed import _start_token_marian_loader  # benchmarks/mt_translate_speed.py)
-
-        ct2._MODEL_LOADERS["MarianConfig"] = _start_token_marian_loader()
     try:
         Converter(str(folder)).convert(str(out), quantization="float32", force=True)
     finally:
@@ -195,7 +175,7 @@ def ctxrep_system(folder: Path, precision: str, ids: dict, args):
     # decodes more): </s> is banned in every system, so each decodes the same number of steps.
     banned = (*model.banned_ids, ids["eos"])
     model.__class__ = type(type(model).__name__, (type(model),), {"banned_ids": property(lambda self: banned)})
-    # max_len - 1 new tokens, as CTranslate2 writes: then a forced </s> (BART, Marian), or the limit itself (T5)
+    # max_len - 1 new tokens, as CTranslate2 writes: then a forced </s> (BART), or the limit itself (T5)
     limit = args.max_len if ids["forced"] else args.max_len - 1
     if precision == "int8":
         model = quantize_translator(model)
@@ -225,9 +205,7 @@ def ctranslate2_system(ct2_dir: Path, precision: str, ids: dict, args):
         intra_threads=args.threads,
     )
 
-    # </s> suppressed as in ctxrep_system; Marian's <pad> (its decoder start) never generated, as in ctxrep
-    marian = ids["forced"] and ids["start"] == ids["pad"]
-    suppressed = [[f"t{ids['eos']}"]] + ([[f"t{ids['pad']}"]] if marian else [])
+    suppressed = [[f"t{ids['eos']}"]]  # as in ctxrep_system
 
     def run(batch: list[list[int]], beam: int) -> list[list[int]]:
         tokens = [[f"t{i}" for i in row] for row in batch]
@@ -411,7 +389,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

@@ -216,3 +216,24 @@ def test_translate_and_mt_translate_take_a_bart_folder(bart_with_tokenizer, tmp_
     )
     assert result.exit_code == 0, result.output
     assert result.output.splitlines() == out
+
+
+def test_mt_attention_draws_a_bart_folders_cross_attention(bart_with_tokenizer, tmp_path):
+    """`ctxrep mt attention` (the decoder's cross-attention over the source words) takes a BART folder too."""
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+
+    args = [
+        "mt",
+        "attention",
+        "--model",
+        str(bart_with_tokenizer),
+        "--source",
+        LINES[1],
+        "--out",
+        str(tmp_path / "a.html"),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "a.html").read_text().count("<img") >= 1
