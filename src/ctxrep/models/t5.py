@@ -94,7 +94,9 @@ class T5Config(PrunedHeadsConfig):
     num_decoder_layers: int | None = None  # None: num_layers
     decoder_start_token_id: int | None = None  # None: pad_token_id, as T5's _shift_right
     tie_word_embeddings: bool = True  # the LM head is the shared table (T5 v1.0); v1.1 / flan-t5: its own lm_head
-    scale_decoder_outputs: bool | None = None  # states x d_model^-0.5 before the LM head; None: tie_word_embeddings
+    # states x d_model^-0.5 before the LM head; None: a tied T5's (v1.0) scaling. mT5 never scales: its configs untie
+    # the head (transformers 4) or tie it without scaling (transformers 5's MT5ForConditionalGeneration)
+    scale_decoder_outputs: bool | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in ARCHITECTURES:
@@ -110,7 +112,7 @@ class T5Config(PrunedHeadsConfig):
         if self.decoder_start_token_id is None:
             self.decoder_start_token_id = self.pad_token_id
         if self.scale_decoder_outputs is None:
-            self.scale_decoder_outputs = self.tie_word_embeddings
+            self.scale_decoder_outputs = self.tie_word_embeddings and self.model_type == "t5"
         super().__post_init__()
 
     @property
