@@ -35,6 +35,9 @@ from pathlib import Path
 from _common import DEFAULT_DATA
 
 OBJECTIVES = ("mlm", "electra", "clm", "plm")
+# Encoder-decoders (issue 44), run by name (--objectives mlm,denoising): their SST-2 features are the last layer's,
+# the decoder's with the text teacher-forced (models/seq2seq.py)
+SEQ2SEQ = ("denoising", "span-corruption")
 CONTROL = "random"  # the MLM model and tokenizer, saved untrained: what the features give with no pretraining
 
 
@@ -206,7 +209,7 @@ def main() -> None:
     p.add_argument(
         "--objectives",
         default=",".join(OBJECTIVES),
-        help=f"comma-separated, from {', '.join(OBJECTIVES)} and {CONTROL!r} (an untrained control)",
+        help=f"comma-separated, from {', '.join(OBJECTIVES + SEQ2SEQ)} and {CONTROL!r} (an untrained control)",
     )
     p.add_argument("--config", default="small", help="model shape and training settings (a pretrain config)")
     p.add_argument("--vocab-size", type=int, default=16000, help="tokenizer entries (gutenberg/train is ~16 MB)")
@@ -232,7 +235,7 @@ def main() -> None:
         action="store_true",
         help="only rerun the SST-2 probes on the models already saved under --out-root",
     )
-    p.add_argument("--worker", choices=(*OBJECTIVES, CONTROL), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=(*OBJECTIVES, *SEQ2SEQ, CONTROL), default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.train = args.train or str(args.data / "gutenberg" / "train")
     args.valid = args.valid or str(args.data / "gutenberg" / "valid")

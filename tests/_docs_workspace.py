@@ -124,6 +124,8 @@ def write_inputs(root: Path) -> Path:
     lines = _corpus_lines(960)
     (root / "books" / "one.txt").write_text("\n".join(lines[:480]) + "\n")
     (root / "books" / "two.txt").write_text("\n".join(lines[480:]) + "\n")
+    rows = [(s, " ".join(s.split()[:4])) for s in SENTENCES]  # (article, its first words): a stand-in summary
+    (root / "summaries.csv").write_text("article,summary\n" + "".join(f'"{a}","{b}"\n' for a, b in rows))
     write_parallel(root, "train", 48)
     write_parallel(root, "val", 8, seed=1)
     return root
@@ -165,6 +167,27 @@ def _bert(folder: Path, minilm: Path) -> Path:
     return folder
 
 
+def _bart(folder: Path) -> Path:
+    """A tiny random BART with a byte-level BPE tokenizer.json in BART's template (<s> A </s>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok.train_from_iterator(SENTENCES * 5, trainers.BpeTrainer(vocab_size=400, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    tok.save(str(folder / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=tok.get_vocab_size(), d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+    )  # fmt: skip
+    transformers.BartForConditionalGeneration(config).save_pretrained(folder)
+    return folder
+
+
 def _colbert(folder: Path) -> Path:
     from tests.test_late_interaction import _hf_colbert_folder
 
@@ -179,6 +202,7 @@ STAND_INS = {
     "naver/splade-v3": lambda folder, minilm: tiny_splade(folder, minilm),
     "Qwen/Qwen3-Embedding-0.6B": lambda folder, minilm: _qwen3_embedding(folder),
     "colbert-ir/colbertv2.0": lambda folder, minilm: _colbert(folder),
+    "facebook/bart-base": lambda folder, minilm: _bart(folder),
 }
 
 REVISION = "0" * 40

@@ -46,6 +46,7 @@ SERVE_PORT = "8080"  # the port the pages' `ctxrep serve` lines name
 SMALL_OVERRIDES = {
     ("pretrain",): ["--max-steps", "2"],
     ("mt", "train"): ["--max-steps", "2"],
+    ("seq2seq", "train"): ["--max-steps", "2"],
     ("distill",): ["--max-steps", "2"],  # with --corpus; a --task distillation takes --max-epochs
 }
 

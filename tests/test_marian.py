@@ -176,6 +176,17 @@ def test_training_loss_fast_path_equals_the_full_logits_reference(marian_dir):
         assert torch.allclose(grads[0][name], grads[1][name], atol=1e-5), f"gradient of {name} differs"
 
 
+def test_translation_loss_is_a_deprecated_name_of_seq2seq_loss(marian_dir):
+    model = MarianMTModel.from_pretrained(marian_dir)
+    ids, mask = source_batch()
+    dec = target_batch()
+    labels = torch.cat([dec[:, 1:], torch.full((3, 1), EOS)], dim=1)
+    with pytest.warns(DeprecationWarning, match="translation_loss is deprecated .* use seq2seq_loss"):
+        old = model.translation_loss(ids, mask, dec, labels)
+    new = model.seq2seq_loss(ids, mask, dec, labels)
+    assert torch.equal(old[0], new[0]) and old[2] == new[2]
+
+
 def test_incremental_decoding_equals_full_decoding(marian_dir):
     ours = MarianMTModel.from_pretrained(marian_dir)
     ids, mask = source_batch()
@@ -461,7 +472,7 @@ def test_unpadded_encoder_equals_padded_and_translates_the_same(pre_ln):
         model.zero_grad()
         full = model.encode_source(ids, mask, output_hidden_states=True, output_attentions=True)
         cut = model.encode_source(ids, mask, output_hidden_states=True, num_layers=1)
-        loss, _, _ = model.translation_loss(ids, mask, model.shift_right(labels), labels.masked_fill(~real, -100))
+        loss, _, _ = model.seq2seq_loss(ids, mask, model.shift_right(labels), labels.masked_fill(~real, -100))
         loss.backward()
         with torch.no_grad():
             cross = model.init_cache(full.last_hidden_state, mask).cross  # per layer (batch, heads, src, head_dim)

@@ -54,6 +54,9 @@ FAMILIES = [
     Family("deberta-v2", "deberta_dir"),  # DeBERTa-v3 as the Hub ships it: spm.model, pytorch_model.bin
     Family("modernbert", "modernbert_dir"),
     Family("marian", "marian_dir"),  # the encoder side of a translation model (tools see its encoder stack)
+    Family("bart", "bart_dir"),  # issue 44's encoder-decoders: the encoder's layers, then the decoder's, teacher-forced
+    Family("mbart", "mbart_dir"),
+    Family("t5", "t5_whole_dir", label="t5-whole"),  # a whole T5 (flan-t5's layout): encoder and decoder layers
     Family("qwen3", "decoder_dirs"),  # issue 35's decoder LLMs (tests/_decoders.py: Qwen-style byte-level BPE)
     Family("qwen2", "decoder_dirs"),
     Family("llama", "decoder_dirs"),
@@ -147,6 +150,73 @@ def marian_dir(tmp_path_factory) -> Path:
         decoder_start_token_id=tok.token_to_id("<pad>"),
     )
     transformers.MarianMTModel(config).save_pretrained(path)
+    return path
+
+
+def _bart_like_dir(path: Path, model_type: str) -> Path:
+    """A tiny BART / mBART as transformers saves it (BartForConditionalGeneration), with a byte-level BPE
+    tokenizer.json in BART's template (<s> A </s>)."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [" ".join(w) for w in SENTENCES] + X_CLS + [" ".join(x) for x in X_TAG] + [CONTEXT, "the bank loan river"]
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    tok.train_from_iterator(corpus * 5, trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tok.save(str(path / "tokenizer.json"))
+    torch.manual_seed(0)
+    config_class, model_class = {
+        "bart": (transformers.BartConfig, transformers.BartForConditionalGeneration),
+        "mbart": (transformers.MBartConfig, transformers.MBartForConditionalGeneration),
+    }[model_type]
+    config = config_class(
+        vocab_size=tok.get_vocab_size(),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=24,
+        max_position_embeddings=64,
+        dropout=0.0,
+    )
+    model_class(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def bart_dir(tmp_path_factory) -> Path:
+    return _bart_like_dir(tmp_path_factory.mktemp("bart"), "bart")
+
+
+@pytest.fixture(scope="session")
+def mbart_dir(tmp_path_factory) -> Path:
+    return _bart_like_dir(tmp_path_factory.mktemp("mbart"), "mbart")
+
+
+@pytest.fixture(scope="session")
+def t5_whole_dir(t5_dir, tmp_path_factory) -> Path:
+    """flan-t5's layout: a whole T5ForConditionalGeneration (v1.1: gated-gelu, its own LM head) and the tiny T5's
+    SentencePiece tokenizer."""
+    import shutil
+
+    import transformers
+
+    path = tmp_path_factory.mktemp("t5-whole")
+    for file in t5_dir.iterdir():
+        if file.name not in ("config.json", "model.safetensors"):
+            shutil.copy(file, path / file.name)
+    config = transformers.T5Config.from_pretrained(t5_dir)
+    config.num_decoder_layers = 1
+    config.decoder_start_token_id = 0
+    torch.manual_seed(0)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(path)
     return path
 
 
@@ -323,6 +393,12 @@ def test_info(family, model):
     else:
         assert f"attention heads  none ({m.no_attention_reason()})" in out
     assert ("words (characters)" in out) == m.word_level
+    # an encoder-decoder says which layers are the encoder's and which the decoder's (teacher-forced)
+    sides = m.layer_sides()
+    assert len(sides) == m.num_layers + 1 and (m.decoder_from is None) == (set(sides) == {""})
+    if m.decoder_from is not None:
+        d = m.decoder_from
+        assert f"layers 0-{d - 1} encoder, {d}-{m.num_layers} decoder (the text teacher-forced" in out, out
     # the sentence pooling a sentence-transformers folder declares (the MPNet fixture is all-mpnet-base-v2's layout)
     declared = (Path(model) / "modules.json").is_file()
     assert ("sentence vector  mean, then L2-normalised, from modules.json" in out) == declared, out
@@ -464,6 +540,8 @@ def test_report(family, model, data, tmp_path):
     ) == family.attention
     assert ("attention" in numbers["left_out"]) == (not family.attention)
     assert ("static_neighbors" in numbers["left_out"]) == (not family.static_table)
+    assert numbers["layer_sides"] == load_encoder(model).model.layer_sides()
+    assert ("decoder (the text teacher-forced" in page) == ("decoder" in numbers["layer_sides"])
     assert all(bool(s["static_neighbors"]) == family.static_table for s in numbers["senses"].values())
 
 

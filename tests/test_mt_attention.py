@@ -182,7 +182,7 @@ def test_model_without_cross_attention_is_a_one_line_error(minilm_path, tmp_path
     with pytest.raises(ValueError, match="a bert model has no decoder and so no cross-attention") as e:
         cross_attention(bert, None, "a man")
     assert "\n" not in str(e.value)
-    with pytest.raises(ValueError, match="holds a 'bert' model, not a translation model") as e:
+    with pytest.raises(ValueError, match="holds a 'bert' model, not an encoder-decoder") as e:
         write_attention(minilm_path, "a man", tmp_path / "a.png")
     assert "\n" not in str(e.value)
 

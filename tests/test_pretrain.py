@@ -431,7 +431,7 @@ def test_pretrain_json_records_what_the_objective_read(mlm_run):
         (
             "bilm",
             ["--encoder.hidden_size", "32"],
-            "[encoder] hidden_size is read by mlm, mlm+nsp, mlm+sop, electra, clm, plm, not by bilm",
+            "[encoder] hidden_size is read by mlm, mlm+nsp, mlm+sop, electra, clm, plm, denoising, span-corruption, not by bilm",
         ),
         ("mlm", ["--elmo.lstm.dim", "16"], "[elmo] lstm.dim is read by bilm, not by mlm"),
         (

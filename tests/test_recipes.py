@@ -88,7 +88,7 @@ def test_a_recipe_added_to_the_table_is_offered_read_and_trained(monkeypatch, tm
     toy = Recipe("toy", CLM.build, shape_keys=CLM.shape_keys, tokenizer_kinds=("bpe",))
     monkeypatch.setitem(table.RECIPES, "toy", toy)
     assert readers("encoder", "hidden_size")[-1] == "toy" and "toy" not in readers("encoder", "share")
-    assert reading_table().splitlines()[0].endswith("| distill | toy |")
+    assert reading_table().splitlines()[0].endswith("| span-corruption | toy |")
     with pytest.raises(PretrainError, match="--encoder.share: \\[encoder\\] share is read by mlm\\+sop, not by toy"):
         load_config("tiny", [("encoder.share", "none")], "toy")
     corpus = write_corpus(tmp_path / "text")

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import ctxrep
 from ctxrep.models.folders import CheckpointError
-from ctxrep.models.t5 import T5EncoderModel
+from ctxrep.models.t5 import T5EncoderModel, T5ForConditionalGeneration
 
 
 def _hf_config(**kw) -> transformers.T5Config:
@@ -68,8 +68,8 @@ def test_encoder_half_of_a_whole_t5_checkpoint(tmp_path, caplog):
     transformers.T5ForConditionalGeneration(_hf_config(feed_forward_proj="gated-gelu")).save_pretrained(
         tmp_path / "full"
     )
-    with caplog.at_level(logging.INFO, logger="ctxrep.models.t5"):
-        ours = ctxrep.load_model(tmp_path / "full")
+    with caplog.at_level(logging.INFO, logger="ctxrep.models.t5"):  # the encoder half (load_model: the whole T5)
+        ours = T5EncoderModel.from_pretrained(tmp_path / "full")
     assert "not loading" in caplog.text and "decoder and LM-head weights (a whole T5 checkpoint" in caplog.text
     ids, mask = padded_batch(90, [9, 4], pad_id=0, seed=3, low=2)
     want = _run(_reference(tmp_path / "full"), ids, mask)  # T5EncoderModel from the whole checkpoint
@@ -173,12 +173,15 @@ def test_featurizer_matches_transformers(t5_dir):
 
 def test_mt5_loads_matches_transformers_and_saves_back(t5_dir, tmp_path):
     """mT5 (model_type "mt5", MT5EncoderModel) is T5 v1.1's network: same file, family "mt5"; google/mt5-*'s layout
-    (a whole MT5ForConditionalGeneration and spiece.model only) featurizes end to end."""
+    (a whole MT5ForConditionalGeneration and spiece.model only) loads whole (tests/test_t5_seq2seq.py) and featurizes
+    end to end; its encoder equals MT5EncoderModel's."""
     config = transformers.MT5Config(**(_hf_config(feed_forward_proj="gated-gelu").to_dict() | {"vocab_size": 120}))
     torch.manual_seed(5)
     transformers.MT5ForConditionalGeneration(config).save_pretrained(tmp_path / "mt5")
     (tmp_path / "mt5" / "spiece.model").write_bytes((t5_dir / "spiece.model").read_bytes())
-    ours = ctxrep.load_model(tmp_path / "mt5")
+    whole = ctxrep.load_model(tmp_path / "mt5")
+    assert type(whole) is T5ForConditionalGeneration and whole.family == "mt5"
+    ours = whole.encoder
     assert type(ours) is T5EncoderModel and ours.family == "mt5"
     theirs = _reference(tmp_path / "mt5", transformers.MT5EncoderModel)
     ids, mask = padded_batch(120, [7, 50, 3], pad_id=0, low=2)
@@ -188,6 +191,9 @@ def test_mt5_loads_matches_transformers_and_saves_back(t5_dir, tmp_path):
     assert saved["model_type"] == "mt5" and saved["architectures"] == ["MT5EncoderModel"]
     again = _reference(tmp_path / "back", transformers.MT5EncoderModel)
     assert_matches(_run(ours, ids, mask), _run(again, ids, mask), mask)
+    whole.save_pretrained(tmp_path / "whole-back")
+    saved = json.loads((tmp_path / "whole-back" / "config.json").read_text())
+    assert saved["model_type"] == "mt5" and saved["architectures"] == ["MT5ForConditionalGeneration"]
     vectors = ctxrep.Featurizer(str(tmp_path / "mt5")).embed_words([["Ein", "kleiner", "Test", "."]])
     assert vectors[0].shape == (4, 32)
 

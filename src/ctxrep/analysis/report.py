@@ -207,13 +207,16 @@ def build_report(
         "layers": fz.num_layers,
         "hidden": fz.model.hidden_size,
         "heads": heads,
+        "layer_sides": fz.model.layer_sides(),
         "left_out": {},
     }
     shape = f"{heads} heads per layer" if fz.model.has_attention else "no attention heads"
     body = [
         f"<h1>ctxrep analysis report</h1><p>model <code>{html.escape(name)}</code> "
         f"({html.escape(fz.model.family)}): {fz.num_layers} layers, "
-        f"hidden size {fz.model.hidden_size}, {shape}.</p>"
+        f"hidden size {fz.model.hidden_size}, {shape}."
+        + (f" {html.escape(fz.model.describe_sides())}." if fz.model.describe_sides() else "")
+        + "</p>"
     ]
 
     parsed = None

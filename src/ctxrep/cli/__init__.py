@@ -42,10 +42,25 @@ def _register() -> None:
     from ctxrep.cli.prune import prune
     from ctxrep.cli.rerank import rerank
     from ctxrep.cli.sentence_encoder import COMMANDS as SENTENCE_ENCODER
+    from ctxrep.cli.seq2seq import seq2seq
     from ctxrep.cli.serve import serve
     from ctxrep.cli.tokenizer import tokenizer
 
-    for command in (embed, demo, info, finetune, pretrain, distill, tokenizer, plot_run, export, prune, mt, *ANALYSIS):
+    for command in (
+        embed,
+        demo,
+        info,
+        finetune,
+        pretrain,
+        distill,
+        tokenizer,
+        plot_run,
+        export,
+        prune,
+        mt,
+        seq2seq,
+        *ANALYSIS,
+    ):
         main.add_command(command)
     for command in (*INDEX, *SENTENCE_ENCODER):  # index build, search, train- and evaluate-sentence-encoder
         main.add_command(command)

@@ -38,6 +38,7 @@ def info(model: str) -> None:
         ("files", ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file()))),
         ("family", f"{m.family} encoder"),
         ("layers", f"{m.num_layers} (+ the input layer = layer 0)"),
+        *([("sides", m.describe_sides())] if m.describe_sides() else []),
         ("hidden size", str(m.hidden_size)),
         ("attention heads", heads),
         ("max tokens", f"{m.max_tokens} per window (longer texts are windowed)"),

@@ -337,6 +337,36 @@ def read_labelled_texts(
     return _nonempty(data, "examples")
 
 
+# ---- seq2seq: (source, target) texts ---------------------------------------------------------------------------
+
+
+def read_source_target(
+    path: str | Path,
+    source_column: str | int = "source",
+    target_column: str | int = "target",
+    format: str | None = None,
+    header: bool | None = None,
+) -> TaskData:
+    """(source text, target text) pairs from a CSV, TSV or JSONL file (summarisation, paraphrase, translation): X the
+    sources, y the targets; a missing or empty target is a one-line error naming file:line and --target-column."""
+    path = Path(path)
+    format = detect_format(path, format)
+    if format == "conll":
+        raise ValueError(f"{path}: a CoNLL column file holds tagged words, not (source, target) texts")
+    specs = {"--source-column": source_column, "--target-column": target_column}
+    columns, rows = table_rows(path, format, header, specs)
+    data = TaskData([], [], [], str(path))
+    for line, row in rows:
+        for spec, option, out in (
+            (source_column, "--source-column", data.X),
+            (target_column, "--target-column", data.y),
+        ):
+            out.append(text_of(path, line, field_of(path, line, row, columns, spec, option), option, spec))
+        data.lines.append(line)
+    logger.info("%s: %d (source, target) pairs", path, len(data.X))
+    return _nonempty(data, "(source, target) pairs")
+
+
 def numeric_score(value: Any) -> float:
     """A field read as a score: its float value, or NaN for anything that is not a finite number (text, a missing
     value, true/false); each reader names the file, line and column of a NaN in its own words."""

@@ -117,6 +117,32 @@ class Encoder(nn.Module):
     def has_attention(self) -> bool:
         return self.num_heads is not None
 
+    # The classification token is the last of a text (BART's final </s>, whose decoder state has read the whole text:
+    # BartForSequenceClassification's pooling) instead of where the tokenizer's template puts it.
+    classifies_at_end: bool = False
+
+    # An encoder-decoder's hidden_states are the encoder's, then the decoder's (models/seq2seq.py): the first entry
+    # from the decoder; None for a model of one stack.
+    decoder_from: int | None = None
+
+    def layer_sides(self) -> list[str]:
+        """The side of each entry of hidden_states (0..num_layers): "encoder" or "decoder" for an encoder-decoder's
+        layers; "" everywhere for a model of one stack."""
+        n = self.num_layers + 1
+        if self.decoder_from is None:
+            return [""] * n
+        return ["encoder"] * self.decoder_from + ["decoder"] * (n - self.decoder_from)
+
+    def describe_sides(self) -> str:
+        """One line on which layers are the encoder's and which the decoder's; "" for a model of one stack."""
+        if self.decoder_from is None:
+            return ""
+        d = self.decoder_from
+        return (
+            f"layers 0-{d - 1} encoder, {d}-{self.num_layers} decoder (the text teacher-forced: decoder position i "
+            "has read the start token and tokens before i, and stands for token i)"
+        )
+
     attention_name: str = "attention"  # the attribute of each of `layers` that holds its attention (can_prune_heads)
 
     def attention_modules(self) -> list[nn.Module]:

@@ -14,6 +14,7 @@ above this module ask the encoder interface (models/encoder.py), never the famil
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ctxrep.models.albert import AlbertModel
+from ctxrep.models.bart import BartForConditionalGeneration
 from ctxrep.models.bert import BertModel
 from ctxrep.models.deberta_v2 import DebertaV2Model
 from ctxrep.models.distilbert import DistilBertModel
@@ -37,7 +39,7 @@ from ctxrep.models.mpnet import MPNetModel
 from ctxrep.models.qwen2 import Qwen2Model
 from ctxrep.models.qwen3 import Qwen3Model
 from ctxrep.models.shards import resolve_dtype
-from ctxrep.models.t5 import T5EncoderModel
+from ctxrep.models.t5 import T5EncoderModel, T5ForConditionalGeneration
 from ctxrep.models.xlnet import XLNetModel
 
 __all__ = ["CheckpointError", "LoadedEncoder", "load_encoder", "load_model", "resolve", "PACKAGED_MODELS"]
@@ -61,7 +63,7 @@ FAMILIES: dict[str, type[Encoder]] = {
     "camembert": BertModel,  # RoBERTa's network (models/bert.py); family "camembert"
     "distilbert": DistilBertModel,
     "mpnet": MPNetModel,  # relative position bias shared across layers (all-mpnet-base-v2)
-    "t5": T5EncoderModel,  # T5's encoder: T5EncoderModel folders, or a whole T5 (sentence-t5, flan-t5) without its decoder
+    "t5": T5EncoderModel,  # T5EncoderModel folders (sentence-t5); a whole T5 by ARCHITECTURE_FAMILIES
     "mt5": T5EncoderModel,  # mT5: T5 v1.1's network, multilingual vocabulary; family "mt5"
     "deberta-v2": DebertaV2Model,  # DeBERTa-v2 and v3 (disentangled attention)
     "modernbert": ModernBertModel,  # rotary positions, alternating local and global attention
@@ -76,6 +78,23 @@ FAMILIES: dict[str, type[Encoder]] = {
     "ctxrep-albert": AlbertModel,  # ALBERT with attention- or FFN-only sharing (ctxrep's own format)
     "marian": MarianMTModel,  # the Transformer encoder-decoder (OPUS-MT's layout); tools see its encoder
     "ctxrep_mt": MarianMTModel,  # the same with pre-LayerNorm (ctxrep's own format)
+    "bart": BartForConditionalGeneration,  # encoder-decoders (issue 44): the encoder's layers, then the decoder's
+    "mbart": BartForConditionalGeneration,  # BART's network, pre-LayerNorm; family "mbart"
+}
+
+# config.json's architectures[0] -> the family class, where one model_type holds two networks: a whole T5 (flan-t5,
+# mt5, t5-base: the encoder and the decoder) beside T5EncoderModel folders, which FAMILIES loads.
+ARCHITECTURE_FAMILIES: dict[str, type[Encoder]] = {
+    "T5ForConditionalGeneration": T5ForConditionalGeneration,
+    "T5Model": T5ForConditionalGeneration,
+    "MT5ForConditionalGeneration": T5ForConditionalGeneration,
+    "MT5Model": T5ForConditionalGeneration,
+}
+# model_types of networks next to a family's that ctxrep does not run: refused with what they are
+NEAR_FAMILIES = {
+    "longt5": "LongT5 (local / transient-global attention)",
+    "umt5": "UMT5 (a relative position bias in every layer)",
+    "switch_transformers": "Switch Transformers (mixture-of-experts layers)",
 }
 
 
@@ -180,12 +199,19 @@ def _build(source: ModelSource, dtype: str | torch.dtype = "auto") -> Encoder:
 def _build_family(source: ModelSource, dtype: str | torch.dtype) -> Encoder:
     if source.elmo:
         return _cast(ElmoBiLM.from_pretrained(source.folder), dtype)
-    model_type = read_config(source.folder).get("model_type")
-    check_model_type(model_type, str(source.folder / "config.json"))
-    family = FAMILIES[model_type]
+    family = family_of(source.folder)
     if issubclass(family, LAZY_FAMILIES):
         return family.from_pretrained(source.folder, dtype=dtype)
     return _cast(family.from_pretrained(source.folder), dtype)
+
+
+def family_of(folder: Path) -> type[Encoder]:
+    """The family class of a Hugging Face folder, from config.json alone (FAMILIES by model_type, or
+    ARCHITECTURE_FAMILIES by architectures[0]); a model_type no family loads is a one-line CheckpointError."""
+    config = read_config(folder)
+    model_type = config.get("model_type")
+    check_model_type(model_type, str(Path(folder) / "config.json"))
+    return ARCHITECTURE_FAMILIES.get((config.get("architectures") or [None])[0], FAMILIES[model_type])
 
 
 def _cast(model: Encoder, dtype: str | torch.dtype) -> Encoder:
@@ -201,6 +227,11 @@ def supported_model_types() -> list[str]:
 
 def check_model_type(model_type: object, where: str) -> None:
     """Refuse a config.json model_type that no family loads, in one line naming the ones that do."""
+    if model_type in NEAR_FAMILIES:
+        raise CheckpointError(
+            f"{where}: model_type {model_type!r} is {NEAR_FAMILIES[model_type]}, a network ctxrep does not run; it "
+            f"loads {', '.join(supported_model_types())}"
+        )
     if model_type not in FAMILIES:
         found = "no model_type" if model_type is None else f"model_type {model_type!r}"
         raise CheckpointError(
@@ -223,6 +254,8 @@ def load_encoder(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "au
         tokenizer = WordTokenizer(max_characters_per_token=model.config.max_characters_per_token)
     else:
         tokenizer = Tokenizer.from_model_dir(source.folder)
+        if model.classifies_at_end:  # the classification token: the text's last (BART's final </s>)
+            tokenizer.template = dataclasses.replace(tokenizer.template, cls_index=-1)
     return LoadedEncoder(model.eval(), tokenizer, source)
 
 

@@ -14,13 +14,15 @@ from ctxrep.modules.unpadding import Unpadding
 class EncoderOutput:
     """`hidden_states[0]` is the embedding output, `hidden_states[i]` the output of layer i.
 
-    `attentions[i]` is layer i+1's attention probabilities, (batch, heads, seq, seq).
+    `attentions[i]` is layer i+1's attention probabilities, (batch, heads, seq, seq). `cross_attentions[j]`: an
+    encoder-decoder's decoder layer j+1 over the encoded text, (batch, heads, seq, src) (models/seq2seq.py); else None.
     """
 
     last_hidden_state: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
     pooler_output: torch.Tensor | None = None
+    cross_attentions: tuple[torch.Tensor, ...] | None = None
 
     @classmethod
     def of_layers(

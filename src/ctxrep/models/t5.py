@@ -44,16 +44,24 @@ from ctxrep.models import folders
 from ctxrep.models.encoder import Encoder, check_student_layers, student_widths
 from ctxrep.models.folders import CheckpointError
 from ctxrep.models.outputs import EncoderOutput
+from ctxrep.models.seq2seq import (
+    DecoderCache,
+    DecoderOutput,
+    EncoderDecoder,
+    cross_attention,
+    self_attention_mask,
+)
 from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.modules.heads import PrunedHeadsConfig, check_head_mask, linear_subset, merge_heads, remaining, split_heads
 from ctxrep.modules.relative_position import relative_position_bias
-from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding
+from ctxrep.modules.unpadding import UNPAD_FROM, Unpadding, key_mask_of
 
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "t5"
 # mT5 (Xue et al. 2021) is T5 v1.1's network (gated GELU, untied head) over a multilingual vocabulary: one file.
 ARCHITECTURES = {"t5": "T5EncoderModel", "mt5": "MT5EncoderModel"}
+WHOLE_ARCHITECTURES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
 DEFAULT_MAX_TOKENS = 512  # T5's pre-training length; relative positions themselves have no limit
 # The decoder half of T5Model / T5ForConditionalGeneration checkpoints, not part of the encoder.
 DECODER_PREFIXES = ("decoder.", "lm_head.")
@@ -82,6 +90,13 @@ class T5Config(PrunedHeadsConfig):
     pad_token_id: int = 0
     eos_token_id: int = 1
     n_positions: int = DEFAULT_MAX_TOKENS  # not read by the network: the window ctxrep cuts long texts into
+    # the decoder (a whole T5: T5ForConditionalGeneration; models/t5.py's second half)
+    num_decoder_layers: int | None = None  # None: num_layers
+    decoder_start_token_id: int | None = None  # None: pad_token_id, as T5's _shift_right
+    tie_word_embeddings: bool = True  # the LM head is the shared table (T5 v1.0); v1.1 / flan-t5: its own lm_head
+    # states x d_model^-0.5 before the LM head; None: a tied T5's (v1.0) scaling. mT5 never scales: its configs untie
+    # the head (transformers 4) or tie it without scaling (transformers 5's MT5ForConditionalGeneration)
+    scale_decoder_outputs: bool | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in ARCHITECTURES:
@@ -92,6 +107,12 @@ class T5Config(PrunedHeadsConfig):
                 f"feed_forward_proj {self.feed_forward_proj!r} is not supported; use ACT or gated-ACT with ACT one of "
                 f"{sorted(ACTIVATIONS)}"
             )
+        if self.num_decoder_layers is None:
+            self.num_decoder_layers = self.num_layers
+        if self.decoder_start_token_id is None:
+            self.decoder_start_token_id = self.pad_token_id
+        if self.scale_decoder_outputs is None:
+            self.scale_decoder_outputs = self.tie_word_embeddings and self.model_type == "t5"
         super().__post_init__()
 
     @property
@@ -249,6 +270,23 @@ class EncoderLayer(nn.Module):
         return _clamp_fp16(x + self.dropout(self.ffn(self.ffn_norm(x)))), probs
 
 
+def init_block(config: T5Config, attentions: Sequence[SelfAttention], ffn: FeedForward) -> None:
+    """Mesh TensorFlow's init of one block, as transformers' T5PreTrainedModel: N(0, f / sqrt(fan_in)) projections
+    (query additionally / sqrt(d_kv): the scaling T5 leaves out of attention), a relative table N(0, f / sqrt(d))."""
+    f, d, d_kv, heads = config.initializer_factor, config.d_model, config.d_kv, config.num_heads
+    for att in attentions:
+        nn.init.normal_(att.query.weight, std=f * (d * d_kv) ** -0.5)
+        for lin in (att.key, att.value):
+            nn.init.normal_(lin.weight, std=f * d**-0.5)
+        nn.init.normal_(att.output.weight, std=f * (heads * d_kv) ** -0.5)
+        if att.relative_attention_bias is not None:
+            nn.init.normal_(att.relative_attention_bias.weight, std=f * d**-0.5)
+    for lin in (ffn.wi, ffn.wi_gate):
+        if lin is not None:
+            nn.init.normal_(lin.weight, std=f * d**-0.5)
+    nn.init.normal_(ffn.wo.weight, std=f * config.d_ff**-0.5)
+
+
 def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
     """In float16 the residual stream of T5 v1.1 / flan-t5 overflows; pull infinities back to the largest finite
     value minus 1,000, as transformers' T5Block does (a no-op in float32 and bfloat16)."""
@@ -274,25 +312,9 @@ class T5EncoderModel(Encoder):
     def _init_weights(self) -> None:
         """Mesh TensorFlow's init as transformers' T5PreTrainedModel: N(0, f) embeddings, N(0, f / sqrt(fan_in))
         projections (query additionally / sqrt(d_kv): the scaling T5 leaves out of attention)."""
-        f, d, d_kv, heads = (
-            self.config.initializer_factor,
-            self.config.d_model,
-            self.config.d_kv,
-            self.config.num_heads,
-        )
-        nn.init.normal_(self.embed_tokens.weight, std=f)
+        nn.init.normal_(self.embed_tokens.weight, std=self.config.initializer_factor)
         for layer in self.layers:
-            att = layer.attention
-            nn.init.normal_(att.query.weight, std=f * (d * d_kv) ** -0.5)
-            for lin in (att.key, att.value):
-                nn.init.normal_(lin.weight, std=f * d**-0.5)
-            nn.init.normal_(att.output.weight, std=f * (heads * d_kv) ** -0.5)
-            if att.relative_attention_bias is not None:
-                nn.init.normal_(att.relative_attention_bias.weight, std=f * d**-0.5)
-            for lin in (layer.ffn.wi, layer.ffn.wi_gate):
-                if lin is not None:
-                    nn.init.normal_(lin.weight, std=f * d**-0.5)
-            nn.init.normal_(layer.ffn.wo.weight, std=f * self.config.d_ff**-0.5)
+            init_block(self.config, [layer.attention], layer.ffn)
 
     # ---- the encoder interface (models/encoder.py) ----
     # max_tokens: T5's positions are relative, so no table limits the length; windows are cut at the pre-training
@@ -451,3 +473,259 @@ def hf_parameter_names(config: T5Config) -> dict[str, str]:
         "layers.0.attention.relative_attention_bias.weight"
     )
     return names
+
+
+# ---- the decoder: a whole T5 (T5ForConditionalGeneration, MT5ForConditionalGeneration; flan-t5) ------------------
+#
+#   y_0 = dropout(E[decoder tokens])
+#   a   = y + SelfAttn(RMSNorm(y))         causal; its own relative bias, unidirectional buckets (first decoder layer)
+#   c   = a + CrossAttn(RMSNorm(a), memory)   no position bias; keys / values of the encoder output, once per sentence
+#   y'  = c + FFN(RMSNorm(c))
+#   out = dropout(RMSNorm(y_L));  logits = (d_model^-0.5 out) E^T (tied, T5 v1.0), or lm_head(out) (v1.1, flan-t5)
+
+
+def t5_attend(dropout_p: float, training: bool):
+    """eq. 1 without 1/sqrt(d_k), as models/seq2seq.py's attend(q, k, v, mask, is_causal, output_attentions) reads it:
+    mask bool (True where a query may read a key) or an additive float bias (position bias + padding)."""
+
+    def attend(q, k, v, mask, is_causal, output_attentions):
+        p = dropout_p if training else 0.0
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
+        if not output_attentions:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0), None
+        scores = q @ k.transpose(-2, -1)  # (rows, heads, new, keys)
+        probs = (scores if mask is None else scores + mask).softmax(dim=-1)
+        return F.dropout(probs, p, training) @ v, probs
+
+    return attend
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: y = y + SelfAttn(RMSNorm(y)); y = y + CrossAttn(RMSNorm(y)); y = y + FFN(RMSNorm(y)). The
+    attentions are `SelfAttention` modules (their q / k / v / o projections; the first layer's self-attention holds
+    the decoder's relative position table)."""
+
+    def __init__(self, config: T5Config, layer: int) -> None:
+        super().__init__()
+        self.self_attn_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+        self.self_attn = SelfAttention(config, has_relative_attention_bias=layer == 0)
+        self.cross_attn_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+        self.cross_attn = SelfAttention(config, has_relative_attention_bias=False)
+        self.ffn_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+        self.ffn = FeedForward(config)
+        self.dropout = nn.Dropout(config.dropout_rate)
+
+    def forward(
+        self, y: torch.Tensor, layer: int, cache: DecoderCache, bias: torch.Tensor, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        # y: (rows, new, d_model); bias: (rows or 1, heads, new, past + new), position bias + causal / padding mask
+        a, c = self.self_attn, self.cross_attn
+        attend = t5_attend(a.dropout_p, self.training)
+        h = self.self_attn_norm(y)
+        q, k, v = (split_heads(p(h), a.num_heads, a.head_dim) for p in (a.query, a.key, a.value))  # (rows, h, new, d)
+        k, v = cache.append(layer, k, v)  # (rows, heads, past + new, d_kv)
+        context, self_probs = attend(q, k, v, bias, False, output_attentions)
+        y = _clamp_fp16(y + self.dropout(a.output(merge_heads(context))))
+        q = split_heads(c.query(self.cross_attn_norm(y)), c.num_heads, c.head_dim)  # (rows, heads, new, d_kv)
+        context, cross_probs = cross_attention(q, cache, layer, attend, output_attentions)
+        y = _clamp_fp16(y + self.dropout(c.output(merge_heads(context))))
+        return _clamp_fp16(y + self.dropout(self.ffn(self.ffn_norm(y)))), self_probs, cross_probs
+
+
+class T5ForConditionalGeneration(EncoderDecoder):
+    """A whole T5: `encoder` is the T5EncoderModel above (its embed_tokens the shared table), the decoder below it.
+    `forward` follows transformers' T5ForConditionalGeneration (same arguments, same logits); search, training and
+    the encoder interface (the encoder's layers, then the decoder's, teacher-forced) come from models/seq2seq.py."""
+
+    stack_fields = ("num_layers", "num_decoder_layers")
+    config_fields = {"hidden_size": "d_model", "max_tokens": "n_positions"}
+    embedding_table = "encoder.embed_tokens"
+    prepack_for_inference = True
+    unpad_from = UNPAD_FROM  # the encoder runs a batch with this share of padding unpadded (encode_source)
+
+    def __init__(self, config: T5Config) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = T5EncoderModel(config)
+        self.encoder.unpad_from = 0.0  # this model's rule decides, through encode_source's `padded`
+        self.decoder = nn.Module()
+        self.decoder.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_decoder_layers))
+        self.decoder.final_norm = RMSNorm(config.d_model, config.layer_norm_epsilon)
+        self.dropout = nn.Dropout(config.dropout_rate)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.output_scale = config.d_model**-0.5 if config.scale_decoder_outputs else 1.0
+        self._init_decoder()
+
+    def _init_decoder(self) -> None:
+        """The encoder's init (T5EncoderModel._init_weights) for the decoder's layers; an untied head N(0, f)."""
+        for layer in self.decoder.layers:
+            init_block(self.config, [layer.self_attn, layer.cross_attn], layer.ffn)
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=self.config.initializer_factor)
+
+    # ---- the encoder interface (models/encoder.py) ----
+
+    @property
+    def family(self) -> str:
+        """The model_type: "t5", or "mt5"."""
+        return self.config.model_type
+
+    def config_heads(self, side: int) -> int:
+        return self.config.num_heads
+
+    def layer_of(self, name: str) -> int:
+        """The encoder's depths as T5EncoderModel's (its relative table and final norm E); decoder.layers.j E + j + 1;
+        the decoder's relative table (held by its first layer, read by all), its final norm and an untied LM head
+        E + D."""
+        e, top = self.encoder_depth, self.num_layers
+        if name.startswith("encoder."):
+            return self.encoder.layer_of(name.removeprefix("encoder."))
+        parts = name.split(".")
+        if name in ("decoder.layers.0.self_attn.relative_attention_bias.weight", "decoder.final_norm.weight") or (
+            parts[0] == "lm_head"
+        ):
+            return top
+        if parts[:2] == ["decoder", "layers"] and len(parts) > 3 and parts[2].isdigit():
+            if int(parts[2]) < self.decoder_depth and name in dict(self.named_parameters()):
+                return e + int(parts[2]) + 1
+        raise self.unknown_parameter(name)
+
+    @property
+    def forces_eos(self) -> bool:
+        """T5's folders force nothing: a hypothesis still running at the maximum length ends there."""
+        return False
+
+    # ---- the search interface (models/seq2seq.py) ----
+
+    def output_weight(self) -> torch.Tensor:
+        return self.encoder.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def encode_source(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        num_layers: int | None = None,
+        padded: bool = False,
+    ) -> EncoderOutput:
+        """The encoder (T5EncoderModel.forward): hidden_states[E] after the encoder's final norm."""
+        padded = padded or self.unpadding(attention_mask) is None
+        return self.encoder(
+            input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            num_layers=num_layers,
+            padded=padded,
+        )
+
+    def init_cache(self, memory: torch.Tensor, attention_mask: torch.Tensor | None, group: int = 1) -> DecoderCache:
+        """Every decoder layer's cross-attention keys / values of the encoder output (batch, src, d_model), once."""
+        cross = []
+        for layer in self.decoder.layers:
+            c = layer.cross_attn
+            cross.append(tuple(split_heads(p(memory), c.num_heads, c.head_dim) for p in (c.key, c.value)))
+        return DecoderCache(cross, key_mask_of(attention_mask), group)
+
+    def decode(
+        self,
+        decoder_input_ids: torch.Tensor,
+        cache: DecoderCache,
+        decoder_attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        project: bool = True,
+    ) -> DecoderOutput:
+        """The decoder on the new target tokens (rows, new) after cache.length past ones (seq2seq.py's contract)."""
+        t, past = decoder_input_ids.shape[1], cache.length
+        mask, is_causal = self_attention_mask(decoder_input_ids, cache, decoder_attention_mask)
+        first = self.decoder.layers[0].self_attn
+        bias = relative_position_bias(
+            first.relative_attention_bias,
+            t,
+            first.num_buckets,
+            first.max_distance,
+            decoder_input_ids.device,
+            bidirectional=False,
+            past=past,
+        ).to(self.encoder.embed_tokens.weight.dtype)  # (1, heads, new, past + new)
+        if is_causal:
+            mask = torch.ones(t, t, dtype=torch.bool, device=bias.device).tril()[None, None]  # (1, 1, new, new)
+        if mask is not None:
+            bias = bias.masked_fill(~mask, torch.finfo(bias.dtype).min)  # (rows or 1, heads, new, past + new)
+        y = self.dropout(self.encoder.embed_tokens(decoder_input_ids))  # (rows, new, d_model)
+        hidden_states, self_attentions, cross_attentions = [y], [], []
+        for i, layer in enumerate(self.decoder.layers):
+            y, self_probs, cross_probs = layer(y, i, cache, bias, output_attentions)
+            hidden_states.append(y)
+            self_attentions.append(self_probs)
+            cross_attentions.append(cross_probs)
+        y = hidden_states[-1] = self.dropout(self.decoder.final_norm(y))
+        return DecoderOutput(
+            logits=self.project(y) if project else None,
+            last_hidden_state=y,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            self_attentions=tuple(self_attentions) if output_attentions else None,
+            cross_attentions=tuple(cross_attentions) if output_attentions else None,
+        )
+
+    # ---- Hugging Face folder format ----
+
+    config_class = T5Config
+    checkpoint = folders.CheckpointLayout(tuple(ARCHITECTURES), what="a whole T5 (encoder and decoder)")
+
+    @classmethod
+    def config_from_hf(cls, hf_config: dict, state) -> T5Config:
+        """An lm_head.weight of its own (T5 v1.1, flan-t5 as older transformers saved them) unties the head,
+        whatever config.json's tie_word_embeddings says (transformers 5 writes true for every T5)."""
+        config = T5Config.from_hf_dict(hf_config)
+        if config.pruned_heads:
+            raise ValueError("pruned_heads: head pruning is for T5 encoders (T5EncoderModel folders), not a whole T5")
+        head, shared = state.get("lm_head.weight"), state.get("shared.weight")
+        if head is not None and shared is not None and not torch.equal(head, shared):
+            config = dataclasses.replace(config, tie_word_embeddings=False)
+        return config
+
+    def hf_config(self) -> dict:
+        d = self.config.to_hf_dict()
+        d.update(architectures=[WHOLE_ARCHITECTURES[self.config.model_type]], is_encoder_decoder=True, use_cache=True)
+        return d
+
+    def checkpoint_names(self) -> dict[str, str]:
+        names = {hf: f"encoder.{ours}" for hf, ours in hf_parameter_names(self.config).items()}
+        attention = {"q": "query", "k": "key", "v": "value", "o": "output"}
+        ffn = {"wi_0": "wi", "wi_1": "wi_gate", "wo": "wo"} if self.config.is_gated_act else {"wi": "wi", "wo": "wo"}
+        for i in range(self.config.num_decoder_layers):
+            hf, our = f"decoder.block.{i}.layer", f"decoder.layers.{i}"
+            for p, q in attention.items():
+                names[f"{hf}.0.SelfAttention.{p}.weight"] = f"{our}.self_attn.{q}.weight"
+                names[f"{hf}.1.EncDecAttention.{p}.weight"] = f"{our}.cross_attn.{q}.weight"
+            names[f"{hf}.0.layer_norm.weight"] = f"{our}.self_attn_norm.weight"
+            names[f"{hf}.1.layer_norm.weight"] = f"{our}.cross_attn_norm.weight"
+            for p, q in ffn.items():
+                names[f"{hf}.2.DenseReluDense.{p}.weight"] = f"{our}.ffn.{q}.weight"
+            names[f"{hf}.2.layer_norm.weight"] = f"{our}.ffn_norm.weight"
+        names["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"] = (
+            "decoder.layers.0.self_attn.relative_attention_bias.weight"
+        )
+        names["decoder.final_layer_norm.weight"] = "decoder.final_norm.weight"
+        if self.lm_head is not None:
+            names["lm_head.weight"] = "lm_head.weight"
+        return names
+
+    def load_hf_state_dict(self, state, source: str = "checkpoint") -> None:
+        """The Encoder base's loading, once the tied copies (each stack's embed_tokens; a tied lm_head) are checked
+        against shared.weight and dropped."""
+        state = dict(state)
+        if "shared.weight" not in state and "encoder.embed_tokens.weight" in state:
+            state["shared.weight"] = state["encoder.embed_tokens.weight"]
+        tied = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"] + (
+            ["lm_head.weight"] if self.lm_head is None else []
+        )
+        for name in tied:
+            copy = state.pop(name, None)
+            if copy is not None and not torch.equal(copy, state.get("shared.weight", copy)):
+                raise CheckpointError(f"{source}: {name} differs from shared.weight, of which it is a tied copy")
+        super().load_hf_state_dict(state, source)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ctxrep.objectives.bilm import BILM
 from ctxrep.objectives.causal_lm import CLM
+from ctxrep.objectives.denoising import DENOISING
 from ctxrep.objectives.distill import DISTILL
 from ctxrep.objectives.electra import ELECTRA
 from ctxrep.objectives.masked_lm import MLM, MLM_NSP
@@ -16,6 +17,7 @@ from ctxrep.objectives.names import OBJECTIVES
 from ctxrep.objectives.permutation_lm_objective import PLM
 from ctxrep.objectives.recipe import PretrainError, Recipe
 from ctxrep.objectives.sentence_order import SOP
+from ctxrep.objectives.span_corruption import SPAN_CORRUPTION
 
 RECIPES: dict[str, Recipe] = {
     recipe.name: recipe
@@ -28,6 +30,8 @@ RECIPES: dict[str, Recipe] = {
         PLM,  # XLNet: permutation LM (permutation_lm_objective.py)
         BILM,  # ELMo: forward and backward LSTM LMs over words (bilm.py)
         DISTILL,  # DistilBERT / MiniLM: a student of a teacher (distill.py)
+        DENOISING,  # BART: reconstruct documents from text infilling and sentence permutation (denoising.py)
+        SPAN_CORRUPTION,  # T5: the dropped spans after their sentinels (span_corruption.py)
     )
 }
 if tuple(RECIPES) != OBJECTIVES:  # names.py lists them for the CLI without torch

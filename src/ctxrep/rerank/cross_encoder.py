@@ -68,6 +68,9 @@ HEADS: dict[str, HeadLayout] = {
     "MPNetForSequenceClassification": _ROBERTA_HEAD,
     "ElectraForSequenceClassification": HeadLayout("classifier.out_proj", "classifier.dense", "gelu"),
     "DistilBertForSequenceClassification": HeadLayout("classifier", "pre_classifier", "relu"),
+    # the decoder's state at the final </s> (the encoder interface's classification token for BART: classifies_at_end)
+    "BartForSequenceClassification": HeadLayout("classification_head.out_proj", "classification_head.dense", "tanh"),
+    "MBartForSequenceClassification": HeadLayout("classification_head.out_proj", "classification_head.dense", "tanh"),
     "DebertaV2ForSequenceClassification": HeadLayout("classifier", "pooler.dense", "gelu", "pooler_hidden_act"),
     "ModernBertForSequenceClassification": HeadLayout(
         "classifier", "head.dense", "gelu", "classifier_activation", "head.norm", "classifier_pooling"

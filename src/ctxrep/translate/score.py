@@ -51,6 +51,29 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> Scores:
     return Scores(b.score, c.score, str(b), str(c), str(bleu.get_signature()), str(chrf.get_signature()), len(hyps))
 
 
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+
+
+def rouge(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """ROUGE-1, -2, -L and -Lsum (Lin 2004) F-measures x 100, the mean over sentence pairs, through Google's
+    rouge-score with its Porter stemmer (the summarisation papers' and Hugging Face evaluate's setting); Lsum splits
+    sentences at newlines."""
+    try:
+        from rouge_score import rouge_scorer
+    except ImportError:
+        raise ImportError(
+            "ROUGE needs the rouge-score package: pip install 'ctxrep[seq2seq]' (or rouge-score)"
+        ) from None
+    if len(hypotheses) != len(references) or not references:
+        raise ValueError(f"{len(hypotheses)} hypotheses and {len(references)} references: give one reference each")
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
+    for h, r in zip(hypotheses, references):
+        for name, value in scorer.score(r, h).items():
+            totals[name] += value.fmeasure
+    return {name: 100 * total / len(references) for name, total in totals.items()}
+
+
 def score_files(hyp: str, ref: str) -> Scores:
     """score() on two UTF-8 files of one sentence per line (line counts must match)."""
     from ctxrep.translate.data import read_lines

@@ -1,8 +1,13 @@
-"""Decoding a translation model: greedy search, beam search, and `translate` over many sentences.
+"""Decoding any encoder-decoder (Marian, BART / mBART, T5 / mT5): greedy search, beam search, and `translate` over
+many sentences: ONE search for every family, over the methods models/seq2seq.py's `EncoderDecoder` writes down
+(encode_source, init_cache, decode, project; the cache's reorder and keep).
 
 Both searches are batched over sentences and decode one target token per step with the decoder's key/value cache
-(models/marian.py: the cross-attention keys/values are computed once per sentence; `cache.reorder` follows the
-beams, `cache.keep` drops finished sentences so that later steps only compute the sentences still running).
+(the cross-attention keys/values are computed once per sentence; `cache.reorder` follows the beams, `cache.keep`
+drops finished sentences so that later steps only compute the sentences still running). What differs between the
+families' folders is read off the model, as transformers reads it off their generation_config: the tokens never
+generated (`banned_ids`: Marian's pad) and whether </s> is forced at the maximum length (`forces_eos`: Marian and
+BART; a T5 hypothesis still running there ends without it, its score divided by the length penalty of its length).
 
 Beam search (Sutskever et al. 2014; as in fairseq and transformers' generate with early_stopping=True): each step
 takes the 2K best continuations of the K beams of a sentence by total log-probability; an </s> among the first K
@@ -15,8 +20,9 @@ continuations that are not </s> go on. A sentence stops when K hypotheses have f
   "hf"    lp(|Y|) = |Y|^alpha               (transformers' length_penalty, fairseq's lenpen), and transformers'
           scoring of a forced </s>: log-probability 0 (its ForcedEOSTokenLogitsProcessor replaces the scores), where
           "gnmt" keeps the model's log P(</s>) as fairseq does; so "hf" with early stopping reproduces generate()
-The pad token (Marian's decoder start) is never generated: its log-probability is set to -inf after the softmax,
-as transformers' bad_words_ids=[[pad]] of the OPUS-MT generation configs does (the others are not renormalised).
+A banned token (Marian's pad, its decoder start) is never generated: its log-probability is set to -inf after the
+softmax, as transformers' bad_words_ids=[[pad]] of the OPUS-MT generation configs does (the others are not
+renormalised).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ctxrep.models.marian import MarianMTModel
+from ctxrep.models.seq2seq import EncoderDecoder
 from ctxrep.runtime.fast import Int8Linear, quantize_int8
 from ctxrep.text.inputs import token_budget_batches
 from ctxrep.translate.tokenizer import MTTokenizer
@@ -56,7 +62,7 @@ class Hypothesis:
     score: float
 
 
-def max_lengths(model: MarianMTModel, src_mask: torch.Tensor, max_len_a: float, max_len_b: int) -> torch.Tensor:
+def max_lengths(model: EncoderDecoder, src_mask: torch.Tensor, max_len_a: float, max_len_b: int) -> torch.Tensor:
     """(batch,) the most target tokens (</s> included) each sentence may get: a * source length + b, at most
     the model's positions (the decoder input is the start token plus all but the last target token)."""
     src_len = src_mask.sum(dim=1).double()
@@ -115,7 +121,7 @@ class _NextToken:
     blocks of rows that stay in the cache through log_softmax and the top-k measured no faster end to end, at
     one thread, and slower at two threads on a loaded machine: more, smaller operations.)"""
 
-    def __init__(self, model: MarianMTModel) -> None:
+    def __init__(self, model: EncoderDecoder) -> None:
         self.model = model
         self.vocab = model.output_weight().shape[0]
         self.buffer: torch.Tensor | None = None
@@ -128,27 +134,29 @@ class _NextToken:
         return self.model.project(states, out=self.buffer[:rows])  # (rows, vocab), a prefix of the buffer
 
     def argmax(self, last: torch.Tensor, cache) -> torch.Tensor:
-        """(rows,) the most probable next token of each row (the first of equal maxima), pad banned: the argmax
-        of the logits, with no softmax."""
+        """(rows,) the most probable next token of each row (the first of equal maxima), banned ids left out: the
+        argmax of the logits, with no softmax."""
         logits = self._logits(last, cache)
-        logits[:, self.model.config.pad_token_id] = float("-inf")
+        for i in self.model.banned_ids:
+            logits[:, i] = float("-inf")
         return _row_argmax(logits)
 
     def top(
         self, last: torch.Tensor, cache, k: int, at_max: torch.Tensor, forced_eos_scores_zero: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k best (log P(next token), token) of each row, each (rows, k), best first; pad banned, </s> forced
-        on at_max rows (keeping its log-probability, or 0 as transformers scores it; their other k - 1 entries
-        are -inf)."""
+        """The k best (log P(next token), token) of each row, each (rows, k), best first; banned ids left out, </s>
+        forced on at_max rows where the model forces it (keeping its log-probability, or 0 as transformers scores
+        it; their other k - 1 entries are -inf)."""
         c = self.model.config
         logits = self._logits(last, cache)
         if logits.dtype == torch.float32:
             log_probs = torch.log_softmax(logits, dim=-1, out=logits)  # in place: a row-wise kernel, the same numbers
         else:
             log_probs = logits.float().log_softmax(dim=-1)
-        log_probs[:, c.pad_token_id] = float("-inf")
+        for i in self.model.banned_ids:
+            log_probs[:, i] = float("-inf")
         values, indices = _row_topk(log_probs, k)
-        if bool(at_max.any()):
+        if self.model.forces_eos and bool(at_max.any()):
             values[at_max] = float("-inf")
             values[at_max, 0] = 0.0 if forced_eos_scores_zero else log_probs[at_max, c.eos_token_id]
             indices[at_max, 0] = c.eos_token_id
@@ -156,7 +164,7 @@ class _NextToken:
 
 
 def _source(
-    model: MarianMTModel, src_ids: torch.Tensor, src_mask: torch.Tensor | None
+    model: EncoderDecoder, src_ids: torch.Tensor, src_mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(model.parameters()).device
     src_ids = src_ids.to(device)
@@ -166,14 +174,15 @@ def _source(
 
 @torch.inference_mode()
 def greedy_search(
-    model: MarianMTModel,
+    model: EncoderDecoder,
     src_ids: torch.Tensor,
     src_mask: torch.Tensor | None = None,
     max_len_a: float = 1.2,
     max_len_b: int = 10,
 ) -> list[list[int]]:
     """The most probable next token at every step. src_ids, src_mask: (batch, src), padded on the right, each
-    sentence ending with </s>. Returns each sentence's target ids, without the start token and </s>."""
+    sentence ending with </s>. Returns each sentence's target ids, without the start token and </s> (a sentence that
+    reaches its maximum length ends there: with </s> forced where the model forces it, else with its last token)."""
     c = model.config
     src_ids, src_mask = _source(model, src_ids, src_mask)
     limits = max_lengths(model, src_mask, max_len_a, max_len_b)  # (batch,)
@@ -189,12 +198,12 @@ def greedy_search(
     for step in range(int(limits.max())):
         at_max = step + 1 >= limits[alive]  # (running,)
         best = next_token.argmax(last, cache)  # (running,)
-        nxt = torch.where(at_max, c.eos_token_id, best)  # (running,) </s> forced at the limit
+        nxt = torch.where(at_max, c.eos_token_id, best) if model.forces_eos else best  # (running,)
         tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        finished = (nxt == c.eos_token_id) & ~done
+        finished = ((nxt == c.eos_token_id) | at_max) & ~done
         if bool(finished.any()):
-            for i, row in zip(alive[finished].tolist(), tokens[finished, :-1].tolist()):
-                out[i] = row
+            for i, row in zip(alive[finished].tolist(), tokens[finished].tolist()):
+                out[i] = row[:-1] if row[-1] == c.eos_token_id else row
             done |= finished
             n_done = int(done.sum())
             if n_done == done.numel():
@@ -209,7 +218,7 @@ def greedy_search(
 
 @torch.inference_mode()
 def beam_search(
-    model: MarianMTModel,
+    model: EncoderDecoder,
     src_ids: torch.Tensor,
     src_mask: torch.Tensor | None = None,
     beam: int = 5,
@@ -248,6 +257,7 @@ def beam_search(
     # beam has one </s>), and so is any </s> among its K best candidates. The sum with the beam scores and the
     # second top-k then run over (n, K * (K + 1)) instead of (n, K * vocab).
     per_beam = min(k + 1, next_token.vocab)
+    forced = model.forces_eos
 
     for step in range(longest):
         n = alive.numel()
@@ -261,8 +271,10 @@ def beam_search(
         top_token = next_tokens.view(n, k * per_beam).gather(1, top_index)  # (n, 2K)
         is_eos = top_token == c.eos_token_id
 
-        # An </s> among the first K candidates finishes a hypothesis.
-        done_now = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])  # (n, K)
+        # An </s> among the first K candidates finishes a hypothesis; at the maximum length without a forced </s>,
+        # so does each of the first K (transformers' stopping criteria end them there).
+        ends = is_eos[:, :k] | (at_max[:, None] & ~forced)  # (n, K)
+        done_now = ends & torch.isfinite(top_scores[:, :k])  # (n, K)
         if bool(done_now.any()):
             length = step + 1  # |Y|, </s> included
             lp = ((5 + length) / 6) ** length_penalty if penalty == "gnmt" else length**length_penalty
@@ -271,7 +283,9 @@ def beam_search(
             slot = finished[sentence] + done_now.long().cumsum(dim=1)[s, j] - 1
             pool_scores[sentence, slot] = top_scores[s, j] / lp
             pool_tokens[sentence, slot, :step] = tokens[s * k + top_beam[s, j]]
-            pool_lengths[sentence, slot] = step
+            kept = ~is_eos[s, j]  # a hypothesis ended by the length limit keeps its last token
+            pool_tokens[sentence[kept], slot[kept], step] = top_token[s, j][kept]
+            pool_lengths[sentence, slot] = step + kept.long()
             finished[alive] += done_now.sum(dim=1)
 
         # The K best continuations that are not </s> go on.
@@ -321,7 +335,7 @@ def _best_of_pool(
 
 
 def translate_n_best(
-    model: MarianMTModel,
+    model: EncoderDecoder,
     tokenizer: MTTokenizer,
     sentences: Sequence[str],
     beam: int = 5,
@@ -390,7 +404,7 @@ def translate_n_best(
 
 
 def translate(
-    model: MarianMTModel,
+    model: EncoderDecoder,
     tokenizer: MTTokenizer,
     sentences: Sequence[str],
     beam: int = 5,
@@ -421,18 +435,20 @@ def translate(
     return [None if f is None else f[0][0] for f in found]
 
 
-def quantize_translator(model: MarianMTModel) -> MarianMTModel:
-    """A copy of `model` (eval mode) that decodes in int8: every nn.Linear of the encoder and decoder becomes
-    ctxrep.runtime.fast's `Int8Linear` (int8 weights per output channel, activations quantized on each call with one
-    scale per row: per_row=True, as a call's rows are the batch's sentences or beams), and so does
-    the output projection (`int8_projection`, from the tied embeddings; the embeddings themselves stay float32).
+def quantize_translator(model: EncoderDecoder) -> EncoderDecoder:
+    """A copy of `model` (any encoder-decoder, eval mode) that decodes in int8: every nn.Linear of the encoder and
+    decoder becomes ctxrep.runtime.fast's `Int8Linear` (int8 weights per output channel, activations quantized on
+    each call with one scale per row: per_row=True, as a call's rows are the batch's sentences or beams), and so does
+    the output projection (`int8_projection`, from the output weights with the model's output_scale folded in; the
+    embeddings themselves stay float32).
     No SmoothQuant calibration (fast.quantize_int8 with no batches: every smoothing scale is 1), as CTranslate2's
     compute_type="int8" quantizes weights per row and activations on the fly. CPU only."""
     keep = ("lm_head",) if model.lm_head is not None else ()  # projected by int8_projection below instead
     quantized = quantize_int8(model, [], keep_float=keep, per_row=True)  # uncalibrated: no smoothing pass per call
-    weight = model.output_weight().detach().float()  # (target vocab, d_model)
+    weight = model.output_weight().detach().float() * model.output_scale  # (target vocab, d_model), scale folded in
+    bias = model.output_bias()
     projection = nn.Linear(weight.shape[1], weight.shape[0], device="meta")  # no RNG draw, no allocation
     projection.weight = nn.Parameter(weight)
-    projection.bias = nn.Parameter(model.final_logits_bias[0].detach().float().clone())
+    projection.bias = nn.Parameter(weight.new_zeros(weight.shape[0]) if bias is None else bias.detach().float().clone())
     quantized.int8_projection = Int8Linear(projection, per_row=True)
     return quantized

@@ -1,12 +1,15 @@
-"""The tokenizer of a translation model folder: text -> ids with </s> appended (as Marian does), ids -> text.
+"""The tokenizer of an encoder-decoder's folder: text -> ids ending with </s>, ids -> text.
 
-Two kinds of folder:
+Three kinds of folder:
   tokenizer.json                 a `tokenizers` tokenizer: the joint source/target subword vocabulary that
                                  `ctxrep mt train` trains (translate/data.py), with <pad>, </s>, <unk>
   source.spm, target.spm,        an OPUS-MT (Marian) folder: two SentencePiece models, read with the
   vocab.json [target_vocab.json] `sentencepiece` package, and one vocabulary mapping their pieces to the model's
                                  ids (a second one for models with separate vocabularies)
-Both give the ids transformers' tokenizers give for the same folder (MarianTokenizer for OPUS-MT).
+  a pretrained encoder-decoder's  BART, mBART, T5, mT5: the folder's own tokenizer (tokenizer.json or a SentencePiece
+  own tokenizer (FolderTokenizer) model, through ctxrep.text.tokenizer) with its special-token template around each
+                                 text ("<s> A </s>", "A </s>"): what the model was pretrained to read
+Each gives the ids transformers' tokenizers give for the same folder (MarianTokenizer for OPUS-MT).
 
     tok = MTTokenizer.from_model_dir("opus-mt-en-de")
     ids = tok.encode_source(["A man is sleeping."])   # [[..., eos_id]]
@@ -34,9 +37,13 @@ class MTTokenizer:
     target_vocab_size: int
 
     @staticmethod
-    def from_model_dir(path: str | Path) -> MTTokenizer:
-        """tokenizer.json if the folder has one, else the OPUS-MT files; a one-line error if neither."""
+    def from_model_dir(path: str | Path, template: bool = False) -> MTTokenizer:
+        """`template` (a pretrained encoder-decoder that reads its tokenizer's special tokens: the model's
+        `reads_template`): the folder's own tokenizer (FolderTokenizer). Else tokenizer.json if the folder has one,
+        else the OPUS-MT files; a one-line error if neither."""
         path = Path(path)
+        if template:
+            return FolderTokenizer(path)
         if (path / "tokenizer.json").is_file():
             return JointTokenizer(path / "tokenizer.json")
         present = [name for name in OPUS_FILES if (path / name).is_file()]
@@ -72,13 +79,15 @@ class MTTokenizer:
 class JointTokenizer(MTTokenizer):
     """A `tokenizers` tokenizer.json with <pad>, </s> and <unk>; one vocabulary for both sides."""
 
-    def __init__(self, file: Path) -> None:
+    def __init__(self, file: Path, backend=None) -> None:
         from tokenizers import Tokenizer
 
-        try:
-            self.tokenizer = Tokenizer.from_file(str(file))
-        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
-            raise TokenizerError(f"{file}: cannot read it as a tokenizers tokenizer.json ({e})") from e
+        if backend is None:
+            try:
+                backend = Tokenizer.from_file(str(file))
+            except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+                raise TokenizerError(f"{file}: cannot read it as a tokenizers tokenizer.json ({e})") from e
+        self.tokenizer = backend
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         ids = {}
@@ -100,6 +109,25 @@ class JointTokenizer(MTTokenizer):
 
     def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.tokenizer.decode_batch([list(map(int, row)) for row in ids], skip_special_tokens=True)
+
+
+class FolderTokenizer(JointTokenizer):
+    """A pretrained encoder-decoder's own tokenizer (BART, T5, ...): tokenizer.json or a SentencePiece model read by
+    ctxrep.text.tokenizer, its special-token template around every text, as transformers' tokenizer encodes it (and
+    labels: text_target=)."""
+
+    def __init__(self, path: Path) -> None:
+        from ctxrep.text.tokenizer import Tokenizer
+
+        folder = Tokenizer.from_model_dir(path)
+        super().__init__(path, backend=folder.backend)
+        self.template = folder.template
+
+    def encode_source(self, texts: Sequence[str]) -> list[list[int]]:
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [self.template.build_inputs(list(e.ids))[0] for e in encodings]
+
+    encode_target = encode_source
 
 
 class OpusTokenizer(MTTokenizer):

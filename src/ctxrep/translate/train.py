@@ -217,7 +217,7 @@ def average_state_dicts(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
 class TranslationObjective(nn.Module):
     """A MarianMTModel trained with label-smoothed cross-entropy, mean over the batch's target tokens.
 
-    fast_loss (the default): MarianMTModel.translation_loss, which projects only the decoder states of real target
+    fast_loss (the default): EncoderDecoder.seq2seq_loss, which projects only the decoder states of real target
     tokens onto the vocabulary; False: `label_smoothed_loss` of the full (batch, tgt, vocab) logits, the reference
     it is tested against (tests/test_marian.py) and benchmarked against (benchmarks/mt_train_speed.py)."""
 
@@ -231,7 +231,7 @@ class TranslationObjective(nn.Module):
     def losses(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(label-smoothed loss, NLL, tokens) of a batch, summed over its real target tokens."""
         if self.fast_loss:
-            return self.model.translation_loss(
+            return self.model.seq2seq_loss(
                 batch["input_ids"],
                 batch["attention_mask"],
                 batch["decoder_input_ids"],
@@ -423,21 +423,26 @@ def translate_sentences(model: nn.Module, tokenizer, sentences: Sequence[str], b
 
 
 def load_translator(model_dir: str | Path):
-    """(MarianMTModel in eval mode, MTTokenizer) of a model folder; one-line errors for a folder without a
-    tokenizer or with a checkpoint of another model type."""
+    """(encoder-decoder in eval mode, MTTokenizer) of a model folder or Hub name: Marian (OPUS-MT, `ctxrep mt train`'s), BART /
+    mBART or T5 / mT5 / flan-t5 (the folder's own tokenizer and template); one-line errors for a folder without a
+    tokenizer or with a model that is no encoder-decoder, before any weight is read."""
     from ctxrep.models.folders import read_config
-    from ctxrep.models.marian import MODEL_TYPES, MarianMTModel
+    from ctxrep.models.hub import is_hub_name
+    from ctxrep.models.loading import family_of, load_model, resolve
+    from ctxrep.models.seq2seq import EncoderDecoder
     from ctxrep.translate.tokenizer import MTTokenizer
 
     path = Path(model_dir)
     if not path.is_dir():
-        raise FileNotFoundError(f"{model_dir}: no such model folder; pass the --out folder of `ctxrep mt train`")
-    model_type = read_config(path).get("model_type")
-    if model_type not in MODEL_TYPES:
+        if not is_hub_name(str(model_dir)):
+            raise FileNotFoundError(f"{model_dir}: no such model folder; pass the --out folder of `ctxrep mt train`")
+        path = resolve(model_dir).folder  # a Hub name (facebook/bart-base): the cache, or a download
+    family = family_of(path)
+    if not issubclass(family, EncoderDecoder):
         raise MTTrainError(
-            f"{path} holds a {model_type!r} model, not a translation model (model_type 'marian'); pass a folder "
-            "written by `ctxrep mt train` or a Marian / OPUS-MT model folder"
+            f"{path} holds a {read_config(path).get('model_type')!r} model, not an encoder-decoder (a translation "
+            "model: model_type marian, bart, mbart, t5 or mt5); pass a folder written by `ctxrep mt train`, an OPUS-MT "
+            "folder, or a BART / T5 folder"
         )
-    tokenizer = MTTokenizer.from_model_dir(path)
-    model = MarianMTModel.from_pretrained(path).eval()
-    return model, tokenizer
+    tokenizer = MTTokenizer.from_model_dir(path, template=family.reads_template)
+    return load_model(path).eval(), tokenizer
