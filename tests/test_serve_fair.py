@@ -1,6 +1,7 @@
-"""The server's fairness: a long request (many texts to embed, or many documents to rerank) runs in token-budget
-steps and a short request that arrives meanwhile is answered between two of them (`serve.batcher.Turns`), with the
-same vectors and scores as the Featurizer and the reranker alone."""
+"""The server's fairness: a long request (many texts to embed, or many documents to rerank) runs in steps sized by a
+time target at the throughput the server measured (`serve.batcher.Pace`) and a short request that arrives meanwhile
+is answered between two of them (`serve.batcher.Turns`), with the same vectors and scores as the Featurizer and the
+reranker alone; the server warms up before it answers /health."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from _serve_helpers import ServerThread, tiny_cross_encoder, wait_for
 
 from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
+from ctxrep.rerank.ranking import Reranker
 from ctxrep.serve.app import build_app
-from ctxrep.serve.batcher import Turns
+from ctxrep.serve.batcher import Pace, Step, Turns
+from ctxrep.serve.kinds import Answer
 from ctxrep.serve.service import EmbeddingService, Rerank, Sentences
 
 LONG = " ".join(f"word{i % 97} and more" for i in range(400))  # about 1,600 pieces: 6 windows of MiniLM
@@ -41,9 +44,11 @@ def test_short_requests_are_answered_between_the_steps_of_a_long_one(fz, monkeyp
             wait_for(lambda: turns.waiting > 0 and service.queued_texts == len(SHORTS), "the short requests")
         between(call, drain)
 
-    monkeypatch.setattr(turns, "between_batches", gated)
     finished = []
     with ServerThread(build_app(service)) as s:
+        monkeypatch.setattr(turns, "between_batches", gated)  # after the warm-up's calls
+        turns.steps.clear()
+        service.batcher.pace = Pace(0.05)  # nothing measured: steps of the Featurizer's own 512 tokens, a window each
 
         async def go():
             async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
@@ -92,16 +97,18 @@ def test_a_short_request_waits_one_step_of_a_long_rerank_request(fz, tmp_path, m
             wait_for(lambda: turns.waiting > 0, "the short request")
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(reranker.model, "encode", gated)
     run, done = service.batcher.run, []
 
-    def recorded(key, items, between_batches):  # which call's model work ended first (on the worker threads)
-        parts = run(key, items, between_batches)
+    def recorded(key, items, step):  # which call's model work ended first (on the worker threads)
+        parts = run(key, items, step)
         done.append(type(key).__name__)
         return parts
 
-    monkeypatch.setattr(service.batcher, "run", recorded)
     with ServerThread(build_app(service)) as s:
+        monkeypatch.setattr(reranker.model, "encode", gated)  # after the warm-up's calls
+        monkeypatch.setattr(service.batcher, "run", recorded)
+        turns.steps.clear()
+        service.batcher.pace = Pace(0.05)  # nothing measured: steps of the reranker's own 64 tokens, a pair each
 
         async def go():
             async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
@@ -178,3 +185,105 @@ def test_elmo_calls_run_whole_and_answer_as_the_featurizer(elmo_dir):
     np.testing.assert_allclose(
         [d["embedding"] for d in sentences.json()["data"]], elmo.embed_sentences(texts), atol=1e-5
     )
+
+
+def test_pace_sizes_a_step_by_the_time_target_at_the_measured_throughput():
+    pace = Pace(0.05)
+    assert pace.rate("m") is None and pace.step_tokens("m", 2048) == 2048  # nothing measured: the model's own budget
+    pace.observe("m", 10_000, 1.0)  # 10,000 tokens/s
+    assert pace.step_tokens("m", 2048) == 500  # 50 ms of it
+    assert pace.step_tokens("m", 300) == 300  # never more than the model's own batch budget
+    pace.observe("m", 10, 0.01)  # a one-text call and its overhead (1,000 tokens/s) weighs by its time: a little
+    assert 9_000 < pace.rate("m") < 10_000
+    for _ in range(30):  # the model got slower (a longer text, another load on the machine): recent calls weigh most
+        pace.observe("m", 2_000, 1.0)
+    assert 2_000 <= pace.rate("m") < 2_100 and pace.step_tokens("m", 2048) == 100
+    slow = Pace(0.05)
+    slow.observe("m", 100, 1.0)
+    assert slow.step_tokens("m", 2048) == Pace.FLOOR and slow.rate("other") is None
+
+
+def test_a_request_of_many_short_texts_runs_in_steps_of_the_time_target(fz, monkeypatch):
+    """Many short texts in one request (the issue's 3,000 sentences): its batches are the step's tokens (the time
+    target at the measured throughput), not the Featurizer's 512-token budget, and a short request that arrives
+    runs after the first of them."""
+    service = EmbeddingService(fz, "minilm")
+    turns = service.batcher.turns
+    between = turns.between_batches
+    long_started = threading.Event()
+    texts = [f"sentence number {i} of the long request" for i in range(300)]  # about 10 tokens each
+
+    def gated(call, drain):
+        if not long_started.is_set():
+            long_started.set()
+            wait_for(lambda: turns.waiting > 0, "the short request")
+        between(call, drain)
+
+    with ServerThread(build_app(service)) as s:
+        monkeypatch.setattr(turns, "between_batches", gated)  # after the warm-up's calls
+        turns.steps.clear()
+        pace = service.batcher.pace = Pace(0.05)
+        pace.observe(Answer.EMBEDDINGS, 2_560, 1.0)  # 2,560 tokens/s: steps of 128 tokens
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+                long = asyncio.create_task(client.post("/v1/embeddings", json={"input": texts}))
+                await asyncio.to_thread(long_started.wait, 60)
+                short = await client.post("/v1/embeddings", json={"input": SHORTS[:1]})
+                return await long, short
+
+        long, short = asyncio.run(go())
+    steps = list(turns.steps)
+    long_call, short_call = steps[0], steps[1]
+    assert short_call != long_call and steps.count(short_call) == 1, steps  # after the long call's first step
+    assert steps.count(long_call) >= 20, steps  # 300 texts x ~10 tokens in steps of 128 (512 a batch: 6 steps)
+    np.testing.assert_allclose([d["embedding"] for d in long.json()["data"]], fz.embed_sentences(texts), atol=1e-5)
+    np.testing.assert_allclose(short.json()["data"][0]["embedding"], fz.embed_sentences(SHORTS[:1])[0], atol=1e-5)
+
+
+class WholeCallReranker(Reranker):
+    """A reranker that predicts a call whole (batch_tokens None, as a pair model `ctxrep finetune` trained): scores
+    a document by its length, and cuts the documents holding "long"."""
+
+    max_length = 32
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.calls, self.cut_texts = tokenizer, [], []
+
+    def predict(self, pairs, prompt=None, prompt_name=None):
+        self.calls.append(len(pairs))
+        self.cut_texts = [i for i, (_, d) in enumerate(pairs) if "long" in d]
+        return np.array([len(d) for _, d in pairs], dtype=np.float32)
+
+
+def test_a_reranker_without_batches_of_its_own_is_given_a_big_rerank_a_step_at_a_time(fz):
+    reranker = WholeCallReranker(fz.tokenizer)
+    service = EmbeddingService(None, "pairs", reranker=reranker)
+    documents = [("a long one " if i % 7 == 3 else "") + "document " * (i % 5 + 1) + str(i) for i in range(60)]
+    handed = []
+    step = Step(tokens=40, between_batches=lambda drain: handed.append(len(reranker.calls)))
+    ranked, counts, cut = Rerank(0, "which document", top_n=10).run(service, documents, step)
+    assert sum(reranker.calls) == len(documents) and len(reranker.calls) >= 10, reranker.calls  # ~40 tokens a step
+    assert handed == list(range(1, len(reranker.calls)))  # the model passed on between two steps
+    alone = WholeCallReranker(fz.tokenizer).rerank("which document", documents, top_n=10)
+    assert ranked.ids == alone.ids and np.array_equal(ranked.scores, alone.scores)
+    assert [i for i, c in enumerate(cut) if c] == [i for i in range(60) if i % 7 == 3]  # in the request's numbering
+    assert len(counts) == len(documents)
+
+
+def test_the_server_warms_up_before_it_answers_health(fz, tmp_path, minilm_path):
+    """Each model the server holds runs the shapes it serves before /health answers (its listening socket opens
+    after the warm-up): the first request is then a warm one, and the steps have a measured throughput."""
+    reranker = CrossEncoderReranker(tiny_cross_encoder(tmp_path / "ce", minilm_path))
+    service = EmbeddingService(fz, "minilm", reranker=reranker, reranker_name="ce")
+    assert service.warmed is None
+    with ServerThread(build_app(service)) as s:
+        assert service.warmed is not None  # before the server accepted its first connection
+        assert service.warmed.shapes == (
+            "one short text", "a step of short texts", "one text of 508 words", "a rerank of 8 documents",
+        )  # fmt: skip
+        assert service.warmed.seconds > 0 and "warmed up in" in service.warmed.describe()
+        for answer in (Answer.EMBEDDINGS, Answer.RERANK):
+            assert service.batcher.pace.rate(answer) > 0
+        assert service.metrics.batches == 8  # each shape twice, before any request
+        assert httpx.get(f"{s.url}/health").status_code == 200

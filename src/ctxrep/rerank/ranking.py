@@ -25,9 +25,12 @@ BetweenBatches = Callable[[Callable[[], None]], None]
 class Reranker:
     """What every reranker shares (CrossEncoderReranker, LLMReranker, PairModelReranker): `rerank` over its own
     `predict(pairs, prompt, prompt_name)` (scores of (query, document) pairs in their order), and the attributes
-    the front ends read: `cut_texts` / `cut_pieces` after each call, `max_length`, `prompts`, `tokenizer`, and
-    `between_batches` (None, or a function called after each batch: ctxrep serve's turns; set it on a copy)."""
+    the front ends read: `cut_texts` / `cut_pieces` after each call, `max_length`, `prompts`, `tokenizer`,
+    `batch_tokens` (the token budget of its batches; None: it predicts a call whole, and ctxrep serve hands it a
+    long call's documents a step at a time) and `between_batches` (None, or a function called after each batch:
+    ctxrep serve's turns; set it on a copy)."""
 
+    batch_tokens: int | None = None
     between_batches: BetweenBatches | None = None
 
     def predict(self, pairs, prompt: str | None = None, prompt_name: str | None = None) -> np.ndarray:
