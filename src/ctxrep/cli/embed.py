@@ -135,6 +135,11 @@ def __getattr__(name: str):
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
 @click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="An input with no text writes an empty folder instead of stopping with an error.",
+)
+@click.option(
     "--batch-tokens",
     type=int,
     default=None,
@@ -216,6 +221,7 @@ def embed(
     shard_size,
     storage,
     skip_empty,
+    allow_empty,
     batch_tokens,
     threads,
     quantize,
@@ -240,7 +246,7 @@ def embed(
     from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedInput, EmbedJob, ShardFolder, vectors_of
 
     _check_options(device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose)
-    source = EmbedInput(input_path, fmt, text_column or DEFAULT_TEXT_COLUMN, header, skip_empty)
+    source = EmbedInput(input_path, fmt, text_column or DEFAULT_TEXT_COLUMN, header, skip_empty, allow_empty)
     # the vector options given on the command line: the variant --level / --output choose refuses those it does not take
     given = {
         "layers": parse_layers(layers),

@@ -105,8 +105,13 @@ class EmbedRun:
     def finish(self) -> EmbedSummary:
         """Mark the folder complete (every shard of the input is listed); the summary of what it holds."""
         texts = self.texts_done
-        if self.seen == 0:
+        if self.seen == 0:  # an error, as every command's empty input, unless asked for (--allow-empty)
             empty = "all its texts were empty and skipped" if self.job.input.skip_empty else "it holds no texts"
+            if not self.job.input.allow_empty:
+                raise ValueError(
+                    f"{self.job.input.source}: nothing to embed: {empty}; check the input file and --format (or give "
+                    "--allow-empty to write an empty folder)"
+                )
             self.log(f"warning: {self.job.input.source}: nothing to embed: {empty}; check the input file and --format")
         if self.row_shape is None or self.spec is None:  # nothing embedded now: every shard was done, or no input
             self._row_shape_without_model()
