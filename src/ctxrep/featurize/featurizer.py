@@ -51,7 +51,8 @@ class Featurizer:
     pooling: how a word's subword pieces become one vector: "first", "last", "mean" or "first_last"
         (the first and last piece concatenated, 2 x hidden wide). A word's leading piece that is only a
         word-start marker ("▁" or "Ġ") is left out when the word has other pieces: it is the same for every such word.
-    sentence_pooling: "mean" (over the text's word vectors), "cls" (the classification token), or "model": what a
+    sentence_pooling: "mean" (over the text's word vectors), "cls" (the classification token), "lasttoken" (the text's
+        last token, special tokens included: a causal decoder's embedding, `ctxrep info` proposes it), or "model": what a
         sentence-transformers folder's modules.json says (its Pooling config, e.g. the mean over every token,
         special tokens included, then L2 normalisation when it lists Normalize; `ctxrep.models.sentence_transformers`),
         applied to each chosen layer; on a layers=-1 featurizer and a text that fits one window, the vector
@@ -144,7 +145,7 @@ class Featurizer:
         self.sentence_pooling = sentence_pooling
         SENTENCE_POOLERS[sentence_pooling].check(self)
         # sentence_pooling="model": the folder's modules.json + Pooling config, read (or refused) once, here
-        self.model_pooling = SENTENCE_POOLERS[sentence_pooling].folder_pooling(self.source.folder)
+        self.model_pooling = SENTENCE_POOLERS[sentence_pooling].folder_pooling(self)
         self.prompts = read_prompts(self.source.folder)  # config_sentence_transformers.json's, or none
         self.progress = progress
         self.max_length = min(max_length or self.model.max_tokens, self.model.max_tokens)
@@ -208,10 +209,13 @@ class Featurizer:
         return SENTENCE_POOLERS[self.sentence_pooling].width(self)
 
     def tokenize(self, texts: Sequence[Text]) -> list[Alignment]:
-        """The words, subword tokens and `word_ids` of each text (no special tokens)."""
+        """The words, subword tokens and `word_ids` of each text (no special tokens). `word_ids` follow the word
+        pooling's rule (`text.tokenizer.WordPieces.pooling_spans`): a bare word-start marker ("▁", "Ġ") before its
+        word's other pieces belongs to no word (None), so that each word's first piece by `word_ids` is the one
+        pooling="first" reads."""
         words = [words_of(t, i) for i, t in enumerate(as_list(texts))]
         pieces = self.tokenizer.encode_words(words)
-        return [Alignment(w, p.tokens, p.word_ids) for w, p in zip(words, pieces)]
+        return [Alignment(w, p.tokens, p.pooled_word_ids()) for w, p in zip(words, pieces)]
 
     def run_rows(
         self,
