@@ -131,7 +131,13 @@ def __getattr__(name: str):
     help="--chunks: pool each chunk from the token vectors of the whole text (late chunking), or embed each chunk's "
     "text alone (takes --prompt / --dimensions).",
 )
-@click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
+@click.option(
+    "--shard-size",
+    type=int,
+    default=None,
+    help="Texts per shard: a Ctrl-C keeps the complete shards [default: 500 (a few seconds of a small model on a CPU; "
+    "give more on a GPU), or the folder's own when it resumes one].",
+)
 @click.option("--storage", type=click.Choice(["safetensors", "npy"]), default="safetensors", show_default=True)
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
 @click.option(
@@ -244,6 +250,7 @@ def embed(
     whole shards; the folder is the same as one process's.
     """
     from ctxrep.embed.corpus import DEFAULT_TEXT_COLUMN, EmbedInput, EmbedJob, ShardFolder, vectors_of
+    from ctxrep.embed.run import shard_size_for
 
     _check_options(device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose)
     source = EmbedInput(input_path, fmt, text_column or DEFAULT_TEXT_COLUMN, header, skip_empty, allow_empty)
@@ -264,7 +271,7 @@ def embed(
     given = {k: v for k, v in given.items() if context.get_parameter_source(k) is not ParameterSource.DEFAULT}
     job = EmbedJob(
         source,
-        ShardFolder(out_dir, shard_size, storage),
+        ShardFolder(out_dir, shard_size_for(out_dir, shard_size), storage),
         vectors=vectors_of(level, output, given),
         model=model,
         batch_tokens=batch_tokens,

@@ -85,6 +85,8 @@ class Featurizer:
         graphs are exported once per model, depth and precision into $CTXREP_CACHE/graphs and checked against the
         torch forward when written. ELMo runs on torch only. Windows, pooling and mixes are the same on every backend.
     quantize: deprecated spelling of precision="int8" (quantize="int8"), kept for old code.
+    progress: False, True (a bar over each call's tokens on a terminal, plain lines in a log), or a function called
+        after each batch with (tokens done, tokens in the call): a caller's own progress (`ctxrep embed`'s shards).
     normalize: embed_sentences returns unit-length vectors, v / max(||v||, 1e-12) per layer (so that a dot product is
         the cosine, as sentence-transformers' normalize_embeddings); word vectors are left as they are.
     between_batches: None, or a function called after each batch of a call with one argument, `drain`: calling
@@ -109,7 +111,7 @@ class Featurizer:
         max_length: int | None = None,
         batch_tokens: int | None = None,
         num_threads: int | None = None,
-        progress: bool = False,
+        progress: bool | Callable[[int, int], None] = False,
         compile: bool | str = "auto",
         quantize: str | None = None,
         normalize: bool = False,

@@ -41,7 +41,9 @@ def run_rows(
     order = np.argsort(rows.lengths, kind="stable")  # the same order for the same input: same batches
     sizes = token_budget_batches(rows.lengths[order].tolist(), fz.batch_tokens)
     num_tokens = int(rows.lengths.sum())
-    bar = show_progress(total=num_tokens, unit="tok", enabled=bool(fz.progress), desc="embed")  # lines in a log
+    report = fz.progress if callable(fz.progress) else None  # the caller's own progress (ctxrep embed's shards)
+    shown = bool(fz.progress) and report is None
+    bar = show_progress(total=num_tokens, unit="tok", enabled=shown, desc="embed")  # lines in a log
     fz.model.eval()
     run = fz.runtime
     in_flight = max(1, run.in_flight(num_tokens))  # batches started before the oldest is pooled
@@ -52,6 +54,8 @@ def run_rows(
             selected = fz.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
         consume(selected, batch_rows, weights)
         bar.update(real)
+        if report is not None:
+            report(bar.n, num_tokens)
 
     pending = collections.deque()  # started batches, pooled oldest first while later ones run
 
