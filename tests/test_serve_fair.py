@@ -19,7 +19,7 @@ from ctxrep.rerank.ranking import Reranker
 from ctxrep.serve.app import build_app
 from ctxrep.serve.batcher import Pace, Step, Turns
 from ctxrep.serve.kinds import Answer
-from ctxrep.serve.service import EmbeddingService, Rerank, Sentences
+from ctxrep.serve.service import SENTENCES, EmbeddingService, Rerank, Sentences, ServeConfig
 
 LONG = " ".join(f"word{i % 97} and more" for i in range(400))  # about 1,600 pieces: 6 windows of MiniLM
 SHORTS = ["two words", "a third one", "and the fourth sentence"]
@@ -68,10 +68,11 @@ def test_short_requests_are_answered_between_the_steps_of_a_long_one(fz, monkeyp
     steps = list(turns.steps)
     long_call = steps[0]
     short_calls = {c for c in steps if c != long_call}
-    assert len(short_calls) == 1, steps  # the three requests were one call
-    at = steps.index(short_calls.pop())
-    assert long_call in steps[:at] and long_call in steps[at + 1 :], steps  # it ran between two long steps
-    assert steps.count(long_call) == len(fz.plan.single(0, fz.tokenizer.encode_words([LONG.split()])[0]))
+    assert not short_calls and service.metrics.batches == 6 + 2, steps  # the three requests were one call (after
+    # the warm-up's six), of one batch: no step between two
+    assert steps[0] == long_call and long_call in steps[1:], steps  # it ran between two long steps
+    windows = len(fz.plan.single(0, fz.tokenizer.encode_words([LONG.split()])[0]))
+    assert steps.count(long_call) == windows - 1  # a step between two of its batches, none after the last
     assert long.json()["windowed"] == {"count": 1, "indices": [0]}
     np.testing.assert_allclose(long.json()["data"][0]["embedding"], fz.embed_sentences([LONG])[0], atol=1e-5)
     got = [r.json()["data"][0]["embedding"] for r in shorts]
@@ -118,11 +119,10 @@ def test_a_short_request_waits_one_step_of_a_long_rerank_request(fz, tmp_path, m
                 return await long, short
 
         long, short = asyncio.run(go())
-    assert done == [Sentences.__name__, Rerank.__name__], done
+    assert done == [Sentences.__name__, Rerank.__name__], done  # the short one after the first rerank batch
     steps = list(turns.steps)
-    rerank_call, short_call = steps[0], steps[1]
-    assert short_call != rerank_call and steps.count(short_call) == 1, steps
-    assert steps.count(rerank_call) == documents and steps[2:] == [rerank_call] * (documents - 1), steps
+    assert steps == [steps[0]] * (documents - 1), steps  # the rerank's steps between its batches; the short call
+    # of one batch has none (it ran at the first of them)
     assert long.status_code == 200 and short.status_code == 200
     ranked = [(r["index"], r["relevance_score"]) for r in long.json()["results"]]
     alone = reranker.rerank(query, texts)  # the same batches as the reranker alone: the same scores
@@ -212,6 +212,7 @@ def test_a_request_of_many_short_texts_runs_in_steps_of_the_time_target(fz, monk
     between = turns.between_batches
     long_started = threading.Event()
     texts = [f"sentence number {i} of the long request" for i in range(300)]  # about 10 tokens each
+    finished = []
 
     def gated(call, drain):
         if not long_started.is_set():
@@ -227,16 +228,21 @@ def test_a_request_of_many_short_texts_runs_in_steps_of_the_time_target(fz, monk
 
         async def go():
             async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
-                long = asyncio.create_task(client.post("/v1/embeddings", json={"input": texts}))
+
+                async def post(name, body):
+                    r = await client.post("/v1/embeddings", json=body)
+                    finished.append(name)
+                    return r
+
+                long = asyncio.create_task(post("long", {"input": texts}))
                 await asyncio.to_thread(long_started.wait, 60)
-                short = await client.post("/v1/embeddings", json={"input": SHORTS[:1]})
+                short = await post("short", {"input": SHORTS[:1]})
                 return await long, short
 
         long, short = asyncio.run(go())
     steps = list(turns.steps)
-    long_call, short_call = steps[0], steps[1]
-    assert short_call != long_call and steps.count(short_call) == 1, steps  # after the long call's first step
-    assert steps.count(long_call) >= 20, steps  # 300 texts x ~10 tokens in steps of 128 (512 a batch: 6 steps)
+    assert len(set(steps)) == 1, steps  # the short call (one batch) ran at the long call's first step
+    assert finished[0] == "short" and len(steps) >= 20, steps  # 300 texts x ~10 tokens in steps of 128 (512: 6)
     np.testing.assert_allclose([d["embedding"] for d in long.json()["data"]], fz.embed_sentences(texts), atol=1e-5)
     np.testing.assert_allclose(short.json()["data"][0]["embedding"], fz.embed_sentences(SHORTS[:1])[0], atol=1e-5)
 
@@ -287,3 +293,30 @@ def test_the_server_warms_up_before_it_answers_health(fz, tmp_path, minilm_path)
             assert service.batcher.pace.rate(answer) > 0
         assert service.metrics.batches == 8  # each shape twice, before any request
         assert httpx.get(f"{s.url}/health").status_code == 200
+
+
+def test_a_short_request_arriving_with_a_long_one_is_not_merged_into_it(fz):
+    """Requests merge into one call up to one step's tokens (`Batcher.merge_budget`): a short request that arrives
+    within the merge wait of a long one (the issue's 9-30x waits) runs as its own call, answered before the long one
+    ends, not at its end."""
+    service = EmbeddingService(fz, "minilm", ServeConfig(max_wait_ms=300, max_texts=400))
+    texts = [f"sentence number {i} of the long request" for i in range(300)]
+    with ServerThread(build_app(service)) as s:
+        pace = service.batcher.pace = Pace(0.05)
+        pace.observe(Answer.EMBEDDINGS, 2_560, 1.0)  # steps of 128 tokens
+        assert service.batcher.merge_budget(SENTENCES) == 128
+        finished = []
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+
+                async def post(name, body):
+                    r = await client.post("/v1/embeddings", json=body)
+                    finished.append(name)
+                    return r
+
+                return await asyncio.gather(post("long", {"input": texts}), post("short", {"input": SHORTS[:1]}))
+
+        long, short = asyncio.run(go())
+    assert finished == ["short", "long"] and long.status_code == short.status_code == 200
+    assert service.metrics.batches - 6 == 2  # two calls (after the warm-up's six)

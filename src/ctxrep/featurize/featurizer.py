@@ -89,7 +89,7 @@ class Featurizer:
         after each batch with (tokens done, tokens in the call): a caller's own progress (`ctxrep embed`'s shards).
     normalize: embed_sentences returns unit-length vectors, v / max(||v||, 1e-12) per layer (so that a dot product is
         the cosine, as sentence-transformers' normalize_embeddings); word vectors are left as they are.
-    between_batches: None, or a function called after each batch of a call with one argument, `drain`: calling
+    between_batches: None, or a function called between two batches of a call with one argument, `drain`: calling
         drain() pools every batch still in flight, so that the function may then run other calls on the same model
         before it returns (ctxrep serve interleaves long and short requests this way). Set it on a copy.
     After each call, `cut_texts` lists the texts (indices in that call) a window cut: a word longer than a whole window

@@ -2,7 +2,7 @@
 
 run_rows(fz, rows, consume)       every row in batches; consume(selected, batch_rows, weights) pools each batch
                                   once its states are on the CPU, while later batches run (the runtime's
-                                  `in_flight`); `fz.between_batches(drain)` after each batch; padded=True: on the
+                                  `in_flight`); `fz.between_batches(drain)` between two batches; padded=True: on the
                                   padded grid (the states at masked positions are read)
 run_in_chunks(n, prepare, finish) a call cut into chunks of OVERLAP_CHUNK_TEXTS texts, a thread tokenizing the
                                   next chunk while the device runs this one (`overlaps_tokenization`)
@@ -73,8 +73,8 @@ def run_rows(
             pending.append((batch_rows, weights, run.start(collated, fz.layer_indices, num_tokens, padded), real))
             if len(pending) >= in_flight:
                 pool(*pending.popleft())
-            if fz.between_batches is not None:  # e.g. ctxrep serve: other calls' batches run here
-                fz.between_batches(drain)
+            if fz.between_batches is not None and start < len(order):  # e.g. ctxrep serve: other calls' batches
+                fz.between_batches(drain)  # run here, between two of this call's (not after its last: it ends)
         drain()
     bar.close()
 

@@ -8,7 +8,8 @@ Steps are measured in time (`Pace`): a step is one batch of the call, of as many
 `ServeConfig.step_ms` (`--step-ms`) at the throughput the server measured on its own calls (tokens over the seconds
 each call held the model; recent calls weigh most), never more than the model's own batch budget. A long request of
 many short texts, a few long texts or a big rerank is cut into steps of that size alike, and a request that arrives
-meanwhile is admitted at the next step.
+meanwhile is admitted at the next step. Requests merge into one call up to one step's tokens (`merge_budget`; at
+most max_batch_tokens): a merged request is answered when its call ends, so a short request never joins a long one.
 
 A call takes its requests when it gets the model, not when it is formed: requests that arrive while the last call
 waits for its first turn join it (up to the token budget), and the next call is formed only once it has started.
@@ -34,7 +35,7 @@ from ctxrep.serve.metrics import Metrics
 class Step:
     """How a call runs in turns: `tokens`, the token budget of one of its batches (rows x longest, as the
     Featurizer's and the rerankers' batch_tokens; never more than their own), and `between_batches(drain)`, the hook
-    of that name that the Featurizer and the rerankers call after each batch, where other calls take their turns."""
+    of that name that the Featurizer and the rerankers call between two batches, where other calls take their turns."""
 
     tokens: int
     between_batches: Callable[[Callable[[], None]], None]
@@ -268,16 +269,17 @@ class Batcher:
                 await self._sleep()
                 continue
             first = self.queue[0]
+            budget = self.merge_budget(first.key)
             # wait (at most max_wait after the first request arrived) while the call is below the token budget
             while not self._stopping:
                 pending = sum(w.tokens for w in self.queue if w.key == first.key)
                 left = first.arrived + self.max_wait - time.monotonic()
-                if pending >= self.max_batch_tokens or left <= 0:
+                if pending >= budget or left <= 0:
                     break
                 await self._sleep(left)
             while self._open is not None and not self._stopping:  # the last call has not started: let it grow
                 await self._sleep()
-            call = Call(first.key, self._take(first.key), self.max_batch_tokens)
+            call = Call(first.key, self._take(first.key, budget), budget)
             self._open = call
             task = asyncio.create_task(self._dispatch(call))
             self._running.add(task)
@@ -285,11 +287,22 @@ class Batcher:
         if self._running:
             await asyncio.gather(*self._running)
 
-    def _take(self, key: Hashable) -> list[Waiting]:
+    def merge_budget(self, key: Hashable) -> int:
+        """How many tokens (the words + 2 a text estimate) the requests merged into one call may hold: one step of
+        the model (`Pace`), at most max_batch_tokens; a call of one request may hold more. A request merged into a
+        call is answered when the whole call ends, so a short request must not join a long one: a long request runs
+        as its own call, in steps, and short ones merge among themselves up to a step. Calls that run whole (ELMo):
+        max_batch_tokens."""
+        if not self.interleave:
+            return self.max_batch_tokens
+        model = key.answer
+        return min(self.max_batch_tokens, self.pace.step_tokens(model, self.budgets(model)))
+
+    def _take(self, key: Hashable, budget: int) -> list[Waiting]:
         """The queued requests with this key, in arrival order, up to the token budget (at least one)."""
         batch, rest, tokens = [], deque(), 0
         for w in self.queue:
-            if w.key == key and (not batch or tokens + w.tokens <= self.max_batch_tokens):
+            if w.key == key and (not batch or tokens + w.tokens <= budget):
                 batch.append(w)
                 tokens += w.tokens
             else:
