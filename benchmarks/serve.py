@@ -51,9 +51,6 @@ import base64
 import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -62,44 +59,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _common import DEFAULT_DATA, cpu_model, load_corpus  # the benchmarks' shared SST reader
+from _common import (  # the benchmarks' shared SST reader and server helpers
+    DEFAULT_DATA,
+    cpu_model,
+    cross_encoder_folder,
+    free_port,
+    load_corpus,
+    start_server,
+    stop_server,
+)
 
 TARGET = 0.8
 MIXED_TARGET = 2.0  # p99 of the short requests with the long client / without it
 LONG_WORDS = 20_000
 RERANK_DOCUMENTS, RERANK_WORDS = 100, 200  # --mixed-rerank: a request as long as the 20,000-word text
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(command: list[str], url: str, timeout: float = 300) -> subprocess.Popen:
-    import httpx
-
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"error: the server exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    sys.exit(f"error: the server did not answer {url} within {timeout:.0f} s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def requests_plan(sentences: list[list[str]], n: int, seed: int) -> list[list[str]]:
@@ -236,23 +209,6 @@ def report(name: str, result: dict) -> str:
         f"| {name} | {result['sentences_per_s']:.1f} | {result['requests'] / result['seconds']:.1f} | "
         f"{result['p50_ms']:.0f} | {result['p99_ms']:.0f} | {result['requests']:,} | {lost} |"
     )
-
-
-def cross_encoder_folder(model: str, out: Path) -> Path:
-    """A cross-encoder folder (BertForSequenceClassification-style) of `model`'s encoder weights under a random
-    one-label head: a reranker of that model's cost, whose scores mean nothing."""
-    import transformers
-
-    from ctxrep.models.loading import resolve_model_path
-
-    source = resolve_model_path(model)
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    transformers.AutoModelForSequenceClassification.from_pretrained(source, num_labels=1).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (source / name).is_file():
-            shutil.copy(source / name, out / name)
-    return out
 
 
 def mixed(args, sentences: list[list[str]], plan: list[list[str]], base: str, dim: int) -> None:
