@@ -143,8 +143,7 @@ def test_dimensions_wider_than_the_model_is_one_line_before_any_text_runs(folder
     result = _embed(folder, src, tmp_path / "out", "--dimensions", "33")
     assert result.exit_code != 0
     assert "--dimensions 33 is more than" in result.output and "32-wide sentence vectors" in result.output
-    said = [line for line in result.output.strip().splitlines() if not line.startswith("embed: 0/")]  # the progress
-    assert "give at most 32" in result.output and said == [result.output.strip().splitlines()[-1]]  # one line, last
+    assert "give at most 32" in result.output and len(result.output.strip().splitlines()) == 1
 
 
 def test_engine_ray_same_bytes_options_cut_and_quiet_terminal(folder, src, tmp_path):

@@ -90,10 +90,10 @@ def embed_corpus(
     try:
         run.say_resuming()
         shards = _first_read(shards_of(records, job.out.shard_size))  # an input error comes first, alone
-        bar.refresh()  # the first line at once, before the model loads
         if len(placements) == 1:
             _embed_here(run, shards, *placements[0])
         else:
+            bar.refresh()  # the first line, before the workers load the model
             embed_in_workers(run, shards, placements)
     except KeyboardInterrupt:
         bar.disable = True
@@ -117,6 +117,8 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
     run.set_row_shape(row_shape)
     spec = job.vectors.spec(fz)
     run.check(spec)  # a resumed folder's vectors must be these: refused before any shard is embedded
+    if run.bar is not None:
+        run.bar.refresh()  # the first line: the model is loaded and the options it checks are fine (errors come alone)
     for k, first, records in shards:
         run.seen = k + 1
         if k in run.done:
@@ -157,7 +159,8 @@ def open_records(
     (`EmbedRun.record`, and `EmbedRun.shard_progress` within a shard), and says how many texts were read. Its total
     never changes once shown: a Parquet file's rows or a plain text file's non-empty lines, counted first; unknown
     for the other formats, standard input and gzip (their records can span lines) until the input is read.
-    `embed_corpus` shows the first line once the first shard is read, before the model loads."""
+    `embed_corpus` shows the first line once the first shard is read and the model loaded (an error in either is the
+    one line said)."""
     bar = progress(unit="texts", desc=desc, enabled=show_progress, initial=done)
     source = job.input
     parquet = False
