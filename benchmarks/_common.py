@@ -12,6 +12,10 @@ import os
 import platform
 import random
 import re
+import shutil
+import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -197,3 +201,55 @@ def report(text: str, markdown_out: Path | None, failed: list[str]) -> int:
     for f in failed:
         print(f"error: {f}", file=sys.stderr)
     return 1 if failed else 0
+
+
+# ---- a server the benchmarks start (serve.py, startup.py) ---------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(command: list[str], url: str, timeout: float = 300) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"error: the server exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    sys.exit(f"error: the server did not answer {url} within {timeout:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def cross_encoder_folder(model: str, out: Path) -> Path:
+    """A cross-encoder folder (BertForSequenceClassification-style) of `model`'s encoder weights under a random
+    one-label head: a reranker of that model's cost, whose scores mean nothing."""
+    import transformers
+
+    from ctxrep.models.loading import resolve_model_path
+
+    source = resolve_model_path(model)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    transformers.AutoModelForSequenceClassification.from_pretrained(source, num_labels=1).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy(source / name, out / name)
+    return out

@@ -26,7 +26,17 @@ documents of --rerank-words words each, SST sentences joined), to a server start
 folder of the model's own encoder weights under a random one-label head, written to a temporary folder (the cost of a
 real reranker of that size; its scores mean nothing here, and every answer is checked for one score per document).
 
+--fairness: issue 42's targets, three workloads on one server (started with --max-texts and --max-queue large enough,
+and --reranker as --mixed-rerank's): one request of --long-sentences (3,000) SST sentences, one of a --long-words
+(20,000-word) text, one rerank of --rerank-documents (500) documents of --rerank-words (50) words. For each: one
+client sending one-sentence requests one after another alone (p50 / p95), the long request alone (its mean time,
+--long-repeats times), then both together (the short requests' p50 / p95 and the long request's time). Targets:
+short p50 and p95 beside the long request at most 2x alone; the long request's time at most 1.1x "today's", measured
+on a second server started with --step-ms 1e9 (steps of the model's own batch budget: the batches before steps were
+measured in time), alone, in the same run.
+
 Run:  .venv/bin/python benchmarks/serve.py                       # 64 clients, 60 s, 2 server threads
+      .venv/bin/python benchmarks/serve.py --fairness            # issue 42: 3 workloads x (alone, beside), + today's
       .venv/bin/python benchmarks/serve.py --mixed               # 32 short clients + 1 long, 2 x 30 s
       .venv/bin/python benchmarks/serve.py --mixed-rerank        # 32 short clients + 1 sending 100-document reranks
       .venv/bin/python benchmarks/serve.py --duration 5 --clients 8 # smoke test (not a result)
@@ -41,9 +51,6 @@ import base64
 import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,44 +59,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _common import DEFAULT_DATA, cpu_model, load_corpus  # the benchmarks' shared SST reader
+from _common import (  # the benchmarks' shared SST reader and server helpers
+    DEFAULT_DATA,
+    cpu_model,
+    cross_encoder_folder,
+    free_port,
+    load_corpus,
+    start_server,
+    stop_server,
+)
 
 TARGET = 0.8
 MIXED_TARGET = 2.0  # p99 of the short requests with the long client / without it
 LONG_WORDS = 20_000
 RERANK_DOCUMENTS, RERANK_WORDS = 100, 200  # --mixed-rerank: a request as long as the 20,000-word text
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(command: list[str], url: str, timeout: float = 300) -> subprocess.Popen:
-    import httpx
-
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"error: the server exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    sys.exit(f"error: the server did not answer {url} within {timeout:.0f} s")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def requests_plan(sentences: list[list[str]], n: int, seed: int) -> list[list[str]]:
@@ -228,23 +211,6 @@ def report(name: str, result: dict) -> str:
     )
 
 
-def cross_encoder_folder(model: str, out: Path) -> Path:
-    """A cross-encoder folder (BertForSequenceClassification-style) of `model`'s encoder weights under a random
-    one-label head: a reranker of that model's cost, whose scores mean nothing."""
-    import transformers
-
-    from ctxrep.models.loading import resolve_model_path
-
-    source = resolve_model_path(model)
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    transformers.AutoModelForSequenceClassification.from_pretrained(source, num_labels=1).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (source / name).is_file():
-            shutil.copy(source / name, out / name)
-    return out
-
-
 def mixed(args, sentences: list[list[str]], plan: list[list[str]], base: str, dim: int) -> None:
     """The fairness row: short requests alone, then beside one client sending 20,000-word texts (or, with
     --mixed-rerank, rerank requests of --rerank-documents documents)."""
@@ -279,6 +245,160 @@ def mixed(args, sentences: list[list[str]], plan: list[list[str]], base: str, di
         sys.exit(1)
 
 
+# ---- --fairness: one-sentence requests beside one long request (issue 42) ------------------------------------------
+
+FAIR_TARGET = 2.0  # short p50 / p95 beside a long request / alone
+LONG_TARGET = 1.1  # the long request's time / today's (a server with --step-ms 1e9)
+
+
+async def short_client(url: str, model: str, texts: list[str], stop: asyncio.Event, out: list[float], errors: list):
+    """One client sending one-sentence requests one after another until `stop`; each latency into `out`."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600) as http:
+        i = 0
+        while not stop.is_set():
+            start = time.perf_counter()
+            r = await http.post(url, json={"model": model, "input": [texts[i % len(texts)]]})
+            out.append(time.perf_counter() - start)
+            if r.status_code != 200:
+                errors.append(f"short: {r.status_code}: {r.text[:200]}")
+            i += 1
+
+
+async def long_client(long: LongRequest, repeats: int, out: list[float], errors: list, stop: asyncio.Event | None):
+    """The long request `repeats` times one after another (each time into `out`); sets `stop` when done."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=3600) as http:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            r = await http.post(long.url, json=long.body)
+            out.append(time.perf_counter() - start)
+            error = long.check(r)
+            if error is not None:
+                errors.append(error)
+    if stop is not None:
+        stop.set()
+
+
+async def fairness_phase(base: str, model: str, shorts: list[str], long: LongRequest | None, seconds: float,
+                         repeats: int) -> dict:  # fmt: skip
+    """Short requests alone for `seconds` (long None), or beside `long` sent `repeats` times (short None: the long
+    request alone)."""
+    short_ms, long_s, errors, stop = [], [], [], asyncio.Event()
+    tasks = []
+    if shorts:
+        tasks.append(short_client(f"{base}/v1/embeddings", model, shorts, stop, short_ms, errors))
+    if long is not None:
+        tasks.append(long_client(long, repeats, long_s, errors, stop))
+    else:
+        asyncio.get_running_loop().call_later(seconds, stop.set)
+    await asyncio.gather(*tasks)
+    lat = np.array(short_ms) * 1000
+    return {
+        "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+        "p95_ms": float(np.percentile(lat, 95)) if len(lat) else float("nan"),
+        "shorts": len(lat),
+        "long_s": float(np.mean(long_s)) if long_s else float("nan"),
+        "errors": errors,
+    }
+
+
+def fairness(args, sentences: list[list[str]]) -> None:
+    """Issue 42's table: for each long workload, one-sentence requests alone and beside it; its time against
+    today's (a server with --step-ms 1e9)."""
+    import httpx
+
+    work = Path(tempfile.mkdtemp(prefix="ctxrep-fair-bench-"))
+    reranker = cross_encoder_folder(args.model, work / "cross-encoder")
+    shorts = [" ".join(s) for s in sentences[:500]]
+    rng = random.Random(args.seed)
+    many = [" ".join(rng.choice(sentences)) for _ in range(args.long_sentences)]
+    documents = [long_text(sentences[i * 7 :], args.rerank_words) for i in range(args.rerank_documents)]
+    texts = max(args.long_sentences, args.rerank_documents) + 16
+
+    def start(step_ms: float):
+        port = free_port()
+        command = [sys.executable, "-c", "from ctxrep.cli import main; main()", "serve", "--model", args.model]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--threads", str(args.threads), "--reranker"]
+        command += [str(reranker), "--max-texts", str(texts), "--max-queue", str(2 * texts), "--step-ms", str(step_ms)]
+        base = f"http://127.0.0.1:{port}"
+        return start_server(command, f"{base}/health"), base
+
+    def workloads(base: str, dim: int) -> dict[str, LongRequest]:
+        url = f"{base}/v1/embeddings"
+        many_request = LongRequest(url, {"model": args.model, "input": many, "encoding_format": "base64"}, _rows(dim))
+        return {
+            f"{args.long_sentences:,} short sentences in one request": many_request,
+            f"one {args.long_words:,}-word text": long_embedding(
+                url, args.model, long_text(sentences, args.long_words), dim
+            ),
+            f"a rerank of {args.rerank_documents} x {args.rerank_words}-word documents": long_rerank(
+                f"{base}/v1/rerank", " ".join(sentences[0]), documents
+            ),
+        }
+
+    rows, errors = [], []
+    try:
+        today, today_base = start(1e9)
+        try:
+            dim = httpx.get(f"{today_base}/health").json()["dim"]
+            before = {
+                name: asyncio.run(fairness_phase(today_base, args.model, [], long, 0, args.long_repeats))
+                for name, long in workloads(today_base, dim).items()
+            }
+        finally:
+            stop_server(today)
+        server, base = start(args.step_ms)
+        try:
+            alone = asyncio.run(fairness_phase(base, args.model, shorts, None, args.short_seconds, 0))
+            for name, long in workloads(base, dim).items():
+                by_itself = asyncio.run(fairness_phase(base, args.model, [], long, 0, args.long_repeats))
+                beside = asyncio.run(fairness_phase(base, args.model, shorts, long, 0, args.long_repeats))
+                errors += by_itself["errors"] + beside["errors"] + before[name]["errors"]
+                rows.append((name, beside, by_itself["long_s"], before[name]["long_s"]))
+            errors += alone["errors"]
+        finally:
+            stop_server(server)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(
+        f"one client of one-sentence requests, alone ({alone['shorts']} requests in {args.short_seconds:.0f} s) and "
+        f"beside each long request ({args.long_repeats} times); model {args.model}, {args.threads} threads, "
+        f"--step-ms {args.step_ms:g}; 'today': a server with --step-ms 1e9 (steps of the model's own batch budget)"
+    )
+    print(f"short alone: p50 {alone['p50_ms']:.0f} ms, p95 {alone['p95_ms']:.0f} ms")
+    print("| long request | short p50 ms (x alone) | short p95 ms (x alone) | long s alone | today s | x today |")
+    print("|---|---|---|---|---|---|")
+    met = True
+    for name, beside, long_s, today_s in rows:
+        p50, p95, slower = beside["p50_ms"] / alone["p50_ms"], beside["p95_ms"] / alone["p95_ms"], long_s / today_s
+        met &= p50 <= FAIR_TARGET and p95 <= FAIR_TARGET and slower <= LONG_TARGET
+        print(
+            f"| {name} | {beside['p50_ms']:.0f} ({p50:.2f}x) | {beside['p95_ms']:.0f} ({p95:.2f}x) | {long_s:.2f} | "
+            f"{today_s:.2f} | {slower:.2f}x |"
+        )
+    print(
+        f"\ntargets: short p50 and p95 <= {FAIR_TARGET}x alone, the long request <= {LONG_TARGET}x today's: "
+        f"{'met' if met else 'missed'}"
+    )
+    if errors:
+        print(f"errors (first 3): {errors[:3]}")
+        sys.exit(1)
+
+
+def _rows(dim: int) -> Callable[[object], str | None]:
+    def check(r) -> str | None:
+        data = r.json().get("data", []) if r.status_code == 200 else []
+        if r.status_code != 200 or any(len(base64.b64decode(d["embedding"])) != 4 * dim for d in data):
+            return f"long request: {r.status_code}: {r.text[:200]}"
+        return None
+
+    return check
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="minilm")
@@ -290,6 +410,11 @@ def main() -> None:
     p.add_argument("--rerank-documents", type=int, default=RERANK_DOCUMENTS, help="--mixed-rerank: per request")
     p.add_argument("--rerank-words", type=int, default=RERANK_WORDS, help="--mixed-rerank: words per document")
     p.add_argument("--max-requests", type=int, default=20000, help="stop after this many requests")
+    p.add_argument("--fairness", action="store_true", help="issue 42's three workloads: short beside long, + today's")
+    p.add_argument("--long-sentences", type=int, default=3000, help="--fairness: sentences of the many-text request")
+    p.add_argument("--long-repeats", type=int, default=3, help="--fairness: each long request this many times")
+    p.add_argument("--short-seconds", type=float, default=20.0, help="--fairness: one-sentence requests alone")
+    p.add_argument("--step-ms", type=float, default=50.0, help="--fairness: the server's --step-ms")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the server and of the in-process run")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--seed", type=int, default=0)
@@ -297,6 +422,15 @@ def main() -> None:
         "--infinity", default=None, help="the infinity_emb executable (its own venv): the same load against it"
     )
     args = p.parse_args()
+    if args.fairness:  # its own servers; a rerank of 500 documents of 50 words unless given
+        words = "--rerank-words" in sys.argv
+        docs = "--rerank-documents" in sys.argv
+        args.rerank_words, args.rerank_documents = (
+            (args.rerank_words if words else 50),
+            (args.rerank_documents if docs else 500),
+        )
+        print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}", flush=True)
+        return fairness(args, load_corpus(args.data, "sst", 4000))
     args.mixed = args.mixed or args.mixed_rerank
     args.clients = args.clients or (32 if args.mixed else 64)
 

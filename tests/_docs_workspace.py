@@ -91,6 +91,7 @@ def write_inputs(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "texts.txt").write_text("\n".join(SENTENCES[:6]) + "\n")
     (root / "corpus.txt").write_text("\n".join(SENTENCES * 3) + "\n")
+    (root / "questions.txt").write_text("how do I reset my password\nwhere is my order\n")
     (root / "queries.txt").write_text("A [[crane]] lifted the beam .\nThe vase [[broke]] .\n")
     (root / "faq.txt").write_text("\n".join(SENTENCES[4:7]) + "\n")
     (root / "docs.txt").write_text("\n".join(SENTENCES) + "\n")

@@ -87,6 +87,9 @@ def test_embed_ctrl_c_exits_130_keeps_complete_shards_and_resumes(seed, corpus, 
     manifest = json.loads((out / "manifest.json").read_text())
     assert not manifest["complete"] and manifest["shards"]  # stopped part-way, after some shards
     assert all((out / s["file"]).is_file() and (out / s["index"]).is_file() for s in manifest["shards"])
+    kept, shards = sum(s["texts"] for s in manifest["shards"]), len(manifest["shards"])
+    said = f"Ctrl-C: kept {kept:,} texts in {shards} complete shard{'' if shards == 1 else 's'} in {out}; the same "
+    assert said + "command resumes after them\n" in stderr, stderr  # what was kept, and how to go on
     done = subprocess.run([*args, "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "resuming after" in done.stderr, done.stderr
     assert not list(out.glob("*.tmp"))

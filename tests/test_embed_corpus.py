@@ -45,7 +45,8 @@ def test_progress_lines_when_stderr_is_not_a_terminal(corpus, tmp_path):
     lines = result.stderr.strip().splitlines()
     # CliRunner's stderr is no terminal: plain progress lines, the last one at 100%, counting texts (not bytes)
     assert lines and lines[-1].startswith("embed: 11/11 texts (100%), "), result.stderr
-    assert lines[-1].endswith(", 3 shards") and " B" not in lines[-1]
+    assert lines[-1].endswith(", 11 texts read, 3 shards written") and " B" not in lines[-1]
+    assert lines[0].startswith("embed: 0/11 texts (0%)")  # the first line at once, its total counted first
     assert "\r" not in result.stderr
 
 

@@ -1,5 +1,5 @@
 """`ctxrep embed` input formats: CSV / TSV columns, --text-column (and its alias --text-field), gzip input,
-advice when plain text looks structured, and a warning for an empty input."""
+advice when plain text looks structured, and an error for an empty input (a warning with --allow-empty)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from ctxrep.cli import main
 from ctxrep.cli.embed import embed, load_shards
 
 TEXTS = ["The vase broke .", "Dawn broke , slowly .", "A crane lifted the beam"]
@@ -117,12 +118,22 @@ def test_ordinary_text_with_commas_and_tabs_gets_no_advice(tmp_path, model):
         (gzip.compress(b"", mtime=0), [], "it holds no texts"),
     ],
 )
-def test_an_empty_input_is_a_warning_not_a_silent_success(tmp_path, model, content, args, what):
+def test_an_empty_input_is_an_error_unless_allowed(tmp_path, model, content, args, what):
+    """The same exit status as every command's empty input (index build, search --queries, rerank): 1 and one line;
+    --allow-empty writes the empty folder with a warning."""
     src = tmp_path / "in.txt"
     src.write_bytes(content)
     result = run(model, src, tmp_path / "out", *args)
-    assert result.exit_code == 0, result.output
-    assert f"warning: {src}: nothing to embed: {what}; check the input file and --format" in result.stderr
+    assert result.exit_code == 1, result.output
+    assert f"error: {src}: nothing to embed: {what}; check the input file and --format (or give --allow-empty" in (
+        result.stderr
+    )
+    allowed = run(model, src, tmp_path / "out", *args, "--allow-empty")
+    assert allowed.exit_code == 0, allowed.output
+    assert f"warning: {src}: nothing to embed: {what}; check the input file and --format" in allowed.stderr
+    if "--skip-empty" not in args:  # index build reads the same file: the same status (one rule across commands)
+        index_build = ["index", "build", "--input", str(src), "--model", model, "--out", str(tmp_path / "ix"), *args]
+        assert CliRunner().invoke(main, index_build).exit_code == result.exit_code
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ SHARED = {
     "early_stopping": False,
     "n_iter_no_change": 2,
     "tol": 1e-4,
+    "keep": None,
     "warm_start": False,
     "discriminative_lr": False,
     "discriminative_lr_factor": 2.6,

@@ -132,6 +132,17 @@ def test_worth_compiling_is_a_rule_from_the_work_and_never_compiles_elmo(tiny_mo
     assert not fast.worth_compiling(10**12, elmo)
 
 
+def test_a_call_too_small_to_compile_never_asks_for_the_cpus_vector_code(tiny_models, monkeypatch):
+    """Asking the CPU's vector code imports Inductor (about 3 s on this project's 2-core CPU): a call too small to
+    repay compiling (every first request of a server, every one-query `ctxrep search`) decides without it."""
+
+    def asked():
+        raise AssertionError("cpu_vector_isa was asked for a call that cannot repay compiling")
+
+    monkeypatch.setattr(fast, "cpu_vector_isa", asked)
+    assert not fast.worth_compiling(10_000, load_encoder(str(tiny_models["bert"])).model)
+
+
 def test_compile_follows_the_cpus_vector_code(tiny_models, monkeypatch):
     """AVX-512: frozen weights; AVX2: not frozen (torch 2.13 computes NaN there with dynamic shapes + freezing);
     no vector code: compile="auto" stays eager and compile=True is refused in one line."""

@@ -352,6 +352,27 @@ def test_cached_hub_folder_without_a_download_is_none(hub_env):
         hub.hub_folder("not a hub name!")
 
 
+def test_a_typo_of_a_packaged_name_gets_a_did_you_mean_before_any_hub_call(hub_env, monkeypatch):
+    from click.testing import CliRunner
+
+    from ctxrep.cli import main
+    from ctxrep.models.loading import resolve
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the Hub was asked for a typo of a packaged name")
+
+    monkeypatch.setattr(hub, "hub_folder", no_hub)
+    for typo in ("minilmm", "MiniLM-", "minlm"):
+        with pytest.raises(CheckpointError, match=f"unknown model '{typo}': .* did you mean 'minilm'\\?"):
+            resolve(typo)
+    with pytest.raises(CheckpointError, match="did you mean 'elmo:small'\\?"):
+        resolve("elmo:smal")
+    result = CliRunner().invoke(main, ["info", "minilmm"])
+    assert result.exit_code == 1 and result.output.strip().endswith("did you mean 'minilm'?")
+    with pytest.raises(AssertionError, match="the Hub was asked"):  # a name no packaged name is close to: the Hub
+        resolve("bert-base-cased")
+
+
 # ---- AllenNLP's ELMo files ------------------------------------------------------------------------------
 
 

@@ -380,8 +380,9 @@ def test_depths_and_capabilities(model):
 def test_info(family, model):
     out = ok(run("info", model))
     m = load_encoder(model).model
+    kind = "encoder" if not m.is_decoder else f"decoder ({'causal' if m.causal else 'bidirectional'} attention"
     for expected in (
-        f"{family.name} encoder",
+        f"{family.name} {kind}",
         f"{m.num_layers} (+ the input layer",
         f"hidden size      {m.hidden_size}",
         f"{m.max_tokens} per window",

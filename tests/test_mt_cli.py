@@ -102,6 +102,15 @@ def test_saved_model_is_the_mean_of_the_last_snapshots(trained):
         torch.testing.assert_close(state[name], value)
 
 
+def test_train_no_progress_is_a_flag_as_pretrains(corpus, tmp_path):
+    """`--no-progress` was read as a config override wanting a value; it is pretrain's flag now."""
+    shown = _invoke(*_train_args(corpus, tmp_path / "shown", "--max-steps", "2"))
+    assert "train: 2/2 steps (100%)" in shown.stderr  # the progress line a log gets
+    result = _invoke(*_train_args(corpus, tmp_path / "quiet", "--max-steps", "2", "--no-progress"))
+    assert result.exit_code == 0, result.output
+    assert "step 2: loss" in result.output and "steps/s" not in result.stderr  # no progress
+
+
 def test_resume_ends_where_an_uninterrupted_run_ends(corpus, tmp_path):
     dropout = ("--model.dropout", "0.2")  # so that the restored RNG matters
     whole, split = tmp_path / "whole", tmp_path / "split"

@@ -151,8 +151,8 @@ def test_cli_rerank_and_search_take_a_pair_model(regressor, tiny_models, tmp_pat
     assert result.exit_code == 0, result.output
     expected = load_reranker(regressor).rerank(QUERY, DOCS, top_n=2)
     rows = [line.split("\t") for line in result.output.strip().splitlines()[1:]]
-    assert [int(r[2]) - 1 for r in rows] == expected.ids  # line numbers count from 1, ids from 0
-    np.testing.assert_allclose([float(r[1]) for r in rows], expected.scores, atol=1e-5)
+    assert [int(r[4]) - 1 for r in rows] == [int(r[3]) for r in rows] == expected.ids  # lines from 1, ids from 0
+    np.testing.assert_allclose([float(r[2]) for r in rows], expected.scores, atol=1e-5)
 
     build = ["index", "build", "--input", str(docs), "--out", str(tmp_path / "ix"), "--model", str(tiny_models["bert"])]
     assert CliRunner().invoke(main, build).exit_code == 0

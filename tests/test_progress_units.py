@@ -23,7 +23,7 @@ def test_embed_progress_counts_texts(tiny_models, tmp_path, capsys):
     embed_corpus(job, log=lambda m: None)  # pytest's stderr is no terminal: plain lines
     lines = _lines(capsys.readouterr().err, "embed: ")
     assert lines and lines[-1].startswith("embed: 5/5 texts (100%), "), lines
-    assert lines[-1].endswith(", 3 shards") and not any(" B" in line for line in lines), lines
+    assert lines[-1].endswith(", 5 texts read, 3 shards written") and not any(" B" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("gzipped", [False, True])
@@ -43,7 +43,7 @@ def test_embed_progress_of_a_resumed_run_starts_at_the_texts_kept(tiny_models, t
     embed_corpus(job, log=lambda m: None)
     last = _lines(capsys.readouterr().err, "embed: ")[-1]
     assert last.startswith("embed: 5/5 texts (100%), "), last  # a gzip file's total: known once it is read
-    assert last.endswith(", 3 shards")
+    assert last.endswith(", 3 shards written")
 
 
 def test_tokenize_progress_counts_sentences(tmp_path, capsys):

@@ -239,17 +239,48 @@ def test_cli_prints_the_documents_best_first(bert_ce, tmp_path):
     )
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert lines[0] == "rank\tscore\tline\tdocument" and len(lines) == 4
+    assert lines[0] == "query\trank\tscore\tid\tline\tdocument" and len(lines) == 4
     expected = CrossEncoderReranker(bert_ce).rerank(QUERY, DOCS, top_n=3)
     line_of = [1, 3, 4, 5, 6]
-    for row, i, score in zip(lines[1:], expected.ids, expected.scores.tolist()):
-        rank, shown, line, doc = row.split("\t")
-        assert (int(line), doc) == (line_of[i], DOCS[i]) and abs(float(shown) - score) < 1e-6
+    for at, (row, i, score) in enumerate(zip(lines[1:], expected.ids, expected.scores.tolist())):
+        query, rank, shown, id_, line, doc = row.split("\t")
+        assert (query, rank, id_) == ("0", str(at), str(i))  # query numbers, ranks and ids count from 0
+        assert (int(line), doc) == (line_of[i], DOCS[i]) and abs(float(shown) - score) < 1e-6  # lines from 1
     assert "cut" not in result.stderr  # nothing was cut
     bad = CliRunner().invoke(
         main, ["rerank", "--model", str(bert_ce), "--query", QUERY, "--documents", str(docs), "--top-n", "0"]
     )
     assert bad.exit_code == 1 and "error: top_n must be a positive integer" in bad.output
+
+
+def test_cli_reranks_a_file_of_queries_with_one_model_load(bert_ce, tmp_path, monkeypatch):
+    """`ctxrep rerank --queries FILE`: one block of rows per query, numbered from 0, each the reranker's own
+    ranking, and the model loaded once."""
+    from click.testing import CliRunner
+
+    import ctxrep.rerank
+    from ctxrep.cli import main
+
+    loads = []
+    load = ctxrep.rerank.load_reranker
+    monkeypatch.setattr(ctxrep.rerank, "load_reranker", lambda *a, **k: loads.append(a) or load(*a, **k))
+    docs, queries = tmp_path / "docs.txt", tmp_path / "queries.txt"
+    docs.write_text("\n".join(DOCS) + "\n")
+    asked = [QUERY, "a dog in the park", "stock prices"]
+    queries.write_text("\n".join(asked) + "\n")
+    args = ["rerank", "--model", str(bert_ce), "--queries", str(queries), "--documents", str(docs), "--top-n", "2"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert len(loads) == 1
+    rows = [line.split("\t") for line in result.stdout.strip().splitlines()[1:]]
+    reranker = CrossEncoderReranker(bert_ce)
+    expected = [(str(q), str(r), str(i)) for q, query in enumerate(asked)
+                for r, i in enumerate(reranker.rerank(query, DOCS, top_n=2).ids)]  # fmt: skip
+    assert [(q, r, i) for q, r, _, i, _, _ in rows] == expected
+    (tmp_path / "none.txt").write_text("")
+    empty = CliRunner().invoke(main, [*args[:4], str(tmp_path / "none.txt"), *args[5:]])
+    assert empty.exit_code == 1 and "none.txt: no texts in the file" in empty.output
+    assert len(loads) == 1  # refused before the model loads
 
 
 def test_cli_says_which_documents_it_cut(bert_ce, tmp_path):
@@ -398,7 +429,7 @@ def test_search_rerank_says_which_hits_it_cut_and_takes_a_prompt(bert_ce, tmp_pa
     head = "ctxrep search: the reranker cut 4 (query, document) pairs to fit its 64 tokens: "
     assert line.startswith(head)
     per_query = [part.split(": ") for part in line[len(head) :].split("; ")]
-    assert [(q, sorted(ids.split(", "))) for q, ids in per_query] == [("query 1", ["5", "6"]), ("query 2", ["5", "6"])]
+    assert [(q, sorted(ids.split(", "))) for q, ids in per_query] == [("query 0", ["5", "6"]), ("query 1", ["5", "6"])]
     named = CliRunner().invoke(main, [*args, "--rerank", str(bert_ce), "--rerank-prompt-name", "passage"])
     assert named.exit_code == 1 and "unknown prompt name 'passage'" in named.output  # it reached the reranker
     bad = CliRunner().invoke(main, [*args, "--rerank-prompt", "query : "])
@@ -454,7 +485,7 @@ def test_llm_reranker_through_the_cli_and_both_server_routes(qwen3_reranker, tin
     )
     assert result.exit_code == 0, result.output
     rows = [line.split("\t") for line in result.output.strip().splitlines()[1:]]
-    assert [(int(line) - 1, float(score)) for _, score, line, _ in rows] == [
+    assert [(int(line) - 1, float(score)) for _, _, score, _, line, _ in rows] == [
         (i, pytest.approx(score, abs=1e-4)) for i, score in zip(expected.ids, expected.scores.tolist())
     ]
     service = EmbeddingService(

@@ -119,6 +119,7 @@ def test_cli_build_search_and_embed_output(tiny_models, tmp_path):
     lines = out.output.strip().splitlines()
     assert lines[0] == "query\trank\tscore\tid\ttext"
     assert lines[1].split("\t")[3:] == ["2", TEXTS[2]]  # ids are 0-based text numbers, as SentenceIndex.build
+    assert lines[1].split("\t")[:2] == ["0", "0"]  # query numbers and ranks count from 0 too (one rule)
 
     # embed once, index the vectors without embedding again: the same hits
     out = runner.invoke(

@@ -111,9 +111,14 @@ def _metric(server, name: str) -> float:
         ("/v1/embeddings", {"input": [[101, 102]]}, 422, "input"),
         ("/v1/embeddings", {"input": []}, 422, "input: an empty list; send at least one text"),
         ("/v1/embeddings", {"input": ["ok", "  "]}, 422, "input[1]: an empty text"),
-        ("/v1/embeddings", {"input": ["a"] * 9}, 413, "input: 9 texts; the limit is 8 per request"),
-        ("/v1/embeddings", {"input": ["a " * 3000]}, 413, "input[0]: 6,000 characters; the limit is 5,000 per text"),
-        ("/v1/embeddings", {"input": ["ab " * 7000]}, 413, "over the limit of 20,000 bytes"),
+        ("/v1/embeddings", {"input": ["a"] * 9}, 413, "input: 9 texts; the limit is 8 per request (--max-texts"),
+        (
+            "/v1/embeddings",
+            {"input": ["a " * 3000]},
+            413,
+            "input[0]: 6,000 characters; the limit is 5,000 per text (--max-text-chars",
+        ),
+        ("/v1/embeddings", {"input": ["ab " * 7000]}, 413, "over the limit of 20,000 bytes (--max-body-bytes"),
         ("/v1/embeddings", {"input": "a", "model": "gpt-4"}, 404, "model 'gpt-4' is not served here"),
         ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, 422, "encoding_format: "),
         ("/v1/embeddings", {"input": "a", "dimensions": 500}, 422, "dimensions=500 is more than the vectors' 384"),
@@ -142,7 +147,7 @@ def test_a_chunked_body_over_the_limit_is_413(server):
         yield b'"]}'
 
     r = httpx.post(f"{server.url}/v1/embeddings", content=chunks(), headers={"content-type": "application/json"})
-    assert r.status_code == 413 and "over the limit of 20,000 bytes" in r.json()["error"]["message"]
+    assert r.status_code == 413 and "over the limit of 20,000 bytes (--max-body-bytes" in r.json()["error"]["message"]
 
 
 def test_full_queue_answers_503_with_retry_after(fz):
@@ -151,7 +156,7 @@ def test_full_queue_answers_503_with_retry_after(fz):
         service.batcher.queued_texts = 2  # two texts of other requests waiting
         r = httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:2]})
         assert r.status_code == 503 and r.headers["retry-after"] == "3"
-        assert "the server is busy (2 texts queued, limit 3)" in r.json()["error"]["message"]
+        assert "the server is busy (2 texts queued, limit 3: --max-queue" in r.json()["error"]["message"]
         service.batcher.queued_texts = 0
         assert httpx.post(f"{s.url}/v1/embeddings", json={"input": TEXTS[:3]}).status_code == 200
 
@@ -181,8 +186,8 @@ def test_a_refused_text_fails_its_own_request_not_the_ones_batched_with_it(fz, m
             raise ValueError("text 'POISON': refused")
         return run(key, texts, between_batches)
 
-    monkeypatch.setattr(service.batcher, "run", refuse_poison)
     with ServerThread(build_app(service)) as s:
+        monkeypatch.setattr(service.batcher, "run", refuse_poison)  # after the warm-up's calls
 
         async def both():
             async with httpx.AsyncClient() as client:

@@ -1,6 +1,7 @@
-"""The server's fairness: a long request (many texts to embed, or many documents to rerank) runs in token-budget
-steps and a short request that arrives meanwhile is answered between two of them (`serve.batcher.Turns`), with the
-same vectors and scores as the Featurizer and the reranker alone."""
+"""The server's fairness: a long request (many texts to embed, or many documents to rerank) runs in steps sized by a
+time target at the throughput the server measured (`serve.batcher.Pace`) and a short request that arrives meanwhile
+is answered between two of them (`serve.batcher.Turns`), with the same vectors and scores as the Featurizer and the
+reranker alone; the server warms up before it answers /health."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from _serve_helpers import ServerThread, tiny_cross_encoder, wait_for
 
 from ctxrep import Featurizer
 from ctxrep.rerank import CrossEncoderReranker
+from ctxrep.rerank.ranking import Reranker
 from ctxrep.serve.app import build_app
-from ctxrep.serve.batcher import Turns
-from ctxrep.serve.service import EmbeddingService, Rerank, Sentences
+from ctxrep.serve.batcher import Pace, Step, Turns
+from ctxrep.serve.kinds import Answer
+from ctxrep.serve.service import SENTENCES, EmbeddingService, Rerank, Sentences, ServeConfig
 
 LONG = " ".join(f"word{i % 97} and more" for i in range(400))  # about 1,600 pieces: 6 windows of MiniLM
 SHORTS = ["two words", "a third one", "and the fourth sentence"]
@@ -41,9 +44,11 @@ def test_short_requests_are_answered_between_the_steps_of_a_long_one(fz, monkeyp
             wait_for(lambda: turns.waiting > 0 and service.queued_texts == len(SHORTS), "the short requests")
         between(call, drain)
 
-    monkeypatch.setattr(turns, "between_batches", gated)
     finished = []
     with ServerThread(build_app(service)) as s:
+        monkeypatch.setattr(turns, "between_batches", gated)  # after the warm-up's calls
+        turns.steps.clear()
+        service.batcher.pace = Pace(0.05)  # nothing measured: steps of the Featurizer's own 512 tokens, a window each
 
         async def go():
             async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
@@ -63,10 +68,11 @@ def test_short_requests_are_answered_between_the_steps_of_a_long_one(fz, monkeyp
     steps = list(turns.steps)
     long_call = steps[0]
     short_calls = {c for c in steps if c != long_call}
-    assert len(short_calls) == 1, steps  # the three requests were one call
-    at = steps.index(short_calls.pop())
-    assert long_call in steps[:at] and long_call in steps[at + 1 :], steps  # it ran between two long steps
-    assert steps.count(long_call) == len(fz.plan.single(0, fz.tokenizer.encode_words([LONG.split()])[0]))
+    assert not short_calls and service.metrics.batches == 6 + 2, steps  # the three requests were one call (after
+    # the warm-up's six), of one batch: no step between two
+    assert steps[0] == long_call and long_call in steps[1:], steps  # it ran between two long steps
+    windows = len(fz.plan.single(0, fz.tokenizer.encode_words([LONG.split()])[0]))
+    assert steps.count(long_call) == windows - 1  # a step between two of its batches, none after the last
     assert long.json()["windowed"] == {"count": 1, "indices": [0]}
     np.testing.assert_allclose(long.json()["data"][0]["embedding"], fz.embed_sentences([LONG])[0], atol=1e-5)
     got = [r.json()["data"][0]["embedding"] for r in shorts]
@@ -92,16 +98,18 @@ def test_a_short_request_waits_one_step_of_a_long_rerank_request(fz, tmp_path, m
             wait_for(lambda: turns.waiting > 0, "the short request")
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(reranker.model, "encode", gated)
     run, done = service.batcher.run, []
 
-    def recorded(key, items, between_batches):  # which call's model work ended first (on the worker threads)
-        parts = run(key, items, between_batches)
+    def recorded(key, items, step):  # which call's model work ended first (on the worker threads)
+        parts = run(key, items, step)
         done.append(type(key).__name__)
         return parts
 
-    monkeypatch.setattr(service.batcher, "run", recorded)
     with ServerThread(build_app(service)) as s:
+        monkeypatch.setattr(reranker.model, "encode", gated)  # after the warm-up's calls
+        monkeypatch.setattr(service.batcher, "run", recorded)
+        turns.steps.clear()
+        service.batcher.pace = Pace(0.05)  # nothing measured: steps of the reranker's own 64 tokens, a pair each
 
         async def go():
             async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
@@ -111,11 +119,10 @@ def test_a_short_request_waits_one_step_of_a_long_rerank_request(fz, tmp_path, m
                 return await long, short
 
         long, short = asyncio.run(go())
-    assert done == [Sentences.__name__, Rerank.__name__], done
+    assert done == [Sentences.__name__, Rerank.__name__], done  # the short one after the first rerank batch
     steps = list(turns.steps)
-    rerank_call, short_call = steps[0], steps[1]
-    assert short_call != rerank_call and steps.count(short_call) == 1, steps
-    assert steps.count(rerank_call) == documents and steps[2:] == [rerank_call] * (documents - 1), steps
+    assert steps == [steps[0]] * (documents - 1), steps  # the rerank's steps between its batches; the short call
+    # of one batch has none (it ran at the first of them)
     assert long.status_code == 200 and short.status_code == 200
     ranked = [(r["index"], r["relevance_score"]) for r in long.json()["results"]]
     alone = reranker.rerank(query, texts)  # the same batches as the reranker alone: the same scores
@@ -178,3 +185,138 @@ def test_elmo_calls_run_whole_and_answer_as_the_featurizer(elmo_dir):
     np.testing.assert_allclose(
         [d["embedding"] for d in sentences.json()["data"]], elmo.embed_sentences(texts), atol=1e-5
     )
+
+
+def test_pace_sizes_a_step_by_the_time_target_at_the_measured_throughput():
+    pace = Pace(0.05)
+    assert pace.rate("m") is None and pace.step_tokens("m", 2048) == 2048  # nothing measured: the model's own budget
+    pace.observe("m", 10_000, 1.0)  # 10,000 tokens/s
+    assert pace.step_tokens("m", 2048) == 500  # 50 ms of it
+    assert pace.step_tokens("m", 300) == 300  # never more than the model's own batch budget
+    pace.observe("m", 10, 0.01)  # a one-text call and its overhead (1,000 tokens/s) weighs by its time: a little
+    assert 9_000 < pace.rate("m") < 10_000
+    for _ in range(30):  # the model got slower (a longer text, another load on the machine): recent calls weigh most
+        pace.observe("m", 2_000, 1.0)
+    assert 2_000 <= pace.rate("m") < 2_100 and pace.step_tokens("m", 2048) == 100
+    slow = Pace(0.05)
+    slow.observe("m", 100, 1.0)
+    assert slow.step_tokens("m", 2048) == Pace.FLOOR and slow.rate("other") is None
+
+
+def test_a_request_of_many_short_texts_runs_in_steps_of_the_time_target(fz, monkeypatch):
+    """Many short texts in one request (the issue's 3,000 sentences): its batches are the step's tokens (the time
+    target at the measured throughput), not the Featurizer's 512-token budget, and a short request that arrives
+    runs after the first of them."""
+    service = EmbeddingService(fz, "minilm")
+    turns = service.batcher.turns
+    between = turns.between_batches
+    long_started = threading.Event()
+    texts = [f"sentence number {i} of the long request" for i in range(300)]  # about 10 tokens each
+    finished = []
+
+    def gated(call, drain):
+        if not long_started.is_set():
+            long_started.set()
+            wait_for(lambda: turns.waiting > 0, "the short request")
+        between(call, drain)
+
+    with ServerThread(build_app(service)) as s:
+        monkeypatch.setattr(turns, "between_batches", gated)  # after the warm-up's calls
+        turns.steps.clear()
+        pace = service.batcher.pace = Pace(0.05)
+        pace.observe(Answer.EMBEDDINGS, 2_560, 1.0)  # 2,560 tokens/s: steps of 128 tokens
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+
+                async def post(name, body):
+                    r = await client.post("/v1/embeddings", json=body)
+                    finished.append(name)
+                    return r
+
+                long = asyncio.create_task(post("long", {"input": texts}))
+                await asyncio.to_thread(long_started.wait, 60)
+                short = await post("short", {"input": SHORTS[:1]})
+                return await long, short
+
+        long, short = asyncio.run(go())
+    steps = list(turns.steps)
+    assert len(set(steps)) == 1, steps  # the short call (one batch) ran at the long call's first step
+    assert finished[0] == "short" and len(steps) >= 20, steps  # 300 texts x ~10 tokens in steps of 128 (512: 6)
+    np.testing.assert_allclose([d["embedding"] for d in long.json()["data"]], fz.embed_sentences(texts), atol=1e-5)
+    np.testing.assert_allclose(short.json()["data"][0]["embedding"], fz.embed_sentences(SHORTS[:1])[0], atol=1e-5)
+
+
+class WholeCallReranker(Reranker):
+    """A reranker that predicts a call whole (batch_tokens None, as a pair model `ctxrep finetune` trained): scores
+    a document by its length, and cuts the documents holding "long"."""
+
+    max_length = 32
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.calls, self.cut_texts = tokenizer, [], []
+
+    def predict(self, pairs, prompt=None, prompt_name=None):
+        self.calls.append(len(pairs))
+        self.cut_texts = [i for i, (_, d) in enumerate(pairs) if "long" in d]
+        return np.array([len(d) for _, d in pairs], dtype=np.float32)
+
+
+def test_a_reranker_without_batches_of_its_own_is_given_a_big_rerank_a_step_at_a_time(fz):
+    reranker = WholeCallReranker(fz.tokenizer)
+    service = EmbeddingService(None, "pairs", reranker=reranker)
+    documents = [("a long one " if i % 7 == 3 else "") + "document " * (i % 5 + 1) + str(i) for i in range(60)]
+    handed = []
+    step = Step(tokens=40, between_batches=lambda drain: handed.append(len(reranker.calls)))
+    ranked, counts, cut = Rerank(0, "which document", top_n=10).run(service, documents, step)
+    assert sum(reranker.calls) == len(documents) and len(reranker.calls) >= 10, reranker.calls  # ~40 tokens a step
+    assert handed == list(range(1, len(reranker.calls)))  # the model passed on between two steps
+    alone = WholeCallReranker(fz.tokenizer).rerank("which document", documents, top_n=10)
+    assert ranked.ids == alone.ids and np.array_equal(ranked.scores, alone.scores)
+    assert [i for i, c in enumerate(cut) if c] == [i for i in range(60) if i % 7 == 3]  # in the request's numbering
+    assert len(counts) == len(documents)
+
+
+def test_the_server_warms_up_before_it_answers_health(fz, tmp_path, minilm_path):
+    """Each model the server holds runs the shapes it serves before /health answers (its listening socket opens
+    after the warm-up): the first request is then a warm one, and the steps have a measured throughput."""
+    reranker = CrossEncoderReranker(tiny_cross_encoder(tmp_path / "ce", minilm_path))
+    service = EmbeddingService(fz, "minilm", reranker=reranker, reranker_name="ce")
+    assert service.warmed is None
+    with ServerThread(build_app(service)) as s:
+        assert service.warmed is not None  # before the server accepted its first connection
+        assert service.warmed.shapes == (
+            "one short text", "a step of short texts", "one text of 508 words", "a rerank of 8 documents",
+        )  # fmt: skip
+        assert service.warmed.seconds > 0 and "warmed up in" in service.warmed.describe()
+        for answer in (Answer.EMBEDDINGS, Answer.RERANK):
+            assert service.batcher.pace.rate(answer) > 0
+        assert service.metrics.batches == 8  # each shape twice, before any request
+        assert httpx.get(f"{s.url}/health").status_code == 200
+
+
+def test_a_short_request_arriving_with_a_long_one_is_not_merged_into_it(fz):
+    """Requests merge into one call up to one step's tokens (`Batcher.merge_budget`): a short request that arrives
+    within the merge wait of a long one (the issue's 9-30x waits) runs as its own call, answered before the long one
+    ends, not at its end."""
+    service = EmbeddingService(fz, "minilm", ServeConfig(max_wait_ms=300, max_texts=400))
+    texts = [f"sentence number {i} of the long request" for i in range(300)]
+    with ServerThread(build_app(service)) as s:
+        pace = service.batcher.pace = Pace(0.05)
+        pace.observe(Answer.EMBEDDINGS, 2_560, 1.0)  # steps of 128 tokens
+        assert service.batcher.merge_budget(SENTENCES) == 128
+        finished = []
+
+        async def go():
+            async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
+
+                async def post(name, body):
+                    r = await client.post("/v1/embeddings", json=body)
+                    finished.append(name)
+                    return r
+
+                return await asyncio.gather(post("long", {"input": texts}), post("short", {"input": SHORTS[:1]}))
+
+        long, short = asyncio.run(go())
+    assert finished == ["short", "long"] and long.status_code == short.status_code == 200
+    assert service.metrics.batches - 6 == 2  # two calls (after the warm-up's six)

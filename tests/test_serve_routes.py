@@ -97,7 +97,12 @@ def test_cohere_and_jina_rerank(server):
         ("/rerank", {"query": QUERY, "texts": []}, 422, "texts: an empty list"),
         ("/rerank", {"query": QUERY, "texts": DOCS, "raw_scores": True}, 422, "raw_scores"),
         ("/rerank", {"query": QUERY, "texts": DOCS, "prompt_name": "passage"}, 422, "'query', 'web'"),
-        ("/rerank", {"query": QUERY, "texts": ["a"] * 9}, 413, "texts: 9 texts; the limit is 8"),
+        (
+            "/rerank",
+            {"query": QUERY, "texts": ["a"] * 9},
+            413,
+            "texts: 9 texts; the limit is 8 per request (--max-texts",
+        ),
     ],
 )
 def test_bad_rerank_requests_in_the_routes_schema(server, path, body, status, message):

@@ -56,9 +56,10 @@ def test_requests_past_the_graceful_wait_are_cut_with_one_line(served, monkeypat
             wait_for(lambda: server.cutoff.stopping and not server.cutoff.in_flight, "the requests to be cut")
         between(call, drain)
 
-    monkeypatch.setattr(turns, "between_batches", held)
     documents = [f"document {i} about a crane that lifted {i} beams " * 8 for i in range(12)]  # 12 steps
     with ServerThread(server=server) as s:
+        monkeypatch.setattr(turns, "between_batches", held)  # after the warm-up's calls
+        turns.steps.clear()
 
         async def go():
             async with httpx.AsyncClient(base_url=s.url, timeout=120) as client:
@@ -83,6 +84,9 @@ def test_requests_past_the_graceful_wait_are_cut_with_one_line(served, monkeypat
     assert errors[0].startswith(f"shutting down: the {WAIT_S:g} s graceful-shutdown wait ran out; cut 2 requests")
     assert "POST /v1/rerank from 127.0.0.1:" in errors[0] and "POST /v1/embeddings from 127.0.0.1:" in errors[0]
     assert errors[0].count("answered 503") == 2, errors[0]
+    said = [r.getMessage() for r in records if r.getMessage().startswith("shutting down: finishing")]
+    assert said == [f"shutting down: finishing 2 requests in flight, for at most {WAIT_S:g} s (--graceful-shutdown-s)"
+                    "; those still running then get a 503"], said  # fmt: skip
     assert len(turns.steps) == 1, list(turns.steps)  # one rerank batch of 12; the embedding call ran none
 
 
@@ -118,6 +122,7 @@ def test_the_cli_cuts_a_request_past_graceful_shutdown_s_with_one_line_and_exits
     assert "Traceback" not in done.stderr, done.stderr
     cut = [line for line in done.stderr.splitlines() if "graceful-shutdown wait ran out" in line]
     assert len(cut) == 1 and "POST /v1/embeddings" in cut[0], (done.stderr, answer["r"].text)
+    assert "shutting down: finishing 1 request in flight, for at most 0.5 s (--graceful-shutdown-s)" in done.stderr
     assert answer["r"].status_code == 503 and "graceful-shutdown wait" in answer["r"].json()["error"]["message"]
 
 

@@ -265,6 +265,34 @@ def test_finetune_regress_then_predict(tiny_models, tmp_path):
     assert np.allclose([float(r["score"]) for r in rows], expected)
 
 
+def test_finetune_keeps_the_best_dev_epoch_and_says_so(tiny_models, tmp_path):
+    """`ctxrep finetune` saves the weights of the epoch with the best dev score (the one loop's EarlyStopping
+    bookkeeping, never stopping early) and says which it kept; --keep last saves the last epoch's, as before."""
+    train = tmp_path / "train.tsv"
+    train.write_text("s1\ts2\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for (a, b), s in zip(X_PAIRS, Y_SCORES)))
+    args = ["finetune", "--task", "regress", "--train", train, "--dev", train, "--text-column", "s1"]
+    args += ["--text-pair-column", "s2", "--label-column", "score", "--model", tiny_models["bert"]]
+    args += ["--max-epochs", "4", "--batch-size", "4", "--lr", "0.1", "--no-progress"]  # a rate that overshoots
+    kept = {}
+    for keep in ("best", "last"):
+        out = tmp_path / keep
+        result = _run([*args, "--out", out, *(["--keep", "last"] if keep == "last" else [])])
+        assert result.exit_code == 0, result.output
+        metrics = json.loads((out / "metrics.json").read_text())
+        scores = [e["dev_score"] for e in metrics["history"]]
+        kept[keep] = metrics["kept_epoch"]
+        saved = SequenceRegressor.load(out / "model").score(X_PAIRS, Y_SCORES)
+        assert saved == pytest.approx(scores[kept[keep] - 1], abs=1e-5)  # the saved model is the kept epoch's
+        if keep == "best":
+            assert kept["best"] == 1 + int(np.argmax(scores)) < 4, scores  # this run's best epoch is not its last
+            said = f"kept the weights of epoch {kept['best']} of 4, the best dev score ({max(scores):.4f}; the last "
+            assert said + f"epoch's {scores[-1]:.4f}); --keep last keeps the last epoch's" in result.output
+        else:
+            assert kept["last"] == 4 and "kept the last epoch's weights (epoch 4 of 4, dev score" in result.output
+    refused = _run([*args, "--out", tmp_path / "x", "--keep", "last", "--early-stopping"])
+    assert refused.exit_code == 1 and "early stopping keeps the best epoch" in refused.output
+
+
 def test_finetune_stsb_reads_the_benchmark_layout(tiny_models, tmp_path):
     path = tmp_path / "sts-train.csv"
     path.write_text(

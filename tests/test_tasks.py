@@ -195,7 +195,9 @@ def test_frozen_fit_is_the_same_on_a_cold_and_a_warm_cache(tiny_models, tmp_path
     # the cache is keyed per text: the held-out part repeats training texts, so even the cold fit reads it cached
     assert cold.cache_hits_ == 1 and warm.cache_hits_ == 3  # train, held-out part, eval_set
     assert [h["train_loss"] for h in warm.history_] == [h["train_loss"] for h in cold.history_]
-    assert warm.history_ == cold.history_
+    # the runs' peak memory is the process's (a module the first run imports counts there), not the fit's result
+    measured = [{k: v for k, v in h.items() if k != "peak_memory_bytes"} for h in cold.history_]
+    assert [{k: v for k, v in h.items() if k != "peak_memory_bytes"} for h in warm.history_] == measured
     assert np.array_equal(warm.predict_proba(X_CLS), cold.predict_proba(X_CLS))
 
 

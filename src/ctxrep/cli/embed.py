@@ -147,7 +147,13 @@ def __getattr__(name: str):
     help="--chunks: pool each chunk from the token vectors of the whole text (late chunking), or embed each chunk's "
     "text alone (takes --prompt / --dimensions).",
 )
-@click.option("--shard-size", default=2000, show_default=True, help="Texts per shard.")
+@click.option(
+    "--shard-size",
+    type=int,
+    default=None,
+    help="Texts per shard: a Ctrl-C keeps the complete shards [default: 500 (a few seconds of a small model on a CPU; "
+    "give more on a GPU), or the folder's own when it resumes one].",
+)
 @click.option(
     "--shard-format",
     type=click.Choice(["safetensors", "npy"]),
@@ -162,6 +168,11 @@ def __getattr__(name: str):
     help="Deprecated: the old name of --shard-format (goes in 0.3).",
 )
 @click.option("--skip-empty", is_flag=True, help="Skip empty lines instead of stopping with an error.")
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="An input with no text writes an empty folder instead of stopping with an error.",
+)
 @click.option(
     "--batch-tokens",
     type=int,
@@ -247,6 +258,7 @@ def embed(
     shard_format,
     storage,
     skip_empty,
+    allow_empty,
     batch_tokens,
     threads,
     quantize,
@@ -274,7 +286,7 @@ def embed(
     _check_options(device, devices, workers, engine, ray_address, ray_gpus, ray_log, ray_verbose)
     shard_format = _shard_format(shard_format, storage)
     out = _sink(out_dir, store_uri, store_text, shard_size, shard_format)
-    source = EmbedInput(input_path, fmt, text_column or DEFAULT_TEXT_COLUMN, header, skip_empty)
+    source = EmbedInput(input_path, fmt, text_column or DEFAULT_TEXT_COLUMN, header, skip_empty, allow_empty)
     # the vector options given on the command line: the variant --level / --output choose refuses those it does not take
     given = {
         "layers": parse_layers(layers),
@@ -345,16 +357,17 @@ def _shard_format(shard_format, storage):
 def _sink(out_dir, store_uri, store_text, shard_size, shard_format):
     """Where the vectors go: the ShardFolder of --out or the StoreTable of --store (exactly one of them)."""
     from ctxrep.embed.corpus import ShardFolder, StoreTable
+    from ctxrep.embed.run import DEFAULT_SHARD_TEXTS, shard_size_for
 
     if (out_dir is None) == (store_uri is None):
         raise ValueError("give --out DIR (a folder of shards) or --store URI (a store's table), one of them")
     if store_uri is None:
         if not store_text:
             raise ValueError("--no-store-text applies to --store; a folder keeps no texts")
-        return ShardFolder(out_dir, shard_size, shard_format or "safetensors")
+        return ShardFolder(out_dir, shard_size_for(out_dir, shard_size), shard_format or "safetensors")
     if shard_format is not None:
         raise ValueError("--shard-format is the format of --out's shard files; a --store keeps its own")
-    return StoreTable(store_uri, shard_size, with_text=store_text)
+    return StoreTable(store_uri, shard_size or DEFAULT_SHARD_TEXTS, with_text=store_text)
 
 
 def _log(message: str) -> None:

@@ -125,6 +125,14 @@ def _task_help() -> str:
     default=None,
     help="Tagging: entity scoring scheme (default: auto; conll2003: iob1; upos: none).",
 )
+@click.option(
+    "--keep",
+    type=click.Choice(["best", "last"]),
+    default="best",
+    show_default=True,
+    help="Which epoch's weights are saved and reported: the one with the best dev score (with --early-stopping: the "
+    "best validation score), or the last one. The run says which epoch it kept.",
+)
 @click.option("--early-stopping", is_flag=True, help="Hold out --validation-fraction and stop when it stalls.")
 @click.option("--validation-fraction", type=float, default=0.1, show_default=True)
 @click.option("--slanted-triangular", is_flag=True, help="ULMFiT's slanted triangular schedule.")

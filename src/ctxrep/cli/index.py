@@ -26,6 +26,7 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.cli.finetune import COLUMN_RULE, HEADER_HELP
+from ctxrep.featurize.spec import SENTENCE_POOLINGS
 
 
 @click.group("index")
@@ -62,11 +63,11 @@ def index() -> None:
 @click.option("--layers", default="-1", show_default=True, help="Layer index, comma-separated list or 'mix'.")
 @click.option(
     "--sentence-pooling",
-    type=click.Choice(["mean", "cls", "model", "auto"]),
+    type=click.Choice(SENTENCE_POOLINGS),
     default="auto",
     show_default=True,
-    help="Mean of words, the classification token, a sentence-transformers folder's own pooling, or auto (the "
-    "folder's pooling where it has one, else mean).",
+    help="Mean of words, the classification token, a sentence-transformers folder's own pooling, the last token "
+    "(lasttoken: decoder embedders), or auto (the folder's pooling where it has one, else mean).",
 )
 @click.option("--metric", type=click.Choice(["cosine", "dot"]), default="cosine", show_default=True)
 @click.option(
@@ -319,13 +320,14 @@ def search(
     query_prompt,
     device,
 ) -> None:
-    """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV). Dense, sparse
-    and late-interaction indexes alike (the kind is read from the folder)."""
+    """Print the k nearest indexed texts of each query: query number, rank, score, id, text (TSV; query numbers,
+    ranks and ids count from 0, as everywhere in ctxrep). Dense, sparse and late-interaction indexes alike (the
+    kind is read from the folder); the model loads once for every query."""
     from ctxrep.vectors.index import SentenceIndex, read_texts
 
     queries = list(queries)
     if queries_file is not None:
-        queries += read_texts(queries_file, "text", "text", None).texts
+        queries += read_texts(queries_file, "text").texts  # an empty file: refused, naming it
     if not queries:
         raise ValueError("give --query TEXT or --queries FILE")
     if k < 1:
@@ -376,7 +378,7 @@ def search(
         found = find(queries, k=max(k, rerank_depth), **prompt)
         reranker = load_reranker(rerank_model, device=device)
         hits = []
-        for number, (q, h) in enumerate(zip(queries, found), start=1):
+        for number, (q, h) in enumerate(zip(queries, found)):
             hits.append(rerank_hits(reranker, q, h, k, prompt=rerank_prompt, prompt_name=rerank_prompt_name))
             if reranker.cut_texts:
                 cut[number] = [h.ids[i] for i in reranker.cut_texts]
@@ -391,12 +393,13 @@ def search(
 
 
 def _write_hits(hits, out_path) -> None:
-    """The hits as TSV (query number, rank, score, id, text) to `out_path`, or stdout."""
+    """The hits as TSV (query number, rank, score, id, text) to `out_path`, or stdout; query numbers and ranks count
+    from 0, as the ids do."""
     out = open(out_path, "w", encoding="utf-8") if out_path else sys.stdout
     try:
         out.write("query\trank\tscore\tid\ttext\n")
-        for q, h in enumerate(hits, start=1):
-            for rank, (i, text, score) in enumerate(h, start=1):
+        for q, h in enumerate(hits):
+            for rank, (i, text, score) in enumerate(h):
                 shown = "" if text is None else text.replace("\t", " ").replace("\n", " ")
                 out.write(f"{q}\t{rank}\t{score:.4f}\t{i}\t{shown}\n")
     finally:

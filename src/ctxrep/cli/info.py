@@ -11,8 +11,9 @@ from ctxrep.cli.common import user_errors
 @click.argument("model", default="minilm")
 @user_errors
 def info(model: str) -> None:
-    """Family, sizes, window limit, tokenizer and files of MODEL (a packaged name such as 'minilm', a model
-    folder, an ELMo folder with or without 'elmo:', or a Hugging Face Hub name)."""
+    """Family (an encoder, or a decoder and its attention: causal or bidirectional), sizes, window limit, tokenizer,
+    files and the sentence pooling to choose (last token for a causal decoder) of MODEL (a packaged name such as
+    'minilm', a model folder, an ELMo folder with or without 'elmo:', or a Hugging Face Hub name)."""
     from ctxrep.models.loading import load_encoder
     from ctxrep.models.sentence_transformers import describe_sentence_pooling
 
@@ -36,7 +37,7 @@ def info(model: str) -> None:
         ("model", model),
         ("folder", str(folder)),
         ("files", ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file()))),
-        ("family", f"{m.family} encoder"),
+        ("family", family_line(m)),
         ("layers", f"{m.num_layers} (+ the input layer = layer 0)"),
         *([("sides", m.describe_sides())] if m.describe_sides() else []),
         ("hidden size", str(m.hidden_size)),
@@ -45,8 +46,17 @@ def info(model: str) -> None:
         ("parameters", f"{n_params:,}"),
         ("tokenizer", tokenizer),
         ("special tokens", special),
-        ("sentence vector", describe_sentence_pooling(folder)),
+        ("sentence vector", describe_sentence_pooling(folder, causal=m.causal)),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"{k:<{width}}  {v}")
+
+
+def family_line(model) -> str:
+    """`info`'s family row, from the encoder interface: "bert encoder", "qwen3 decoder (causal attention)",
+    "gemma3_text decoder (bidirectional attention)"."""
+    if not model.is_decoder:
+        return f"{model.family} encoder"
+    attention = "causal attention: each token reads the tokens before it" if model.causal else "bidirectional attention"
+    return f"{model.family} decoder ({attention})"

@@ -44,9 +44,12 @@ def mt() -> None:
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps (overrides [trainer] max_steps).")
 @click.option("--resume", is_flag=True, help="Continue the run saved in --out.")
 @click.option("--skip-long", is_flag=True, help="Leave out training pairs longer than the model's positions.")
+@click.option(
+    "--progress/--no-progress", default=True, show_default=True, help="The training progress (as pretrain's)."
+)
 @click.pass_context
 @user_errors
-def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume, skip_long) -> None:
+def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume, skip_long, progress) -> None:
     """Train a translation model from --src to --tgt into --out.
 
     Any config field can be overridden as --section.field VALUE (e.g. --trainer.lr 2.0), or --field VALUE
@@ -64,7 +67,7 @@ def train(ctx, config_name, src, tgt, valid_src, valid_tgt, out_dir, max_steps, 
         config = load_config(config_name, parse_overrides(ctx.args))
         if skip_long:
             config.data.skip_long = True
-        metrics = train_mt(config, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume)
+        metrics = train_mt(config, src, tgt, valid_src, valid_tgt, out_dir, max_steps, resume, progress)
     finally:
         distributed.shutdown()
     exit_if_interrupted(metrics, "ctxrep mt train", echo=dist.is_main)

@@ -7,6 +7,7 @@ import click
 
 from ctxrep.cli.common import user_errors
 from ctxrep.cli.runtime_options import runtime_options
+from ctxrep.featurize.spec import SENTENCE_POOLINGS
 
 
 @click.command()
@@ -39,16 +40,35 @@ from ctxrep.cli.runtime_options import runtime_options
 )
 @click.option(
     "--sentence-pooling",
-    type=click.Choice(["auto", "mean", "cls", "model"]),
+    type=click.Choice(SENTENCE_POOLINGS),
     default="auto",
     show_default=True,
-    help="auto: the folder's own pooling where it has a sentence-transformers modules.json, else the mean.",
+    help="auto: the folder's own pooling where it has a sentence-transformers modules.json, else the mean of the "
+    "words; lasttoken: the text's last token (decoder embedders).",
 )
 @click.option("--normalize", is_flag=True, help="Unit-length sentence vectors on /v1/embeddings.")
 @click.option("--threads", type=int, default=None, help="Torch threads (default: torch's choice).")
-@click.option("--max-batch-tokens", default=16384, show_default=True, help="Token budget of one merged batch.")
+@click.option(
+    "--max-batch-tokens",
+    default=16384,
+    show_default=True,
+    help="Token budget of one merged call of several requests (words + pieces estimated); the model's batches "
+    "inside it are --step-ms long.",
+)
+@click.option(
+    "--step-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=50.0,
+    show_default=True,
+    help="How long one step of a request should take: a long request runs in batches sized to this time at the "
+    "throughput the server measures (warm-up, then its own calls), and a short request that arrives meanwhile runs "
+    "after the current step. Smaller: shorter waits beside long requests; larger: a little more throughput.",
+)
 @click.option("--max-wait-ms", default=5.0, show_default=True, help="How long a batch waits for more requests.")
 @click.option("--max-queue", default=4096, show_default=True, help="Texts waiting; beyond it: 503 + Retry-After.")
+@click.option(
+    "--max-body-bytes", default=32 * 1024 * 1024, show_default=True, help="Bytes of a request body; beyond it: 413."
+)
 @click.option("--max-texts", default=2048, show_default=True, help="Texts per request; beyond it: 413.")
 @click.option("--max-text-chars", default=200_000, show_default=True, help="Characters per text; beyond it: 413.")
 @click.option(
@@ -93,8 +113,10 @@ def serve(
     normalize,
     threads,
     max_batch_tokens,
+    step_ms,
     max_wait_ms,
     max_queue,
+    max_body_bytes,
     max_texts,
     max_text_chars,
     reranker,
@@ -106,11 +128,12 @@ def serve(
     /embed, ctxrep's /v1/word-embeddings, /health and /metrics; with --reranker, /rerank and /v1/rerank; with
     --sparse-model, /embed_sparse. A --model folder that is a reranker or a SPLADE model is served at those routes
     instead (as text-embeddings-inference serves a reranker), and the embedding routes answer 404 saying which folder
-    they need. Long requests run in token-budget steps between other requests' steps, so a short request never waits
-    for a whole long one.
+    they need. Long requests run in steps of about --step-ms between other requests' steps, so a short request never
+    waits for a whole long one. Before /health answers, the server runs each model over the shapes it serves
+    (warm-up), so the first request is as fast as later ones.
 
     Ctrl-C (or SIGTERM) stops accepting connections, answers the requests in flight (--graceful-shutdown-s at most;
-    those still running then get a 503, named in one log line) and ends; after Ctrl-C the exit status is 130, as for
+    one line says how many; those still running then get a 503, named in one log line) and ends; after Ctrl-C the exit status is 130, as for
     every ctxrep command."""
     try:
         from ctxrep.serve.server import access_log_to, bind, serve
@@ -121,8 +144,10 @@ def serve(
 
     config = ServeConfig(
         max_batch_tokens=max_batch_tokens,
+        step_ms=step_ms,
         max_wait_ms=max_wait_ms,
         max_queue_texts=max_queue,
+        max_body_bytes=max_body_bytes,
         max_texts=max_texts,
         max_text_chars=max_text_chars,
         api_key=api_key_from(api_key),
@@ -154,9 +179,10 @@ def serve(
             ROUTES[a].shown if a is Answer.EMBEDDINGS else f"{name} at {ROUTES[a].shown}"
             for a, (name, _) in service.parts().items()
         ]
+        warmed = f"; {service.warmed.describe()}" if service.warmed is not None else ""
         click.echo(
             f"serving {model} ({what}) on http://{host}:{port} with {key}: POST {'; '.join(routes)}"
-            "; GET /v1/models, /health, /metrics",
+            f"; GET /v1/models, /health, /metrics{warmed}",
             err=True,
         )
 

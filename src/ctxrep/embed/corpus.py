@@ -35,7 +35,9 @@ those rooms that users meet is importable from here.
 
 from __future__ import annotations
 
+import copy
 import gzip
+import itertools
 import os
 from collections.abc import Callable, Iterator
 
@@ -98,11 +100,16 @@ def embed_corpus(
     run.bar = bar
     try:
         run.say_resuming()
-        shards = shards_of(records, job.out.shard_size)
+        shards = _first_read(shards_of(records, job.out.shard_size))  # an input error comes first, alone
         if len(placements) == 1:
             _embed_here(run, shards, *placements[0])
         else:
+            bar.refresh()  # the first line, before the workers load the model
             embed_in_workers(run, shards, placements)
+    except KeyboardInterrupt:
+        bar.disable = True
+        log(run.kept())  # what Ctrl-C keeps, and that the same command resumes
+        raise
     except BaseException:
         bar.disable = True  # the error message is the last word, not a progress line
         if hasattr(run, "abort"):  # a store run: its writer thread stops, what is written stays
@@ -123,18 +130,38 @@ def _embed_here(run: EmbedRun, shards, device: str | None, threads: int | None) 
     run.set_row_shape(row_shape)
     spec = job.vectors.spec(fz)
     run.check(spec)  # a resumed folder's vectors must be these: refused before any shard is embedded
+    if run.bar is not None:
+        run.bar.refresh()  # the first line: the model is loaded and the options it checks are fine (errors come alone)
     for k, first, records in shards:
         run.seen = k + 1
         if k in run.done:
             continue
         # int8 / uint8 without ranges: shard 0 (the first embedded: a folder with shards has its ranges) calibrates
+        shown = _reporting(fz, run.shard_progress(k))  # the shard's batches move the progress line
         if not run.writes_in_workers:  # a store: the rows go to the run, which writes them in order
-            rows, index = embed_shard(fz, records, first, job.vectors)
-            cut = [first + i for i in getattr(fz, "cut_texts", [])]
+            rows, index = embed_shard(shown, records, first, job.vectors)
+            cut = [first + i for i in getattr(shown, "cut_texts", [])]
             run.write_rows(k, run.codes.encode(rows, k), index, records, first, cut)
             continue
-        entry = write_shard(fz, records, k, first, job.vectors, job.out.storage, run.out, codes=run.codes)
+        entry = write_shard(shown, records, k, first, job.vectors, job.out.storage, run.out, codes=run.codes)
         run.record(k, entry, row_shape, spec)
+
+
+def _first_read(shards: Iterator) -> Iterator:
+    """`shards`, the first one read now (before any model loads): a bad row in it is said at once."""
+    first = next(shards, None)
+    return shards if first is None else itertools.chain([first], shards)
+
+
+def _reporting(encoder, report):
+    """A copy of `encoder` (a Featurizer, or a SparseEncoder over one) whose Featurizer calls `report(tokens done,
+    tokens in the call)` after each batch (`Featurizer.progress`)."""
+    encoder = copy.copy(encoder)
+    if hasattr(encoder, "featurizer"):  # a SparseEncoder: its Featurizer runs the batches
+        encoder.featurizer = _reporting(encoder.featurizer, report)
+    else:
+        encoder.progress = report
+    return encoder
 
 
 def open_records(
@@ -146,9 +173,12 @@ def open_records(
 ):
     """(progress display, the stream to close or None, the lazy records) of the job's input.
 
-    The progress counts texts (`done`: those an earlier run embedded); whoever embeds them updates it
-    (`EmbedRun.record`). Its total is the input's texts: a Parquet file's rows, else estimated from the share of the
-    file's bytes read so far (none for standard input or a gzip-compressed file), and exact once the input is read."""
+    The progress counts texts embedded (`done`: those an earlier run embedded); whoever embeds them updates it
+    (`EmbedRun.record`, and `EmbedRun.shard_progress` within a shard), and says how many texts were read. Its total
+    never changes once shown: a Parquet file's rows or a plain text file's non-empty lines, counted first; unknown
+    for the other formats, standard input and gzip (their records can span lines) until the input is read.
+    `embed_corpus` shows the first line once the first shard is read and the model loaded (an error in either is the
+    one line said)."""
     bar = progress(unit="texts", desc=desc, enabled=show_progress, initial=done)
     source = job.input
     parquet = False
@@ -164,35 +194,34 @@ def open_records(
     if parquet:  # detect_format knows no .parquet (data.table reads none): say so instead of reading bytes as lines
         raise ValueError(f"{source.source}: a Parquet file (PAR1 magic), not {source.format}; pass --format parquet")
     stream = open_input(source.path)
-    size = None
-    if source.path != "-" and not isinstance(stream, gzip.GzipFile):
-        size = os.path.getsize(source.path)
-    total = _TextTotal(bar, size)
+    if source.format == "text" and source.path != "-" and not isinstance(stream, gzip.GzipFile):
+        bar.total = _count_texts(source.path)  # one text a non-empty line: counted first, the total stays
     records = read_records(
-        total.bytes_of(stream), source.source, source.format, source.text_column, source.skip_empty, log, source.header
+        stream, source.source, source.format, source.text_column, source.skip_empty, log, source.header
     )
-    return bar, (stream if source.path != "-" else None), total.counted(records)
+    return bar, (stream if source.path != "-" else None), _TextTotal(bar).counted(records)
+
+
+def _count_texts(path: str) -> int:
+    """The non-empty lines of a plain text file (its texts; an empty line is skipped or refused, never a text)."""
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 class _TextTotal:
-    """Sets a progress display's total of texts as the input is read: estimated from the bytes read so far out of
-    the file's `size` (bytes are never the unit shown), exact when the input ends."""
+    """Counts the texts read (`read`, shown beside the progress); a total that was unknown is set when the input
+    ends, never estimated."""
 
-    def __init__(self, bar, size: int | None = None) -> None:
-        self.bar, self.size, self.bytes, self.texts = bar, size, 0, 0
-
-    def bytes_of(self, stream) -> Iterator[bytes]:
-        for raw in stream:
-            self.bytes += len(raw)
-            yield raw
+    def __init__(self, bar) -> None:
+        self.bar, self.read = bar, 0
+        bar.texts_read = self  # EmbedRun's progress line reads it
 
     def counted(self, records: Iterator[Record]) -> Iterator[Record]:
         for record in records:
-            self.texts += 1
-            if self.size and self.bytes:
-                self.bar.total = max(self.texts, round(self.texts * self.size / self.bytes))
+            self.read += 1
             yield record
-        self.bar.total = self.texts
+        if self.bar.total is None:
+            self.bar.total = self.read
 
 
 # ---- reading back (tests and small scripts; ctxrep.load_vectors maps the shards instead) --------------------------

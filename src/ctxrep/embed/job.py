@@ -40,13 +40,15 @@ class EmbedInput:
     the file name as ctxrep.data.table.detect_format reads it, .csv / .tsv / .jsonl / .conll with or without .gz,
     else text), its texts in `text_column` (jsonl, csv, tsv, parquet: a name, or a number counted from 1),
     `header`: whether a CSV / TSV file's first row names the columns (None: ctxrep.data.table's rule), `skip_empty`:
-    skip empty texts instead of stopping."""
+    skip empty texts instead of stopping, `allow_empty`: an input with no text to embed writes an empty folder
+    (with a warning) instead of stopping with an error, as every ctxrep command stops on an empty input."""
 
     path: str
     format: str | None = None
     text_column: str = DEFAULT_TEXT_COLUMN
     header: bool | None = None
     skip_empty: bool = False
+    allow_empty: bool = False
 
     def __post_init__(self) -> None:
         from ctxrep.data.table import decide_header, detect_format

@@ -94,8 +94,40 @@ class EmbedRun:
         self.set_row_shape(row_shape)
         self._write(complete=False)
         if self.bar is not None:  # the progress counts texts embedded
+            self.bar.set_postfix_str(self._read(_shards_written(len(self.done))), refresh=False)
             self.bar.update(entry["texts"])
-            self.bar.set_postfix_str(f"{len(self.done)} shards")
+
+    def shard_progress(self, k: int):
+        """What shard `k`'s Featurizer calls after each batch (tokens done, tokens in the shard): the progress line
+        says how far the shard is, so that a long first shard shows work from its first batches."""
+
+        def report(done: int, total: int) -> None:
+            if self.bar is not None:
+                share = f"shard {k}: {100 * done / max(total, 1):.0f}% of its tokens"
+                self.bar.set_postfix_str(self._read(f"{_shards_written(len(self.done))}, {share}"), refresh=False)
+                self.bar.update(0)  # a terminal's bar redraws; a log gets its line when its interval is up
+
+        return report
+
+    def _read(self, postfix: str) -> str:
+        """`postfix` with the texts read so far (open_records' count), when known."""
+        counter = getattr(self.bar, "texts_read", None)
+        return postfix if counter is None else f"{counter.read:,} texts read, {postfix}"
+
+    def kept(self) -> str:
+        """The line a Ctrl-C ends with: what the folder keeps (its manifest on disk: a Ctrl-C may land while the
+        manifest is written), and that the same command resumes after it."""
+        shards = (read_manifest(self.out) or {"shards": []})["shards"]
+        if not shards:
+            return (
+                f"Ctrl-C: no shard was complete yet, so {self.out} keeps no vectors (a shard is "
+                f"{self.job.out.shard_size:,} texts); the same command starts again"
+            )
+        texts = sum(s["texts"] for s in shards)
+        return (
+            f"Ctrl-C: kept {texts:,} texts in {len(shards)} complete shard{'' if len(shards) == 1 else 's'} in "
+            f"{self.out}; the same command resumes after them"
+        )
 
     def _write(self, complete: bool) -> None:
         shards = [self.done[k] for k in sorted(self.done)]
@@ -107,8 +139,13 @@ class EmbedRun:
     def finish(self) -> EmbedSummary:
         """Mark the folder complete (every shard of the input is listed); the summary of what it holds."""
         texts = self.texts_done
-        if self.seen == 0:
+        if self.seen == 0:  # an error, as every command's empty input, unless asked for (--allow-empty)
             empty = "all its texts were empty and skipped" if self.job.input.skip_empty else "it holds no texts"
+            if not self.job.input.allow_empty:
+                raise ValueError(
+                    f"{self.job.input.source}: nothing to embed: {empty}; check the input file and --format (or give "
+                    "--allow-empty to write an empty folder)"
+                )
             self.log(f"warning: {self.job.input.source}: nothing to embed: {empty}; check the input file and --format")
         if self.row_shape is None or self.spec is None:  # nothing embedded now: every shard was done, or no input
             self._row_shape_without_model()
@@ -145,6 +182,10 @@ class EmbedRun:
         if self.spec is None:
             self.spec = self.job.vectors.spec(fz)
         self.set_row_shape(self.job.vectors.row_shape(fz))
+
+
+def _shards_written(n: int) -> str:
+    return f"{n:,} shard{'' if n == 1 else 's'} written"
 
 
 def open_run(
@@ -200,6 +241,20 @@ def open_run(
     for stale in out.glob("*.tmp"):  # what a killed run left half-written (the manifest's own .tmp included)
         stale.unlink(missing_ok=True)
     return EmbedRun(job, out, manifest_file, settings, done, log, spec, codes)
+
+
+# `ctxrep embed --shard-size` when not given for a new folder: a few seconds of MiniLM on a 2-core CPU, so that a
+# Ctrl-C keeps all but the last few seconds of work (2,000 texts took ~40 s there: a Ctrl-C in that time kept nothing).
+DEFAULT_SHARD_TEXTS = 500
+
+
+def shard_size_for(out: str | Path, asked: int | None) -> int:
+    """The shard size of a run into `out`: `asked`; not given, the folder's own (an unfinished folder resumes with
+    the same command, whatever the default was when it began), else DEFAULT_SHARD_TEXTS."""
+    if asked is not None:
+        return asked
+    written = (read_manifest(out) or {}).get("settings", {}).get("shard_size")
+    return written if isinstance(written, int) else DEFAULT_SHARD_TEXTS
 
 
 def _changed(written: dict, asked: dict, ignore: tuple[str, ...] = ()) -> list[str]:

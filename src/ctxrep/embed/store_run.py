@@ -193,6 +193,17 @@ class StoreRun:
             if self._batch_rows >= self.job.out.commit_rows:
                 self._flush()
 
+    def shard_progress(self, k: int):
+        """What shard `k`'s Featurizer calls after each batch (tokens done, tokens in the shard): the progress line
+        says how far the shard is (as `EmbedRun.shard_progress` does for a folder)."""
+
+        def report(done: int, total: int) -> None:
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"shard {k}: {100 * done / max(total, 1):.0f}% of its tokens", refresh=False)
+                self.bar.update(0)
+
+        return report
+
     def _pending_shards(self) -> int:
         return len(self._batch)
 

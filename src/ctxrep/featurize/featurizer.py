@@ -51,7 +51,8 @@ class Featurizer:
     pooling: how a word's subword pieces become one vector: "first", "last", "mean" or "first_last"
         (the first and last piece concatenated, 2 x hidden wide). A word's leading piece that is only a
         word-start marker ("▁" or "Ġ") is left out when the word has other pieces: it is the same for every such word.
-    sentence_pooling: "mean" (over the text's word vectors), "cls" (the classification token), or "model": what a
+    sentence_pooling: "mean" (over the text's word vectors), "cls" (the classification token), "lasttoken" (the text's
+        last token, special tokens included: a causal decoder's embedding, `ctxrep info` proposes it), or "model": what a
         sentence-transformers folder's modules.json says (its Pooling config, e.g. the mean over every token,
         special tokens included, then L2 normalisation when it lists Normalize; `ctxrep.models.sentence_transformers`),
         applied to each chosen layer; on a layers=-1 featurizer and a text that fits one window, the vector
@@ -84,9 +85,11 @@ class Featurizer:
         graphs are exported once per model, depth and precision into $CTXREP_CACHE/graphs and checked against the
         torch forward when written. ELMo runs on torch only. Windows, pooling and mixes are the same on every backend.
     quantize: deprecated spelling of precision="int8" (quantize="int8"), kept for old code.
+    progress: False, True (a bar over each call's tokens on a terminal, plain lines in a log), or a function called
+        after each batch with (tokens done, tokens in the call): a caller's own progress (`ctxrep embed`'s shards).
     normalize: embed_sentences returns unit-length vectors, v / max(||v||, 1e-12) per layer (so that a dot product is
         the cosine, as sentence-transformers' normalize_embeddings); word vectors are left as they are.
-    between_batches: None, or a function called after each batch of a call with one argument, `drain`: calling
+    between_batches: None, or a function called between two batches of a call with one argument, `drain`: calling
         drain() pools every batch still in flight, so that the function may then run other calls on the same model
         before it returns (ctxrep serve interleaves long and short requests this way). Set it on a copy.
     After each call, `cut_texts` lists the texts (indices in that call) a window cut: a word longer than a whole window
@@ -108,7 +111,7 @@ class Featurizer:
         max_length: int | None = None,
         batch_tokens: int | None = None,
         num_threads: int | None = None,
-        progress: bool = False,
+        progress: bool | Callable[[int, int], None] = False,
         compile: bool | str = "auto",
         quantize: str | None = None,
         normalize: bool = False,
@@ -144,7 +147,7 @@ class Featurizer:
         self.sentence_pooling = sentence_pooling
         SENTENCE_POOLERS[sentence_pooling].check(self)
         # sentence_pooling="model": the folder's modules.json + Pooling config, read (or refused) once, here
-        self.model_pooling = SENTENCE_POOLERS[sentence_pooling].folder_pooling(self.source.folder)
+        self.model_pooling = SENTENCE_POOLERS[sentence_pooling].folder_pooling(self)
         self.prompts = read_prompts(self.source.folder)  # config_sentence_transformers.json's, or none
         self.progress = progress
         self.max_length = min(max_length or self.model.max_tokens, self.model.max_tokens)
@@ -208,10 +211,13 @@ class Featurizer:
         return SENTENCE_POOLERS[self.sentence_pooling].width(self)
 
     def tokenize(self, texts: Sequence[Text]) -> list[Alignment]:
-        """The words, subword tokens and `word_ids` of each text (no special tokens)."""
+        """The words, subword tokens and `word_ids` of each text (no special tokens). `word_ids` follow the word
+        pooling's rule (`text.tokenizer.WordPieces.pooling_spans`): a bare word-start marker ("▁", "Ġ") before its
+        word's other pieces belongs to no word (None), so that each word's first piece by `word_ids` is the one
+        pooling="first" reads."""
         words = [words_of(t, i) for i, t in enumerate(as_list(texts))]
         pieces = self.tokenizer.encode_words(words)
-        return [Alignment(w, p.tokens, p.word_ids) for w, p in zip(words, pieces)]
+        return [Alignment(w, p.tokens, p.pooled_word_ids()) for w, p in zip(words, pieces)]
 
     def run_rows(
         self,

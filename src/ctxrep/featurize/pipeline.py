@@ -2,7 +2,7 @@
 
 run_rows(fz, rows, consume)       every row in batches; consume(selected, batch_rows, weights) pools each batch
                                   once its states are on the CPU, while later batches run (the runtime's
-                                  `in_flight`); `fz.between_batches(drain)` after each batch; padded=True: on the
+                                  `in_flight`); `fz.between_batches(drain)` between two batches; padded=True: on the
                                   padded grid (the states at masked positions are read)
 run_in_chunks(n, prepare, finish) a call cut into chunks of OVERLAP_CHUNK_TEXTS texts, a thread tokenizing the
                                   next chunk while the device runs this one (`overlaps_tokenization`)
@@ -41,7 +41,9 @@ def run_rows(
     order = np.argsort(rows.lengths, kind="stable")  # the same order for the same input: same batches
     sizes = token_budget_batches(rows.lengths[order].tolist(), fz.batch_tokens)
     num_tokens = int(rows.lengths.sum())
-    bar = show_progress(total=num_tokens, unit="tok", enabled=bool(fz.progress), desc="embed")  # lines in a log
+    report = fz.progress if callable(fz.progress) else None  # the caller's own progress (ctxrep embed's shards)
+    shown = bool(fz.progress) and report is None
+    bar = show_progress(total=num_tokens, unit="tok", enabled=shown, desc="embed")  # lines in a log
     fz.model.eval()
     run = fz.runtime
     in_flight = max(1, run.in_flight(num_tokens))  # batches started before the oldest is pooled
@@ -52,6 +54,8 @@ def run_rows(
             selected = fz.mix(selected).unsqueeze(0)  # (1, batch, seq, hidden)
         consume(selected, batch_rows, weights)
         bar.update(real)
+        if report is not None:
+            report(bar.n, num_tokens)
 
     pending = collections.deque()  # started batches, pooled oldest first while later ones run
 
@@ -69,8 +73,8 @@ def run_rows(
             pending.append((batch_rows, weights, run.start(collated, fz.layer_indices, num_tokens, padded), real))
             if len(pending) >= in_flight:
                 pool(*pending.popleft())
-            if fz.between_batches is not None:  # e.g. ctxrep serve: other calls' batches run here
-                fz.between_batches(drain)
+            if fz.between_batches is not None and start < len(order):  # e.g. ctxrep serve: other calls' batches
+                fz.between_batches(drain)  # run here, between two of this call's (not after its last: it ends)
         drain()
     bar.close()
 

@@ -1,7 +1,8 @@
 """The featurizer's postprocess step: what one call collects from the encoder's batches, chosen from explicit tables.
 
 WORD_POOLERS      pooling= name -> how a word's pieces become one vector (first, last, mean, first_last)
-SENTENCE_POOLERS  sentence_pooling= name -> how a text becomes one vector (mean of words, cls, the folder's own)
+SENTENCE_POOLERS  sentence_pooling= name -> how a text becomes one vector (mean of words, cls, the folder's own,
+                  the last token)
 readouts          WordVectors, ClassTokens, FolderPooled, TokenStateRows: one call's accumulator each; `consume`
                   takes one batch's (layers, batch, seq, hidden) states, `result()` gives the chunk's answer and
                   `join` puts a call's chunks together in order
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from ctxrep.models.sentence_transformers import TokenPooler, prompt_positions, read_sentence_pooling
+from ctxrep.models.sentence_transformers import SentencePooling, TokenPooler, prompt_positions, read_sentence_pooling
 from ctxrep.util.arrays import normalize_rows
 
 if TYPE_CHECKING:
@@ -237,8 +238,9 @@ class SentencePooler:
     def check(self, fz: Featurizer) -> None:
         """Refuse a model this pooling cannot read (at construction)."""
 
-    def folder_pooling(self, folder):
-        """The folder's declared pooling this pooler applies (`models.sentence_transformers`), or None."""
+    def folder_pooling(self, fz: Featurizer) -> SentencePooling | None:
+        """The token pooling (`models.sentence_transformers`) this pooler applies through `FolderPooled` (the folder's
+        declared one, or one of its own), or None."""
         return None
 
     def width(self, fz: Featurizer) -> int:
@@ -286,8 +288,8 @@ class FolderPooling(SentencePooler):
 
     readout = FolderPooled
 
-    def folder_pooling(self, folder):
-        return read_sentence_pooling(folder)  # read (or refused) once, at construction
+    def folder_pooling(self, fz):
+        return read_sentence_pooling(fz.source.folder)  # read (or refused) once, at construction
 
     def width(self, fz):
         return fz.model_pooling.width
@@ -296,7 +298,24 @@ class FolderPooling(SentencePooler):
         return prompt if fz.model_pooling is not None and not fz.model_pooling.include_prompt else ""
 
 
-SENTENCE_POOLERS: dict[str, SentencePooler] = {"mean": MeanOfWords(), "cls": ClassToken(), "model": FolderPooling()}
+class LastToken(FolderPooling):
+    """The text's last token (special tokens included: a decoder's appended end-of-text token where its tokenizer
+    adds one), from its last window: what a causal decoder's embedding reads, since only its last token has seen the
+    whole text (Qwen3-Embedding, e5-mistral; sentence-transformers' Pooling pooling_mode_lasttoken)."""
+
+    def folder_pooling(self, fz):
+        return SentencePooling(("lasttoken",), normalize=False, dim=fz.model.hidden_size)
+
+    def left_out(self, fz, prompt):
+        return ""
+
+
+SENTENCE_POOLERS: dict[str, SentencePooler] = {
+    "mean": MeanOfWords(),
+    "cls": ClassToken(),
+    "model": FolderPooling(),
+    "lasttoken": LastToken(),
+}
 
 
 def pool_rows(fz: Featurizer, prepared: PreparedRows, readout: type[Readout], left_out: str = ""):

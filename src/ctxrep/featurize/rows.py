@@ -26,7 +26,7 @@ class Alignment:
 
     words: list[str]
     tokens: list[str]
-    word_ids: list[int]
+    word_ids: list[int | None]  # None: a bare word-start marker that no word's vector reads (pooling_spans)
 
 
 @dataclass
@@ -90,7 +90,8 @@ def single_text_word_rows(
         firsts = np.flatnonzero(first_piece[keep])  # (K,) every word's first piece, in the kept arrays
         ends = np.append(firsts[1:], len(ids_k))  # the next word's first piece (texts start with a word)
         row = np.repeat(np.arange(len(texts)), lengths_k)[firsts]  # (K,) each word's row
-        # a bare word-start marker ("▁", "Ġ") before the word's other pieces is not pooled (pooling_spans)
+        # a bare word-start marker ("▁", "Ġ") before the word's other pieces is not pooled: WordPieces.pooling_spans'
+        # rule, on whole arrays
         bare = np.isin(ids_k[firsts], tokenizer.word_start_ids) & (ends - firsts > 1)
         at = len(tokenizer.template.prefix) - (np.cumsum(lengths_k) - lengths_k)[row]  # piece -> position
         slot = slots[texts[row]] + word_ids_k[firsts]

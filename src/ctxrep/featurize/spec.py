@@ -28,7 +28,7 @@ __all__ = [
 # How a text becomes one sentence vector (Featurizer(sentence_pooling=...)), and THE default of every entry point
 # (the Featurizer, ctxrep embed, index build, similarity, serve, mteb): "auto", the model folder's own pooling where
 # it declares one (a sentence-transformers modules.json), else the mean of the word vectors.
-SENTENCE_POOLINGS = ("mean", "cls", "model", "auto")
+SENTENCE_POOLINGS = ("mean", "cls", "model", "lasttoken", "auto")  # featurize/pooling.py's SENTENCE_POOLERS + auto
 DEFAULT_SENTENCE_POOLING = "auto"
 
 

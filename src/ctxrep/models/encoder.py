@@ -12,6 +12,10 @@ whether it reads whole words, and how to run it to hidden states. A new family i
     max_tokens      the longest input one window may have, special tokens included
     reads_segments  whether token_type_ids are fed in (GPT-2 would add them as token embeddings: no)
     word_level      reads whole words as characters (ELMo) instead of subword pieces
+    is_decoder      a decoder's layers (GPT-2, the decoder LLMs), trained to predict the next token; `ctxrep info` says so
+    causal          each token reads only itself and the tokens before it (a decoder's attention, unless its model made
+                    it bidirectional: EmbeddingGemma), so only the last token has read the whole text (last-token
+                    pooling; `ctxrep info` proposes it)
     encode(batch)   runs the model on a batch from `ctxrep.text.inputs.collate` to an EncoderOutput whose
                     hidden_states is always filled (and attentions when asked and the family has them)
     input_embeddings()  the static token-embedding table (vocabulary, dim), or None for character input
@@ -68,6 +72,8 @@ class Encoder(nn.Module):
     family: str
     word_level: bool = False
     reads_segments: bool = True
+    is_decoder: bool = False
+    causal: bool = False
     prepack_for_inference: bool = False  # the featurizer may run its linear layers through oneDNN (pre-packed)
     # A batch whose padding is at least this share of its (batch, seq) grid runs unpadded: the per-token layers on
     # the real tokens only (modules/unpadding.py; UNPAD_FROM there, measured by benchmarks/unpad.py). None: the

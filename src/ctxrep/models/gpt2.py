@@ -239,6 +239,7 @@ class GPT2Model(Encoder):
     embedding_table = "wte"
     family = "gpt2"
     reads_segments = False  # GPT-2 would look token_type_ids up in its *token* embeddings
+    is_decoder = causal = True  # a decoder: each token reads only the tokens before it
     unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded
 
     def layer_of(self, name: str) -> int:

@@ -190,6 +190,7 @@ class DecoderEncoder(Encoder):
     Gemma3Model): their configs share transformers' names, embed_tokens / layers / norm / lm_head their modules."""
 
     reads_segments = False
+    is_decoder = True
     causal = True  # each token reads only itself and the tokens before it (last-token pooling reads the whole text)
     MODEL_TYPES: tuple[str, ...]  # config.json model_type values the family reads
     BARE_ARCHITECTURE: str | None = None  # transformers' class of the bare decoder, when not <Family>Model

@@ -3,7 +3,8 @@
 Name resolution, in this order (docs/architecture.md):
   1. a local folder: a Hugging Face folder (config.json) or an ELMo folder (options.json + weights.hdf5),
      with or without the `elmo:` prefix;
-  2. a packaged name ("minilm": a Python package ships the folder);
+  2. a packaged name ("minilm": a Python package ships the folder); a name close to one (a typo: "minilmm") is
+     refused with "did you mean 'minilm'?" before any Hub call (unless the local Hugging Face cache holds it);
   3. an `elmo:` download name (elmo:small, elmo:medium, elmo:original, elmo:original-5.5b);
   4. the local Hugging Face cache;
   5. a Hugging Face Hub download (through `huggingface_hub`; `name@revision` pins a revision).
@@ -15,6 +16,7 @@ above this module ask the encoder interface (models/encoder.py), never the famil
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -167,22 +169,33 @@ def resolve(name_or_path: str | os.PathLike) -> ModelSource:
             return ModelSource(name, hub.elmo_download(bare), elmo=True)
         raise CheckpointError(
             f"{name!r}: {bare} is not a folder on this machine and not a published ELMo "
-            f"({', '.join('elmo:' + k for k in hub.ELMO_DOWNLOADS)})"
+            f"({', '.join('elmo:' + k for k in hub.ELMO_DOWNLOADS)}){_did_you_mean(bare, hub.ELMO_DOWNLOADS, 'elmo:')}"
         )
     from ctxrep.models import hub
 
     if hub.is_hub_name(name):
         repo, revision = hub.parse_hub_name(name)
         cached = hub.cached_hub_folder(repo, revision)
-        return ModelSource(
-            name,
-            cached if cached is not None else hub.hub_folder(repo, revision, check_model_type=check_model_type),
-            elmo=False,
-        )
+        if cached is not None:
+            return ModelSource(name, cached, elmo=False)
+        suggestion = _did_you_mean(name, PACKAGED_MODELS) if "/" not in repo else ""
+        if suggestion:  # a typo'd packaged name, said before any Hub call (a Hub name has the form org/name)
+            raise CheckpointError(
+                f"unknown model {name!r}: not a folder on this machine and not a packaged name "
+                f"({', '.join(PACKAGED_MODELS)}){suggestion}"
+            )
+        return ModelSource(name, hub.hub_folder(repo, revision, check_model_type=check_model_type), elmo=False)
     raise CheckpointError(
         f"unknown model {name!r}: not a folder on this machine, not a packaged name ({', '.join(PACKAGED_MODELS)}), "
         "and not a Hugging Face Hub name (such as bert-base-cased or google/electra-small-discriminator)"
+        f"{_did_you_mean(name, PACKAGED_MODELS)}"
     )
+
+
+def _did_you_mean(name: str, known, prefix: str = "") -> str:
+    """ "; did you mean 'X'?" for the known name closest to `name` (difflib's ratio at least 0.75), else ""."""
+    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.75)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:

@@ -305,11 +305,18 @@ def read_prompts(folder: str | Path) -> Prompts:
     return Prompts(dict(prompts), default, str(folder))
 
 
-def describe_sentence_pooling(folder: str | Path) -> str:
-    """One line for `ctxrep info` (its "sentence vector" row): the sentence pooling a sentence-transformers folder declares, whether ctxrep can
-    apply it (sentence_pooling='model'), or that the folder declares none."""
+def describe_sentence_pooling(folder: str | Path, causal: bool = False) -> str:
+    """One line for `ctxrep info` (its "sentence vector" row): the sentence pooling a sentence-transformers folder
+    declares, whether ctxrep can apply it (sentence_pooling='model'), or that the folder declares none and what to
+    choose: the last token for a `causal` model (only it has read the whole text), else the mean or the
+    classification token."""
     folder = Path(folder)
     if not is_sentence_transformers_folder(folder):
+        if causal:
+            return (
+                "none declared (no modules.json): choose sentence_pooling='lasttoken' (--sentence-pooling lasttoken): "
+                "a causal decoder's last token is the one that has read the whole text"
+            )
         return "none declared (no modules.json): choose sentence_pooling='mean' or 'cls'"
     try:
         pooling = read_sentence_pooling(folder)

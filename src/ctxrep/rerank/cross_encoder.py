@@ -196,7 +196,7 @@ class CrossEncoderReranker(Reranker):
     model: a folder or a name `ctxrep.load_encoder` resolves (its config.json's architectures[0] in HEADS).
     activation: None (the folder's, see the module docstring), "sigmoid" or "identity" (raw logits).
     batch_tokens: rows x longest per batch (default: the Featurizer's rule for the device).
-    between_batches: None, or a function called after each batch (ranking.BetweenBatches; ctxrep serve's turns).
+    between_batches: None, or a function called between two batches (ranking.BetweenBatches; ctxrep serve's turns).
     Set it on a copy.
     After each call, `cut_texts` lists the pairs (indices in that call; a document's index in `rerank`) cut to fit
     max_length, longest side first, and `cut_pieces` the pieces each of them lost, in the same order.

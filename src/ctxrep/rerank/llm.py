@@ -57,7 +57,7 @@ class LLMReranker(Reranker):
     model: a folder or name `ctxrep.load_encoder` resolves, whose encoder answers `lm_logits` (a ...ForCausalLM
     folder, or tied embeddings). instruction: the task line (default: the template's); the call's prompt /
     prompt_name, when given, replaces it (the folder's prompts are read from config_sentence_transformers.json).
-    between_batches: None, or a function called after each batch (ranking.BetweenBatches; ctxrep serve's turns).
+    between_batches: None, or a function called between two batches (ranking.BetweenBatches; ctxrep serve's turns).
     Set it on a copy.
     After each call, `cut_texts` lists the pairs (indices in that call; a document's index in `rerank`) whose body
     was cut from its end to fit max_length, and `cut_pieces` the pieces each of them lost, in the same order.

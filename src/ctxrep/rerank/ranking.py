@@ -16,7 +16,7 @@ import numpy as np
 from ctxrep.text.inputs import token_budget_batches
 from ctxrep.vectors.hits import Hits, check_rerank_args, ranked_hits  # noqa: F401  (their old home)
 
-# A reranker's `between_batches`: None, or a function called after each batch with one argument, `drain` (as the
+# A reranker's `between_batches`: None, or a function called between two batches with one argument, `drain` (as the
 # Featurizer's hook; a reranker's batch is scored on the CPU before the hook runs, so drain has nothing to do). ctxrep
 # serve sets it on a copy of the reranker to let other requests use the model between two batches of a long one.
 BetweenBatches = Callable[[Callable[[], None]], None]
@@ -25,9 +25,12 @@ BetweenBatches = Callable[[Callable[[], None]], None]
 class Reranker:
     """What every reranker shares (CrossEncoderReranker, LLMReranker, PairModelReranker): `rerank` over its own
     `predict(pairs, prompt, prompt_name)` (scores of (query, document) pairs in their order), and the attributes
-    the front ends read: `cut_texts` / `cut_pieces` after each call, `max_length`, `prompts`, `tokenizer`, and
-    `between_batches` (None, or a function called after each batch: ctxrep serve's turns; set it on a copy)."""
+    the front ends read: `cut_texts` / `cut_pieces` after each call, `max_length`, `prompts`, `tokenizer`,
+    `batch_tokens` (the token budget of its batches; None: it predicts a call whole, and ctxrep serve hands it a
+    long call's documents a step at a time) and `between_batches` (None, or a function called between two batches:
+    ctxrep serve's turns; set it on a copy)."""
 
+    batch_tokens: int | None = None
     between_batches: BetweenBatches | None = None
 
     def predict(self, pairs, prompt: str | None = None, prompt_name: str | None = None) -> np.ndarray:
@@ -56,13 +59,14 @@ def length_batches(
     lengths: Sequence[int], budget: int, between_batches: BetweenBatches | None = None
 ) -> Iterator[list[int]]:
     """Row indices of each batch: the rows sorted by length (stable), in batches of rows x longest <= `budget`
-    (`token_budget_batches`); `between_batches(drain)`, when given, runs after each batch is scored."""
+    (`token_budget_batches`); `between_batches(drain)`, when given, runs between two batches (after one is scored,
+    before the next; not after the last: the call then ends and passes the model on)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     start = 0
     for size in token_budget_batches([lengths[r] for r in order], budget):
         yield order[start : start + size]
         start += size
-        if between_batches is not None:
+        if between_batches is not None and start < len(order):  # between two batches, not after the last
             between_batches(_nothing_in_flight)
 
 

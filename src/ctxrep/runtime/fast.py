@@ -66,9 +66,9 @@ def worth_compiling(num_tokens: int, encoder: Encoder) -> bool:
     if encoder.word_level or num_tokens <= 0:
         return False
     device = next(encoder.parameters()).device.type
-    if device == "cpu" and not cpu_vector_isa():
-        return False
-    return num_tokens * flops_per_token(encoder) >= compile_min_flops(device)
+    if num_tokens * flops_per_token(encoder) < compile_min_flops(device):
+        return False  # asked first: cpu_vector_isa imports Inductor (~3 s on a 2-core CPU), a first call's cost
+    return device != "cpu" or bool(cpu_vector_isa())
 
 
 class CompiledEncoder(nn.Module):

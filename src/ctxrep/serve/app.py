@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ctxrep.rerank.ranking import check_rerank_args
 from ctxrep.serve.batcher import QueueFull
-from ctxrep.serve.errors import BodyLimit, RequestError, error_body, validation_message
+from ctxrep.serve.errors import BODY_OPTION, BodyLimit, RequestError, error_body, validation_message
 from ctxrep.serve.kinds import Answer
 from ctxrep.serve.service import EmbeddingService, Text, Words
 from ctxrep.util.arrays import normalize_rows
@@ -182,7 +182,8 @@ class Handlers:
         if len(items) > config.max_texts:
             raise RequestError(
                 413,
-                f"{field_name}: {len(items):,} texts; the limit is {config.max_texts:,} per request",
+                f"{field_name}: {len(items):,} texts; the limit is {config.max_texts:,} per request "
+                "(--max-texts, ServeConfig.max_texts)",
                 "request_too_large",
             )
         out = []
@@ -192,7 +193,8 @@ class Handlers:
             if chars > config.max_text_chars:
                 raise RequestError(
                     413,
-                    f"{where}: {chars:,} characters; the limit is {config.max_text_chars:,} per text",
+                    f"{where}: {chars:,} characters; the limit is {config.max_text_chars:,} per text "
+                    "(--max-text-chars, ServeConfig.max_text_chars)",
                     "request_too_large",
                 )
             if not _is_unicode(item):
@@ -211,7 +213,7 @@ class Handlers:
             raise RequestError(
                 503,
                 f"the server is busy ({self.service.queued_texts:,} texts queued, limit "
-                f"{self.config.max_queue_texts:,}); retry",
+                f"{self.config.max_queue_texts:,}: --max-queue, ServeConfig.max_queue_texts); retry",
                 "server_busy",
                 headers={"Retry-After": str(self.config.retry_after_s)},
             ) from None
@@ -505,7 +507,10 @@ def guard(app, service: EmbeddingService) -> None:
                 response.headers["WWW-Authenticate"] = "Bearer"
         length = request.headers.get("content-length")
         if response is None and length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            message = f"request body of {int(length):,} bytes is over the limit of {config.max_body_bytes:,} bytes"
+            message = (
+                f"request body of {int(length):,} bytes is over the limit of {config.max_body_bytes:,} bytes "
+                f"({BODY_OPTION})"
+            )
             response = refuse(path, 413, message, "request_too_large")
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if response is None and request.method == "POST" and content_type and content_type not in JSON_TYPES:

@@ -1,8 +1,15 @@
 """The server's queue and batcher: requests wait in one queue, the batcher merges those that may share a model call
 (equal `key`, up to a token budget) and runs each merged call on a worker thread; `Turns` lets one call use the model
-at a time and passes the model on between batches, so a long call runs in token-budget steps with the other calls'
-steps in between (round robin, each call as many batches a turn as it carries requests: every request the same
-share): a short request waits for one batch of a long one, not for all of it.
+at a time and passes the model on between batches, so a long call runs in steps with the other calls' steps in
+between (round robin, each call as many batches a turn as it carries requests: every request the same share): a
+short request waits for one step of a long one, not for all of it.
+
+Steps are measured in time (`Pace`): a step is one batch of the call, of as many tokens as the model runs in
+`ServeConfig.step_ms` (`--step-ms`) at the throughput the server measured on its own calls (tokens over the seconds
+each call held the model; recent calls weigh most), never more than the model's own batch budget. A long request of
+many short texts, a few long texts or a big rerank is cut into steps of that size alike, and a request that arrives
+meanwhile is admitted at the next step. Requests merge into one call up to one step's tokens (`merge_budget`; at
+most max_batch_tokens): a merged request is answered when its call ends, so a short request never joins a long one.
 
 A call takes its requests when it gets the model, not when it is formed: requests that arrive while the last call
 waits for its first turn join it (up to the token budget), and the next call is formed only once it has started.
@@ -23,10 +30,25 @@ from typing import Any
 
 from ctxrep.serve.metrics import Metrics
 
-# run(key, items, between_batches) -> (results, token counts, ...): sequences with one entry per item (the token
-# counts second), sliced per request; one model call on a worker thread. between_batches is None when the call must
-# run whole (it is the hook of that name of the Featurizer or reranker that runs the call otherwise).
-RunCall = Callable[[Hashable, list, Callable | None], tuple]
+
+@dataclass(frozen=True)
+class Step:
+    """How a call runs in turns: `tokens`, the token budget of one of its batches (rows x longest, as the
+    Featurizer's and the rerankers' batch_tokens; never more than their own), and `between_batches(drain)`, the hook
+    of that name that the Featurizer and the rerankers call between two batches, where other calls take their turns."""
+
+    tokens: int
+    between_batches: Callable[[Callable[[], None]], None]
+
+    def budget(self, own: int | None) -> int:
+        """The batch budget of a runner whose own is `own` (None: it has none of its own)."""
+        return self.tokens if own is None else min(own, self.tokens)
+
+
+# run(key, items, step) -> (results, token counts, ...): sequences with one entry per item (the token counts second),
+# sliced per request; one model call on a worker thread. step is None when the call must run whole. A key names the
+# model it runs as `key.answer` (ctxrep.serve.kinds.Answer): the throughput the steps are sized by is that model's.
+RunCall = Callable[[Hashable, list, Step | None], tuple]
 
 
 class QueueFull(Exception):
@@ -75,6 +97,42 @@ class Call:
             return list(self.requests)
 
 
+class Pace:
+    """The size of a step, in tokens: what the model runs in `step_s` seconds at the throughput measured on the
+    server's own calls. Each model call reports its tokens and the seconds it held the model (`observe`); the rate
+    is the ratio of their sums, which decay by DECAY at each call, so that recent calls weigh most and a call weighs
+    by its time (a one-text call's overhead barely moves it). Before any call (the server's warm-up makes the first),
+    a step is the model's own batch budget."""
+
+    DECAY = 0.8
+    FLOOR = 64  # tokens: the smallest step (a step always holds at least one row, whatever its length)
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self._lock = threading.Lock()
+        self._sums: dict[Hashable, tuple[float, float]] = {}  # model -> (tokens, seconds), decayed
+
+    def observe(self, model: Hashable, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        with self._lock:
+            done, spent = self._sums.get(model, (0.0, 0.0))
+            self._sums[model] = (self.DECAY * done + tokens, self.DECAY * spent + seconds)
+
+    def rate(self, model: Hashable) -> float | None:
+        """Tokens per second that `model` ran at lately, or None before its first call."""
+        with self._lock:
+            sums = self._sums.get(model)
+        return None if sums is None else sums[0] / sums[1]
+
+    def step_tokens(self, model: Hashable, budget: int) -> int:
+        """The token budget of one step of `model` (at most `budget`, its own batch budget)."""
+        rate = self.rate(model)
+        if rate is None:
+            return budget
+        return int(min(budget, max(self.FLOOR, rate * self.step_s)))
+
+
 class Turns:
     """Who uses the model now: one call at a time, the others in line (first come, first served). A call holds the
     model for as many batches as it carries requests (its share: every request the same), then, if a call is in
@@ -86,6 +144,8 @@ class Turns:
         self._holder: int | None = None
         self._line: deque[int] = deque()
         self._share = self._used = 0  # batches the holder may run in this turn, and has run
+        self._since = 0.0  # when the holder took the model
+        self._held: dict[int, float] = {}  # seconds each call has held the model so far
         self.steps: deque[int] = deque(maxlen=10_000)  # the call of each batch run, oldest first
 
     @property
@@ -101,6 +161,7 @@ class Turns:
                 self._cond.wait()
             self._line.popleft()
             self._holder, self._share, self._used = call, max(1, share), 0
+            self._since = time.perf_counter()
 
     def grant(self, share: int) -> None:
         """Let the holder run `share` batches a turn (its number of requests, known once it holds the model)."""
@@ -109,8 +170,15 @@ class Turns:
 
     def release(self) -> None:
         with self._cond:
+            if self._holder is not None:
+                self._held[self._holder] = self._held.get(self._holder, 0.0) + time.perf_counter() - self._since
             self._holder = None
             self._cond.notify_all()
+
+    def held(self, call: int) -> float:
+        """The seconds `call` held the model (its turns added up; asked once it has released it for good)."""
+        with self._cond:
+            return self._held.pop(call, 0.0)
 
     def between_batches(self, call: int, drain: Callable[[], None]) -> None:
         """The Featurizer's `between_batches` hook for `call`: at the end of its share, let the calls in line have
@@ -130,7 +198,8 @@ class Batcher:
     """The queue, the merging and the dispatch of model calls (see the module's docstring)."""
 
     def __init__(self, run: RunCall, *, max_batch_tokens: int, max_wait_ms: float, max_queue_texts: int,
-                 max_active_calls: int, interleave: bool, metrics: Metrics) -> None:  # fmt: skip
+                 max_active_calls: int, interleave: bool, metrics: Metrics, step_ms: float = 50.0,
+                 budgets: Callable[[Hashable], int] | None = None) -> None:  # fmt: skip
         self.run = run
         self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000
@@ -138,6 +207,8 @@ class Batcher:
         self.interleave = interleave  # False: each call runs whole (e.g. ELMo numbers its words per call)
         self.metrics = metrics
         self.turns = Turns()
+        self.pace = Pace(step_ms / 1000)
+        self.budgets = budgets or (lambda model: max_batch_tokens)  # a model's own batch budget (its batch_tokens)
         self.queue: deque[Waiting] = deque()
         self.queued_texts = 0
         self.executor = ThreadPoolExecutor(max_workers=max_active_calls, thread_name_prefix="ctxrep-inference")
@@ -198,16 +269,17 @@ class Batcher:
                 await self._sleep()
                 continue
             first = self.queue[0]
+            budget = self.merge_budget(first.key)
             # wait (at most max_wait after the first request arrived) while the call is below the token budget
             while not self._stopping:
                 pending = sum(w.tokens for w in self.queue if w.key == first.key)
                 left = first.arrived + self.max_wait - time.monotonic()
-                if pending >= self.max_batch_tokens or left <= 0:
+                if pending >= budget or left <= 0:
                     break
                 await self._sleep(left)
             while self._open is not None and not self._stopping:  # the last call has not started: let it grow
                 await self._sleep()
-            call = Call(first.key, self._take(first.key), self.max_batch_tokens)
+            call = Call(first.key, self._take(first.key, budget), budget)
             self._open = call
             task = asyncio.create_task(self._dispatch(call))
             self._running.add(task)
@@ -215,11 +287,22 @@ class Batcher:
         if self._running:
             await asyncio.gather(*self._running)
 
-    def _take(self, key: Hashable) -> list[Waiting]:
+    def merge_budget(self, key: Hashable) -> int:
+        """How many tokens (the words + 2 a text estimate) the requests merged into one call may hold: one step of
+        the model (`Pace`), at most max_batch_tokens; a call of one request may hold more. A request merged into a
+        call is answered when the whole call ends, so a short request must not join a long one: a long request runs
+        as its own call, in steps, and short ones merge among themselves up to a step. Calls that run whole (ELMo):
+        max_batch_tokens."""
+        if not self.interleave:
+            return self.max_batch_tokens
+        model = key.answer
+        return min(self.max_batch_tokens, self.pace.step_tokens(model, self.budgets(model)))
+
+    def _take(self, key: Hashable, budget: int) -> list[Waiting]:
         """The queued requests with this key, in arrival order, up to the token budget (at least one)."""
         batch, rest, tokens = [], deque(), 0
         for w in self.queue:
-            if w.key == key and (not batch or tokens + w.tokens <= self.max_batch_tokens):
+            if w.key == key and (not batch or tokens + w.tokens <= budget):
                 batch.append(w)
                 tokens += w.tokens
             else:
@@ -278,16 +361,23 @@ class Batcher:
             self.turns.grant(len(requests))  # a share of batches per request
             texts = [t for w in requests for t in w.texts]
             loop.call_soon_threadsafe(started, len(texts))
+            model = call.key.answer
             try:
                 if abandoned(requests):
                     raise Abandoned
-                hook = (lambda drain: step(requests, drain)) if self.interleave else None
+                plan = None
+                if self.interleave:
+                    tokens = self.pace.step_tokens(model, self.budgets(model))
+                    plan = Step(tokens, lambda drain: step(requests, drain))
                 start = time.perf_counter()
-                parts = self.run(call.key, texts, hook)
-                self.metrics.call(len(texts), int(sum(parts[1])), time.perf_counter() - start)
-                return parts
+                parts = self.run(call.key, texts, plan)
+                tokens = int(sum(parts[1]))
+                self.metrics.call(len(texts), tokens, time.perf_counter() - start)
             finally:
                 self.turns.release()
+                held = self.turns.held(number)
+            self.pace.observe(model, tokens, held)
+            return parts
 
         return await loop.run_in_executor(self.executor, on_worker)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+BODY_OPTION = "--max-body-bytes, ServeConfig.max_body_bytes"  # what a 413 for an over-long body names
+
 
 class RequestError(Exception):
     """A request the server refuses: its status, a one-line reason, OpenAI's error type."""
@@ -84,7 +86,7 @@ def body_too_large(limit: int):
     passes on (any other exception there becomes a 400), answered by the app's handler."""
     from starlette.exceptions import HTTPException
 
-    return HTTPException(413, f"request body over the limit of {limit:,} bytes")
+    return HTTPException(413, f"request body over the limit of {limit:,} bytes ({BODY_OPTION})")
 
 
 class BodyLimit:

@@ -2,7 +2,7 @@
 on uvicorn; the access log, when asked for, goes to a file or stderr.
 
 Shutdown (SIGINT / SIGTERM): uvicorn stops accepting connections and waits for the requests in flight, at most
-ServeConfig.graceful_shutdown_s; then it cancels those still running. `CutOnShutdown` answers each of them with a
+ServeConfig.graceful_shutdown_s (one line says how many and for how long); then it cancels those still running. `CutOnShutdown` answers each of them with a
 503 in its route's schema (or, where its answer had begun, the client sees the connection close) and logs one line
 naming them, where uvicorn would log a traceback per request; their model calls stop at their next step.
 """
@@ -144,6 +144,16 @@ class CutOnShutdown:
         await send({"type": "http.response.body", "body": body})
 
 
+def shutdown_line(in_flight: int, wait_s: float) -> str:
+    """What the server says when it starts to shut down (Ctrl-C, SIGTERM): the requests it finishes, for how long."""
+    if not in_flight:
+        return "shutting down: no requests in flight"
+    return (
+        f"shutting down: finishing {in_flight} request{'' if in_flight == 1 else 's'} in flight, for at most "
+        f"{wait_s:g} s (--graceful-shutdown-s); those still running then get a 503"
+    )
+
+
 class _WithoutUvicornCancelLine(logging.Filter):
     """Drops uvicorn's "Cancel N running task(s), timeout graceful shutdown exceeded": CutOnShutdown's line names
     the requests instead."""
@@ -166,6 +176,7 @@ class Server(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         self.cutoff.stopping = True
+        SERVER_LOG.warning(shutdown_line(len(self.cutoff.in_flight), self.cutoff.wait_s))
         quiet = _WithoutUvicornCancelLine()
         SERVER_LOG.addFilter(quiet)
         try:

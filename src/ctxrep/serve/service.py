@@ -5,8 +5,13 @@ Every vector comes from `Featurizer.embed_sentences` / `embed_words`; texts long
 windowed as the Featurizer does, never truncated (`windowed` says which were). Every call also returns which texts
 were cut (`cut_flags`: a word longer than a window; a rerank pair longer than the reranker's max length, cut as
 sentence-transformers cuts it), so that every route can say so. Every call, rerank calls included,
-runs in the batcher's token-budget steps (`stepping`): the Featurizer and the rerankers pass the model on between
-two of their batches.
+runs in the batcher's steps (`stepping`: batches of the step's token budget, the model passed on between two of
+them); a reranker that predicts a call whole (a pair model `ctxrep finetune` trained) is given its documents a step
+at a time (`Rerank.run`).
+
+Before the server answers /health, `warm_up` runs each model it holds over the shapes it will serve (one short text,
+a step of short texts, one window-long text; a rerank of a few documents) twice: the first request is then as fast as
+any, and the second pass gives the batcher its first measure of each model's throughput (the steps' size).
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import copy
 import dataclasses
 import itertools
 import os
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+import numpy as np
 
 from ctxrep.models.sentence_transformers import with_prompt
-from ctxrep.serve.batcher import Batcher
+from ctxrep.serve.batcher import Batcher, Step
 from ctxrep.serve.kinds import HOLDS, ROUTES, Answer, folder_kind
 from ctxrep.serve.metrics import Metrics
 
@@ -38,6 +45,7 @@ class ServeConfig:
     max_text_chars: int = 200_000  # characters per text; beyond: 413 (longer texts than the window are windowed)
     max_body_bytes: int = 32 * 1024 * 1024  # request body; beyond: 413
     max_active_calls: int = 32  # model calls in progress at once (they take turns batch by batch)
+    step_ms: float = 50.0  # how long one step of a call (one batch) should take: what a short request waits at most
     api_key: str | None = None
     retry_after_s: int = 1
     graceful_shutdown_s: float = 30.0  # on SIGINT / SIGTERM, how long requests in flight may run on; then: 503
@@ -49,6 +57,8 @@ class ServeConfig:
                 f"({self.max_queue_texts:,} texts waiting), so a request that large could never be queued: raise "
                 "--max-queue (ServeConfig.max_queue_texts) or lower --max-texts"
             )
+        if not self.step_ms > 0:
+            raise ValueError(f"--step-ms (ServeConfig.step_ms) must be more than 0, got {self.step_ms:g}")
 
 
 Text = str | list[str]  # a text as a request sends it: a string, or its words
@@ -69,13 +79,15 @@ def cut_flags(runner, texts: list[Text]) -> list[bool]:
     return [i in cut for i in range(len(texts))]
 
 
-def stepping(runner, between_batches: Callable | None):
-    """`runner` (a Featurizer or a reranker: both call `between_batches(drain)` after each batch), or, when
-    `between_batches` is given, a copy of it that calls it: the batcher's turns pass the model on there."""
-    if between_batches is None:
+def stepping(runner, step: Step | None):
+    """`runner` (a Featurizer or a reranker: both run batches of `batch_tokens` and call `between_batches(drain)`
+    after each), or, when `step` is given, a copy of it whose batches are the step's size and that calls the step's
+    hook: the batcher's turns pass the model on there."""
+    if step is None:
         return runner
     runner = copy.copy(runner)
-    runner.between_batches = between_batches
+    runner.between_batches = step.between_batches
+    runner.batch_tokens = step.budget(runner.batch_tokens)
     return runner
 
 
@@ -86,11 +98,12 @@ def stepping(runner, between_batches: Callable | None):
 class Sentences:
     """Featurizer.embed_sentences with a prompt: given, or the folder's by name, or its default (none given)."""
 
+    answer: ClassVar[Answer] = Answer.EMBEDDINGS  # the model it runs (the batcher sizes its steps by it)
     prompt: str | None = None
     prompt_name: str | None = None
 
-    def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
-        fz = service.featurizer(SENTENCES, between_batches)
+    def run(self, service: EmbeddingService, texts: list[Text], step: Step | None):
+        fz = service.featurizer(SENTENCES, step)
         vectors = fz.embed_sentences(texts, prompt=self.prompt, prompt_name=self.prompt_name)
         read = with_prompt(fz.prompts.resolve(self.prompt, self.prompt_name), texts)  # what the model read
         return vectors, pieces(fz.tokenizer, read), cut_flags(fz, texts)
@@ -100,11 +113,12 @@ class Sentences:
 class Words:
     """Featurizer.embed_words at these layers and this pooling."""
 
+    answer: ClassVar[Answer] = Answer.EMBEDDINGS
     layers: int | tuple[int, ...] | str
     pooling: str
 
-    def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
-        fz = service.featurizer(self, between_batches)
+    def run(self, service: EmbeddingService, texts: list[Text], step: Step | None):
+        fz = service.featurizer(self, step)
         vectors = fz.embed_words(texts)
         return vectors, pieces(fz.tokenizer, texts), cut_flags(fz, texts)
 
@@ -114,17 +128,42 @@ class Rerank:
     """One rerank request: reranker.rerank(query, documents, top_n, prompt, prompt_name) -> Hits best first (ids =
     the documents' positions); `request` keeps every request its own call (each has its own query and top_n)."""
 
+    answer: ClassVar[Answer] = Answer.RERANK
     request: int
     query: str
     top_n: int | None = None
     prompt: str | None = None
     prompt_name: str | None = None
 
-    def run(self, service: EmbeddingService, documents: list[str], between_batches: Callable | None):
-        reranker = stepping(service.reranker, between_batches)  # its batches take turns with other calls' batches
+    def run(self, service: EmbeddingService, documents: list[str], step: Step | None):
+        counts = pieces(service.reranker.tokenizer, [f"{self.query} {d}" for d in documents])
+        if step is not None and service.reranker.batch_tokens is None:  # it predicts a call whole: a step at a time
+            ranked, cut = self._in_steps(service.reranker, documents, counts, step)
+            return ranked, counts, cut
+        reranker = stepping(service.reranker, step)  # its batches take turns with other calls' batches
         ranked = reranker.rerank(self.query, documents, self.top_n, self.prompt, self.prompt_name)
-        counts = pieces(reranker.tokenizer, [f"{self.query} {d}" for d in documents])
         return ranked, counts, cut_flags(reranker, documents)  # a cut pair is its document's index
+
+    def _in_steps(self, reranker, documents: list[str], counts: list[int], step: Step):
+        """The rerank of a reranker without batches of its own (`batch_tokens` None): its `predict` over the
+        documents in input order, a step's tokens at a time, the model passed on between two steps; the same scores
+        as one call (a pair's score is its own)."""
+        from ctxrep.vectors.hits import check_rerank_args, ranked_hits
+
+        reranker.check_reranks()
+        documents = check_rerank_args(self.query, documents, self.top_n)
+        ends = np.flatnonzero(np.diff(np.cumsum(counts) // max(1, step.tokens), prepend=0)) + 1
+        bounds = [0, *sorted(set(ends.tolist()) - {0, len(documents)}), len(documents)]
+        scores, cut = [], []
+        for at, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+            pairs = [(self.query, d) for d in documents[start:end]]
+            scores.append(reranker.predict(pairs, self.prompt, self.prompt_name))
+            cut += [start + i for i in reranker.cut_texts]
+            if at < len(bounds) - 2:
+                step.between_batches(lambda: None)  # nothing in flight: every step is scored
+        hits = ranked_hits(np.concatenate(scores), documents, self.top_n)
+        flags = set(cut)
+        return hits, [i in flags for i in range(len(documents))]
 
 
 # SparseEncoder.embed_sentences' batch_texts: a call of at most this many texts is one Featurizer call, so the
@@ -138,14 +177,15 @@ class Sparse:
     SparseVector per text (TEI's /embed_sparse), and the texts its Featurizer cut, read after each call of at most
     SPARSE_CALL_TEXTS texts."""
 
+    answer: ClassVar[Answer] = Answer.SPARSE
     prompt: str | None = None
     prompt_name: str | None = None
 
-    def run(self, service: EmbeddingService, texts: list[Text], between_batches: Callable | None):
+    def run(self, service: EmbeddingService, texts: list[Text], step: Step | None):
         encoder = service.sparse
-        if between_batches is not None:  # a copy whose Featurizer passes the model on between batches
+        if step is not None:  # a copy whose Featurizer runs the step's batches and passes the model on between them
             encoder = copy.copy(encoder)
-            encoder.featurizer = stepping(encoder.featurizer, between_batches)
+            encoder.featurizer = stepping(encoder.featurizer, step)
         vectors, cut = [], []
         for start in range(0, len(texts), SPARSE_CALL_TEXTS):
             part = texts[start : start + SPARSE_CALL_TEXTS]
@@ -215,7 +255,10 @@ class EmbeddingService:
             # ELMo numbers its words per call: calls run whole
             interleave=featurizer is None or not featurizer.tokenizer.word_level,
             metrics=self.metrics,
+            step_ms=c.step_ms,
+            budgets=self.batch_budget,
         )
+        self.warmed: WarmUp | None = None  # what warm_up ran, once it has
 
     @property
     def dim(self) -> int | None:
@@ -237,12 +280,59 @@ class EmbeddingService:
         held = " and ".join(f"{HOLDS[a]} ({name})" for a, (name, _) in parts.items())
         return f"this server holds {held}; {ROUTES[answer].needs}"
 
+    def batch_budget(self, answer: Answer) -> int:
+        """The batch budget (tokens) of the model that gives `answer`: its own batch_tokens (a reranker that
+        predicts a call whole: the budget of an estimator's prediction batch)."""
+        from ctxrep.tasks.inference import PREDICT_TOKENS
+
+        runner = {Answer.EMBEDDINGS: self.fz, Answer.RERANK: self.reranker}.get(answer)
+        if answer is Answer.SPARSE:
+            runner = self.sparse.featurizer
+        return getattr(runner, "batch_tokens", None) or PREDICT_TOKENS
+
     @property
     def queued_texts(self) -> int:
         return self.batcher.queued_texts
 
-    async def start(self) -> None:
+    async def start(self, warm_up: bool = True) -> None:
+        """Start the batcher, then (warm_up) run each held model over the shapes it will serve (`warm_up`)."""
         await self.batcher.start()
+        if warm_up:
+            self.warmed = await self.warm_up()
+
+    async def warm_up(self) -> WarmUp:
+        """Run each model the server holds over the shapes it will serve, twice, through the batcher (so the second
+        pass is the first measure of each model's throughput, which sizes the steps): one short text, a step of
+        short texts, one text a window long; a rerank of a few documents. Returns what ran and how long it took."""
+        started = time.perf_counter()
+        shapes: list[str] = []
+        word = "warm"  # one piece in every vocabulary ctxrep serves
+        many = min(32, self.config.max_texts)  # texts of a request the server takes
+        for answer, (_, runner) in self.parts().items():
+            if answer is Answer.RERANK:
+                calls = {f"a rerank of {min(8, many)} documents": [f"{word} document {i}" for i in range(min(8, many))]}
+            else:
+                fz = getattr(runner, "featurizer", runner)  # a SparseEncoder runs its Featurizer
+                window = min(fz.max_length, 512) - 4  # a window's pieces (without the special tokens), at most 512
+                calls = {
+                    "one short text": [f"{word} up"],
+                    "a step of short texts": [f"{word} up number {i} of the server" for i in range(many)],
+                    f"one text of {window} words": [" ".join([word] * window)],
+                }
+            for _ in range(2):
+                for name, items in calls.items():
+                    await self.embed(self._warm_key(answer, word), items)
+                    if name not in shapes:
+                        shapes.append(name)
+        return WarmUp(time.perf_counter() - started, tuple(shapes))
+
+    def _warm_key(self, answer: Answer, query: str):
+        keys = {
+            Answer.EMBEDDINGS: lambda: SENTENCES,
+            Answer.SPARSE: lambda: Sparse(),
+            Answer.RERANK: lambda: self.rerank_key(query, None, None, None),
+        }
+        return keys[answer]()
 
     async def stop(self) -> None:
         await self.batcher.stop()
@@ -287,12 +377,23 @@ class EmbeddingService:
 
     # ---- on a worker thread, holding the model's turn ---------------------------------------------------------
 
-    def featurizer(self, key, between_batches: Callable | None):
-        """The Featurizer for `key`, on a copy that calls `between_batches` when given."""
-        return stepping(self.view(key), between_batches)
+    def featurizer(self, key, step: Step | None):
+        """The Featurizer for `key`, on a copy that runs the step's batches when given (`stepping`)."""
+        return stepping(self.view(key), step)
 
-    def _run(self, key, texts: list[Text], between_batches: Callable | None):
-        return key.run(self, texts, between_batches)
+    def _run(self, key, texts: list[Text], step: Step | None):
+        return key.run(self, texts, step)
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What `EmbeddingService.warm_up` ran: its seconds and the shapes (each twice, for every model held)."""
+
+    seconds: float
+    shapes: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"warmed up in {self.seconds:.1f} s ({', '.join(self.shapes)}; each twice)"
 
 
 def make_service(

@@ -33,6 +33,7 @@ import inspect
 import json
 import os
 import secrets
+import sys
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -50,6 +51,7 @@ from ctxrep.train.batches import EpochBatches, batches_per_epoch, epochs_and_ste
 from ctxrep.train.trainer import EarlyStopping, ObjectiveOf, Trainer, TrainerConfig, seeded_torch
 
 FROZEN_HEADS = ("bilstm", "linear")
+KEEP = (None, "best", "last")  # which epoch's weights fit ends with (TaskParams.keep)
 IGNORE = -100  # label of positions that carry no loss
 SHARED_DOC_TITLE = "Parameters shared by every task estimator (ctxrep.tasks.base.TaskParams):"
 
@@ -78,6 +80,10 @@ class TaskParams:
     validation_fraction: share of the training data held out to pick the best epoch (with early_stopping).
     early_stopping / n_iter_no_change / tol: stop when the held-out score has not improved by tol for
         n_iter_no_change epochs; the best epoch's weights are kept.
+    keep: which epoch's weights `fit` ends with: "best", the epoch with the best held-out score (the validation
+        split's with early_stopping, else `eval_set`'s dev score: `ctxrep finetune`'s default), "last", the last
+        epoch's, or None: "best" with early_stopping, else "last". `kept_epoch_` says which it kept (the Trainer's
+        EarlyStopping keeps the best epoch's weights, the one loop's mechanism).
     warm_start: a second `fit` continues from the learned weights (same labels) instead of starting over.
     discriminative_lr / discriminative_lr_factor: layer l gets lr / factor^(L - l) (finetune only).
     gradual_unfreezing: unfreeze one encoder layer per epoch from the top (finetune only).
@@ -116,6 +122,7 @@ class TaskParams:
     early_stopping: bool = False
     n_iter_no_change: int = 2
     tol: float = 1e-4
+    keep: str | None = None
     warm_start: bool = False
     discriminative_lr: bool = False
     discriminative_lr_factor: float = 2.6
@@ -210,6 +217,10 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
         if self.early_stopping and self.validation_fraction == 0:
             raise ValueError("early_stopping needs held-out data: set validation_fraction > 0 (e.g. 0.1)")
+        if self.keep not in KEEP:
+            raise ValueError(f"keep must be one of {', '.join(map(repr, KEEP))}, got {self.keep!r}")
+        if self.keep == "last" and self.early_stopping:
+            raise ValueError("keep='last' with early_stopping: early stopping keeps the best epoch; give keep='best'")
         if self.discriminative_lr and not self.discriminative_lr_factor > 0:
             raise ValueError(f"discriminative_lr_factor must be positive, got {self.discriminative_lr_factor!r}")
         try:
@@ -280,6 +291,8 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
         def evaluate() -> dict[str, float]:
             return {name: self._score_examples(Xh, yh, records, call) for name, (Xh, yh, records) in held_out.items()}
 
+        kept_by = self._kept_by(held_out)  # the held-out score whose best epoch's weights fit ends with, or None
+
         if not continuing:
             with seeded_torch(seed):
                 self.model_ = self._make_network()
@@ -287,7 +300,7 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             self.n_epochs_ = 0
         self.model_.to(self.device)
         with seeded_torch(seed + self.n_epochs_):  # dropout
-            trainer = self._trainer(examples, call, rng, evaluate, train_loss)
+            trainer = self._trainer(examples, call, rng, evaluate, train_loss, kept_by)
             try:
                 result = trainer.train()
             finally:
@@ -295,13 +308,34 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
                     p.requires_grad_(True)
         self.history_ += trainer.epochs
         self.n_epochs_ = self.history_[-1]["epoch"]
+        self.kept_epoch_ = self.n_epochs_
         if "best_score" in result:
-            self.best_validation_score_ = result["best_score"]
+            if kept_by == "validation_score":
+                self.best_validation_score_ = result["best_score"]
+            self.kept_epoch_ = next(e["epoch"] for e in trainer.epochs if e.get(kept_by) == result["best_score"])
         return self
 
-    def _trainer(self, examples: list, call: Call, rng: np.random.Generator, evaluate, train_loss) -> Trainer:
+    def _kept_by(self, held_out: dict) -> str | None:
+        """The held-out score `keep` selects the epoch by ("validation_score", "dev_score"), or None: the last
+        epoch's weights; a ValueError when keep="best" has no held-out score to go by."""
+        if self.early_stopping:
+            return "validation_score"
+        if self.keep != "best":
+            return None
+        if "dev_score" not in held_out:
+            raise ValueError(
+                "keep='best' picks the epoch by a held-out score: give fit an eval_set=(X_dev, y_dev), or set "
+                "early_stopping=True (it holds out validation_fraction), or keep='last'"
+            )
+        return "dev_score"
+
+    def _trainer(
+        self, examples: list, call: Call, rng: np.random.Generator, evaluate, train_loss, kept_by: str | None = None
+    ) -> Trainer:
         """The one training loop (ctxrep.train.trainer) over this fit's examples: length-bucketed epochs, AdamW by
-        encoder depth, the schedule, the held-out scores after each epoch and early stopping."""
+        encoder depth, the schedule, the held-out scores after each epoch and early stopping; `kept_by`: the held-out
+        score whose best epoch's weights the loop puts back at the end (the loop's EarlyStopping; with keep="best"
+        and no early_stopping it never stops early)."""
         lr, per_epoch = self._lr(), batches_per_epoch(len(examples), self.batch_size)
         _, total = epochs_and_steps(per_epoch, self.max_epochs, self.max_steps)
         config = TrainerConfig(
@@ -332,14 +366,21 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             evaluate=evaluate,
             progress=self.progress,
             optimizer=optimizer,
-            early_stopping=EarlyStopping("validation_score", self.n_iter_no_change, self.tol, self.model_)
-            if self.early_stopping
-            else None,
+            early_stopping=self._early_stopping(kept_by),
             epoch_start=(lambda e: unfreeze_from_top(self.model_, e)) if unfreezing else None,
             first_epoch=self.n_epochs_,
             desc=type(self).__name__,
             warmup_option="warmup_fraction={fraction:g} (--warmup-fraction on `ctxrep finetune`)",
         )
+
+    def _early_stopping(self, kept_by: str | None) -> EarlyStopping | None:
+        """early_stopping: stop after n_iter_no_change epochs without a better validation score, then put the best
+        epoch's weights back; keep="best" on the dev score alone: the same bookkeeping, never stopping early."""
+        if kept_by is None:
+            return None
+        if self.early_stopping:
+            return EarlyStopping("validation_score", self.n_iter_no_change, self.tol, self.model_)
+        return EarlyStopping(kept_by, patience=sys.maxsize, tol=0.0, module=self.model_)
 
     _fused_adamw: ClassVar[bool] = True  # torch's fused AdamW kernel; False: the for-loop reference (tests)
 

@@ -119,7 +119,8 @@ def experiment(
     started = time.perf_counter()
     estimator.fit(train_data.X, train_data.y, eval_set=(dev_data.X, dev_data.y))
     train_seconds = time.perf_counter() - started
-    echo(f"{task}: trained in {train_seconds:,.0f} s; predicting the {len(dev_data.X):,} dev examples")
+    echo(f"{task}: trained in {train_seconds:,.0f} s; {kept_line(estimator)}")
+    echo(f"{task}: predicting the {len(dev_data.X):,} dev examples")
     report = row.output.report(estimator, dev_data.X, dev_data.y, out)
     metrics: dict = {
         "task": task,
@@ -129,6 +130,7 @@ def experiment(
         "train_examples": len(train_data.X),
         "dev_examples": len(dev_data.X),
         "train_seconds": train_seconds,
+        "kept_epoch": estimator.kept_epoch_,
         "precision": "bf16" if estimator.bf16 else "fp32",  # bf16: autocast in training and prediction
         **report.metrics,
         "seconds": time.perf_counter() - started,
@@ -149,6 +151,29 @@ def experiment(
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     plot_curve(estimator.history_, report.curve_metric, out / "learning_curve.png")
     return metrics
+
+
+def kept_line(estimator) -> str:
+    """Which epoch's weights a fit kept, and why (`keep`: the best held-out score or the last epoch), with the
+    scores that decided it and how to ask for the other choice."""
+    history, kept = estimator.history_, estimator.kept_epoch_
+    last = history[-1]
+    score = "validation_score" if estimator.early_stopping else "dev_score"
+    scores = {e["epoch"]: e[score] for e in history if score in e}
+    where = f"epoch {kept} of {last['epoch']}"
+    if kept not in scores:  # no held-out score (keep="last" without a dev set)
+        return f"kept the last epoch's weights ({where})"
+    which = "validation" if estimator.early_stopping else "dev"
+    if estimator.early_stopping or estimator.keep == "best":
+        return (
+            f"kept the weights of {where}, the best {which} score ({scores[kept]:.4f}; the last epoch's "
+            f"{scores[last['epoch']]:.4f}); --keep last keeps the last epoch's"
+        )
+    best = max(scores, key=scores.get)
+    return (
+        f"kept the last epoch's weights ({where}, {which} score {scores[kept]:.4f}; the best was epoch {best}'s "
+        f"{scores[best]:.4f}: --keep best keeps it)"
+    )
 
 
 __all__ = ["experiment", "read_task", "make_estimator", "classification_report", "confusion_matrix", "ALL_TASKS"]

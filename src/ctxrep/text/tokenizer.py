@@ -90,13 +90,23 @@ class WordPieces:
 
     def pooling_spans(self) -> list[tuple[int, int]]:
         """spans() without a word's first piece when that piece is a bare word-start marker ("▁" alone, as a small
-        SentencePiece vocabulary often splits a rare word; "Ġ" alone in byte-level BPE) and the word has other
-        pieces: the marker is the same piece for every such word, so "first" pooling would read it, not the word."""
+        SentencePiece vocabulary often splits a rare word or a symbol; "Ġ" alone in byte-level BPE, before "—" or
+        "😀") and the word has other pieces: the marker is the same piece for every such word, so "first" pooling
+        would read it, not the word. THE rule for such pieces: the word pooling reads these spans (featurize/rows.py
+        applies the same rule to whole arrays) and `pooled_word_ids` gives those pieces no word."""
         out = []
         for s, e in self.spans():
             if e - s > 1 and self.tokens[s] in WORD_START_MARKERS:
                 s += 1
             out.append((s, e))
+        return out
+
+    def pooled_word_ids(self) -> list[int | None]:
+        """Each piece's word index as the word pooling reads it (`pooling_spans`): None for a bare word-start marker
+        it leaves out, so that a word's first piece by these ids is the piece "first" pooling reads."""
+        out: list[int | None] = [None] * len(self.word_ids)
+        for w, (s, e) in enumerate(self.pooling_spans()):
+            out[s:e] = [w] * (e - s)
         return out
 
 

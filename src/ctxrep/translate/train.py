@@ -295,8 +295,10 @@ def train_mt(
     out_dir: str | Path,
     max_steps: int | None = None,
     resume: bool = False,
+    progress: bool = True,
 ) -> dict:
-    """Train a translation model from `src` to `tgt` into `out_dir`; returns the trainer's last metrics.
+    """Train a translation model from `src` to `tgt` into `out_dir`; returns the trainer's last metrics. `progress`:
+    the Trainer's progress (False: none, as `ctxrep mt train --no-progress`).
 
     Call `distributed.init_distributed()` first under torchrun: rank 0 trains the tokenizer, the others load it.
     """
@@ -336,6 +338,7 @@ def train_mt(
         save_model=save,
         evaluate=evaluate,
         schedule=lambda step: inverse_sqrt(step, config.model.d_model, config.trainer.warmup_steps),
+        progress=progress,
     )
     holder["trainer"] = trainer
     return trainer.train(resume=resume)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
 from ctxrep.util.arrays import unit_rows
 
@@ -121,6 +120,8 @@ def pearson(x, y) -> float:
     x, y = _paired(x, y, "pearson")
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
+    from scipy import stats  # here: scipy.stats takes seconds to import, and searching an index needs none of it
+
     return float(stats.pearsonr(x, y).statistic)
 
 
@@ -129,6 +130,8 @@ def spearman(x, y) -> float:
     x, y = _paired(x, y, "spearman")
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
+    from scipy import stats
+
     return float(stats.spearmanr(x, y).statistic)
 
 
