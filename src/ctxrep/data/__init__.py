@@ -45,6 +45,7 @@ _EXPORTS = {
     "read_scored_texts": "table",
     "read_tagged": "table",
     "read_questions": "table",
+    "read_source_target": "table",  # (source, target) pairs for seq2seq training
     "TaskData": "table",
     # a sentence encoder's training pairs / triples / scored pairs (sentence_pairs.py)
     "read_sentence_examples": "sentence_pairs",
@@ -114,6 +115,7 @@ __all__ = [
     "read_scored_texts",
     "read_sentence_examples",
     "read_sick",
+    "read_source_target",
     "read_squad",
     "read_sst",
     "read_sts",
