@@ -272,6 +272,12 @@ class AlbertModel(Encoder):
     # ---- the Encoder interface --------------------------------------------------------------------
     config_fields = Encoder.config_fields | {"num_layers": "num_layers"}  # layer runs x inner_group_num
     embedding_table = "embeddings.word_embeddings"  # (vocab, embedding_size): E wide, before the projection to H
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = ("query", "key", "value", "dense", "ffn", "ffn_output")
+
+    def blocks(self) -> list[nn.Module]:
+        """The shared attention and feed-forward blocks (Encoder.blocks): each runs in one or more layers."""
+        return [*self.attention_blocks, *self.ffn_blocks]
 
     def layer_of(self, name: str) -> int:
         """embeddings.* and the E -> H projection 0; a block 1 + the last layer that runs it (a block shared by

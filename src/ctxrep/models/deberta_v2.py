@@ -482,6 +482,15 @@ class DebertaV2Model(Encoder):
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
 
+    # the attention and MLP projections LoRA adapts by default; not pos_key / pos_query, which project the relative table (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = (
+        "attention.query",
+        "attention.key",
+        "attention.value",
+        "attention.output",
+        "intermediate",
+        "output",
+    )
     fuses_qkv = True  # every layer's attention: query, key and value read the same x ...
 
     def fusable_qkv_modules(self) -> list[str]:

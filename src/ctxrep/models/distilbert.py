@@ -191,6 +191,15 @@ class DistilBertModel(Encoder):
     can_distill = True
 
     fuses_qkv = True  # every layer's attention is bert.py's SelfAttention
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = (
+        "attention.query",
+        "attention.key",
+        "attention.value",
+        "attention.output",
+        "intermediate",
+        "output",
+    )
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None

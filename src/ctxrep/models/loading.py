@@ -2,7 +2,8 @@
 
 Name resolution, in this order (docs/architecture.md):
   1. a local folder: a Hugging Face folder (config.json) or an ELMo folder (options.json + weights.hdf5),
-     with or without the `elmo:` prefix;
+     with or without the `elmo:` prefix, or an adapter folder (peft's adapter_config.json without a config.json:
+     its base model, resolved by these rules, with the adapter merged in: models/adapters.py);
   2. a packaged name ("minilm": a Python package ships the folder);
   3. an `elmo:` download name (elmo:small, elmo:medium, elmo:original, elmo:original-5.5b);
   4. the local Hugging Face cache;
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ctxrep.models.adapters import is_adapter_folder, load_adapter, merge_adapter, read_adapter_config
 from ctxrep.models.albert import AlbertModel
 from ctxrep.models.bert import BertModel
 from ctxrep.models.deberta_v2 import DebertaV2Model
@@ -86,6 +88,7 @@ class ModelSource:
     name: str
     folder: Path
     elmo: bool
+    adapter: bool = False  # the folder holds a LoRA adapter over the base model its adapter_config.json names
 
 
 @dataclass
@@ -124,6 +127,8 @@ def _local_folder(name: str, path: Path) -> ModelSource:
         return ModelSource(name, path, elmo=True)
     if (path / "config.json").is_file():
         return ModelSource(name, path, elmo=False)
+    if is_adapter_folder(path):
+        return ModelSource(name, path, elmo=False, adapter=True)
     raise CheckpointError(
         f"{path}: not a model folder: no config.json (a Hugging Face model) and no {OPTIONS_FILE} + {WEIGHTS_FILE} "
         "(an ELMo model)"
@@ -178,6 +183,8 @@ def _build(source: ModelSource, dtype: str | torch.dtype = "auto") -> Encoder:
 
 
 def _build_family(source: ModelSource, dtype: str | torch.dtype) -> Encoder:
+    if source.adapter:
+        return merge_adapter(load_adapter(_build_family(_adapter_base(source), dtype), source.folder))
     if source.elmo:
         return _cast(ElmoBiLM.from_pretrained(source.folder), dtype)
     model_type = read_config(source.folder).get("model_type")
@@ -186,6 +193,17 @@ def _build_family(source: ModelSource, dtype: str | torch.dtype) -> Encoder:
     if issubclass(family, LAZY_FAMILIES):
         return family.from_pretrained(source.folder, dtype=dtype)
     return _cast(family.from_pretrained(source.folder), dtype)
+
+
+def _adapter_base(source: ModelSource) -> ModelSource:
+    """The base model of an adapter folder (adapter_config.json's base_model_name_or_path), resolved."""
+    base = read_adapter_config(source.folder).get("base_model_name_or_path")
+    if not base:
+        raise CheckpointError(
+            f"{source.folder}: the adapter names no base model (base_model_name_or_path in adapter_config.json); "
+            "load the base model and put the adapter on it with ctxrep.models.adapters.load_adapter"
+        )
+    return resolve(base)
 
 
 def _cast(model: Encoder, dtype: str | torch.dtype) -> Encoder:
@@ -221,9 +239,17 @@ def load_encoder(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "au
     model.name_or_path = str(source.folder)
     if model.word_level:
         tokenizer = WordTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+    elif source.adapter and not _has_tokenizer(source.folder):  # an adapter alone: the base model's tokenizer
+        tokenizer = Tokenizer.from_model_dir(_adapter_base(source).folder)
     else:
         tokenizer = Tokenizer.from_model_dir(source.folder)
     return LoadedEncoder(model.eval(), tokenizer, source)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    from ctxrep.text.tokenizer_files import TOKENIZER_FILES
+
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto") -> torch.nn.Module:

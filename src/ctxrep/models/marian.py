@@ -582,6 +582,16 @@ class MarianMTModel(Encoder):
         "max_tokens": "max_position_embeddings",
     }
     embedding_table = "shared"
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py); the
+    # decoder's blocks hold the same names, and its encoder_attn those of its cross-attention
+    adapter_targets = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "fc1", "fc2")
+
+    def blocks(self) -> list[nn.Module]:
+        """The encoder's layers, then the decoder's (Encoder.blocks)."""
+        return [*self.encoder.layers, *self.decoder.layers]
+
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
 
     def layer_of(self, name: str) -> int:
         """The encoder side's depths: the (shared) embeddings 0; encoder.layers.i.* i + 1; the encoder's final

@@ -284,6 +284,15 @@ class MPNetModel(Encoder):
         raise self.unknown_parameter(name)
 
     fuses_qkv = True  # every layer's attention: query, key and value read the same x
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = (
+        "attention.query",
+        "attention.key",
+        "attention.value",
+        "attention.output",
+        "intermediate",
+        "output",
+    )
 
     can_distill = True
 

@@ -327,6 +327,16 @@ class T5EncoderModel(Encoder):
         "max_tokens": "n_positions",
     }
     embedding_table = "embed_tokens"
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = (
+        "attention.query",
+        "attention.key",
+        "attention.value",
+        "attention.output",
+        "ffn.wi",
+        "ffn.wi_gate",
+        "ffn.wo",
+    )
 
     @property
     def family(self) -> str:

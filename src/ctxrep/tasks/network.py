@@ -138,12 +138,13 @@ def network_depths(network: TaskNetwork) -> tuple[dict[str, int], int]:
     return depth, rep.encoder.num_layers
 
 
-def unfreeze_from_top(network: TaskNetwork, epoch: int) -> None:
-    """Gradual unfreezing: at epoch e only encoder layers deeper than L - e (and the head) train."""
+def unfreeze_from_top(network: TaskNetwork, epoch: int, trainable: set[str] | None = None) -> None:
+    """Gradual unfreezing: at epoch e only encoder layers deeper than L - e (and the head) train; of the encoder's
+    parameters only those named in `trainable` (None: all; with LoRA: the adapters)."""
     encoder = network.representation.encoder
     lowest = encoder.num_layers - epoch + 1  # epoch 0: none of the encoder; epoch 1: the top layer
     for name, d in encoder_depths(encoder).items():
-        encoder.get_parameter(name).requires_grad_(d >= lowest)
+        encoder.get_parameter(name).requires_grad_(d >= lowest and (trainable is None or name in trainable))
 
 
 def pad_features(arrays: list[np.ndarray]) -> dict[str, torch.Tensor]:
