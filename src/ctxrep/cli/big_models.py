@@ -85,7 +85,7 @@ def join_processes(fsdp: bool):
     from ctxrep.train import distributed
 
     if fsdp and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        raise click.UsageError(
+        raise ValueError(
             "--fsdp shards training between the processes torchrun starts: launch with "
             "torchrun --nproc_per_node N -m ctxrep ... (N > 1), or leave --fsdp off"
         )

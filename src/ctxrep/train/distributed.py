@@ -23,7 +23,8 @@ that flows back to the rank that computed each row.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -163,19 +164,52 @@ def is_sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def shard(objective: nn.Module, units: list[nn.Module]) -> nn.Module:
-    """FSDP2: `fully_shard` each of `units` (the encoders' blocks), then the objective (what is left: embeddings,
-    heads), in place. Parameters become DTensors: build or remap the optimizer after this (the Trainer does)."""
+def shard(objective: nn.Module, encoders: list[nn.Module]) -> nn.Module:
+    """FSDP2 in place: `fully_shard` each encoder's blocks (Encoder.blocks()), then each encoder (its embeddings and
+    what sits above its blocks; unless it shares a weight with a head, `_ties_outside`), then the objective (the
+    heads). Parameters become DTensors: build or remap the
+    optimizer after this (the Trainer does). An encoder runs as a unit of its own, so a caller may run it (or its
+    blocks) outside the objective's forward, as the estimators' evaluation does; the objective's own parameters are
+    gathered for that by `unsharded_root`."""
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
         raise ValueError(
             f"fsdp needs torch 2.6 or later (torch.distributed.fsdp.fully_shard); this is torch {torch.__version__}"
         ) from None
-    for unit in units:
-        fully_shard(unit)
+    for encoder in encoders:
+        for block in encoder.blocks():
+            fully_shard(block)
+        if encoder is not objective and not _ties_outside(encoder, objective):
+            # kept whole from its forward to its backward, as the root is: an encoder's output (hidden states padded
+            # back from an unpadded run, on some ranks only) need not carry FSDP's pre-backward all-gather
+            fully_shard(encoder, reshard_after_forward=False)
     fully_shard(objective)
     return objective
+
+
+def _ties_outside(inner: nn.Module, outer: nn.Module) -> bool:
+    """Whether a parameter of `inner` is also held by a module of `outer` outside it (an LM head tied to the word
+    embeddings, two encoders sharing them): FSDP keeps a tied parameter in one unit, so `inner` is not one then."""
+    own = {id(p) for p in inner.parameters()}
+    inside = {id(m) for m in inner.modules()}
+    return any(
+        id(p) in own for m in outer.modules() if id(m) not in inside for p in m._parameters.values() if p is not None
+    )
+
+
+@contextmanager
+def unsharded_root(objective: nn.Module) -> Iterator[None]:
+    """The objective's own parameters (the heads; not its encoders', which gather themselves as they run) whole
+    inside the block, for code that calls parts of the objective outside its forward (evaluation hooks)."""
+    if not is_sharded(objective):
+        yield
+        return
+    objective.unshard()
+    try:
+        yield
+    finally:
+        objective.reshard()
 
 
 def gather_full(objective: nn.Module) -> None:

@@ -284,7 +284,7 @@ class Trainer:
         pointed at the sharded parameters, by name."""
         names = {id(p): n for n, p in objective.named_parameters()}
         groups = [[names[id(p)] for p in g["params"]] for g in self.optimizer.param_groups]
-        distributed.shard(objective, [block for e in self.encoders for block in e.blocks()])
+        distributed.shard(objective, self.encoders)
         params = dict(objective.named_parameters())
         for group, members in zip(self.optimizer.param_groups, groups):
             group["params"] = [params[n] for n in members]
@@ -477,7 +477,8 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         tokens, metrics = 0, {}
         for i, batch in enumerate(batches):
-            batch = self._to_device(ctx.shard(batch) if ctx.enabled else batch)
+            # a mapping of arrays is cut between the processes here; another batch is its objective's to share out
+            batch = self._to_device(ctx.shard(batch) if ctx.enabled and isinstance(batch, Mapping) else batch)
             sync = i == len(batches) - 1 or not ctx.enabled  # DDP / FSDP average gradients on the last one only
             with distributed.no_sync(self.model, sync):
                 with self._autocast():
@@ -492,6 +493,8 @@ class Trainer:
                 if p.grad is not None:
                     p.grad.mul_(cfg.accumulation_steps / len(batches))
         loss = loss_sum.item() / len(batches)
+        if ctx.enabled:  # the global batch's loss: what one process would report (logs, epoch records)
+            loss = ctx.all_sum([loss])[0] / ctx.world_size
         if not math.isfinite(loss):
             raise TrainerError(
                 f"the training loss is {loss} at step {self.step + 1}; lower lr, add warmup_steps or set grad_clip"
@@ -594,7 +597,7 @@ class Trainer:
         if self.extra_evaluate is None:
             return {}
         self.objective.eval()
-        with self._forked_rng(), torch.no_grad():
+        with self._forked_rng(), torch.no_grad(), distributed.unsharded_root(self.objective):
             metrics = self.extra_evaluate()
         self.objective.train()
         return metrics
@@ -802,11 +805,11 @@ class _Window:
 
     def summary(self, ctx: distributed.Distributed) -> dict[str, float]:
         names = sorted(self.metrics)
-        loss, tokens, *metrics = ctx.all_sum([self.loss, self.tokens, *(self.metrics[k] for k in names)])
+        tokens, *metrics = ctx.all_sum([self.tokens, *(self.metrics[k] for k in names)])
         n = self.steps * ctx.world_size
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         return {
-            "loss": loss / n,
+            "loss": self.loss / self.steps,  # each step's loss is already the global batch's
             "tokens_per_s": tokens / elapsed,
             "grad_norm": self.grad_norm / self.steps,
             **{k: v / n for k, v in zip(names, metrics)},
