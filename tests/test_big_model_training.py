@@ -184,3 +184,21 @@ def test_a_run_that_cannot_fit_stops_before_its_first_step(bert, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(before, encoder.parameters()))
     monkeypatch.setattr(trainer_module, "available", lambda device: 1 << 40)
     assert Trainer(objective, TrainerConfig(max_steps=1, batch_size=8), Batches(), progress=False).train()["step"] == 1
+
+
+def test_docs_scale_shows_the_memory_table_the_script_computes():
+    """docs/scale.md's table is benchmarks/memory_table.py's output (the models' configs through the Trainer's
+    estimate), not numbers typed in."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("memory_table", root / "benchmarks" / "memory_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = (root / "docs" / "scale.md").read_text()
+    shown = page.split("<!-- memory table: benchmarks/memory_table.py -->\n")[1].split(
+        "\n<!-- end of memory table -->"
+    )[0]
+    assert shown == script.table()
+    assert "| Qwen/Qwen3-Embedding-8B (7.57B) | LoRA r=16 + checkpointing |" in shown
