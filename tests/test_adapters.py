@@ -300,3 +300,29 @@ def test_lora_in_frozen_mode_and_elmo_are_refused(bert, elmo_dir):
         SequenceClassifier(bert, lora=16).fit(["a b", "c d"], ["x", "y"])
     with pytest.raises(AdapterError, match="ELMo is a biLSTM: it has no attention or MLP projections"):
         add_lora(load_encoder(elmo_dir).model, LoRA())
+
+
+def test_a_splade_encoder_trained_with_lora_loads_in_sentence_transformers(tmp_path):
+    """SparseSentenceEncoder(lora=...) adapts the encoder of a *ForMaskedLM folder (its MLM head stays the base's) and
+    saves the adapter under BertForMaskedLM's names ("bert."): sentence-transformers' SparseEncoder and ctxrep's give
+    its vectors."""
+    import sentence_transformers as st
+
+    from ctxrep.tasks import SparseSentenceEncoder
+    from ctxrep.vectors.sparse import SparseEncoder
+
+    base = save_tiny_bert(
+        tmp_path / "mlm",
+        model_class=transformers.BertForMaskedLM,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    enc = SparseSentenceEncoder(base, lora=LoRA(rank=4), max_steps=2, batch_size=4, lr=1e-2, random_state=0)
+    enc.fit(PAIRS)
+    assert not any(p.requires_grad for p in enc.head_.parameters())
+    out = enc.save(tmp_path / "splade")
+    assert json.loads((out / ADAPTER_CONFIG).read_text())["target_modules"][0].startswith("bert.encoder.layer.")
+    ours = enc.encode(TEXTS).toarray()
+    theirs = st.SparseEncoder(str(out), device="cpu").encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-5)
+    np.testing.assert_allclose(SparseEncoder(out).embed_sentences(TEXTS).toarray(), ours, atol=1e-5)

@@ -206,6 +206,17 @@ def _adapter_base(source: ModelSource) -> ModelSource:
     return resolve(base)
 
 
+def weights_folder(folder: str | os.PathLike) -> Path:
+    """The folder whose weight files hold `folder`'s model: itself, or for an adapter folder its base model's (the
+    weights the adapter leaves as they are: an MLM head under a LoRA-trained SPLADE encoder)."""
+    folder = Path(folder)
+    return (
+        _adapter_base(ModelSource(str(folder), folder, False, adapter=True)).folder
+        if is_adapter_folder(folder)
+        else folder
+    )
+
+
 def _cast(model: Encoder, dtype: str | torch.dtype) -> Encoder:
     """A model loaded as stored, cast when a dtype is asked for ("auto": as loaded)."""
     return model if dtype == "auto" else model.to(resolve_dtype(dtype, torch.float32))
