@@ -102,3 +102,15 @@ def test_fsdp_without_torchrun_is_refused_in_one_line(tmp_path, monkeypatch):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 1 and len(lines) == 1, result.output
     assert lines[0].startswith("error: --fsdp shards training between the processes torchrun starts"), lines
+
+
+def test_cached_negatives_under_torchrun_are_refused(tmp_path, monkeypatch):
+    """GradCache back-propagates inside the loss's backward, which DDP and FSDP cannot share out: one line."""
+    from ctxrep.tasks import SentenceEncoder
+    from ctxrep.train import distributed
+
+    monkeypatch.setattr(distributed, "current", lambda: distributed.Distributed(rank=0, world_size=2))
+    enc = SentenceEncoder(tmp_path / "not-read", batch_size=4, mini_batch_size=2)
+    with pytest.raises(ValueError, match="mini_batch_size .cached negatives. back-propagates inside") as e:
+        enc.fit([("a b", "c d"), ("e f", "g h")])
+    assert "\n" not in str(e.value)

@@ -247,6 +247,12 @@ class SentenceEncoder(ParamsProtocol):
     def fit(self, X, y=None, eval_set: tuple | None = None) -> SentenceEncoder:
         """Train on X (see `loss`). eval_set=(pairs, scores): the STS Spearman x 100 after every epoch in history_."""
         self._check_params()
+        if self.mini_batch_size is not None and distributed.current().enabled:
+            raise ValueError(
+                "mini_batch_size (cached negatives) back-propagates inside the loss's backward, which DDP and FSDP "
+                "cannot share out between processes; under torchrun leave it out (gradient_checkpointing and fsdp "
+                "lower the memory instead), or train in one process"
+            )
         examples, y = self._check_X_y(X, y)
         seed = int(self.random_state) if self.random_state is not None else secrets.randbelow(2**31)
         rng = np.random.default_rng(seed)
