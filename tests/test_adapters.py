@@ -211,6 +211,9 @@ def test_an_estimator_trained_with_lora_saves_its_adapter_beside_the_head(bert, 
     again = SequenceClassifier.load(out)
     assert again.lora == LoRA(rank=4)
     np.testing.assert_allclose(again.predict_proba(X), clf.predict_proba(X), atol=1e-6)
+    again.set_params(quantize="int8")  # the int8 copy is made of the merged encoder
+    np.testing.assert_allclose(again.predict_proba(X), clf.predict_proba(X), atol=0.05)
+    assert has_adapter(again.model_.representation.encoder)  # the fitted network keeps its adapters
 
 
 def test_gradient_checkpointing_under_bf16_autocast(bert):

@@ -365,7 +365,9 @@ class AlbertModel(Encoder):
         """Checkpoint name -> our name: transformers' names where the sharing allows, else our own."""
         if self.config.transformers_compatible:
             return hf_parameter_names(self.config)
-        return {k: k for k in self.state_dict()}
+        with torch.device("meta"):  # the names as built, whatever has been put into this model since (adapters)
+            built = AlbertModel(self.config)
+        return {k: k for k in built.state_dict()}
 
     def checkpoint_layout(self) -> folders.CheckpointLayout:
         return dataclasses.replace(self.checkpoint, what=f"an ALBERT encoder (share={self.config.share!r})")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctxrep.models.adapters import has_adapter, merged_copy
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.runtime import fast
 from ctxrep.train.optim import adamw, discriminative, param_groups
@@ -103,7 +104,7 @@ def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     transformer = rep.trains_encoder and rep.has_cls  # a fine-tuned Transformer (not ELMo)
     if not transformer or not fast.worth_compiling(num_tokens, rep.encoder):
         return network
-    return _with_encoder(network, fast.compile_encoder(rep.encoder))
+    return _with_encoder(network, fast.compile_encoder(_plain(rep.encoder)))
 
 
 def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
@@ -113,7 +114,12 @@ def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
     if not rep.trains_encoder:
         raise ValueError("quantize='int8' applies to a fine-tuned encoder; a frozen-mode network has none")
     batches = fast.calibration_batches(tokenizer, rep.encoder.max_tokens)
-    return _with_encoder(network, fast.quantize_int8(rep.encoder, batches))
+    return _with_encoder(network, fast.quantize_int8(_plain(rep.encoder), batches))
+
+
+def _plain(encoder: nn.Module) -> nn.Module:
+    """The encoder as the fast paths take it: with LoRA adapters, a copy with them merged into its projections."""
+    return merged_copy(encoder) if has_adapter(encoder) else encoder
 
 
 def _with_encoder(network: TaskNetwork, encoder: nn.Module) -> TaskNetwork:
