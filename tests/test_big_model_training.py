@@ -118,6 +118,9 @@ def test_pretrain_with_lora_saves_a_plain_folder(corpus, tmp_path):
         ours = model(ids).last_hidden_state
         theirs = transformers.AutoModel.from_pretrained(out).eval()(ids).last_hidden_state
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    result = run(*args, "--max-steps", 4, "--resume")  # without --lora
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 1 and len(errors) == 1 and "was trained with LoRA" in errors[0], result.output
 
 
 # ---- the memory estimate ------------------------------------------------------------------------------------------

@@ -78,6 +78,12 @@ def pretrain(
                 f"{out} holds a {saved.get('objective')} run, not {objective}; resume with "
                 f"--objective {saved.get('objective')}, or pretrain {objective} into another --out folder"
             )
+        if saved.get("lora") != record["lora"]:
+            was, now = saved.get("lora"), record["lora"]
+            raise PretrainError(
+                f"{out} was trained {'with LoRA ' + str(was) if was else 'without LoRA'}, this run is "
+                f"{'with LoRA ' + str(now) if now else 'without'}; resume with the --lora options the run started with"
+            )
 
     record = {
         "objective": objective,
