@@ -145,6 +145,20 @@ def model_flops_per_step(batch: int, seq: int, masked: float) -> float:
 
 # Qwen2 / Qwen3's tokenizer.json pre-tokenizer pattern (GPT-4's, with single digits) and end-of-text token: the
 # byte-level BPE layout of benchmarks/decoders.py's random folders (tests/_decoders.py builds the tests' alike).
+# Qwen3-Embedding-0.6B's config.json (the keys transformers' Qwen3Config reads): the decoder benchmarks' model shape
+QWEN3_06B = dict(
+    vocab_size=151_669,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40_960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 QWEN_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )

@@ -35,21 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import DEFAULT_DATA, cpu_model, fmt_table, random_decoder_folder, report
+from _common import DEFAULT_DATA, QWEN3_06B, cpu_model, fmt_table, random_decoder_folder, report
 
-QWEN3_06B = dict(
-    vocab_size=151_669,
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40_960,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
 PAIRS, MINI = 8, 4
 TARGET_SHARE, TARGET_PEAK, TARGET_SPEED = 0.35, 0.9, 1.1
 

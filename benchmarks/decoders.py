@@ -38,22 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import random_decoder_folder
+from _common import QWEN3_06B, random_decoder_folder
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-QWEN3_06B = dict(
-    vocab_size=151_669,
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40_960,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
 TINY = dict(
     QWEN3_06B,
     vocab_size=4000,

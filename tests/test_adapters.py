@@ -82,9 +82,11 @@ def test_defaults_are_the_family_projections_and_only_the_adapters_train(bert):
     add_lora(encoder, LoRA())
     config = encoder.peft_config["default"]
     assert (config.r, config.lora_alpha, config.lora_dropout) == (16, 32.0, 0.05)
-    expected = {
-        f"layers.{i}.{t}" for i in range(2) for t in encoder.adapter_targets
-    }  # attention q, k, v, output; intermediate, output
+    expected = {  # attention's query, key, value and output; the feed-forward's intermediate and output
+        f"layers.{i}.{t}"
+        for i in range(2)
+        for t in ("attention.query", "attention.key", "attention.value", "attention.output", "intermediate", "output")
+    }
     assert set(config.target_modules) == expected and len(expected) == 12
     trainable = {n for n, p in encoder.named_parameters() if p.requires_grad}
     assert trainable == {f"{m}.lora_{ab}.default.weight" for m in expected for ab in "AB"}
@@ -260,7 +262,7 @@ def test_a_target_the_family_does_not_have(bert):
         add_lora(load_encoder(bert).model, LoRA(targets=("q_proj",)))
     message = str(e.value)
     assert "\n" not in message and "'q_proj' is not a projection of this bert model" in message
-    assert "attention.query" in message  # the family's own projections are named
+    assert "query, key, value, intermediate, output" in message  # the family's own projections are named
     with pytest.raises(AdapterError, match="rank must be a positive integer"):
         add_lora(load_encoder(bert).model, LoRA(rank=0))
 

@@ -6,10 +6,6 @@ final save is one ordinary folder. FSDP asked without torchrun is refused in one
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +13,7 @@ import torch
 from click.testing import CliRunner
 from conftest import save_tiny_bert
 from safetensors.torch import load_file
-from test_distributed import free_port
+from test_distributed import torchrun
 
 from ctxrep.train.trainer import Trainer, TrainerConfig, TrainerError
 
@@ -34,19 +30,7 @@ def test_two_sharded_processes_equal_one_process(tmp_path):
     bert = save_tiny_bert(tmp_path / "bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     out = tmp_path / "fsdp"
     out.mkdir()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
-    command += ["--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(WORKER), str(out), str(bert)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        _, stderr = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("torchrun with 2 sharded processes did not finish within 300 s")
-    assert proc.returncode == 0, stderr[-3000:]
+    torchrun(WORKER, out, bert, timeout=300)
     result = json.loads((out / "result.json").read_text())
 
     # pretraining: the same losses step by step and the same weights, saved as one ordinary file of whole tensors

@@ -192,14 +192,7 @@ class DistilBertModel(Encoder):
 
     fuses_qkv = True  # every layer's attention is bert.py's SelfAttention
     # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
-    adapter_targets = (
-        "attention.query",
-        "attention.key",
-        "attention.value",
-        "attention.output",
-        "intermediate",
-        "output",
-    )
+    adapter_targets = ("query", "key", "value", "intermediate", "output")  # "output": attention's and the FFN's
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None

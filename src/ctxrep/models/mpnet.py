@@ -285,14 +285,7 @@ class MPNetModel(Encoder):
 
     fuses_qkv = True  # every layer's attention: query, key and value read the same x
     # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
-    adapter_targets = (
-        "attention.query",
-        "attention.key",
-        "attention.value",
-        "attention.output",
-        "intermediate",
-        "output",
-    )
+    adapter_targets = ("query", "key", "value", "intermediate", "output")  # "output": attention's and the FFN's
 
     can_distill = True
 
