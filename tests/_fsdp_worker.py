@@ -3,8 +3,9 @@
 python -m torch.distributed.run --nproc_per_node 2 tests/_fsdp_worker.py OUT_DIR TINY_BERT_DIR
 
 Three trainers on the one loop, each over the same global batches in one process and in two sharded ones:
-  pretraining   the GPT-2 next-token objective of tests/_ddp_worker.py (accumulation, clipping, warm-up); and the
-                same run stopped after step 2 (its sharded checkpoint) and resumed to step 3
+  pretraining   the GPT-2 next-token objective of tests/_ddp_worker.py (accumulation, clipping, warm-up) with a
+                parameter the loss never reads; and the same run stopped after step 2 (its sharded checkpoint) and
+                resumed to step 3
   sentence      SentenceEncoder mnrl with LoRA adapters and activation checkpointing (each process embeds half of
                 every batch's texts; the loss reads both halves)
   classifier    SequenceClassifier fine-tuning every weight, with a dev score after each epoch (every process runs it)
@@ -44,10 +45,12 @@ def plain(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def pretraining(out: Path, fsdp: bool, stop_at: int | None = None, resume: bool = False) -> dict:
     objective = CausalLM()
+    objective.unused = torch.nn.Linear(4, 4)  # never in the loss (as a pooler without NSP): no gradient, no AdamW state
 
     def save(folder: Path) -> None:  # the model folder: one ordinary file of whole tensors
         tensors = plain(objective)
         tensors.pop("model.lm_head.weight")  # tied to wte
+        del tensors["unused.weight"], tensors["unused.bias"]
         save_file(tensors, str(folder / "model.safetensors"))
 
     trainer = Trainer(objective, dataclasses.replace(CONFIG, fsdp=fsdp), Rows(), out, save_model=save)

@@ -200,7 +200,10 @@ def load_checkpoint(
 
         model_state, optimizer_state = get_state_dict(objective, optimizer)
         loaded = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(loaded, checkpoint_id=str(directory / SHARDED_DIR))
+        # a parameter that never had a gradient (a pooler an objective leaves out) has no AdamW state saved; the fresh
+        # one get_state_dict made for it (zeros, never read: AdamW steps only parameters with gradients) stays
+        planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
+        dcp.load(loaded, checkpoint_id=str(directory / SHARDED_DIR), planner=planner)
         set_state_dict(objective, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
         scheduler.load_state_dict(
             torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True)["scheduler"]
