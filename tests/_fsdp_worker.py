@@ -8,7 +8,8 @@ Three trainers on the one loop, each over the same global batches in one process
                 resumed to step 3
   sentence      SentenceEncoder mnrl with LoRA adapters and activation checkpointing (each process embeds half of
                 every batch's texts; the loss reads both halves)
-  classifier    SequenceClassifier fine-tuning every weight, with a dev score after each epoch (every process runs it)
+  classifier    SequenceClassifier fine-tuning every weight, with a dev score after each epoch (every process runs it,
+                on the sharded model itself even where a large call would compile a copy)
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ if __name__ == "__main__":
     stopped = pretraining(out / "resumed", fsdp=True, stop_at=2)
     pretraining(out / "resumed", fsdp=True, resume=True)
     sentence_history, sentence_weights = sentence(bert, fsdp=True)
+    from ctxrep.runtime import fast
+
+    fast.worth_compiling = lambda *args: True  # the dev score's forward would compile a copy: not of a sharded model
     classifier_history, classifier_weights = classifier(bert, fsdp=True)
     if ctx.is_main:
         save_file(sentence_weights, str(out / "sentence.safetensors"))

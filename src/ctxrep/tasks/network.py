@@ -22,6 +22,7 @@ from torch import nn
 from ctxrep.models.adapters import has_adapter, merged_copy
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.runtime import fast
+from ctxrep.train.distributed import is_sharded
 from ctxrep.train.optim import adamw, discriminative, param_groups
 
 
@@ -102,7 +103,8 @@ def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     rep = network.representation
     network.eval()
     transformer = rep.trains_encoder and rep.has_cls  # a fine-tuned Transformer (not ELMo)
-    if not transformer or not fast.worth_compiling(num_tokens, rep.encoder):
+    sharded = any(is_sharded(m) for m in rep.modules())  # evaluated during an FSDP run: no copy can be made
+    if not transformer or sharded or not fast.worth_compiling(num_tokens, rep.encoder):
         return network
     return _with_encoder(network, fast.compile_encoder(_plain(rep.encoder)))
 
