@@ -517,7 +517,11 @@ class Trainer:
         rows_tokens = _batch_tokens(self.objective, batch)
         need = MemoryEstimate.of(self.objective, rows_tokens // share, cfg.bf16, ctx.world_size, cfg.fsdp)
         have = available(self.device)
-        if have is None or need.total - need.weights <= have:
+        fits = have is None or need.total - need.weights <= have
+        if ctx.enabled:  # every rank stops, or none does
+            fits = ctx.all_sum([float(not fits)])[0] == 0
+            have = have if have is not None else 0
+        if fits:
             return
         raise TrainerError(
             f"this run needs about {need.describe()} per process on {self.device}, more than the "
@@ -607,8 +611,9 @@ class Trainer:
     @property
     def _evaluates_here(self) -> bool:
         """Rank 0 evaluates alone (the others wait at the next collective); under FSDP every rank runs the forward
-        passes (each is a collective) and rank 0 writes the record."""
-        return self.ctx.is_main or self.config.fsdp
+        passes (each is a collective), and with early stopping every rank needs the score to stop with the others;
+        rank 0 writes the record."""
+        return self.ctx.is_main or self.config.fsdp or self.early_stopping is not None
 
     def _evaluate_and_log(self) -> dict:
         if not self._evaluates_here:
