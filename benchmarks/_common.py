@@ -3,7 +3,7 @@
 The shared data folder and its two corpora (SST train leaves, UD EWT `# text` lines), the results table, the CPU's
 name and logical CPUs, FLOPs per token of an encoder's forward pass, the MLM pretraining benchmark's model shape
 with its useful FLOPs per step, the tiny encoder folder of the host-side benchmarks, and the Qwen tokenizer layout of
-the decoder benchmark.
+the decoder benchmarks (random_decoder_folder: a random Qwen3- or Llama-shaped model with a Qwen-layout tokenizer).
 """
 
 from __future__ import annotations
@@ -149,10 +149,63 @@ def model_flops_per_step(batch: int, seq: int, masked: float) -> float:
 
 # Qwen2 / Qwen3's tokenizer.json pre-tokenizer pattern (GPT-4's, with single digits) and end-of-text token: the
 # byte-level BPE layout of benchmarks/decoders.py's random folders (tests/_decoders.py builds the tests' alike).
+# Qwen3-Embedding-0.6B's config.json (the keys transformers' Qwen3Config reads): the decoder benchmarks' model shape
+QWEN3_06B = dict(
+    vocab_size=151_669,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40_960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 QWEN_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 EOS = "<|endoftext|>"
+
+
+def random_decoder_folder(folder: Path, shape: dict, model_type: str, corpus: list[str]) -> None:
+    """A random model of `shape` saved by transformers in bfloat16, with a Qwen-layout tokenizer."""
+    import torch
+    import transformers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    size = min(8000, shape["vocab_size"])
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A:0 {EOS}:0", pair=f"$A:0 $B:1 {EOS}:1", special_tokens=[(EOS, tok.token_to_id(EOS))]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config_class = {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig}[model_type]
+    model_class = {"qwen3": transformers.Qwen3Model, "llama": transformers.LlamaModel}[model_type]
+    keys = dict(shape) if model_type == "qwen3" else {k: v for k, v in shape.items() if k != "head_dim"}
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = model_class(config_class(**keys))
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.02)
+    model.save_pretrained(folder)
 
 
 def tiny_folder(out: Path, seed: int = 0) -> Path:

@@ -38,20 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import QWEN3_06B, random_decoder_folder
+
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-QWEN3_06B = dict(
-    vocab_size=151_669,
-    hidden_size=1024,
-    intermediate_size=3072,
-    num_hidden_layers=28,
-    num_attention_heads=16,
-    num_key_value_heads=8,
-    head_dim=128,
-    max_position_embeddings=40_960,
-    rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-)
 TINY = dict(
     QWEN3_06B,
     vocab_size=4000,
@@ -83,46 +72,6 @@ def read_ud(path: Path, n: int) -> list[list[str]]:
                 if cols[0].isdigit():
                     words.append(cols[1])
     return sentences
-
-
-def make_folder(folder: Path, shape: dict, model_type: str, corpus: list[str]) -> None:
-    """A random model of `shape` saved by transformers in bfloat16, with a Qwen-layout tokenizer."""
-    import torch
-    import transformers
-    from _common import EOS, QWEN_PATTERN
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    size = min(8000, shape["vocab_size"])
-    tok.train_from_iterator(
-        corpus,
-        trainers.BpeTrainer(
-            vocab_size=size, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-        ),
-    )
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"$A:0 {EOS}:0", pair=f"$A:0 $B:1 {EOS}:1", special_tokens=[(EOS, tok.token_to_id(EOS))]
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
-    config_class = {"qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig}[model_type]
-    model_class = {"qwen3": transformers.Qwen3Model, "llama": transformers.LlamaModel}[model_type]
-    keys = dict(shape) if model_type == "qwen3" else {k: v for k, v in shape.items() if k != "head_dim"}
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = model_class(config_class(**keys))
-    model = model.to_empty(device="cpu").to(torch.bfloat16)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.ones_like(p) if "norm" in name else torch.randn_like(p) * 0.02)
-    model.save_pretrained(folder)
 
 
 def batches_of(folder: Path, sentences: list[list[str]]) -> list[list[list[int]]]:
@@ -233,7 +182,7 @@ def speed_and_memory(args: argparse.Namespace, work: Path) -> None:
     sentences = read_ud(args.data / "ud_english_ewt" / "en_ewt-ud-train.conllu", args.sentences)
     folder = work / "qwen3"
     t0 = time.perf_counter()
-    make_folder(folder, TINY if args.tiny else QWEN3_06B, "qwen3", [" ".join(s) for s in sentences] * 3)
+    random_decoder_folder(folder, TINY if args.tiny else QWEN3_06B, "qwen3", [" ".join(s) for s in sentences] * 3)
     print(f"made a random Qwen3{'-tiny' if args.tiny else '-0.6B'}-shaped folder in {time.perf_counter() - t0:.0f} s")
     batches = batches_of(folder, sentences)
     tokens = sum(len(r) for b in batches for r in b)
@@ -296,7 +245,7 @@ def probes(args: argparse.Namespace, work: Path) -> None:
     print("|---|---|---|---|---|---|---|")
     for model_type in ("qwen3", "llama"):
         folder = work / f"probe-{model_type}"
-        make_folder(folder, shape, model_type, [" ".join(s) for s in ud])
+        random_decoder_folder(folder, shape, model_type, [" ".join(s) for s in ud])
         for task, train in tasks.items():
             out = work / f"probe-{model_type}-{task}"
             t0 = time.perf_counter()

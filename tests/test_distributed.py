@@ -53,36 +53,29 @@ def test_incomplete_torchrun_environment_is_refused(monkeypatch):
         init_distributed()
 
 
-def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
-    from _ddp_worker import train
-
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(free_port()),
-        str(WORKER),
-        str(tmp_path / "ddp"),
-    ]
+def torchrun(script: Path, *args, timeout: int = 240) -> None:
+    """Run `script` with `args` under torchrun, 2 CPU processes of one thread; the test fails on a non-zero exit
+    (with the end of stderr) or after `timeout` seconds."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
+    command += ["--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *map(str, args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     # its own process group, so that a hung run can be killed whole (torchrun and both workers)
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        _, stderr = proc.communicate(timeout=240)
+        _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail("torchrun with 2 processes did not finish within 240 s")
+        pytest.fail(f"torchrun with 2 processes did not finish within {timeout} s")
     assert proc.returncode == 0, stderr[-3000:]
+
+
+def test_two_processes_equal_one_process_on_the_global_batch(tmp_path):
+    from _ddp_worker import train
+
+    torchrun(WORKER, tmp_path / "ddp")
 
     single, expected, rows = train(tmp_path / "single")
     result = json.loads((tmp_path / "ddp" / "result.json").read_text())

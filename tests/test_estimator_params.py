@@ -48,6 +48,9 @@ SHARED = {
     "quantize": None,
     "device": "cpu",
     "bf16": False,
+    "lora": None,  # issue 43: LoRA adapters, activation checkpointing, FSDP
+    "gradient_checkpointing": False,
+    "fsdp": False,
 }
 # Each estimator's own parameters (and overridden defaults), and the parameters that may be given by position:
 # the leading ones of the old signatures; everything after them is keyword-only.

@@ -820,3 +820,81 @@ def test_compression(model):
         with pytest.raises(ValueError, match="cannot be distilled") as e:
             distill_estimator(teacher, X_CLS, Y_CLS, student_layers=1)
         assert "\n" not in str(e.value)
+
+
+# ---- training big models (issue 43): activation checkpointing and LoRA adapters on every family -----------------
+
+
+def _training_batch(loaded) -> dict:
+    """Three sentences of different lengths (padding included) as the family's collate makes them."""
+    from ctxrep.text.inputs import WindowPlan, collate
+
+    texts = [SENTENCES[0], SENTENCES[1][:3], SENTENCES[2] + SENTENCES[3]]
+    plan = WindowPlan(loaded.tokenizer, min(loaded.model.max_tokens, 32))
+    records = [plan.truncated(i, p) for i, p in enumerate(loaded.tokenizer.encode_words(texts))]
+    return collate(records, loaded.tokenizer)
+
+
+def _loss_and_grads(encoder, batch, seed: int = 0) -> tuple[float, dict[str, torch.Tensor]]:
+    """A fixed projection of every hidden state, summed, and the gradient of each trainable parameter; the same
+    dropout masks on every call (train mode, seeded)."""
+    encoder.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    states = encoder.encode(batch).hidden_states
+    g = torch.Generator().manual_seed(1)
+    loss = sum((h.float() * torch.randn(h.shape, generator=g)).sum() for h in states[1:])
+    loss.backward()
+    return loss.detach().item(), {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+
+
+def test_checkpointing_and_lora(family, model, tmp_path):
+    """Activation checkpointing, one switch on the encoder (per block, Encoder.blocks), gives the loss and gradients
+    of the plain run (float32, 1e-6), with and without LoRA adapters; LoRA goes on the projections the family declares
+    (Encoder.adapter_targets), only the adapters train, and a saved adapter loads back into a fresh model with the same
+    hidden states. ELMo, a biLSTM, checkpoints its LSTM layers and refuses LoRA in one line."""
+    from ctxrep.models.adapters import AdapterError, LoRA, add_lora, load_adapter, save_adapter
+
+    loaded = load_encoder(model, dtype="fp32")
+    m = loaded.model.train()
+    blocks = m.blocks()
+    owned = {id(x) for x in m.modules()}
+    assert blocks and all(id(b) in owned for b in blocks)
+    batch = _training_batch(loaded)
+    for with_lora in (False, True):
+        if with_lora:
+            if not m.adapter_targets:
+                with pytest.raises(AdapterError, match="biLSTM") as e:
+                    add_lora(m, LoRA())
+                assert "\n" not in str(e.value)
+                return
+            add_lora(m, LoRA(rank=2, dropout=0.0))
+            trainable = [n for n, p in m.named_parameters() if p.requires_grad]
+            assert trainable and all(".lora_" in n for n in trainable)
+            with torch.no_grad():  # B starts at 0: give the adapters something to say
+                for n, p in m.named_parameters():
+                    if "lora_B" in n:
+                        p.normal_(std=0.1, generator=torch.Generator().manual_seed(len(n)))
+        plain_loss, plain = _loss_and_grads(m, batch)
+        m.gradient_checkpointing_enable()
+        assert m.is_gradient_checkpointing
+        loss, grads = _loss_and_grads(m, batch)
+        m.gradient_checkpointing_disable()
+        assert not m.is_gradient_checkpointing
+        assert loss == pytest.approx(plain_loss, rel=1e-6, abs=1e-6)
+        assert grads.keys() == plain.keys() and grads
+        for name in grads:
+            torch.testing.assert_close(grads[name], plain[name], atol=1e-6, rtol=1e-5, msg=name)
+    save_adapter(m, tmp_path / "adapter", base=model)
+    fresh = load_encoder(model, dtype="fp32").model.eval()
+    load_adapter(fresh, tmp_path / "adapter")
+    m.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.encode(batch).last_hidden_state, m.encode(batch).last_hidden_state)
+    merged = load_encoder(
+        tmp_path / "adapter", dtype="fp32"
+    ).model  # an adapter folder loads as its base with the adapter merged
+    base = load_encoder(model, dtype="fp32").model.eval()
+    with torch.no_grad():  # W + BA summed once: other rounding, carried through the layers
+        got, want = merged.encode(batch).last_hidden_state, m.encode(batch).last_hidden_state
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+        assert (base.encode(batch).last_hidden_state - want).abs().max() > 1e-2  # the adapters change the states

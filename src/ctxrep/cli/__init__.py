@@ -28,6 +28,7 @@ except KeyboardInterrupt:
 
 def _register() -> None:
     from ctxrep.cli.analysis import COMMANDS as ANALYSIS
+    from ctxrep.cli.big_models import COMMANDS as BIG_MODELS
     from ctxrep.cli.demo import demo
     from ctxrep.cli.distill import distill
     from ctxrep.cli.embed import embed
@@ -67,6 +68,8 @@ def _register() -> None:
     main.add_command(predict)
     main.add_command(serve)
     main.add_command(rerank)
+    for command in BIG_MODELS:  # merge
+        main.add_command(command)
 
 
 try:

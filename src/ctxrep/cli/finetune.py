@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import click
 
+from ctxrep.cli.big_models import big_model_options, join_processes, pop_lora
 from ctxrep.cli.common import user_errors
 from ctxrep.data.tags import TAG_SCHEMES
 from ctxrep.tasks.kinds import COLUMN_SETTINGS, KINDS, NAMES, kind
@@ -151,6 +152,7 @@ def _task_help() -> str:
     is_flag=True,
     help="SST: train on every labelled phrase of the trees (GLUE's SST-2 training set).",
 )
+@big_model_options
 @user_errors
 def finetune(
     task, train, dev, out_dir, limit, train_phrases, crf, tag_scheme, seed, progress, precision, **options
@@ -171,12 +173,18 @@ def finetune(
         tagger_options = {"crf": crf} | ({"tag_scheme": tag_scheme} if tag_scheme is not None else {})
     chosen = resolve_precision(precision, options["device"])  # auto: from the hardware's description
     note = [describe(chosen, precision)]
+    options["lora"] = pop_lora(options)
+    dist = join_processes(options["fsdp"])
 
     def echo(text: str) -> None:  # the precision line comes with experiment's first, after its checks of the data
         while note:
             click.echo(note.pop())
         click.echo(text)
 
+    if not dist.is_main:  # under torchrun rank 0 reports and writes the folder; the others train beside it
+        import tempfile
+
+        out_dir, echo, progress = tempfile.mkdtemp(prefix="ctxrep-rank"), lambda text: None, False
     metrics = experiment(
         task=task,
         train=train,
@@ -192,6 +200,11 @@ def finetune(
         **options,
         **tagger_options,
     )
+    from ctxrep.train import distributed
+
+    distributed.shutdown()
+    if not dist.is_main:
+        return
     click.echo(f"dev {metrics['score_name']} {metrics['score']:.4f}; wrote {out_dir}")
     click.echo(how_to_use(task, out_dir, metrics["estimator"]))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ctxrep.cli.big_models import big_model_options, join_processes, pop_lora
 from ctxrep.cli.common import exit_if_interrupted, user_errors
 from ctxrep.objectives.names import OBJECTIVES  # torch-free: --help lists them
 from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS
@@ -39,9 +40,24 @@ from ctxrep.train.precision import DEFAULT_PRECISION, PRECISIONS
     f"[default: {DEFAULT_PRECISION}, or [trainer] bf16 where the config sets it]",
 )
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@big_model_options
 @click.pass_context
 @user_errors
-def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, tokenizer, precision, progress) -> None:
+def pretrain(
+    ctx,
+    objective,
+    config_name,
+    corpus,
+    out_dir,
+    max_steps,
+    resume,
+    tokenizer,
+    precision,
+    progress,
+    gradient_checkpointing,
+    fsdp,
+    **lora_options,
+) -> None:
     """Pretrain --objective on --corpus with --config into --out.
 
     Any config field that --objective reads can be overridden as --section.field VALUE (e.g. --trainer.lr
@@ -51,6 +67,9 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
 
     Ctrl-C finishes the current step, saves a checkpoint in --out and exits with status 130; the same command with
     --resume continues from it (a second Ctrl-C stops at once, without saving).
+
+    --gradient-checkpointing and --fsdp set [trainer] gradient_checkpointing and fsdp. --lora trains LoRA adapters on
+    the objective's encoders (heads in full) and saves the model with them merged in.
     """
     from ctxrep.train import distributed
     from ctxrep.train.config import parse_overrides
@@ -62,7 +81,12 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
     overrides = parse_overrides(ctx.args)
     if precision is not None and any(key.replace("-", "_").split(".")[-1] == "bf16" for key, _ in overrides):
         raise click.UsageError("--precision and --trainer.bf16 both set the precision: give only one of them")
-    dist = distributed.init_distributed()  # first: under torchrun every process joins before any work
+    lora = pop_lora(lora_options)
+    if gradient_checkpointing:
+        overrides.append(("trainer.gradient_checkpointing", "true"))
+    if fsdp:
+        overrides.append(("trainer.fsdp", "true"))
+    dist = join_processes(fsdp)  # first: under torchrun every process joins before any work
     try:
         config = load_config(config_name, overrides, objective)
         if precision is None:  # the config's [trainer] bf16 where it sets it (file or --trainer.bf16), else the default
@@ -71,7 +95,7 @@ def pretrain(ctx, objective, config_name, corpus, out_dir, max_steps, resume, to
         chosen = choose_precision(config, precision, out_dir, resume)
         if dist.is_main:
             click.echo(describe(chosen, precision))
-        metrics = run_pretraining(objective, config, corpus, out_dir, max_steps, resume, tokenizer, progress)
+        metrics = run_pretraining(objective, config, corpus, out_dir, max_steps, resume, tokenizer, progress, lora)
     finally:
         distributed.shutdown()
     exit_if_interrupted(metrics, "ctxrep pretrain", echo=dist.is_main)

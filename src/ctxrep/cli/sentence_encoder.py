@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from ctxrep.cli.big_models import big_model_options, join_processes, pop_lora
 from ctxrep.cli.common import ctrl_c_waits, user_errors
 from ctxrep.cli.finetune import HEADER_HELP
 from ctxrep.data.sentence_pairs import FORMATS
@@ -99,6 +100,7 @@ POOLINGS = ("model", "mean", "cls")
 @click.option("--max-length", default=128, show_default=True, help="Pieces per text (longer ones are truncated).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
+@big_model_options
 @user_errors
 def train_sentence_encoder(
     train_path,
@@ -127,8 +129,12 @@ def train_sentence_encoder(
     max_length,
     seed,
     device,
+    gradient_checkpointing,
+    fsdp,
+    **lora_options,
 ) -> None:
-    """Fine-tune a sentence encoder on TRAIN and save it to OUT (a sentence-transformers folder)."""
+    """Fine-tune a sentence encoder on TRAIN and save it to OUT (a sentence-transformers folder; with --lora the
+    adapter over the base model, which sentence-transformers loads and `ctxrep merge` makes a plain folder of)."""
     from ctxrep.data.sentence_pairs import read_scored_pairs, read_sentence_examples
     from ctxrep.tasks.sentence_encoder import choose_loss
 
@@ -154,7 +160,11 @@ def train_sentence_encoder(
         random_state=seed,
         device=device,
         progress=True,
+        lora=pop_lora(lora_options),
+        gradient_checkpointing=gradient_checkpointing,
+        fsdp=fsdp,
     )
+    dist = join_processes(fsdp)
     settings |= {"model": model} if model is not None else {}
     settings |= {"scale": scale} if scale is not None else {}
     if sparse:
@@ -169,6 +179,11 @@ def train_sentence_encoder(
 
         enc = SentenceEncoder(pooling=pooling, normalize=normalize, **settings)
     enc.fit(X, train.y, eval_set=eval_set)
+    from ctxrep.train import distributed
+
+    distributed.shutdown()
+    if not dist.is_main:  # under torchrun rank 0 writes the folder
+        return
     with ctrl_c_waits("saving the model"):  # history.json, written last, marks a complete folder
         out = enc.save(out_dir)
         (Path(out) / "history.json").write_text(json.dumps(enc.history_, indent=2) + "\n")

@@ -268,6 +268,12 @@ class AlbertModel(Encoder):
     # ---- the Encoder interface --------------------------------------------------------------------
     config_fields = Encoder.config_fields | {"num_layers": "num_layers"}  # layer runs x inner_group_num
     embedding_table = "embeddings.word_embeddings"  # (vocab, embedding_size): E wide, before the projection to H
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = ("query", "key", "value", "dense", "ffn", "ffn_output")
+
+    def blocks(self) -> list[nn.Module]:
+        """The shared attention and feed-forward blocks (Encoder.blocks): each runs in one or more layers."""
+        return [*self.attention_blocks, *self.ffn_blocks]
 
     def layer_of(self, name: str) -> int:
         """embeddings.* and the E -> H projection 0; a block 1 + the last layer that runs it (a block shared by
@@ -344,7 +350,9 @@ class AlbertModel(Encoder):
         """Checkpoint name -> our name: transformers' names where the sharing allows, else our own."""
         if self.config.transformers_compatible:
             return hf_parameter_names(self.config)
-        return {k: k for k in self.state_dict()}
+        with torch.device("meta"):  # the names as built, whatever has been put into this model since (adapters)
+            built = AlbertModel(self.config)
+        return {k: k for k in built.state_dict()}
 
     def checkpoint_layout(self) -> folders.CheckpointLayout:
         return dataclasses.replace(self.checkpoint, what=f"an ALBERT encoder (share={self.config.share!r})")

@@ -327,6 +327,8 @@ class BertModel(Encoder):
     can_distill = True
 
     fuses_qkv = True  # every layer's SelfAttention: query, key and value read the same x
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = ("query", "key", "value", "intermediate", "output")  # "output": attention's and the FFN's
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None

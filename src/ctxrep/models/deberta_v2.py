@@ -486,6 +486,9 @@ class DebertaV2Model(Encoder):
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     can_distill = True
 
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py); not
+    # pos_key / pos_query, which project the relative table
+    adapter_targets = ("query", "key", "value", "intermediate", "output")  # "output": attention's and the FFN's
     fuses_qkv = True  # every layer's attention: query, key and value read the same x ...
 
     def fusable_qkv_modules(self) -> list[str]:

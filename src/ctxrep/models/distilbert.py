@@ -191,6 +191,8 @@ class DistilBertModel(Encoder):
     can_distill = True
 
     fuses_qkv = True  # every layer's attention is bert.py's SelfAttention
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = ("query", "key", "value", "intermediate", "output")  # "output": attention's and the FFN's
 
     def init_student(
         self, layers: Sequence[int], hidden_size: int | None = None, intermediate_size: int | None = None

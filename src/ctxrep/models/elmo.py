@@ -222,6 +222,13 @@ class ElmoBiLM(Encoder):
     def no_attention_reason(self) -> str:
         return "ELMo is a biLSTM: it has no attention heads"
 
+    def no_adapters_reason(self) -> str:
+        return "ELMo is a biLSTM: it has no attention or MLP projections for LoRA adapters"
+
+    def blocks(self) -> list[nn.Module]:
+        """Each direction's LSTM layers, bottom first (Encoder.blocks)."""
+        return [m for pair in zip(self.forward_layers, self.backward_layers) for m in pair]
+
     def layer_of(self, name: str) -> int:
         """char_cnn.* (characters -> highway -> projection) 0; forward_layers.i / backward_layers.i (both
         directions of LSTM layer i) i + 1; the LM's softmax num_layers."""

@@ -54,10 +54,14 @@ Capabilities: what a tool may do with the family. The base class says no; a fami
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import types
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ctxrep.models import folders
@@ -316,6 +320,49 @@ class Encoder(nn.Module):
             return []
         return [f"layers.{i}.{self.attention_name}" for i in range(self.num_layers)]
 
+    # ---- training big models: the repeated blocks, activation checkpointing, adapters' places --------------------
+
+    blocks_name: str = "layers"  # the ModuleList of repeated blocks that blocks() lists
+
+    def blocks(self) -> list[nn.Module]:
+        """The repeated blocks, bottom first (each module once, however often it runs): one recomputation each under
+        activation checkpointing, one unit each of FSDP's sharding (train/distributed.py). Default: `blocks_name`."""
+        return list(self.get_submodule(self.blocks_name))
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        """Whether each block recomputes its activations in backward instead of keeping them (transformers' name)."""
+        return any("forward" in vars(b) for b in self.blocks())
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Activation checkpointing, per block: a block keeps only its inputs in a training forward and runs again in
+        backward (torch.utils.checkpoint, non-reentrant: the same dropout masks, autocast and gradients, including a
+        frozen encoder's LoRA adapters). Forwards without gradients run as before. Written once here over `blocks()`:
+        each block's forward is wrapped on the instance, so names, weights and state dicts do not change."""
+        for block in self.blocks():
+            block.forward = types.MethodType(_checkpointed_forward, block)
+
+    def gradient_checkpointing_disable(self) -> None:
+        for block in self.blocks():
+            vars(block).pop("forward", None)
+
+    # The attention and MLP projections (nn.Linear modules, named relative to a block) that LoRA adapts by default
+    # (models/adapters.py); () for a family without such projections, which no_adapters_reason() explains.
+    adapter_targets: tuple[str, ...] = ()
+
+    def no_adapters_reason(self) -> str:
+        """One line for adapter tools on a family that declares no projections to adapt."""
+        return f"a {self.family} encoder declares no attention or MLP projections for LoRA adapters"
+
+    def hf_module_names(self) -> dict[str, str]:
+        """This model's module name -> transformers' module name, for every module whose weight the folder holds
+        (read off checkpoint_names(): an adapter saved under these names loads into transformers' model)."""
+        return {
+            ours.removesuffix(".weight"): theirs.removesuffix(".weight")
+            for theirs, ours in self.checkpoint_names().items()
+            if ours.endswith(".weight") and theirs.endswith(".weight")
+        }
+
     def lm_logits(self, hidden: torch.Tensor, token_ids: Sequence[int] | None = None) -> torch.Tensor:
         """Causal LM logits of final hidden states (..., hidden): (..., vocab), or (..., len(token_ids))."""
         raise ValueError(f"a {self.family} encoder has no causal language-model head (lm_logits)")
@@ -337,6 +384,40 @@ def check_length(t: int, max_tokens: int) -> None:
             f"sequence of {t} tokens is longer than the model's {max_tokens} positions; "
             "ctxrep.Featurizer splits long texts into windows for you"
         )
+
+
+def _checkpointed_forward(block: nn.Module, *args, **kwargs):
+    """A block's forward under activation checkpointing (Encoder.gradient_checkpointing_enable), bound to the block
+    (so a copied module's wrapper calls its copy)."""
+    forward = type(block).forward
+    if not torch.is_grad_enabled():
+        return forward(block, *args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(
+        forward, block, *args, use_reentrant=False, context_fn=_recomputation_contexts, **kwargs
+    )
+
+
+_RECOMPUTING = contextvars.ContextVar("recomputing", default=False)
+
+
+def recomputing() -> bool:
+    """Whether activation checkpointing is running a block's forward again in backward: a block whose forward
+    changes state outside itself (a decoder layer appending to its key/value cache) must not change it twice."""
+    return _RECOMPUTING.get()
+
+
+@contextlib.contextmanager
+def _recomputing():
+    token = _RECOMPUTING.set(True)
+    try:
+        yield
+    finally:
+        _RECOMPUTING.reset(token)
+
+
+def _recomputation_contexts():
+    """torch.utils.checkpoint's context_fn: the forward as it is, the recomputation under `recomputing()`."""
+    return contextlib.nullcontext(), _recomputing()
 
 
 def check_student_layers(layers: Sequence[int], total: int) -> list[int]:

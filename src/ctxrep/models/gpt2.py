@@ -238,6 +238,9 @@ class GPT2Model(Encoder):
     }
     embedding_table = "wte"
     family = "gpt2"
+    blocks_name = "h"  # Encoder.blocks
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     reads_segments = False  # GPT-2 would look token_type_ids up in its *token* embeddings
     is_decoder = causal = True  # a decoder: each token reads only the tokens before it
     unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded

@@ -195,6 +195,24 @@ class DecoderEncoder(Encoder):
     MODEL_TYPES: tuple[str, ...]  # config.json model_type values the family reads
     BARE_ARCHITECTURE: str | None = None  # transformers' class of the bare decoder, when not <Family>Model
     embedding_table = "embed_tokens"
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    )
+
+    def checkpoint_names(self) -> dict[str, str]:
+        """transformers' names are this model's own as the family builds it (the bare decoder; a causal-LM folder
+        adds "model."); read off a weightless copy, whatever has been put into this one since (adapters)."""
+        with torch.device("meta"):
+            built = type(self)(self.config, lm_head=self.lm_head is not None)
+        return {name: name for name in built.state_dict()}
+
     unpad_from = UNPAD_FROM  # Encoder.unpadding: a batch with this share of padding runs unpadded
 
     def init_weights(self) -> None:

@@ -2,7 +2,8 @@
 
 Name resolution, in this order (docs/architecture.md):
   1. a local folder: a Hugging Face folder (config.json) or an ELMo folder (options.json + weights.hdf5),
-     with or without the `elmo:` prefix;
+     with or without the `elmo:` prefix, or an adapter folder (peft's adapter_config.json without a config.json:
+     its base model, resolved by these rules, with the adapter merged in: models/adapters.py);
   2. a packaged name ("minilm": a Python package ships the folder); a name close to one (a typo: "minilmm") is
      refused with "did you mean 'minilm'?" before any Hub call (unless the local Hugging Face cache holds it);
   3. an `elmo:` download name (elmo:small, elmo:medium, elmo:original, elmo:original-5.5b);
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ctxrep.models.adapters import is_adapter_folder, load_adapter, merge_adapter, read_adapter_config
 from ctxrep.models.albert import AlbertModel
 from ctxrep.models.bart import BartForConditionalGeneration
 from ctxrep.models.bert import BertModel
@@ -107,6 +109,7 @@ class ModelSource:
     name: str
     folder: Path
     elmo: bool
+    adapter: bool = False  # the folder holds a LoRA adapter over the base model its adapter_config.json names
 
 
 @dataclass
@@ -145,6 +148,8 @@ def _local_folder(name: str, path: Path) -> ModelSource:
         return ModelSource(name, path, elmo=True)
     if (path / "config.json").is_file():
         return ModelSource(name, path, elmo=False)
+    if is_adapter_folder(path):
+        return ModelSource(name, path, elmo=False, adapter=True)
     raise CheckpointError(
         f"{path}: not a model folder: no config.json (a Hugging Face model) and no {OPTIONS_FILE} + {WEIGHTS_FILE} "
         "(an ELMo model)"
@@ -210,6 +215,8 @@ def _build(source: ModelSource, dtype: str | torch.dtype = "auto") -> Encoder:
 
 
 def _build_family(source: ModelSource, dtype: str | torch.dtype) -> Encoder:
+    if source.adapter:
+        return merge_adapter(load_adapter(_build_family(_adapter_base(source), dtype), source.folder))
     if source.elmo:
         return _cast(ElmoBiLM.from_pretrained(source.folder), dtype)
     family = family_of(source.folder)
@@ -225,6 +232,28 @@ def family_of(folder: Path) -> type[Encoder]:
     model_type = config.get("model_type")
     check_model_type(model_type, str(Path(folder) / "config.json"))
     return ARCHITECTURE_FAMILIES.get((config.get("architectures") or [None])[0], FAMILIES[model_type])
+
+
+def _adapter_base(source: ModelSource) -> ModelSource:
+    """The base model of an adapter folder (adapter_config.json's base_model_name_or_path), resolved."""
+    base = read_adapter_config(source.folder).get("base_model_name_or_path")
+    if not base:
+        raise CheckpointError(
+            f"{source.folder}: the adapter names no base model (base_model_name_or_path in adapter_config.json); "
+            "load the base model and put the adapter on it with ctxrep.models.adapters.load_adapter"
+        )
+    return resolve(base)
+
+
+def weights_folder(folder: str | os.PathLike) -> Path:
+    """The folder whose weight files hold `folder`'s model: itself, or for an adapter folder its base model's (the
+    weights the adapter leaves as they are: an MLM head under a LoRA-trained SPLADE encoder)."""
+    folder = Path(folder)
+    return (
+        _adapter_base(ModelSource(str(folder), folder, False, adapter=True)).folder
+        if is_adapter_folder(folder)
+        else folder
+    )
 
 
 def _cast(model: Encoder, dtype: str | torch.dtype) -> Encoder:
@@ -265,11 +294,19 @@ def load_encoder(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "au
     model.name_or_path = str(source.folder)
     if model.word_level:
         tokenizer = WordTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+    elif source.adapter and not _has_tokenizer(source.folder):  # an adapter alone: the base model's tokenizer
+        tokenizer = Tokenizer.from_model_dir(_adapter_base(source).folder)
     else:
         tokenizer = Tokenizer.from_model_dir(source.folder)
         if model.classifies_at_end:  # the classification token: the text's last (BART's final </s>)
             tokenizer.template = dataclasses.replace(tokenizer.template, cls_index=-1)
     return LoadedEncoder(model.eval(), tokenizer, source)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    from ctxrep.text.tokenizer_files import TOKENIZER_FILES
+
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype = "auto") -> torch.nn.Module:

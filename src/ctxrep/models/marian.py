@@ -236,6 +236,9 @@ class MarianMTModel(TransformerEncoderDecoder):
     }
     embedding_table = "shared"
 
+    def checkpoint_names(self) -> dict[str, str]:
+        return hf_parameter_names(self.config)
+
     def layer_of(self, name: str) -> int:
         """The encoder side's depths: the (shared) embeddings 0; encoder.layers.i.* i + 1; the encoder's final
         LayerNorm (pre-LN) num_layers; the decoder side (its layers, target embeddings, output projection), which

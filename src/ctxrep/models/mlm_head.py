@@ -70,8 +70,10 @@ def read_mlm_head(folder: Path, encoder: BertModel) -> MaskedLMHead | None:
     model_type = encoder.config.model_type
     if model_type == "electra":  # a discriminator has no MLM head, and a generator's is not under these names
         return None
+    from ctxrep.models.loading import weights_folder
+
     prefix = head_prefix(model_type)
-    found = {k: v for k, v in read_state_dict(Path(folder)).items() if k.startswith(prefix + ".")}
+    found = {k: v for k, v in read_state_dict(weights_folder(folder)).items() if k.startswith(prefix + ".")}
     if not found:
         return None
     head = MaskedLMHead(encoder.config, encoder.embeddings.word_embeddings)

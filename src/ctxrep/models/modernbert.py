@@ -321,6 +321,8 @@ class ModernBertModel(Encoder):
 
     can_prune_heads = True  # Encoder.prune_heads over attention_modules(); forward takes head_mask
     attention_name = "attn"  # each layer's attention: what attention_modules() lists
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = ("attn.Wqkv", "attn.Wo", "mlp.Wi", "mlp.Wo")
 
     def layer_of(self, name: str) -> int:
         """embeddings.* 0; layers.i.* i + 1; final_norm.* num_layers."""

@@ -274,6 +274,8 @@ class MPNetModel(Encoder):
         raise self.unknown_parameter(name)
 
     fuses_qkv = True  # every layer's attention: query, key and value read the same x
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = ("query", "key", "value", "intermediate", "output")  # "output": attention's and the FFN's
 
     can_distill = True
 

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ctxrep.models import folders
-from ctxrep.models.encoder import Encoder
+from ctxrep.models.encoder import Encoder, recomputing
 from ctxrep.models.outputs import EncoderOutput
 from ctxrep.modules.activations import ACTIVATIONS
 from ctxrep.modules.heads import merge_heads, split_heads
@@ -246,6 +246,9 @@ class DecoderCache:
         self.group = group
         self.self_kv: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(cross)
         self.pending: torch.Tensor | None = None
+        # the past each layer's last append started from, kept while gradients are on: activation checkpointing
+        # runs a layer again in backward, and its second append must see what the first saw
+        self._replay: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(cross)
 
     @property
     def num_sentences(self) -> int:
@@ -258,8 +261,14 @@ class DecoderCache:
         return 0 if kv is None else kv[0].shape[2]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new tokens' keys/values (rows, heads, new, head_dim); returns all of them so far."""
+        """Add the new tokens' keys/values (rows, heads, new, head_dim); returns all of them so far. Run again by
+        activation checkpointing (`recomputing()`), it returns what its first run returned and changes nothing."""
+        if recomputing():
+            past = self._replay[layer]
+            return (k, v) if past is None else (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2))
         past = self.self_kv[layer]
+        if torch.is_grad_enabled():
+            self._replay[layer] = past
         if past is not None:
             k = _select_and_append(past[0], self.pending, k)  # (rows, heads, past + new, head_dim)
             v = _select_and_append(past[1], self.pending, v)  # (rows, heads, past + new, head_dim)
@@ -439,6 +448,12 @@ class EncoderDecoder(Encoder):
     config has pad_token_id, eos_token_id and decoder_start_token_id. Everything else is written here once."""
 
     reads_segments = False
+
+    def blocks(self) -> list[nn.Module]:
+        """The encoder's layers, then the decoder's (Encoder.blocks): every family's two stacks are
+        `encoder.layers` and `decoder.layers`."""
+        return [*self.encoder.layers, *self.decoder.layers]
+
     # The encoder interface gives the decoder's layers too, teacher-forced (BART, T5); False: the encoder's only
     # (Marian: its decoder reads another language than the text given).
     teacher_forced_layers: bool = True
@@ -699,6 +714,10 @@ class TransformerEncoderDecoder(EncoderDecoder):
     """The stacks of `EncoderLayer` / `DecoderLayer` that Marian and BART share: `self.encoder.layers`,
     `self.decoder.layers` (and `self.encoder.layer_norm`, `self.decoder.layer_norm` when pre-LN). A family writes its
     embeddings: `embed_source(ids, unpadding)` and `embed_target(ids, start)` (position `start` onwards)."""
+
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py): both
+    # stacks' self-attention, the decoder's cross-attention (encoder_attn) and the feed-forwards
+    adapter_targets = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
 
     def embed_source(self, ids: torch.Tensor, unpadding: Unpadding | None) -> torch.Tensor:
         raise NotImplementedError

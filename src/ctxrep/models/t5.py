@@ -326,6 +326,16 @@ class T5EncoderModel(Encoder):
         "max_tokens": "n_positions",
     }
     embedding_table = "embed_tokens"
+    # the attention and MLP projections LoRA adapts by default (Encoder.adapter_targets, models/adapters.py)
+    adapter_targets = (
+        "attention.query",
+        "attention.key",
+        "attention.value",
+        "attention.output",
+        "ffn.wi",
+        "ffn.wi_gate",
+        "ffn.wo",
+    )
 
     @property
     def family(self) -> str:
@@ -540,6 +550,9 @@ class T5ForConditionalGeneration(EncoderDecoder):
 
     stack_fields = ("num_layers", "num_decoder_layers")
     config_fields = {"hidden_size": "d_model", "max_tokens": "n_positions"}
+    # LoRA's default places (Encoder.adapter_targets): the encoder's attention, the decoder's self- and
+    # cross-attention, both stacks' feed-forwards
+    adapter_targets = ("query", "key", "value", "output", "ffn.wi", "ffn.wi_gate", "ffn.wo")
     embedding_table = "encoder.embed_tokens"
     prepack_for_inference = True
     unpad_from = UNPAD_FROM  # the encoder runs a batch with this share of padding unpadded (encode_source)

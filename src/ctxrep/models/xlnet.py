@@ -304,6 +304,9 @@ class XLNetModel(Encoder):
     config_fields = {"num_layers": "n_layer", "num_heads": "n_head", "hidden_size": "d_model"}
     embedding_table = "word_embedding"
     family = "xlnet"
+    # the projections LoRA adapts by default (Encoder.adapter_targets): the feed-forward's; attention's q, k, v, o
+    # are raw (d_model, heads, head_dim) parameter tensors, as in the checkpoint, not nn.Linear modules
+    adapter_targets = ("ff.layer_1", "ff.layer_2")
     # Relative positions have no table to run out of; windows of 512 pieces (XLNet's pretraining length) keep
     # memory bounded and inputs in the length range the model was trained on.
     WINDOW = 512

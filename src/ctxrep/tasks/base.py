@@ -29,6 +29,7 @@ changes nothing in the estimator.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctxrep.models.adapters import LoRA, add_lora, has_adapter, load_adapter, save_adapter
 from ctxrep.models.folders import write_safetensors
 from ctxrep.models.loading import LoadedEncoder, load_encoder, resolve
 from ctxrep.tasks.inference import Inference
@@ -52,6 +54,8 @@ from ctxrep.train.trainer import EarlyStopping, ObjectiveOf, Trainer, TrainerCon
 
 FROZEN_HEADS = ("bilstm", "linear")
 KEEP = (None, "best", "last")  # which epoch's weights fit ends with (TaskParams.keep)
+ADAPTER_DIR = "adapter"  # a LoRA-trained estimator's encoder adapter (models/adapters.py), beside model.safetensors
+ENCODER_PREFIX = "representation.encoder."  # the fine-tuned encoder's weights in the task network's state_dict
 IGNORE = -100  # label of positions that carry no loss
 SHARED_DOC_TITLE = "Parameters shared by every task estimator (ctxrep.tasks.base.TaskParams):"
 
@@ -98,6 +102,13 @@ class TaskParams:
         written from CPU copies.
     bf16: bfloat16 autocast for the forward passes (training and prediction; the weights and optimizer stay
         float32): for GPUs with bf16 (on CPUs without AMX it is slower than float32).
+    lora: None (every weight trains), or ctxrep.models.adapters.LoRA(rank, alpha, dropout, targets): LoRA adapters
+        (through peft) on the encoder's attention and MLP projections train instead of its weights (finetune only);
+        `save` writes them as adapter/ (peft's format) beside the head.
+    gradient_checkpointing: the encoder keeps only each layer's input and recomputes the layer in backward (less
+        memory, about a third more compute; finetune only).
+    fsdp: under torchrun (after ctxrep.train.distributed.init_distributed()), shard the weights, gradients and AdamW
+        states between the processes (FSDP2) instead of replicating them (DDP).
 
     model and mode may be given by position; an estimator's own leading parameters follow them (e.g.
     SequenceClassifier's pooling), and everything else is keyword-only. Values are stored unchanged (scikit-learn's
@@ -134,6 +145,9 @@ class TaskParams:
     quantize: str | None = None
     device: str = "cpu"
     bf16: bool = False
+    lora: LoRA | None = None
+    gradient_checkpointing: bool = False
+    fsdp: bool = False
 
 
 class ParamsProtocol:
@@ -231,6 +245,7 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             raise ValueError(f"bf16 must be True or False, got {self.bf16!r}")
         if self.quantize not in (None, "int8"):
             raise ValueError(f"quantize must be None or 'int8', got {self.quantize!r}")
+        check_lora(self.lora)
         mode.check(self)  # what the mode refuses (frozen: the encoder's training options, int8)
         rs = self.random_state
         if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or rs < 0):
@@ -295,17 +310,20 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
 
         if not continuing:
             with seeded_torch(seed):
+                if self.lora is not None:
+                    add_lora(self.backbone_.model, self.lora)
                 self.model_ = self._make_network()
             self.history_ = []
             self.n_epochs_ = 0
         self.model_.to(self.device)
+        trainable = [p.requires_grad for p in self.model_.parameters()]  # LoRA: the adapters and the head
         with seeded_torch(seed + self.n_epochs_):  # dropout
             trainer = self._trainer(examples, call, rng, evaluate, train_loss, kept_by)
             try:
                 result = trainer.train()
             finally:
-                for p in self.model_.parameters():  # gradual unfreezing froze some
-                    p.requires_grad_(True)
+                for p, t in zip(self.model_.parameters(), trainable):  # gradual unfreezing froze some
+                    p.requires_grad_(t)
         self.history_ += trainer.epochs
         self.n_epochs_ = self.history_[-1]["epoch"]
         self.kept_epoch_ = self.n_epochs_
@@ -349,6 +367,8 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             bf16=bool(self.bf16),
             seed=None,  # the caller's seeded_torch
             device=str(self.device),
+            gradient_checkpointing=bool(self.gradient_checkpointing),
+            fsdp=bool(self.fsdp),
         )
         optimizer = self._optimizer(train_loss if isinstance(train_loss, nn.Module) else None)
         loss = self._head_loss if train_loss is None else train_loss
@@ -359,6 +379,8 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             rng,
         )
         unfreezing = self.gradual_unfreezing and self._mode().trains_encoder
+        if unfreezing:  # only what trains at all (LoRA: the adapters) is unfrozen
+            trainable = {n for n, p in self.model_.representation.encoder.named_parameters() if p.requires_grad}
         return Trainer(
             objective,
             config,
@@ -367,7 +389,7 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             progress=self.progress,
             optimizer=optimizer,
             early_stopping=self._early_stopping(kept_by),
-            epoch_start=(lambda e: unfreeze_from_top(self.model_, e)) if unfreezing else None,
+            epoch_start=(lambda e: unfreeze_from_top(self.model_, e, trainable)) if unfreezing else None,
             first_epoch=self.n_epochs_,
             desc=type(self).__name__,
             warmup_option="warmup_fraction={fraction:g} (--warmup-fraction on `ctxrep finetune`)",
@@ -491,14 +513,23 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
     # ---- save / load --------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write model.safetensors (every weight of the task network) and config.json (parameters + labels)."""
+        """Write model.safetensors (every weight of the task network) and config.json (parameters + labels). An
+        encoder with LoRA adapters is saved as its adapter alone (adapter/: peft's format, over the base `model`)
+        and model.safetensors holds the rest of the network (the head)."""
         self._check_fitted()
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        write_safetensors(self.model_.state_dict(), path / "model.safetensors")
+        state = self.model_.state_dict()
+        encoder = self.model_.representation.encoder if self.model_.representation.trains_encoder else None
+        if encoder is not None and has_adapter(encoder):
+            save_adapter(encoder, path / ADAPTER_DIR, base=str(self.model))
+            state = {k: v for k, v in state.items() if not k.startswith(ENCODER_PREFIX)}
+        write_safetensors(state, path / "model.safetensors")
+        params = self.get_params()
+        params["lora"] = dataclasses.asdict(self.lora) if self.lora is not None else None
         config = {
             "estimator": type(self).__name__,
-            "params": self.get_params(),
+            "params": params,
             # An encoder folder saved beside the estimator (a pruned or distilled student), relative to it, so the
             # two can be moved together; None for a packaged or hub name or a folder elsewhere.
             "model_beside": _folder_beside(self.model, path),
@@ -523,6 +554,8 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
         if config.get("estimator") != cls.__name__:
             raise ValueError(f"{path} holds a {config.get('estimator')!r}, not a {cls.__name__}; use that class's load")
         params = config["params"]
+        if params.get("lora") is not None:
+            params["lora"] = lora_from_json(params["lora"])
         if device is not None:
             params["device"] = device
         if config.get("model_beside") and (path / config["model_beside"]).is_dir():
@@ -530,8 +563,13 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
         est = cls(**params)
         est._state_from_json(config["state"])
         est.backbone_ = load_encoder(est.model, dtype="fp32")  # the float32 weights it was trained in
+        if (path / ADAPTER_DIR).is_dir():
+            load_adapter(est.backbone_.model, path / ADAPTER_DIR)
         est.model_ = est._make_network()
-        est.model_.load_state_dict(load_file(path / "model.safetensors"))
+        state = load_file(path / "model.safetensors")
+        if (path / ADAPTER_DIR).is_dir():  # the encoder's weights: the base model's and the adapter's
+            state |= {k: v for k, v in est.model_.state_dict().items() if k.startswith(ENCODER_PREFIX)}
+        est.model_.load_state_dict(state)
         est.model_.to(est.device).eval()
         est.backbone_.model.to(est.device)
         est.n_epochs_ = config["n_epochs"]
@@ -646,6 +684,22 @@ class TaskEstimator(TaskParams, ParamsProtocol, Inference):
             self.classes_ = np.array(state["classes"])
         if "frozen_shape" in state:
             self.frozen_shape_ = state["frozen_shape"]
+
+
+def check_lora(lora) -> None:
+    """`lora` is None or a LoRA with valid settings (a one-line ValueError otherwise)."""
+    if lora is not None and not isinstance(lora, LoRA):
+        raise ValueError(
+            f"lora must be None or ctxrep.models.adapters.LoRA(rank=16, alpha=32, dropout=0.05), got {lora!r}"
+        )
+    if lora is not None:
+        lora.check()
+
+
+def lora_from_json(saved: dict) -> LoRA:
+    """A LoRA from its dataclasses.asdict form (config.json)."""
+    targets = saved.get("targets")
+    return LoRA(**(saved | {"targets": tuple(targets) if targets is not None else None}))
 
 
 def _shared_doc() -> str:

@@ -3,7 +3,8 @@ predict call from the estimator's `mode` (`mode_of`) and carried in the call; th
 on the mode themselves.
 
                   finetune                                      frozen
-    refuses       -                                             discriminative_lr, gradual_unfreezing, quantize
+    refuses       -                                             discriminative_lr, gradual_unfreezing, quantize,
+                                                                  lora, gradient_checkpointing
     default lr    5e-5                                          1e-3 (a head trained from scratch)
     fitted state  -                                             frozen_shape_ = [layers + 1, dim] of the features
     call          -                                             a FeatureCache (Featurizer vectors of every layer per
@@ -104,10 +105,10 @@ class Frozen:
     trains_encoder = False
 
     def check(self, est) -> None:
-        if est.discriminative_lr or est.gradual_unfreezing:
+        if est.discriminative_lr or est.gradual_unfreezing or est.lora is not None or est.gradient_checkpointing:
             raise ValueError(
-                "discriminative_lr and gradual_unfreezing change how the encoder is trained; in mode='frozen' the "
-                "encoder is not trained: use mode='finetune' or switch them off"
+                "discriminative_lr, gradual_unfreezing, lora and gradient_checkpointing change how the encoder is "
+                "trained; in mode='frozen' the encoder is not trained: use mode='finetune' or switch them off"
             )
         if est.quantize:
             raise ValueError(

@@ -19,8 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ctxrep.models.adapters import has_adapter, merged_copy
 from ctxrep.modules.scalar_mix import ScalarMix
 from ctxrep.runtime import fast
+from ctxrep.train.distributed import is_sharded
 from ctxrep.train.optim import adamw, discriminative, param_groups
 
 
@@ -101,9 +103,10 @@ def inference_network(network: TaskNetwork, num_tokens: int = 0) -> TaskNetwork:
     rep = network.representation
     network.eval()
     transformer = rep.trains_encoder and rep.has_cls  # a fine-tuned Transformer (not ELMo)
-    if not transformer or not fast.worth_compiling(num_tokens, rep.encoder):
+    sharded = any(is_sharded(m) for m in rep.modules())  # evaluated during an FSDP run: no copy can be made
+    if not transformer or sharded or not fast.worth_compiling(num_tokens, rep.encoder):
         return network
-    return _with_encoder(network, fast.compile_encoder(rep.encoder))
+    return _with_encoder(network, fast.compile_encoder(_plain(rep.encoder)))
 
 
 def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
@@ -113,7 +116,12 @@ def int8_network(network: TaskNetwork, tokenizer) -> TaskNetwork:
     if not rep.trains_encoder:
         raise ValueError("quantize='int8' applies to a fine-tuned encoder; a frozen-mode network has none")
     batches = fast.calibration_batches(tokenizer, rep.encoder.max_tokens)
-    return _with_encoder(network, fast.quantize_int8(rep.encoder, batches))
+    return _with_encoder(network, fast.quantize_int8(_plain(rep.encoder), batches))
+
+
+def _plain(encoder: nn.Module) -> nn.Module:
+    """The encoder as the fast paths take it: with LoRA adapters, a copy with them merged into its projections."""
+    return merged_copy(encoder) if has_adapter(encoder) else encoder
 
 
 def _with_encoder(network: TaskNetwork, encoder: nn.Module) -> TaskNetwork:
@@ -138,12 +146,13 @@ def network_depths(network: TaskNetwork) -> tuple[dict[str, int], int]:
     return depth, rep.encoder.num_layers
 
 
-def unfreeze_from_top(network: TaskNetwork, epoch: int) -> None:
-    """Gradual unfreezing: at epoch e only encoder layers deeper than L - e (and the head) train."""
+def unfreeze_from_top(network: TaskNetwork, epoch: int, trainable: set[str] | None = None) -> None:
+    """Gradual unfreezing: at epoch e only encoder layers deeper than L - e (and the head) train; of the encoder's
+    parameters only those named in `trainable` (None: all; with LoRA: the adapters)."""
     encoder = network.representation.encoder
     lowest = encoder.num_layers - epoch + 1  # epoch 0: none of the encoder; epoch 1: the top layer
     for name, d in encoder_depths(encoder).items():
-        encoder.get_parameter(name).requires_grad_(d >= lowest)
+        encoder.get_parameter(name).requires_grad_(d >= lowest and (trainable is None or name in trainable))
 
 
 def pad_features(arrays: list[np.ndarray]) -> dict[str, torch.Tensor]:

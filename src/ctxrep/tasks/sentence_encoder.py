@@ -7,6 +7,7 @@ cosine of their pooled vectors), fine-tuned with one of four losses, saved as a 
     enc.encode(["A man plays a guitar ."])      # (n, dim) float32
     enc.evaluate(pairs_dev, scores_dev)         # {"spearman": ..., "pearson": ...} x 100, as SentEval / MTEB
     enc.save("out/")                            # modules.json, 1_Pooling, [2_Normalize], config + weights + tokenizer
+    SentenceEncoder("minilm", lora=LoRA(), gradient_checkpointing=True)   # LoRA adapters (peft), less memory
 
 Sentence vector (sentence-transformers' Pooling): u = sum_t m_t h_t / sum_t m_t over every token the attention mask
 m keeps, special tokens included ("mean"), or the first token's h ("cls"); then u / ||u|| when `normalize`.
@@ -21,6 +22,12 @@ Losses, with c_ij = cos(u_i, v_j) and s = `scale`:
   cosent  CoSENT (Su 2022): L = log(1 + sum_{(i,j): y_i > y_j} exp(s (c_jj - c_ii))), s = 20; only the order of
           the scores matters.
 
+With `lora` only LoRA adapters train (models/adapters.py) and `save` writes them in peft's format
+(adapter_config.json + adapter_model.safetensors over the base model, with the modules and tokenizer), which
+sentence_transformers.SentenceTransformer loads; `ctxrep merge` folds them into a plain folder. Under torchrun each
+process embeds its share of a batch's texts and the loss reads every process's vectors (train/distributed.py's
+gather_rows), so the in-batch negatives are the whole batch's, as in one process.
+
 The estimator follows scikit-learn's contract like ctxrep.tasks' estimators (`__init__` stores, `fit` returns self,
 learned state ends in `_`, get_params / set_params), with `random_state` seeding a local numpy Generator and a
 forked torch RNG. `predict(pairs)` gives each pair's cosine and `score(pairs, y)` the Spearman correlation of those
@@ -30,6 +37,7 @@ truncated, in training and encoding alike (sentence-transformers' max_seq_length
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -41,7 +49,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ctxrep.models.loading import LoadedEncoder, load_encoder
+from ctxrep.models.adapters import LoRA, add_lora, has_adapter, save_adapter
+from ctxrep.models.loading import PACKAGED_MODELS, LoadedEncoder, load_encoder
 from ctxrep.models.sentence_transformers import (
     MODULES_FILE,
     SETTINGS_FILE,
@@ -52,9 +61,10 @@ from ctxrep.models.sentence_transformers import (
     write_modules,
 )
 from ctxrep.objectives.output import ObjectiveOutput
-from ctxrep.tasks.base import ParamsProtocol
+from ctxrep.tasks.base import ParamsProtocol, check_lora, lora_from_json
 from ctxrep.tasks.grad_cache import cached_embeddings
 from ctxrep.text.inputs import collate, token_budget_batches, words_of
+from ctxrep.train import distributed
 from ctxrep.train.batches import EpochBatches, batches_per_epoch, epochs_and_steps, shuffled
 from ctxrep.train.precision import bf16_autocast
 from ctxrep.train.trainer import Trainer, TrainerConfig, seeded_torch
@@ -71,13 +81,18 @@ class PairwiseObjective(torch.nn.Module):
     """A sentence encoder's training objective: the modules it trains, and the loss of a batch of examples (texts
     compared with each other inside the batch), as the Trainer calls it."""
 
-    def __init__(self, trained: torch.nn.Module, batch_loss) -> None:
+    def __init__(self, trained: torch.nn.Module, batch_loss, batch_tokens=None) -> None:
         super().__init__()
         self.trained = trained
         self.batch_loss = batch_loss
+        self._tokens = batch_tokens
 
     def forward(self, batch: tuple[list, np.ndarray | None]) -> ObjectiveOutput:
         return ObjectiveOutput(self.batch_loss(batch), len(batch[0]))
+
+    def batch_tokens(self, batch) -> int:
+        """Tokens of the padded grid that runs with gradients at once (the Trainer's memory estimate)."""
+        return self._tokens(batch) if self._tokens is not None else 0
 
 
 class SentenceEncoder(ParamsProtocol):
@@ -95,6 +110,9 @@ class SentenceEncoder(ParamsProtocol):
     max_epochs / max_steps / batch_size / lr / weight_decay / warmup_fraction / max_grad_norm: the training loop
         (linear warm-up then linear decay, AdamW with ctxrep.train.optim's no-decay rule).
     random_state: an int for repeatable fits. device / bf16: where to train and encode, bfloat16 autocast.
+    lora: None (every weight trains) or ctxrep.models.adapters.LoRA(rank, alpha, dropout, targets): only LoRA
+        adapters on the attention and MLP projections train. gradient_checkpointing: each layer's activations are
+        recomputed in backward instead of kept. fsdp: under torchrun, shard weights, gradients and AdamW states.
     """
 
     _estimator_type = "regressor"  # predict gives a similarity score per pair
@@ -119,6 +137,9 @@ class SentenceEncoder(ParamsProtocol):
         device: str = "cpu",
         bf16: bool = False,
         progress: bool = False,
+        lora: LoRA | None = None,
+        gradient_checkpointing: bool = False,
+        fsdp: bool = False,
     ) -> None:
         self.model = model
         self.loss = loss
@@ -138,6 +159,9 @@ class SentenceEncoder(ParamsProtocol):
         self.device = device
         self.bf16 = bf16
         self.progress = progress
+        self.lora = lora
+        self.gradient_checkpointing = gradient_checkpointing
+        self.fsdp = fsdp
 
     def _check_params(self) -> None:
         if self.loss not in LOSSES:
@@ -169,6 +193,7 @@ class SentenceEncoder(ParamsProtocol):
         rs = self.random_state
         if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, np.integer)) or rs < 0):
             raise ValueError(f"random_state must be a non-negative int or None, got {rs!r}")
+        check_lora(self.lora)
 
     # ---- data ----
 
@@ -222,6 +247,12 @@ class SentenceEncoder(ParamsProtocol):
     def fit(self, X, y=None, eval_set: tuple | None = None) -> SentenceEncoder:
         """Train on X (see `loss`). eval_set=(pairs, scores): the STS Spearman x 100 after every epoch in history_."""
         self._check_params()
+        if self.mini_batch_size is not None and distributed.current().enabled:
+            raise ValueError(
+                "mini_batch_size (cached negatives) back-propagates inside the loss's backward, which DDP and FSDP "
+                "cannot share out between processes; under torchrun leave it out (gradient_checkpointing and fsdp "
+                "lower the memory instead), or train in one process"
+            )
         examples, y = self._check_X_y(X, y)
         seed = int(self.random_state) if self.random_state is not None else secrets.randbelow(2**31)
         rng = np.random.default_rng(seed)
@@ -233,6 +264,9 @@ class SentenceEncoder(ParamsProtocol):
                 "saved as a sentence-transformers folder: use a Transformer model"
             )
         self._prepare()
+        if self.lora is not None:
+            with seeded_torch(seed):
+                self._add_lora()
         self._trained_module().to(self.device)
         if y is not None and self.loss == "cosine":
             self.score_range_ = [float(y.min()), float(y.max())]
@@ -264,6 +298,8 @@ class SentenceEncoder(ParamsProtocol):
             seed=None,  # the caller's seeded_torch
             device=str(self.device),
             fused=True,
+            gradient_checkpointing=bool(self.gradient_checkpointing),
+            fsdp=bool(self.fsdp),
         )
         batches = EpochBatches(
             shuffled(len(examples), rows, min_rows),
@@ -276,7 +312,11 @@ class SentenceEncoder(ParamsProtocol):
             def evaluate() -> dict[str, float]:
                 return {f"dev_{k}": v for k, v in self.evaluate(*eval_set).items()}
 
-        objective = PairwiseObjective(self._trained_module(), lambda batch: self._batch_loss(*batch, inputs))
+        objective = PairwiseObjective(
+            self._trained_module(),
+            lambda batch: self._batch_loss(*batch, inputs),
+            lambda batch: self._batch_tokens(batch[0], inputs),
+        )
         return Trainer(
             objective,
             config,
@@ -294,6 +334,10 @@ class SentenceEncoder(ParamsProtocol):
     def _trained_module(self) -> torch.nn.Module:
         """Every module fit trains (and moves, clips, switches to train / eval)."""
         return self.backbone_.model
+
+    def _add_lora(self) -> None:
+        """LoRA adapters on the encoder (the rest of it frozen)."""
+        add_lora(self.backbone_.model, self.lora)
 
     def _resolve_pooling(self) -> tuple[str, bool]:
         """("mean" or "cls", normalise?) from `pooling`, `normalize` and the model folder's modules.json."""
@@ -349,11 +393,22 @@ class SentenceEncoder(ParamsProtocol):
         if self.loss == "simcse":
             columns = [columns[0], columns[0]]  # the same texts twice; dropout makes the two views differ
         flat = [inputs[t] for col in columns for t in col]
+        ctx = distributed.current()
+        if ctx.enabled:  # this process's share of the texts; gather_rows puts every process's vectors together
+            flat = flat[ctx.rank * len(flat) // ctx.world_size : (ctx.rank + 1) * len(flat) // ctx.world_size]
         if self.mini_batch_size is not None:  # cached in-batch negatives: tasks/grad_cache.py
             vectors = cached_embeddings(self._vectors, flat, int(self.mini_batch_size))
         else:
             vectors = self._vectors(flat)
+        vectors = distributed.gather_rows(vectors)
         return self._loss_from_vectors(list(vectors.split(len(batch))), scores)
+
+    def _batch_tokens(self, batch: list[tuple[str, ...]], inputs: dict) -> int:
+        """The padded grid embedded with gradients at once: every text of the batch (SimCSE's twice), or a
+        mini_batch_size chunk of them, times the longest text's pieces."""
+        texts = [t for example in batch for t in example] * (2 if self.loss == "simcse" else 1)
+        longest = max(len(inputs[t]) for t in texts)
+        return min(len(texts), int(self.mini_batch_size or len(texts))) * longest
 
     def _loss_from_vectors(self, vectors: list[torch.Tensor], scores: np.ndarray | None) -> torch.Tensor:
         """The loss of one batch from its columns' sentence vectors, one (B, hidden) per column (anchors, positives
@@ -450,16 +505,28 @@ class SentenceEncoder(ParamsProtocol):
         write_modules(path, self._modules(limit), self._settings())
         params = self.get_params()
         params["model"] = str(params["model"])
+        params["lora"] = dataclasses.asdict(self.lora) if self.lora is not None else None
         state = {"pooling": self.pooling_, "normalize": self.normalize_, "history": getattr(self, "history_", [])}
         _write_json(path / CONFIG_FILE, {"estimator": type(self).__name__, "params": params, "state": state})
         return path
 
     def _save_weights(self, path: Path) -> None:
-        """config.json + the encoder's weights (a sparse subclass adds its MLM head)."""
+        """config.json + the encoder's weights (a sparse subclass adds its MLM head); with LoRA adapters, the adapter
+        alone over the base model (adapter_config.json + adapter_model.safetensors)."""
         encoder = self.backbone_.model
+        if has_adapter(encoder):
+            save_adapter(encoder, path, base=self._base_name())
+            return
         if not hasattr(encoder, "save_pretrained"):
             raise ValueError(f"a {encoder.family} model cannot be saved as a Hugging Face folder")
         encoder.save_pretrained(path)
+
+    def _base_name(self) -> str:
+        """The base model as peft and sentence-transformers load it (base_model_name_or_path): a Hub name as given,
+        a folder (a packaged model's too) by its absolute path."""
+        if str(self.model) in PACKAGED_MODELS or Path(str(self.model)).expanduser().is_dir():
+            return str(self.backbone_.source.folder.resolve())
+        return str(self.model)
 
     def _modules(self, max_seq_length: int) -> list[Module]:
         """The folder's modules: Transformer (this folder), Pooling (mean or cls) and Normalize when normalising."""
@@ -497,6 +564,8 @@ class SentenceEncoder(ParamsProtocol):
                     f"{path}: saved by ctxrep's {config['estimator']}; load it with {config['estimator']}.load"
                 )
             saved = config.get("params", {})
+            if saved.get("lora") is not None:
+                saved["lora"] = lora_from_json(saved["lora"])
         saved.update(params)
         saved.update(model=str(path), pooling="model", normalize=None)  # the folder is the model now
         est = cls(**{k: v for k, v in saved.items() if k in cls._get_param_names()})

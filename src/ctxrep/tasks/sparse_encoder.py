@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ctxrep.models.adapters import LoRA, has_adapter, save_adapter
 from ctxrep.models.folders import write_folder
 from ctxrep.models.mlm_head import head_prefix, head_tensors, read_mlm_head
 from ctxrep.models.sentence_transformers import Module
@@ -71,6 +72,9 @@ class SparseSentenceEncoder(SentenceEncoder):
         device: str = "cpu",
         bf16: bool = False,
         progress: bool = False,
+        lora: LoRA | None = None,
+        gradient_checkpointing: bool = False,
+        fsdp: bool = False,
     ) -> None:
         self.model = model
         self.loss = loss
@@ -90,6 +94,9 @@ class SparseSentenceEncoder(SentenceEncoder):
         self.device = device
         self.bf16 = bf16
         self.progress = progress
+        self.lora = lora
+        self.gradient_checkpointing = gradient_checkpointing
+        self.fsdp = fsdp
 
     # the base class's pooling parameters have one answer here
     pooling = "model"
@@ -130,6 +137,12 @@ class SparseSentenceEncoder(SentenceEncoder):
 
     def _trained_module(self) -> torch.nn.Module:
         return torch.nn.ModuleDict({"encoder": self.backbone_.model, "head": self.head_})
+
+    def _add_lora(self) -> None:
+        """LoRA adapters on the encoder; the MLM head stays the base model's (frozen), so that the adapter alone
+        over the *ForMaskedLM base is the whole model."""
+        super()._add_lora()
+        self.head_.requires_grad_(False)
 
     def _vectors(self, records: list) -> torch.Tensor:
         """SPLADE vectors (batch, vocabulary): max over kept tokens of log(1 + ReLU(MLM logits))."""
@@ -191,6 +204,9 @@ class SparseSentenceEncoder(SentenceEncoder):
 
         encoder = self.backbone_.model
         model_type = encoder.config.model_type
+        if has_adapter(encoder):  # over the *ForMaskedLM base, which holds the encoder under "<model_type>."
+            save_adapter(encoder, path, base=self._base_name(), prefix=model_type + ".")
+            return
         tensors = prefixed_encoder_tensors(encoder)
         tensors |= head_tensors(self.head_, head_prefix(model_type), model_type)
         tensors = {k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}

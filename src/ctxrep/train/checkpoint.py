@@ -6,6 +6,12 @@
       rng-rank{r}.pt        torch (CPU and CUDA), numpy and python RNG states of rank r
       trainer_state.json    step, trainer config, data-source state, fingerprint of the objective, world size
 
+A run sharded with FSDP (TrainerConfig.fsdp) writes the model and AdamW states as torch.distributed.checkpoint's
+sharded folder instead, each rank its own shards, read back by the same number of processes:
+
+      sharded/              model and optimizer state dicts (torch.distributed.checkpoint: .metadata, *.distcp)
+      optimizer.pt          the LR scheduler's state_dict alone
+
 The .pt files are read back with torch.load(weights_only=True): nothing is unpickled but tensors,
 lists, dicts and numbers. A checkpoint is written to checkpoint.tmp/ and then renamed, so an
 interruption while saving leaves the previous checkpoint intact.
@@ -30,6 +36,7 @@ from ctxrep.train.distributed import Distributed
 from ctxrep.util.files import apply_umask
 
 STATE_FILE = "trainer_state.json"
+SHARDED_DIR = "sharded"
 
 
 def fingerprint(objective: nn.Module) -> dict:
@@ -106,8 +113,10 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: dict,
     ctx: Distributed,
+    sharded: bool = False,
 ) -> None:
-    """Write the checkpoint (every rank must call it: each saves its own RNG state; rank 0 the rest)."""
+    """Write the checkpoint (every rank must call it: each saves its own RNG state, and its shards when `sharded`;
+    rank 0 the rest)."""
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     if ctx.is_main:
@@ -116,12 +125,23 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     ctx.barrier()
     torch.save(rng_state(), tmp / f"rng-rank{ctx.rank}.pt")
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(objective, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp / SHARDED_DIR))
     ctx.barrier()
     if ctx.is_main:
-        save_model(objective, str(tmp / "model.safetensors"))
-        apply_umask(tmp / "model.safetensors")  # safetensors writes owner-only (0o600)
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "world_size": ctx.world_size}, indent=1) + "\n")
+        if sharded:
+            torch.save({"scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+        else:
+            save_model(objective, str(tmp / "model.safetensors"))
+            apply_umask(tmp / "model.safetensors")  # safetensors writes owner-only (0o600)
+            saved = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            torch.save(saved, tmp / "optimizer.pt")
+        record = {**state, "world_size": ctx.world_size, "sharded": sharded}
+        (tmp / STATE_FILE).write_text(json.dumps(record, indent=1) + "\n")
         old = directory.with_name(directory.name + ".old")
         if directory.exists():
             if old.exists():
@@ -152,8 +172,10 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ctx: Distributed,
+    sharded: bool = False,
 ) -> dict:
-    """Restore model, optimizer, scheduler and this rank's RNG; returns trainer_state.json's content.
+    """Restore model, optimizer, scheduler and this rank's RNG; returns trainer_state.json's content. `sharded`: the
+    run is sharded with FSDP (every rank reads its shards).
 
     The fingerprint is checked first, so a checkpoint of another objective or model shape fails with a
     message naming both instead of a size-mismatch trace.
@@ -166,6 +188,28 @@ def load_checkpoint(
             f"{directory} was written by {state['world_size']} processes, this run has {ctx.world_size}; "
             "resume with the same number of processes (each one's random state is in the checkpoint)"
         )
+    if bool(state.get("sharded", False)) != sharded:
+        how = ("sharded with fsdp", "without fsdp")
+        raise CheckpointError(
+            f"{directory} was written by a run {how[0] if state.get('sharded') else how[1]}, but this run is "
+            f"{how[0] if sharded else how[1]}; resume it as it was started"
+        )
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(objective, optimizer)
+        loaded = {"model": model_state, "optimizer": optimizer_state}
+        # a parameter that never had a gradient (a pooler an objective leaves out) has no AdamW state saved; the fresh
+        # one get_state_dict made for it (zeros, never read: AdamW steps only parameters with gradients) stays
+        planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
+        dcp.load(loaded, checkpoint_id=str(directory / SHARDED_DIR), planner=planner)
+        set_state_dict(objective, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
+        scheduler.load_state_dict(
+            torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True)["scheduler"]
+        )
+        set_rng_state(torch.load(directory / f"rng-rank{ctx.rank}.pt", weights_only=True))
+        return state
     try:
         missing, unexpected = load_model(objective, str(directory / "model.safetensors"), strict=False)
     except (SafetensorError, OSError) as e:

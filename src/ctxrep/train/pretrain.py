@@ -23,6 +23,7 @@ Configs: train/pretrain_config.py (one schema for every objective; `reading_tabl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -32,11 +33,13 @@ import torch
 
 from ctxrep.data.corpus import CorpusConfig, PackedCorpus, pack_corpus
 from ctxrep.data.packing import PackingError, ShortSequenceWarmup
+from ctxrep.models.adapters import LoRA, add_lora, merged_copy
 from ctxrep.objectives.recipe import Ingredients, Packing, PretrainError, Recipe
 from ctxrep.objectives.recipes import recipe
 from ctxrep.text.tokenizer import Tokenizer
 from ctxrep.train import distributed
 from ctxrep.train.config import check_run_folder
+from ctxrep.train.memory import encoders_of
 from ctxrep.train.precision import check_precision, resolve_precision
 from ctxrep.train.pretrain_config import DataSection, PretrainConfig, read_settings
 from ctxrep.train.run import PretrainRun
@@ -55,8 +58,11 @@ def pretrain(
     resume: bool = False,
     tokenizer: str | Path | None = None,
     progress: bool = True,
+    lora: LoRA | None = None,
 ) -> dict:
-    """Train `objective` on the text of `corpus` into `out_dir`; returns the trainer's last metrics.
+    """Train `objective` on the text of `corpus` into `out_dir`; returns the trainer's last metrics. `lora`: LoRA
+    adapters (models/adapters.py) train on the objective's encoders instead of their weights (the heads train in
+    full); the model folder is saved with them merged in.
 
     Call `distributed.init_distributed()` first under torchrun: rank 0 trains the tokenizer and packs the
     corpus while the others wait.
@@ -72,19 +78,33 @@ def pretrain(
                 f"{out} holds a {saved.get('objective')} run, not {objective}; resume with "
                 f"--objective {saved.get('objective')}, or pretrain {objective} into another --out folder"
             )
+        if saved.get("lora") != record["lora"]:
+            was, now = saved.get("lora"), record["lora"]
+            raise PretrainError(
+                f"{out} was trained {'with LoRA ' + str(was) if was else 'without LoRA'}, this run is "
+                f"{'with LoRA ' + str(now) if now else 'without'}; resume with the --lora options the run started with"
+            )
 
     record = {
         "objective": objective,
         "config": config.source,
         "precision": "bf16" if config.trainer.bf16 else "fp32",  # bf16: autocast ([trainer] bf16)
         "settings": read_settings(config, objective),
+        "lora": dataclasses.asdict(lora) if lora is not None else None,
     }
     check_run_folder(out, resume, RUN_FILE, record, PretrainError, same_objective)
     torch.manual_seed(config.trainer.seed)  # the same initial weights on every process and every run
     run = prepare_run(objective, config, corpus, out, tokenizer, progress)
-    trainer = Trainer(
-        run.objective, config.trainer, run.train_data, out, run.eval_data, run.save_model, progress=progress
-    )
+    save_model = run.save_model
+    if lora is not None:
+        trained = [e for e in encoders_of(run.objective) if any(p.requires_grad for p in e.parameters())]
+        for encoder in trained:  # not a frozen teacher's
+            add_lora(encoder, lora)
+
+        def save_model(folder: Path) -> None:  # the plain folder every tool reads: the adapters merged into a copy
+            merged_copy(run.objective).save_pretrained(folder)
+
+    trainer = Trainer(run.objective, config.trainer, run.train_data, out, run.eval_data, save_model, progress=progress)
     return trainer.train(resume=resume)
 
 

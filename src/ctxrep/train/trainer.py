@@ -18,7 +18,10 @@ next_batch(n), state_dict() (JSON-serialisable) and load_state_dict(state) (trai
 
 Written once here, for every trainer: AdamW (train/optim.py's builder, or an optimizer the caller built over its own
 groups: discriminative learning rates), the schedule (train/schedules.py's table, or a function), accumulation,
-bf16 autocast, clipping, DDP under torchrun, a non-finite loss stopped with advice, evaluation (the held-out loss and
+bf16 autocast, clipping, DDP or FSDP2 under torchrun (train/distributed.py: sharded checkpoints, a final model of
+whole tensors), activation checkpointing of every encoder in the objective (Encoder.gradient_checkpointing_enable),
+a memory estimate before the first step that stops a run that cannot fit (train/memory.py), a non-finite loss
+stopped with advice, evaluation (the held-out loss and
 the caller's metrics: every eval_every steps, after every epoch and at the end), per-epoch hooks (gradual
 unfreezing), early stopping with the best epoch's weights put back, progress (ctxrep.util.progress) with the peak
 memory measured (util/memory.py; `peak_memory_bytes` in every step's log record and the result; epoch records,
@@ -55,7 +58,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +67,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm  # tqdm.write: a line that does not break a bar on a terminal
 
+from ctxrep.models.encoder import Encoder
 from ctxrep.objectives.output import ObjectiveOutput
 from ctxrep.train import distributed
 from ctxrep.train.allocator import tune_malloc
 from ctxrep.train.batches import BatchSource, EpochBatches
 from ctxrep.train.checkpoint import check_fingerprint, fingerprint, load_checkpoint, read_state, save_checkpoint
+from ctxrep.train.memory import MemoryEstimate, available, encoders_of
 from ctxrep.train.optim import adamw, param_groups  # noqa: F401  (param_groups: its old home, still imported)
 from ctxrep.train.precision import bf16_autocast
 from ctxrep.train.schedules import SCHEDULES, WARMS_UP
@@ -89,6 +93,7 @@ RESUMABLE_CHANGES = (
     "checkpoint_every",
     "log_every",
     "device",
+    "gradient_checkpointing",
 )
 
 
@@ -154,6 +159,9 @@ class TrainerConfig:
     seed: int | None = 0  # None: the RNGs as the caller set them (see the module docstring)
     device: str = "cpu"  # under torchrun, "cuda" means each process's own cuda:LOCAL_RANK
     fused: bool | None = None  # AdamW: True, torch's fused kernel where it applies; False, the for-loop; None, torch's
+    # every encoder in the objective keeps only each block's input and recomputes the block in backward
+    gradient_checkpointing: bool = False
+    fsdp: bool = False  # under torchrun: FSDP2 shards parameters, gradients and AdamW states (else DDP replicates)
 
     def validate(self, world_size: int = 1) -> None:
         positive = ("lr", "max_steps", "batch_size", "accumulation_steps", "eval_batches", "log_every")
@@ -176,6 +184,11 @@ class TrainerConfig:
         if self.schedule not in SCHEDULES:  # a dict: its names
             raise TrainerError(
                 f"TrainerConfig.schedule={self.schedule!r} is unknown; use one of {', '.join(SCHEDULES)}"
+            )
+        if self.fsdp and world_size == 1:
+            raise TrainerError(
+                "TrainerConfig.fsdp=True shards training between the processes torchrun starts, but this is one "
+                "process: launch with torchrun --nproc_per_node N (N > 1), or leave fsdp off"
             )
         if self.batch_size % (self.accumulation_steps * world_size):
             raise TrainerError(
@@ -233,6 +246,12 @@ class Trainer:
         if self.device.type == "cuda" and self.ctx.enabled:
             self.device = torch.device("cuda", self.ctx.local_rank)
         self.objective = objective.to(self.device)
+        self.encoders = encoders_of(objective)  # what checkpointing and FSDP's units read (the encoder interface)
+        if config.gradient_checkpointing and not self.encoders:
+            raise TrainerError(
+                "gradient_checkpointing recomputes an encoder's blocks, but this objective holds no encoder "
+                "(ctxrep.models.encoder.Encoder); leave it off"
+            )
         if optimizer is None:
             optimizer = adamw(
                 objective, config.lr, config.weight_decay, betas=config.betas, eps=config.eps, fused=config.fused
@@ -247,7 +266,8 @@ class Trainer:
         self.extra_evaluate = evaluate
         self.progress = progress
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.model = distributed.wrap(objective, self.ctx)  # what the loop calls (DDP under torchrun)
+        # what the loop calls: DDP under torchrun, the objective itself sharded in place with fsdp
+        self.model = self._shard(objective) if config.fsdp else distributed.wrap(objective, self.ctx)
         self.early_stopping = early_stopping
         self.epoch_start = epoch_start
         self.first_epoch = first_epoch
@@ -257,6 +277,20 @@ class Trainer:
         self.epochs: list[dict] = []  # one record per epoch of this run (epoch sources)
         self._stop_requested = False
         self._eval_start: dict | None = None  # the held-out source's state before the first evaluation
+        self._memory_checked = False
+
+    def _shard(self, objective: nn.Module) -> nn.Module:
+        """FSDP2 over each encoder block and the objective (train/distributed.py); the optimizer's groups are
+        pointed at the sharded parameters, by name."""
+        names = {id(p): n for n, p in objective.named_parameters()}
+        groups = [[names[id(p)] for p in g["params"]] for g in self.optimizer.param_groups]
+        distributed.shard(objective, self.encoders)
+        params = dict(objective.named_parameters())
+        for group, members in zip(self.optimizer.param_groups, groups):
+            group["params"] = [params[n] for n in members]
+            if group.get("fused"):  # the fused kernel takes no DTensor
+                group["fused"] = False
+        return objective
 
     # -- the loop
 
@@ -278,6 +312,7 @@ class Trainer:
         deadline = started + 60 * cfg.max_minutes if cfg.max_minutes else math.inf
         bar = self._progress_bar()
         self._peak = PeakMemory(self.device)
+        switched = self._checkpointing_on()
         try:
             while self.step < cfg.max_steps:
                 if epoch.fresh and self.epoch_start is not None:
@@ -318,6 +353,7 @@ class Trainer:
                     result.update(interrupted=True, checkpoint=str(self._checkpoint_dir))
                     if ctx.is_main:
                         tqdm.write(f"stopped at step {self.step}; checkpoint saved in {self._checkpoint_dir}")
+                    self._end_sharding()
                     return result
                 if out_of_time:  # a finished run: evaluated and saved below
                     if ctx.is_main and self.progress:
@@ -331,14 +367,37 @@ class Trainer:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
             self.objective.eval()
+            for encoder in switched:
+                encoder.gradient_checkpointing_disable()
         if self._evaluates and evaluated_at != self.step:
             result.update(self._evaluate_and_log())
         if stopping.restore():
             result["best_score"] = stopping.best
         if self.out_dir is not None and saved_at != self.step:
             self._checkpoint()
+        self._end_sharding()
         result["step"] = self.step
         return result
+
+    def _checkpointing_on(self) -> list[Encoder]:
+        """Activation checkpointing on for every encoder of the objective (config.gradient_checkpointing); the ones
+        switched on here, which train() switches off again at its end."""
+        if not self.config.gradient_checkpointing:
+            return []
+        switched = [e for e in self.encoders if not e.is_gradient_checkpointing]
+        for encoder in switched:
+            encoder.gradient_checkpointing_enable()
+        return switched
+
+    def _end_sharding(self) -> None:
+        """A sharded run's end: the full weights back into plain modules on every rank (train/distributed.py's
+        gather_full), then the model saved once, from them."""
+        if not self.config.fsdp or not distributed.is_sharded(self.objective):
+            return
+        distributed.gather_full(self.objective)
+        if self.out_dir is not None and self.save_model is not None and self.ctx.is_main:
+            self.save_model(self.out_dir)
+        self.ctx.barrier()
 
     @property
     def _in_epochs(self) -> bool:
@@ -411,14 +470,17 @@ class Trainer:
         batches = self._micro_batches()
         if not batches:
             return None
+        if not self._memory_checked:
+            self._check_memory(batches[0])
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         tokens, metrics = 0, {}
         for i, batch in enumerate(batches):
-            batch = self._to_device(ctx.shard(batch) if ctx.enabled else batch)
-            sync = i == len(batches) - 1 or not ctx.enabled  # DDP all-reduces on the last one only
-            with nullcontext() if sync else self.model.no_sync():
+            # a mapping of arrays is cut between the processes here; another batch is its objective's to share out
+            batch = self._to_device(ctx.shard(batch) if ctx.enabled and isinstance(batch, Mapping) else batch)
+            sync = i == len(batches) - 1 or not ctx.enabled  # DDP / FSDP average gradients on the last one only
+            with distributed.no_sync(self.model, sync):
                 with self._autocast():
                     out: ObjectiveOutput = self.model(batch)
                 (out.loss / cfg.accumulation_steps).backward()
@@ -431,15 +493,43 @@ class Trainer:
                 if p.grad is not None:
                     p.grad.mul_(cfg.accumulation_steps / len(batches))
         loss = loss_sum.item() / len(batches)
+        if ctx.enabled:  # the global batch's loss: what one process would report (logs, epoch records)
+            loss = ctx.all_sum([loss])[0] / ctx.world_size
         if not math.isfinite(loss):
             raise TrainerError(
                 f"the training loss is {loss} at step {self.step + 1}; lower lr, add warmup_steps or set grad_clip"
             )
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), max_norm).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.objective.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: the norm of the sharded gradients, a DTensor
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = grad_norm.item()
         self.optimizer.step()
         self.scheduler.step()
         return _StepOutput(loss, tokens, grad_norm, metrics)
+
+    def _check_memory(self, batch) -> None:
+        """Before the first step: the run's estimated memory (train/memory.py) against what the device has free,
+        with the weights already in place counted as had; a run that cannot fit stops here with what to change."""
+        self._memory_checked = True
+        cfg, ctx = self.config, self.ctx
+        share = ctx.world_size if ctx.enabled else 1
+        rows_tokens = _batch_tokens(self.objective, batch)
+        need = MemoryEstimate.of(self.objective, rows_tokens // share, cfg.bf16, ctx.world_size, cfg.fsdp)
+        have = available(self.device)
+        fits = have is None or need.total - need.weights <= have
+        if ctx.enabled:  # every rank stops, or none does
+            fits = ctx.all_sum([float(not fits)])[0] == 0
+            have = have if have is not None else 0
+        if fits:
+            return
+        raise TrainerError(
+            f"this run needs about {need.describe()} per process on {self.device}, more than the "
+            f"{format_bytes(have + need.weights)} there (weights in place + {format_bytes(have)} free), before its "
+            "first step; lower the batch (batch_size, or more accumulation_steps), turn on gradient checkpointing, "
+            "train LoRA adapters instead of every weight, use cached negatives (mini_batch_size) for a sentence "
+            "encoder, or shard with fsdp over more GPUs"
+        )
 
     def _end_epoch(self, epoch: _Epoch, bar, stopping: _BestEpoch) -> dict:
         """The epoch's record (number, steps so far, its mean training loss, the evaluation's metrics), logged,
@@ -450,7 +540,7 @@ class Trainer:
                 "examples for the batch size?)"
             )
         record = {"epoch": epoch.number + 1, "steps": self.step, "train_loss": epoch.mean_loss}
-        if self._evaluates and self.ctx.is_main:
+        if self._evaluates and self._evaluates_here:
             record |= self.evaluate()
         self.epochs.append(record)
         self._log(record)
@@ -511,17 +601,26 @@ class Trainer:
         if self.extra_evaluate is None:
             return {}
         self.objective.eval()
-        with self._forked_rng(), torch.no_grad():
+        with self._forked_rng(), torch.no_grad(), distributed.unsharded_root(self.objective):
             metrics = self.extra_evaluate()
         self.objective.train()
         return metrics
 
     # -- pieces
 
+    @property
+    def _evaluates_here(self) -> bool:
+        """Rank 0 evaluates alone (the others wait at the next collective); under FSDP every rank runs the forward
+        passes (each is a collective), and with early stopping every rank needs the score to stop with the others;
+        rank 0 writes the record."""
+        return self.ctx.is_main or self.config.fsdp or self.early_stopping is not None
+
     def _evaluate_and_log(self) -> dict:
-        if not self.ctx.is_main:  # rank 0 evaluates alone; the others wait at the next collective
+        if not self._evaluates_here:
             return {}
         record = self.evaluate()
+        if not self.ctx.is_main:
+            return record
         self._log({"step": self.step, **record})
         tqdm.write(f"step {self.step}: " + ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in record.items()))
         return record
@@ -540,14 +639,17 @@ class Trainer:
             raise TrainerError(
                 f"the batch source's state_dict() must be JSON-serialisable for checkpoints ({e})"
             ) from None
-        save_checkpoint(self._checkpoint_dir, self.objective, self.optimizer, self.scheduler, state, self.ctx)
-        if self.save_model is not None and self.ctx.is_main:
+        sharded = self.config.fsdp
+        save_checkpoint(self._checkpoint_dir, self.objective, self.optimizer, self.scheduler, state, self.ctx, sharded)
+        if self.save_model is not None and self.ctx.is_main and not sharded:  # sharded: once, at the end
             self.save_model(self.out_dir)
 
     def _resume(self, directory: Path) -> None:
         saved = read_state(directory)
         check_fingerprint(saved["fingerprint"], fingerprint(self.objective), directory)
         old, new = saved["config"], _jsonable(dataclasses.asdict(self.config))
+        defaults = _jsonable(dataclasses.asdict(TrainerConfig()))  # a setting added since the checkpoint was written
+        old = {k: old.get(k, defaults.get(k)) for k in new}
         changed = [k for k in new if k not in RESUMABLE_CHANGES and old.get(k) != new[k]]
         if changed:
             diff = ", ".join(f"{k}={old.get(k)!r} there, {new[k]!r} here" for k in changed)
@@ -555,7 +657,7 @@ class Trainer:
                 f"{directory} was saved with other training settings ({diff}); resume with the same settings "
                 f"(only {', '.join(RESUMABLE_CHANGES)} may change), or start a new run in another out_dir"
             )
-        state = load_checkpoint(directory, self.objective, self.optimizer, self.scheduler, self.ctx)
+        state = load_checkpoint(directory, self.objective, self.optimizer, self.scheduler, self.ctx, self.config.fsdp)
         self.train_data.load_state_dict(state["data"])
         self._eval_start = state.get("eval_data")
         self.step = int(state["step"])
@@ -708,11 +810,11 @@ class _Window:
 
     def summary(self, ctx: distributed.Distributed) -> dict[str, float]:
         names = sorted(self.metrics)
-        loss, tokens, *metrics = ctx.all_sum([self.loss, self.tokens, *(self.metrics[k] for k in names)])
+        tokens, *metrics = ctx.all_sum([self.tokens, *(self.metrics[k] for k in names)])
         n = self.steps * ctx.world_size
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         return {
-            "loss": loss / n,
+            "loss": self.loss / self.steps,  # each step's loss is already the global batch's
             "tokens_per_s": tokens / elapsed,
             "grad_norm": self.grad_norm / self.steps,
             **{k: v / n for k, v in zip(names, metrics)},
@@ -778,6 +880,24 @@ def _outside_ctxrep() -> int:
     while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(package):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _batch_tokens(objective: nn.Module, batch) -> int:
+    """Tokens of a micro-batch's padded grid, for the memory estimate: the objective's `batch_tokens(batch)` when it
+    says (the sentence encoders' batches of texts), else the largest 2-D integer array of a mapping (input ids); 0
+    when neither tells."""
+    tell = getattr(objective, "batch_tokens", None)
+    if tell is not None:
+        return int(tell(batch))
+    if not isinstance(batch, Mapping):
+        return 0
+    sizes = [
+        int(np.prod(v.shape))
+        for v in batch.values()
+        if getattr(v, "ndim", 0) == 2
+        and str(getattr(v, "dtype", "")).removeprefix("torch.").startswith(("int", "uint"))
+    ]
+    return max(sizes, default=0)
 
 
 def _rows(batch) -> int:
