@@ -314,6 +314,7 @@ def _distill_task(
             student_hidden_size=student_hidden_size or None,
             student=student,
             encoder_dir=training_dir,
+            eval_set=(dev_data.X, dev_data.y) if dev_data is not None else None,  # --keep best: the best dev epoch
             **params,
         )
         seconds = time.perf_counter() - started

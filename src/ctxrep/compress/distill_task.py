@@ -292,7 +292,8 @@ def distill_estimator(
     encoder_dir: the folder the student's encoder is written to (before training, then again with the trained
         weights); it becomes the student's `model` parameter. None: a new temporary folder (save_distilled
         moves the encoder next to the saved estimator).
-    eval_set: (X_dev, y_dev), scored after every epoch into the student's history_.
+    eval_set: (X_dev, y_dev), scored after every epoch into the student's history_ (a teacher's keep="best" then
+        keeps the student's best dev epoch too; without eval_set the student keeps its last epoch).
     **params: the student estimator's own parameters (max_epochs, lr, batch_size, random_state, ...); the rest are
         the teacher's.
     """
@@ -306,6 +307,8 @@ def distill_estimator(
         layers = choose_layers(t_encoder, student_layers, teacher_layers)
 
     settings = type(teacher)(**teacher.get_params()).set_params(**params)  # refuses a name the estimator lacks
+    if settings.keep == "best" and eval_set is None and not settings.early_stopping and "keep" not in params:
+        params["keep"] = None  # a dev set picked the teacher's epoch; without one the student keeps its last
     seed = int(settings.random_state) if settings.random_state is not None else secrets.randbelow(2**31)
     with seeded_torch(seed):
         if student is None:
