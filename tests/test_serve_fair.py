@@ -193,8 +193,12 @@ def test_pace_sizes_a_step_by_the_time_target_at_the_measured_throughput():
     pace.observe("m", 10_000, 1.0)  # 10,000 tokens/s
     assert pace.step_tokens("m", 2048) == 500  # 50 ms of it
     assert pace.step_tokens("m", 300) == 300  # never more than the model's own batch budget
-    pace.observe("m", 10, 0.01)  # a one-text call and its overhead (1,000 tokens/s) weighs by its time: a little
+    pace.observe("m", 600, 0.07)  # a call of at least a step (8,571 tokens/s) weighs by its time: a little
     assert 9_000 < pace.rate("m") < 10_000
+    before = pace.rate("m")
+    for _ in range(500):  # one-sentence requests, each mostly the fixed cost of a call (1,000 tokens/s)
+        pace.observe("m", 10, 0.01)
+    assert pace.rate("m") == before  # smaller than a step: they do not shrink the steps of the next long call
     for _ in range(30):  # the model got slower (a longer text, another load on the machine): recent calls weigh most
         pace.observe("m", 2_000, 1.0)
     assert 2_000 <= pace.rate("m") < 2_100 and pace.step_tokens("m", 2048) == 100

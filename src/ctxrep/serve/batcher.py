@@ -101,7 +101,10 @@ class Pace:
     """The size of a step, in tokens: what the model runs in `step_s` seconds at the throughput measured on the
     server's own calls. Each model call reports its tokens and the seconds it held the model (`observe`); the rate
     is the ratio of their sums, which decay by DECAY at each call, so that recent calls weigh most and a call weighs
-    by its time (a one-text call's overhead barely moves it). Before any call (the server's warm-up makes the first),
+    by its time. A call of fewer tokens than one step (a one-sentence request) does not count: its time is mostly
+    the fixed cost of a call, and counting it sizes the next long call's steps as if every token cost that much
+    (measured before this rule: after 500 one-sentence requests a 3,000-sentence request ran in 64-token steps,
+    2.8x slower than in the model's own batches; RESULTS.md). Before any call (the server's warm-up makes the first),
     a step is the model's own batch budget."""
 
     DECAY = 0.8
@@ -116,6 +119,8 @@ class Pace:
         if tokens <= 0 or seconds <= 0:
             return
         with self._lock:
+            if model in self._sums and tokens < self._step(model):
+                return  # a call smaller than a step: its time says how long a small call takes, not the rate
             done, spent = self._sums.get(model, (0.0, 0.0))
             self._sums[model] = (self.DECAY * done + tokens, self.DECAY * spent + seconds)
 
@@ -125,12 +130,17 @@ class Pace:
             sums = self._sums.get(model)
         return None if sums is None else sums[0] / sums[1]
 
+    def _step(self, model: Hashable) -> float:
+        """The tokens of one step at the measured rate (no budget), under the lock."""
+        done, spent = self._sums[model]
+        return max(self.FLOOR, done / spent * self.step_s)
+
     def step_tokens(self, model: Hashable, budget: int) -> int:
         """The token budget of one step of `model` (at most `budget`, its own batch budget)."""
-        rate = self.rate(model)
-        if rate is None:
-            return budget
-        return int(min(budget, max(self.FLOOR, rate * self.step_s)))
+        with self._lock:
+            if model not in self._sums:
+                return budget
+            return int(min(budget, self._step(model)))
 
 
 class Turns:
