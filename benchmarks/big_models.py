@@ -30,6 +30,7 @@ OOM killer ends is a row "killed: out of memory" (it needs more than the machine
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import signal
 import subprocess
@@ -178,6 +179,8 @@ def main() -> int:
 
         model = transformers.Qwen3Model.from_pretrained(folder).to(torch.float32)  # float32 master weights
         model.save_pretrained(folder)
+        del model  # the runs are child processes: this one keeps no weights while they run
+        gc.collect()
         data = Path(tmp) / "pairs.json"
         data.write_text(json.dumps([[texts[2 * i], texts[2 * i + 1]] for i in range(PAIRS)] + [args.seq]))
         for run in runs:

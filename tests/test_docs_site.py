@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,8 @@ def browser():
 
 
 def test_navigation_search_and_an_api_page_work_in_chromium(served, browser):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page = browser.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -106,9 +109,17 @@ def test_navigation_search_and_an_api_page_work_in_chromium(served, browser):
     # search: the index loads in its worker and answers with the page that holds the word
     search = page.locator("input.md-search__input")
     search.click()
-    search.fill("late chunking")
     results = page.locator(".md-search-result__item a")
-    results.first.wait_for(timeout=180_000)  # the search worker indexes the whole site first: slow on a busy machine
+    deadline = time.monotonic() + 180  # the search worker indexes the whole site first: slow on a busy machine
+    while True:  # the query typed again until the worker answers it: one typed before the index is ready can be lost
+        search.fill("")
+        search.fill("late chunking")
+        try:
+            results.first.wait_for(timeout=10_000)
+            break
+        except PlaywrightTimeout:
+            if time.monotonic() > deadline:
+                raise
     hrefs = [results.nth(i).get_attribute("href") for i in range(results.count())]
     assert any("retrieval.html" in (h or "") for h in hrefs), hrefs
 
