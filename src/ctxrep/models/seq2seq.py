@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -454,6 +455,34 @@ class EncoderDecoder(Encoder):
         `encoder.layers` and `decoder.layers`."""
         return [*self.encoder.layers, *self.decoder.layers]
 
+    def run_decoder_layers(
+        self,
+        y: torch.Tensor,
+        run: Callable[[nn.Module, int, torch.Tensor], tuple],
+        final: Callable[[torch.Tensor], torch.Tensor] | None,
+        output_hidden_states: bool,
+        output_attentions: bool,
+        project: bool,
+    ) -> DecoderOutput:
+        """`decode`'s end, written once: the embedded target y (rows, new, d_model) through every decoder layer
+        (`run(layer, i, y)` -> (y, self-attention probs, cross-attention probs)), `final` (the last norm) on the top
+        state, and the DecoderOutput with the logits (project) and what was asked for."""
+        hidden_states, self_attentions, cross_attentions = [y], [], []
+        for i, layer in enumerate(self.decoder.layers):
+            y, self_probs, cross_probs = run(layer, i, y)
+            hidden_states.append(y)
+            self_attentions.append(self_probs)
+            cross_attentions.append(cross_probs)
+        if final is not None:
+            y = hidden_states[-1] = final(y)
+        return DecoderOutput(
+            logits=self.project(y) if project else None,
+            last_hidden_state=y,
+            hidden_states=tuple(hidden_states) if output_hidden_states else None,
+            self_attentions=tuple(self_attentions) if output_attentions else None,
+            cross_attentions=tuple(cross_attentions) if output_attentions else None,
+        )
+
     # The encoder interface gives the decoder's layers too, teacher-forced (BART, T5); False: the encoder's only
     # (Marian: its decoder reads another language than the text given).
     teacher_forced_layers: bool = True
@@ -778,21 +807,9 @@ class TransformerEncoderDecoder(EncoderDecoder):
         target tokens (`seq2seq_loss`)."""
         self_mask, is_causal = self_attention_mask(decoder_input_ids, cache, decoder_attention_mask)
         y = self.embed_target(decoder_input_ids, cache.length)  # (rows, new, d_model)
-        hidden_states, self_attentions, cross_attentions = [y], [], []
-        for i, layer in enumerate(self.decoder.layers):
-            y, self_probs, cross_probs = layer(y, i, cache, self_mask, is_causal, output_attentions)
-            hidden_states.append(y)
-            self_attentions.append(self_probs)
-            cross_attentions.append(cross_probs)
-        if self.config.normalize_before:
-            y = hidden_states[-1] = self.decoder.layer_norm(y)
-        return DecoderOutput(
-            logits=self.project(y) if project else None,
-            last_hidden_state=y,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            self_attentions=tuple(self_attentions) if output_attentions else None,
-            cross_attentions=tuple(cross_attentions) if output_attentions else None,
-        )
+        final = self.decoder.layer_norm if self.config.normalize_before else None
+        run = lambda layer, i, y: layer(y, i, cache, self_mask, is_causal, output_attentions)  # noqa: E731
+        return self.run_decoder_layers(y, run, final, output_hidden_states, output_attentions, project)
 
 
 def self_attention_mask(

@@ -669,20 +669,9 @@ class T5ForConditionalGeneration(EncoderDecoder):
         if mask is not None:
             bias = bias.masked_fill(~mask, torch.finfo(bias.dtype).min)  # (rows or 1, heads, new, past + new)
         y = self.dropout(self.encoder.embed_tokens(decoder_input_ids))  # (rows, new, d_model)
-        hidden_states, self_attentions, cross_attentions = [y], [], []
-        for i, layer in enumerate(self.decoder.layers):
-            y, self_probs, cross_probs = layer(y, i, cache, bias, output_attentions)
-            hidden_states.append(y)
-            self_attentions.append(self_probs)
-            cross_attentions.append(cross_probs)
-        y = hidden_states[-1] = self.dropout(self.decoder.final_norm(y))
-        return DecoderOutput(
-            logits=self.project(y) if project else None,
-            last_hidden_state=y,
-            hidden_states=tuple(hidden_states) if output_hidden_states else None,
-            self_attentions=tuple(self_attentions) if output_attentions else None,
-            cross_attentions=tuple(cross_attentions) if output_attentions else None,
-        )
+        run = lambda layer, i, y: layer(y, i, cache, bias, output_attentions)  # noqa: E731
+        final = lambda y: self.dropout(self.decoder.final_norm(y))  # noqa: E731
+        return self.run_decoder_layers(y, run, final, output_hidden_states, output_attentions, project)
 
     # ---- Hugging Face folder format ----
 
